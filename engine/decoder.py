@@ -1,0 +1,278 @@
+"""The speculative loop: token ids in, events out.
+
+    prefill(prompt)                      -> the target's first token (step 0)
+    repeat until eos, length or cancel:
+        draft   = drafter.propose(context, k)              up to k guesses
+        logits  = target.forward([last, *draft])           one pass scores them all
+        verdict = verify(logits, draft)                    how many survive + the target's next token
+        rollback: target cache keeps [last, accepted drafts]; the next token is fed next step
+        emit accepted drafts, then the correction / bonus
+
+With no draft (strategy `none`) each step is exactly one plain decoding step, so the baseline runs
+through the same code. Rollback is a truncation of the cache; nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from .detok import Detokenizer
+from .drafters.base import DraftContext, Drafter
+from .errors import ContextTooLongError, SpeculaError
+from .events import Finished, Origin, Started, Step, Token, Totals
+from .forward import ModelRunner
+from .metrics import BaselineCost
+from .sampling import SamplingParams, choose
+from .verify import Verdict, verify
+
+K_MAX = 32
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    k: int = 4  # draft length (the starting length when adaptive)
+    adaptive_k: bool = False
+    k_max: int = 16  # bound for adaptive k
+    max_new_tokens: int = 256
+    params: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None  # None: a fresh random seed per request
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= K_MAX:
+            raise SpeculaError(f"draft length k must be between 1 and {K_MAX}, got {self.k}")
+        if not 1 <= self.k_max <= K_MAX:
+            raise SpeculaError(f"maximum draft length must be between 1 and {K_MAX}, got {self.k_max}")
+        if self.max_new_tokens < 1:
+            raise SpeculaError(f"max new tokens must be at least 1, got {self.max_new_tokens}")
+
+
+def next_k(k: int, drafted: int, accepted: int, k_max: int) -> int:
+    """Adaptive draft length: grow by 2 after a fully accepted draft, shrink by 1 after a rejection."""
+    if drafted == 0:
+        return k
+    if accepted == drafted:
+        return min(k_max, k + 2)
+    return max(1, k - 1)
+
+
+def make_generator(device: torch.device, seed: int | None) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed if seed is not None else random.SystemRandom().randrange(2**63))
+    return gen
+
+
+class _Budget:
+    """Cuts the emitted tokens at the first stop token or when the token budget runs out."""
+
+    def __init__(self, limit: int, stop_ids: frozenset[int]) -> None:
+        self.limit = limit
+        self.stop_ids = stop_ids
+        self.used = 0
+        self.reason: str | None = None
+
+    def take(self, ids: list[int]) -> int:
+        """How many of `ids` are emitted; sets `reason` when the generation ends here."""
+        n = 0
+        for token in ids:
+            if token in self.stop_ids:
+                self.reason = "eos"
+                break
+            if self.used + n >= self.limit:
+                break
+            n += 1
+        self.used += n
+        if self.reason is None and self.used >= self.limit:
+            self.reason = "length"
+        return n
+
+
+class _Stats:
+    """Counters for the Totals of one generation."""
+
+    def __init__(self) -> None:
+        self.steps = self.drafted = self.accepted = 0
+        self.draft_s = self.verify_s = self.prefill_s = 0.0
+        self.accepted_lengths: list[int] = []
+        self.pos_drafted = [0] * K_MAX
+        self.pos_accepted = [0] * K_MAX
+
+    def add_step(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        if drafted:
+            self.accepted_lengths.append(accepted)
+        for i in range(drafted):
+            self.pos_drafted[i] += 1
+            self.pos_accepted[i] += int(i < accepted)
+
+    def totals(self, new_tokens: int, wall_s: float) -> Totals:
+        used = max((i + 1 for i, c in enumerate(self.pos_drafted) if c), default=0)
+        return Totals(
+            new_tokens=new_tokens,
+            steps=self.steps,
+            target_forwards=self.steps + 1,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            wall_s=wall_s,
+            prefill_s=self.prefill_s,
+            draft_s=self.draft_s,
+            verify_s=self.verify_s,
+            accepted_lengths=tuple(self.accepted_lengths),
+            position_drafted=tuple(self.pos_drafted[:used]),
+            position_accepted=tuple(self.pos_accepted[:used]),
+        )
+
+
+def _origin_of_target_token(drafted: int, accepted: int) -> Origin:
+    if drafted == 0:
+        return Origin.TARGET
+    return Origin.BONUS if accepted == drafted else Origin.CORRECTION
+
+
+def generate(
+    target: ModelRunner,
+    drafter: Drafter,
+    prompt_ids: list[int],
+    config: DecodeConfig,
+    *,
+    stop_ids: frozenset[int] = frozenset(),
+    tokenizer=None,
+    request_id: int = 0,
+    strategy: str = "",
+    should_stop: Callable[[], bool] = lambda: False,
+    baseline: BaselineCost | None = None,
+) -> Iterator[Started | Step | Finished]:
+    """Generate from `prompt_ids`; the events carry text when a tokenizer is given."""
+    loop = _Loop(target, drafter, prompt_ids, config, stop_ids, tokenizer, request_id)
+    yield Started(request_id, strategy, len(prompt_ids), config.k)
+    yield loop.prefill()
+    k = config.k
+    while loop.budget.reason is None:
+        if should_stop():
+            loop.budget.reason = "cancelled"
+            break
+        step = loop.step(k)
+        yield step
+        if config.adaptive_k:
+            k = next_k(k, step.drafted, step.accepted, config.k_max)
+    yield loop.finish(baseline)
+
+
+class _Loop:
+    """The state of one generation: the context buffer, the caches' length, the counters."""
+
+    def __init__(self, target, drafter, prompt_ids, config, stop_ids, tokenizer, request_id) -> None:
+        n_prompt = len(prompt_ids)
+        if n_prompt == 0:
+            raise SpeculaError("the prompt is empty")
+        if n_prompt >= target.max_len:
+            raise ContextTooLongError(
+                f"prompt is {n_prompt} tokens but the model's context window is {target.max_len}: shorten it"
+            )
+        self.target, self.drafter, self.config = target, drafter, config
+        self.params = config.params
+        self.request_id = request_id
+        self.tokenizer = tokenizer
+        self.detok = Detokenizer(tokenizer) if tokenizer is not None else None
+        self.budget = _Budget(min(config.max_new_tokens, target.max_len - n_prompt), stop_ids)
+        self.gen = make_generator(target.device, config.seed)
+        self.n_prompt = n_prompt
+        self.ctx = torch.empty(n_prompt + self.budget.limit + K_MAX + 2, dtype=torch.long)  # (L_max,)
+        self.ctx[:n_prompt] = torch.tensor(prompt_ids, dtype=torch.long)
+        self.length = n_prompt  # tokens in the conversation; the target's cache holds length - 1
+        self.out_ids: list[int] = []
+        self.stats = _Stats()
+        self.t_start = time.perf_counter()
+
+    def _append(self, ids: list[int]) -> int:
+        """Add the step's tokens to the context; return how many are emitted (eos / budget cut)."""
+        self.ctx[self.length : self.length + len(ids)] = torch.tensor(ids, dtype=torch.long)
+        self.length += len(ids)
+        kept = self.budget.take(ids)
+        self.out_ids += ids[:kept]
+        return kept
+
+    def _text(self, token: int) -> str:
+        return self.detok.add(token) if self.detok else ""
+
+    def prefill(self) -> Step:
+        """The target reads the prompt and chooses the first token."""
+        self.target.truncate(0)
+        self.drafter.reset()
+        logits = self.target.forward(self.ctx[: self.length])  # (1, V)
+        first = int(choose(logits[-1], self.params, self.gen))
+        self.stats.prefill_s = time.perf_counter() - self.t_start
+        kept = self._append([first])
+        tokens = tuple(Token(first, self._text(first), Origin.TARGET, 0) for _ in range(kept))
+        s = self.stats.prefill_s
+        return Step(self.request_id, 0, 0, 0, tokens, (), 0.0, s, self.n_prompt, 0, s)
+
+    def step(self, k: int) -> Step:
+        """Draft, verify in one target pass, roll back to the accepted prefix, emit."""
+        length, target = self.length, self.target
+        room = min(self.budget.limit - self.budget.used - 1, target.max_len - length)
+        k = max(0, min(k, room))
+        t0 = time.perf_counter()
+        draft = self.drafter.propose(DraftContext(self.ctx[:length], self.n_prompt, self.params, self.gen), k) if k else None
+        d = draft.tokens[:k] if draft is not None else self.ctx[:0]  # (n,)
+        q = draft.q[: d.shape[0]] if draft is not None and draft.q is not None else None  # (n, V)
+        t1 = time.perf_counter()
+        feed = torch.cat([self.ctx[length - 1 : length], d])  # the newest token, then the draft
+        logits = target.forward(feed, last=feed.shape[0])  # (n+1, V)
+        verdict: Verdict = verify(logits, d.to(logits.device), q, self.params, self.gen)
+        t2 = time.perf_counter()
+        n, acc = d.shape[0], verdict.accepted
+        target.truncate(length + acc)  # keep the fed token and the accepted drafts
+        self.drafter.observe(acc, verdict.next_token)
+        new = d[:acc].tolist() + [verdict.next_token]
+        kept = self._append(new)
+        self.stats.add_step(n, acc, t1 - t0, t2 - t1)
+        step = self.stats.steps
+        probs = _DraftProbs(verdict, q is not None)
+        emitted = tuple(
+            Token(t, self._text(t), Origin.DRAFT, step, i, *probs.at(i)) if i < acc
+            else Token(t, self._text(t), _origin_of_target_token(n, acc), step)
+            for i, t in enumerate(new[:kept])
+        )
+        rejected = tuple(
+            Token(t, self._ghost(t), Origin.REJECTED, step, acc + j, *probs.at(acc + j))
+            for j, t in enumerate(d[acc:].tolist())
+        )
+        elapsed = time.perf_counter() - self.t_start
+        return Step(self.request_id, step, n, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed)
+
+    def _ghost(self, token: int) -> str:
+        return self.tokenizer.decode([token]) if self.tokenizer is not None else ""
+
+    def finish(self, baseline: BaselineCost | None) -> Finished:
+        wall = time.perf_counter() - self.t_start
+        if self.detok:
+            self.detok.flush()
+        totals = self.stats.totals(len(self.out_ids), wall)
+        speedup = None
+        decoded = len(self.out_ids) - 1
+        if baseline is not None and decoded > 0 and wall > totals.prefill_s:
+            speedup = baseline.expected(self.n_prompt + 1, decoded) / (wall - totals.prefill_s)
+        text = self.detok.text if self.detok else ""
+        return Finished(self.request_id, self.budget.reason or "length", text, tuple(self.out_ids), totals, speedup)
+
+
+@dataclass(frozen=True)
+class _DraftProbs:
+    verdict: Verdict
+    has_q: bool
+
+    def at(self, i: int) -> tuple[float | None, float | None]:
+        """(p, q) of draft position i, where the verification computed them."""
+        v = self.verdict
+        p = v.p_of_draft[i] if i < len(v.p_of_draft) else None
+        q = v.q_of_draft[i] if self.has_q and i < len(v.q_of_draft) else None
+        return p, q

@@ -1,0 +1,53 @@
+"""Draft strategies behind one interface, and the public registry the CLI, GUI and bench list.
+
+`DRAFTERS[name]` describes a strategy; `build_drafter(name, target, draft, **options)` makes one for a
+loaded target (and draft model, where the strategy needs one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import SpeculaError
+from .base import Draft, DraftContext, Drafter
+from .draft_model import DraftModel
+from .layer_skip import LayerSkip
+from .none import NoDraft
+from .prompt_lookup import PromptLookup
+
+
+@dataclass(frozen=True)
+class StrategyInfo:
+    name: str
+    description: str
+    build: Callable[..., Drafter]
+    needs_draft_model: bool = False
+
+
+def _prompt_lookup(target, draft=None, min_n=None, max_n=None, **options):
+    return PromptLookup(min_n=min_n or 1, max_n=max_n or 4)
+
+
+DRAFTERS: dict[str, StrategyInfo] = {
+    info.name: info
+    for info in (
+        StrategyInfo(NoDraft.name, NoDraft.description, lambda target, draft=None, **options: NoDraft()),
+        StrategyInfo(PromptLookup.name, PromptLookup.description, _prompt_lookup),
+        StrategyInfo(DraftModel.name, DraftModel.description, DraftModel.build, needs_draft_model=True),
+        StrategyInfo(LayerSkip.name, LayerSkip.description, LayerSkip.build),
+    )
+}
+
+
+def strategy_names() -> tuple[str, ...]:
+    return tuple(DRAFTERS)
+
+
+def build_drafter(name: str, target, draft=None, **options) -> Drafter:
+    if name not in DRAFTERS:
+        raise SpeculaError(f"unknown strategy '{name}': choose one of {', '.join(DRAFTERS)}")
+    return DRAFTERS[name].build(target, draft, **options)
+
+
+__all__ = ["DRAFTERS", "Draft", "DraftContext", "Drafter", "StrategyInfo", "build_drafter", "strategy_names"]

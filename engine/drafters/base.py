@@ -1,0 +1,40 @@
+"""The drafter interface: propose up to k tokens for the context, then hear what the target kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import torch
+
+from ..sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    tokens: torch.Tensor  # (L,) int64 on the CPU: the whole conversation so far, last = newest token
+    prompt_len: int
+    params: SamplingParams
+    generator: torch.Generator | None
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: torch.Tensor  # (n,) int64, n <= k (n = 0: nothing to propose this step)
+    q: torch.Tensor | None = None  # (n, V) drafter probabilities, or None for a point guess (one-hot)
+
+
+class Drafter(Protocol):
+    name: ClassVar[str]
+
+    def reset(self) -> None:
+        """Forget everything: a new generation starts."""
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft: ...
+
+    def observe(self, accepted: int, next_token: int) -> None:
+        """The target kept `accepted` draft tokens, then produced `next_token`."""
+
+
+def empty_draft() -> Draft:
+    return Draft(torch.empty(0, dtype=torch.long))

@@ -1,0 +1,17 @@
+"""`draft-model`: a separate small causal LM with the target's tokenizer drafts, with its own KV cache."""
+
+from __future__ import annotations
+
+from ..errors import SpeculaError
+from .model_drafter import ModelDrafter
+
+
+class DraftModel(ModelDrafter):
+    name = "draft-model"
+    description = "a smaller model with the same tokenizer drafts (needs --draft-model)"
+
+    @classmethod
+    def build(cls, target, draft=None, **options) -> "DraftModel":
+        if draft is None:
+            raise SpeculaError("strategy 'draft-model' needs a draft model (--draft-model)")
+        return cls(draft.new_runner(), target.model.get_output_embeddings().weight.shape[0])

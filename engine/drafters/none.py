@@ -1,0 +1,19 @@
+"""`none`: drafts nothing, so every step is one plain decoding step of the target (the baseline)."""
+
+from __future__ import annotations
+
+from .base import Draft, DraftContext, empty_draft
+
+
+class NoDraft:
+    name = "none"
+    description = "plain decoding through the same loop (the baseline)"
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        return empty_draft()
+
+    def observe(self, accepted: int, next_token: int) -> None:
+        pass

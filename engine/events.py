@@ -1,0 +1,118 @@
+"""What generation yields: frozen dataclasses of plain Python values (never tensors).
+
+A generation is `Started`, then one `Step` per target forward (the prefill included), then exactly one
+of `Finished` or `Failed`. The runner adds `Loading`/`Loaded` around model loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Origin(str, Enum):
+    DRAFT = "draft"  # a draft token the target accepted
+    CORRECTION = "correction"  # the target's token where a draft token was rejected
+    BONUS = "bonus"  # the target's extra token after every draft token was accepted
+    TARGET = "target"  # the target's token when nothing was drafted (plain decoding, prefill)
+    REJECTED = "rejected"  # a draft token the target rejected (not part of the output)
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str
+    origin: Origin
+    step: int
+    draft_pos: int | None = None  # 0-based position in the step's draft, for draft tokens
+    p: float | None = None  # target probability of a draft token (sampling with a distribution)
+    q: float | None = None  # drafter probability of a draft token
+
+
+@dataclass(frozen=True)
+class Started:
+    request_id: int
+    strategy: str
+    prompt_tokens: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Step:
+    request_id: int
+    step: int  # 0 is the prefill
+    drafted: int  # draft tokens proposed
+    accepted: int  # of those, kept
+    tokens: tuple[Token, ...]  # emitted, in order: accepted drafts then the target's token
+    rejected: tuple[Token, ...]  # draft tokens after the first rejection, shown as ghost text
+    draft_s: float
+    verify_s: float
+    context_len: int  # tokens in context before this step
+    k: int  # draft length asked of the drafter this step
+    elapsed_s: float  # since the generation started
+
+
+@dataclass(frozen=True)
+class Totals:
+    new_tokens: int
+    steps: int  # decode steps (target forwards after the prefill)
+    target_forwards: int  # prefill + steps
+    drafted: int
+    accepted: int
+    wall_s: float
+    prefill_s: float
+    draft_s: float
+    verify_s: float
+    accepted_lengths: tuple[int, ...] = ()  # per decode step: accepted draft tokens
+    position_drafted: tuple[int, ...] = ()  # per draft position: times a token was proposed there
+    position_accepted: tuple[int, ...] = ()  # ... and accepted
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """New tokens per target forward (1.0 for plain decoding)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Finished:
+    request_id: int
+    reason: str  # "eos", "length" or "cancelled"
+    text: str
+    token_ids: tuple[int, ...]
+    totals: Totals
+    speedup: float | None = None  # estimated against the measured baseline; None when unknown
+
+
+@dataclass(frozen=True)
+class Failed:
+    request_id: int
+    message: str  # one line a user can act on
+    kind: str = "error"  # the exception type name, for the GUI to pick an icon or hint
+
+
+@dataclass(frozen=True)
+class Loading:
+    request_id: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Loaded:
+    request_id: int
+    target: str
+    draft: str | None
+    device: str
+    dtype: str
+    context_window: int
+    strategies: tuple[str, ...] = field(default_factory=tuple)
+
+
+Event = Started | Step | Finished | Failed | Loading | Loaded

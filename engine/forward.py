@@ -1,0 +1,76 @@
+"""A model with its own KV cache: tokens in at the next positions, logits out; rollback by truncating.
+
+`ModelRunner` is the only thing the decoder and the model drafters call. Two implementations:
+`engine.llama.LlamaRunner` (a lean forward over a static cache for the Llama family) and
+`HFRunner` below (any transformers causal LM, through its own cache, as the fallback).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Protocol
+
+import torch
+
+
+class ModelRunner(Protocol):
+    vocab_size: int
+    max_len: int  # positions the model can attend over
+    device: torch.device
+
+    @property
+    def length(self) -> int:
+        """Tokens currently held in the cache."""
+        ...
+
+    def forward(self, tokens: torch.Tensor, last: int = 1) -> torch.Tensor:
+        """tokens (T,) at positions length .. length+T-1 -> fp32 logits (last, V) of the last rows."""
+        ...
+
+    def truncate(self, length: int) -> None:
+        """Forget everything after the first `length` tokens."""
+        ...
+
+
+class HFRunner:
+    """Fallback for architectures without a lean forward: transformers' model and DynamicCache."""
+
+    def __init__(self, model: torch.nn.Module, max_len: int) -> None:
+        from transformers import DynamicCache
+
+        self.model = model
+        self.max_len = max_len
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.device = next(model.parameters()).device
+        self._new_cache = lambda: DynamicCache(config=model.config)
+        self._cache = self._new_cache()
+        self._length = 0
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, last: int = 1) -> torch.Tensor:
+        t = tokens.shape[0]
+        positions = torch.arange(self._length, self._length + t, device=self.device)
+        out = self.model(
+            input_ids=tokens.to(self.device)[None],
+            position_ids=positions[None],
+            use_cache=True,
+            logits_to_keep=last,
+            **{self._cache_kw: self._cache},
+        )
+        self._length += t
+        return out.logits[0, -last:].float()  # (last, V)
+
+    def truncate(self, length: int) -> None:
+        if length >= self._length:
+            return
+        if length == 0:
+            self._cache = self._new_cache()
+        else:
+            self._cache.crop(length - self._length)  # negative: tokens to drop
+        self._length = length

