@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .errors import ContextTooLongError
+
 LLAMA_FAMILY = {"llama", "qwen2", "qwen3", "mistral"}
 _GROW = 256  # cache capacity grows in steps of this many positions
 
@@ -76,7 +78,7 @@ class LlamaRunner:
 
     def _reserve(self, needed: int) -> None:
         if needed > self.max_len:
-            raise ValueError(f"context of {needed} tokens exceeds the model's window of {self.max_len}")
+            raise ContextTooLongError(f"context of {needed} tokens exceeds the model's window of {self.max_len}")
         capacity = self._k.shape[2] if self._k.ndim == 4 else 0
         if needed <= capacity:
             return
@@ -105,7 +107,7 @@ class LlamaRunner:
         cos = self._cos[start:end]  # (T, hd)
         sin = self._sin[start:end]
         mask = None
-        if t > 1:  # query i (position start+i) sees keys 0 .. start+i
+        if t > 1 and start > 0:  # query i (position start+i) sees keys 0 .. start+i
             keys = torch.arange(end, device=self.device)
             queries = torch.arange(start, end, device=self.device)
             mask = (keys[None, :] <= queries[:, None]).repeat(self.groups, 1)  # (groups*T, end)
@@ -128,6 +130,9 @@ class LlamaRunner:
         k = k * cos + _rotate_half(k) * sin
         self._k[i, :, start:end] = k
         self._v[i, :, start:end] = v
+        if start == 0 and t > 1:  # prefill: plain causal attention, the fused kernel applies
+            out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=self.scale, enable_gqa=True)
+            return attn.o_proj(out[0].transpose(0, 1).reshape(t, -1))
         keys = self._k[i, :, :end]  # (KV, L, hd)
         values = self._v[i, :, :end]
         # grouped-query attention without copying K/V: the query heads that share a KV head become

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import SpeculaError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -21,11 +23,11 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise SpeculaError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
-            raise ValueError(f"top-k must be >= 0 (0 turns it off), got {self.top_k}")
+            raise SpeculaError(f"top-k must be >= 0 (0 turns it off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+            raise SpeculaError(f"top-p must be in (0, 1], got {self.top_p}")
 
     @property
     def greedy(self) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import SpeculaError
 from .base import Draft, DraftContext, empty_draft
 
 
@@ -28,7 +29,7 @@ class PromptLookup:
 
     def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:
-            raise ValueError(f"prompt lookup needs 1 <= min n <= max n, got {min_n} and {max_n}")
+            raise SpeculaError(f"prompt lookup needs 1 <= min n <= max n, got {min_n} and {max_n}")
         self.min_n, self.max_n = min_n, max_n
 
     def reset(self) -> None:

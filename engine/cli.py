@@ -1,0 +1,122 @@
+"""`specula`: the engine without the GUI.
+
+    specula generate --model bundled --strategy prompt-lookup --prompt "..." [--json]
+    specula strategies
+    specula chat                       an interactive terminal chat with coloured tokens
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from .errors import SpeculaError
+
+EXIT_BAD_INPUT = 2
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="bundled", help="bundled, a Hugging Face Hub id, a folder or a .gguf file")
+    p.add_argument("--draft-model", default=None, help="draft model for the draft-model strategy")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+
+
+def _add_decode_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strategy", default="none", help="a name from `specula strategies`")
+    p.add_argument("--k", type=int, default=4, help="draft length (start value with --adaptive-k)")
+    p.add_argument("--adaptive-k", action="store_true", help="grow k after full acceptance, shrink after rejection")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--system", default=None, help="system prompt (with --chat)")
+    p.add_argument("--min-n", type=int, default=None, help="prompt-lookup: shortest n-gram to match")
+    p.add_argument("--max-n", type=int, default=None, help="prompt-lookup: longest n-gram to match")
+    p.add_argument("--exit-layer", type=int, default=None, help="layer-skip: layers used for drafting")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specula", description="Speculative decoding for local models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate from a prompt or a JSON Lines file of prompts")
+    _add_model_args(g)
+    _add_decode_args(g)
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompts", type=Path, help='JSON Lines with "prompt" or Spec-Bench "turns"')
+    g.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
+    sub.add_parser("strategies", help="list the draft strategies")
+    c = sub.add_parser("chat", help="chat in the terminal")
+    _add_model_args(c)
+    _add_decode_args(c)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not os.environ.get("SPECULA_DEBUG"):
+        _quiet_libraries()
+    try:
+        if args.command == "strategies":
+            return _strategies()
+        if args.command == "generate":
+            from .generate_cmd import run_generate
+
+            return run_generate(args)
+        if args.command == "chat":
+            from .chat_cmd import run_chat
+
+            return run_chat(args)
+    except SpeculaError as exc:
+        print(f"specula: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("specula: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # no traceback for users; SPECULA_DEBUG=1 shows it
+        if os.environ.get("SPECULA_DEBUG"):
+            raise
+        from .runner import describe_error
+
+        print(f"specula: error: {describe_error(exc)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _strategies() -> int:
+    from .drafters import DRAFTERS
+
+    for name, info in DRAFTERS.items():
+        print(f"{name}\t{info.description}")
+    return 0
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    warnings.filterwarnings("ignore")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def json_line(obj: dict) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

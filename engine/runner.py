@@ -1,0 +1,126 @@
+"""The worker thread that owns the models: requests in, events out, cancel between steps.
+
+    runner = Runner(); runner.start()
+    rid = runner.submit(LoadRequest(...))          # -> Loading..., Loaded | Failed
+    rid = runner.submit(GenerateRequest(...))      # -> Started, Step..., Finished | Failed
+    runner.cancel(rid)                             # takes effect before the next engine step
+    event = runner.events.get()                    # a thread-safe queue (or pass `sink=`)
+
+Every exception inside a request becomes a `Failed` event with a one-line message; the thread lives on
+and the next request may use another strategy without reloading the target.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from dataclasses import replace
+from typing import Callable
+
+from .errors import SpeculaError
+from .events import Failed, Finished, Loading, Totals
+from .session import GenerateRequest, LoadRequest, Session
+
+log = logging.getLogger(__name__)
+_STOP = object()
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line a user can act on."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "out of memory: try a smaller model, a shorter prompt, fewer new tokens or dtype bf16/fp16"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, SpeculaError):
+        return text or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class Runner:
+    def __init__(self, sink: Callable[[object], None] | None = None, session: Session | None = None) -> None:
+        self.session = session or Session()
+        self.events: queue.Queue = queue.Queue()
+        self._sink = sink or self.events.put
+        self._jobs: queue.Queue = queue.Queue()
+        self._ids = itertools.count(1)
+        self._cancelled: set[int] = set()
+        self._lock = threading.Lock()
+        self._current: int | None = None
+        self._thread = threading.Thread(target=self._loop, name="specula-engine", daemon=True)
+
+    def start(self) -> "Runner":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Cancel what runs, drop what waits, and end the thread."""
+        self.cancel()
+        self._jobs.put(_STOP)
+        self._thread.join(timeout)
+
+    @property
+    def busy(self) -> bool:
+        return self._current is not None or not self._jobs.empty()
+
+    def submit(self, request: LoadRequest | GenerateRequest) -> int:
+        rid = next(self._ids)
+        self._jobs.put((rid, request))
+        return rid
+
+    def cancel(self, request_id: int | None = None) -> None:
+        """Cancel one request (queued or running), or with no id the running one and all queued."""
+        with self._lock:
+            if request_id is not None:
+                self._cancelled.add(request_id)
+                return
+            if self._current is not None:
+                self._cancelled.add(self._current)
+            pending = []
+            while True:
+                try:
+                    pending.append(self._jobs.get_nowait())
+                except queue.Empty:
+                    break
+            for job in pending:
+                if job is _STOP:
+                    self._jobs.put(job)
+                else:
+                    self._cancelled.add(job[0])
+                    self._jobs.put(job)
+
+    def _is_cancelled(self, rid: int) -> bool:
+        return rid in self._cancelled
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is _STOP:
+                return
+            rid, request = job
+            with self._lock:
+                self._current = rid
+            try:
+                self._run(rid, request)
+            except Exception as exc:  # the worker survives every request
+                log.debug("request %s failed", rid, exc_info=True)
+                self._sink(Failed(rid, describe_error(exc), type(exc).__name__))
+            finally:
+                with self._lock:
+                    self._current = None
+                    self._cancelled.discard(rid)
+
+    def _run(self, rid: int, request) -> None:
+        if isinstance(request, LoadRequest):
+            loaded = self.session.load(request, lambda text: self._sink(Loading(rid, text)))
+            self._sink(replace(loaded, request_id=rid))
+            return
+        if not isinstance(request, GenerateRequest):
+            raise SpeculaError(f"unknown request type {type(request).__name__}")
+        if self._is_cancelled(rid):
+            self._sink(Finished(rid, "cancelled", "", (), Totals(0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0)))
+            return
+        for event in self.session.generate(request, rid, lambda: self._is_cancelled(rid)):
+            self._sink(event)

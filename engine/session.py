@@ -1,0 +1,123 @@
+"""The loaded models and the strategies built for them: requests in, events out, synchronously.
+
+`Session` is what the worker thread (`runner.py`) drives and what the CLI uses directly. Loading a
+target measures its plain decoding cost (for the live speedup); changing strategy between requests
+builds (or reuses) a drafter and never reloads the target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from . import prompts
+from .decoder import DecodeConfig, generate
+from .drafters import DRAFTERS, build_drafter
+from .errors import SpeculaError
+from .events import Finished, Loaded, Started, Step
+from .loading import LoadedModel, ModelSpec, check_same_vocabulary, load_model
+from .metrics import BaselineCost, measure_baseline
+from .prompts import Message
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    target: ModelSpec = field(default_factory=ModelSpec)
+    draft: str | None = None  # a model source; loaded on the target's device and dtype
+    measure_baseline: bool = True
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    messages: tuple[Message, ...]
+    strategy: str = "none"
+    config: DecodeConfig = field(default_factory=DecodeConfig)
+    chat: bool = True
+    options: tuple[tuple[str, object], ...] = ()  # strategy options, e.g. (("max_n", 3),)
+
+    @property
+    def option_dict(self) -> dict:
+        return dict(self.options)
+
+
+class Session:
+    def __init__(self) -> None:
+        self.target: LoadedModel | None = None
+        self.draft: LoadedModel | None = None
+        self.baseline: BaselineCost | None = None
+        self._runner = None
+        self._drafters: dict = {}
+
+    def load(self, request: LoadRequest, progress: Callable[[str], None] | None = None) -> Loaded:
+        say = progress or (lambda text: None)
+        target = load_model(request.target, say)
+        draft = None
+        if request.draft:
+            spec = ModelSpec(request.draft, device=str(target.device), dtype=_dtype_name(target))
+            draft = load_model(spec, say)
+            check_same_vocabulary(target.tokenizer, draft.tokenizer)
+        self.use(target, draft)
+        if request.measure_baseline:
+            say("measuring plain decoding speed")
+            self.baseline = measure_baseline(self._runner)
+        return self.describe()
+
+    def use(self, target: LoadedModel, draft: LoadedModel | None = None) -> None:
+        """Adopt already loaded models (tests build tiny ones in memory)."""
+        self.target, self.draft = target, draft
+        self._runner = target.new_runner()
+        self._drafters = {}
+        self.baseline = None
+
+    def describe(self, request_id: int = 0) -> Loaded:
+        t = self._need_target()
+        return Loaded(
+            request_id,
+            t.name,
+            self.draft.name if self.draft else None,
+            str(t.device),
+            _dtype_name(t),
+            t.context_window,
+            tuple(name for name, info in DRAFTERS.items() if self.draft or not info.needs_draft_model),
+        )
+
+    def _need_target(self) -> LoadedModel:
+        if self.target is None:
+            raise SpeculaError("no model is loaded yet")
+        return self.target
+
+    def drafter(self, strategy: str, options: dict):
+        key = (strategy, tuple(sorted(options.items())))
+        if key not in self._drafters:
+            self._drafters[key] = build_drafter(strategy, self._need_target(), self.draft, **options)
+        return self._drafters[key]
+
+    def encode(self, request: GenerateRequest) -> list[int]:
+        return prompts.encode(self._need_target().tokenizer, request.messages, request.chat)
+
+    def generate(
+        self,
+        request: GenerateRequest,
+        request_id: int = 0,
+        should_stop: Callable[[], bool] = lambda: False,
+        prompt_ids: list[int] | None = None,
+    ) -> Iterator[Started | Step | Finished]:
+        target = self._need_target()
+        drafter = self.drafter(request.strategy, request.option_dict)
+        ids = prompt_ids if prompt_ids is not None else self.encode(request)
+        return generate(
+            self._runner,
+            drafter,
+            ids,
+            request.config,
+            stop_ids=target.eos_ids,
+            tokenizer=target.tokenizer,
+            request_id=request_id,
+            strategy=request.strategy,
+            should_stop=should_stop,
+            baseline=self.baseline,
+        )
+
+
+def _dtype_name(model: LoadedModel) -> str:
+    return {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}[str(model.dtype)]
