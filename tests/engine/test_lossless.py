@@ -1,0 +1,129 @@
+"""Greedy speculation must reproduce the target's own greedy tokens, for every registered drafter."""
+
+import pytest
+import torch
+
+from engine.decoder import DecodeConfig, generate
+from engine.drafters import DRAFTERS, build_drafter
+from engine.events import Finished, Origin, Step
+from engine.sampling import SamplingParams
+
+from .tiny import loaded, perturbed, tiny_model
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_model(vocab=64, layers=4, seed=0)
+    return loaded(target), loaded(perturbed(target, scale=0.05))
+
+
+def run(target, draft, strategy, prompt, **config):
+    drafter = build_drafter(strategy, target, draft)
+    runner = target.new_runner()
+    events = list(generate(runner, drafter, prompt, DecodeConfig(**config), stop_ids=target.eos_ids, strategy=strategy))
+    return events
+
+
+def plain_greedy(model, prompt, n):
+    """Reference: the model's own forward over the growing sequence, no cache, argmax each time."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def test_none_matches_the_models_own_greedy_decoding(models):
+    target, _ = models
+    prompt = [3, 14, 15, 9, 26, 5]
+    finished = run(target, None, "none", prompt, max_new_tokens=40)[-1]
+    assert list(finished.token_ids) == plain_greedy(target.model, prompt, 40)
+
+
+@pytest.mark.parametrize("strategy", sorted(DRAFTERS))
+def test_greedy_matches_plain_decoding(models, strategy):
+    target, draft = models
+    gen = torch.Generator().manual_seed(hash(strategy) % 1000)
+    drafted = accepted = 0
+    for trial in range(12):
+        length = int(torch.randint(1, 30, (1,), generator=gen))
+        prompt = torch.randint(0, 64, (length,), generator=gen).tolist()
+        k = 1 + trial % 7
+        adaptive = trial % 3 == 0
+        base = run(target, draft, "none", prompt, max_new_tokens=50)[-1]
+        events = run(target, draft, strategy, prompt, k=k, adaptive_k=adaptive, max_new_tokens=50, seed=trial)
+        spec = events[-1]
+        assert isinstance(spec, Finished)
+        assert spec.token_ids == base.token_ids, (strategy, prompt, k)
+        streamed = [t.id for e in events if isinstance(e, Step) for t in e.tokens]
+        assert tuple(streamed) == spec.token_ids
+        drafted += spec.totals.drafted
+        accepted += spec.totals.accepted
+    if strategy != "none":
+        assert drafted > 0 and accepted > 0  # speculation really happened
+
+
+@pytest.mark.parametrize("strategy", ["prompt-lookup", "draft-model"])
+def test_transformers_fallback_forward_is_lossless_too(models, strategy):
+    target, draft = models
+    fallback = loaded(target.model, lean=False)
+    assert not fallback.uses_lean_forward
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    base = run(target, None, "none", prompt, max_new_tokens=40)[-1]
+    spec = run(fallback, draft, strategy, prompt, k=5, max_new_tokens=40)[-1]
+    assert spec.token_ids == base.token_ids
+
+
+def test_qwen2_family_is_lossless():
+    target = loaded(tiny_model(vocab=64, family="qwen2", seed=3))
+    draft = loaded(perturbed(target.model, scale=0.05))
+    prompt = [7, 8, 9, 7, 8, 9, 1]
+    base = run(target, None, "none", prompt, max_new_tokens=40)[-1]
+    for strategy in ("prompt-lookup", "draft-model", "layer-skip"):
+        assert run(target, draft, strategy, prompt, k=4, max_new_tokens=40)[-1].token_ids == base.token_ids
+
+
+def test_origins_are_consistent_with_the_counts(models):
+    target, draft = models
+    events = run(target, draft, "draft-model", [5, 6, 7], k=4, max_new_tokens=60)
+    for e in events:
+        if not isinstance(e, Step) or e.step == 0:
+            continue
+        origins = [t.origin for t in e.tokens]
+        assert origins[: e.accepted] == [Origin.DRAFT] * e.accepted
+        if len(e.tokens) > e.accepted:
+            expected = Origin.BONUS if e.accepted == e.drafted else Origin.CORRECTION
+            assert origins[e.accepted] == expected
+        assert len(e.rejected) == e.drafted - e.accepted
+        assert all(t.origin == Origin.REJECTED for t in e.rejected)
+
+
+def test_stops_at_a_stop_token_and_leaves_it_out(models):
+    target, _ = models
+    prompt = [3, 14, 15, 9]
+    full = run(target, None, "none", prompt, max_new_tokens=30)[-1].token_ids
+    stop = full[5]
+    first = full.index(stop)
+    stopping = loaded(target.model, eos=frozenset({stop}))
+    for strategy in ("none", "prompt-lookup"):
+        events = run(stopping, None, strategy, prompt, max_new_tokens=30)
+        assert events[-1].reason == "eos"
+        assert events[-1].token_ids == full[:first]
+
+
+def test_length_limit_is_exact(models):
+    target, draft = models
+    for n in (1, 2, 7):
+        finished = run(target, draft, "draft-model", [1, 2, 3], k=8, max_new_tokens=n)[-1]
+        assert len(finished.token_ids) == n and finished.reason == "length"
+
+
+def test_sampling_with_a_seed_repeats(models):
+    target, draft = models
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    for strategy in ("none", "draft-model", "prompt-lookup"):
+        a = run(target, draft, strategy, [4, 5, 6], max_new_tokens=30, params=params, seed=11)[-1]
+        b = run(target, draft, strategy, [4, 5, 6], max_new_tokens=30, params=params, seed=11)[-1]
+        c = run(target, draft, strategy, [4, 5, 6], max_new_tokens=30, params=params, seed=12)[-1]
+        assert a.token_ids == b.token_ids
+        assert a.token_ids != c.token_ids

@@ -1,0 +1,73 @@
+"""The acceptance rule itself, on distributions given directly."""
+
+import pytest
+import torch
+
+from engine.sampling import SamplingParams
+from engine.verify import verify_greedy, verify_sampling
+
+
+def one_hot_logits(ids, vocab=6):
+    logits = torch.full((len(ids), vocab), -10.0)
+    logits[torch.arange(len(ids)), torch.tensor(ids)] = 10.0
+    return logits
+
+
+def test_greedy_accepts_the_agreeing_prefix_and_corrects():
+    logits = one_hot_logits([1, 2, 3, 4])  # target wants 1, 2, 3 then 4
+    v = verify_greedy(logits, torch.tensor([1, 2, 5]))
+    assert (v.accepted, v.next_token) == (2, 3)
+
+
+def test_greedy_all_accepted_gives_a_bonus():
+    v = verify_greedy(one_hot_logits([1, 2, 3, 4]), torch.tensor([1, 2, 3]))
+    assert (v.accepted, v.next_token) == (3, 4)
+
+
+def test_greedy_first_token_wrong():
+    v = verify_greedy(one_hot_logits([1, 2]), torch.tensor([0]))
+    assert (v.accepted, v.next_token) == (0, 1)
+
+
+def test_greedy_without_draft_is_plain_decoding():
+    v = verify_greedy(one_hot_logits([5]), torch.empty(0, dtype=torch.long))
+    assert (v.accepted, v.next_token) == (0, 5)
+
+
+def _first_token_distribution(p_logits, q, n, seed, one_hot_draft=None):
+    """Empirical distribution of the first emitted token under the rule, with drafts drawn from q."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = p_logits.shape[-1]
+    counts = torch.zeros(vocab)
+    params = SamplingParams(temperature=1.0)
+    for _ in range(n):
+        if one_hot_draft is None:
+            d = torch.multinomial(q[0], 1, generator=gen)
+            v = verify_sampling(p_logits, d, q, params, gen)
+        else:
+            d = torch.tensor([one_hot_draft])
+            v = verify_sampling(p_logits, d, None, params, gen)
+        first = int(d[0]) if v.accepted >= 1 else v.next_token
+        counts[first] += 1
+    return counts / n
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_sampling_rule_reproduces_the_target_distribution(case):
+    torch.manual_seed(case)
+    vocab = 5
+    p_logits = torch.randn(2, vocab) * 1.5
+    q = torch.randn(1, vocab).mul(1.5).softmax(-1)
+    p = p_logits[0].softmax(-1)
+    got = _first_token_distribution(p_logits, q, 20000, seed=case)
+    assert (got - p).abs().sum() / 2 < 0.02  # total variation
+    # the draft's own distribution is measurably different, so the test can tell them apart
+    assert (q[0] - p).abs().sum() / 2 > 0.05
+
+
+def test_sampling_rule_with_a_point_guess():
+    torch.manual_seed(7)
+    p_logits = torch.randn(2, 4)
+    p = p_logits[0].softmax(-1)
+    got = _first_token_distribution(p_logits, None, 20000, seed=1, one_hot_draft=2)
+    assert (got - p).abs().sum() / 2 < 0.02
