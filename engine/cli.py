@@ -20,13 +20,6 @@ from .errors import SpeculaError
 EXIT_BAD_INPUT = 2
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="bundled", help="bundled, a Hugging Face Hub id, a folder or a .gguf file")
     p.add_argument("--draft-model", default=None, help="draft model for the draft-model strategy")
@@ -50,9 +43,14 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exit-layer", type=int, default=None, help="layer-skip: layers used for drafting")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump
+        self.exit(EXIT_BAD_INPUT, f"specula: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specula", description="Speculative decoding for local models.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="specula", description="Speculative decoding for local models.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="generate from a prompt or a JSON Lines file of prompts")
     _add_model_args(g)
     _add_decode_args(g)

@@ -125,7 +125,7 @@ def load_model(spec: ModelSpec, progress=None) -> LoadedModel:
                 raise ModelNotFoundError(f"folder {path} has no config.json: not a transformers model folder")
             folder, name = path, path.name
         elif _HUB_ID.match(source) and not path.exists() and not source.startswith((".", "~")):
-            folder, name = source, source
+            folder, name = _hub_folder(source, say), source
         else:
             raise ModelNotFoundError(f"model not found: '{source}' is not a file, a folder or a Hub id")
     say(f"loading {name}")
@@ -134,18 +134,59 @@ def load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     return LoadedModel(model, tokenizer, name, device, dtype, eos_ids=_eos_ids(model, tokenizer))
 
 
+_HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt"]
+
+
+def _hub_folder(repo_id: str, say) -> Path:
+    """The local snapshot of a Hub model: the cached one, else a download (safetensors preferred)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True, allow_patterns=_HUB_FILES))
+    except Exception:  # not cached (the hub library raises several types for this)
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or not _hub_reachable():
+        raise ModelNotFoundError(
+            f"model '{repo_id}' is not in the local Hugging Face cache and the Hub cannot be reached "
+            "(offline?): connect once to download it, or pass a local folder or .gguf file"
+        )
+    say(f"downloading {repo_id}")
+    try:
+        folder = Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
+        if not any(folder.glob("*.safetensors")):
+            folder = Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES + ["*.bin"]))
+    except Exception as exc:  # unknown repository, gated model, network failure mid-download
+        raise ModelNotFoundError(f"cannot download '{repo_id}' from the Hugging Face Hub: {_first_line(exc)}") from exc
+    return folder
+
+
+def _hub_reachable(timeout: float = 5.0) -> bool:
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _from_pretrained(folder, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False)
-    except OSError as exc:
-        where = "folder" if isinstance(folder, Path) else "Hugging Face Hub id"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelNotFoundError(f"cannot load {where} '{folder}': {first}") from exc
+    except OSError as exc:  # missing weights or tokenizer files
+        raise ModelNotFoundError(f"cannot load the model in '{folder}': {_first_line(exc)}") from exc
     except ValueError as exc:  # unknown architecture, remote code required, ...
-        raise SpeculaError(f"cannot load '{folder}': {str(exc).strip().splitlines()[0]}") from exc
+        raise SpeculaError(f"cannot load the model in '{folder}': {_first_line(exc)}") from exc
     return model, tokenizer
 
 
@@ -179,7 +220,7 @@ def _converted_gguf(path: Path, say) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except Exception as exc:  # the gguf reader raises many types on a bad file
-        raise SpeculaError(f"cannot read GGUF file {path}: {exc}".splitlines()[0]) from exc
+        raise SpeculaError(f"cannot read GGUF file {path}: {_first_line(exc)}") from exc
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:

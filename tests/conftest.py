@@ -6,3 +6,44 @@ _tmp = tempfile.mkdtemp(prefix="specula-test-")
 os.environ.setdefault("SPECULA_CONFIG_DIR", os.path.join(_tmp, "config"))
 os.environ.setdefault("SPECULA_DATA_DIR", os.path.join(_tmp, "data"))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def bundled_fp32():
+    """The bundled SmolLM2-135M-Instruct in fp32 on the CPU (converted once, then cached)."""
+    from engine.loading import ModelSpec, load_model
+
+    return load_model(ModelSpec("bundled", device="cpu", dtype="fp32"))
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory, bundled_fp32):
+    """A local model folder: a tiny random Llama with the bundled tokenizer and a 128-token window."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(
+        vocab_size=len(bundled_fp32.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128, eos_token_id=2,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    bundled_fp32.tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def other_vocab_folder(tmp_path_factory, tiny_folder):
+    """The same tiny model, but its tokenizer has extra tokens: not a valid draft for tiny_folder."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("other-vocab")
+    for f in tiny_folder.iterdir():
+        shutil.copy(f, folder / f.name)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_tokens(["<extra_one>", "<extra_two>"])
+    tok.save_pretrained(folder)
+    return folder

@@ -1,0 +1,138 @@
+"""The worker thread: events out, cancel within a step, errors as events, strategy switches."""
+
+import queue
+import threading
+
+import pytest
+
+from engine.decoder import DecodeConfig
+from engine.events import Failed, Finished, Loaded, Started, Step
+from engine.prompts import Message
+from engine.runner import Runner
+from engine.loading import ModelSpec
+from engine.session import GenerateRequest, LoadRequest, Session
+
+from .tiny import loaded, perturbed, tiny_model
+
+
+class FakeTokenizer:
+    """Enough of a tokenizer for the session: ids are characters' code points modulo the vocabulary."""
+
+    chat_template = None
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) % 64 for c in text] or [0]
+
+    def decode(self, ids, **kwargs):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+@pytest.fixture()
+def runner():
+    target = tiny_model(vocab=64, seed=2)
+    session = Session()
+    t = loaded(target)
+    t.tokenizer = FakeTokenizer()
+    session.use(t, loaded(perturbed(target)))
+    r = Runner(session=session).start()
+    yield r
+    r.stop()
+
+
+def request(strategy="none", n=40, prompt="hello there"):
+    return GenerateRequest((Message("user", prompt),), strategy, DecodeConfig(max_new_tokens=n), chat=False)
+
+
+def collect(r: Runner, rid: int, timeout=60.0):
+    events = []
+    while True:
+        event = r.events.get(timeout=timeout)
+        assert event.request_id == rid
+        events.append(event)
+        if isinstance(event, (Finished, Failed, Loaded)):
+            return events
+
+
+def test_events_arrive_in_order(runner):
+    rid = runner.submit(request())
+    events = collect(runner, rid)
+    assert isinstance(events[0], Started)
+    assert all(isinstance(e, Step) for e in events[1:-1])
+    assert isinstance(events[-1], Finished) and len(events[-1].token_ids) == 40
+    assert "".join(t.text for e in events[1:-1] for t in e.tokens) == events[-1].text
+
+
+def test_strategy_switch_keeps_the_loaded_target(runner):
+    model = runner.session.target.model
+    outputs = {}
+    for strategy in ("none", "prompt-lookup", "draft-model", "layer-skip", "none"):
+        rid = runner.submit(request(strategy))
+        outputs.setdefault(strategy, collect(runner, rid)[-1].token_ids)
+        assert runner.session.target.model is model
+    assert len(set(outputs.values())) == 1  # greedy: all strategies agree
+
+
+def test_cancel_takes_effect_within_one_step():
+    gate = threading.Event()
+    release = threading.Event()
+    target = tiny_model(vocab=64, seed=2)
+    session = Session()
+    t = loaded(target)
+    t.tokenizer = FakeTokenizer()
+    session.use(t)
+    seen: queue.Queue = queue.Queue()
+
+    def sink(event):
+        seen.put(event)
+        if isinstance(event, Step) and event.step == 3:
+            gate.set()
+            release.wait(10)  # hold the worker inside step 3 while the cancel arrives
+
+    r = Runner(sink=sink, session=session).start()
+    try:
+        rid = r.submit(request(n=500))
+        assert gate.wait(30)
+        r.cancel(rid)
+        release.set()
+        events = []
+        while not events or not isinstance(events[-1], (Finished, Failed)):
+            events.append(seen.get(timeout=30))
+        finished = events[-1]
+        assert isinstance(finished, Finished) and finished.reason == "cancelled"
+        last_step = max(e.step for e in events if isinstance(e, Step))
+        assert last_step == 3  # no further step ran after the cancel
+    finally:
+        release.set()
+        r.stop()
+
+
+def test_an_error_becomes_an_event_and_the_worker_survives(runner):
+    rid = runner.submit(request(strategy="no-such-strategy"))
+    failed = collect(runner, rid)[-1]
+    assert isinstance(failed, Failed) and "unknown strategy" in failed.message
+    rid = runner.submit(GenerateRequest((Message("user", "x" * 600),), "none", DecodeConfig(), chat=False))
+    failed = collect(runner, rid)[-1]
+    assert isinstance(failed, Failed) and "context window" in failed.message
+    rid = runner.submit(request())
+    assert isinstance(collect(runner, rid)[-1], Finished)
+
+
+def test_a_failed_load_is_reported(runner):
+    rid = runner.submit(LoadRequest(ModelSpec("/no/such/model.gguf")))
+    failed = collect(runner, rid)[-1]
+    assert isinstance(failed, Failed) and "not found" in failed.message
+    rid = runner.submit(request())  # the previous model is still usable
+    assert isinstance(collect(runner, rid)[-1], Finished)
+
+
+def test_cancel_all_drops_queued_requests(runner):
+    first = runner.submit(request(n=300))
+    second = runner.submit(request(n=300))
+    runner.cancel()
+    reasons = {}
+    while len(reasons) < 2:
+        event = runner.events.get(timeout=60)
+        if isinstance(event, (Finished, Failed)):
+            reasons[event.request_id] = getattr(event, "reason", "failed")
+    assert reasons[second] == "cancelled"
+    assert reasons[first] in ("cancelled", "length")
