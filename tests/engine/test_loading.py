@@ -1,0 +1,93 @@
+import pytest
+import torch
+
+from engine import loading
+from engine.errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError
+from engine.loading import ModelSpec, check_same_vocabulary, load_model, resolve_device, resolve_dtype
+
+
+def test_local_folder_loads_with_the_lean_forward(tiny_folder):
+    model = load_model(ModelSpec(str(tiny_folder), device="cpu", dtype="bf16"))
+    assert model.dtype == torch.bfloat16 and next(model.model.parameters()).dtype == torch.bfloat16
+    assert model.uses_lean_forward
+    assert model.context_window == 128
+    assert 2 in model.eos_ids
+
+
+def test_lean_forward_matches_transformers_on_the_bundled_model(bundled_fp32):
+    ids = torch.tensor(bundled_fp32.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 3))
+    with torch.no_grad():
+        ref = bundled_fp32.model(ids[None]).logits[0].float()
+    runner = bundled_fp32.new_runner()
+    ours = torch.cat([runner.forward(ids[:10], last=10), runner.forward(ids[10:11]), runner.forward(ids[11:], last=len(ids) - 11)])
+    assert torch.allclose(ours, ref, atol=2e-3, rtol=1e-3)
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_rollback_then_new_tokens_equals_a_fresh_pass(lean):
+    from .tiny import loaded, tiny_model
+
+    model = loaded(tiny_model(vocab=64, seed=4), lean=lean)
+    ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(0))
+    other = torch.randint(0, 64, (10,), generator=torch.Generator().manual_seed(1))
+    runner = model.new_runner()
+    runner.forward(ids[:30])
+    runner.forward(ids[30:], last=10)  # 40 tokens cached
+    runner.truncate(25)
+    assert runner.length == 25
+    rolled = runner.forward(other, last=10)
+    fresh = model.new_runner()
+    expected = fresh.forward(torch.cat([ids[:25], other]), last=10)
+    assert torch.allclose(rolled, expected, atol=1e-5)
+
+
+def test_cache_grows_past_its_first_allocation():
+    from .tiny import loaded, tiny_model
+
+    model = loaded(tiny_model(vocab=64, seed=4, max_pos=1024))
+    ids = torch.randint(0, 64, (700,), generator=torch.Generator().manual_seed(2))
+    runner = model.new_runner()
+    chunks = [runner.forward(ids[i : i + 100], last=100) for i in range(0, 700, 100)]
+    with torch.no_grad():
+        ref = model.model(ids[None]).logits[0]
+    assert torch.allclose(torch.cat(chunks), ref, atol=1e-4)
+
+
+def test_missing_sources_are_clear_errors(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="not found"):
+        load_model(ModelSpec(str(tmp_path / "model.gguf")))
+    with pytest.raises(ModelNotFoundError, match="config.json"):
+        load_model(ModelSpec(str(tmp_path)))
+    with pytest.raises(ModelNotFoundError, match="not a file, a folder or a Hub id"):
+        load_model(ModelSpec("./nothing/here"))
+
+
+def test_device_and_dtype_resolution():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    assert resolve_dtype("fp16", torch.device("cpu")) == torch.float16
+    with pytest.raises(SpeculaError):
+        resolve_device("tpu")
+    with pytest.raises(SpeculaError):
+        resolve_dtype("int3", torch.device("cpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(SpeculaError, match="CUDA"):
+            resolve_device("cuda")
+
+
+def test_bundled_gguf_is_converted_once(bundled_fp32, monkeypatch):
+    said = []
+    path = loading.bundled_gguf_path()
+    folder = loading._converted_gguf(path, said.append)  # the session fixture already converted it
+    assert said == []
+    assert (folder / "model.safetensors").is_file() and (folder / "done.json").is_file()
+
+
+def test_vocabulary_check_names_the_difference(bundled_fp32, other_vocab_folder):
+    from transformers import AutoTokenizer
+
+    check_same_vocabulary(bundled_fp32.tokenizer, bundled_fp32.tokenizer)
+    other = AutoTokenizer.from_pretrained(other_vocab_folder)
+    with pytest.raises(IncompatibleDraftError, match="49152 tokens, draft has 49154.*2 only in the draft"):
+        check_same_vocabulary(bundled_fp32.tokenizer, other)

@@ -1,0 +1,31 @@
+import torch
+
+from engine.drafters.prompt_lookup import find_continuation
+
+
+def t(*ids):
+    return torch.tensor(ids)
+
+
+def test_longest_match_wins():
+    # suffix (7, 8, 9) occurs once; the 1-gram 9 also occurs later with another continuation
+    tokens = t(7, 8, 9, 1, 2, 3, 9, 5, 7, 8, 9)
+    assert find_continuation(tokens, 3, 1, 3).tolist() == [1, 2, 3]
+
+
+def test_most_recent_match_among_equals():
+    tokens = t(4, 1, 4, 2, 4)
+    assert find_continuation(tokens, 1, 1, 1).tolist() == [2]
+
+
+def test_min_n_is_respected_and_no_match_is_empty():
+    tokens = t(1, 2, 3, 4, 5, 3)
+    assert find_continuation(tokens, 2, 1, 2).tolist() == [4, 5]
+    assert find_continuation(tokens, 2, 2, 2).numel() == 0
+    assert find_continuation(t(1), 2, 1, 3).numel() == 0
+
+
+def test_continuation_is_capped_at_k_and_at_the_end():
+    tokens = t(1, 2, 3, 4, 5, 6, 1, 2)
+    assert find_continuation(tokens, 3, 1, 2).tolist() == [3, 4, 5]
+    assert find_continuation(t(5, 6, 5), 4, 1, 1).tolist() == [6, 5]

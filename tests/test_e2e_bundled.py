@@ -1,0 +1,58 @@
+"""End to end on the bundled SmolLM2-135M-Instruct (fp32, CPU): every strategy says what `none` says."""
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+
+from engine.decoder import DecodeConfig
+from engine.drafters import DRAFTERS
+from engine.events import Finished
+from engine.prompts import conversation
+from engine.sampling import SamplingParams
+from engine.session import GenerateRequest, Session
+
+PROMPTS = [
+    "What is the capital of France? Answer in one sentence.",
+    "Rewrite this sentence in the past tense: The cat sits on the mat and watches the birds.",
+    "Fix the bug and return the whole function:\n```python\ndef add(a, b):\n    return a - b\n```",
+]
+
+
+@pytest.fixture(scope="module")
+def session(bundled_fp32):
+    draft = replace(bundled_fp32, model=copy.deepcopy(bundled_fp32.model).to(torch.bfloat16), dtype=torch.bfloat16)
+    s = Session()
+    s.use(bundled_fp32, draft)
+    return s
+
+
+def answer(session, prompt, strategy, **config):
+    request = GenerateRequest(conversation(prompt), strategy, DecodeConfig(max_new_tokens=48, **config), chat=True)
+    return [e for e in session.generate(request) if isinstance(e, Finished)][0]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_every_strategy_gives_the_plain_greedy_answer(session, prompt):
+    base = answer(session, prompt, "none")
+    assert base.totals.new_tokens > 5
+    for strategy in DRAFTERS:
+        for adaptive in (False, True):
+            got = answer(session, prompt, strategy, k=5, adaptive_k=adaptive)
+            assert got.token_ids == base.token_ids, (strategy, adaptive)
+            assert got.text == base.text
+
+
+def test_draft_model_and_prompt_lookup_really_speculate(session):
+    got = answer(session, PROMPTS[2], "prompt-lookup", k=5)
+    assert got.totals.accepted > 0
+    got = answer(session, PROMPTS[0], "draft-model", k=5)
+    assert got.totals.acceptance_rate > 0.5  # a bf16 copy of the target agrees with it almost always
+
+
+def test_temperature_one_with_a_seed_repeats(session):
+    params = SamplingParams(temperature=1.0)
+    a = answer(session, PROMPTS[0], "prompt-lookup", params=params, seed=42)
+    b = answer(session, PROMPTS[0], "prompt-lookup", params=params, seed=42)
+    assert a.token_ids == b.token_ids and a.text == b.text
