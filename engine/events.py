@@ -77,8 +77,19 @@ class Totals:
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
 
     @property
+    def decode_s(self) -> float:
+        """Wall time after the first token (the prefill's), i.e. spent producing the rest."""
+        return max(0.0, self.wall_s - self.prefill_s)
+
+    @property
     def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+        """Generation speed after the first token: (new tokens - 1) / decode time, as chat apps show it;
+        the prompt's processing time is reported separately (prefill_s, the time to first token)."""
+        return decode_rate(self.new_tokens, self.decode_s)
+
+
+def decode_rate(new_tokens: int, decode_s: float) -> float:
+    return (new_tokens - 1) / decode_s if new_tokens > 1 and decode_s > 0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,9 @@ def _record(item: PromptItem, strategy: str, turns: list[Finished]) -> dict:
         drafted = sum(f.totals.drafted for f in fs)
         accepted = sum(f.totals.accepted for f in fs)
         wall = sum(f.totals.wall_s for f in fs)
+        prefill = sum(f.totals.prefill_s for f in fs)
+        # each turn's first token comes from its prefill; the rate counts the tokens after it
+        decode_tokens = new - sum(1 for f in fs if f.totals.new_tokens)
         return {
             "new_tokens": new,
             "steps": sum(f.totals.steps for f in fs),
@@ -145,7 +148,8 @@ def _record(item: PromptItem, strategy: str, turns: list[Finished]) -> dict:
             "acceptance_rate": accepted / drafted if drafted else None,
             "mean_accepted_length": new / forwards if forwards else 0.0,
             "wall_s": wall,
-            "tokens_per_s": new / wall if wall > 0 else 0.0,
+            "prefill_s": prefill,
+            "tokens_per_s": decode_tokens / (wall - prefill) if wall > prefill and decode_tokens > 0 else 0.0,
             "finish_reason": fs[-1].reason,
         }
 

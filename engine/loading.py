@@ -177,8 +177,19 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _quiet_transformers() -> None:
+    """Stages are reported through `progress`; transformers' own bars and notices only add noise."""
+    from transformers.utils import logging as hf_logging
+
+    if not os.environ.get("SPECULA_DEBUG"):
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+
+
 def _from_pretrained(folder, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
@@ -214,6 +225,8 @@ def _converted_gguf(path: Path, say) -> Path:
     say(f"converting {path.name} (first use only)")
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
 
     folder, name = str(path.parent), path.name
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .events import Step
+from .events import Step, decode_rate
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,10 @@ class LiveMetrics:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.new_tokens / self.last_elapsed_s if self.last_elapsed_s > 0 else 0.0
+        """Tokens per second after the first token (the prompt's processing is not generation)."""
+        if self.decode_start_s is None:
+            return 0.0
+        return decode_rate(self.new_tokens, self.last_elapsed_s - self.decode_start_s)
 
     @property
     def rolling_tokens_per_s(self) -> float:
