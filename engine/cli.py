@@ -58,6 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompts", type=Path, help='JSON Lines with "prompt" or Spec-Bench "turns"')
     g.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
+    b = sub.add_parser("bench", help="every strategy and peer on the same prompts, interleaved")
+    _add_model_args(b)
+    b.add_argument("--prompts", type=Path, required=True, help="JSON Lines (Spec-Bench format)")
+    b.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    b.add_argument("--limit-per-category", type=int, default=None)
+    b.add_argument("--strategies", default="none,prompt-lookup", help="comma-separated strategy names")
+    b.add_argument("--peers", default="", help="comma-separated: hf, hf-prompt-lookup, hf-assisted")
+    b.add_argument("--max-new-tokens", type=int, default=96)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--k", type=int, default=4)
+    b.add_argument("--adaptive-k", action="store_true")
+    b.add_argument("--no-chat", action="store_true", help="raw prompts instead of the chat template")
+    b.add_argument("--repeat", type=int, default=1)
+    b.add_argument("--out", type=Path, default=None, help="folder for bench.md, bench.json, trace.jsonl")
+    b.add_argument("--json", action="store_true", help="print one JSON object")
     sub.add_parser("strategies", help="list the draft strategies")
     c = sub.add_parser("chat", help="chat in the terminal")
     _add_model_args(c)
@@ -76,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             from .generate_cmd import run_generate
 
             return run_generate(args)
+        if args.command == "bench":
+            from .bench_cmd import run_bench_cmd
+
+            return run_bench_cmd(args)
         if args.command == "chat":
             from .chat_cmd import run_chat
 

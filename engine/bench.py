@@ -1,0 +1,162 @@
+"""`specula bench`: every strategy and peer on the same prompts, in one process, interleaved.
+
+For each prompt, every strategy (and transformers peer) runs back to back, so drift in machine speed
+hits all alike; `--repeat` runs the round several times and keeps each run's median wall time. Ratios,
+not absolute times, are the result: speedup = total wall time of `none` / total wall time of the
+strategy on the same prompts (per category; overall = mean of the category speedups).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from .decoder import DecodeConfig
+from .errors import SpeculaError
+from .events import Finished
+from .generate_cmd import PromptItem, read_prompts
+from .prompts import Message, conversation
+from .session import GenerateRequest, Session
+
+PEERS = ("hf", "hf-prompt-lookup", "hf-assisted")
+HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
+
+
+@dataclass
+class Run:
+    """One strategy on one prompt (all turns)."""
+
+    token_ids: tuple[int, ...]
+    new_tokens: int
+    wall_s: float
+    forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    position_drafted: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+
+
+def _add_positions(run: Run, drafted, accepted) -> None:
+    for i, (d, a) in enumerate(zip(drafted, accepted)):
+        if i >= len(run.position_drafted):
+            run.position_drafted.append(0)
+            run.position_accepted.append(0)
+        run.position_drafted[i] += d
+        run.position_accepted[i] += a
+
+
+class Bench:
+    def __init__(self, session: Session, config: DecodeConfig, chat: bool) -> None:
+        self.session = session
+        self.config = config
+        self.chat = chat
+
+    def run_strategy(self, strategy: str, item: PromptItem) -> Run:
+        history: tuple[Message, ...] = ()
+        run = Run((), 0, 0.0)
+        for text in item.turns:
+            messages = conversation(text, None, history)
+            request = GenerateRequest(messages, strategy, self.config, self.chat)
+            f = [e for e in self.session.generate(request) if isinstance(e, Finished)][0]
+            t = f.totals
+            run.token_ids += f.token_ids
+            run.new_tokens += t.new_tokens
+            run.wall_s += t.wall_s
+            run.forwards += t.target_forwards
+            run.drafted += t.drafted
+            run.accepted += t.accepted
+            run.accepted_lengths += list(t.accepted_lengths)
+            _add_positions(run, t.position_drafted, t.position_accepted)
+            history = messages + (Message("assistant", f.text),)
+        return run
+
+    def run_peer(self, peer: str, item: PromptItem) -> Run:
+        target = self.session.target
+        history: tuple[Message, ...] = ()
+        run = Run((), 0, 0.0)
+        kwargs = dict(do_sample=False, max_new_tokens=self.config.max_new_tokens, eos_token_id=sorted(target.eos_ids))
+        if peer == "hf-prompt-lookup":
+            kwargs["prompt_lookup_num_tokens"] = HF_LOOKUP_TOKENS
+        elif peer == "hf-assisted":
+            if self.session.draft is None:
+                raise SpeculaError("peer 'hf-assisted' needs --draft-model")
+            kwargs["assistant_model"] = self.session.draft.model
+        for text in item.turns:
+            messages = conversation(text, None, history)
+            ids = torch.tensor([self.session.encode(GenerateRequest(messages, chat=self.chat))], device=target.device)
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = target.model.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=kwargs["eos_token_id"][0], **kwargs)
+            wall = time.perf_counter() - t0
+            new = out[0, ids.shape[1] :].tolist()
+            while new and new[-1] in target.eos_ids:  # the stop token is not part of the answer
+                new.pop()
+            run.token_ids += tuple(new)
+            run.new_tokens += len(new)
+            run.wall_s += wall
+            text_out = target.tokenizer.decode(new, skip_special_tokens=False)
+            history = messages + (Message("assistant", text_out),)
+        return run
+
+    def run(self, name: str, item: PromptItem) -> Run:
+        return self.run_peer(name, item) if name in PEERS else self.run_strategy(name, item)
+
+
+def median_run(runs: list[Run]) -> Run:
+    best = sorted(runs, key=lambda r: r.wall_s)[len(runs) // 2]
+    best.wall_s = statistics.median(r.wall_s for r in runs)
+    return best
+
+
+def select(items: list[PromptItem], categories: list[str] | None, limit: int | None) -> list[PromptItem]:
+    picked: dict[str, list[PromptItem]] = defaultdict(list)
+    for item in items:
+        cat = item.category or "all"
+        if categories and cat not in categories:
+            continue
+        if limit is None or len(picked[cat]) < limit:
+            picked[cat].append(item)
+    if not picked:
+        raise SpeculaError(f"no prompts in the categories {', '.join(categories or [])}")
+    return [i for cat in picked for i in picked[cat]]
+
+
+def run_bench(session: Session, items: list[PromptItem], names: list[str], config: DecodeConfig,
+              chat: bool, repeat: int) -> dict[str, list[tuple[PromptItem, Run]]]:
+    bench = Bench(session, config, chat)
+    warm = PromptItem(("Say hello.",), "warm-up", "warm-up")
+    for name in names:
+        bench.run(name, warm)
+    results: dict[str, list[tuple[PromptItem, Run]]] = {n: [] for n in names}
+    total = len(items) * len(names) * repeat
+    done = 0
+    for item in items:
+        runs: dict[str, list[Run]] = defaultdict(list)
+        for _ in range(repeat):
+            for name in names:  # interleaved: every strategy on this prompt, back to back
+                runs[name].append(bench.run(name, item))
+                done += 1
+                _progress(done, total, item, name)
+        for name in names:
+            results[name].append((item, median_run(runs[name])))
+    print(file=sys.stderr)
+    return results
+
+
+def _progress(done: int, total: int, item: PromptItem, name: str) -> None:
+    width = 30
+    filled = width * done // total
+    bar = "#" * filled + "-" * (width - filled)
+    sys.stderr.write(f"\r[{bar}] {done}/{total} {item.category or ''} {name:<18}")
+    sys.stderr.flush()
+
+
+def load_items(path, categories: str | None, limit: int | None) -> list[PromptItem]:
+    cats = [c.strip() for c in categories.split(",")] if categories else None
+    return select(read_prompts(path), cats, limit)

@@ -1,0 +1,131 @@
+"""Bench results -> per-category and overall figures, a Markdown table, JSON and a per-prompt trace."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from .bench import PEERS, Run
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def _figures(pairs: list, base: list | None, hf: list | None) -> dict:
+    runs: list[Run] = [r for _, r in pairs]
+    wall = sum(r.wall_s for r in runs)
+    tokens = sum(r.new_tokens for r in runs)
+    forwards = sum(r.forwards for r in runs)
+    drafted = sum(r.drafted for r in runs)
+    accepted = sum(r.accepted for r in runs)
+    pos_d: list[int] = []
+    pos_a: list[int] = []
+    for r in runs:
+        for i, (d, a) in enumerate(zip(r.position_drafted, r.position_accepted)):
+            if i >= len(pos_d):
+                pos_d.append(0)
+                pos_a.append(0)
+            pos_d[i] += d
+            pos_a[i] += a
+    same = sum(r.token_ids == b.token_ids for r, (_, b) in zip(runs, base)) if base else None
+    return {
+        "n": len(runs),
+        "speedup": _ratio(sum(b.wall_s for _, b in base), wall) if base else None,
+        "speedup_vs_hf": _ratio(sum(h.wall_s for _, h in hf), wall) if hf else None,
+        "tokens_per_s": _ratio(tokens, wall),
+        "mean_accepted_length": _ratio(tokens, forwards) if forwards else None,
+        "acceptance_rate": _ratio(accepted, drafted) if drafted else None,
+        "per_position_acceptance": [a / d for a, d in zip(pos_a, pos_d) if d],
+        "identical": f"{same}/{len(runs)}" if same is not None else None,
+        "new_tokens": tokens,
+        "wall_s": wall,
+    }
+
+
+def summarize(results: dict[str, list], model: str, device: str, dtype: str, max_new_tokens: int) -> dict:
+    base_all = results.get("none")
+    hf_all = results.get("hf")
+    rows = []
+    overall = {}
+    for name, pairs in results.items():
+        by_cat: dict[str, list[int]] = defaultdict(list)
+        for i, (item, _) in enumerate(pairs):
+            by_cat[item.category or "all"].append(i)
+        cat_rows = []
+        for cat, idx in by_cat.items():
+            pick = lambda lst: [lst[i] for i in idx] if lst else None  # noqa: E731
+            figures = _figures(pick(pairs), pick(base_all), pick(hf_all))
+            cat_rows.append({"strategy": name, "category": cat, **figures})
+        rows += cat_rows
+        whole = _figures(pairs, base_all, hf_all)
+        speedups = [r["speedup"] for r in cat_rows if r["speedup"] is not None]
+        vs_hf = [r["speedup_vs_hf"] for r in cat_rows if r["speedup_vs_hf"] is not None]
+        overall[name] = {
+            "speedup": statistics.mean(speedups) if speedups else None,
+            "speedup_vs_hf": statistics.mean(vs_hf) if vs_hf else None,
+            "tokens_per_s": whole["tokens_per_s"],
+            "mean_accepted_length": whole["mean_accepted_length"],
+            "acceptance_rate": whole["acceptance_rate"],
+            "per_position_acceptance": whole["per_position_acceptance"],
+            "identical": whole["identical"],
+            "kind": "peer" if name in PEERS else "strategy",
+        }
+    return {"model": model, "device": device, "dtype": dtype, "max_new_tokens": max_new_tokens,
+            "rows": rows, "overall": overall}
+
+
+def _fmt(value, pattern="{:.2f}") -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def to_markdown(summary: dict) -> str:
+    head = (f"Model: {summary['model']} | device {summary['device']} | dtype {summary['dtype']} | "
+            f"max new tokens {summary['max_new_tokens']}\n\n")
+    lines = ["| strategy | category | n | speedup vs none | vs hf | tokens/s | accepted length | acceptance | identical |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        lines.append(
+            f"| {r['strategy']} | {r['category']} | {r['n']} | {_fmt(r['speedup'], '{:.2f}x')} | "
+            f"{_fmt(r['speedup_vs_hf'], '{:.2f}x')} | {_fmt(r['tokens_per_s'], '{:.1f}')} | "
+            f"{_fmt(r['mean_accepted_length'])} | {_fmt(r['acceptance_rate'], '{:.0%}')} | {r['identical'] or '-'} |"
+        )
+    lines += ["", "| strategy | overall speedup vs none | vs hf | tokens/s | accepted length | identical |",
+              "|---|---|---|---|---|---|"]
+    for name, o in summary["overall"].items():
+        lines.append(
+            f"| {name} | {_fmt(o['speedup'], '{:.2f}x')} | {_fmt(o['speedup_vs_hf'], '{:.2f}x')} | "
+            f"{_fmt(o['tokens_per_s'], '{:.1f}')} | {_fmt(o['mean_accepted_length'])} | {o['identical'] or '-'} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def public_json(summary: dict) -> dict:
+    """The stable --json contract."""
+    keys = ("strategy", "category", "n", "speedup", "speedup_vs_hf", "tokens_per_s", "mean_accepted_length",
+            "acceptance_rate", "identical")
+    overall_keys = ("speedup", "speedup_vs_hf", "tokens_per_s", "mean_accepted_length", "identical")
+    return {
+        **{k: summary[k] for k in ("model", "device", "dtype", "max_new_tokens")},
+        "rows": [{k: r[k] for k in keys} for r in summary["rows"]],
+        "overall": {n: {k: o[k] for k in overall_keys} for n, o in summary["overall"].items()},
+    }
+
+
+def write_out(folder: Path, summary: dict, results: dict[str, list]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "bench.md").write_text(to_markdown(summary), encoding="utf-8")
+    (folder / "bench.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    with (folder / "trace.jsonl").open("w", encoding="utf-8") as f:
+        for name, pairs in results.items():
+            base = dict((id(item), run) for item, run in results.get("none", []))
+            for item, run in pairs:
+                b = base.get(id(item))
+                f.write(json.dumps({
+                    "strategy": name, "question_id": item.question_id, "category": item.category,
+                    "new_tokens": run.new_tokens, "wall_s": run.wall_s, "target_forwards": run.forwards,
+                    "drafted": run.drafted, "accepted": run.accepted, "accepted_lengths": run.accepted_lengths,
+                    "identical_to_none": (run.token_ids == b.token_ids) if b else None,
+                }) + "\n")
