@@ -52,7 +52,9 @@ class Session:
         say = progress or (lambda text: None)
         target = load_model(request.target, say)
         draft = None
-        if request.draft:
+        if request.draft and request.draft.strip() == request.target.source.strip():
+            draft = target  # the same weights; the drafter still keeps a cache of its own
+        elif request.draft:
             spec = ModelSpec(request.draft, device=str(target.device), dtype=_dtype_name(target))
             draft = load_model(spec, say)
             check_same_vocabulary(target.tokenizer, draft.tokenizer)
