@@ -20,6 +20,7 @@ from .decoder import DecodeConfig
 from .errors import SpeculaError
 from .events import Finished
 from .generate_cmd import PromptItem, read_prompts
+from .metrics import merge_positions
 from .prompts import Message, conversation
 from .session import GenerateRequest, Session
 
@@ -40,15 +41,6 @@ class Run:
     accepted_lengths: list[int] = field(default_factory=list)
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
-
-
-def _add_positions(run: Run, drafted, accepted) -> None:
-    for i, (d, a) in enumerate(zip(drafted, accepted)):
-        if i >= len(run.position_drafted):
-            run.position_drafted.append(0)
-            run.position_accepted.append(0)
-        run.position_drafted[i] += d
-        run.position_accepted[i] += a
 
 
 class Bench:
@@ -72,7 +64,7 @@ class Bench:
             run.drafted += t.drafted
             run.accepted += t.accepted
             run.accepted_lengths += list(t.accepted_lengths)
-            _add_positions(run, t.position_drafted, t.position_accepted)
+            merge_positions(run.position_drafted, run.position_accepted, t.position_drafted, t.position_accepted)
             history = messages + (Message("assistant", f.text),)
         return run
 

@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .bench import PEERS, Run
+from .metrics import merge_positions
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -24,12 +25,7 @@ def _figures(pairs: list, base: list | None, hf: list | None) -> dict:
     pos_d: list[int] = []
     pos_a: list[int] = []
     for r in runs:
-        for i, (d, a) in enumerate(zip(r.position_drafted, r.position_accepted)):
-            if i >= len(pos_d):
-                pos_d.append(0)
-                pos_a.append(0)
-            pos_d[i] += d
-            pos_a[i] += a
+        merge_positions(pos_d, pos_a, r.position_drafted, r.position_accepted)
     same = sum(r.token_ids == b.token_ids for r, (_, b) in zip(runs, base)) if base else None
     return {
         "n": len(runs),

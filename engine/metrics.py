@@ -63,6 +63,16 @@ def measure_baseline(runner, lengths=(32, 512), repeats: int = 5) -> BaselineCos
     return BaselineCost(max(1e-6, t0 - b * l0), b)
 
 
+def merge_positions(drafted: list[int], accepted: list[int], more_drafted, more_accepted) -> None:
+    """Add per-position counts into (drafted, accepted), growing them as needed."""
+    for i, (d, a) in enumerate(zip(more_drafted, more_accepted)):
+        if i >= len(drafted):
+            drafted.append(0)
+            accepted.append(0)
+        drafted[i] += d
+        accepted[i] += a
+
+
 class LiveMetrics:
     """Running figures for one generation, fed one Step at a time (used by the GUI and the CLI)."""
 
@@ -97,12 +107,9 @@ class LiveMetrics:
         self.accepted += step.accepted
         if step.drafted:
             self.accepted_lengths.append(step.accepted)
-        for i in range(step.drafted):
-            if i >= len(self.position_drafted):
-                self.position_drafted.append(0)
-                self.position_accepted.append(0)
-            self.position_drafted[i] += 1
-            self.position_accepted[i] += int(i < step.accepted)
+        positions = range(step.drafted)
+        merge_positions(self.position_drafted, self.position_accepted, [1 for _ in positions],
+                        [int(i < step.accepted) for i in positions])
 
     @property
     def acceptance_rate(self) -> float | None:
