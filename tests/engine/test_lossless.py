@@ -127,3 +127,20 @@ def test_sampling_with_a_seed_repeats(models):
         c = run(target, draft, strategy, [4, 5, 6], max_new_tokens=30, params=params, seed=12)[-1]
         assert a.token_ids == b.token_ids
         assert a.token_ids != c.token_ids
+
+
+def test_other_architectures_run_through_the_transformers_forward():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=256, eos_token_id=0, bos_token_id=0)
+    target = loaded(GPT2LMHeadModel(config).eval())
+    assert not target.uses_lean_forward and target.context_window == 256
+    draft = loaded(perturbed(target.model, scale=0.05))
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(4):
+        prompt = torch.randint(0, 64, (8,), generator=gen).tolist()
+        base = run(target, None, "none", prompt, max_new_tokens=30)[-1]
+        assert base.token_ids == tuple(plain_greedy(target.model, prompt, 30))
+        for strategy in ("prompt-lookup", "draft-model"):
+            assert run(target, draft, strategy, prompt, k=1 + trial, max_new_tokens=30)[-1].token_ids == base.token_ids
