@@ -110,6 +110,14 @@ def public_json(summary: dict) -> dict:
     }
 
 
+def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
+    """Index of the first token where two outputs differ (None when identical)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
 def write_out(folder: Path, summary: dict, results: dict[str, list]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "bench.md").write_text(to_markdown(summary), encoding="utf-8")
@@ -124,4 +132,5 @@ def write_out(folder: Path, summary: dict, results: dict[str, list]) -> None:
                     "new_tokens": run.new_tokens, "wall_s": run.wall_s, "target_forwards": run.forwards,
                     "drafted": run.drafted, "accepted": run.accepted, "accepted_lengths": run.accepted_lengths,
                     "identical_to_none": (run.token_ids == b.token_ids) if b else None,
+                    "first_difference": first_difference(run.token_ids, b.token_ids) if b else None,
                 }) + "\n")
