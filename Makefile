@@ -1,4 +1,4 @@
-# Two commands on a fresh machine:  make run  (set up, then chat with the bundled model)
+# Two commands on a fresh machine:  make run  (set up, then open the app on the bundled model)
 #                                   make test (set up, then run every test)
 PYTHON ?= python3
 VENV ?= .venv
@@ -21,9 +21,10 @@ $(STAMP): pyproject.toml scripts/install-torch.sh
 	touch $(STAMP)
 
 run: setup
-	$(VENV)/bin/specula chat
+	$(VENV)/bin/specula-chat
 
-chat: run
+chat: setup
+	$(VENV)/bin/specula chat
 
 test: setup
 	$(PY) -m pytest -q

@@ -1,3 +1,18 @@
-"""Specula's desktop app (PySide6 + pyqtgraph). It talks to the engine only through
-`engine.runner.Runner` and the events in `engine.events`; until the window lands, `make run` opens the
-terminal chat (`specula chat`)."""
+"""Specula's desktop app (PySide6 + pyqtgraph).
+
+It talks to the engine only through `engine.runner.Runner` (owned by `bridge.EngineBridge`) and the
+frozen events in `engine.events`; it never touches a tensor. Engine modules that import torch are
+imported lazily (on the bridge's start-up thread, or once a model is loaded), so the window paints first.
+
+    main.py        `specula-chat`: command line;  autopilot.py  --send / --screenshot / --exit-after-reply
+    window.py      the main window: layout, status bar, event routing, remembered geometry
+    bridge.py      the Runner behind a Qt signal (events arrive on the GUI thread)
+    chat.py        conversations and replies: history <-> transcript <-> requests
+    chatview.py    the transcript: tokens coloured by origin, ghost drafts, hover details
+    tokens.py      events -> token records, tooltips, the summary line;  theme.py  the colours
+    plots.py       live acceptance, tokens/s vs the measured baseline, speedup, histograms
+    controls.py    strategy, k, adaptive k, temperature, max new tokens (the toolbar)
+    composer.py, sidebar.py, legend.py, notice.py, settings_dialog.py   the smaller widgets
+    settings.py    the versioned settings file;  history.py  one JSON file per conversation;
+    storage.py     atomic JSON writes and setting corrupt files aside
+"""

@@ -1,0 +1,64 @@
+"""What `specula-chat --send ... --screenshot ... --exit-after-reply` does once the window is up:
+send the message when the model is ready, save a PNG of the whole window after the reply, then quit
+with a status that says whether it worked."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QObject, QTimer
+from PySide6.QtWidgets import QApplication
+
+SETTLE_MS = 150  # let the final repaint land before grabbing
+
+
+class Autopilot(QObject):
+    def __init__(self, window, send: str | None, screenshot: Path | None, exit_after: bool, quit=None) -> None:
+        super().__init__(window)
+        self.window, self.text, self.screenshot, self.exit_after = window, send, screenshot, exit_after
+        self._exit = quit or QApplication.instance().exit  # tests pass their own
+        self.exit_code: int | None = None
+        window.model_ready.connect(self._ready)
+        window.model_failed.connect(self._load_failed)
+        window.chat.reply_finished.connect(self._replied)
+
+    def _ready(self) -> None:
+        if self.text is None:
+            return
+        text, self.text = self.text, None  # only the first time the model is ready
+        if self.window.strategy_unavailable and self.exit_after:
+            print(f"specula-chat: strategy '{self.window.strategy_unavailable}' is not available for this model",
+                  file=sys.stderr)
+            self._quit(2)
+            return
+        if not self.window.send_text(text):
+            print("specula-chat: could not send the message", file=sys.stderr)
+            self._done(1)
+
+    def _load_failed(self, message: str) -> None:
+        print(f"specula-chat: the model could not be loaded: {message}", file=sys.stderr)
+        if self.exit_after:
+            self._done(1)
+
+    def _replied(self, ok: bool, event) -> None:
+        if not ok:
+            print(f"specula-chat: the reply failed: {event.message}", file=sys.stderr)
+        self._done(0 if ok else 1)
+
+    def _done(self, code: int) -> None:
+        QTimer.singleShot(SETTLE_MS, lambda: self._finish(code))
+
+    def _finish(self, code: int) -> None:
+        if self.screenshot is not None:
+            self.screenshot.parent.mkdir(parents=True, exist_ok=True)
+            if not self.window.grab().save(str(self.screenshot), "PNG"):
+                print(f"specula-chat: could not save {self.screenshot}", file=sys.stderr)
+                code = code or 1
+            self.screenshot = None
+        if self.exit_after:
+            self._quit(code)
+
+    def _quit(self, code: int) -> None:
+        self.exit_code = code
+        self._exit(code)

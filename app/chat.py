@@ -1,0 +1,192 @@
+"""Conversations and replies: the history on disk, the transcript on screen and the requests sent.
+
+The controller keeps the current conversation, turns a message into a `GenerateRequest` (the whole
+conversation goes through the model's chat template) and turns the reply's events into tokens on
+screen, points on the plots and, once it ends, a saved turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from PySide6.QtCore import QObject, Signal
+
+from .history import Conversation, HistoryStore, TokenRecord, Turn, chat_messages, new_id
+from .settings import Settings
+from .tokens import step_records, summary
+
+
+@dataclass
+class Reply:
+    """The answer being generated."""
+
+    request_id: int
+    conversation_id: str
+    strategy: str
+    tokens: list[TokenRecord] = field(default_factory=list)
+    started: bool = False
+
+
+class ChatController(QObject):
+    generating_changed = Signal(bool)
+    conversations_changed = Signal()
+    reply_finished = Signal(bool, object)  # ok, the Finished or Failed event
+
+    def __init__(self, store: HistoryStore, bridge, view, plots, parent=None) -> None:
+        super().__init__(parent)
+        self.store, self.bridge, self.view, self.plots = store, bridge, view, plots
+        self.conversations: dict[str, Conversation] = {}
+        self.current_id: str | None = None
+        self.reply: Reply | None = None
+
+    # -- conversations ------------------------------------------------------------------------------
+    def load(self) -> list[str]:
+        """Read the saved conversations; returns notices about files that were set aside."""
+        found, notices = self.store.load_all()
+        self.conversations = {c.id: c for c in found}
+        if found:
+            self.select(found[0].id)
+        else:
+            self.new_conversation()
+        return notices
+
+    def ordered(self) -> list[Conversation]:
+        return sorted(self.conversations.values(), key=lambda c: c.updated, reverse=True)
+
+    @property
+    def current(self) -> Conversation:
+        return self.conversations[self.current_id]
+
+    def new_conversation(self) -> None:
+        if self.current_id is not None and not self.current.turns:
+            self.select(self.current_id)  # the current one is still empty: reuse it
+            return
+        conv = Conversation(new_id())
+        self.conversations[conv.id] = conv
+        self.select(conv.id)
+        self.conversations_changed.emit()
+
+    def select(self, conversation_id: str) -> None:
+        if conversation_id not in self.conversations or self.reply is not None:
+            return
+        self.current_id = conversation_id
+        self.view.show_turns(self.current.turns)
+
+    def rename(self, conversation_id: str, title: str) -> None:
+        conv = self.conversations.get(conversation_id)
+        if conv is None or conv.title == title:
+            return
+        self._put(replace(conv, title=title))
+        self.conversations_changed.emit()
+
+    def delete(self, conversation_id: str) -> None:
+        if conversation_id not in self.conversations or self.reply is not None:
+            return
+        del self.conversations[conversation_id]
+        self.store.delete(conversation_id)
+        if conversation_id == self.current_id:
+            self.current_id = None
+            remaining = self.ordered()
+            if remaining:
+                self.select(remaining[0].id)
+            else:
+                self.new_conversation()
+        self.conversations_changed.emit()
+
+    def _put(self, conv: Conversation) -> None:
+        """Keep and save a conversation (an empty one is not written until it has a turn)."""
+        self.conversations[conv.id] = conv
+        if conv.turns:
+            self.store.save(conv)
+
+    def _add_turn(self, conversation_id: str, turn: Turn) -> None:
+        self._put(self.conversations[conversation_id].with_turn(turn))
+
+    # -- sending ------------------------------------------------------------------------------------
+    def send(self, text: str, settings: Settings) -> bool:
+        """Send a user message with the current settings; False when it could not be sent."""
+        if self.reply is not None or not text.strip():
+            return False
+        cid = self.current_id
+        user = Turn("user", text)
+        self._add_turn(cid, user)
+        self.view.add_turn(user)
+        self.conversations_changed.emit()
+        try:
+            request = build_request(chat_messages(self.current, settings.system_prompt), settings)
+        except ValueError as exc:  # the engine's SpeculaError: a setting it refuses
+            self._fail(cid, str(exc))
+            return False
+        rid = self.bridge.send(request)
+        self.reply = Reply(rid, cid, settings.strategy)
+        self.generating_changed.emit(True)
+        return True
+
+    def stop(self) -> None:
+        if self.reply is not None:
+            self.bridge.stop()
+
+    def owns(self, event) -> bool:
+        return self.reply is not None and event.request_id == self.reply.request_id
+
+    # -- events -------------------------------------------------------------------------------------
+    def on_event(self, event) -> None:
+        """Started, Step, Finished or Failed of the current reply."""
+        kind = type(event).__name__
+        if kind == "Started":
+            self.reply.started = True
+            self.reply.strategy = event.strategy
+            self.plots.begin()
+            self.view.begin_answer()
+        elif kind == "Step":
+            records = step_records(event)
+            self.reply.tokens.extend(records)
+            self.view.append_tokens(records)
+            self.plots.add_step(event)
+        elif kind == "Finished":
+            self._finish(event)
+        elif kind == "Failed":
+            self._failed(event)
+
+    def _finish(self, finished) -> None:
+        reply, self.reply = self.reply, None
+        turn = Turn("assistant", finished.text, tuple(reply.tokens), summary(reply.strategy, finished))
+        if reply.started:
+            self.view.end_answer(turn)
+        else:  # cancelled before it started: nothing was shown
+            self.view.add_turn(turn)
+        self.plots.finish(finished)
+        self._add_turn(reply.conversation_id, turn)
+        self.generating_changed.emit(False)
+        self.conversations_changed.emit()
+        self.reply_finished.emit(True, finished)
+
+    def _failed(self, failed) -> None:
+        reply, self.reply = self.reply, None
+        if reply.started:
+            text = "".join(t.text for t in reply.tokens if t.origin != "rejected")
+            partial = Turn("assistant", text, tuple(reply.tokens), f"{reply.strategy} · interrupted by an error")
+            self.view.end_answer(partial)
+            self._add_turn(reply.conversation_id, partial)
+            self.plots.finish()
+        self._fail(reply.conversation_id, failed.message)
+        self.generating_changed.emit(False)
+        self.reply_finished.emit(False, failed)
+
+    def _fail(self, conversation_id: str, message: str) -> None:
+        turn = Turn("error", message)
+        self._add_turn(conversation_id, turn)
+        self.view.add_turn(turn)
+
+
+def build_request(messages: tuple, s: Settings):
+    """An engine GenerateRequest for these messages and settings (imports the engine: call it once a
+    model is loaded)."""
+    from engine.decoder import DecodeConfig
+    from engine.sampling import SamplingParams
+    from engine.session import GenerateRequest
+
+    params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+    config = DecodeConfig(k=s.k, adaptive_k=s.adaptive_k, max_new_tokens=s.max_new_tokens, params=params,
+                          seed=s.seed)
+    return GenerateRequest(messages, s.strategy, config, chat=True)

@@ -1,0 +1,151 @@
+"""Conversations on disk: one JSON file per conversation in `<data dir>/conversations/`.
+
+Each assistant turn keeps its tokens (text, origin, step, draft position, p, q) so a reopened
+conversation shows the same colours and ghost drafts. Writes are atomic; a file that cannot be read
+is set aside (`<id>.json.corrupt-<timestamp>`) with a notice and the others still load.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .storage import read_json, set_aside, write_json_atomic
+
+FORMAT = 1
+TITLE_CHARS = 48
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    text: str
+    origin: str  # an engine.events.Origin value: draft, correction, bonus, target, rejected
+    step: int = 0
+    draft_pos: int | None = None
+    p: float | None = None
+    q: float | None = None
+
+    def to_list(self) -> list:
+        return [self.text, self.origin, self.step, self.draft_pos, self.p, self.q]
+
+    @classmethod
+    def from_list(cls, row: list) -> "TokenRecord":
+        text, origin, step, draft_pos, p, q = row
+        if not isinstance(text, str) or not isinstance(origin, str):
+            raise ValueError("a token needs a text and an origin")
+        return cls(text, origin, int(step), draft_pos, p, q)
+
+
+@dataclass(frozen=True)
+class Turn:
+    role: str  # "user", "assistant" or "error" (shown, never sent to the model)
+    content: str
+    tokens: tuple[TokenRecord, ...] = ()
+    summary: str = ""
+
+    def to_dict(self) -> dict:
+        out = {"role": self.role, "content": self.content}
+        if self.tokens:
+            out["tokens"] = [t.to_list() for t in self.tokens]
+        if self.summary:
+            out["summary"] = self.summary
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Turn":
+        role, content = data["role"], data["content"]
+        if role not in ("user", "assistant", "error") or not isinstance(content, str):
+            raise ValueError(f"bad turn {role!r}")
+        tokens = tuple(TokenRecord.from_list(row) for row in data.get("tokens", ()))
+        return cls(role, content, tokens, str(data.get("summary", "")))
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    title: str = "New chat"
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+    turns: tuple[Turn, ...] = ()
+
+    def with_turn(self, turn: Turn) -> "Conversation":
+        title = self.title
+        if turn.role == "user" and not any(t.role == "user" for t in self.turns) and self.title == "New chat":
+            title = make_title(turn.content)
+        return replace(self, title=title, turns=self.turns + (turn,), updated=time.time())
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "id": self.id, "title": self.title, "created": self.created,
+                "updated": self.updated, "turns": [t.to_dict() for t in self.turns]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Conversation":
+        if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+            raise ValueError("not a conversation")
+        turns = tuple(Turn.from_dict(t) for t in data.get("turns", ()))
+        return cls(data["id"], str(data.get("title") or "New chat"), float(data.get("created", 0)),
+                   float(data.get("updated", 0)), turns)
+
+
+def make_title(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+def new_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def chat_messages(conversation: Conversation, system_prompt: str = "") -> tuple:
+    """The conversation as engine Messages for the chat template. Errors are left out, and so is a user
+    message that failed (a prompt too long for the model would otherwise break every later turn)."""
+    from engine.prompts import Message
+
+    head = (Message("system", system_prompt),) if system_prompt.strip() else ()
+    turns = conversation.turns
+    body = []
+    for i, t in enumerate(turns):
+        failed = t.role == "user" and i + 1 < len(turns) and turns[i + 1].role == "error"
+        if (t.role == "user" and not failed) or (t.role == "assistant" and t.content):
+            body.append(Message(t.role, t.content))
+    return head + tuple(body)
+
+
+class HistoryStore:
+    def __init__(self, folder: Path | None = None) -> None:
+        if folder is None:
+            from engine.paths import data_dir
+
+            folder = data_dir() / "conversations"
+        self.folder = Path(folder)
+
+    def path(self, conversation_id: str) -> Path:
+        return self.folder / f"{conversation_id}.json"
+
+    def load_all(self) -> tuple[list[Conversation], list[str]]:
+        """Every readable conversation, newest first, and one notice per file set aside."""
+        conversations, notices = [], []
+        if not self.folder.is_dir():
+            return conversations, notices
+        for path in sorted(self.folder.glob("*.json")):
+            try:
+                conversations.append(Conversation.from_dict(read_json(path)))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                notices.append(self._recover(path, exc))
+        conversations.sort(key=lambda c: c.updated, reverse=True)
+        return conversations, notices
+
+    def _recover(self, path: Path, exc: Exception) -> str:
+        try:
+            moved = set_aside(path)
+        except OSError:
+            return f"Conversation file {path.name} is unreadable ({exc}) and was skipped."
+        return f"Conversation file {path.name} was unreadable and was moved to {moved.name}."
+
+    def save(self, conversation: Conversation) -> None:
+        write_json_atomic(self.path(conversation.id), conversation.to_dict())
+
+    def delete(self, conversation_id: str) -> None:
+        self.path(conversation_id).unlink(missing_ok=True)

@@ -1,0 +1,217 @@
+"""Live plots of one generation (pyqtgraph): acceptance per step and rolling, tokens/s against the
+measured plain-decoding speed, live speedup, the accepted-length histogram and per-position acceptance.
+
+Slots only append to ring buffers and update `engine.metrics.LiveMetrics`; a 25 Hz timer pushes the
+buffers into the curves while a generation runs, so a burst of steps costs one redraw.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent, QTimer, Qt
+from PySide6.QtGui import QColor, QFont, QPalette
+from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
+
+from .ringbuffer import RingBuffer
+from .theme import palette_for
+
+REFRESH_MS = 40  # 25 Hz
+ROLLING = 16  # steps in the rolling acceptance
+WARMUP = 3  # decode steps before rates are plotted: the first ones are mostly noise
+LAYOUT = {"acceptance": (0, 0, 2), "tps": (1, 0, 2), "speedup": (2, 0, 2), "lengths": (3, 0, 1), "positions": (3, 1, 1)}
+TITLES = {
+    "acceptance": "Acceptance <span style='color:{c.draft}'>● per step &nbsp;━ last {n} steps</span>",
+    "tps": "Tokens/s <span style='color:{c.bonus}'>━ speculative</span> &nbsp;"
+           "<span style='color:{c.muted}'>╍ plain decoding (measured)</span>",
+    "speedup": "Speedup over plain decoding <span style='color:{c.muted}'>(┈ 1×)</span>",
+    "lengths": "Accepted drafts per step",
+    "positions": "Acceptance by draft position",
+}
+SERIES = ("step", "acceptance", "rolling", "tps_step", "tps", "baseline", "speed_step", "speedup")
+STATS = (("acceptance", "acceptance"), ("per_step", "tokens / step"), ("tps", "tokens / s"),
+         ("plain", "plain tokens / s"), ("speedup", "speedup"))
+
+
+class PlotsPanel(QWidget):
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.series = {name: RingBuffer() for name in SERIES}
+        self.metrics = None  # engine.metrics.LiveMetrics, created when a generation starts
+        self.baseline = None  # engine.metrics.BaselineCost of the loaded model
+        self._recent: list[tuple[int, int]] = []  # (drafted, accepted) of the last ROLLING steps
+        self._dirty = False
+        self._timer = QTimer(self)
+        self._timer.setInterval(REFRESH_MS)
+        self._timer.timeout.connect(self._tick)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.addLayout(self._build_stats())
+        self.graphics = pg.GraphicsLayoutWidget()
+        layout.addWidget(self.graphics, 1)
+        self._build_plots()
+
+    # -- building -----------------------------------------------------------------------------------
+    def _build_stats(self) -> QGridLayout:
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(10)
+        grid.setVerticalSpacing(0)
+        self.stat_labels: dict[str, QLabel] = {}
+        big = QFont(self.font())
+        big.setPointSizeF(max(9.0, self.font().pointSizeF() * 1.35))
+        big.setBold(True)
+        for col, (key, caption) in enumerate(STATS):
+            value = QLabel("–")
+            value.setFont(big)
+            value.setAlignment(Qt.AlignmentFlag.AlignCenter)
+            name = QLabel(caption)
+            name.setAlignment(Qt.AlignmentFlag.AlignCenter)
+            name.setStyleSheet("color: palette(placeholder-text); font-size: 8pt;")
+            grid.addWidget(value, 0, col)
+            grid.addWidget(name, 1, col)
+            self.stat_labels[key] = value
+        return grid
+
+    def _build_plots(self) -> None:
+        g = self.graphics
+        self.plots = {key: g.addPlot(row=row, col=col, colspan=span) for key, (row, col, span) in LAYOUT.items()}
+        for plot in self.plots.values():
+            plot.showGrid(x=True, y=True, alpha=0.15)
+            plot.setMenuEnabled(False)
+            plot.hideButtons()
+            plot.setMouseEnabled(x=False, y=False)
+        for key in ("acceptance", "positions"):
+            self.plots[key].setYRange(0, 1.05, padding=0)
+        for key, plot in self.plots.items():  # whole-number axes: keep short runs from fractional ticks
+            plot.setLimits(minXRange=4 if key in ("lengths", "positions") else 10)
+        p = self.plots
+        self.curves = {
+            "acceptance": p["acceptance"].plot(pen=None, symbol="o", symbolSize=5, symbolPen=None),
+            "rolling": p["acceptance"].plot(),
+            "tps": p["tps"].plot(),
+            "baseline": p["tps"].plot(),
+            "speedup": p["speedup"].plot(),
+        }
+        self.unity = p["speedup"].addLine(y=1.0)
+        self.bars = {key: pg.BarGraphItem(x=[], height=[], width=0.8) for key in ("lengths", "positions")}
+        for key, bar in self.bars.items():
+            p[key].addItem(bar)
+        self._apply_theme()
+
+    def _apply_theme(self) -> None:
+        """Colours from the palette (light or dark) and the token colours of the transcript."""
+        base = self.palette().color(QPalette.ColorRole.Base)
+        fg = self.palette().color(QPalette.ColorRole.Text)
+        dark = base.lightness() < 128
+        c = palette_for(dark)
+        self.graphics.setBackground(base)
+        for key, plot in self.plots.items():
+            plot.setTitle(f"<span style='color:{fg.name()}'>{TITLES[key].format(c=c, n=ROLLING)}</span>", size="9pt")
+            for axis in ("left", "bottom"):
+                plot.getAxis(axis).setTextPen(fg)
+                plot.getAxis(axis).setPen(QColor(fg.red(), fg.green(), fg.blue(), 90))
+        dots = QColor(c.draft)
+        self.curves["acceptance"].setSymbolBrush(dots.lighter(125) if dark else dots.lighter(150))
+        self.curves["rolling"].setPen(pg.mkPen(c.draft, width=2))
+        self.curves["tps"].setPen(pg.mkPen(c.bonus, width=2))
+        self.curves["baseline"].setPen(pg.mkPen(c.muted, width=2, style=Qt.PenStyle.DashLine))
+        self.curves["speedup"].setPen(pg.mkPen(c.correction, width=2))
+        self.unity.setPen(pg.mkPen(c.muted, style=Qt.PenStyle.DotLine))
+        self.bars["lengths"].setOpts(brush=QColor(c.draft), pen=None)
+        self.bars["positions"].setOpts(brush=QColor(c.bonus), pen=None)
+
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and hasattr(self, "plots"):
+            self._apply_theme()
+
+    # -- slots --------------------------------------------------------------------------------------
+    def set_baseline(self, baseline) -> None:
+        self.baseline = baseline
+
+    def begin(self) -> None:
+        """A generation starts: clear the plots."""
+        from engine.metrics import LiveMetrics
+
+        self.metrics = LiveMetrics(self.baseline, window=ROLLING)
+        for buffer in self.series.values():
+            buffer.clear()
+        self._recent = []
+        self._dirty = True
+        self._timer.start()
+
+    def add_step(self, step) -> None:
+        if self.metrics is None:
+            self.begin()
+        m = self.metrics
+        m.add(step)
+        s = self.series
+        if step.drafted:
+            self._recent = (self._recent + [(step.drafted, step.accepted)])[-ROLLING:]
+            s["step"].append(step.step)
+            s["acceptance"].append(step.accepted / step.drafted)
+            s["rolling"].append(sum(a for _, a in self._recent) / sum(d for d, _ in self._recent))
+        if step.step >= WARMUP:
+            s["tps_step"].append(step.step)
+            s["tps"].append(m.rolling_tokens_per_s)
+            s["baseline"].append(self._plain_rate(step.context_len) or np.nan)
+        if m.speedup is not None and step.step >= WARMUP:
+            s["speed_step"].append(step.step)
+            s["speedup"].append(m.speedup)
+        self._dirty = True
+
+    def finish(self, finished=None) -> None:
+        """The generation ended: draw the final state and stop the timer."""
+        self._timer.stop()
+        self._dirty = True
+        self.refresh(finished)
+
+    def refresh(self, finished=None) -> None:
+        """Push the buffers into the curves now (the timer calls this while streaming)."""
+        s = self.series
+        self.curves["acceptance"].setData(s["step"].values(), s["acceptance"].values())
+        self.curves["rolling"].setData(s["step"].values(), s["rolling"].values())
+        self.curves["tps"].setData(s["tps_step"].values(), s["tps"].values())
+        baseline = s["baseline"].values()
+        self.curves["baseline"].setData(s["tps_step"].values(), baseline, connect="finite")
+        self.curves["speedup"].setData(s["speed_step"].values(), s["speedup"].values())
+        self._refresh_bars()
+        self._refresh_stats(finished)
+        self._dirty = False
+
+    def _tick(self) -> None:
+        if self._dirty:
+            self.refresh()
+
+    def _refresh_bars(self) -> None:
+        m = self.metrics
+        lengths = m.accepted_lengths if m is not None else []
+        counts = np.bincount(np.asarray(lengths, dtype=int)) if lengths else np.zeros(0)
+        self.bars["lengths"].setOpts(x=np.arange(counts.shape[0]), height=counts)
+        rates = m.per_position if m is not None else []
+        self.bars["positions"].setOpts(x=np.arange(1, len(rates) + 1), height=np.asarray(rates, dtype=float))
+
+    def _refresh_stats(self, finished=None) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        rate = m.acceptance_rate
+        tps = finished.totals.tokens_per_s if finished is not None else m.tokens_per_s
+        speedup = finished.speedup if finished is not None else m.speedup
+        plain = self._plain_rate(m.decode_start_len + max(0, m.new_tokens - 1) // 2)
+        values = {
+            "acceptance": f"{rate:.0%}" if rate is not None else "–",
+            "per_step": f"{m.mean_accepted_length:.2f}" if m.forwards else "–",
+            "tps": f"{tps:.1f}" if tps else "–",
+            "plain": f"{plain:.1f}" if plain else "–",
+            "speedup": f"{speedup:.2f}×" if speedup is not None else "–",
+        }
+        for key, text in values.items():
+            self.stat_labels[key].setText(text)
+
+    def _plain_rate(self, context_len: int) -> float | None:
+        """Tokens/s of plain decoding at this context length, from the measured cost per step."""
+        if self.baseline is None:
+            return None
+        cost = self.baseline.per_token(context_len)
+        return 1.0 / cost if cost > 0 else None

@@ -1,0 +1,120 @@
+"""The user's settings: a versioned frozen dataclass stored as JSON in the config folder.
+
+A file that cannot be read is moved aside (`settings.json.corrupt-<timestamp>`) and replaced by the
+defaults; the caller shows the notice. Out-of-range numbers are clamped, fields of the wrong type fall
+back to their defaults, unknown keys are ignored. Window geometry lives in QSettings, not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from .storage import read_json, set_aside, write_json_atomic
+
+VERSION = 1
+FILE_NAME = "settings.json"
+K_LIMIT = 16  # the engine's adaptive bound (DecodeConfig.k_max)
+MAX_NEW_TOKENS_LIMIT = 32768
+
+
+@dataclass(frozen=True)
+class Settings:
+    version: int = VERSION
+    strategy: str = "prompt-lookup"
+    k: int = 4
+    adaptive_k: bool = False
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    max_new_tokens: int = 256
+    system_prompt: str = ""
+    model_source: str = "bundled"
+    draft_source: str = ""  # empty: no draft model
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> tuple["Settings", list[str]]:
+        """Settings from a parsed file, and the names of fields that were unusable (defaults used)."""
+        values, bad = {}, []
+        for f in fields(cls):
+            if f.name not in data or f.name == "version":
+                continue
+            value = _coerce(f.name, data[f.name], getattr(cls(), f.name))
+            if value is _BAD:
+                bad.append(f.name)
+            else:
+                values[f.name] = value
+        return clamp(cls(**values)), bad
+
+
+_BAD = object()
+
+
+def _coerce(name: str, value: object, default: object) -> object:
+    if name == "seed":
+        return value if value is None or (isinstance(value, int) and not isinstance(value, bool)) else _BAD
+    if isinstance(default, bool):
+        return value if isinstance(value, bool) else _BAD
+    if isinstance(default, int):
+        return value if isinstance(value, int) and not isinstance(value, bool) else _BAD
+    if isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return float(value) if ok else _BAD
+    return value if isinstance(value, str) else _BAD
+
+
+def clamp(s: Settings) -> Settings:
+    """Numbers within what the engine accepts, so a hand-edited file cannot make every send fail."""
+    return replace(
+        s,
+        k=min(max(s.k, 1), K_LIMIT),
+        temperature=min(max(s.temperature, 0.0), 5.0),
+        top_p=s.top_p if 0.0 < s.top_p <= 1.0 else 1.0,
+        top_k=max(s.top_k, 0),
+        max_new_tokens=min(max(s.max_new_tokens, 1), MAX_NEW_TOKENS_LIMIT),
+        model_source=s.model_source.strip() or "bundled",
+    )
+
+
+@dataclass(frozen=True)
+class Loaded:
+    settings: Settings
+    notice: str | None = None  # something the window should tell the user
+
+
+class SettingsStore:
+    def __init__(self, folder: Path | None = None) -> None:
+        if folder is None:
+            from engine.paths import config_dir
+
+            folder = config_dir()
+        self.path = Path(folder) / FILE_NAME
+
+    def load(self) -> Loaded:
+        if not self.path.exists():
+            return Loaded(Settings())
+        try:
+            data = read_json(self.path)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as exc:
+            return Loaded(Settings(), self._recover(exc))
+        settings, bad = Settings.from_dict(data)
+        notice = f"Some settings were unusable and were reset: {', '.join(bad)}" if bad else None
+        return Loaded(settings, notice)
+
+    def _recover(self, exc: Exception) -> str:
+        try:
+            moved = set_aside(self.path)
+        except OSError as move_exc:
+            return f"The settings file could not be read ({exc}) nor moved aside ({move_exc}); using defaults."
+        return f"The settings file was unreadable and was moved to {moved.name}; defaults are in use."
+
+    def save(self, settings: Settings) -> None:
+        write_json_atomic(self.path, settings.to_dict())

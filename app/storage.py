@@ -1,0 +1,45 @@
+"""Files that must never be half-written: atomic JSON writes, and setting a corrupt file aside."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    """Write `data` as JSON to a temporary file in the same folder, then rename it over `path`.
+
+    A reader sees the old file or the new one, never a mix; a failure leaves the old file untouched.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, ensure_ascii=False, indent=1)  # serialise first: a bad value fails here
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> object:
+    """The parsed file; raises ValueError (corrupt) or OSError (unreadable)."""
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a corrupt file to `<name>.corrupt-<timestamp>` (kept for the user) and return the new path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    os.replace(path, target)
+    return target

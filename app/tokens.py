@@ -1,0 +1,67 @@
+"""Engine events -> what the transcript shows: token records in display order, hover text, summaries.
+
+Pure functions over the frozen events (no Qt, no torch), so they are easy to test and reuse.
+"""
+
+from __future__ import annotations
+
+from .history import TokenRecord
+
+ORIGIN_NAMES = {
+    "draft": "accepted draft token",
+    "correction": "the model's correction (replaced a rejected draft token)",
+    "bonus": "the model's bonus token (every draft token was accepted)",
+    "target": "the model's own token (nothing drafted)",
+    "rejected": "rejected draft token (not part of the answer)",
+}
+
+
+def record(token) -> TokenRecord:
+    """An engine.events.Token as a plain record."""
+    origin = getattr(token.origin, "value", token.origin)
+    return TokenRecord(token.text, str(origin), token.step, token.draft_pos, token.p, token.q)
+
+
+def step_records(step) -> list[TokenRecord]:
+    """A Step's tokens in reading order: accepted drafts, then the rejected drafts (ghost text) at the
+    point where they were rejected, then the model's own token (its correction or bonus)."""
+    tokens = [record(t) for t in step.tokens]
+    drafts = [t for t in tokens if t.origin == "draft"]
+    others = [t for t in tokens if t.origin != "draft"]
+    return drafts + [record(t) for t in step.rejected] + others
+
+
+def tooltip(rec: TokenRecord) -> str:
+    """Rich text for hovering a token."""
+    lines = [f"<b>{_escape(repr(rec.text))}</b>", ORIGIN_NAMES.get(rec.origin, rec.origin)]
+    where = "prefill" if rec.step == 0 else f"step {rec.step}"
+    if rec.draft_pos is not None:
+        where += f", draft position {rec.draft_pos + 1}"
+    lines.append(where)
+    if rec.p is not None:
+        lines.append(f"p (model) = {rec.p:.3f}")
+    if rec.q is not None:
+        lines.append(f"q (drafter) = {rec.q:.3f}")
+    if rec.p is not None and rec.q is not None and rec.q > 0:
+        lines.append(f"acceptance chance min(1, p/q) = {min(1.0, rec.p / rec.q):.3f}")
+    return "<br>".join(lines)
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def summary(strategy: str, finished) -> str:
+    """One line under a finished answer: strategy, tokens, tokens/s, acceptance, speedup."""
+    t = finished.totals
+    parts = [strategy, f"{t.new_tokens} tokens", f"{t.tokens_per_s:.1f} tok/s"]
+    if t.acceptance_rate is not None:
+        parts.append(f"acceptance {t.acceptance_rate:.0%}")
+        parts.append(f"{t.mean_accepted_length:.2f} tokens/step")
+    if finished.speedup is not None:
+        parts.append(f"{finished.speedup:.2f}× vs plain")
+    if finished.reason == "cancelled":
+        parts.append("stopped")
+    elif finished.reason == "length":
+        parts.append("hit the token limit")
+    return " · ".join(parts)

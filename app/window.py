@@ -1,0 +1,326 @@
+"""The main window: conversations on the left, the transcript and composer in the centre, live plots
+in a dock on the right, generation controls in the toolbar and the model's state in the status bar.
+
+It routes the engine's events (delivered on the GUI thread by `EngineBridge`): loading events update
+the state here, a reply's events go to `ChatController`. Nothing here imports torch; the engine is
+imported by the bridge's worker and, once a model is loaded, for its registry and requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, Signal
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QSizePolicy, QSplitter,
+                               QToolBar, QVBoxLayout, QWidget)
+
+from .bridge import EngineBridge, ModelChoice
+from .chat import ChatController
+from .chatview import ChatView
+from .composer import Composer
+from .controls import Controls
+from .history import HistoryStore
+from .legend import LegendBar
+from .notice import NoticeBar
+from .plots import PlotsPanel
+from .settings import Settings, SettingsStore
+from .sidebar import ConversationList
+
+DEFAULT_SIZE = (1280, 800)
+STATE_COLOURS = {"starting": "#8d96a0", "loading": "#d29922", "ready": "#2da44e", "generating": "#0969da",
+                 "failed": "#cf222e"}
+
+
+class MainWindow(QMainWindow):
+    model_ready = Signal()
+    model_failed = Signal(str)
+
+    def __init__(self, settings_store: SettingsStore | None = None, history: HistoryStore | None = None,
+                 bridge: EngineBridge | None = None, overrides: dict | None = None) -> None:
+        super().__init__()
+        self.setWindowTitle("Specula")
+        self.settings_store = settings_store or SettingsStore()
+        loaded = self.settings_store.load()
+        self.overrides = dict(overrides or {})
+        self._stored = loaded.settings  # what the settings file holds
+        self.settings: Settings = replace(loaded.settings, **self.overrides)
+        self.state = "starting"
+        self.loaded = None  # the engine's Loaded event
+        self.strategy_unavailable: str | None = None  # a requested strategy the model cannot use
+        self.bridge = bridge or EngineBridge(parent=self)
+        self._build_widgets()
+        self.chat = ChatController(history or HistoryStore(), self.bridge, self.view, self.plots, self)
+        self._build_menus()
+        self._connect()
+        self.controls.show_settings(self.settings)
+        if loaded.notice:
+            self.notices.add(loaded.notice)
+        for notice in self.chat.load():
+            self.notices.add(notice)
+        self._refresh_conversations()
+        self._restore_layout()
+        self._set_state("starting")
+
+    # -- building -----------------------------------------------------------------------------------
+    def _build_widgets(self) -> None:
+        self.view = ChatView()
+        self.legend = LegendBar(self.view.colours)
+        self.notices = NoticeBar()
+        self.composer = Composer()
+        self.sidebar = ConversationList()
+        self.plots = PlotsPanel()
+        column = QWidget()
+        layout = QVBoxLayout(column)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        notice_row = QWidget()
+        notice_layout = QVBoxLayout(notice_row)
+        notice_layout.setContentsMargins(10, 8, 10, 0)
+        notice_layout.addWidget(self.notices)
+        for widget, stretch in ((notice_row, 0), (self.legend, 0), (self.view, 1), (self.composer, 0)):
+            layout.addWidget(widget, stretch)
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.setObjectName("mainSplitter")
+        self.splitter.addWidget(self.sidebar)
+        self.splitter.addWidget(column)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([230, 700])
+        self.splitter.setChildrenCollapsible(False)
+        self.setCentralWidget(self.splitter)
+        self.dock = QDockWidget("Live metrics", self)
+        self.dock.setObjectName("metricsDock")
+        self.dock.setWidget(self.plots)
+        self.dock.setMinimumWidth(320)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dock)
+        self._build_toolbar()
+        self._build_status_bar()
+
+    def _build_toolbar(self) -> None:
+        self.controls = Controls()
+        bar = QToolBar("Generation")
+        bar.setObjectName("generationToolbar")
+        bar.setMovable(False)
+        bar.addWidget(self.controls)
+        spacer = QWidget()
+        spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        bar.addWidget(spacer)
+        self.settings_action = QAction("Settings…", self)
+        self.settings_action.setShortcut(QKeySequence.StandardKey.Preferences)
+        bar.addAction(self.settings_action)
+        self.addToolBar(bar)
+
+    def _build_status_bar(self) -> None:
+        bar = self.statusBar()
+        self.status_labels = {}
+        for key in ("model", "device", "dtype", "strategy"):
+            label = QLabel()
+            label.setContentsMargins(6, 0, 6, 0)
+            self.status_labels[key] = label
+            bar.addPermanentWidget(label)
+        self.busy = QProgressBar()
+        self.busy.setRange(0, 0)
+        self.busy.setMaximumWidth(120)
+        self.busy.setMaximumHeight(14)
+        self.busy.setTextVisible(False)
+        bar.addPermanentWidget(self.busy)
+        self.state_label = QLabel()
+        self.state_label.setContentsMargins(6, 0, 10, 0)
+        bar.addPermanentWidget(self.state_label)
+
+    def _build_menus(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        new_action = file_menu.addAction("New chat")
+        new_action.triggered.connect(self.chat.new_conversation)
+        file_menu.addAction(self.settings_action)
+        file_menu.addSeparator()
+        quit_action = file_menu.addAction("Quit")
+        quit_action.setShortcut(QKeySequence.StandardKey.Quit)
+        quit_action.triggered.connect(self.close)
+        view_menu = self.menuBar().addMenu("&View")
+        self.ghost_action = view_menu.addAction("Show rejected drafts")
+        self.ghost_action.setCheckable(True)
+        self.ghost_action.setChecked(True)
+        view_menu.addAction(self.dock.toggleViewAction())
+        help_menu = self.menuBar().addMenu("&Help")
+        help_menu.addAction("About Specula").triggered.connect(self._about)
+
+    def _connect(self) -> None:
+        self.bridge.event.connect(self._on_event)
+        self.bridge.notice.connect(lambda text: self.statusBar().showMessage(text))
+        self.composer.send_requested.connect(self.send_text)
+        self.composer.stop_requested.connect(self.chat.stop)
+        self.controls.changed.connect(self._controls_changed)
+        self.legend.ghosts_toggled.connect(self._set_ghosts)
+        self.ghost_action.toggled.connect(self._set_ghosts)
+        self.sidebar.new_requested.connect(self.chat.new_conversation)
+        self.sidebar.selected.connect(self.chat.select)
+        self.sidebar.renamed.connect(self.chat.rename)
+        self.sidebar.delete_requested.connect(self._confirm_delete)
+        self.chat.conversations_changed.connect(self._refresh_conversations)
+        self.chat.generating_changed.connect(self._generating_changed)
+        self.settings_action.triggered.connect(self._open_settings)
+
+    # -- the model ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load the model named by the settings (the answer arrives as events)."""
+        s = self.settings
+        self._set_state("loading")
+        self.bridge.load(ModelChoice(s.model_source, s.draft_source, s.device, s.dtype))
+
+    def _on_event(self, event) -> None:
+        if self.chat.owns(event):
+            self.chat.on_event(event)
+            return
+        kind = type(event).__name__
+        if kind == "Loading":
+            self.statusBar().showMessage(event.message)
+        elif kind == "Loaded":
+            self._on_loaded(event)
+        elif kind == "Failed":
+            self._on_load_failed(event)
+
+    def _on_loaded(self, event) -> None:
+        from engine.drafters import DRAFTERS
+
+        self.loaded = event
+        self.strategy_unavailable = None
+        wanted = self.settings.strategy
+        chosen = self.controls.set_strategies(DRAFTERS, event.strategies, wanted)
+        if chosen != wanted:
+            self.strategy_unavailable = wanted
+            self.notices.add(f"Strategy “{wanted}” is not available for this model; using “{chosen}”.")
+            self.settings = replace(self.settings, strategy=chosen)
+        self.plots.set_baseline(self.bridge.baseline())
+        self.status_labels["model"].setText(event.target + (f"  ·  draft: {event.draft}" if event.draft else ""))
+        self.status_labels["device"].setText(event.device)
+        self.status_labels["dtype"].setText(event.dtype)
+        self.statusBar().showMessage(f"Loaded {event.target}", 4000)
+        self._set_state("ready")
+        self.composer.input.setFocus()
+        self.model_ready.emit()
+
+    def _on_load_failed(self, event) -> None:
+        if self.state in ("loading", "starting"):
+            kept = f" The previous model ({self.loaded.target}) is still in use." if self.loaded else ""
+            self._set_state("failed" if self.loaded is None else "ready")
+            self.view.add_turn(_error_turn(f"The model could not be loaded: {event.message.rstrip('.')}.{kept}"))
+            self.model_failed.emit(event.message)
+        else:
+            self.notices.add(event.message)
+
+    # -- chatting -----------------------------------------------------------------------------------
+    def send_text(self, text: str) -> bool:
+        if self.state != "ready":
+            return False
+        return self.chat.send(text, self.settings)
+
+    def _generating_changed(self, generating: bool) -> None:
+        self.sidebar.setEnabled(not generating)
+        if generating:
+            self._set_state("generating")
+        elif self.state == "generating":  # not while a reload that stopped the reply is under way
+            self._set_state("ready")
+
+    def _controls_changed(self) -> None:
+        self.settings = self.controls.applied_to(self.settings)
+        self._save_settings()
+        self._update_status()
+
+    def _save_settings(self) -> None:
+        stored = self.settings
+        for key, value in self.overrides.items():  # one-run choices from the command line stay unsaved
+            if getattr(stored, key) == value:
+                stored = replace(stored, **{key: getattr(self._stored, key)})
+        try:
+            self.settings_store.save(stored)
+            self._stored = stored
+        except OSError as exc:
+            self.notices.add(f"Settings could not be saved: {exc}")
+
+    def _set_ghosts(self, show: bool) -> None:
+        for widget in (self.legend.ghosts, self.ghost_action):
+            widget.blockSignals(True)
+            widget.setChecked(show)
+            widget.blockSignals(False)
+        self.view.set_show_ghosts(show)
+
+    def _open_settings(self) -> None:
+        from .settings_dialog import SettingsDialog, needs_reload
+
+        dialog = SettingsDialog(self.settings, self)
+        if not dialog.exec():
+            return
+        new = dialog.result_settings()
+        reload = needs_reload(self.settings, new)
+        self.settings = new
+        self.overrides = {}  # the user confirmed every value shown: all of them are saved
+        self._save_settings()
+        if reload:
+            self.chat.stop()
+            self.start()
+
+    def _confirm_delete(self, conversation_id: str) -> None:
+        title = self.chat.conversations[conversation_id].title
+        answer = QMessageBox.question(self, "Delete conversation", f"Delete “{title}”? This cannot be undone.")
+        if answer == QMessageBox.StandardButton.Yes:
+            self.chat.delete(conversation_id)
+
+    def _refresh_conversations(self) -> None:
+        self.sidebar.show_conversations(self.chat.ordered(), self.chat.current_id)
+        if self.chat.current_id is not None:
+            self.setWindowTitle(f"{self.chat.current.title} — Specula")
+
+    # -- state --------------------------------------------------------------------------------------
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        hint = "The model could not be loaded: choose another in Settings…" if state == "failed" else None
+        self.composer.set_state(ready=state in ("ready", "generating"), generating=state == "generating", hint=hint)
+        self.controls.setEnabled(state in ("ready", "generating"))
+        self.busy.setVisible(state in ("starting", "loading", "generating"))
+        self._update_status()
+
+    def _update_status(self) -> None:
+        colour = STATE_COLOURS.get(self.state, "#8d96a0")
+        self.state_label.setText(f"<span style='color:{colour}'>●</span> {self.state}")
+        self.status_labels["strategy"].setText(f"strategy: {self.settings.strategy}")
+        if self.loaded is None:
+            self.status_labels["model"].setText(self.settings.model_source if self.state != "ready" else "")
+
+    def _about(self) -> None:
+        QMessageBox.about(self, "About Specula", "<b>Specula</b><br>Chat with local language models and watch "
+                          "speculative decoding at work.<br>Apache-2.0.")
+
+    # -- geometry -----------------------------------------------------------------------------------
+    def _qsettings(self) -> QSettings:
+        """Geometry and dock state, next to settings.json (QSettings only for the window's layout)."""
+        return QSettings(str(self.settings_store.path.parent / "window.ini"), QSettings.Format.IniFormat)
+
+    def _restore_layout(self) -> None:
+        q = self._qsettings()
+        self.resize(*DEFAULT_SIZE)
+        for key, restore in (("geometry", self.restoreGeometry), ("state", self.restoreState),
+                             ("splitter", self.splitter.restoreState)):
+            value = q.value(key)
+            if isinstance(value, QByteArray):
+                restore(value)
+        self._set_ghosts(q.value("show_ghosts", True, type=bool))
+
+    def save_layout(self) -> None:
+        q = self._qsettings()
+        q.setValue("geometry", self.saveGeometry())
+        q.setValue("state", self.saveState())
+        q.setValue("splitter", self.splitter.saveState())
+        q.setValue("show_ghosts", self.view.show_ghosts)
+        q.sync()
+
+    def closeEvent(self, event) -> None:
+        self.save_layout()
+        self.bridge.shutdown()
+        super().closeEvent(event)
+
+
+def _error_turn(message: str):
+    from .history import Turn
+
+    return Turn("error", message)

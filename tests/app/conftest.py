@@ -1,0 +1,102 @@
+"""Fixtures for the desktop app: a Session around tiny random models (no download, fast on a CPU) and a
+main window driving it through the real Runner thread."""
+
+from __future__ import annotations
+
+import pytest
+
+
+class ChatTokenizer:
+    """Enough of a tokenizer for the app: a chat template that records the turns it was given, ids
+    from characters, and text from ids (letters and spaces, so the transcript wraps)."""
+
+    chat_template = "fake"
+    alphabet = " abcdefghijklmnopqrstuvwxyz"
+
+    def __init__(self) -> None:
+        self.conversations: list[list[dict]] = []
+
+    def apply_chat_template(self, turns, add_generation_prompt=True, tokenize=False):
+        self.conversations.append(list(turns))
+        return "".join(f"[{t['role']}]{t['content']}" for t in turns) + "[assistant]"
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) % 64 for c in text] or [0]
+
+    def decode(self, ids, **kwargs):
+        return "".join(self.alphabet[i % len(self.alphabet)] for i in ids)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def one_torch_thread():
+    """One intra-op thread while these tests run: the tiny models gain nothing from more, and on a small
+    machine that is busy with other work two spinning threads can make each forward 100x slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    from tests.engine.tiny import perturbed, tiny_model
+
+    target = tiny_model(vocab=64, seed=2)
+    return target, perturbed(target, scale=0.05)
+
+
+@pytest.fixture()
+def tiny_session(tiny_models):
+    """A Session whose `load` adopts the tiny models (the draft is a perturbed copy of the target)."""
+    from engine.metrics import BaselineCost
+    from engine.session import Session
+    from tests.engine.tiny import loaded
+
+    target_model, draft_model = tiny_models
+    session = Session()
+    target = loaded(target_model)
+    target.tokenizer = ChatTokenizer()
+
+    def load(request, progress=None):
+        if progress:
+            progress("loading the tiny test model")
+        session.use(target, loaded(draft_model))
+        session.baseline = BaselineCost(0.004, 1e-5)
+        return session.describe()
+
+    session.load = load
+    return session
+
+
+@pytest.fixture()
+def make_window(qtbot, tmp_path, tiny_session):
+    """make_window(**overrides) -> a shown MainWindow whose tiny model is loaded and ready."""
+    from app.bridge import EngineBridge
+    from app.history import HistoryStore
+    from app.settings import SettingsStore
+    from app.window import MainWindow
+
+    windows = []
+
+    def make(**overrides):
+        w = MainWindow(SettingsStore(tmp_path / "config"), HistoryStore(tmp_path / "history"),
+                       EngineBridge(session=tiny_session), overrides=overrides)
+        qtbot.addWidget(w)
+        w.show()
+        w.start()
+        qtbot.waitUntil(lambda: w.state == "ready", timeout=60_000)
+        windows.append(w)
+        return w
+
+    yield make
+    for w in windows:
+        w.close()
+
+
+def wait_reply(qtbot, window, timeout=60_000):
+    """Wait for the current reply to end; returns (ok, Finished or Failed)."""
+    with qtbot.waitSignal(window.chat.reply_finished, timeout=timeout) as blocker:
+        pass
+    return blocker.args

@@ -1,0 +1,101 @@
+"""Conversations on disk: one file each, atomic, corrupt files set aside, multi-turn context."""
+
+from __future__ import annotations
+
+import json
+
+from app.history import Conversation, HistoryStore, TokenRecord, Turn, chat_messages, new_id
+
+from .conftest import wait_reply
+
+
+def sample() -> Conversation:
+    conv = Conversation(new_id())
+    conv = conv.with_turn(Turn("user", "What is the capital of France? Answer in one word please"))
+    tokens = (TokenRecord("Par", "target", 0), TokenRecord("is", "draft", 1, 0, 0.9, 0.8),
+              TokenRecord("!", "rejected", 1, 1, 0.1, 0.7), TokenRecord(".", "correction", 1))
+    return conv.with_turn(Turn("assistant", "Paris.", tokens, "draft-model · 3 tokens"))
+
+
+def test_a_conversation_round_trips(tmp_path):
+    store = HistoryStore(tmp_path)
+    conv = sample()
+    store.save(conv)
+    found, notices = store.load_all()
+    assert found == [conv] and notices == []
+    assert conv.title.startswith("What is the capital of France?") and conv.title.endswith("…")
+    assert [p.name for p in tmp_path.iterdir()] == [f"{conv.id}.json"]
+
+
+def test_a_corrupt_conversation_is_set_aside_and_the_rest_load(tmp_path):
+    store = HistoryStore(tmp_path)
+    good = sample()
+    store.save(good)
+    (tmp_path / "broken.json").write_text('{"id": "broken", "turns": [')
+    (tmp_path / "wrong.json").write_text(json.dumps({"id": "wrong", "turns": [{"role": "robot", "content": 1}]}))
+    found, notices = store.load_all()
+    assert found == [good]
+    assert len(notices) == 2 and all("moved" in n for n in notices)
+    assert sorted(p.name.split(".corrupt-")[0] for p in tmp_path.glob("*.corrupt-*")) == ["broken.json", "wrong.json"]
+    assert store.load_all() == ([good], [])  # set aside once, not reported again
+
+
+def test_chat_messages_carry_the_whole_conversation():
+    conv = sample().with_turn(Turn("user", "too long")).with_turn(Turn("error", "prompt is too long"))
+    conv = conv.with_turn(Turn("user", "And Germany?"))
+    messages = chat_messages(conv, "Be brief.")
+    assert [(m.role, m.content) for m in messages] == [
+        ("system", "Be brief."), ("user", sample().turns[0].content), ("assistant", "Paris."), ("user", "And Germany?")]
+
+
+def test_the_model_sees_earlier_turns_and_history_is_saved(make_window, qtbot, tiny_session, tmp_path):
+    w = make_window(strategy="prompt-lookup", max_new_tokens=12)
+    w.send_text("first question")
+    ok, first = wait_reply(qtbot, w)
+    w.send_text("second question")
+    ok2, _ = wait_reply(qtbot, w)
+    assert ok and ok2
+    template_input = tiny_session.target.tokenizer.conversations[-1]
+    assert template_input == [{"role": "user", "content": "first question"},
+                              {"role": "assistant", "content": first.text},
+                              {"role": "user", "content": "second question"}]
+    found, _ = HistoryStore(tmp_path / "history").load_all()
+    assert len(found) == 1 and [t.role for t in found[0].turns] == ["user", "assistant", "user", "assistant"]
+    assert found[0].turns[1].tokens and found[0].turns[1].summary
+
+
+def test_conversations_can_be_added_renamed_deleted_and_reopened(make_window, qtbot, monkeypatch, tmp_path):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QLineEdit, QMessageBox
+
+    w = make_window(strategy="none", max_new_tokens=8)
+    w.send_text("a saved chat")
+    wait_reply(qtbot, w)
+    first = w.chat.current_id
+    qtbot.mouseClick(w.sidebar.new_button, _left())
+    assert w.chat.current_id != first and w.view.toPlainText() == ""
+    assert w.sidebar.list.count() == 2
+    w.sidebar.list.setCurrentRow(1)
+    assert w.chat.current_id == first and "a saved chat" in w.view.toPlainText()
+    w.sidebar.start_rename()  # an inline editor, as with the Rename button or F2
+    editor = w.sidebar.list.findChild(QLineEdit)
+    assert editor is not None
+    editor.selectAll()
+    qtbot.keyClicks(editor, "Renamed chat")
+    qtbot.keyClick(editor, Qt.Key.Key_Return)  # the delegate commits on the next event loop pass
+    qtbot.waitUntil(lambda: w.chat.conversations[first].title == "Renamed chat", timeout=5_000)
+    assert w.sidebar.list.currentItem().text() == "Renamed chat"
+    path = HistoryStore(tmp_path / "history").path(first)
+    assert json.loads(path.read_text())["title"] == "Renamed chat"
+    records = len(w.view.records)
+    reopened = make_window()
+    assert reopened.chat.current_id == first and len(reopened.view.records) == records
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    qtbot.mouseClick(w.sidebar.delete_button, _left())
+    assert not path.exists() and first not in w.chat.conversations
+
+
+def _left():
+    from PySide6.QtCore import Qt
+
+    return Qt.MouseButton.LeftButton

@@ -1,0 +1,65 @@
+"""`specula-chat`: the real app on the bundled model, and the autopilot's exit codes."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtGui import QImage
+
+from app.autopilot import Autopilot
+from app.main import main, overrides_from, parse_args
+
+
+def distinct_colours(path, step: int = 3) -> int:
+    image = QImage(str(path))
+    assert not image.isNull()
+    return len({image.pixel(x, y) for x in range(0, image.width(), step) for y in range(0, image.height(), step)})
+
+
+def test_command_line_choices_become_one_run_overrides():
+    args = parse_args(["--model", "m.gguf", "--strategy", "none", "--max-new-tokens", "5", "--send", "hi"])
+    assert overrides_from(args) == {"model_source": "m.gguf", "strategy": "none", "max_new_tokens": 5}
+    assert overrides_from(parse_args([])) == {}
+
+
+def test_autopilot_sends_saves_a_screenshot_and_exits(make_window, qtbot, tmp_path):
+    w = make_window(strategy="draft-model", max_new_tokens=30)
+    png = tmp_path / "shot.png"
+    exits = []
+    pilot = Autopilot(w, "hello there", png, exit_after=True, quit=exits.append)
+    w.model_ready.emit()  # the model was ready before the pilot came aboard
+    qtbot.waitUntil(lambda: pilot.exit_code is not None, timeout=60_000)
+    assert pilot.exit_code == 0 and exits == [0] and png.exists()
+    assert distinct_colours(png) > 50
+
+
+def test_autopilot_refuses_a_strategy_the_model_lacks(make_window, tiny_session):
+    load = tiny_session.load
+
+    def without_draft(request, progress=None):
+        load(request, progress)
+        tiny_session.draft = None
+        return tiny_session.describe()
+
+    tiny_session.load = without_draft
+    w = make_window(strategy="draft-model")
+    exits = []
+    pilot = Autopilot(w, "hello", None, exit_after=True, quit=exits.append)
+    w.model_ready.emit()
+    assert pilot.exit_code == 2 and exits == [2] and w.chat.reply is None
+
+
+def test_a_model_that_does_not_load_exits_non_zero(qapp, capsys):
+    code = main(["--model", "/no/such/model.gguf", "--send", "hi", "--exit-after-reply"])
+    assert code == 1
+    assert "could not be loaded" in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_the_app_answers_on_the_bundled_model_and_saves_a_screenshot(qapp, tmp_path):
+    png = tmp_path / "window.png"
+    code = main(["--send", "Hello", "--strategy", "prompt-lookup", "--max-new-tokens", "24",
+                 "--screenshot", str(png), "--exit-after-reply"])
+    assert code == 0
+    assert png.exists() and distinct_colours(png) > 200
+    image = QImage(str(png))
+    assert image.width() >= 1000 and image.height() >= 600

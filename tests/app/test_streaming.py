@@ -1,0 +1,175 @@
+"""A reply streams into the transcript through the real Runner on a tiny random model: tokens coloured
+by origin, ghost drafts that can be hidden, hover details, plots fed live, stop and errors."""
+
+from __future__ import annotations
+
+import threading
+
+from PySide6.QtCore import QEvent
+from PySide6.QtGui import QHelpEvent, QTextCursor
+from PySide6.QtWidgets import QApplication, QToolTip
+
+from app.plots import WARMUP
+from app.tokens import tooltip
+
+from .conftest import wait_reply
+
+
+def fragments(document):
+    """(text, char format) of every text fragment in the document, frames included."""
+    out = []
+    block = document.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fragment = it.fragment()
+            if fragment.isValid():
+                out.append((fragment.text(), fragment.charFormat(), fragment.position()))
+            it += 1
+        block = block.next()
+    return out
+
+
+def colours_in(document) -> set[str]:
+    return {fmt.foreground().color().name() for _, fmt, _ in fragments(document) if fmt.isAnchor()}
+
+
+def struck(document) -> list[str]:
+    return [text for text, fmt, _ in fragments(document) if fmt.fontStrikeOut()]
+
+
+def test_a_reply_streams_token_by_token_coloured_by_origin(make_window, qtbot):
+    w = make_window(strategy="draft-model", max_new_tokens=80)
+    seen_during_stream = []
+    w.bridge.event.connect(lambda e: type(e).__name__ == "Step" and seen_during_stream.append(
+        (len(w.view.records), len(w.plots.series["tps"]))))
+    assert w.send_text("hello there, tell me a story about a cat")
+    assert w.state == "generating" and not w.composer.send_button.isEnabled()
+    ok, finished = wait_reply(qtbot, w)
+    assert ok and finished.reason == "length" and len(finished.token_ids) == 80
+    # the transcript and the plots grew step by step, before the reply finished
+    counts = [n for n, _ in seen_during_stream]
+    assert len(set(counts)) > 5 and counts == sorted(counts)
+    assert seen_during_stream[-1][1] > 0
+    origins = {r.origin for r in w.view.records}
+    assert {"draft", "target"} <= origins and origins & {"correction", "bonus"}
+    c = w.view.colours
+    document_colours = colours_in(w.view.document())
+    assert c.draft in document_colours
+    assert {c.correction, c.bonus} & document_colours
+    text = w.view.toPlainText()
+    assert "draft-model · 80 tokens" in text and "tok/s" in text and "acceptance" in text
+    assert w.state == "ready" and w.composer.send_button.isEnabled()
+
+
+def test_rejected_drafts_are_ghost_text_that_can_be_hidden(make_window, qtbot):
+    w = make_window(strategy="draft-model", max_new_tokens=160)
+    w.send_text("hello there, tell me a story about a cat")
+    ok, finished = wait_reply(qtbot, w)
+    rejected = [r for r in w.view.records if r.origin == "rejected"]
+    assert ok and rejected, "the perturbed draft model should have some drafts rejected"
+    ghosts = struck(w.view.document())
+    assert ghosts and all(f.foreground().color().name() == w.view.colours.rejected
+                          for _, f, _ in fragments(w.view.document()) if f.fontStrikeOut())
+    w.legend.ghosts.setChecked(False)
+    assert struck(w.view.document()) == []
+    assert finished.text in w.view.toPlainText()  # without the ghosts the answer reads as generated
+    assert not w.ghost_action.isChecked()
+    w.ghost_action.setChecked(True)
+    assert struck(w.view.document()) == ghosts
+
+
+def test_hovering_a_token_tells_where_it_came_from(make_window, qtbot):
+    w = make_window(strategy="draft-model", max_new_tokens=40)
+    w.send_text("hello there")
+    wait_reply(qtbot, w)
+    view = w.view
+    text, fmt, position = next(f for f in fragments(view.document())
+                               if f[1].isAnchor() and view.token_at_href(f[1].anchorHref()).origin == "draft")
+    cursor = QTextCursor(view.document())
+    cursor.setPosition(position + max(1, len(text) // 2))
+    view.ensureCursorVisible()
+    point = view.cursorRect(cursor).center()
+    point.setX(point.x() - 1)
+    rec = view.token_at(point)
+    assert rec is not None and rec.origin == "draft"
+    tip = tooltip(rec)
+    assert "accepted draft token" in tip and f"step {rec.step}" in tip and "draft position" in tip
+    global_point = view.viewport().mapToGlobal(point)
+    QApplication.sendEvent(view.viewport(), QHelpEvent(QEvent.Type.ToolTip, point, global_point))
+    qtbot.waitUntil(QToolTip.isVisible, timeout=5_000)
+    assert "accepted draft token" in QToolTip.text()
+
+
+def test_sampling_shows_p_and_q_of_draft_tokens(make_window, qtbot):
+    w = make_window(strategy="draft-model", max_new_tokens=40)
+    w.controls.temperature.setValue(0.8)
+    w.send_text("hello there")
+    ok, _ = wait_reply(qtbot, w)
+    drafted = [r for r in w.view.records if r.origin in ("draft", "rejected")]
+    assert ok and drafted and all(r.p is not None and r.q is not None for r in drafted)
+    assert "q (drafter)" in tooltip(drafted[0]) and "p (model)" in tooltip(drafted[0])
+
+
+def test_stop_ends_the_reply_early_and_keeps_what_was_said(make_window, qtbot, tiny_session):
+    hold, release = threading.Event(), threading.Event()
+    generate = tiny_session.generate
+
+    def held(*args, **kwargs):  # hold the worker after step 3 until Stop was pressed
+        for event in generate(*args, **kwargs):
+            yield event
+            if type(event).__name__ == "Step" and event.step == 3:
+                hold.set()
+                release.wait(30)
+
+    tiny_session.generate = held
+    w = make_window(strategy="prompt-lookup", max_new_tokens=300)
+    w.send_text("hello hello hello")
+    qtbot.waitUntil(hold.is_set, timeout=60_000)
+    qtbot.waitUntil(lambda: w.plots.curves["tps"].getData()[0] is not None
+                    and len(w.plots.curves["tps"].getData()[0]) > 0, timeout=10_000)  # the timer drew
+    assert w.composer.stop_button.isEnabled()
+    qtbot.mouseClick(w.composer.stop_button, qtbot_button())
+    release.set()
+    ok, finished = wait_reply(qtbot, w)
+    assert ok and finished.reason == "cancelled"
+    assert 0 < len(finished.token_ids) < 300
+    assert "stopped" in w.view.toPlainText()
+    assert w.state == "ready" and not w.composer.stop_button.isEnabled()
+
+
+def test_an_error_shows_in_the_chat_and_the_app_stays_usable(make_window, qtbot):
+    w = make_window(strategy="none", max_new_tokens=10)
+    w.send_text("x" * 600)  # longer than the tiny model's 512-token window
+    ok, failed = wait_reply(qtbot, w)
+    assert not ok and "context window" in failed.message
+    assert "Error" in w.view.toPlainText() and "context window" in w.view.toPlainText()
+    assert w.state == "ready" and w.composer.input.isEnabled()
+    w.send_text("hi")
+    ok, finished = wait_reply(qtbot, w)
+    assert ok and len(finished.token_ids) == 10
+    roles = [t.role for t in w.chat.current.turns]
+    assert roles == ["user", "error", "user", "assistant"]
+
+
+def test_plots_get_the_whole_reply(make_window, qtbot):
+    w = make_window(strategy="draft-model", max_new_tokens=60)
+    w.send_text("hello there")
+    ok, finished = wait_reply(qtbot, w)
+    p = w.plots
+    totals = finished.totals
+    assert len(p.series["acceptance"]) == len(totals.accepted_lengths) > 0
+    plotted = totals.steps - WARMUP + 1  # rates are plotted from the WARMUP-th decode step on
+    assert len(p.series["tps"]) == plotted == len(p.series["baseline"]) > 0
+    assert len(p.curves["rolling"].getData()[0]) == len(totals.accepted_lengths)
+    heights = p.bars["lengths"].opts["height"]
+    assert sum(heights) == len(totals.accepted_lengths)
+    assert len(p.bars["positions"].opts["height"]) == len(totals.position_drafted)
+    assert p.stat_labels["acceptance"].text() == f"{totals.acceptance_rate:.0%}"
+    assert p.stat_labels["speedup"].text().endswith("×")
+
+
+def qtbot_button():
+    from PySide6.QtCore import Qt
+
+    return Qt.MouseButton.LeftButton

@@ -1,0 +1,139 @@
+"""The composer's keys and states, the strategy list from the registry, the status bar, the layout
+memory, and the promise that the window can be imported and built without torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from PySide6.QtCore import Qt
+
+from app.composer import Composer
+
+
+def test_enter_sends_shift_enter_makes_a_new_line(qtbot):
+    c = Composer()
+    qtbot.addWidget(c)
+    sent = []
+    c.send_requested.connect(sent.append)
+    assert not c.input.isEnabled() and not c.send_button.isEnabled()  # no model yet
+    c.set_state(ready=True, generating=False)
+    qtbot.keyClicks(c.input, "first line")
+    qtbot.keyClick(c.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(c.input, "second line")
+    assert sent == [] and c.input.toPlainText() == "first line\nsecond line"
+    qtbot.keyClick(c.input, Qt.Key.Key_Return)
+    assert sent == ["first line\nsecond line"] and c.input.toPlainText() == ""
+    c.set_state(ready=True, generating=True)
+    qtbot.keyClicks(c.input, "while busy")
+    qtbot.keyClick(c.input, Qt.Key.Key_Return)
+    assert len(sent) == 1 and c.stop_button.isEnabled() and not c.send_button.isEnabled()
+
+
+def test_strategies_come_from_the_registry_and_the_status_bar_shows_the_model(make_window):
+    from engine.drafters import DRAFTERS
+
+    w = make_window(strategy="layer-skip")
+    combo = w.controls.strategy
+    assert [combo.itemData(i) for i in range(combo.count())] == list(DRAFTERS)
+    assert combo.currentData() == "layer-skip"
+    status = " ".join(label.text() for label in w.status_labels.values()) + w.state_label.text()
+    assert "tiny" in status and "cpu" in status and "fp32" in status and "layer-skip" in status and "ready" in status
+    combo.setCurrentIndex(combo.findData("none"))
+    combo.activated.emit(combo.currentIndex())
+    assert w.settings.strategy == "none" and "none" in w.status_labels["strategy"].text()
+
+
+def test_a_strategy_the_model_cannot_use_is_disabled(make_window, tiny_session):
+    load = tiny_session.load
+
+    def without_draft(request, progress=None):
+        load(request, progress)
+        tiny_session.draft = None
+        return tiny_session.describe()
+
+    tiny_session.load = without_draft
+    w = make_window(strategy="draft-model")
+    combo = w.controls.strategy
+    item = combo.model().item(combo.findData("draft-model"))
+    assert not item.isEnabled()
+    assert w.settings.strategy != "draft-model" and w.strategy_unavailable == "draft-model"
+    assert any("draft-model" in m for m in w.notices.messages)
+
+
+def test_window_layout_is_remembered(make_window):
+    w = make_window()
+    assert (w.width(), w.height()) == (1280, 800)
+    w.splitter.setSizes([300, 800])
+    w.legend.ghosts.setChecked(False)
+    w.close()
+    again = make_window()
+    assert again.splitter.sizes()[0] == w.splitter.sizes()[0]
+    assert not again.view.show_ghosts and not again.legend.ghosts.isChecked()
+
+
+def test_building_the_window_does_not_import_torch(tmp_path):
+    code = (
+        "import sys\n"
+        "from PySide6.QtWidgets import QApplication\n"
+        "qapp = QApplication([])\n"
+        "import app.window, app.main\n"
+        "w = app.window.MainWindow()\n"
+        "w.show(); qapp.processEvents()\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')]\n"
+        "assert not heavy, heavy[:5]\n"
+        "w.close()\n"
+        "import shiboken6; shiboken6.delete(w)  # before the QApplication goes (see app.main._delete)\n"
+        "print('ok')\n"
+    )
+    env = {**__import__("os").environ, "SPECULA_CONFIG_DIR": str(tmp_path / "c"), "SPECULA_DATA_DIR": str(tmp_path / "d"),
+           "QT_QPA_PLATFORM": "offscreen"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_the_settings_dialog_saves_and_reloads_the_model(make_window, qtbot, monkeypatch, tmp_path, tiny_session):
+    from app.settings import SettingsStore
+    from app.settings_dialog import SettingsDialog
+
+    w = make_window(strategy="none", max_new_tokens=8)
+    loads = []
+    w.model_ready.connect(lambda: loads.append(w.loaded))
+
+    def edit_and_accept(dialog):
+        dialog.model.setText("/models/other.gguf")
+        dialog.system.setPlainText("Answer in French.")
+        dialog.seed.setValue(7)
+        return True
+
+    monkeypatch.setattr(SettingsDialog, "exec", edit_and_accept)
+    w.settings_action.trigger()
+    assert w.state == "loading" and not w.composer.input.isEnabled()
+    qtbot.waitUntil(lambda: w.state == "ready", timeout=60_000)
+    assert loads  # the model was loaded again
+    saved = SettingsStore(tmp_path / "config").load().settings
+    assert (saved.model_source, saved.system_prompt, saved.seed) == ("/models/other.gguf", "Answer in French.", 7)
+    w.send_text("bonjour")
+    qtbot.waitUntil(lambda: w.state == "ready", timeout=60_000)
+    template_input = tiny_session.target.tokenizer.conversations[-1]
+    assert template_input[0] == {"role": "system", "content": "Answer in French."}
+
+
+def test_the_app_survives_many_qt_calls_and_signals(tmp_path):
+    """PySide6 6.12.0 on Python 3.11 drops a reference to None per void Qt call and to True per emit, so
+    this loop aborts the interpreter there (pyproject.toml pins PySide6-Essentials below 6.12)."""
+    code = (
+        "from PySide6.QtCore import QObject, Signal\n"
+        "class B(QObject):\n"
+        "    ping = Signal(object)\n"
+        "b = B(); seen = []\n"
+        "b.ping.connect(seen.append)\n"
+        "for i in range(100_000):\n"
+        "    b.setObjectName('x'); b.ping.emit(i)\n"
+        "assert len(seen) == 100_000\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"
