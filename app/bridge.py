@@ -120,10 +120,6 @@ class EngineBridge(QObject):
         if self._runner is not None and self.current is not None:
             self._runner.cancel(self.current)
 
-    def baseline(self):
-        """The loaded model's plain decoding cost (engine.metrics.BaselineCost), or None."""
-        return self._runner.session.baseline if self._runner is not None else None
-
     def shutdown(self, timeout: float = 2.0) -> None:
         """End the worker; a load that is still running is left to die with the process."""
         self._closed = True

@@ -191,7 +191,7 @@ class MainWindow(QMainWindow):
             self.strategy_unavailable = wanted
             self.notices.add(f"Strategy “{wanted}” is not available for this model; using “{chosen}”.")
             self.settings = replace(self.settings, strategy=chosen)
-        self.plots.set_baseline(self.bridge.baseline())
+        self.plots.set_baseline(event.baseline)
         self.status_labels["model"].setText(event.target + (f"  ·  draft: {event.draft}" if event.draft else ""))
         self.status_labels["device"].setText(event.device)
         self.status_labels["dtype"].setText(event.dtype)

@@ -124,6 +124,23 @@ class Loaded:
     dtype: str
     context_window: int
     strategies: tuple[str, ...] = field(default_factory=tuple)
+    baseline: BaselineCost | None = None  # measured plain decoding cost, for live speedup and plots
+
+
+@dataclass(frozen=True)
+class BaselineCost:
+    """Seconds per plain decoding step at context length L: a + b * L (see metrics.measure_baseline)."""
+
+    a: float
+    b: float
+
+    def per_token(self, context_len: int) -> float:
+        return self.a + self.b * context_len
+
+    def expected(self, context_start: int, n_tokens: int) -> float:
+        """Plain decoding time for n tokens produced at context lengths start .. start+n-1."""
+        n = n_tokens
+        return n * self.a + self.b * (n * context_start + n * (n - 1) / 2)
 
 
 Event = Started | Step | Finished | Failed | Loading | Loaded

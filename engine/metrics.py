@@ -16,27 +16,10 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
-from .events import Step, decode_rate
-
-
-@dataclass(frozen=True)
-class BaselineCost:
-    """Seconds per plain decoding step at context length L: a + b * L."""
-
-    a: float
-    b: float
-
-    def per_token(self, context_len: int) -> float:
-        return self.a + self.b * context_len
-
-    def expected(self, context_start: int, n_tokens: int) -> float:
-        """Plain decoding time for n tokens produced at context lengths start .. start+n-1."""
-        n = n_tokens
-        return n * self.a + self.b * (n * context_start + n * (n - 1) / 2)
+from .events import BaselineCost, Step, decode_rate
 
 
 def measure_baseline(runner, lengths=(32, 512), repeats: int = 5) -> BaselineCost:

@@ -81,6 +81,7 @@ class Session:
             _dtype_name(t),
             t.context_window,
             tuple(name for name, info in DRAFTERS.items() if self.draft or not info.needs_draft_model),
+            self.baseline,
         )
 
     def _need_target(self) -> LoadedModel:
