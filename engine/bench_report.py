@@ -41,6 +41,10 @@ def _figures(pairs: list, base: list | None, hf: list | None) -> dict:
     }
 
 
+def _pick(items: list | None, indices: list[int]) -> list | None:
+    return [items[i] for i in indices] if items else None
+
+
 def summarize(results: dict[str, list], model: str, device: str, dtype: str, max_new_tokens: int) -> dict:
     base_all = results.get("none")
     hf_all = results.get("hf")
@@ -52,8 +56,7 @@ def summarize(results: dict[str, list], model: str, device: str, dtype: str, max
             by_cat[item.category or "all"].append(i)
         cat_rows = []
         for cat, idx in by_cat.items():
-            pick = lambda lst: [lst[i] for i in idx] if lst else None  # noqa: E731
-            figures = _figures(pick(pairs), pick(base_all), pick(hf_all))
+            figures = _figures(_pick(pairs, idx), _pick(base_all, idx), _pick(hf_all, idx))
             cat_rows.append({"strategy": name, "category": cat, **figures})
         rows += cat_rows
         whole = _figures(pairs, base_all, hf_all)

@@ -9,7 +9,6 @@ import signal
 import sys
 from dataclasses import replace
 
-from .drafters import DRAFTERS
 from .errors import SpeculaError
 from .events import Finished, Origin, Step
 from .generate_cmd import check_strategy, decode_config, strategy_options
