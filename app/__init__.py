@@ -5,10 +5,15 @@ frozen events in `engine.events`; it never touches a tensor. Engine modules that
 imported lazily (on the bridge's start-up thread, or once a model is loaded), so the window paints first.
 
     main.py        `specula-chat`: command line;  autopilot.py  --send / --screenshot / --exit-after-reply
-    window.py      the main window: layout, status bar, event routing, remembered geometry
+    window.py      the main window: layout, menus, status bar, event routing, message actions
+    layout.py      the remembered window layout (QSettings)
     bridge.py      the Runner behind a Qt signal (events arrive on the GUI thread)
-    chat.py        conversations and replies: history <-> transcript <-> requests
-    chatview.py    the transcript: tokens coloured by origin, ghost drafts, hover details
+    chat.py        conversations and replies: history <-> transcript <-> requests; regenerate, edit
+    fit.py         leaving out the oldest turns when a prompt outgrows the context window
+    compare.py     re-run the last prompt with `none` and the strategy;  comparecard.py  its card
+    chatview.py    the transcript: tokens coloured by origin, ghost drafts, hover details, action links
+    bubbles.py     drawing bubbles, tokens, summaries and action rows;  markdown.py  rendered answers
+    actions.py     which links (Edit, Copy, Markdown, Regenerate, Retry) a message gets
     tokens.py      events -> token records, tooltips, the summary line;  theme.py  the colours
     plots.py       live acceptance, tokens/s vs the measured baseline, speedup, histograms
     controls.py    strategy, k, adaptive k, temperature, max new tokens (the toolbar)

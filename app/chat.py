@@ -3,6 +3,10 @@
 The controller keeps the current conversation, turns a message into a `GenerateRequest` (the whole
 conversation goes through the model's chat template) and turns the reply's events into tokens on
 screen, points on the plots and, once it ends, a saved turn.
+
+Regenerate drops what follows the last user message and answers it again; sending an edited message
+replaces that message and drops everything after it. A prompt longer than the context window is sent
+again without its oldest turns (`fit.py`) before the engine's error is shown.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import QObject, Signal
 
+from .fit import drop_oldest, dropped_note, is_context_error
 from .history import Conversation, HistoryStore, TokenRecord, Turn, chat_messages, new_id
 from .settings import Settings
 from .tokens import step_records, summary
@@ -23,6 +28,9 @@ class Reply:
     request_id: int
     conversation_id: str
     strategy: str
+    messages: tuple = ()  # what was sent (fewer than the conversation when turns were left out)
+    settings: Settings | None = None
+    dropped: int = 0  # oldest messages left out to fit the context window
     tokens: list[TokenRecord] = field(default_factory=list)
     started: bool = False
 
@@ -103,23 +111,69 @@ class ChatController(QObject):
         self._put(self.conversations[conversation_id].with_turn(turn))
 
     # -- sending ------------------------------------------------------------------------------------
-    def send(self, text: str, settings: Settings) -> bool:
-        """Send a user message with the current settings; False when it could not be sent."""
+    def send(self, text: str, settings: Settings, replace_from: int | None = None) -> bool:
+        """Send a user message with the current settings; False when it could not be sent. With
+        `replace_from`, the message replaces that turn of the conversation and everything after it."""
         if self.reply is not None or not text.strip():
             return False
         cid = self.current_id
+        if replace_from is not None and 0 <= replace_from < len(self.current.turns):
+            self._truncate(replace_from)
         user = Turn("user", text)
         self._add_turn(cid, user)
         self.view.add_turn(user)
         self.conversations_changed.emit()
-        try:
-            request = build_request(chat_messages(self.current, settings.system_prompt), settings)
-        except ValueError as exc:  # the engine's SpeculaError: a setting it refuses
-            self._fail(cid, str(exc))
+        return self._generate(cid, settings)
+
+    def last_user_index(self) -> int | None:
+        turns = self.current.turns if self.current_id is not None else ()
+        return next((i for i in range(len(turns) - 1, -1, -1) if turns[i].role == "user"), None)
+
+    def regenerate(self, settings: Settings) -> bool:
+        """Drop what followed the last user message and answer it again."""
+        last = self.last_user_index()
+        if self.reply is not None or last is None:
             return False
-        rid = self.bridge.send(request)
-        self.reply = Reply(rid, cid, settings.strategy)
+        self._truncate(last + 1)
+        self.conversations_changed.emit()
+        return self._generate(self.current_id, settings)
+
+    def index_of(self, turn: Turn) -> int | None:
+        """The position of a turn (the same object the transcript shows) in the current conversation."""
+        turns = self.current.turns if self.current_id is not None else ()
+        return next((i for i, t in enumerate(turns) if t is turn), None)
+
+    def last_prompt(self, system_prompt: str = "") -> tuple:
+        """The conversation up to its last user message, as engine Messages (empty when there is none)."""
+        last = self.last_user_index()
+        if last is None:
+            return ()
+        return chat_messages(self.current.truncated(last + 1), system_prompt)
+
+    def _truncate(self, n: int) -> None:
+        conv = self.current.truncated(n)
+        self.conversations[conv.id] = conv
+        self.store.save(conv)
+        self.view.show_turns(conv.turns)
+
+    def _generate(self, cid: str, settings: Settings) -> bool:
+        messages = chat_messages(self.conversations[cid], settings.system_prompt)
+        self.reply = Reply(0, cid, settings.strategy, messages, settings)
+        if not self._submit():
+            return False
         self.generating_changed.emit(True)
+        return True
+
+    def _submit(self) -> bool:
+        """Send the reply's request; False (with the error in the chat) when the engine refuses it."""
+        reply = self.reply
+        try:
+            request = build_request(reply.messages, reply.settings)
+        except ValueError as exc:  # the engine's SpeculaError: a setting it refuses
+            self.reply = None
+            self._fail(reply.conversation_id, str(exc))
+            return False
+        reply.request_id = self.bridge.send(request)
         return True
 
     def stop(self) -> None:
@@ -137,7 +191,7 @@ class ChatController(QObject):
             self.reply.started = True
             self.reply.strategy = event.strategy
             self.plots.begin()
-            self.view.begin_answer()
+            self.view.begin_answer(dropped_note(self.reply.dropped))
         elif kind == "Step":
             records = step_records(event)
             self.reply.tokens.extend(records)
@@ -150,7 +204,8 @@ class ChatController(QObject):
 
     def _finish(self, finished) -> None:
         reply, self.reply = self.reply, None
-        turn = Turn("assistant", finished.text, tuple(reply.tokens), summary(reply.strategy, finished))
+        turn = Turn("assistant", finished.text, tuple(reply.tokens), summary(reply.strategy, finished),
+                    dropped_note(reply.dropped))
         if reply.started:
             self.view.end_answer(turn)
         else:  # cancelled before it started: nothing was shown
@@ -162,6 +217,8 @@ class ChatController(QObject):
         self.reply_finished.emit(True, finished)
 
     def _failed(self, failed) -> None:
+        if self._retry_shorter(failed):
+            return
         reply, self.reply = self.reply, None
         if reply.started:
             text = "".join(t.text for t in reply.tokens if t.origin != "rejected")
@@ -172,6 +229,19 @@ class ChatController(QObject):
         self._fail(reply.conversation_id, failed.message)
         self.generating_changed.emit(False)
         self.reply_finished.emit(False, failed)
+
+    def _retry_shorter(self, failed) -> bool:
+        """The prompt did not fit: send it again without the oldest turns, when any are left to drop."""
+        reply = self.reply
+        shorter = drop_oldest(reply.messages) if not reply.started and is_context_error(failed) else None
+        if shorter is None:
+            return False
+        reply.dropped += len(reply.messages) - len(shorter)
+        reply.messages = shorter
+        if not self._submit():
+            self.generating_changed.emit(False)
+            self.reply_finished.emit(False, failed)
+        return True
 
     def _fail(self, conversation_id: str, message: str) -> None:
         turn = Turn("error", message)
@@ -189,4 +259,4 @@ def build_request(messages: tuple, s: Settings):
     params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
     config = DecodeConfig(k=s.k, adaptive_k=s.adaptive_k, max_new_tokens=s.max_new_tokens, params=params,
                           seed=s.seed)
-    return GenerateRequest(messages, s.strategy, config, chat=True)
+    return GenerateRequest(messages, s.strategy, config, chat=True, options=s.strategy_options())

@@ -3,16 +3,27 @@
 Streaming appends at a cursor kept at the end of the current answer (nothing is re-rendered per
 token). Each token is an anchor `t<index>` into `records`, so hovering shows its origin, step, draft
 position and p/q. Rejected draft tokens are struck-through ghost text placed where they were rejected;
-hiding them (or a palette change) re-renders the conversation once.
+hiding them (or a palette change, or switching an answer between tokens and Markdown) re-renders the
+conversation once.
+
+Items are the conversation's turns plus view-only ones: comparison cards and errors that are not part
+of the conversation (`transient`). Under each turn a row of small links (`actions.py`) offers Edit,
+Copy, Markdown/Tokens, Regenerate or Retry; clicking one emits `action_requested(name, item index)`.
+The same actions are in the bubble's context menu.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QPoint
-from PySide6.QtGui import QColor, QFont, QPalette, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextFrameFormat
+from PySide6.QtCore import QEvent, QPoint, QUrl, Signal
+from PySide6.QtGui import QPalette, QTextCursor, QTextFrame
 from PySide6.QtWidgets import QFrame, QTextBrowser, QToolTip
 
+from . import actions
+from .bubbles import BubblePainter
+from .compare import Comparison
+from .comparecard import card_html, card_title
 from .history import TokenRecord, Turn
+from .markdown import insert_markdown
 from .theme import OriginColours, palette_for
 from .tokens import tooltip
 
@@ -20,6 +31,8 @@ PLACEHOLDER = "Ask anything. Each token shows where it came from; hover one for 
 
 
 class ChatView(QTextBrowser):
+    action_requested = Signal(str, int)  # an actions.* name, the item's index
+
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.setOpenLinks(False)
@@ -29,31 +42,57 @@ class ChatView(QTextBrowser):
         self.document().setDocumentMargin(14)
         self.show_ghosts = True
         self.records: list[TokenRecord] = []  # anchor index -> token
-        self._turns: list[Turn] = []  # what is shown, for re-rendering
+        self._items: list[Turn | Comparison] = []  # what is shown, for re-rendering
+        self._frames: list[QTextFrame] = []  # each item's bubble
+        self._rows: dict[int, tuple] = {}  # item index -> the action links shown under it
+        self._transient: set[int] = set()  # items that are not part of the conversation
+        self._markdown: set[int] = set()  # answers shown as rendered Markdown
         self._live: list[TokenRecord] | None = None  # the answer being streamed
+        self._live_note = ""
         self._stream: QTextCursor | None = None
         self._colours = self._pick_colours()
+        self.anchorClicked.connect(self._on_anchor)
 
     # -- public -------------------------------------------------------------------------------------
     @property
     def colours(self) -> OriginColours:
         return self._colours
 
+    def item(self, index: int) -> Turn | Comparison | None:
+        return self._items[index] if 0 <= index < len(self._items) else None
+
     def show_turns(self, turns) -> None:
         """Replace the transcript with a conversation's turns."""
-        self._turns = list(turns)
+        self._items = list(turns)
+        self._transient, self._markdown = set(), set()
         self._live = None
         self._rerender()
 
-    def add_turn(self, turn: Turn) -> None:
-        self._turns.append(turn)
-        with self._keep_bottom():
-            self._render_turn(turn)
+    def add_turn(self, turn: Turn, transient: bool = False) -> None:
+        """Append a turn; a transient one (e.g. a model that failed to load) gets no actions."""
+        self._append(turn, transient)
 
-    def begin_answer(self) -> None:
-        self._live = []
+    def add_card(self, card: Comparison) -> int:
+        """Append a comparison card (view-only); returns its index for `update_card`."""
+        return self._append(card, transient=True)
+
+    def update_card(self, index: int, card: Comparison) -> None:
+        if not isinstance(self.item(index), Comparison) or index >= len(self._frames):
+            return  # the transcript was replaced meanwhile
+        self._items[index] = card
+        frame = self._frames[index]
+        cursor = frame.firstCursorPosition()
+        cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
+        cursor.removeSelectedText()
         with self._keep_bottom():
-            self._stream = self._open_bubble("Assistant", self._colours.assistant_bubble)
+            self._write_card(cursor, card)
+
+    def begin_answer(self, note: str = "") -> None:
+        self._live, self._live_note = [], note
+        with self._keep_bottom():
+            self._stream = self._painter().open_bubble("Assistant", self._colours.assistant_bubble)
+            if note:
+                self._painter().write_note(self._stream, note)
 
     def append_tokens(self, records: list[TokenRecord]) -> None:
         if self._live is None:
@@ -63,18 +102,32 @@ class ChatView(QTextBrowser):
             self._write_tokens(self._stream, records)
 
     def end_answer(self, turn: Turn) -> None:
-        """The streamed answer is complete: add its summary line and keep it as a turn."""
-        self._turns.append(turn)
-        self._live = None
-        if self._stream is not None and turn.summary:
-            with self._keep_bottom():
-                self._write_summary(self._stream, turn.summary)
-        self._stream = None
+        """The streamed answer is complete: add its summary line and actions and keep it as a turn."""
+        stream, self._stream, self._live = self._stream, None, None
+        if stream is None:
+            self.add_turn(turn)
+            return
+        index = self._push(turn, stream.currentFrame(), transient=False)
+        with self._keep_bottom():
+            if turn.summary:
+                self._painter().write_summary(stream, turn.summary)
+            self._refresh_row(index)
 
     def set_show_ghosts(self, show: bool) -> None:
         if show != self.show_ghosts:
             self.show_ghosts = show
             self._rerender()
+
+    def is_markdown(self, index: int) -> bool:
+        return index in self._markdown
+
+    def toggle_markdown(self, index: int) -> None:
+        """Switch a finished answer between coloured tokens and rendered Markdown."""
+        turn = self.item(index)
+        if not isinstance(turn, Turn) or turn.role != "assistant":
+            return
+        self._markdown ^= {index}
+        self._rerender(keep_scroll=True)
 
     def token_at(self, pos: QPoint) -> TokenRecord | None:
         """The token under a viewport position, if any."""
@@ -85,14 +138,32 @@ class ChatView(QTextBrowser):
             return self.records[int(href[1:])]
         return None
 
+    def item_at(self, pos: QPoint) -> int | None:
+        """The index of the item whose bubble holds a viewport position."""
+        position = self.cursorForPosition(pos).position()
+        for index, frame in enumerate(self._frames):
+            if frame.firstPosition() <= position <= frame.lastPosition():
+                return index
+        return None
+
+    def actions_of(self, index: int) -> tuple[tuple[str, str], ...]:
+        """The (name, label) actions that apply to an item now."""
+        item = self.item(index)
+        if not isinstance(item, Turn) or index in self._transient:
+            return ()
+        return actions.actions_for(item.role, index == self._last_turn(), index in self._markdown)
+
     # -- Qt -----------------------------------------------------------------------------------------
     def viewportEvent(self, event) -> bool:
         if event.type() == QEvent.Type.ToolTip:
-            rec = self.token_at(event.pos())
-            if rec is None:
-                QToolTip.hideText()
-            else:
+            href = self.anchorAt(event.pos())
+            rec, action = self.token_at_href(href), actions.parse(href)
+            if rec is not None:
                 QToolTip.showText(event.globalPos(), tooltip(rec), self.viewport())
+            elif action is not None:
+                QToolTip.showText(event.globalPos(), actions.TIPS[action[0]], self.viewport())
+            else:
+                QToolTip.hideText()
             return True
         return super().viewportEvent(event)
 
@@ -104,97 +175,132 @@ class ChatView(QTextBrowser):
                 self._colours = colours
                 self._rerender()
 
+    def contextMenuEvent(self, event) -> None:
+        menu = self.createStandardContextMenu(event.pos())
+        index = self.item_at(event.pos())
+        links = self.actions_of(index) if index is not None else ()
+        if links:
+            menu.addSeparator()
+        for name, label in links:
+            action = menu.addAction(actions.menu_label(label))
+            action.setToolTip(actions.TIPS[name])
+            action.triggered.connect(lambda _=False, n=name, i=index: self.action_requested.emit(n, i))
+        menu.exec(event.globalPos())
+        menu.deleteLater()
+
+    def _on_anchor(self, url: QUrl) -> None:
+        action = actions.parse(url.toString())
+        if action is not None and action[1] < len(self._items):
+            self.action_requested.emit(*action)
+
     # -- rendering ----------------------------------------------------------------------------------
     def _pick_colours(self) -> OriginColours:
         return palette_for(self.palette().color(QPalette.ColorRole.Base).lightness() < 128)
 
-    def _rerender(self) -> None:
+    def _painter(self) -> BubblePainter:
+        return BubblePainter(self.document(), self._colours, self.font(), self._is_dark())
+
+    def _append(self, item, transient: bool) -> int:
+        previous = self._last_turn()
+        index = len(self._items)
+        self._items.append(item)
+        if transient:
+            self._transient.add(index)
+        with self._keep_bottom():
+            self._render_item(index)
+            if previous is not None:
+                self._refresh_row(previous)  # e.g. the last answer's Regenerate moves on
+        return index
+
+    def _push(self, item, frame: QTextFrame, transient: bool) -> int:
+        previous = self._last_turn()
+        index = len(self._items)
+        self._items.append(item)
+        self._frames.append(frame)
+        if transient:
+            self._transient.add(index)
+        if previous is not None:
+            self._refresh_row(previous)
+        return index
+
+    def _last_turn(self) -> int | None:
+        return next((i for i in range(len(self._items) - 1, -1, -1)
+                     if isinstance(self._items[i], Turn) and i not in self._transient), None)
+
+    def _rerender(self, keep_scroll: bool = False) -> None:
+        scroll = self.verticalScrollBar().value()
         self.document().clear()
-        self.records = []
-        self._stream = None
-        for turn in self._turns:
-            self._render_turn(turn)
+        self.records, self._frames, self._rows, self._stream = [], [], {}, None
+        for index in range(len(self._items)):
+            self._render_item(index)
         if self._live is not None:
-            self._stream = self._open_bubble("Assistant", self._colours.assistant_bubble)
+            self._stream = self._painter().open_bubble("Assistant", self._colours.assistant_bubble)
+            if self._live_note:
+                self._painter().write_note(self._stream, self._live_note)
             self._write_tokens(self._stream, self._live)
-        self._scroll_to_bottom()
-
-    def _render_turn(self, turn: Turn) -> None:
-        c = self._colours
-        if turn.role == "user":
-            cursor = self._open_bubble("You", c.user_bubble, indent_left=True)
-            cursor.insertText(turn.content, QTextCharFormat())
-        elif turn.role == "error":
-            cursor = self._open_bubble("Error", c.error_bubble)
-            fmt = QTextCharFormat()
-            fmt.setForeground(QColor(c.error_text))
-            cursor.insertText(turn.content, fmt)
+        if keep_scroll:
+            self.verticalScrollBar().setValue(scroll)
         else:
-            cursor = self._open_bubble("Assistant", c.assistant_bubble)
-            if turn.tokens:
-                self._write_tokens(cursor, list(turn.tokens))
-            else:
-                cursor.insertText(turn.content, QTextCharFormat())
-            if turn.summary:
-                self._write_summary(cursor, turn.summary)
+            self._scroll_to_bottom()
 
-    def _open_bubble(self, who: str, background: str, indent_left: bool = False) -> QTextCursor:
-        """A framed block at the end of the document with a small header; returns a cursor inside it."""
-        cursor = QTextCursor(self.document())
-        cursor.movePosition(QTextCursor.MoveOperation.End)
-        frame = QTextFrameFormat()
-        frame.setBackground(QColor(background))
-        frame.setPadding(10)
-        frame.setBorder(1)
-        frame.setBorderBrush(QColor(self._colours.muted).lighter(170) if not self._is_dark()
-                             else QColor(self._colours.muted).darker(200))
-        frame.setBorderStyle(QTextFrameFormat.BorderStyle.BorderStyle_Solid)
-        frame.setTopMargin(6)
-        frame.setBottomMargin(6)
-        frame.setLeftMargin(72 if indent_left else 0)
-        frame.setRightMargin(0 if indent_left else 72)
-        cursor.insertFrame(frame)
-        header = QTextCharFormat()
-        header.setFontWeight(QFont.Weight.Bold)
-        header.setForeground(QColor(self._colours.muted))
-        header.setFontPointSize(self._small_size())
-        cursor.insertText(who, header)
-        block = QTextBlockFormat()
-        block.setTopMargin(4)
-        cursor.insertBlock(block, QTextCharFormat())
-        return cursor
+    def _render_item(self, index: int) -> None:
+        item, c, paint = self._items[index], self._colours, self._painter()
+        if isinstance(item, Comparison):
+            cursor = paint.open_bubble(card_title(item), c.assistant_bubble, accent=c.bonus, header=False)
+            self._frames.append(cursor.currentFrame())
+            self._write_card(cursor, item)
+            return
+        if item.role == "user":
+            cursor = paint.open_bubble("You", c.user_bubble, indent_left=True)
+            paint.write_plain(cursor, item.content)
+        elif item.role == "error":
+            cursor = paint.open_bubble("Error", c.error_bubble)
+            paint.write_plain(cursor, item.content, c.error_text)
+        else:
+            cursor = paint.open_bubble("Assistant", c.assistant_bubble)
+            self._write_answer(cursor, item, index)
+        self._frames.append(cursor.currentFrame())
+        self._refresh_row(index)
+
+    def _write_answer(self, cursor: QTextCursor, turn: Turn, index: int) -> None:
+        paint = self._painter()
+        if turn.note:
+            paint.write_note(cursor, turn.note)
+        if index in self._markdown:
+            insert_markdown(cursor, turn.content, self._is_dark())
+        elif turn.tokens:
+            self._write_tokens(cursor, list(turn.tokens))
+        else:
+            paint.write_plain(cursor, turn.content)
+        if turn.summary:
+            paint.write_summary(cursor, turn.summary)
+
+    def _write_card(self, cursor: QTextCursor, card: Comparison) -> None:
+        paint = self._painter()
+        paint.write_header(cursor, card_title(card))
+        cursor.insertHtml(card_html(card, self._colours))
+
+    def _refresh_row(self, index: int) -> None:
+        """Show the actions that apply to an item now, rewriting its row in place when they changed."""
+        if index >= len(self._frames):
+            return
+        links = self.actions_of(index)
+        if links == self._rows.get(index, ()):
+            return
+        self._painter().replace_row(self._frames[index], links, index, had_row=index in self._rows)
+        if links:
+            self._rows[index] = links
+        else:
+            self._rows.pop(index, None)
 
     def _write_tokens(self, cursor: QTextCursor, records: list[TokenRecord]) -> None:
+        paint = self._painter()
         for rec in records:
             index = len(self.records)
             self.records.append(rec)
             if not rec.text or (rec.origin == "rejected" and not self.show_ghosts):
                 continue
-            cursor.insertText(rec.text, self._token_format(rec, index))
-
-    def _token_format(self, rec: TokenRecord, index: int) -> QTextCharFormat:
-        fmt = QTextCharFormat()
-        fmt.setAnchor(True)
-        fmt.setAnchorHref(f"t{index}")
-        colour = self._colours.of(rec.origin)
-        if colour:
-            fmt.setForeground(QColor(colour))
-        if rec.origin == "rejected":
-            fmt.setFontStrikeOut(True)
-        return fmt
-
-    def _write_summary(self, cursor: QTextCursor, text: str) -> None:
-        block = QTextBlockFormat()
-        block.setTopMargin(6)
-        fmt = QTextCharFormat()
-        fmt.setForeground(QColor(self._colours.muted))
-        fmt.setFontPointSize(self._small_size())
-        cursor.insertBlock(block, fmt)
-        cursor.insertText(text, fmt)
-
-    def _small_size(self) -> float:
-        size = self.font().pointSizeF()
-        return max(7.0, (size if size > 0 else 10.0) * 0.85)
+            cursor.insertText(rec.text, paint.token_format(rec, index))
 
     def _is_dark(self) -> bool:
         return self.palette().color(QPalette.ColorRole.Base).lightness() < 128

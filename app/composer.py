@@ -1,9 +1,15 @@
-"""Where the user writes: a multi-line input (Enter sends, Shift+Enter starts a new line), Send and Stop."""
+"""Where the user writes: a multi-line input (Enter sends, Shift+Enter starts a new line), Send and Stop.
+
+While an earlier message is being edited, a strip above the input says so and offers Cancel."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtGui import QTextCursor
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QToolButton, QVBoxLayout,
+                               QWidget)
+
+EDIT_TEXT = "Editing an earlier message: sending replaces it and drops everything after it."
 
 
 class MessageInput(QPlainTextEdit):
@@ -17,9 +23,32 @@ class MessageInput(QPlainTextEdit):
         super().keyPressEvent(event)
 
 
+class EditBar(QFrame):
+    """The strip shown while an earlier message is being edited."""
+
+    cancelled = Signal()
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.setObjectName("editBar")
+        self.setStyleSheet("#editBar { border-left: 3px solid #0969da; background: palette(alternate-base); }")
+        label = QLabel(EDIT_TEXT)
+        label.setWordWrap(True)
+        self.cancel = QToolButton()
+        self.cancel.setText("Cancel")
+        self.cancel.setAutoRaise(True)
+        self.cancel.setToolTip("Stop editing; the conversation stays as it is")
+        self.cancel.clicked.connect(self.cancelled)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(8, 2, 2, 2)
+        layout.addWidget(label, 1)
+        layout.addWidget(self.cancel)
+
+
 class Composer(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
+    edit_cancelled = Signal()
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -36,10 +65,17 @@ class Composer(QWidget):
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
         buttons.addStretch(1)
-        layout = QHBoxLayout(self)
+        self.edit_bar = EditBar()
+        self.edit_bar.hide()
+        self.edit_bar.cancelled.connect(self.cancel_edit)
+        row = QHBoxLayout()
+        row.addWidget(self.input, 1)
+        row.addLayout(buttons)
+        layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 6, 10, 10)
-        layout.addWidget(self.input, 1)
-        layout.addLayout(buttons)
+        layout.setSpacing(4)
+        layout.addWidget(self.edit_bar)
+        layout.addLayout(row)
         self.input.submit.connect(self._send)
         self.send_button.clicked.connect(self._send)
         self.stop_button.clicked.connect(self.stop_requested)
@@ -53,6 +89,26 @@ class Composer(QWidget):
         self.input.setPlaceholderText(hint or default)
         self.send_button.setEnabled(self._can_send)
         self.stop_button.setEnabled(generating)
+
+    @property
+    def editing(self) -> bool:
+        return not self.edit_bar.isHidden()
+
+    def begin_edit(self, text: str) -> None:
+        """Put an earlier message in the input to be edited and sent again."""
+        self.input.setPlainText(text)
+        self.input.moveCursor(QTextCursor.MoveOperation.End)
+        self.edit_bar.show()
+        self.input.setFocus()
+
+    def end_edit(self) -> None:
+        self.edit_bar.hide()
+
+    def cancel_edit(self) -> None:
+        if self.editing:
+            self.edit_bar.hide()
+            self.input.clear()
+            self.edit_cancelled.emit()
 
     def _send(self) -> None:
         text = self.input.toPlainText().strip()

@@ -44,6 +44,7 @@ class Turn:
     content: str
     tokens: tuple[TokenRecord, ...] = ()
     summary: str = ""
+    note: str = ""  # shown above an answer, e.g. that earlier turns were left out to fit the context
 
     def to_dict(self) -> dict:
         out = {"role": self.role, "content": self.content}
@@ -51,6 +52,8 @@ class Turn:
             out["tokens"] = [t.to_list() for t in self.tokens]
         if self.summary:
             out["summary"] = self.summary
+        if self.note:
+            out["note"] = self.note
         return out
 
     @classmethod
@@ -59,7 +62,7 @@ class Turn:
         if role not in ("user", "assistant", "error") or not isinstance(content, str):
             raise ValueError(f"bad turn {role!r}")
         tokens = tuple(TokenRecord.from_list(row) for row in data.get("tokens", ()))
-        return cls(role, content, tokens, str(data.get("summary", "")))
+        return cls(role, content, tokens, str(data.get("summary", "")), str(data.get("note", "")))
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,10 @@ class Conversation:
         if turn.role == "user" and not any(t.role == "user" for t in self.turns) and self.title == "New chat":
             title = make_title(turn.content)
         return replace(self, title=title, turns=self.turns + (turn,), updated=time.time())
+
+    def truncated(self, n: int) -> "Conversation":
+        """The first n turns (regenerating or editing drops what came after)."""
+        return replace(self, turns=self.turns[:n], updated=time.time())
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "id": self.id, "title": self.title, "created": self.created,

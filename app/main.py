@@ -69,16 +69,25 @@ def _delete(window) -> None:
 
 
 def _name_the_app(app) -> None:
-    from PySide6.QtGui import QIcon
-
     from engine.paths import APP_ID
 
     app.setApplicationName("Specula")
     app.setOrganizationName("Specula")
     app.setDesktopFileName(APP_ID)
-    icon = Path(__file__).with_name("resources") / "specula.svg"
-    if icon.exists():
-        app.setWindowIcon(QIcon(str(icon)))
+    app.setWindowIcon(app_icon())
+
+
+def app_icon():
+    """The SVG icon, with the PNG beside it (a bundle copies resources/specula.png there) for where
+    Qt's SVG plugin is missing."""
+    from PySide6.QtGui import QIcon
+
+    icon = QIcon()
+    for name in ("specula.svg", "specula.png"):
+        path = Path(__file__).with_name("resources") / name
+        if path.exists():
+            icon.addFile(str(path))
+    return icon
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 A file that cannot be read is moved aside (`settings.json.corrupt-<timestamp>`) and replaced by the
 defaults; the caller shows the notice. Out-of-range numbers are clamped, fields of the wrong type fall
 back to their defaults, unknown keys are ignored. Window geometry lives in QSettings, not here.
+
+Versions: 1 had no strategy options; 2 adds `lookup_min_n`, `lookup_max_n` and `exit_layer` (None: the
+engine's default). `migrate` brings an older file's dict up to date before it is read, so old files load.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from pathlib import Path
 
 from .storage import read_json, set_aside, write_json_atomic
 
-VERSION = 1
+VERSION = 2
 FILE_NAME = "settings.json"
 K_LIMIT = 16  # the engine's adaptive bound (DecodeConfig.k_max)
 MAX_NEW_TOKENS_LIMIT = 32768
@@ -34,13 +37,23 @@ class Settings:
     draft_source: str = ""  # empty: no draft model
     device: str = "auto"
     dtype: str = "auto"
+    # strategy options (None: the engine's default); sent with every request as GenerateRequest.options
+    lookup_min_n: int | None = None  # prompt lookup: shortest n-gram to match
+    lookup_max_n: int | None = None  # prompt lookup: longest n-gram to match
+    exit_layer: int | None = None  # layer skip: the layer the draft exits after
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def strategy_options(self) -> tuple[tuple[str, object], ...]:
+        """The engine's GenerateRequest.options: only the ones set (each drafter takes the ones it knows)."""
+        named = (("min_n", self.lookup_min_n), ("max_n", self.lookup_max_n), ("exit_layer", self.exit_layer))
+        return tuple((name, value) for name, value in named if value is not None)
+
     @classmethod
     def from_dict(cls, data: dict) -> tuple["Settings", list[str]]:
         """Settings from a parsed file, and the names of fields that were unusable (defaults used)."""
+        data = migrate(data)
         values, bad = {}, []
         for f in fields(cls):
             if f.name not in data or f.name == "version":
@@ -54,10 +67,30 @@ class Settings:
 
 
 _BAD = object()
+OPTIONAL_INTS = ("seed", "lookup_min_n", "lookup_max_n", "exit_layer")
+
+
+def _v1_to_v2(data: dict) -> dict:
+    """Version 2 added the strategy options; a version 1 file uses the engine's defaults for them."""
+    return {**data, "lookup_min_n": None, "lookup_max_n": None, "exit_layer": None, "version": 2}
+
+
+MIGRATIONS = {1: _v1_to_v2}  # version -> the step to the next version
+
+
+def migrate(data: dict) -> dict:
+    """An older file's fields brought up to VERSION (a file without a version is version 1)."""
+    version = data.get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool):
+        version = 1
+    while version in MIGRATIONS:
+        data = MIGRATIONS[version](data)
+        version += 1
+    return data
 
 
 def _coerce(name: str, value: object, default: object) -> object:
-    if name == "seed":
+    if name in OPTIONAL_INTS:
         return value if value is None or (isinstance(value, int) and not isinstance(value, bool)) else _BAD
     if isinstance(default, bool):
         return value if isinstance(value, bool) else _BAD
@@ -79,7 +112,17 @@ def clamp(s: Settings) -> Settings:
         top_k=max(s.top_k, 0),
         max_new_tokens=min(max(s.max_new_tokens, 1), MAX_NEW_TOKENS_LIMIT),
         model_source=s.model_source.strip() or "bundled",
+        **_clamped_options(s),
     )
+
+
+def _clamped_options(s: Settings) -> dict:
+    """Strategy options of at least 1 (smaller ones mean the default); n-gram bounds in order."""
+    low, high, exit_layer = (v if v is not None and v >= 1 else None
+                             for v in (s.lookup_min_n, s.lookup_max_n, s.exit_layer))
+    if low is not None and high is not None and low > high:
+        low, high = high, low
+    return {"lookup_min_n": low, "lookup_max_n": high, "exit_layer": exit_layer}
 
 
 @dataclass(frozen=True)

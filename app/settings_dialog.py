@@ -1,5 +1,6 @@
-"""The Settings dialog: the model and draft model to load, device and dtype, the system prompt and
-the sampling details that are not in the toolbar (top-p, top-k, seed)."""
+"""The Settings dialog: the model and draft model to load, device and dtype, the system prompt, the
+sampling details that are not in the toolbar (top-p, top-k, seed) and the strategies' options (prompt
+lookup's n-gram lengths, layer skip's exit layer; "default" leaves them to the engine)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ class SettingsDialog(QDialog):
         self.top_k = QSpinBox(minimum=0, maximum=100000, value=settings.top_k, specialValueText="off")
         self.seed = QSpinBox(minimum=-1, maximum=2**31 - 1, specialValueText="random",
                              value=-1 if settings.seed is None else settings.seed)
+        self.min_n = _option_spin(settings.lookup_min_n, 16, "Shortest n-gram prompt lookup matches (default 1)")
+        self.max_n = _option_spin(settings.lookup_max_n, 16, "Longest n-gram prompt lookup matches (default 4)")
+        self.exit_layer = _option_spin(settings.exit_layer, 256, "Layer skip drafts with the layers up to this "
+                                       "one (default: half the model's layers)")
         form = QFormLayout()
         form.addRow("Model", _with_browse(self.model, self))
         form.addRow("Draft model", _with_browse(self.draft, self))
@@ -44,7 +49,12 @@ class SettingsDialog(QDialog):
         form.addRow("Top-p", self.top_p)
         form.addRow("Top-k", self.top_k)
         form.addRow("Seed", self.seed)
-        note = QLabel("Changing the model, draft model, device or precision reloads the model.")
+        form.addRow(_section("Strategy options"))
+        form.addRow("Prompt lookup: min n", self.min_n)
+        form.addRow("Prompt lookup: max n", self.max_n)
+        form.addRow("Layer skip: exit layer", self.exit_layer)
+        note = QLabel("Changing the model, draft model, device or precision reloads the model; the other "
+                      "settings apply to the next message.")
         note.setWordWrap(True)
         note.setStyleSheet("color: palette(placeholder-text);")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
@@ -66,12 +76,32 @@ class SettingsDialog(QDialog):
             top_p=self.top_p.value(),
             top_k=self.top_k.value(),
             seed=None if self.seed.value() < 0 else self.seed.value(),
+            **self._options(),
         )
+
+    def _options(self) -> dict:
+        low, high, exit_layer = (spin.value() or None for spin in (self.min_n, self.max_n, self.exit_layer))
+        if low is not None and high is not None and low > high:
+            low, high = high, low
+        return {"lookup_min_n": low, "lookup_max_n": high, "exit_layer": exit_layer}
 
 
 def needs_reload(old: Settings, new: Settings) -> bool:
     keys = ("model_source", "draft_source", "device", "dtype")
     return any(getattr(old, k) != getattr(new, k) for k in keys)
+
+
+def _option_spin(value: int | None, maximum: int, tip: str) -> QSpinBox:
+    """0 shows as "default": the engine's own choice."""
+    spin = QSpinBox(minimum=0, maximum=maximum, specialValueText="default", value=value or 0)
+    spin.setToolTip(tip)
+    return spin
+
+
+def _section(title: str) -> QLabel:
+    label = QLabel(f"<b>{title}</b>")
+    label.setContentsMargins(0, 8, 0, 0)
+    return label
 
 
 def _combo(values, current: str) -> QComboBox:

@@ -2,32 +2,36 @@
 in a dock on the right, generation controls in the toolbar and the model's state in the status bar.
 
 It routes the engine's events (delivered on the GUI thread by `EngineBridge`): loading events update
-the state here, a reply's events go to `ChatController`. Nothing here imports torch; the engine is
-imported by the bridge's worker and, once a model is loaded, for its registry and requests.
+the state here, a reply's events go to `ChatController`, a comparison's to `CompareController`. The
+links under messages (`ChatView.action_requested`) and the Chat menu end up in `_on_action`. Nothing
+here imports torch; the engine is imported by the bridge's worker and, once a model is loaded, for its
+registry and requests.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QSizePolicy, QSplitter,
-                               QToolBar, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QSizePolicy,
+                               QSplitter, QToolBar, QVBoxLayout, QWidget)
 
+from . import actions
 from .bridge import EngineBridge, ModelChoice
 from .chat import ChatController
+from .compare import CompareController
 from .chatview import ChatView
 from .composer import Composer
 from .controls import Controls
 from .history import HistoryStore
+from .layout import restore_layout, save_layout
 from .legend import LegendBar
 from .notice import NoticeBar
 from .plots import PlotsPanel
 from .settings import Settings, SettingsStore
 from .sidebar import ConversationList
 
-DEFAULT_SIZE = (1280, 800)
 STATE_COLOURS = {"starting": "#8d96a0", "loading": "#d29922", "ready": "#2da44e", "generating": "#0969da",
                  "failed": "#cf222e"}
 
@@ -51,6 +55,8 @@ class MainWindow(QMainWindow):
         self.bridge = bridge or EngineBridge(parent=self)
         self._build_widgets()
         self.chat = ChatController(history or HistoryStore(), self.bridge, self.view, self.plots, self)
+        self.compare = CompareController(self.bridge, self.view, self.plots, self)
+        self._editing: tuple[str, object] | None = None  # (conversation id, the Turn being edited)
         self._build_menus()
         self._connect()
         self.controls.show_settings(self.settings)
@@ -59,7 +65,7 @@ class MainWindow(QMainWindow):
         for notice in self.chat.load():
             self.notices.add(notice)
         self._refresh_conversations()
-        self._restore_layout()
+        restore_layout(self)
         self._set_state("starting")
 
     # -- building -----------------------------------------------------------------------------------
@@ -105,6 +111,10 @@ class MainWindow(QMainWindow):
         spacer = QWidget()
         spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         bar.addWidget(spacer)
+        self.compare_action = QAction("Compare with plain decoding", self)
+        self.compare_action.setToolTip("Run the last prompt again without speculation and with the current "
+                                       "strategy (same seed): both speeds, the speedup, identical or not")
+        bar.addAction(self.compare_action)
         self.settings_action = QAction("Settings…", self)
         self.settings_action.setShortcut(QKeySequence.StandardKey.Preferences)
         bar.addAction(self.settings_action)
@@ -131,12 +141,18 @@ class MainWindow(QMainWindow):
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
         new_action = file_menu.addAction("New chat")
-        new_action.triggered.connect(self.chat.new_conversation)
+        new_action.setShortcut(QKeySequence.StandardKey.New)
+        new_action.triggered.connect(self._new_conversation)
         file_menu.addAction(self.settings_action)
         file_menu.addSeparator()
         quit_action = file_menu.addAction("Quit")
         quit_action.setShortcut(QKeySequence.StandardKey.Quit)
         quit_action.triggered.connect(self.close)
+        chat_menu = self.menuBar().addMenu("&Chat")
+        self.regenerate_action = chat_menu.addAction("Regenerate last answer")
+        self.regenerate_action.setShortcut(QKeySequence("Ctrl+R"))
+        self.regenerate_action.triggered.connect(lambda: self._on_action(actions.REGENERATE, -1))
+        chat_menu.addAction(self.compare_action)
         view_menu = self.menuBar().addMenu("&View")
         self.ghost_action = view_menu.addAction("Show rejected drafts")
         self.ghost_action.setCheckable(True)
@@ -149,16 +165,20 @@ class MainWindow(QMainWindow):
         self.bridge.event.connect(self._on_event)
         self.bridge.notice.connect(lambda text: self.statusBar().showMessage(text))
         self.composer.send_requested.connect(self.send_text)
-        self.composer.stop_requested.connect(self.chat.stop)
+        self.composer.stop_requested.connect(self._stop)
+        self.composer.edit_cancelled.connect(self._end_edit)
+        self.view.action_requested.connect(self._on_action)
+        self.compare_action.triggered.connect(self.compare_last)
         self.controls.changed.connect(self._controls_changed)
-        self.legend.ghosts_toggled.connect(self._set_ghosts)
-        self.ghost_action.toggled.connect(self._set_ghosts)
-        self.sidebar.new_requested.connect(self.chat.new_conversation)
-        self.sidebar.selected.connect(self.chat.select)
+        self.legend.ghosts_toggled.connect(self.set_ghosts)
+        self.ghost_action.toggled.connect(self.set_ghosts)
+        self.sidebar.new_requested.connect(self._new_conversation)
+        self.sidebar.selected.connect(self._select)
         self.sidebar.renamed.connect(self.chat.rename)
         self.sidebar.delete_requested.connect(self._confirm_delete)
         self.chat.conversations_changed.connect(self._refresh_conversations)
         self.chat.generating_changed.connect(self._generating_changed)
+        self.compare.running_changed.connect(self._generating_changed)
         self.settings_action.triggered.connect(self._open_settings)
 
     # -- the model ----------------------------------------------------------------------------------
@@ -169,9 +189,10 @@ class MainWindow(QMainWindow):
         self.bridge.load(ModelChoice(s.model_source, s.draft_source, s.device, s.dtype))
 
     def _on_event(self, event) -> None:
-        if self.chat.owns(event):
-            self.chat.on_event(event)
-            return
+        for controller in (self.chat, self.compare):
+            if controller.owns(event):
+                controller.on_event(event)
+                return
         kind = type(event).__name__
         if kind == "Loading":
             self.statusBar().showMessage(event.message)
@@ -204,19 +225,68 @@ class MainWindow(QMainWindow):
         if self.state in ("loading", "starting"):
             kept = f" The previous model ({self.loaded.target}) is still in use." if self.loaded else ""
             self._set_state("failed" if self.loaded is None else "ready")
-            self.view.add_turn(_error_turn(f"The model could not be loaded: {event.message.rstrip('.')}.{kept}"))
+            message = f"The model could not be loaded: {event.message.rstrip('.')}.{kept}"
+            self.view.add_turn(_error_turn(message), transient=True)
             self.model_failed.emit(event.message)
         else:
             self.notices.add(event.message)
 
     # -- chatting -----------------------------------------------------------------------------------
     def send_text(self, text: str) -> bool:
-        if self.state != "ready":
+        if self.state != "ready" or self.compare.running:
             return False
-        return self.chat.send(text, self.settings)
+        replace_from = None
+        if self._editing is not None and self._editing[0] == self.chat.current_id:
+            replace_from = self.chat.index_of(self._editing[1])
+        self._end_edit()
+        return self.chat.send(text, self.settings, replace_from)
+
+    def compare_last(self) -> bool:
+        """Compare plain decoding with the current strategy on the last prompt (a card in the chat)."""
+        if self.state != "ready" or self.chat.reply is not None:
+            return False
+        messages = self.chat.last_prompt(self.settings.system_prompt)
+        if not messages:
+            self.statusBar().showMessage("Send a message first: the comparison re-runs the last prompt.", 5000)
+            return False
+        return self.compare.start(messages, self.settings)
+
+    def _on_action(self, name: str, index: int) -> None:
+        """A link under a message, its context menu, or the Chat menu (index -1: the last answer)."""
+        item = self.view.item(index)
+        if name == actions.COPY and item is not None:
+            QApplication.clipboard().setText(item.content)
+            self.statusBar().showMessage("Answer copied to the clipboard", 3000)
+        elif name == actions.MARKDOWN:
+            self.view.toggle_markdown(index)
+        elif name in (actions.REGENERATE, actions.RETRY) and self.state == "ready" and not self.compare.running:
+            self._end_edit()
+            self.chat.regenerate(self.settings)
+        elif name == actions.EDIT and item is not None and self.chat.index_of(item) is not None:
+            self._editing = (self.chat.current_id, item)
+            self.composer.begin_edit(item.content)
+
+    def _end_edit(self) -> None:
+        self._editing = None
+        self.composer.end_edit()
+
+    def _stop(self) -> None:
+        self.chat.stop()
+        self.compare.stop()
+
+    def _new_conversation(self) -> None:
+        if not self.compare.running:
+            self._end_edit()
+            self.chat.new_conversation()
+
+    def _select(self, conversation_id: str) -> None:
+        if conversation_id != self.chat.current_id:
+            self._end_edit()
+        self.chat.select(conversation_id)
 
     def _generating_changed(self, generating: bool) -> None:
         self.sidebar.setEnabled(not generating)
+        self._update_actions()
         if generating:
             self._set_state("generating")
         elif self.state == "generating":  # not while a reload that stopped the reply is under way
@@ -238,7 +308,7 @@ class MainWindow(QMainWindow):
         except OSError as exc:
             self.notices.add(f"Settings could not be saved: {exc}")
 
-    def _set_ghosts(self, show: bool) -> None:
+    def set_ghosts(self, show: bool) -> None:
         for widget in (self.legend.ghosts, self.ghost_action):
             widget.blockSignals(True)
             widget.setChecked(show)
@@ -266,7 +336,14 @@ class MainWindow(QMainWindow):
         if answer == QMessageBox.StandardButton.Yes:
             self.chat.delete(conversation_id)
 
+    def _update_actions(self) -> None:
+        idle = self.state == "ready" and self.chat.reply is None and not self.compare.running
+        has_prompt = self.chat.current_id is not None and self.chat.last_user_index() is not None
+        self.compare_action.setEnabled(idle and has_prompt)
+        self.regenerate_action.setEnabled(idle and has_prompt)
+
     def _refresh_conversations(self) -> None:
+        self._update_actions()
         self.sidebar.show_conversations(self.chat.ordered(), self.chat.current_id)
         if self.chat.current_id is not None:
             self.setWindowTitle(f"{self.chat.current.title} — Specula")
@@ -277,6 +354,7 @@ class MainWindow(QMainWindow):
         hint = "The model could not be loaded: choose another in Settings…" if state == "failed" else None
         self.composer.set_state(ready=state in ("ready", "generating"), generating=state == "generating", hint=hint)
         self.controls.setEnabled(state in ("ready", "generating"))
+        self._update_actions()
         self.busy.setVisible(state in ("starting", "loading", "generating"))
         self._update_status()
 
@@ -292,27 +370,8 @@ class MainWindow(QMainWindow):
                           "speculative decoding at work.<br>Apache-2.0.")
 
     # -- geometry -----------------------------------------------------------------------------------
-    def _qsettings(self) -> QSettings:
-        """Geometry and dock state, next to settings.json (QSettings only for the window's layout)."""
-        return QSettings(str(self.settings_store.path.parent / "window.ini"), QSettings.Format.IniFormat)
-
-    def _restore_layout(self) -> None:
-        q = self._qsettings()
-        self.resize(*DEFAULT_SIZE)
-        for key, restore in (("geometry", self.restoreGeometry), ("state", self.restoreState),
-                             ("splitter", self.splitter.restoreState)):
-            value = q.value(key)
-            if isinstance(value, QByteArray):
-                restore(value)
-        self._set_ghosts(q.value("show_ghosts", True, type=bool))
-
     def save_layout(self) -> None:
-        q = self._qsettings()
-        q.setValue("geometry", self.saveGeometry())
-        q.setValue("state", self.saveState())
-        q.setValue("splitter", self.splitter.saveState())
-        q.setValue("show_ghosts", self.view.show_ghosts)
-        q.sync()
+        save_layout(self)
 
     def closeEvent(self, event) -> None:
         self.save_layout()

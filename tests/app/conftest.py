@@ -100,3 +100,49 @@ def wait_reply(qtbot, window, timeout=60_000):
     with qtbot.waitSignal(window.chat.reply_finished, timeout=timeout) as blocker:
         pass
     return blocker.args
+
+
+def action_links(view) -> list[tuple[str, int, int]]:
+    """(action name, item index, document position) of every action link in the transcript."""
+    from app import actions
+
+    out = []
+    block = view.document().begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fragment = it.fragment()
+            parsed = actions.parse(fragment.charFormat().anchorHref()) if fragment.isValid() else None
+            if parsed:
+                out.append((*parsed, fragment.position() + fragment.length() // 2))
+            it += 1
+        block = block.next()
+    return out
+
+
+def click_link(qtbot, view, name: str, which: int = -1) -> int:
+    """Click an action link (the last one of that name unless told) as a user would; returns its item."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QTextCursor
+
+    links = [link for link in action_links(view) if link[0] == name]
+    assert links, f"no {name} link in the transcript"
+    _, index, position = links[which]
+    cursor = QTextCursor(view.document())
+    cursor.setPosition(position)
+    view.setTextCursor(cursor)
+    view.ensureCursorVisible()
+    point = view.cursorRect(cursor).center()
+    assert view.anchorAt(point).startswith("act:")
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=point)
+    return index
+
+
+def snap(widget, name: str) -> None:
+    """Save a PNG of a widget to $SPECULA_SHOTS/<name>.png when that variable is set (to look at it)."""
+    import os
+
+    folder = os.environ.get("SPECULA_SHOTS")
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        widget.grab().save(os.path.join(folder, f"{name}.png"), "PNG")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -97,3 +98,74 @@ def test_toolbar_changes_are_saved_but_command_line_choices_are_not(make_window,
     assert saved.k == 9
     assert saved.strategy == Settings().strategy and saved.max_new_tokens == Settings().max_new_tokens
     assert w.settings.strategy == "none" and w.settings.k == 9
+
+
+V1_FILE = {"version": 1, "strategy": "layer-skip", "k": 6, "adaptive_k": True, "temperature": 0.3, "top_p": 0.9,
+           "top_k": 20, "seed": 5, "max_new_tokens": 128, "system_prompt": "Be kind.", "model_source": "bundled",
+           "draft_source": "", "device": "cpu", "dtype": "fp32"}
+
+
+def test_a_version_1_file_still_loads_and_is_saved_as_the_current_version(tmp_path):
+    store = SettingsStore(tmp_path)
+    store.path.write_text(json.dumps(V1_FILE))
+    loaded = store.load()
+    s = loaded.settings
+    assert loaded.notice is None and s.version == VERSION == 2
+    assert {k: getattr(s, k) for k in V1_FILE if k != "version"} == {k: v for k, v in V1_FILE.items() if k != "version"}
+    assert (s.lookup_min_n, s.lookup_max_n, s.exit_layer) == (None, None, None)
+    assert s.strategy_options() == ()
+    store.save(s)
+    data = json.loads(store.path.read_text())
+    assert data["version"] == 2 and data["exit_layer"] is None and "lookup_min_n" in data
+
+
+def test_strategy_options_round_trip_and_are_kept_usable(tmp_path):
+    store = SettingsStore(tmp_path)
+    s = Settings(lookup_min_n=2, lookup_max_n=5, exit_layer=12)
+    store.save(s)
+    assert store.load().settings == s
+    assert s.strategy_options() == (("min_n", 2), ("max_n", 5), ("exit_layer", 12))
+    store.path.write_text(json.dumps({"version": 2, "lookup_min_n": 6, "lookup_max_n": 3, "exit_layer": 0}))
+    loaded = store.load().settings
+    assert (loaded.lookup_min_n, loaded.lookup_max_n, loaded.exit_layer) == (3, 6, None)
+    store.path.write_text(json.dumps({"version": 2, "lookup_min_n": "two"}))
+    loaded = store.load()
+    assert loaded.settings.lookup_min_n is None and "lookup_min_n" in loaded.notice
+
+
+def test_strategy_options_from_the_dialog_reach_the_engine(make_window, qtbot, monkeypatch, tmp_path, tiny_session):
+    from app.settings_dialog import SettingsDialog
+
+    from .conftest import snap, wait_reply
+
+    w = make_window(strategy="prompt-lookup", max_new_tokens=12)
+    loads = []
+    w.model_ready.connect(lambda: loads.append(1))
+
+    def edit_and_accept(dialog):
+        assert dialog.min_n.text() == "default" and dialog.exit_layer.text() == "default"
+        dialog.min_n.setValue(2)
+        dialog.max_n.setValue(3)
+        dialog.exit_layer.setValue(1)
+        dialog.adjustSize()
+        snap(dialog, "settings")
+        return True
+
+    monkeypatch.setattr(SettingsDialog, "exec", edit_and_accept)
+    w.settings_action.trigger()
+    assert w.state == "ready" and not loads  # strategy options need no reload
+    saved = SettingsStore(tmp_path / "config").load().settings
+    assert (saved.lookup_min_n, saved.lookup_max_n, saved.exit_layer) == (2, 3, 1)
+    sent = []
+    send = w.bridge.send
+    w.bridge.send = lambda request: sent.append(request) or send(request)
+    w.send_text("hello hello hello")
+    ok, _ = wait_reply(qtbot, w)
+    assert ok and sent[-1].options == (("min_n", 2), ("max_n", 3), ("exit_layer", 1))
+    lookup = [d for d in tiny_session._drafters.values() if getattr(d, "name", "") == "prompt-lookup"]
+    assert lookup and (lookup[-1].min_n, lookup[-1].max_n) == (2, 3)
+    # an exit layer the model does not have: the engine's message, in the chat
+    w.settings = replace(w.settings, strategy="layer-skip", exit_layer=9)
+    w.send_text("hello")
+    ok, failed = wait_reply(qtbot, w)
+    assert not ok and "exit layer" in failed.message and "exit layer" in w.view.toPlainText()

@@ -1,0 +1,168 @@
+"""Compare with plain decoding: the last prompt again, first with strategy `none`, then with the current
+strategy, with the same seed and settings, back to back; then both decode rates, the measured speedup
+(the ratio of the two rates) and whether the outputs are the same token ids.
+
+The result is a card in the transcript, not a turn of the conversation: it is not saved and not sent to
+the model (switching conversations clears it). The runs feed the live plots like any answer.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+
+from PySide6.QtCore import QObject, Signal
+
+from .fit import drop_oldest, is_context_error
+from .settings import Settings
+
+PLAIN = "none"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One side of a comparison."""
+
+    strategy: str
+    token_ids: tuple[int, ...]
+    new_tokens: int
+    tokens_per_s: float
+    acceptance: float | None
+    reason: str
+
+    @classmethod
+    def of(cls, strategy: str, finished) -> RunResult:
+        t = finished.totals
+        return cls(strategy, tuple(finished.token_ids), t.new_tokens, t.tokens_per_s, t.acceptance_rate,
+                   finished.reason)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    strategy: str  # the speculative side
+    seed: int
+    temperature: float
+    plain: RunResult | None = None
+    fast: RunResult | None = None
+    running: str | None = None  # the strategy generating now
+    error: str = ""  # why it ended early ("stopped" or the engine's message)
+    dropped: int = 0  # oldest messages left out to fit the context window
+
+    @property
+    def done(self) -> bool:
+        return self.plain is not None and self.fast is not None
+
+    @property
+    def speedup(self) -> float | None:
+        """Measured: the speculative decode rate over the plain one."""
+        if not self.done or self.plain.tokens_per_s <= 0 or self.fast.tokens_per_s <= 0:
+            return None
+        return self.fast.tokens_per_s / self.plain.tokens_per_s
+
+    @property
+    def identical(self) -> bool | None:
+        return self.plain.token_ids == self.fast.token_ids if self.done else None
+
+    @property
+    def first_difference(self) -> int | None:
+        """The index of the first token where the outputs part (None when identical or not done)."""
+        if not self.done or self.identical:
+            return None
+        pairs = zip(self.plain.token_ids, self.fast.token_ids)
+        return next((i for i, (a, b) in enumerate(pairs) if a != b),
+                    min(len(self.plain.token_ids), len(self.fast.token_ids)))
+
+
+class CompareController(QObject):
+    running_changed = Signal(bool)
+    finished = Signal(object)  # the final Comparison
+
+    def __init__(self, bridge, view, plots, parent=None) -> None:
+        super().__init__(parent)
+        self.bridge, self.view, self.plots = bridge, view, plots
+        self.card: Comparison | None = None
+        self._index = -1  # the card's place in the transcript
+        self._messages: tuple = ()
+        self._settings: Settings | None = None
+        self._request_id: int | None = None
+        self._started = False
+
+    @property
+    def running(self) -> bool:
+        return self.card is not None
+
+    def start(self, messages: tuple, settings: Settings) -> bool:
+        """Compare on these messages (ending with the user's); False when there is nothing to compare."""
+        if self.running or not messages or messages[-1].role != "user":
+            return False
+        seed = settings.seed if settings.seed is not None else random.randrange(2**31)
+        self._settings = replace(settings, seed=seed)
+        self._messages = tuple(messages)
+        self.card = Comparison(settings.strategy, seed, settings.temperature, running=PLAIN)
+        self._index = self.view.add_card(self.card)
+        self.running_changed.emit(True)
+        self._send(PLAIN)
+        return True
+
+    def stop(self) -> None:
+        if self.running:
+            self.bridge.stop()
+
+    def owns(self, event) -> bool:
+        return self.running and event.request_id == self._request_id
+
+    def on_event(self, event) -> None:
+        kind = type(event).__name__
+        if kind == "Started":
+            self._started = True
+            self.plots.begin()
+        elif kind == "Step":
+            self.plots.add_step(event)
+        elif kind == "Finished":
+            self.plots.finish(event)
+            self._finished(event)
+        elif kind == "Failed":
+            self._failed(event)
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _send(self, strategy: str) -> None:
+        from .chat import build_request
+
+        self._started = False
+        self._update(running=strategy)
+        try:
+            request = build_request(self._messages, replace(self._settings, strategy=strategy))
+        except ValueError as exc:  # the engine's SpeculaError: a setting it refuses
+            self._end(error=str(exc))
+            return
+        self._request_id = self.bridge.send(request)
+
+    def _finished(self, finished) -> None:
+        card = self.card
+        if finished.reason == "cancelled":
+            self._end(error="stopped")
+        elif card.running == PLAIN:
+            self._update(plain=RunResult.of(PLAIN, finished))
+            self._send(card.strategy)
+        else:
+            self._update(fast=RunResult.of(card.strategy, finished))
+            self._end()
+
+    def _failed(self, failed) -> None:
+        shorter = drop_oldest(self._messages) if not self._started and is_context_error(failed) else None
+        if shorter is None:
+            self._end(error=failed.message)
+            return
+        self._update(dropped=self.card.dropped + len(self._messages) - len(shorter))
+        self._messages = shorter
+        self._send(self.card.running)
+
+    def _update(self, **changes) -> None:
+        self.card = replace(self.card, **changes)
+        self.view.update_card(self._index, self.card)
+
+    def _end(self, error: str = "") -> None:
+        self._update(running=None, error=error)
+        card, self.card, self._request_id = self.card, None, None
+        self.running_changed.emit(False)
+        self.finished.emit(card)

@@ -1,0 +1,177 @@
+"""The links under messages, driven through the real Runner on a tiny random model: Regenerate the last
+answer, Edit and resend a user message, Copy an answer without its ghost text, and switch an answer
+between coloured tokens and rendered Markdown."""
+
+from __future__ import annotations
+
+import re
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QTextFormat
+from PySide6.QtWidgets import QApplication
+
+from app import actions
+from app.history import Conversation, HistoryStore, TokenRecord, Turn
+
+from .conftest import action_links, click_link, snap, wait_reply
+
+
+def roles(window) -> list[str]:
+    return [t.role for t in window.chat.current.turns]
+
+
+def saved_turns(tmp_path, window) -> list[Turn]:
+    found, _ = HistoryStore(tmp_path / "history").load_all()
+    return list(next(c for c in found if c.id == window.chat.current_id).turns)
+
+
+def test_regenerate_drops_the_last_answer_and_answers_again_with_the_current_strategy(make_window, qtbot, tmp_path):
+    w = make_window(strategy="none", max_new_tokens=20)
+    w.send_text("hello there")
+    wait_reply(qtbot, w)
+    first = w.chat.current.turns[-1]
+    assert first.summary.startswith("none")
+    assert [name for name, *_ in action_links(w.view)] == ["edit", "copy", "markdown", "regenerate"]
+    combo = w.controls.strategy
+    combo.setCurrentIndex(combo.findData("draft-model"))
+    combo.activated.emit(combo.currentIndex())
+    click_link(qtbot, w.view, actions.REGENERATE)
+    assert w.state == "generating"
+    ok, finished = wait_reply(qtbot, w)
+    assert ok and roles(w) == ["user", "assistant"]
+    answer = w.chat.current.turns[-1]
+    assert answer is not first and answer.summary.startswith("draft-model") and answer.content == finished.text
+    assert w.view.toPlainText().count("Assistant") == 1
+    assert [t.role for t in saved_turns(tmp_path, w)] == ["user", "assistant"]
+    # only the last answer offers Regenerate, and it moves on when the conversation grows
+    w.send_text("and again")
+    wait_reply(qtbot, w)
+    links = action_links(w.view)
+    assert [index for name, index, _ in links if name == "regenerate"] == [3]
+    assert w.regenerate_action.isEnabled()
+    snap(w, "regenerated")
+
+
+def test_edit_puts_the_message_in_the_composer_and_sending_replaces_it(make_window, qtbot, tmp_path, tiny_session):
+    w = make_window(strategy="prompt-lookup", max_new_tokens=12)
+    for text in ("the first message", "the second message"):
+        w.send_text(text)
+        wait_reply(qtbot, w)
+    assert roles(w) == ["user", "assistant"] * 2
+    index = click_link(qtbot, w.view, actions.EDIT, which=0)
+    assert index == 0
+    assert w.composer.input.toPlainText() == "the first message" and w.composer.editing
+    snap(w, "editing")
+    w.composer.input.selectAll()
+    qtbot.keyClicks(w.composer.input, "an edited message")
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    ok, _ = wait_reply(qtbot, w)
+    assert ok and roles(w) == ["user", "assistant"] and not w.composer.editing
+    assert w.chat.current.turns[0].content == "an edited message"
+    assert tiny_session.target.tokenizer.conversations[-1] == [{"role": "user", "content": "an edited message"}]
+    assert "the second message" not in w.view.toPlainText()
+    assert [t.content for t in saved_turns(tmp_path, w) if t.role == "user"] == ["an edited message"]
+
+
+def test_cancelling_an_edit_keeps_the_conversation(make_window, qtbot):
+    w = make_window(strategy="none", max_new_tokens=8)
+    w.send_text("keep me")
+    wait_reply(qtbot, w)
+    click_link(qtbot, w.view, actions.EDIT)
+    assert w.composer.editing
+    qtbot.mouseClick(w.composer.edit_bar.cancel, Qt.MouseButton.LeftButton)
+    assert not w.composer.editing and w.composer.input.toPlainText() == ""
+    w.send_text("a new message")
+    wait_reply(qtbot, w)
+    assert [t.content for t in w.chat.current.turns if t.role == "user"] == ["keep me", "a new message"]
+
+
+def test_copy_puts_the_answer_without_ghost_text_on_the_clipboard(make_window, qtbot):
+    w = make_window(strategy="draft-model", max_new_tokens=120)
+    w.send_text("hello there, tell me a story about a cat")
+    ok, finished = wait_reply(qtbot, w)
+    assert ok and any(r.origin == "rejected" for r in w.view.records)
+    QApplication.clipboard().clear()
+    click_link(qtbot, w.view, actions.COPY)
+    copied = QApplication.clipboard().text()
+    assert copied == finished.text
+    assert copied == "".join(r.text for r in w.view.records if r.origin != "rejected")
+    assert "copied" in w.statusBar().currentMessage()
+
+
+def markdown_conversation() -> Conversation:
+    text = "# Rain\n\nA *short* poem with `code`:\n\n```python\nprint('drip')\n```\n\n- one\n- two\n"
+    tokens = tuple(TokenRecord(piece, "target") for piece in re.findall(r"\s*\S+", text))
+    return Conversation("md", "Markdown", turns=(Turn("user", "a poem please"), Turn("assistant", text, tokens,
+                                                                                       "none · 9 tokens")))
+
+
+def code_blocks(document) -> list[str]:
+    out, block = [], document.begin()
+    while block.isValid():
+        if block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence):
+            out.append(block.text())
+        block = block.next()
+    return out
+
+
+def test_an_answer_switches_between_tokens_and_rendered_markdown(make_window, qtbot, tmp_path):
+    HistoryStore(tmp_path / "history").save(markdown_conversation())
+    w = make_window(strategy="draft-model", max_new_tokens=30)
+    assert w.chat.current_id == "md" and "# Rain" in w.view.toPlainText()
+    w.send_text("another one")
+    ok, finished = wait_reply(qtbot, w)
+    assert ok
+    tokens_before = len(w.view.records)
+    index = click_link(qtbot, w.view, actions.MARKDOWN, which=0)
+    assert index == 1 and w.view.is_markdown(1) and not w.view.is_markdown(3)
+    text = w.view.toPlainText()
+    assert "# Rain" not in text and "Rain" in text and "```" not in text and "*short*" not in text
+    assert code_blocks(w.view.document()) == ["print('drip')"]
+    md_tokens = len(markdown_conversation().turns[1].tokens)
+    assert len(w.view.records) == tokens_before - md_tokens  # the other answer keeps its coloured tokens
+    assert {r.origin for r in w.view.records} >= {"draft", "rejected"}
+    assert [name for name, i, _ in action_links(w.view) if i == 1] == ["copy", "markdown"]
+    assert "Tokens" in text
+    snap(w, "markdown")
+    click_link(qtbot, w.view, actions.MARKDOWN, which=0)
+    assert not w.view.is_markdown(1) and "# Rain" in w.view.toPlainText() and len(w.view.records) == tokens_before
+    assert code_blocks(w.view.document()) == []
+    # the reply just generated can be shown as Markdown too
+    click_link(qtbot, w.view, actions.MARKDOWN)
+    assert w.view.is_markdown(3) and len(w.view.records) == md_tokens and finished.text in w.view.toPlainText()
+
+
+def test_the_context_menu_offers_the_same_actions(make_window, qtbot):
+    from PySide6.QtCore import QTimer
+    from PySide6.QtGui import QContextMenuEvent
+
+    w = make_window(strategy="none", max_new_tokens=8)
+    w.send_text("hello")
+    wait_reply(qtbot, w)
+    assert w.view.actions_of(0) == ((actions.EDIT, "Edit"),)
+    assert [name for name, _ in w.view.actions_of(1)] == ["copy", "markdown", "regenerate"]
+    point = w.view.cursorRect(_cursor_at(w.view, action_links(w.view)[-1][2])).center()
+    assert w.view.item_at(point) == 1
+    seen = []
+
+    def pick_regenerate():
+        menu = QApplication.activePopupWidget()
+        seen.extend(a.text() for a in menu.actions())
+        next(a for a in menu.actions() if a.text() == "Regenerate answer").trigger()
+        menu.close()
+
+    QTimer.singleShot(200, pick_regenerate)
+    global_point = w.view.viewport().mapToGlobal(point)
+    w.view.contextMenuEvent(QContextMenuEvent(QContextMenuEvent.Reason.Mouse, point, global_point))
+    assert {"Copy answer", "Show as Markdown", "Regenerate answer"} <= set(seen)
+    ok, _ = wait_reply(qtbot, w)
+    assert ok and roles(w) == ["user", "assistant"]
+
+
+def _cursor_at(view, position):
+    from PySide6.QtGui import QTextCursor
+
+    cursor = QTextCursor(view.document())
+    cursor.setPosition(position)
+    return cursor

@@ -1,0 +1,102 @@
+"""Compare with plain decoding, through the real Runner on a tiny random model: the last prompt runs
+with `none` and with the current strategy, same seed, back to back; the card shows both rates, their
+ratio and whether the token ids are identical; the conversation itself is left as it was."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from app.compare import Comparison, RunResult
+
+from .conftest import snap, wait_reply
+
+
+def spy_requests(window) -> list:
+    sent = []
+    send = window.bridge.send
+
+    def spy(request):
+        sent.append(request)
+        return send(request)
+
+    window.bridge.send = spy
+    return sent
+
+
+def run_compare(qtbot, window) -> Comparison:
+    with qtbot.waitSignal(window.compare.finished, timeout=60_000) as blocker:
+        window.compare_action.trigger()
+    return blocker.args[0]
+
+
+def test_compare_runs_plain_then_the_strategy_with_the_same_seed(make_window, qtbot, tmp_path):
+    w = make_window(strategy="draft-model", max_new_tokens=40)
+    assert not w.compare_action.isEnabled()  # nothing to compare yet
+    w.send_text("hello there, tell me a story about a cat")
+    wait_reply(qtbot, w)
+    turns_before = w.chat.current.turns
+    saved_before = (tmp_path / "history" / f"{w.chat.current_id}.json").read_text()
+    assert w.compare_action.isEnabled()
+    sent = spy_requests(w)
+    card = run_compare(qtbot, w)
+    assert [r.strategy for r in sent] == ["none", "draft-model"]
+    assert sent[0].messages == sent[1].messages and sent[0].messages[-1].content.startswith("hello there")
+    assert sent[0].config.seed == sent[1].config.seed == card.seed is not None
+    assert card.done and not card.error and card.plain.strategy == "none" and card.fast.strategy == "draft-model"
+    assert card.identical  # greedy in fp32: speculation is lossless
+    assert card.speedup == pytest.approx(card.fast.tokens_per_s / card.plain.tokens_per_s)
+    text = w.view.toPlainText()
+    assert "Compare: plain decoding vs draft-model" in text and "identical outputs" in text
+    assert f"{card.speedup:.2f}×" in text and f"{card.plain.tokens_per_s:.1f}" in text
+    assert f"{card.fast.tokens_per_s:.1f}" in text
+    # a card, not a turn: the conversation and its file are unchanged, and the chat goes on
+    assert w.chat.current.turns == turns_before
+    assert (tmp_path / "history" / f"{w.chat.current_id}.json").read_text() == saved_before
+    assert w.state == "ready" and w.composer.send_button.isEnabled()
+    snap(w, "compare")
+    w.send_text("and another")
+    ok, _ = wait_reply(qtbot, w)
+    assert ok and "Compare: plain decoding vs draft-model" in w.view.toPlainText()
+
+
+def test_the_compare_card_says_when_outputs_differ():
+    plain = RunResult("none", (1, 2, 3, 4), 4, 10.0, None, "length")
+    fast = RunResult("draft-model", (1, 2, 9, 4), 4, 25.0, 0.5, "length")
+    card = Comparison("draft-model", 7, 0.8, plain, fast)
+    assert card.speedup == pytest.approx(2.5) and card.identical is False and card.first_difference == 2
+    from app.comparecard import card_html
+    from app.theme import LIGHT
+
+    html = card_html(card, LIGHT)
+    assert "outputs differ" in html and "from token 3" in html and "2.50×" in html and "Sampling" in html
+
+
+def test_stop_ends_a_comparison(make_window, qtbot, tiny_session):
+    w = make_window(strategy="prompt-lookup", max_new_tokens=300)
+    w.send_text("hello hello hello")
+    wait_reply(qtbot, w)
+    hold, release = threading.Event(), threading.Event()
+    generate = tiny_session.generate
+
+    def held(*args, **kwargs):  # hold the worker after step 3 until Stop was pressed
+        for event in generate(*args, **kwargs):
+            yield event
+            if type(event).__name__ == "Step" and event.step == 3:
+                hold.set()
+                release.wait(30)
+
+    tiny_session.generate = held
+    w.compare_action.trigger()
+    qtbot.waitUntil(hold.is_set, timeout=60_000)
+    qtbot.waitUntil(lambda: "running…" in w.view.toPlainText(), timeout=10_000)
+    snap(w, "compare-running")
+    assert w.state == "generating" and w.composer.stop_button.isEnabled() and not w.send_text("not now")
+    assert not w.compare_action.isEnabled() and not w.regenerate_action.isEnabled()
+    with qtbot.waitSignal(w.compare.finished, timeout=60_000) as blocker:
+        w.composer.stop_button.click()
+        release.set()
+    card = blocker.args[0]
+    assert card.error == "stopped" and card.plain is None and "Stopped." in w.view.toPlainText()
+    assert w.state == "ready" and w.compare_action.isEnabled()

