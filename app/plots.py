@@ -7,6 +7,8 @@ buffers into the curves while a generation runs, so a burst of steps costs one r
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QTimer, Qt
@@ -84,6 +86,10 @@ class PlotsPanel(QWidget):
             self.plots[key].setYRange(0, 1.05, padding=0)
         for key, plot in self.plots.items():  # whole-number axes: keep short runs from fractional ticks
             plot.setLimits(minXRange=4 if key in ("lengths", "positions") else 10)
+            # ranges move in coarse steps (see _fit_ranges): redrawing the axes every frame costs the
+            # GUI thread more than the curves, and the engine thread waits for the interpreter meanwhile
+            plot.disableAutoRange()
+        self._ranges: dict[str, tuple[float, float, float, float]] = {}
         p = self.plots
         self.curves = {
             "acceptance": p["acceptance"].plot(pen=None, symbol="o", symbolSize=5, symbolPen=None),
@@ -176,8 +182,33 @@ class PlotsPanel(QWidget):
         self.curves["baseline"].setData(s["tps_step"].values(), baseline, connect="finite")
         self.curves["speedup"].setData(s["speed_step"].values(), s["speedup"].values())
         self._refresh_bars()
+        self._fit_ranges()
         self._refresh_stats(finished)
         self._dirty = False
+
+    def _fit_ranges(self) -> None:
+        """Axis ranges that cover the data and change only when it outgrows them."""
+        s = self.series
+        last_step = max((float(v.max()) for v in (s[k].values() for k in ("step", "tps_step", "speed_step")) if len(v)),
+                        default=0.0)
+        x_max = _ceil_to(max(last_step, 8), 32)
+        tps = np.concatenate([s["tps"].values(), s["baseline"].values()])
+        tps = tps[np.isfinite(tps)]
+        speed = s["speedup"].values()
+        speed = speed[np.isfinite(speed)]
+        m = self.metrics
+        counts = np.bincount(np.asarray(m.accepted_lengths, dtype=int)) if m is not None and m.accepted_lengths else []
+        positions = len(m.per_position) if m is not None else 0
+        self._set_range("acceptance", 0, x_max, 0, 1.05)
+        self._set_range("tps", 0, x_max, 0, _ceil_to(1.15 * (tps.max() if len(tps) else 10), 10))
+        self._set_range("speedup", 0, x_max, 0, max(1.5, _ceil_to(1.15 * (speed.max() if len(speed) else 1), 0.5)))
+        self._set_range("lengths", -0.6, max(4, len(counts)) - 0.4, 0, _ceil_to(max(counts, default=1) * 1.1, 8))
+        self._set_range("positions", 0.4, max(4, positions) + 0.6, 0, 1.05)
+
+    def _set_range(self, key: str, x0: float, x1: float, y0: float, y1: float) -> None:
+        if self._ranges.get(key) != (x0, x1, y0, y1):
+            self._ranges[key] = (x0, x1, y0, y1)
+            self.plots[key].setRange(xRange=(x0, x1), yRange=(y0, y1), padding=0)
 
     def _tick(self) -> None:
         if self._dirty:
@@ -215,3 +246,7 @@ class PlotsPanel(QWidget):
             return None
         cost = self.baseline.per_token(context_len)
         return 1.0 / cost if cost > 0 else None
+
+
+def _ceil_to(value: float, step: float) -> float:
+    return step * max(1, math.ceil(float(value) / step))
