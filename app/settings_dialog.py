@@ -21,14 +21,14 @@ class SettingsDialog(QDialog):
         self.setWindowTitle("Settings")
         self.setMinimumWidth(520)
         self._settings = settings
-        from engine.loading import DEVICES, DTYPES  # the engine is loaded by the time this opens
+        from engine.paths import DEVICE_NAMES, DTYPE_NAMES  # torch-free: the dialog may open before a model loads
 
         self.model = QLineEdit(settings.model_source)
         self.model.setPlaceholderText(MODEL_HINT)
         self.draft = QLineEdit(settings.draft_source)
         self.draft.setPlaceholderText("none (needed only by the draft-model strategy)")
-        self.device = _combo(DEVICES, settings.device)
-        self.dtype = _combo(("auto", *DTYPES), settings.dtype)
+        self.device = _combo(DEVICE_NAMES, settings.device)
+        self.dtype = _combo(DTYPE_NAMES, settings.dtype)
         self.system = QPlainTextEdit(settings.system_prompt)
         self.system.setPlaceholderText("Optional instructions sent before every conversation")
         self.system.setFixedHeight(90)

@@ -24,12 +24,12 @@ import torch
 from . import llama
 from .errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError
 from .forward import HFRunner, ModelRunner
-from .paths import cache_dir
+from .paths import DEVICE_NAMES, cache_dir
 
 BUNDLED = "bundled"
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEVICES = DEVICE_NAMES
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # DTYPE_NAMES but "auto"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,8 @@ import platformdirs
 
 APP_ID = "io.github.specula.Specula"
 APP_NAME = "specula"
+DEVICE_NAMES = ("auto", "cpu", "cuda", "mps")
+DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")  # names the GUI can list without importing torch
 
 
 def cache_dir() -> Path:

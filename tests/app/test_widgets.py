@@ -80,6 +80,8 @@ def test_building_the_window_does_not_import_torch(tmp_path):
         "import app.window, app.main\n"
         "w = app.window.MainWindow()\n"
         "w.show(); qapp.processEvents()\n"
+        "from app.settings_dialog import SettingsDialog\n"
+        "SettingsDialog(w.settings, w).deleteLater()  # opening Settings before a model loads\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')]\n"
         "assert not heavy, heavy[:5]\n"
         "w.close()\n"

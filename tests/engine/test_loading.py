@@ -91,3 +91,10 @@ def test_vocabulary_check_names_the_difference(bundled_fp32, other_vocab_folder)
     other = AutoTokenizer.from_pretrained(other_vocab_folder)
     with pytest.raises(IncompatibleDraftError, match="49152 tokens, draft has 49154.*2 only in the draft"):
         check_same_vocabulary(bundled_fp32.tokenizer, other)
+
+
+def test_the_torch_free_option_names_match_the_loader():
+    from engine.paths import DEVICE_NAMES, DTYPE_NAMES
+
+    assert DEVICE_NAMES == loading.DEVICES
+    assert DTYPE_NAMES == ("auto", *loading.DTYPES)
