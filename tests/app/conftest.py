@@ -146,3 +146,34 @@ def snap(widget, name: str) -> None:
     if folder:
         os.makedirs(folder, exist_ok=True)
         widget.grab().save(os.path.join(folder, f"{name}.png"), "PNG")
+
+
+def hold_after_step(session, step: int = 3):
+    """Make the worker pause after the given step of the next generations until `release` is set.
+    Returns (hold, release): `hold` is set once the worker is paused."""
+    import threading
+
+    hold, release = threading.Event(), threading.Event()
+    generate = session.generate
+
+    def held(*args, **kwargs):
+        for event in generate(*args, **kwargs):
+            yield event
+            if type(event).__name__ == "Step" and event.step == step:
+                hold.set()
+                release.wait(30)
+
+    session.generate = held
+    return hold, release
+
+
+def load_without_draft(session) -> None:
+    """Loads through this session report no draft model (so draft-model is unavailable)."""
+    load = session.load
+
+    def without_draft(request, progress=None):
+        load(request, progress)
+        session.draft = None
+        return session.describe()
+
+    session.load = without_draft

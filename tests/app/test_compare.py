@@ -4,13 +4,11 @@ ratio and whether the token ids are identical; the conversation itself is left a
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from app.compare import Comparison, RunResult
 
-from .conftest import snap, wait_reply
+from .conftest import hold_after_step, snap, wait_reply
 
 
 def spy_requests(window) -> list:
@@ -77,17 +75,7 @@ def test_stop_ends_a_comparison(make_window, qtbot, tiny_session):
     w = make_window(strategy="prompt-lookup", max_new_tokens=300)
     w.send_text("hello hello hello")
     wait_reply(qtbot, w)
-    hold, release = threading.Event(), threading.Event()
-    generate = tiny_session.generate
-
-    def held(*args, **kwargs):  # hold the worker after step 3 until Stop was pressed
-        for event in generate(*args, **kwargs):
-            yield event
-            if type(event).__name__ == "Step" and event.step == 3:
-                hold.set()
-                release.wait(30)
-
-    tiny_session.generate = held
+    hold, release = hold_after_step(tiny_session)  # the worker waits after step 3 until Stop was pressed
     w.compare_action.trigger()
     qtbot.waitUntil(hold.is_set, timeout=60_000)
     qtbot.waitUntil(lambda: "running…" in w.view.toPlainText(), timeout=10_000)

@@ -8,6 +8,8 @@ from PySide6.QtGui import QImage
 from app.autopilot import Autopilot
 from app.main import main, overrides_from, parse_args
 
+from .conftest import load_without_draft
+
 
 def distinct_colours(path, step: int = 3) -> int:
     image = QImage(str(path))
@@ -33,14 +35,7 @@ def test_autopilot_sends_saves_a_screenshot_and_exits(make_window, qtbot, tmp_pa
 
 
 def test_autopilot_refuses_a_strategy_the_model_lacks(make_window, tiny_session):
-    load = tiny_session.load
-
-    def without_draft(request, progress=None):
-        load(request, progress)
-        tiny_session.draft = None
-        return tiny_session.describe()
-
-    tiny_session.load = without_draft
+    load_without_draft(tiny_session)
     w = make_window(strategy="draft-model")
     exits = []
     pilot = Autopilot(w, "hello", None, exit_after=True, quit=exits.append)

@@ -3,8 +3,6 @@ by origin, ghost drafts that can be hidden, hover details, plots fed live, stop 
 
 from __future__ import annotations
 
-import threading
-
 from PySide6.QtCore import QEvent
 from PySide6.QtGui import QHelpEvent, QTextCursor
 from PySide6.QtWidgets import QApplication, QToolTip
@@ -12,7 +10,7 @@ from PySide6.QtWidgets import QApplication, QToolTip
 from app.plots import WARMUP
 from app.tokens import tooltip
 
-from .conftest import wait_reply
+from .conftest import hold_after_step, wait_reply
 
 
 def fragments(document):
@@ -112,17 +110,7 @@ def test_sampling_shows_p_and_q_of_draft_tokens(make_window, qtbot):
 
 
 def test_stop_ends_the_reply_early_and_keeps_what_was_said(make_window, qtbot, tiny_session):
-    hold, release = threading.Event(), threading.Event()
-    generate = tiny_session.generate
-
-    def held(*args, **kwargs):  # hold the worker after step 3 until Stop was pressed
-        for event in generate(*args, **kwargs):
-            yield event
-            if type(event).__name__ == "Step" and event.step == 3:
-                hold.set()
-                release.wait(30)
-
-    tiny_session.generate = held
+    hold, release = hold_after_step(tiny_session)  # the worker waits after step 3 until Stop was pressed
     w = make_window(strategy="prompt-lookup", max_new_tokens=300)
     w.send_text("hello hello hello")
     qtbot.waitUntil(hold.is_set, timeout=60_000)

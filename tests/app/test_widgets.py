@@ -10,6 +10,8 @@ from PySide6.QtCore import Qt
 
 from app.composer import Composer
 
+from .conftest import load_without_draft
+
 
 def test_enter_sends_shift_enter_makes_a_new_line(qtbot):
     c = Composer()
@@ -45,14 +47,7 @@ def test_strategies_come_from_the_registry_and_the_status_bar_shows_the_model(ma
 
 
 def test_a_strategy_the_model_cannot_use_is_disabled(make_window, tiny_session):
-    load = tiny_session.load
-
-    def without_draft(request, progress=None):
-        load(request, progress)
-        tiny_session.draft = None
-        return tiny_session.describe()
-
-    tiny_session.load = without_draft
+    load_without_draft(tiny_session)
     w = make_window(strategy="draft-model")
     combo = w.controls.strategy
     item = combo.model().item(combo.findData("draft-model"))
