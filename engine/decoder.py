@@ -26,7 +26,7 @@ from .drafters.base import DraftContext, Drafter
 from .errors import ContextTooLongError, SpeculaError
 from .events import Finished, Origin, Started, Step, Token, Totals
 from .forward import ModelRunner
-from .metrics import BaselineCost
+from .metrics import BaselineCost, count_step
 from .sampling import SamplingParams, choose
 from .verify import Verdict, verify
 
@@ -98,8 +98,8 @@ class _Stats:
         self.steps = self.drafted = self.accepted = 0
         self.draft_s = self.verify_s = self.prefill_s = 0.0
         self.accepted_lengths: list[int] = []
-        self.pos_drafted = [0] * K_MAX
-        self.pos_accepted = [0] * K_MAX
+        self.pos_drafted: list[int] = []  # per draft position, grown as drafts get longer
+        self.pos_accepted: list[int] = []
 
     def add_step(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.steps += 1
@@ -109,12 +109,9 @@ class _Stats:
         self.verify_s += verify_s
         if drafted:
             self.accepted_lengths.append(accepted)
-        for i in range(drafted):
-            self.pos_drafted[i] += 1
-            self.pos_accepted[i] += int(i < accepted)
+        count_step(self.pos_drafted, self.pos_accepted, drafted, accepted)
 
     def totals(self, new_tokens: int, wall_s: float) -> Totals:
-        used = max((i + 1 for i, c in enumerate(self.pos_drafted) if c), default=0)
         return Totals(
             new_tokens=new_tokens,
             steps=self.steps,
@@ -126,8 +123,8 @@ class _Stats:
             draft_s=self.draft_s,
             verify_s=self.verify_s,
             accepted_lengths=tuple(self.accepted_lengths),
-            position_drafted=tuple(self.pos_drafted[:used]),
-            position_accepted=tuple(self.pos_accepted[:used]),
+            position_drafted=tuple(self.pos_drafted),
+            position_accepted=tuple(self.pos_accepted),
         )
 
 

@@ -56,6 +56,12 @@ def merge_positions(drafted: list[int], accepted: list[int], more_drafted, more_
         accepted[i] += a
 
 
+def count_step(drafted: list[int], accepted: list[int], n_drafted: int, n_accepted: int) -> None:
+    """Add one step's per-position counts: positions 0..n_drafted-1 drafted, the first n_accepted kept."""
+    positions = range(n_drafted)
+    merge_positions(drafted, accepted, [1 for _ in positions], [int(i < n_accepted) for i in positions])
+
+
 class LiveMetrics:
     """Running figures for one generation, fed one Step at a time (used by the GUI and the CLI)."""
 
@@ -90,9 +96,7 @@ class LiveMetrics:
         self.accepted += step.accepted
         if step.drafted:
             self.accepted_lengths.append(step.accepted)
-        positions = range(step.drafted)
-        merge_positions(self.position_drafted, self.position_accepted, [1 for _ in positions],
-                        [int(i < step.accepted) for i in positions])
+        count_step(self.position_drafted, self.position_accepted, step.drafted, step.accepted)
 
     @property
     def acceptance_rate(self) -> float | None:
