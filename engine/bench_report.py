@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 from .bench import PEERS, Run
+from .bench_charts import write_charts
 from .metrics import merge_positions
 
 
@@ -41,6 +43,17 @@ def _figures(pairs: list, base: list | None, hf: list | None) -> dict:
     }
 
 
+def length_histogram(runs: list[Run]) -> list[int]:
+    """counts[i] = verify steps that kept i draft tokens (steps whose drafter proposed nothing are not
+    verify steps and are not counted; the target's own next token is not a draft token)."""
+    counts: list[int] = []
+    for r in runs:
+        for kept in r.accepted_lengths:
+            counts.extend([0] * (kept + 1 - len(counts)))
+            counts[kept] += 1
+    return counts
+
+
 def _pick(items: list | None, indices: list[int]) -> list | None:
     return [items[i] for i in indices] if items else None
 
@@ -69,6 +82,7 @@ def summarize(results: dict[str, list], model: str, device: str, dtype: str, max
             "mean_accepted_length": whole["mean_accepted_length"],
             "acceptance_rate": whole["acceptance_rate"],
             "per_position_acceptance": whole["per_position_acceptance"],
+            "accepted_length_histogram": length_histogram([r for _, r in pairs]),
             "identical": whole["identical"],
             "kind": "peer" if name in PEERS else "strategy",
         }
@@ -137,3 +151,13 @@ def write_out(folder: Path, summary: dict, results: dict[str, list]) -> None:
                     "identical_to_none": (run.token_ids == b.token_ids) if b else None,
                     "first_difference": first_difference(run.token_ids, b.token_ids) if b else None,
                 }) + "\n")
+    _write_charts(folder, summary)
+
+
+def _write_charts(folder: Path, summary: dict) -> None:
+    try:
+        write_charts(folder, summary)
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("matplotlib"):
+            raise
+        print("charts skipped: matplotlib is not installed (pip install 'matplotlib>=3.8')", file=sys.stderr)

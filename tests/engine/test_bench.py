@@ -1,10 +1,27 @@
+import contextlib
+import io
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
+
+from engine.bench import Run
+from engine.bench_charts import CHART_FILES, acceptance_chart, histogram_chart, speedup_chart, write_charts
+from engine.bench_report import public_json, summarize, write_out
 from engine.cli import main
+from engine.generate_cmd import PromptItem
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def test_bench_json_contract(capsys, tiny_folder, tmp_path):
-    prompts = tmp_path / "q.jsonl"
+@pytest.fixture(scope="module")
+def bench(tiny_folder, tmp_path_factory):
+    """One small bench with --out and --json: (stdout JSON report, output folder)."""
+    tmp = tmp_path_factory.mktemp("bench")
+    prompts = tmp / "q.jsonl"
     rows = [
         {"question_id": 1, "category": "a", "turns": ["Repeat: one two three one two three"]},
         {"question_id": 2, "category": "a", "turns": ["Hello", "And again"]},
@@ -12,15 +29,20 @@ def test_bench_json_contract(capsys, tiny_folder, tmp_path):
         {"question_id": 4, "category": "c", "turns": ["Not picked"]},
     ]
     prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    out_dir = tmp_path / "out"
-    code = main([
-        "bench", "--model", str(tiny_folder), "--dtype", "fp32", "--prompts", str(prompts), "--categories", "a,b",
-        "--strategies", "none,prompt-lookup,layer-skip", "--peers", "hf,hf-prompt-lookup", "--max-new-tokens", "16",
-        "--out", str(out_dir), "--json",
-    ])
-    out = capsys.readouterr().out
+    out_dir = tmp / "out"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main([
+            "bench", "--model", str(tiny_folder), "--dtype", "fp32", "--prompts", str(prompts), "--categories", "a,b",
+            "--strategies", "none,prompt-lookup,layer-skip", "--peers", "hf,hf-prompt-lookup", "--max-new-tokens", "16",
+            "--out", str(out_dir), "--json",
+        ])
     assert code == 0
-    report = json.loads(out)
+    return json.loads(stdout.getvalue()), out_dir
+
+
+def test_bench_json_contract(bench):
+    report, out_dir = bench
     assert set(report) == {"model", "device", "dtype", "max_new_tokens", "rows", "overall"}
     assert {(r["strategy"], r["category"]) for r in report["rows"]} == {
         (s, c) for s in ("none", "prompt-lookup", "layer-skip", "hf", "hf-prompt-lookup") for c in ("a", "b")
@@ -29,6 +51,8 @@ def test_bench_json_contract(capsys, tiny_folder, tmp_path):
         assert set(row) == {"strategy", "category", "n", "speedup", "speedup_vs_hf", "tokens_per_s",
                             "mean_accepted_length", "acceptance_rate", "identical"}
         assert row["n"] == (2 if row["category"] == "a" else 1)
+    for figures in report["overall"].values():
+        assert set(figures) == {"speedup", "speedup_vs_hf", "tokens_per_s", "mean_accepted_length", "identical"}
     none = report["overall"]["none"]
     assert none["speedup"] == 1.0 and none["identical"] == "3/3" and none["mean_accepted_length"] == 1.0
     # fp32: speculation never changes the answer
@@ -38,3 +62,114 @@ def test_bench_json_contract(capsys, tiny_folder, tmp_path):
     assert (out_dir / "bench.md").is_file() and (out_dir / "bench.json").is_file()
     trace = [json.loads(line) for line in (out_dir / "trace.jsonl").read_text().splitlines()]
     assert len(trace) == 5 * 3
+
+
+def test_bench_writes_three_png_charts(bench):
+    _, out_dir = bench
+    for name in CHART_FILES:
+        data = (out_dir / name).read_bytes()
+        assert data[:8] == PNG_MAGIC, name
+        assert len(data) > 10_000, name  # a drawn chart, not an empty image
+
+
+def test_accepted_length_histogram_counts_every_verify_step(bench):
+    _, out_dir = bench
+    summary = json.loads((out_dir / "bench.json").read_text())
+    trace = [json.loads(line) for line in (out_dir / "trace.jsonl").read_text().splitlines()]
+    for name, figures in summary["overall"].items():
+        histogram = figures["accepted_length_histogram"]
+        mine = [t for t in trace if t["strategy"] == name]
+        assert sum(histogram) == sum(len(t["accepted_lengths"]) for t in mine), name
+        assert sum(i * n for i, n in enumerate(histogram)) == sum(t["accepted"] for t in mine), name
+    assert summary["overall"]["none"]["accepted_length_histogram"] == []
+    assert summary["overall"]["hf"]["accepted_length_histogram"] == []
+    assert sum(summary["overall"]["prompt-lookup"]["accepted_length_histogram"]) > 0
+
+
+def test_speedup_chart_draws_the_json_values(bench, tmp_path):
+    report, out_dir = bench
+    summary = json.loads((out_dir / "bench.json").read_text())
+    drawn = speedup_chart(summary, tmp_path / "speedup.png")
+    expected: dict[str, dict[str, float]] = {}
+    for row in report["rows"]:
+        if row["strategy"] != "none" and row["speedup"] is not None:
+            expected.setdefault(row["strategy"], {})[row["category"]] = row["speedup"]
+    for name, figures in report["overall"].items():
+        if name != "none" and figures["speedup"] is not None:
+            expected[name]["overall"] = figures["speedup"]
+    assert drawn == expected  # the very numbers, not rounded ones
+    assert set(drawn) == {"prompt-lookup", "layer-skip", "hf", "hf-prompt-lookup"}
+
+
+def test_other_charts_draw_the_json_values(bench, tmp_path):
+    _, out_dir = bench
+    summary = json.loads((out_dir / "bench.json").read_text())
+    lines = acceptance_chart(summary, tmp_path / "a.png")
+    bars = histogram_chart(summary, tmp_path / "h.png")
+    overall = summary["overall"]
+    # plain decoding and the transformers peers draft nothing: left out, no error
+    assert set(lines) == {"prompt-lookup", "layer-skip"}
+    for name, ys in lines.items():
+        assert ys == pytest.approx(overall[name]["per_position_acceptance"])
+    for name, counts in bars.items():
+        assert counts == overall[name]["accepted_length_histogram"]
+
+
+def _summary(with_none: bool = True) -> dict:
+    """A summary built from hand-made runs: a strategy, a peer, and optionally the baseline."""
+    items = [PromptItem(("x",), 1, "a"), PromptItem(("y",), 2, "b")]
+
+    def runs(wall, lengths=()):
+        return [(item, Run((1, 2, 3), 3, wall, forwards=3, drafted=2 * len(lengths), accepted=sum(lengths),
+                           accepted_lengths=list(lengths), position_drafted=[len(lengths)] * 2,
+                           position_accepted=[sum(v > 0 for v in lengths), sum(v > 1 for v in lengths)]))
+                for item in items]
+
+    results = {"none": runs(2.0)} if with_none else {}
+    results["prompt-lookup"] = runs(1.0, [2, 0, 1, 2])
+    results["hf"] = runs(2.5)
+    return summarize(results, "tiny", "cpu", "fp32", 16)
+
+
+def test_histogram_entry_does_not_change_the_public_json():
+    summary = _summary()
+    assert summary["overall"]["prompt-lookup"]["accepted_length_histogram"] == [2, 2, 4]
+    assert "accepted_length_histogram" not in public_json(summary)["overall"]["prompt-lookup"]
+
+
+def test_charts_without_a_baseline_skip_missing_speedups(tmp_path):
+    summary = _summary(with_none=False)
+    assert summary["overall"]["prompt-lookup"]["speedup"] is None
+    paths = write_charts(tmp_path, summary)
+    assert [p.name for p in paths] == list(CHART_FILES)
+    assert all(p.read_bytes()[:8] == PNG_MAGIC for p in paths)
+    assert speedup_chart(summary, tmp_path / "s.png") == {}
+
+
+def test_bench_output_without_matplotlib_skips_the_charts(tmp_path, monkeypatch, capsys):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ModuleNotFoundError
+    write_out(tmp_path, _summary(), {})
+    assert (tmp_path / "bench.json").is_file() and (tmp_path / "bench.md").is_file()
+    assert not any((tmp_path / name).exists() for name in CHART_FILES)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "matplotlib" in err[0] and "pip install" in err[0]
+
+
+def test_drawing_charts_loads_no_qt(tmp_path):
+    code = (
+        "import sys\n"
+        "from tests.engine.test_bench import _summary\n"
+        "from engine.bench_charts import write_charts\n"
+        f"write_charts({str(tmp_path)!r}, _summary())\n"
+        "bad = [m for m in sys.modules if m.startswith(('PySide6', 'PyQt', 'pyqtgraph', 'shiboken6'))]\n"
+        "bad += [m for m in sys.modules if m == 'matplotlib.pyplot']  # pyplot is what picks a GUI backend\n"
+        "assert not bad, bad\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "MPLBACKEND": "QtAgg"}  # even when the user prefers a Qt backend
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
