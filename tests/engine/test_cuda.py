@@ -1,0 +1,75 @@
+"""On an NVIDIA GPU, greedy speculation still reproduces plain greedy decoding token for token (fp32).
+
+Skipped where torch sees no CUDA device. Run with `pytest -m cuda` (scripts/gpu_checks.sh does).
+"""
+
+import pytest
+import torch
+
+from engine.decoder import DecodeConfig, generate
+from engine.drafters import build_drafter
+from engine.events import Finished
+from engine.loading import LoadedModel, ModelSpec, load_model
+
+from .test_lossless import run
+from .tiny import perturbed, tiny_model
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU: torch.cuda.is_available() is False"),
+]
+
+CUDA = torch.device("cuda")
+STRATEGIES = ("prompt-lookup", "draft-model")
+
+
+def on_cuda(model) -> LoadedModel:
+    return LoadedModel(model.to(CUDA), None, "tiny", CUDA, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def cuda_models():
+    target = tiny_model(vocab=64, layers=4, seed=0)
+    draft = perturbed(target, scale=0.05)
+    return on_cuda(target), on_cuda(draft)
+
+
+def test_tiny_models_really_run_on_the_gpu(cuda_models):
+    target, draft = cuda_models
+    assert target.new_runner().device.type == "cuda"
+    assert next(draft.model.parameters()).device.type == "cuda"
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_greedy_matches_plain_decoding_on_cuda(cuda_models, strategy):
+    target, draft = cuda_models
+    gen = torch.Generator().manual_seed(7)
+    drafted = accepted = 0
+    for trial in range(10):
+        length = int(torch.randint(1, 30, (1,), generator=gen))
+        prompt = torch.randint(0, 64, (length,), generator=gen).tolist()
+        if trial % 2 == 0:
+            prompt = prompt[:6] * 3  # repeats give prompt lookup something to copy
+        k = 1 + trial % 7
+        base = run(target, draft, "none", prompt, max_new_tokens=50)[-1]
+        spec = run(target, draft, strategy, prompt, k=k, adaptive_k=trial % 3 == 0, max_new_tokens=50, seed=trial)[-1]
+        assert isinstance(spec, Finished)
+        assert spec.token_ids == base.token_ids, (strategy, prompt, k)
+        drafted += spec.totals.drafted
+        accepted += spec.totals.accepted
+    assert drafted > 0 and accepted > 0  # speculation really happened
+
+
+def test_a_model_folder_loads_on_cuda_and_stays_lossless(tiny_folder):
+    target = load_model(ModelSpec(str(tiny_folder), device="cuda", dtype="fp32"))
+    draft = load_model(ModelSpec(str(tiny_folder), device="cuda", dtype="fp32"))
+    assert target.device.type == "cuda" and next(target.model.parameters()).device.type == "cuda"
+    prompt = target.tokenizer.encode("one two three one two three one two")
+    config = DecodeConfig(k=4, max_new_tokens=32)
+    outputs = {}
+    for strategy in ("none", *STRATEGIES):
+        drafter = build_drafter(strategy, target, draft)
+        events = list(generate(target.new_runner(), drafter, prompt, config, stop_ids=target.eos_ids, strategy=strategy))
+        outputs[strategy] = events[-1].token_ids
+    assert outputs["prompt-lookup"] == outputs["none"]
+    assert outputs["draft-model"] == outputs["none"]
