@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--adaptive-k", action="store_true")
     b.add_argument("--no-chat", action="store_true", help="raw prompts instead of the chat template")
     b.add_argument("--repeat", type=int, default=1)
-    b.add_argument("--out", type=Path, default=None, help="folder for bench.md, bench.json, trace.jsonl")
+    b.add_argument("--out", type=Path, default=None, help="folder for bench.md, bench.json, trace.jsonl and PNG charts")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     sub.add_parser("strategies", help="list the draft strategies")
     c = sub.add_parser("chat", help="chat in the terminal")
