@@ -1,8 +1,9 @@
 """A lean forward for the Llama family (Llama, Qwen2/3, Mistral, SmolLM) over a static KV cache.
 
 It reuses the loaded transformers modules' weights (projections, norms, MLP) and replaces what costs on
-the hot path: attention reads a preallocated cache, rollback is moving `length`, and no mask is built
-for single-token steps. `shallow(n)` gives a runner over the first n layers with its own cache, sharing
+the hot path: the q/k/v and gate/up projections run as one product each (the modules' parameters become
+views into the fused weights, so nothing is duplicated), attention reads a preallocated cache, rollback
+is moving `length`, and no mask is built for single-token steps. `shallow(n)` gives a runner over the first n layers with its own cache, sharing
 the weights (early-exit self-speculation).
 """
 
@@ -15,6 +16,8 @@ from .errors import ContextTooLongError
 
 LLAMA_FAMILY = {"llama", "qwen2", "qwen3", "mistral"}
 _GROW = 256  # cache capacity grows in steps of this many positions
+_BLOCK = 32  # CPU attention reads keys in whole blocks of this many positions, the rest masked
+_MIN_ROWS = 4  # fewer query rows than this take another matrix kernel on the CPU, so pad up to it
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -24,7 +27,14 @@ def supports(model: torch.nn.Module) -> bool:
         return False
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     rope_type = getattr(rotary, "rope_type", "default")
-    return rotary is not None and hasattr(rotary, "inv_freq") and rope_type != "dynamic"
+    if rotary is None or not hasattr(rotary, "inv_freq") or rope_type == "dynamic":
+        return False
+    layer = model.model.layers[0]
+    parts = [(layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+             (layer.mlp, ("gate_proj", "up_proj", "down_proj", "act_fn")),
+             (layer.input_layernorm, ("weight", "variance_epsilon")),
+             (model.model.norm, ("weight", "variance_epsilon"))]
+    return all(hasattr(module, name) for module, names in parts for name in names)
 
 
 def context_window(config) -> int:
@@ -41,13 +51,65 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _fuse_rows(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several projections of the same input; the modules' own parameters
+    become views into it, so the model still works as before and no memory is duplicated."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    has_bias = all(lin.bias is not None for lin in linears)
+    bias = torch.cat([lin.bias.detach() for lin in linears]) if has_bias else None
+    row = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight = torch.nn.Parameter(weight[row : row + n], requires_grad=False)
+        if has_bias:
+            lin.bias = torch.nn.Parameter(bias[row : row + n], requires_grad=False)
+        row += n
+    return weight, bias
+
+
+class _Layer:
+    """One decoder layer's weights in the shapes the lean forward uses."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj)
+        if any(lin.bias is not None for lin in linears) and not all(lin.bias is not None for lin in linears):
+            raise ValueError("mixed projection biases")
+        self.qkv_w, self.qkv_b = _fuse_rows(*linears)
+        self.gate_up_w, self.gate_up_b = _fuse_rows(mlp.gate_proj, mlp.up_proj)
+        self.inter = mlp.gate_proj.weight.shape[0]
+        self.act = mlp.act_fn
+        self.down = mlp.down_proj
+        self.o_proj = attn.o_proj
+        self.in_norm = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+        self.post_norm = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        self.q_norm = getattr(attn, "q_norm", None)  # Qwen3 normalises each head before rotary
+        self.k_norm = getattr(attn, "k_norm", None)
+
+
+def _fused_layers(model: torch.nn.Module) -> list[_Layer]:
+    """Fuse once per model: runners for the same model (the target, layer skip, a draft that is the
+    target itself) share the fused weights."""
+    layers = getattr(model, "_specula_layers", None)
+    if layers is None:
+        layers = [_Layer(layer) for layer in model.model.layers]
+        model._specula_layers = layers
+    return layers
+
+
+def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """transformers' RMSNorm: normalise in fp32, cast back, scale."""
+    weight, eps = norm
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
 class LlamaRunner:
     def __init__(self, model: torch.nn.Module, n_layers: int | None = None) -> None:
         cfg = model.config
         self.model = model
-        self.layers = list(model.model.layers)[: n_layers or cfg.num_hidden_layers]
+        self.layers = _fused_layers(model)[: n_layers or cfg.num_hidden_layers]
         self.embed = model.model.embed_tokens
-        self.norm = model.model.norm
+        self.norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
         self.lm_head = model.lm_head
         self.vocab_size = self.lm_head.weight.shape[0]
         self.max_len = context_window(cfg)
@@ -57,7 +119,7 @@ class LlamaRunner:
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.groups = self.n_heads // self.n_kv
-        attn0 = self.layers[0].self_attn
+        attn0 = model.model.layers[0].self_attn
         self.scale = getattr(attn0, "scaling", self.head_dim**-0.5)
         rotary = model.model.rotary_emb
         self._inv_freq = rotary.inv_freq.float().to(self.device)  # (head_dim/2,)
@@ -65,6 +127,16 @@ class LlamaRunner:
         self._cos = self._sin = torch.empty(0)
         self._k = self._v = torch.empty(0)  # (layers, n_kv, capacity, head_dim)
         self._length = 0
+        # On the CPU, attention after the prefill runs in fp32 over an fp32 cache in key blocks (see
+        # _attend_blocked): faster than bf16 attention there, and every position rounds the same way
+        # whatever else the pass holds. Other devices use the fused kernel in the model's dtype.
+        self.blocked = self.device.type == "cpu"
+        self.cache_dtype = torch.float32 if self.blocked else self.dtype
+        # Consistent rounding (CPU): a single step also runs two identical rows through the matrix
+        # products, so every position meets the same kernels whether it is decoded alone or inside a
+        # verify pass; with the blocked attention, speculation then reproduces plain decoding bit for
+        # bit in bf16 too. Costs about 1% (docs/PERFORMANCE.md); False gives the one-row kernels.
+        self.consistent = self.blocked
 
     def shallow(self, n_layers: int) -> "LlamaRunner":
         return LlamaRunner(self.model, n_layers)
@@ -83,9 +155,10 @@ class LlamaRunner:
         if needed <= capacity:
             return
         new_cap = min(self.max_len, max(needed, 2 * capacity, _GROW))
+        new_cap = -(-new_cap // _BLOCK) * _BLOCK  # whole key blocks (positions past the window stay unused)
         shape = (len(self.layers), self.n_kv, new_cap, self.head_dim)
-        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        k = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
         if capacity:
             k[:, :, : self._length] = self._k[:, :, : self._length]
             v[:, :, : self._length] = self._v[:, :, : self._length]
@@ -103,41 +176,92 @@ class LlamaRunner:
         start = self._length
         end = start + t
         self._reserve(end)
-        x = self.embed(tokens.to(self.device))  # (T, D)
+        pad = self.consistent and start > 0 and t == 1
+        if pad:  # two identical rows: the products take the multi-row kernels a verify pass uses
+            tokens = tokens.expand(2)
+        x = self.embed(tokens.to(self.device))  # (rows, D)
         cos = self._cos[start:end]  # (T, hd)
         sin = self._sin[start:end]
-        mask = None
-        if t > 1 and start > 0:  # query i (position start+i) sees keys 0 .. start+i
-            keys = torch.arange(end, device=self.device)
-            queries = torch.arange(start, end, device=self.device)
-            mask = (keys[None, :] <= queries[:, None]).repeat(self.groups, 1)  # (groups*T, end)
+        plan = self._plan(start, t)
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer.self_attn, layer.input_layernorm(x), cos, sin, start, mask)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        h = self.norm(x[-last:])  # (last, D)
+            x = x + self._attention(i, layer, _rms_norm(x, layer.in_norm), cos, sin, start, t, plan)
+            h = _rms_norm(x, layer.post_norm)
+            gate, up = F.linear(h, layer.gate_up_w, layer.gate_up_b).split(layer.inter, dim=-1)
+            x = x + layer.down(layer.act(gate) * up)
         self._length = end
-        return self.lm_head(h).float()  # (last, V)
+        if x.shape[0] > t:  # the padded single step: both rows through the LM head, keep one
+            return self.lm_head(_rms_norm(x, self.norm))[:1].float()
+        return self.lm_head(_rms_norm(x[-last:], self.norm)).float()  # (last, V)
 
-    def _attention(self, i, attn, x, cos, sin, start, mask) -> torch.Tensor:
-        t = x.shape[0]
+    def _plan(self, start: int, t: int):
+        """How this pass attends: None for the prefill's causal kernel; otherwise, on the CPU, the
+        (first row, end row, key count, mask) of each block group; elsewhere a mask for the fused kernel."""
         end = start + t
-        q = attn.q_proj(x).view(t, self.n_heads, self.head_dim).transpose(0, 1)  # (H, T, hd)
-        k = attn.k_proj(x).view(t, self.n_kv, self.head_dim).transpose(0, 1)  # (KV, T, hd)
-        v = attn.v_proj(x).view(t, self.n_kv, self.head_dim).transpose(0, 1)
-        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before rotary
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        if start == 0 and t > 1:
+            return None
+        dev = self.device
+        if not self.blocked:
+            if t == 1:
+                return ("fused", None)
+            keys = torch.arange(end, device=dev)
+            queries = torch.arange(start, end, device=dev)
+            return ("fused", (keys[None, :] <= queries[:, None]).repeat(self.groups, 1))  # (groups*T, end)
+        groups = []
+        r0 = 0
+        while r0 < t:  # rows whose own key count rounds up to the same block count form one group
+            n_keys = -(-(start + r0 + 1) // _BLOCK) * _BLOCK
+            r1 = min(t, n_keys - start)
+            keys = torch.arange(n_keys, device=dev)
+            queries = torch.arange(start + r0, start + r1, device=dev)
+            allowed = (keys[None, :] <= queries[:, None]).repeat(self.groups, 1)  # (groups*Tg, n_keys)
+            rows = allowed.shape[0]
+            if rows < _MIN_ROWS:
+                allowed = torch.cat([allowed, allowed[:1].expand(_MIN_ROWS - rows, -1)])
+            mask = torch.zeros(allowed.shape, dtype=torch.float32, device=dev).masked_fill_(~allowed, float("-inf"))
+            groups.append((r0, r1, n_keys, rows, mask))
+            r0 = r1
+        return ("blocked", groups)
+
+    def _attention(self, i: int, layer: _Layer, x, cos, sin, start: int, t: int, plan):
+        end = start + t
+        h, kv, hd = self.n_heads, self.n_kv, self.head_dim
+        rows = x.shape[0]
+        qkv = F.linear(x, layer.qkv_w, layer.qkv_b)[:t].view(t, h + 2 * kv, hd).transpose(0, 1)  # (H+2KV, T, hd)
+        v = qkv[h + kv :]  # (KV, T, hd)
+        if layer.q_norm is not None:
+            qk = torch.cat((layer.q_norm(qkv[:h]), layer.k_norm(qkv[h : h + kv])))
+        else:
+            qk = qkv[: h + kv]
+        qk = qk * cos + _rotate_half(qk) * sin  # rotary on queries and keys at once
+        q, k = qk[:h], qk[h:]
         self._k[i, :, start:end] = k
         self._v[i, :, start:end] = v
-        if start == 0 and t > 1:  # prefill: plain causal attention, the fused kernel applies
+        if plan is None:  # prefill: plain causal attention, the fused kernel applies
             out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=self.scale, enable_gqa=True)
-            return attn.o_proj(out[0].transpose(0, 1).reshape(t, -1))
-        keys = self._k[i, :, :end]  # (KV, L, hd)
-        values = self._v[i, :, :end]
-        # grouped-query attention without copying K/V: the query heads that share a KV head become
-        # extra query rows of that head, (H, T, hd) -> (KV, groups*T, hd)
-        q = q.reshape(self.n_kv, self.groups * t, self.head_dim)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
-        out = out.reshape(self.n_heads, t, self.head_dim).transpose(0, 1).reshape(t, -1)  # (T, H*hd)
-        return attn.o_proj(out)
+            return layer.o_proj(out[0].transpose(0, 1).reshape(t, -1))
+        kind, detail = plan
+        if kind == "blocked":
+            out = torch.cat([self._attend_blocked(i, q[:, r0:r1], group) for r0, r1, *group in detail], dim=1)
+        else:
+            # grouped-query attention without copying K/V: the query heads that share a KV head
+            # become extra query rows of that head, (H, T, hd) -> (KV, groups*T, hd)
+            out = F.scaled_dot_product_attention(
+                q.reshape(kv, self.groups * t, hd), self._k[i, :, :end], self._v[i, :, :end], attn_mask=detail, scale=self.scale
+            ).view(h, t, hd)
+        out = out.transpose(0, 1).reshape(t, -1)  # (H, T, hd) -> (T, H*hd)
+        if rows > t:
+            out = out.expand(rows, -1).contiguous()
+        return layer.o_proj(out)
+
+    def _attend_blocked(self, i: int, q: torch.Tensor, group) -> torch.Tensor:
+        """Query rows (H, Tg, hd) over whole key blocks in fp32, later keys masked -> (H, Tg, hd).
+        A row's result depends only on its own key count (rounded up to a block) and not on the other
+        rows in the call, so a verify pass and single steps produce the same bits."""
+        n_keys, rows, mask = group
+        tg = q.shape[1]
+        q = (q.float() * self.scale).reshape(self.n_kv, rows, self.head_dim)
+        if mask.shape[0] > rows:
+            q = torch.cat([q, q[:, :1].expand(-1, mask.shape[0] - rows, -1)], dim=1)
+        scores = torch.baddbmm(mask, q, self._k[i, :, :n_keys].transpose(1, 2))  # (KV, rows', n_keys)
+        out = torch.bmm(scores.softmax(-1), self._v[i, :, :n_keys])[:, :rows]  # (KV, rows, hd)
+        return out.to(self.dtype).reshape(self.n_heads, tg, self.head_dim)

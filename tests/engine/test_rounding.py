@@ -1,0 +1,99 @@
+"""Consistent rounding on the CPU: a position gets the same bits whether it is decoded alone or inside a
+verify pass, so greedy speculation reproduces plain decoding in bf16 too, not only in fp32."""
+
+import pytest
+import torch
+
+from engine.decoder import DecodeConfig, generate
+from engine.drafters import build_drafter
+from engine.events import Finished
+from engine.loading import LoadedModel
+
+from .tiny import perturbed, tiny_model
+
+
+def bf16(model) -> LoadedModel:
+    return LoadedModel(model.to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16, lean=True)
+
+
+@pytest.fixture(scope="module")
+def bundled_bf16():
+    from engine.loading import ModelSpec, load_model
+
+    return load_model(ModelSpec("bundled", device="cpu", dtype="bf16"))
+
+
+def steps_and_pass(model: LoadedModel, prompt: torch.Tensor, draft: torch.Tensor, consistent: bool):
+    """Logits of `draft` fed one token at a time, and fed in one pass, after the same prompt."""
+    one, many = model.new_runner(), model.new_runner()
+    one.consistent = many.consistent = consistent
+    one.forward(prompt)
+    many.forward(prompt)
+    singles = torch.cat([one.forward(draft[j : j + 1]) for j in range(draft.shape[0])])
+    return singles, many.forward(draft, last=draft.shape[0])
+
+
+def test_single_steps_and_a_verify_pass_give_the_same_bits(bundled_bf16):
+    assert bundled_bf16.new_runner().consistent  # the default on the CPU
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(8):
+        # prompt lengths and draft lengths that cross the attention's key blocks at different offsets
+        prompt = torch.randint(0, 49152, (20 + 29 * trial,), generator=gen)
+        draft = torch.randint(0, 49152, (1 + trial % 9,), generator=gen)
+        singles, batch = steps_and_pass(bundled_bf16, prompt, draft, consistent=True)
+        assert torch.equal(singles, batch), trial
+
+
+def test_blocked_attention_matches_the_models_own_attention_within_bf16_precision(bundled_bf16):
+    ids = torch.tensor(bundled_bf16.tokenizer.encode("Speculative decoding drafts, then verifies. " * 6))
+    runner = bundled_bf16.new_runner()
+    runner.forward(ids[:20])
+    ours = torch.cat([runner.forward(ids[20:21]), runner.forward(ids[21:], last=len(ids) - 21)])
+    with torch.no_grad():
+        ref = bundled_bf16.model(ids[None]).logits[0, 20:].float()
+    assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.95
+    assert (ours - ref).abs().max() < 1.0  # bf16 logits of this model span about +-30
+
+
+@pytest.mark.parametrize("strategy", ["prompt-lookup", "draft-model"])
+def test_greedy_speculation_is_identical_to_plain_decoding_in_bf16(strategy):
+    # a random bf16 model: flat distributions with many near ties, where one different bit shows
+    target = bf16(tiny_model(vocab=64, layers=4, seed=7))
+    draft = bf16(perturbed(tiny_model(vocab=64, layers=4, seed=7), scale=0.05))
+    gen = torch.Generator().manual_seed(1)
+    accepted = 0
+    for trial in range(10):
+        prompt = torch.randint(0, 64, (int(torch.randint(2, 60, (1,), generator=gen)),), generator=gen).tolist()
+        outs = []
+        for name in ("none", strategy):
+            drafter = build_drafter(name, target, draft)
+            config = DecodeConfig(k=1 + trial % 8, adaptive_k=trial % 2 == 0, max_new_tokens=80)
+            finished = list(generate(target.new_runner(), drafter, prompt, config))[-1]
+            assert isinstance(finished, Finished)
+            outs.append(finished)
+        assert outs[1].token_ids == outs[0].token_ids, (strategy, trial)
+        accepted += outs[1].totals.accepted
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("prompt", [
+    "Rewrite this sentence in the past tense: The cat sits on the mat and watches the birds while the dog sleeps.",
+    "Summarize: The city council met on Tuesday to discuss the new park. Members agreed the park needs more "
+    "trees, better lighting and a playground. The mayor said work on the park will start in the spring.",
+    "Translate to French: The weather is nice today and we are going to the beach with our friends.",
+])
+def test_prompt_lookup_gives_the_plain_answer_on_the_bundled_model_in_bf16(bundled_bf16, prompt):
+    from engine.prompts import conversation
+    from engine.session import GenerateRequest, Session
+
+    session = Session()
+    session.use(bundled_bf16)
+    outs = {}
+    for name, adaptive in (("none", False), ("prompt-lookup", False), ("prompt-lookup", True)):
+        request = GenerateRequest(conversation(prompt), name, DecodeConfig(k=6, adaptive_k=adaptive, max_new_tokens=80))
+        outs[name, adaptive] = [e for e in session.generate(request) if isinstance(e, Finished)][0]
+    base = outs["none", False]
+    assert base.totals.new_tokens > 8
+    for key in (("prompt-lookup", False), ("prompt-lookup", True)):
+        assert outs[key].token_ids == base.token_ids, key
+        assert outs[key].totals.accepted > 0
