@@ -37,7 +37,7 @@ class SettingsDialog(QDialog):
         self.seed = QSpinBox(minimum=-1, maximum=2**31 - 1, specialValueText="random",
                              value=-1 if settings.seed is None else settings.seed)
         self.min_n = _option_spin(settings.lookup_min_n, 16, "Shortest n-gram prompt lookup matches (default 1)")
-        self.max_n = _option_spin(settings.lookup_max_n, 16, "Longest n-gram prompt lookup matches (default 4)")
+        self.max_n = _option_spin(settings.lookup_max_n, 16, "Longest n-gram prompt lookup matches (default 16)")
         self.exit_layer = _option_spin(settings.exit_layer, 256, "Layer skip drafts with the layers up to this "
                                        "one (default: half the model's layers)")
         form = QFormLayout()

@@ -12,11 +12,12 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .decoder import DecodeConfig
+from .drafters import default_k
 from .errors import SpeculaError
 from .events import Finished
 from .generate_cmd import PromptItem, read_prompts
@@ -44,17 +45,21 @@ class Run:
 
 
 class Bench:
-    def __init__(self, session: Session, config: DecodeConfig, chat: bool) -> None:
+    def __init__(self, session: Session, config: DecodeConfig, chat: bool, k: int | None = None) -> None:
         self.session = session
         self.config = config
         self.chat = chat
+        self.k = k  # None: each strategy's own default draft length
+
+    def config_for(self, strategy: str) -> DecodeConfig:
+        return replace(self.config, k=default_k(strategy) if self.k is None else self.k)
 
     def run_strategy(self, strategy: str, item: PromptItem) -> Run:
         history: tuple[Message, ...] = ()
         run = Run((), 0, 0.0)
         for text in item.turns:
             messages = conversation(text, None, history)
-            request = GenerateRequest(messages, strategy, self.config, self.chat)
+            request = GenerateRequest(messages, strategy, self.config_for(strategy), self.chat)
             f = [e for e in self.session.generate(request) if isinstance(e, Finished)][0]
             t = f.totals
             run.token_ids += f.token_ids
@@ -120,8 +125,8 @@ def select(items: list[PromptItem], categories: list[str] | None, limit: int | N
 
 
 def run_bench(session: Session, items: list[PromptItem], names: list[str], config: DecodeConfig,
-              chat: bool, repeat: int) -> dict[str, list[tuple[PromptItem, Run]]]:
-    bench = Bench(session, config, chat)
+              chat: bool, repeat: int, k: int | None = None) -> dict[str, list[tuple[PromptItem, Run]]]:
+    bench = Bench(session, config, chat, k)
     warm = PromptItem(("Say hello.",), "warm-up", "warm-up")
     for name in names:
         bench.run(name, warm)

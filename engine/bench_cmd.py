@@ -7,7 +7,7 @@ import json
 from .bench import PEERS, load_items, run_bench
 from .bench_report import public_json, summarize, to_markdown, write_out
 from .decoder import DecodeConfig
-from .drafters import DRAFTERS
+from .drafters import DRAFTERS, default_k
 from .errors import SpeculaError
 from .loading import ModelSpec
 from .sampling import SamplingParams
@@ -27,15 +27,16 @@ def run_bench_cmd(args) -> int:
         raise SpeculaError(f"--repeat must be at least 1, got {args.repeat}")
     if args.temperature != 0:
         raise SpeculaError("the bench compares greedy outputs: use --temperature 0")
-    config = DecodeConfig(k=args.k, adaptive_k=args.adaptive_k, max_new_tokens=args.max_new_tokens,
+    config = DecodeConfig(k=4 if args.k is None else args.k, adaptive_k=args.adaptive_k, max_new_tokens=args.max_new_tokens,
                           params=SamplingParams(), seed=0)
     items = load_items(args.prompts, args.categories, args.limit_per_category)
     names = strategies + peers
     session = Session()
     spec = ModelSpec(args.model, args.device, args.dtype)
     loaded = session.load(LoadRequest(spec, args.draft_model, measure_baseline=False))
-    results = run_bench(session, items, names, config, chat=not args.no_chat, repeat=args.repeat)
+    results = run_bench(session, items, names, config, chat=not args.no_chat, repeat=args.repeat, k=args.k)
     summary = summarize(results, loaded.target, loaded.device, loaded.dtype, args.max_new_tokens)
+    summary["k"] = {name: default_k(name) if args.k is None else args.k for name in strategies}
     if args.out:
         write_out(args.out, summary, results)
     if args.json:

@@ -96,7 +96,10 @@ def _fmt(value, pattern="{:.2f}") -> str:
 
 def to_markdown(summary: dict) -> str:
     head = (f"Model: {summary['model']} | device {summary['device']} | dtype {summary['dtype']} | "
-            f"max new tokens {summary['max_new_tokens']}\n\n")
+            f"max new tokens {summary['max_new_tokens']}")
+    if summary.get("k"):
+        head += " | longest draft k: " + ", ".join(f"{n} {k}" for n, k in summary["k"].items() if n != "none")
+    head += "\n\n"
     lines = ["| strategy | category | n | speedup vs none | vs hf | tokens/s | accepted length | acceptance | identical |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:

@@ -29,7 +29,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default="none", help="a name from `specula strategies`")
-    p.add_argument("--k", type=int, default=4, help="draft length (start value with --adaptive-k)")
+    p.add_argument("--k", type=int, default=None,
+                   help="longest draft (start value with --adaptive-k); default: the strategy's own, see `specula strategies`")
     p.add_argument("--adaptive-k", action="store_true", help="grow k after full acceptance, shrink after rejection")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peers", default="", help="comma-separated: hf, hf-prompt-lookup, hf-assisted")
     b.add_argument("--max-new-tokens", type=int, default=96)
     b.add_argument("--temperature", type=float, default=0.0)
-    b.add_argument("--k", type=int, default=4)
+    b.add_argument("--k", type=int, default=None, help="longest draft for every strategy; default: each strategy's own")
     b.add_argument("--adaptive-k", action="store_true")
     b.add_argument("--no-chat", action="store_true", help="raw prompts instead of the chat template")
     b.add_argument("--repeat", type=int, default=1)
@@ -119,7 +120,7 @@ def _strategies() -> int:
     from .drafters import DRAFTERS
 
     for name, info in DRAFTERS.items():
-        print(f"{name}\t{info.description}")
+        print(f"{name}\t{info.description} (default k {info.default_k})")
     return 0
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .cli import json_line
 from .decoder import DecodeConfig
-from .drafters import DRAFTERS
+from .drafters import DRAFTERS, default_k
 from .errors import SpeculaError
 from .events import Finished, Step
 from .loading import ModelSpec
@@ -28,7 +28,7 @@ class PromptItem:
 def decode_config(args) -> DecodeConfig:
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     return DecodeConfig(
-        k=args.k, adaptive_k=args.adaptive_k, max_new_tokens=args.max_new_tokens, params=params, seed=args.seed
+        k=default_k(args.strategy) if args.k is None else args.k, adaptive_k=args.adaptive_k, max_new_tokens=args.max_new_tokens, params=params, seed=args.seed
     )
 
 

@@ -23,17 +23,24 @@ class StrategyInfo:
     description: str
     build: Callable[..., Drafter]
     needs_draft_model: bool = False
+    default_k: int = 4  # draft length when the user sets none
+
+
+def default_k(strategy: str) -> int:
+    info = DRAFTERS.get(strategy)
+    return info.default_k if info else 4
 
 
 def _prompt_lookup(target, draft=None, min_n=None, max_n=None, **options):
-    return PromptLookup(min_n=min_n or 1, max_n=max_n or 4)
+    return PromptLookup(min_n=min_n or 1, max_n=max_n or 16)
 
 
 DRAFTERS: dict[str, StrategyInfo] = {
     info.name: info
     for info in (
         StrategyInfo(NoDraft.name, NoDraft.description, lambda target, draft=None, **options: NoDraft()),
-        StrategyInfo(PromptLookup.name, PromptLookup.description, _prompt_lookup),
+        # its drafts shrink to twice the match length on their own, so a higher cap only pays
+        StrategyInfo(PromptLookup.name, PromptLookup.description, _prompt_lookup, default_k=8),
         StrategyInfo(DraftModel.name, DraftModel.description, DraftModel.build, needs_draft_model=True),
         StrategyInfo(LayerSkip.name, LayerSkip.description, LayerSkip.build),
     )
@@ -50,4 +57,4 @@ def build_drafter(name: str, target, draft=None, **options) -> Drafter:
     return DRAFTERS[name].build(target, draft, **options)
 
 
-__all__ = ["DRAFTERS", "Draft", "DraftContext", "Drafter", "StrategyInfo", "build_drafter", "strategy_names"]
+__all__ = ["DRAFTERS", "Draft", "DraftContext", "Drafter", "StrategyInfo", "build_drafter", "default_k", "strategy_names"]
