@@ -253,10 +253,11 @@ def build_request(messages: tuple, s: Settings):
     """An engine GenerateRequest for these messages and settings (imports the engine: call it once a
     model is loaded)."""
     from engine.decoder import DecodeConfig
+    from engine.drafters import default_k
     from engine.sampling import SamplingParams
     from engine.session import GenerateRequest
 
     params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
-    config = DecodeConfig(k=s.k, adaptive_k=s.adaptive_k, max_new_tokens=s.max_new_tokens, params=params,
-                          seed=s.seed)
+    config = DecodeConfig(k=s.k or default_k(s.strategy), adaptive_k=s.adaptive_k, max_new_tokens=s.max_new_tokens,
+                          params=params, seed=s.seed)
     return GenerateRequest(messages, s.strategy, config, chat=True, options=s.strategy_options())

@@ -25,7 +25,7 @@ MAX_NEW_TOKENS_LIMIT = 32768
 class Settings:
     version: int = VERSION
     strategy: str = "prompt-lookup"
-    k: int = 4
+    k: int = 0  # 0: the strategy's own default draft length
     adaptive_k: bool = False
     temperature: float = 0.0
     top_p: float = 1.0
@@ -106,7 +106,7 @@ def clamp(s: Settings) -> Settings:
     """Numbers within what the engine accepts, so a hand-edited file cannot make every send fail."""
     return replace(
         s,
-        k=min(max(s.k, 1), K_LIMIT),
+        k=min(max(s.k, 0), K_LIMIT),
         temperature=min(max(s.temperature, 0.0), 5.0),
         top_p=s.top_p if 0.0 < s.top_p <= 1.0 else 1.0,
         top_k=max(s.top_k, 0),
