@@ -58,6 +58,38 @@ def _pick(items: list | None, indices: list[int]) -> list | None:
     return [items[i] for i in indices] if items else None
 
 
+# Spec-Bench reports six categories: MT-bench's eight count as one, "multi-turn conversation"
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+SPEC_BENCH = ("multi-turn conversation", "translation", "summarization", "qa", "math_reasoning", "rag")
+
+
+def spec_bench_group(category: str | None) -> str | None:
+    if category in MT_BENCH:
+        return SPEC_BENCH[0]
+    return category if category in SPEC_BENCH else None
+
+
+def spec_bench_view(results: dict[str, list]) -> dict:
+    """Speedup over none in Spec-Bench's six categories (those present), and their mean, per strategy;
+    empty when the prompts have none of them."""
+    base_all = results.get("none")
+    if not base_all:
+        return {}
+    view = {}
+    for name, pairs in results.items():
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, (item, _) in enumerate(pairs):
+            group = spec_bench_group(item.category)
+            if group:
+                groups[group].append(i)
+        if not groups:
+            return {}
+        cats = {g: _figures(_pick(pairs, groups[g]), _pick(base_all, groups[g]), None)["speedup"]
+                for g in SPEC_BENCH if g in groups}
+        view[name] = {"categories": cats, "speedup": statistics.mean(cats.values())}
+    return view
+
+
 def summarize(results: dict[str, list], model: str, device: str, dtype: str, max_new_tokens: int) -> dict:
     base_all = results.get("none")
     hf_all = results.get("hf")
@@ -87,7 +119,7 @@ def summarize(results: dict[str, list], model: str, device: str, dtype: str, max
             "kind": "peer" if name in PEERS else "strategy",
         }
     return {"model": model, "device": device, "dtype": dtype, "max_new_tokens": max_new_tokens,
-            "rows": rows, "overall": overall}
+            "rows": rows, "overall": overall, "spec_bench": spec_bench_view(results)}
 
 
 def _fmt(value, pattern="{:.2f}") -> str:
@@ -115,6 +147,14 @@ def to_markdown(summary: dict) -> str:
             f"| {name} | {_fmt(o['speedup'], '{:.2f}x')} | {_fmt(o['speedup_vs_hf'], '{:.2f}x')} | "
             f"{_fmt(o['tokens_per_s'], '{:.1f}')} | {_fmt(o['mean_accepted_length'])} | {o['identical'] or '-'} |"
         )
+    view = summary.get("spec_bench")
+    if view:
+        cats = [c for c in SPEC_BENCH if c in next(iter(view.values()))["categories"]]
+        lines += ["", "Spec-Bench's categories (MT-bench's eight as one multi-turn conversation), speedup vs none:", "",
+                  "| strategy | " + " | ".join(cats) + " | mean |", "|---" * (len(cats) + 2) + "|"]
+        for name, v in view.items():
+            lines.append(f"| {name} | " + " | ".join(_fmt(v["categories"].get(c), "{:.2f}x") for c in cats)
+                         + f" | {_fmt(v['speedup'], '{:.2f}x')} |")
     return head + "\n".join(lines) + "\n"
 
 

@@ -173,3 +173,22 @@ def test_drawing_charts_loads_no_qt(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=root)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_spec_bench_view_merges_mt_bench_into_one_category():
+    from engine.bench_report import spec_bench_view, to_markdown
+
+    items = [PromptItem(("a",), 1, "writing"), PromptItem(("b",), 2, "coding"), PromptItem(("c",), 3, "qa"),
+             PromptItem(("d",), 4, "code_editing")]
+    base = [2.0, 6.0, 3.0, 5.0]
+    fast = [1.0, 3.0, 3.0, 1.0]  # MT-bench: (2 + 6) / (1 + 3) = 2.0x; qa 1.0x; code_editing is not Spec-Bench's
+    results = {"none": [(i, Run((1,), 1, w)) for i, w in zip(items, base)],
+               "prompt-lookup": [(i, Run((1,), 1, w)) for i, w in zip(items, fast)]}
+    view = spec_bench_view(results)
+    assert view["prompt-lookup"]["categories"] == {"multi-turn conversation": 2.0, "qa": 1.0}
+    assert view["prompt-lookup"]["speedup"] == 1.5
+    assert view["none"]["speedup"] == 1.0
+    summary = summarize(results, "tiny", "cpu", "fp32", 16)
+    assert "| prompt-lookup | 2.00x | 1.00x | 1.50x |" in to_markdown(summary)
+    assert "spec_bench" not in public_json(summary)
+    assert spec_bench_view({"none": [(PromptItem(("x",), 1, "mine"), Run((1,), 1, 1.0))]}) == {}
