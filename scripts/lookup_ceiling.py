@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from engine.bench import load_items
+from engine.bench_report import SPEC_BENCH, spec_bench_group
 from engine.drafters.prompt_lookup import DRAFT_PER_MATCHED_TOKEN, longest_match
 from engine.events import Finished
 from engine.loading import ModelSpec
@@ -161,6 +162,17 @@ def main() -> None:
     for name, per in table.items():
         speedups = [per[c][0] / per[c][1] for c in cats]
         print(f"| {name} | " + " | ".join(f"{s:.2f}x" for s in speedups) + f" | {statistics.mean(speedups):.2f}x |")
+    groups = [g for g in SPEC_BENCH if any(spec_bench_group(c) == g for c in cats)]
+    if groups:
+        print("\nSpec-Bench's categories (MT-bench's eight as one):\n")
+        print("| policy | " + " | ".join(groups) + " | mean |")
+        print("|---" * (len(groups) + 2) + "|")
+        for name, per in table.items():
+            speedups = []
+            for g in groups:
+                members = [c for c in cats if spec_bench_group(c) == g]
+                speedups.append(sum(per[c][0] for c in members) / sum(per[c][1] for c in members))
+            print(f"| {name} | " + " | ".join(f"{s:.2f}x" for s in speedups) + f" | {statistics.mean(speedups):.2f}x |")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Time one target forward over 1, 2, 4, ... new tokens at a fixed context length: the cost of a verify step.
 
 usage: python scripts/step_costs.py --model M [--device D] [--dtype T] [--context N] [--tokens 1,2,4,8,16,32]
-                                    [--repeats R]
+                                    [--repeats R] [--plain-rounding]
 
 The model is loaded the way the engine loads it (engine.loading.load_model, then a fresh runner), a
 context of N random tokens is prefilled, and then, for every T in --tokens, a forward over T more tokens
@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", default="1,2,4,8,16,32", help="comma-separated new-token counts")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per count (the median is kept)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plain-rounding", action="store_true",
+                        help="single steps use the one-row kernels (the lean forward's consistent rounding off)")
     args = parser.parse_args(argv)
     counts = sorted({1, *(int(t) for t in args.tokens.split(",") if t.strip())})
     if counts[0] < 1 or args.context < 1 or args.repeats < 1:
@@ -64,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model(ModelSpec(args.model, args.device, args.dtype),
                         progress=lambda text: print(text, file=sys.stderr))
     runner = loaded.new_runner()
+    if args.plain_rounding and hasattr(runner, "consistent"):
+        runner.consistent = False
     if args.context + counts[-1] > runner.max_len:
         parser.error(f"--context {args.context} + {counts[-1]} tokens exceeds the model's window of {runner.max_len}")
     gen = torch.Generator().manual_seed(args.seed)
