@@ -82,11 +82,20 @@ class _Layer:
         self.k_norm = getattr(attn, "k_norm", None)
 
 
+def _still_fused(layers: list[_Layer], model: torch.nn.Module) -> bool:
+    """False when the model's weights were replaced since fusing (a copy, .to(dtype or device))."""
+    return len(layers) == len(model.model.layers) and all(
+        mine.qkv_w.data_ptr() == layer.self_attn.q_proj.weight.data_ptr()
+        and mine.gate_up_w.data_ptr() == layer.mlp.gate_proj.weight.data_ptr()
+        for mine, layer in zip(layers, model.model.layers)
+    )
+
+
 def _fused_layers(model: torch.nn.Module) -> list[_Layer]:
     """Fuse once per model: runners for the same model (the target, layer skip, a draft that is the
     target itself) share the fused weights."""
     layers = getattr(model, "_specula_layers", None)
-    if layers is None:
+    if layers is None or not _still_fused(layers, model):
         layers = [_Layer(layer) for layer in model.model.layers]
         model._specula_layers = layers
     return layers

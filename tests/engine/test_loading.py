@@ -98,3 +98,24 @@ def test_the_torch_free_option_names_match_the_loader():
 
     assert DEVICE_NAMES == loading.DEVICES
     assert DTYPE_NAMES == ("auto", *loading.DTYPES)
+
+
+def test_lean_forward_follows_a_model_converted_after_its_first_runner():
+    import copy
+
+    from .tiny import loaded, tiny_model
+
+    model = tiny_model(vocab=64, seed=5)
+    ids = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(0))
+    first = loaded(model).new_runner().forward(ids, last=12)
+    twin = copy.deepcopy(model).to(torch.bfloat16)  # the copy carries the fused weights of the original
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(1.5)
+    runner = loaded(twin).new_runner()
+    out = runner.forward(ids, last=12)
+    assert out.dtype == torch.float32 and not torch.allclose(out, first, atol=1e-2)
+    with torch.no_grad():
+        ref = twin(ids[None]).logits[0].float()
+    assert (out.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+    assert torch.equal(loaded(model).new_runner().forward(ids, last=12), first)  # the original is untouched
