@@ -144,3 +144,26 @@ def test_other_architectures_run_through_the_transformers_forward():
         assert base.token_ids == tuple(plain_greedy(target.model, prompt, 30))
         for strategy in ("prompt-lookup", "draft-model"):
             assert run(target, draft, strategy, prompt, k=1 + trial, max_new_tokens=30)[-1].token_ids == base.token_ids
+
+
+def test_the_fused_attention_path_used_off_the_cpu_is_lossless_too(models, monkeypatch):
+    """GPUs take the fused attention kernel over a cache in the model's dtype; run that path here."""
+    import engine.llama as llama
+
+    original = llama.LlamaRunner.__init__
+
+    def fused_path(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.blocked, self.cache_dtype, self.consistent = False, self.dtype, False
+
+    monkeypatch.setattr(llama.LlamaRunner, "__init__", fused_path)
+    target, draft = models
+    assert not target.new_runner().blocked
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(6):
+        prompt = torch.randint(0, 64, (int(torch.randint(1, 30, (1,), generator=gen)),), generator=gen).tolist()
+        assert run(target, None, "none", prompt, max_new_tokens=30)[-1].token_ids == tuple(plain_greedy(target.model, prompt, 30))
+        base = run(target, None, "none", prompt, max_new_tokens=30)[-1]
+        for strategy in ("prompt-lookup", "draft-model", "layer-skip"):
+            spec = run(target, draft, strategy, prompt, k=1 + trial, max_new_tokens=30)[-1]
+            assert spec.token_ids == base.token_ids, (strategy, trial)
