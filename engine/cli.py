@@ -42,6 +42,7 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-n", type=int, default=None, help="prompt-lookup: shortest n-gram to match")
     p.add_argument("--max-n", type=int, default=None, help="prompt-lookup: longest n-gram to match")
     p.add_argument("--exit-layer", type=int, default=None, help="layer-skip: layers used for drafting")
+    p.add_argument("--head", default=None, help="eagle: a folder written by `specula train-head`")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,6 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=int, default=1)
     b.add_argument("--out", type=Path, default=None, help="folder for bench.md, bench.json, trace.jsonl and PNG charts")
     b.add_argument("--json", action="store_true", help="print one JSON object")
+    t = sub.add_parser("train-head", help="train a draft head for a model on its own answers (self-distillation)")
+    _add_model_args(t)
+    t.add_argument("--kind", default="eagle", choices=["eagle", "medusa"])
+    t.add_argument("--tokens", type=int, default=20000, help="answer tokens to generate for training")
+    t.add_argument("--epochs", type=int, default=2)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--max-new-tokens", type=int, default=192, help="longest training answer")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--out", type=Path, required=True, help="folder for head.safetensors and head.json")
+    t.add_argument("--overwrite", action="store_true")
     sub.add_parser("strategies", help="list the draft strategies")
     c = sub.add_parser("chat", help="chat in the terminal")
     _add_model_args(c)
@@ -100,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             from .chat_cmd import run_chat
 
             return run_chat(args)
+        if args.command == "train-head":
+            from .train_cmd import run_train_cmd
+
+            return run_train_cmd(args)
     except SpeculaError as exc:
         print(f"specula: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -218,7 +218,7 @@ class _Loop:
         room = min(self.budget.limit - self.budget.used - 1, target.max_len - length)
         k = max(0, min(k, room))
         t0 = time.perf_counter()
-        draft = self.drafter.propose(DraftContext(self.ctx[:length], self.n_prompt, self.params, self.gen), k) if k else None
+        draft = self.drafter.propose(DraftContext(self.ctx[:length], self.n_prompt, self.params, self.gen, target), k) if k else None
         d = draft.tokens[:k] if draft is not None else self.ctx[:0]  # (n,)
         q = draft.q[: d.shape[0]] if draft is not None and draft.q is not None else None  # (n, V)
         t1 = time.perf_counter()

@@ -141,6 +141,10 @@ class LlamaRunner:
         # verify pass; with the blocked attention, speculation then reproduces plain decoding bit for
         # bit in bf16 too. Costs about 1% (docs/PERFORMANCE.md); False gives the one-row kernels.
         self.consistent = self.blocked
+        # the last pass's final hidden states (before the final norm), one row per fed token, and the
+        # position of its first row: the features feature-level drafters (EAGLE) read
+        self.hidden = torch.empty(0)
+        self.hidden_start = 0
 
     def shallow(self, n_layers: int) -> "LlamaRunner":
         return LlamaRunner(self.model, n_layers)
@@ -196,6 +200,7 @@ class LlamaRunner:
             gate, up = F.linear(h, layer.gate_up_w, layer.gate_up_b).split(layer.inter, dim=-1)
             x = x + layer.down(layer.act(gate) * up)
         self._length = end
+        self.hidden, self.hidden_start = x[:t], start
         if x.shape[0] > t:  # the padded single step: both rows through the LM head, keep one
             return self.lm_head(_rms_norm(x, self.norm))[:1].float()
         return self.lm_head(_rms_norm(x[-last:], self.norm)).float()  # (last, V)

@@ -80,7 +80,8 @@ class Session:
             str(t.device),
             _dtype_name(t),
             t.context_window,
-            tuple(name for name, info in DRAFTERS.items() if self.draft or not info.needs_draft_model),
+            tuple(name for name, info in DRAFTERS.items()
+                  if (self.draft or not info.needs_draft_model) and not info.needs_head),
             self.baseline,
         )
 

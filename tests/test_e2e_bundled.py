@@ -21,15 +21,21 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def session(bundled_fp32):
+def session(bundled_fp32, tmp_path_factory):
+    from tests.engine.tiny import quick_head
+
     draft = replace(bundled_fp32, model=copy.deepcopy(bundled_fp32.model).to(torch.bfloat16), dtype=torch.bfloat16)
     s = Session()
     s.use(bundled_fp32, draft)
+    # a head trained for seconds drafts poorly, but every drafted token still goes through verification
+    s.head = str(quick_head(bundled_fp32, tmp_path_factory.mktemp("head"), sequences=3, length=16, epochs=1))
     return s
 
 
 def answer(session, prompt, strategy, **config):
-    request = GenerateRequest(conversation(prompt), strategy, DecodeConfig(max_new_tokens=48, **config), chat=True)
+    options = (("head", session.head),) if DRAFTERS[strategy].needs_head else ()
+    request = GenerateRequest(conversation(prompt), strategy, DecodeConfig(max_new_tokens=48, **config), chat=True,
+                              options=options)
     return [e for e in session.generate(request) if isinstance(e, Finished)][0]
 
 

@@ -12,6 +12,7 @@ from typing import Callable
 from ..errors import SpeculaError
 from .base import Draft, DraftContext, Drafter
 from .draft_model import DraftModel
+from .eagle import Eagle
 from .layer_skip import LayerSkip
 from .none import NoDraft
 from .prompt_lookup import PromptLookup
@@ -24,6 +25,7 @@ class StrategyInfo:
     build: Callable[..., Drafter]
     needs_draft_model: bool = False
     default_k: int = 4  # draft length when the user sets none
+    needs_head: bool = False  # a trained draft head (`specula train-head`)
 
 
 def default_k(strategy: str) -> int:
@@ -43,6 +45,7 @@ DRAFTERS: dict[str, StrategyInfo] = {
         StrategyInfo(PromptLookup.name, PromptLookup.description, _prompt_lookup, default_k=8),
         StrategyInfo(DraftModel.name, DraftModel.description, DraftModel.build, needs_draft_model=True),
         StrategyInfo(LayerSkip.name, LayerSkip.description, LayerSkip.build),
+        StrategyInfo(Eagle.name, Eagle.description, Eagle.build, needs_head=True),
     )
 }
 

@@ -16,6 +16,7 @@ class DraftContext:
     prompt_len: int
     params: SamplingParams
     generator: torch.Generator | None
+    target: object | None = None  # the target's runner: its last pass's hidden states, for feature drafters
 
 
 @dataclass(frozen=True)

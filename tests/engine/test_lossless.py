@@ -8,17 +8,21 @@ from engine.drafters import DRAFTERS, build_drafter
 from engine.events import Finished, Origin, Step
 from engine.sampling import SamplingParams
 
-from .tiny import loaded, perturbed, tiny_model
+from .tiny import loaded, perturbed, quick_head, tiny_model
+
+HEADS: dict[int, str] = {}  # id of a loaded target -> folder of a draft head trained for it
 
 
 @pytest.fixture(scope="module")
-def models():
-    target = tiny_model(vocab=64, layers=4, seed=0)
-    return loaded(target), loaded(perturbed(target, scale=0.05))
+def models(tmp_path_factory):
+    target = loaded(tiny_model(vocab=64, layers=4, seed=0))
+    HEADS[id(target)] = str(quick_head(target, tmp_path_factory.mktemp("head")))
+    return target, loaded(perturbed(target.model, scale=0.05))
 
 
 def run(target, draft, strategy, prompt, **config):
-    drafter = build_drafter(strategy, target, draft)
+    options = {"head": HEADS[id(target)]} if DRAFTERS[strategy].needs_head else {}
+    drafter = build_drafter(strategy, target, draft, **options)
     runner = target.new_runner()
     events = list(generate(runner, drafter, prompt, DecodeConfig(**config), stop_ids=target.eos_ids, strategy=strategy))
     return events

@@ -47,3 +47,23 @@ def perturbed(model, scale: float = 0.02, seed: int = 1):
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * scale * p.abs().mean())
     return draft
+
+
+def quick_head(target: LoadedModel, folder, sequences: int = 16, length: int = 40, epochs: int = 5, seed: int = 0):
+    """A draft head trained for a few seconds on the target's own greedy continuations of random
+    prompts; returns the folder it was saved to."""
+    from engine.decoder import DecodeConfig, generate
+    from engine.drafters import build_drafter
+    from engine.heads.eagle import save_head
+    from engine.heads.train import _with_features, head_info, train_head
+
+    gen = torch.Generator().manual_seed(seed)
+    vocab = min(target.model.config.vocab_size, 1000)
+    seqs = []
+    for _ in range(sequences):
+        prompt = torch.randint(0, vocab, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
+        events = list(generate(target.new_runner(), build_drafter("none", target), prompt, DecodeConfig(max_new_tokens=length)))
+        seqs.append(_with_features(target, prompt, list(events[-1].token_ids)))
+    head = train_head(target, seqs, epochs=epochs, lr=3e-3, seed=seed)
+    save_head(head.to(target.dtype), head_info(target, "eagle", sequences * length, epochs, None), folder)
+    return folder

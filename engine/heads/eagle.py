@@ -1,0 +1,203 @@
+"""An EAGLE-style draft head (Li et al. 2024): one decoder layer that reads the target's final hidden
+state at position t and the embedding of token t+1, and predicts the hidden state at t+1; the target's
+own final norm and LM head turn that prediction into a token. It drafts by feeding its predictions back
+in, with a small KV cache of its own.
+
+Stored as DIR/head.safetensors (weights) and DIR/head.json (kind, dimensions, the target it was
+trained for, training figures). A head only loads for the model it was trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import SpeculaError
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    rope_theta: float = 10000.0
+    eps: float = 1e-5
+
+    @classmethod
+    def for_target(cls, config) -> "HeadConfig":
+        heads = config.num_attention_heads
+        return cls(
+            hidden=config.hidden_size,
+            heads=heads,
+            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            intermediate=config.intermediate_size,
+            rope_theta=float(getattr(config, "rope_theta", None) or 10000.0),
+            eps=float(getattr(config, "rms_norm_eps", 1e-5)),
+        )
+
+
+@dataclass
+class HeadInfo:
+    """What head.json says: enough to refuse a head made for another model."""
+
+    kind: str
+    config: HeadConfig
+    target: str  # fingerprint of the target's configuration and weights
+    vocabulary: str  # fingerprint of the tokenizer's vocabulary
+    target_name: str = ""
+    training: dict = field(default_factory=dict)
+    format: int = FORMAT
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps(data, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "HeadInfo":
+        data = json.loads(text)
+        data["config"] = HeadConfig(**data["config"])
+        return cls(**data)
+
+
+def target_fingerprint(model) -> str:
+    """The architecture and a sample of the weights: two models with the same shapes still differ."""
+    cfg = model.config
+    digest = hashlib.sha256()
+    shape = (cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.intermediate_size)
+    digest.update(repr(shape).encode())
+    with torch.no_grad():
+        sample = model.get_input_embeddings().weight[:16, :64].float().cpu()
+        sample = torch.cat([sample.flatten(), model.get_output_embeddings().weight[-16:, :64].float().cpu().flatten()])
+    digest.update(sample.numpy().round(3).tobytes())  # rounded: the same model in fp32 and bf16 agrees
+    return digest.hexdigest()[:16]
+
+
+def vocabulary_fingerprint(tokenizer) -> str:
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def _rope(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = torch.outer(positions.float(), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class EagleHead(nn.Module):
+    def __init__(self, config: HeadConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.feature_norm = nn.RMSNorm(c.hidden, eps=c.eps)
+        self.embed_norm = nn.RMSNorm(c.hidden, eps=c.eps)
+        self.fc = nn.Linear(2 * c.hidden, c.hidden, bias=False)
+        self.attn_norm = nn.RMSNorm(c.hidden, eps=c.eps)
+        self.q = nn.Linear(c.hidden, c.heads * c.head_dim, bias=False)
+        self.k = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=False)
+        self.v = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=False)
+        self.o = nn.Linear(c.heads * c.head_dim, c.hidden, bias=False)
+        self.mlp_norm = nn.RMSNorm(c.hidden, eps=c.eps)
+        self.gate = nn.Linear(c.hidden, c.intermediate, bias=False)
+        self.up = nn.Linear(c.hidden, c.intermediate, bias=False)
+        self.down = nn.Linear(c.intermediate, c.hidden, bias=False)
+        self._k = self._v = torch.empty(0)  # (kv_heads, capacity, head_dim): the drafting cache
+        self._length = 0
+
+    def forward(self, features: torch.Tensor, next_embeds: torch.Tensor, start: int = 0,
+                use_cache: bool = False) -> torch.Tensor:
+        """features (B, T, D) at positions start.., embeddings of the tokens that followed them (B, T, D)
+        -> predicted features of the following positions (B, T, D). With use_cache (B = 1), keys and
+        values go to the drafting cache at positions start.. and attention sees the cache before them."""
+        c = self.config
+        b, t, _ = features.shape
+        h = self.fc(torch.cat((self.feature_norm(features), self.embed_norm(next_embeds)), dim=-1))
+        x = self.attn_norm(h)
+        q = self.q(x).view(b, t, c.heads, c.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        cos, sin = _rope(torch.arange(start, start + t, device=h.device), c.head_dim, c.rope_theta, h.dtype)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if use_cache:
+            self._store(k[0], v[0], start)
+            keys, values = self._k[:, : start + t][None], self._v[:, : start + t][None]
+            mask = None
+            if t > 1:
+                mask = torch.arange(start + t, device=h.device)[None, :] <= torch.arange(start, start + t, device=h.device)[:, None]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        h = h + self.o(out.transpose(1, 2).reshape(b, t, -1))
+        x = self.mlp_norm(h)
+        return h + self.down(F.silu(self.gate(x)) * self.up(x))
+
+    def _store(self, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
+        end = start + k.shape[1]
+        if self._k.ndim != 3 or self._k.shape[1] < end:
+            cap = max(256, 2 * end)
+            nk = k.new_zeros((k.shape[0], cap, k.shape[2]))
+            nv = v.new_zeros((v.shape[0], cap, v.shape[2]))
+            if self._k.ndim == 3:
+                nk[:, : self._length] = self._k[:, : self._length]
+                nv[:, : self._length] = self._v[:, : self._length]
+            self._k, self._v = nk, nv
+        self._k[:, start:end] = k
+        self._v[:, start:end] = v
+        self._length = end
+
+    def truncate(self, length: int) -> None:
+        self._length = min(self._length, max(0, length))
+
+
+def save_head(head: EagleHead, info: HeadInfo, folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {name: t.detach().contiguous().cpu() for name, t in head.state_dict().items()}
+    save_file(state, str(folder / "head.safetensors"))
+    (folder / "head.json").write_text(info.to_json(), encoding="utf-8")
+
+
+def read_info(folder: Path) -> HeadInfo:
+    path = Path(folder) / "head.json"
+    if not path.is_file():
+        raise SpeculaError(f"draft head not found: {path}")
+    try:
+        return HeadInfo.from_json(path.read_text(encoding="utf-8"))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise SpeculaError(f"draft head description {path} is unreadable: {exc}") from None
+
+
+def load_head(folder: Path, target, dtype=None) -> tuple[EagleHead, HeadInfo]:
+    """The head in `folder` for this loaded target; refuses a head trained for another model."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    info = read_info(folder)
+    if info.format != FORMAT or info.kind != "eagle":
+        raise SpeculaError(f"{folder} holds a '{info.kind}' head of format {info.format}; this version reads eagle heads of format {FORMAT}")
+    if info.target != target_fingerprint(target.model):
+        made_for = f" (made for {info.target_name})" if info.target_name else ""
+        raise SpeculaError(f"the draft head in {folder} was trained for another model{made_for}, not {target.name}")
+    if target.tokenizer is not None and info.vocabulary != vocabulary_fingerprint(target.tokenizer):
+        raise SpeculaError(f"the draft head in {folder} was trained with another tokenizer than {target.name}'s")
+    head = EagleHead(info.config)
+    head.load_state_dict(load_file(str(folder / "head.safetensors")))
+    head = head.to(device=target.device, dtype=dtype or target.dtype).eval()
+    head.requires_grad_(False)
+    return head, info

@@ -1,0 +1,77 @@
+"""The EAGLE-style head: trained briefly on a tiny model's own greedy text, it loads, drafts, and the
+output stays the target's own (greedy and sampled); a head for another model is refused."""
+
+import pytest
+import torch
+
+from engine.decoder import DecodeConfig, generate
+from engine.drafters import build_drafter
+from engine.errors import SpeculaError
+from engine.events import Finished
+from engine.heads.eagle import load_head, save_head
+from engine.heads.train import _with_features, chain_acceptance, head_info, train_head
+from engine.sampling import SamplingParams
+
+from .tiny import loaded, tiny_model
+
+
+def greedy(target, prompt, n):
+    events = list(generate(target.new_runner(), build_drafter("none", target), prompt, DecodeConfig(max_new_tokens=n)))
+    return list(events[-1].token_ids)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    target = loaded(tiny_model(vocab=64, layers=2, seed=11))
+    gen = torch.Generator().manual_seed(0)
+    seqs = []
+    for _ in range(24):
+        prompt = torch.randint(0, 64, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
+        seqs.append(_with_features(target, prompt, greedy(target, prompt, 40)))
+    head = train_head(target, seqs[:20], epochs=6, lr=3e-3)
+    accepted = chain_acceptance(head, target, seqs[20:], k=4)
+    folder = tmp_path_factory.mktemp("head")
+    save_head(head, head_info(target, "eagle", sum(len(s.tokens) for s in seqs), 6, accepted), folder)
+    return target, folder, accepted
+
+
+def test_a_trained_head_predicts_the_targets_tokens(trained):
+    _, _, accepted = trained
+    assert accepted > 1.3  # random guessing over 64 tokens would give about 1.02
+
+
+def test_eagle_is_lossless_greedy_and_really_drafts(trained):
+    target, folder, _ = trained
+    gen = torch.Generator().manual_seed(3)
+    accepted = 0
+    for trial in range(8):
+        prompt = torch.randint(0, 64, (int(torch.randint(2, 20, (1,), generator=gen)),), generator=gen).tolist()
+        config = DecodeConfig(k=1 + trial % 6, adaptive_k=trial % 2 == 0, max_new_tokens=50)
+        base = list(generate(target.new_runner(), build_drafter("none", target), prompt, config))[-1]
+        events = list(generate(target.new_runner(), build_drafter("eagle", target, head=str(folder)), prompt, config))
+        spec = events[-1]
+        assert isinstance(spec, Finished) and spec.token_ids == base.token_ids, trial
+        accepted += spec.totals.accepted
+    assert accepted > 0
+
+
+def test_eagle_sampling_with_a_seed_repeats_and_varies(trained):
+    target, folder, _ = trained
+    params = SamplingParams(temperature=1.0, top_p=0.95)
+
+    def run(seed):
+        drafter = build_drafter("eagle", target, head=str(folder))
+        return list(generate(target.new_runner(), drafter, [1, 2, 3], DecodeConfig(k=4, max_new_tokens=30, params=params, seed=seed)))[-1].token_ids
+
+    assert run(5) == run(5) and run(5) != run(6)
+
+
+def test_a_head_for_another_model_is_refused(trained):
+    _, folder, _ = trained
+    other = loaded(tiny_model(vocab=64, layers=2, seed=12))
+    with pytest.raises(SpeculaError, match="another model"):
+        load_head(folder, other)
+    with pytest.raises(SpeculaError, match="not found"):
+        load_head(folder / "missing", other)
+    with pytest.raises(SpeculaError, match="needs a trained draft head"):
+        build_drafter("eagle", other)
