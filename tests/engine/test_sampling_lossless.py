@@ -1,6 +1,6 @@
 """Speculative sampling keeps the target's distribution: on a 4-token vocabulary, the joint distribution
 of the first three generated tokens matches the exact target distribution, for a drafter with a
-distribution (draft-model) and one without (prompt-lookup)."""
+distribution (draft-model, eagle) and one without (prompt-lookup)."""
 
 import itertools
 
@@ -62,11 +62,20 @@ def models():
         ("draft-model", SamplingParams(temperature=1.0)),
         ("draft-model", SamplingParams(temperature=0.8, top_k=3)),
         ("prompt-lookup", SamplingParams(temperature=0.8, top_p=0.9)),
+        ("eagle", SamplingParams(temperature=1.0)),
     ],
 )
-def test_speculative_sampling_matches_the_target_distribution(models, strategy, params):
+def test_speculative_sampling_matches_the_target_distribution(models, strategy, params, tmp_path):
     target, draft = models
-    drafter = build_drafter(strategy, target, draft)
+    options = {}
+    if strategy == "eagle":  # an untrained head: a draft distribution far from the target's
+        from engine.heads.eagle import EagleHead, HeadConfig, save_head
+        from engine.heads.train import head_info
+
+        torch.manual_seed(0)
+        save_head(EagleHead(HeadConfig.for_target(target.model.config)), head_info(target, "eagle", 0, 0, None), tmp_path)
+        options["head"] = str(tmp_path)
+    drafter = build_drafter(strategy, target, draft, **options)
     exact = exact_joint(target.model, params)
     got = empirical_joint(target, drafter, params, SAMPLES)
     tv = sum(abs(got[k] - exact[k]) for k in exact) / 2
