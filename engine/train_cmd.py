@@ -15,15 +15,16 @@ def run_train_cmd(args) -> int:
 
     if args.kind != "eagle":
         raise SpeculaError(f"only eagle heads can be trained in this version, not '{args.kind}'")
-    if args.tokens < 100 or args.epochs < 1:
-        raise SpeculaError("--tokens must be at least 100 and --epochs at least 1")
+    if args.tokens < 100 or args.epochs < 1 or args.batch < 1:
+        raise SpeculaError("--tokens must be at least 100, --epochs and --batch at least 1")
     if (args.out / "head.json").exists() and not args.overwrite:
         raise SpeculaError(f"{args.out} already holds a head: choose another --out or pass --overwrite")
     target = load_model(ModelSpec(args.model, args.device, args.dtype), progress=lambda s: print(s, file=sys.stderr))
     if not target.uses_lean_forward:
         raise SpeculaError(f"draft heads need a Llama-family model (Llama, Qwen2/3, Mistral, SmolLM), not '{target.model.config.model_type}'")
     t0 = time.perf_counter()
-    seqs = self_distill(target, args.tokens, max_new=args.max_new_tokens, seed=args.seed, say=progress_line)
+    seqs = self_distill(target, args.tokens, max_new=args.max_new_tokens, batch=args.batch, seed=args.seed,
+                        say=progress_line)
     print(file=sys.stderr)
     held = max(1, len(seqs) // 10)
     train, test = seqs[held:], seqs[:held]

@@ -75,3 +75,25 @@ def test_a_head_for_another_model_is_refused(trained):
         load_head(folder / "missing", other)
     with pytest.raises(SpeculaError, match="needs a trained draft head"):
         build_drafter("eagle", other)
+
+
+def test_train_head_command_writes_a_head_that_the_eagle_strategy_loads(tiny_folder, tmp_path, capsys):
+    import json
+
+    from engine.cli import main
+
+    out = tmp_path / "head"
+    args = ["train-head", "--model", str(tiny_folder), "--dtype", "fp32", "--tokens", "200", "--epochs", "1",
+            "--max-new-tokens", "24", "--batch", "4", "--out", str(out)]
+    assert main(args) == 0
+    info = json.loads((out / "head.json").read_text())
+    assert info["kind"] == "eagle" and info["training"]["answer_tokens"] >= 200
+    assert info["training"]["held_out_mean_accepted_length"] >= 1.0
+    assert main(args) == 2  # the folder holds a head already
+    assert "already holds a head" in capsys.readouterr().err
+    assert main(args[:-2] + ["--kind", "medusa", "--out", str(tmp_path / "m")]) == 2
+    code = main(["generate", "--model", str(tiny_folder), "--dtype", "fp32", "--strategy", "eagle", "--head", str(out),
+                 "--prompt", "hello there", "--max-new-tokens", "12", "--json"])
+    assert code == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["strategy"] == "eagle" and line["new_tokens"] > 0
