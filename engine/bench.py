@@ -45,11 +45,13 @@ class Run:
 
 
 class Bench:
-    def __init__(self, session: Session, config: DecodeConfig, chat: bool, k: int | None = None) -> None:
+    def __init__(self, session: Session, config: DecodeConfig, chat: bool, k: int | None = None,
+                 options: tuple = ()) -> None:
         self.session = session
         self.config = config
         self.chat = chat
         self.k = k  # None: each strategy's own default draft length
+        self.options = options  # strategy options, e.g. (("head", DIR),)
 
     def config_for(self, strategy: str) -> DecodeConfig:
         return replace(self.config, k=default_k(strategy) if self.k is None else self.k)
@@ -59,7 +61,7 @@ class Bench:
         run = Run((), 0, 0.0)
         for text in item.turns:
             messages = conversation(text, None, history)
-            request = GenerateRequest(messages, strategy, self.config_for(strategy), self.chat)
+            request = GenerateRequest(messages, strategy, self.config_for(strategy), self.chat, self.options)
             f = [e for e in self.session.generate(request) if isinstance(e, Finished)][0]
             t = f.totals
             run.token_ids += f.token_ids
@@ -125,8 +127,8 @@ def select(items: list[PromptItem], categories: list[str] | None, limit: int | N
 
 
 def run_bench(session: Session, items: list[PromptItem], names: list[str], config: DecodeConfig,
-              chat: bool, repeat: int, k: int | None = None) -> dict[str, list[tuple[PromptItem, Run]]]:
-    bench = Bench(session, config, chat, k)
+              chat: bool, repeat: int, k: int | None = None, options: tuple = ()) -> dict[str, list[tuple[PromptItem, Run]]]:
+    bench = Bench(session, config, chat, k, options)
     warm = PromptItem(("Say hello.",), "warm-up", "warm-up")
     for name in names:
         bench.run(name, warm)

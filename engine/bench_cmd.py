@@ -34,7 +34,8 @@ def run_bench_cmd(args) -> int:
     session = Session()
     spec = ModelSpec(args.model, args.device, args.dtype)
     loaded = session.load(LoadRequest(spec, args.draft_model, measure_baseline=False))
-    results = run_bench(session, items, names, config, chat=not args.no_chat, repeat=args.repeat, k=args.k)
+    options = (("head", args.head),) if args.head else ()
+    results = run_bench(session, items, names, config, chat=not args.no_chat, repeat=args.repeat, k=args.k, options=options)
     summary = summarize(results, loaded.target, loaded.device, loaded.dtype, args.max_new_tokens)
     summary["k"] = {name: default_k(name) if args.k is None else args.k for name in strategies}
     if args.out:

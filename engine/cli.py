@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--k", type=int, default=None, help="longest draft for every strategy; default: each strategy's own")
     b.add_argument("--adaptive-k", action="store_true")
     b.add_argument("--no-chat", action="store_true", help="raw prompts instead of the chat template")
+    b.add_argument("--head", default=None, help="a draft head folder for the eagle strategy")
     b.add_argument("--repeat", type=int, default=1)
     b.add_argument("--out", type=Path, default=None, help="folder for bench.md, bench.json, trace.jsonl and PNG charts")
     b.add_argument("--json", action="store_true", help="print one JSON object")

@@ -28,7 +28,7 @@ from .events import Finished, Origin, Started, Step, Token, Totals
 from .forward import ModelRunner
 from .metrics import BaselineCost, count_step
 from .sampling import SamplingParams, choose
-from .verify import Verdict, verify
+from .verify import Verdict, verify, walk_tree
 
 K_MAX = 32
 
@@ -128,6 +128,22 @@ class _Stats:
         )
 
 
+def _depths(parents: list[int]) -> list[int]:
+    depth = [0] * len(parents)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            depth[i] = depth[p] + 1
+    return depth
+
+
+def _main_chain_length(parents: list[int]) -> int:
+    """How many leading draft tokens form the tree's first chain (each the child of the one before)."""
+    n = 0
+    while n < len(parents) and parents[n] == n - 1:
+        n += 1
+    return n
+
+
 def _origin_of_target_token(drafted: int, accepted: int) -> Origin:
     if drafted == 0:
         return Origin.TARGET
@@ -222,6 +238,10 @@ class _Loop:
         d = draft.tokens[:k] if draft is not None else self.ctx[:0]  # (n,)
         q = draft.q[: d.shape[0]] if draft is not None and draft.q is not None else None  # (n, V)
         t1 = time.perf_counter()
+        if draft is not None and draft.parents is not None and d.shape[0] and self.params.greedy:
+            return self._tree_step(draft, length, k, t0, t1)
+        if draft is not None and draft.parents is not None:  # a tree under sampling: its first chain only
+            d = d[: _main_chain_length(draft.parents[: d.shape[0]].tolist())]
         feed = torch.cat([self.ctx[length - 1 : length], d])  # the newest token, then the draft
         logits = target.forward(feed, last=feed.shape[0])  # (n+1, V)
         verdict: Verdict = verify(logits, d.to(logits.device), q, self.params, self.gen)
@@ -245,6 +265,47 @@ class _Loop:
         )
         elapsed = time.perf_counter() - self.t_start
         return Step(self.request_id, step, n, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed)
+
+    def _tree_step(self, draft, length: int, k: int, t0: float, t1: float) -> Step:
+        """One pass over a token tree; keep the longest path the target agrees with."""
+        target = self.target
+        parents, keep = [-1], []  # rows: 0 = the newest token, then the draft nodes no deeper than k
+        row_of = {-1: 0}
+        depth_of = {-1: 0}
+        for i, p in enumerate(draft.parents.tolist()):
+            if p in row_of and depth_of[p] + 1 <= k:
+                depth_of[i] = depth_of[p] + 1
+                row_of[i] = len(parents)
+                parents.append(row_of[p])
+                keep.append(i)
+        d = draft.tokens[keep]
+        feed = torch.cat([self.ctx[length - 1 : length], d])
+        tokens = feed.tolist()
+        logits = target.forward(feed, last=feed.shape[0], parents=parents)
+        rows, next_token = walk_tree(logits, tokens, parents)
+        t2 = time.perf_counter()
+        target.keep(length - 1, rows)
+        acc = len(rows) - 1
+        self.drafter.observe(acc, next_token)
+        new = [tokens[r] for r in rows[1:]] + [next_token]
+        kept = self._append(new)
+        depth = _depths(parents)
+        drafted = max(depth)
+        self.stats.add_step(drafted, acc, t1 - t0, t2 - t1)
+        step = self.stats.steps
+        emitted = tuple(
+            Token(t, self._text(t), Origin.DRAFT, step, i) if i < acc
+            else Token(t, self._text(t), _origin_of_target_token(drafted, acc), step)
+            for i, t in enumerate(new[:kept])
+        )
+        # the ghost text: the tree's first-choice continuation below the last kept node
+        ghost, row = [], rows[-1]
+        while (child := next((c for c, p in enumerate(parents) if p == row), None)) is not None:
+            ghost.append(tokens[child])
+            row = child
+        rejected = tuple(Token(t, self._ghost(t), Origin.REJECTED, step, acc + j) for j, t in enumerate(ghost))
+        elapsed = time.perf_counter() - self.t_start
+        return Step(self.request_id, step, drafted, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed)
 
     def _ghost(self, token: int) -> str:
         return self.tokenizer.decode([token]) if self.tokenizer is not None else ""

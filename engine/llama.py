@@ -101,6 +101,21 @@ def _fused_layers(model: torch.nn.Module) -> list[_Layer]:
     return layers
 
 
+def _tree(parents: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """parents (row 0: -1) -> ancestors (T, T) with [i, j] true when row j is row i or an ancestor of it,
+    and the depth of every row."""
+    t = len(parents)
+    ancestors = torch.eye(t, dtype=torch.bool)
+    depth = [0] * t
+    for i in range(1, t):
+        p = parents[i]
+        if not 0 <= p < i:
+            raise ValueError(f"row {i} has parent {p}: parents come before their children")
+        ancestors[i] |= ancestors[p]
+        depth[i] = depth[p] + 1
+    return ancestors.to(device), torch.tensor(depth, device=device)
+
+
 def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
     """transformers' RMSNorm: normalise in fp32, cast back, scale."""
     weight, eps = norm
@@ -182,7 +197,10 @@ class LlamaRunner:
         self._sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, last: int = 1) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, last: int = 1, parents: list[int] | None = None) -> torch.Tensor:
+        """tokens (T,) -> fp32 logits (last, V). With `parents` the tokens are a tree: row 0 continues
+        the cache, row i > 0 continues row parents[i] < i; each row sees the cache and its own ancestors,
+        at the position of its depth. Afterwards `keep()` keeps one root-to-node path."""
         t = tokens.shape[0]
         start = self._length
         end = start + t
@@ -191,9 +209,17 @@ class LlamaRunner:
         if pad:  # two identical rows: the products take the multi-row kernels a verify pass uses
             tokens = tokens.expand(2)
         x = self.embed(tokens.to(self.device))  # (rows, D)
-        cos = self._cos[start:end]  # (T, hd)
-        sin = self._sin[start:end]
-        plan = self._plan(start, t)
+        if parents is None:
+            cos = self._cos[start:end]  # (T, hd)
+            sin = self._sin[start:end]
+            plan = self._plan(start, t)
+        else:
+            if start == 0 or len(parents) != t:
+                raise ValueError("a tree continues a non-empty cache, one parent per row")
+            ancestors, depth = _tree(parents, self.device)
+            cos = self._cos[start + depth]
+            sin = self._sin[start + depth]
+            plan = self._tree_plan(start, ancestors)
         for i, layer in enumerate(self.layers):
             x = x + self._attention(i, layer, _rms_norm(x, layer.in_norm), cos, sin, start, t, plan)
             h = _rms_norm(x, layer.post_norm)
@@ -204,6 +230,35 @@ class LlamaRunner:
         if x.shape[0] > t:  # the padded single step: both rows through the LM head, keep one
             return self.lm_head(_rms_norm(x, self.norm))[:1].float()
         return self.lm_head(_rms_norm(x[-last:], self.norm)).float()  # (last, V)
+
+    @torch.inference_mode()
+    def keep(self, start: int, rows: list[int]) -> None:
+        """After a tree pass that began at `start`: keep the rows `rows` (a root-to-node path, row 0 first)
+        as positions start, start+1, ...; drop the rest."""
+        index = torch.tensor(rows, device=self.device)
+        if rows != list(range(len(rows))):
+            target = torch.arange(start, start + len(rows), device=self.device)
+            self._k[:, :, target] = self._k[:, :, start + index]
+            self._v[:, :, target] = self._v[:, :, start + index]
+        self.hidden, self.hidden_start = self.hidden[index], start
+        self._length = start + len(rows)
+
+    def _tree_plan(self, start: int, ancestors: torch.Tensor):
+        """Masks for a tree pass: every row sees the cache before `start` and its own ancestors."""
+        t = ancestors.shape[0]
+        dev = self.device
+        n_keys = start + t if not self.blocked else -(-(start + t) // _BLOCK) * _BLOCK
+        allowed = torch.zeros((t, n_keys), dtype=torch.bool, device=dev)
+        allowed[:, :start] = True
+        allowed[:, start : start + t] = ancestors
+        allowed = allowed.repeat(self.groups, 1)  # (groups*T, n_keys)
+        if not self.blocked:
+            return ("fused", allowed)
+        rows = allowed.shape[0]
+        if rows < _MIN_ROWS:
+            allowed = torch.cat([allowed, allowed[:1].expand(_MIN_ROWS - rows, -1)])
+        mask = torch.zeros(allowed.shape, dtype=torch.float32, device=dev).masked_fill_(~allowed, float("-inf"))
+        return ("blocked", [(0, t, n_keys, rows, mask)])
 
     def _plan(self, start: int, t: int):
         """How this pass attends: None for the prefill's causal kernel; otherwise, on the CPU, the

@@ -81,3 +81,21 @@ def verify(
     if params.greedy:
         return verify_greedy(logits, draft)
     return verify_sampling(logits, draft, q, params, generator)
+
+
+def walk_tree(logits: torch.Tensor, tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
+    """Greedy verification of a token tree scored in one pass. logits (T, V): row i is the target's
+    distribution after row i's path. From the root (row 0), follow the child holding the target's
+    argmax while there is one -> (the rows of the kept path, root first; the target's next token)."""
+    best = logits.argmax(-1).tolist()
+    children: dict[int, list[int]] = {}
+    for row, parent in enumerate(parents):
+        if parent >= 0:
+            children.setdefault(parent, []).append(row)
+    path = [0]
+    while True:
+        want = best[path[-1]]
+        step = next((c for c in children.get(path[-1], ()) if tokens[c] == want), None)
+        if step is None:
+            return path, want
+        path.append(step)

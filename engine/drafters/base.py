@@ -23,6 +23,9 @@ class DraftContext:
 class Draft:
     tokens: torch.Tensor  # (n,) int64, n <= k (n = 0: nothing to propose this step)
     q: torch.Tensor | None = None  # (n, V) drafter probabilities, or None for a point guess (one-hot)
+    # a token tree instead of a chain (greedy only): parent of each token, -1 for the newest context
+    # token, else the index of an earlier draft token; tokens[0] starts the main chain
+    parents: torch.Tensor | None = None
 
 
 class Drafter(Protocol):

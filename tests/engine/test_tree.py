@@ -1,0 +1,127 @@
+"""Token trees: one target pass over a tree gives every node the logits its own path would get, and
+keeping one path leaves the cache as if only that path had been fed."""
+
+import pytest
+import torch
+
+from .tiny import loaded, tiny_model
+
+# row 0 continues the cache; rows 1-2 are children of row 0, 3-4 of row 1, 5 of row 3, 6 of row 2
+PARENTS = [-1, 0, 0, 1, 1, 3, 2]
+
+
+def path_to(row: int) -> list[int]:
+    rows = [row]
+    while PARENTS[rows[-1]] >= 0:
+        rows.append(PARENTS[rows[-1]])
+    return rows[::-1]
+
+
+@pytest.fixture(scope="module", params=["blocked", "fused"])
+def model(request):
+    target = loaded(tiny_model(vocab=64, layers=3, seed=2))
+    target.blocked = request.param == "blocked"
+    return target
+
+
+def runner(model):
+    r = model.new_runner()
+    if not model.blocked:  # the kernel GPUs use, over a cache in the model's dtype
+        r.blocked, r.cache_dtype, r.consistent = False, r.dtype, False
+    return r
+
+
+def test_each_node_gets_the_logits_of_its_own_path(model):
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 64, (37,), generator=gen)
+    tree = torch.randint(0, 64, (len(PARENTS),), generator=gen)
+    r = runner(model)
+    r.forward(prompt)
+    logits = r.forward(tree, last=len(PARENTS), parents=PARENTS)
+    for row in range(len(PARENTS)):
+        chain = runner(model)
+        chain.forward(prompt)
+        expected = chain.forward(tree[path_to(row)], last=1)[0]
+        assert torch.allclose(logits[row], expected, atol=1e-5), row
+
+
+def test_keeping_a_path_equals_feeding_only_that_path(model):
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 64, (20,), generator=gen)
+    tree = torch.randint(0, 64, (len(PARENTS),), generator=gen)
+    after = torch.randint(0, 64, (3,), generator=gen)
+    path = path_to(5)  # rows 0, 1, 3, 5
+    r = runner(model)
+    r.forward(prompt)
+    r.forward(tree, last=len(PARENTS), parents=PARENTS)
+    r.keep(20, path)
+    assert r.length == 20 + len(path) and r.hidden.shape[0] == len(path)
+    got = r.forward(after, last=3)
+    fresh = runner(model)
+    expected = fresh.forward(torch.cat([prompt, tree[path], after]), last=3)
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_a_child_before_its_parent_is_refused(model):
+    r = runner(model)
+    r.forward(torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError):
+        r.forward(torch.tensor([4, 5, 6]), last=3, parents=[-1, 2, 0])
+
+
+class TreeOracle:
+    """A drafter that proposes token trees around the known greedy answer: at every level the right
+    token sits among wrong siblings (at a random place), and sometimes the right one is missing."""
+
+    name = "tree-oracle"
+
+    def __init__(self, answer: list[int], prompt_len: int, seed: int) -> None:
+        self.answer, self.prompt_len = answer, prompt_len
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def reset(self) -> None:
+        pass
+
+    def observe(self, accepted: int, next_token: int) -> None:
+        pass
+
+    def propose(self, ctx, k):
+        from engine.drafters.base import Draft
+
+        done = ctx.tokens.shape[0] - self.prompt_len
+        tokens, parents, parent = [], [], -1
+        for level in range(k):
+            right = self.answer[done + level] if done + level < len(self.answer) else 0
+            options = torch.randint(0, 64, (3,), generator=self.gen).tolist()
+            if torch.rand(1, generator=self.gen) < 0.8:
+                options[int(torch.randint(0, 3, (1,), generator=self.gen))] = right
+            chain = None
+            for token in options:
+                tokens.append(token)
+                parents.append(parent)
+                if token == right and chain is None:
+                    chain = len(tokens) - 1
+            if chain is None:
+                break
+            parent = chain
+        return Draft(torch.tensor(tokens), parents=torch.tensor(parents))
+
+
+def test_the_decoder_keeps_the_agreeing_path_of_a_tree(model):
+    from engine.decoder import DecodeConfig, generate
+    from engine.drafters import build_drafter
+    from engine.events import Step
+
+    gen = torch.Generator().manual_seed(4)
+    accepted = 0
+    for trial in range(6):
+        prompt = torch.randint(0, 64, (int(torch.randint(3, 30, (1,), generator=gen)),), generator=gen).tolist()
+        config = DecodeConfig(k=1 + trial % 5, max_new_tokens=40)
+        base = list(generate(runner(model), build_drafter("none", model), prompt, config))[-1]
+        drafter = TreeOracle(list(base.token_ids), len(prompt), trial)
+        events = list(generate(runner(model), drafter, prompt, config))
+        assert events[-1].token_ids == base.token_ids, trial
+        streamed = [t.id for e in events if isinstance(e, Step) for t in e.tokens]
+        assert tuple(streamed) == base.token_ids
+        accepted += events[-1].totals.accepted
+    assert accepted > 20
