@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--max-new-tokens", type=int, default=192, help="longest training answer")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--draft-vocab", type=int, default=8192,
+                   help="the head drafts only the V most frequent answer tokens (0: the whole vocabulary)")
     t.add_argument("--batch", type=int, default=16, help="prompts answered together while generating training data")
     t.add_argument("--out", type=Path, required=True, help="folder for head.safetensors and head.json")
     t.add_argument("--overwrite", action="store_true")

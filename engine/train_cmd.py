@@ -11,7 +11,7 @@ from .loading import ModelSpec, load_model
 
 def run_train_cmd(args) -> int:
     from .heads.eagle import save_head
-    from .heads.train import chain_acceptance, head_info, progress_line, self_distill, train_head
+    from .heads.train import chain_acceptance, frequent_tokens, head_info, progress_line, self_distill, train_head
 
     if args.kind != "eagle":
         raise SpeculaError(f"only eagle heads can be trained in this version, not '{args.kind}'")
@@ -30,6 +30,8 @@ def run_train_cmd(args) -> int:
     train, test = seqs[held:], seqs[:held]
     head = train_head(target, train, epochs=args.epochs, lr=args.lr, seed=args.seed, say=progress_line)
     print(file=sys.stderr)
+    if args.draft_vocab:
+        head.draft_ids = frequent_tokens(train, args.draft_vocab)
     accepted = chain_acceptance(head, target, test, k=5)
     tokens = sum(len(s.tokens) - s.answer_start for s in seqs)
     save_head(head.to(target.dtype), head_info(target, "eagle", tokens, args.epochs, round(accepted, 3)), args.out)

@@ -23,7 +23,7 @@ class Eagle:
     name = "eagle"
     description = "a trained head drafts from the target's own features (needs --head DIR from `specula train-head`)"
 
-    def __init__(self, head, target) -> None:
+    def __init__(self, head, target, stop_below: float = 0.3, branch: bool = True) -> None:
         model = target.model
         self.head = head
         self.embed = model.get_input_embeddings()
@@ -32,9 +32,15 @@ class Eagle:
         self.vocab = self.lm_head.weight.shape[0]
         self.synced = 0  # positions the head has read with the target's real features
         self.broken = False
+        ids = head.draft_ids
+        self.ids = ids.to(self.lm_head.weight.device) if ids.numel() else None
+        self.sub_weight = self.lm_head.weight[self.ids].contiguous() if self.ids is not None else None
+        self.stop_below = stop_below  # greedy: no further draft token once the head's top guess is less likely
+        self.branch = branch  # greedy: the runner-up as a sibling leaf when it is likely enough
+        self.sibling_above = 0.2
 
     @classmethod
-    def build(cls, target, draft=None, head=None, **options) -> "Eagle":
+    def build(cls, target, draft=None, head=None, branch=None, **options) -> "Eagle":
         if not target.uses_lean_forward:
             raise UnsupportedModelError(
                 f"eagle supports the Llama family (Llama, Qwen2/3, Mistral, SmolLM), not '{target.model.config.model_type}'"
@@ -42,7 +48,7 @@ class Eagle:
         if head is None:
             raise SpeculaError("strategy 'eagle' needs a trained draft head (--head DIR; make one with `specula train-head`)")
         module, _ = load_head(Path(head), target)
-        return cls(module, target)
+        return cls(module, target, branch=branch is None or bool(branch))
 
     def reset(self) -> None:
         self.head.truncate(0)
@@ -65,21 +71,46 @@ class Eagle:
         self.head.truncate(self.synced)
         out = self.head(hidden[first:last][None], self.embed(tokens)[None], start=self.synced, use_cache=True)[0, -1]
         self.synced = length - 1
+        greedy = ctx.params.greedy
         drafted: list[int] = []
+        parents: list[int] = []
         qs: list[torch.Tensor] = []
+        chain = -1  # the index of the last chain token: the parent of the next level
         for j in range(k):
-            logits = self.lm_head(self.norm(out[None]))[0].float()[: self.vocab]
-            if ctx.params.greedy:
-                token = int(logits.argmax())
+            logits = self._logits(out)  # (V,) fp32, -inf outside the draft vocabulary
+            if greedy:
+                probs = torch.softmax(logits, -1)
+                top = probs.topk(2)
+                if j > 0 and float(top.values[0]) < self.stop_below:
+                    break  # an unlikely guess costs more verify time than it is expected to win
+                token = int(top.indices[0])
+                drafted.append(token)
+                parents.append(chain)
+                here = len(drafted) - 1
+                if self.branch and float(top.values[1]) >= self.sibling_above:
+                    drafted.append(int(top.indices[1]))  # a leaf beside the chain token
+                    parents.append(chain)
+                chain = here
             else:
                 q = process_logits(logits, ctx.params)
                 token = int(sample(q, ctx.generator))
                 qs.append(q)
-            drafted.append(token)
+                drafted.append(token)
+                parents.append(chain)
+                chain = len(drafted) - 1
             if j + 1 < k:
                 emb = self.embed(torch.tensor([token], device=device))
                 out = self.head(out[None, None], emb[None], start=length - 1 + j, use_cache=True)[0, -1]
-        return Draft(torch.tensor(drafted, dtype=torch.long), torch.stack(qs) if qs else None)
+        tree = torch.tensor(parents) if greedy and len(parents) != len(set(parents)) else None
+        return Draft(torch.tensor(drafted, dtype=torch.long), torch.stack(qs) if qs else None, tree)
+
+    def _logits(self, out: torch.Tensor) -> torch.Tensor:
+        h = self.norm(out[None])
+        if self.ids is None:
+            return self.lm_head(h)[0].float()[: self.vocab]
+        full = torch.full((self.vocab,), float("-inf"), device=h.device)
+        full[self.ids] = torch.nn.functional.linear(h, self.sub_weight)[0].float()
+        return full
 
     def observe(self, accepted: int, next_token: int) -> None:
         pass  # the next propose() re-reads the kept positions with the target's real features

@@ -118,6 +118,8 @@ class EagleHead(nn.Module):
         self.down = nn.Linear(c.intermediate, c.hidden, bias=False)
         self._k = self._v = torch.empty(0)  # (kv_heads, capacity, head_dim): the drafting cache
         self._length = 0
+        # the token ids the head may draft (the most frequent in its training answers); empty: all
+        self.register_buffer("draft_ids", torch.empty(0, dtype=torch.long))
 
     def forward(self, features: torch.Tensor, next_embeds: torch.Tensor, start: int = 0,
                 use_cache: bool = False) -> torch.Tensor:
@@ -197,7 +199,10 @@ def load_head(folder: Path, target, dtype=None) -> tuple[EagleHead, HeadInfo]:
     if target.tokenizer is not None and info.vocabulary != vocabulary_fingerprint(target.tokenizer):
         raise SpeculaError(f"the draft head in {folder} was trained with another tokenizer than {target.name}'s")
     head = EagleHead(info.config)
-    head.load_state_dict(load_file(str(folder / "head.safetensors")))
+    state = load_file(str(folder / "head.safetensors"))
+    if "draft_ids" in state:
+        head.draft_ids = state["draft_ids"]
+    head.load_state_dict(state)
     head = head.to(device=target.device, dtype=dtype or target.dtype).eval()
     head.requires_grad_(False)
     return head, info

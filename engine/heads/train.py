@@ -173,13 +173,24 @@ def chain_acceptance(head: EagleHead, target, seqs: list[Sequence], k: int = 5, 
             out = head(feats[None, :t], frozen.embed[tokens[1 : t + 1]][None], use_cache=True)[0, -1]
             n = 0
             for j in range(k):
-                guess = int(frozen.logits(out[None])[0].argmax())
+                logits = frozen.logits(out[None])[0]
+                ids = head.draft_ids
+                guess = int(ids[logits[ids].argmax()]) if ids.numel() else int(logits.argmax())
                 if t + 1 + j >= tokens.shape[0] or guess != int(tokens[t + 1 + j]):
                     break
                 n += 1
                 out = head(out[None, None], frozen.embed[torch.tensor([guess])][None], start=t + j, use_cache=True)[0, -1]
             kept.append(n)
     return 1.0 + sum(kept) / max(1, len(kept))
+
+
+def frequent_tokens(seqs: list[Sequence], size: int) -> torch.Tensor:
+    """The `size` token ids that occur most often in the answers (the head's draft vocabulary)."""
+    counts = torch.zeros(int(max(int(s.tokens.max()) for s in seqs)) + 1, dtype=torch.long)
+    for s in seqs:
+        counts += torch.bincount(s.tokens[s.answer_start :], minlength=counts.shape[0])
+    size = min(size, int((counts > 0).sum()))
+    return counts.topk(size).indices.sort().values
 
 
 def head_info(target, kind: str, tokens: int, epochs: int, acceptance: float | None) -> HeadInfo:
