@@ -97,3 +97,23 @@ def test_train_head_command_writes_a_head_that_the_eagle_strategy_loads(tiny_fol
     assert code == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["strategy"] == "eagle" and line["new_tokens"] > 0
+
+
+def test_greedy_eagle_drafts_trees_and_chains_and_stays_lossless(trained):
+    target, folder, _ = trained
+    drafter = build_drafter("eagle", target, head=str(folder))
+    shapes = []
+    original = drafter.propose
+
+    def recording(ctx, k):
+        draft = original(ctx, k)
+        shapes.append(draft.parents is not None)
+        return draft
+
+    drafter.propose = recording
+    for seed in range(4):
+        prompt = torch.randint(0, 64, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
+        config = DecodeConfig(k=5, max_new_tokens=40)
+        base = list(generate(target.new_runner(), build_drafter("none", target), prompt, config))[-1]
+        assert list(generate(target.new_runner(), drafter, prompt, config))[-1].token_ids == base.token_ids
+    assert any(shapes) and not all(shapes)  # both trees (a likely runner-up) and plain chains happened
