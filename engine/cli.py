@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--draft-vocab", type=int, default=8192,
                    help="the head drafts only the V most frequent answer tokens (0: the whole vocabulary)")
     t.add_argument("--batch", type=int, default=16, help="prompts answered together while generating training data")
-    t.add_argument("--out", type=Path, required=True, help="folder for head.safetensors and head.json")
+    t.add_argument("--out", type=Path, default=None,
+                   help="folder for head.safetensors and head.json (default: the user's heads folder, where "
+                        "the app and `generate` find it for this model)")
     t.add_argument("--overwrite", action="store_true")
     sub.add_parser("strategies", help="list the draft strategies")
     c = sub.add_parser("chat", help="chat in the terminal")

@@ -47,6 +47,7 @@ class Session:
         self.baseline: BaselineCost | None = None
         self._runner = None
         self._drafters: dict = {}
+        self.heads: list = []  # draft head folders made for the target, found when it loads
 
     def load(self, request: LoadRequest, progress: Callable[[str], None] | None = None) -> Loaded:
         say = progress or (lambda text: None)
@@ -66,7 +67,10 @@ class Session:
 
     def use(self, target: LoadedModel, draft: LoadedModel | None = None) -> None:
         """Adopt already loaded models (tests build tiny ones in memory)."""
+        from .heads.eagle import find_heads
+
         self.target, self.draft = target, draft
+        self.heads = find_heads(target)
         self._runner = target.new_runner()
         self._drafters = {}
         self.baseline = None
@@ -81,7 +85,7 @@ class Session:
             _dtype_name(t),
             t.context_window,
             tuple(name for name, info in DRAFTERS.items()
-                  if (self.draft or not info.needs_draft_model) and not info.needs_head),
+                  if (self.draft or not info.needs_draft_model) and (self.heads or not info.needs_head)),
             self.baseline,
         )
 
@@ -91,6 +95,9 @@ class Session:
         return self.target
 
     def drafter(self, strategy: str, options: dict):
+        info = DRAFTERS.get(strategy)
+        if info is not None and info.needs_head and not options.get("head") and self.heads:
+            options = {**options, "head": str(self.heads[0])}
         key = (strategy, tuple(sorted(options.items())))
         if key not in self._drafters:
             self._drafters[key] = build_drafter(strategy, self._need_target(), self.draft, **options)

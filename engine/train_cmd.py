@@ -17,6 +17,11 @@ def run_train_cmd(args) -> int:
         raise SpeculaError(f"only eagle heads can be trained in this version, not '{args.kind}'")
     if args.tokens < 100 or args.epochs < 1 or args.batch < 1:
         raise SpeculaError("--tokens must be at least 100, --epochs and --batch at least 1")
+    if args.out is None:
+        from .paths import data_dir
+
+        slug = "".join(c if c.isalnum() else "-" for c in args.model.lower()).strip("-")[:60] or "model"
+        args.out = data_dir() / "heads" / f"{slug}-{args.kind}"
     if (args.out / "head.json").exists() and not args.overwrite:
         raise SpeculaError(f"{args.out} already holds a head: choose another --out or pass --overwrite")
     target = load_model(ModelSpec(args.model, args.device, args.dtype), progress=lambda s: print(s, file=sys.stderr))

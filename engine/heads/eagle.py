@@ -206,3 +206,29 @@ def load_head(folder: Path, target, dtype=None) -> tuple[EagleHead, HeadInfo]:
     head = head.to(device=target.device, dtype=dtype or target.dtype).eval()
     head.requires_grad_(False)
     return head, info
+
+
+def head_folders() -> list[Path]:
+    """Where heads are looked for: the ones that ship with Specula, then the user's
+    (DATA_DIR/heads/NAME, where `specula train-head` can write them)."""
+    from ..paths import data_dir
+
+    roots = [Path(__file__).parent / "bundled", data_dir() / "heads"]
+    return [d for root in roots if root.is_dir() for d in sorted(root.iterdir()) if (d / "head.json").is_file()]
+
+
+def find_heads(target) -> list[Path]:
+    """Head folders made for this loaded target (its fingerprint and vocabulary), shipped ones first."""
+    if not getattr(target, "uses_lean_forward", False):
+        return []
+    mine = target_fingerprint(target.model)
+    vocab = vocabulary_fingerprint(target.tokenizer) if target.tokenizer is not None else None
+    found = []
+    for folder in head_folders():
+        try:
+            info = read_info(folder)
+        except SpeculaError:
+            continue
+        if info.kind == "eagle" and info.target == mine and (vocab is None or info.vocabulary == vocab):
+            found.append(folder)
+    return found

@@ -117,3 +117,26 @@ def test_greedy_eagle_drafts_trees_and_chains_and_stays_lossless(trained):
         base = list(generate(target.new_runner(), build_drafter("none", target), prompt, config))[-1]
         assert list(generate(target.new_runner(), drafter, prompt, config))[-1].token_ids == base.token_ids
     assert any(shapes) and not all(shapes)  # both trees (a likely runner-up) and plain chains happened
+
+
+def test_a_session_finds_heads_made_for_its_model(trained, tmp_path, monkeypatch):
+    import shutil
+
+    from engine.events import Finished
+    from engine.prompts import Message
+    from engine.session import GenerateRequest, Session
+
+    target, folder, _ = trained
+    monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path))
+    session = Session()
+    session.use(target)
+    assert "eagle" not in session.describe().strategies  # no head in the user's folder yet
+    shutil.copytree(folder, tmp_path / "heads" / "mine")
+    session.use(target)
+    assert session.heads == [tmp_path / "heads" / "mine"] and "eagle" in session.describe().strategies
+    other = Session()
+    other.use(loaded(tiny_model(vocab=64, layers=2, seed=12)))
+    assert other.heads == [] and "eagle" not in other.describe().strategies
+    request = GenerateRequest((Message("user", "x"),), "eagle", DecodeConfig(k=4, max_new_tokens=20), chat=False)
+    finished = [e for e in session.generate(request, prompt_ids=[1, 2, 3]) if isinstance(e, Finished)][0]
+    assert finished.totals.drafted > 0
