@@ -45,7 +45,7 @@ DRAFTERS: dict[str, StrategyInfo] = {
         StrategyInfo(PromptLookup.name, PromptLookup.description, _prompt_lookup, default_k=8),
         StrategyInfo(DraftModel.name, DraftModel.description, DraftModel.build, needs_draft_model=True),
         StrategyInfo(LayerSkip.name, LayerSkip.description, LayerSkip.build),
-        StrategyInfo(Eagle.name, Eagle.description, Eagle.build, needs_head=True),
+        StrategyInfo(Eagle.name, Eagle.description, Eagle.build, needs_head=True, default_k=6),
     )
 }
 
