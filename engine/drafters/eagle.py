@@ -23,7 +23,7 @@ class Eagle:
     name = "eagle"
     description = "a trained head drafts from the target's own features (needs --head DIR from `specula train-head`)"
 
-    def __init__(self, head, target, stop_below: float = 0.3, branch: bool = True) -> None:
+    def __init__(self, head, target, stop_below: float = 0.3, branch: bool = False) -> None:
         model = target.model
         self.head = head
         self.embed = model.get_input_embeddings()
@@ -48,7 +48,7 @@ class Eagle:
         if head is None:
             raise SpeculaError("strategy 'eagle' needs a trained draft head (--head DIR; make one with `specula train-head`)")
         module, _ = load_head(Path(head), target)
-        return cls(module, target, branch=branch is None or bool(branch))
+        return cls(module, target, branch=bool(branch))
 
     def reset(self) -> None:
         self.head.truncate(0)

@@ -101,7 +101,7 @@ def test_train_head_command_writes_a_head_that_the_eagle_strategy_loads(tiny_fol
 
 def test_greedy_eagle_drafts_trees_and_chains_and_stays_lossless(trained):
     target, folder, _ = trained
-    drafter = build_drafter("eagle", target, head=str(folder))
+    drafter = build_drafter("eagle", target, head=str(folder), branch=1)
     shapes = []
     original = drafter.propose
 
