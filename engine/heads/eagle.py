@@ -219,12 +219,16 @@ def head_folders() -> list[Path]:
 
 def find_heads(target) -> list[Path]:
     """Head folders made for this loaded target (its fingerprint and vocabulary), shipped ones first."""
-    if not getattr(target, "uses_lean_forward", False):
+    folders = head_folders()
+    if not folders or not getattr(target, "uses_lean_forward", False):
         return []
-    mine = target_fingerprint(target.model)
-    vocab = vocabulary_fingerprint(target.tokenizer) if target.tokenizer is not None else None
+    try:
+        mine = target_fingerprint(target.model)
+        vocab = vocabulary_fingerprint(target.tokenizer) if target.tokenizer is not None else None
+    except (AttributeError, TypeError, ValueError):  # a model or tokenizer without the usual parts: no heads
+        return []
     found = []
-    for folder in head_folders():
+    for folder in folders:
         try:
             info = read_info(folder)
         except SpeculaError:
