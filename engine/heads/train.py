@@ -35,7 +35,12 @@ FORMS = (
     "Compare {t} with something similar and explain the differences.", "Why is {t} important?",
     "Write a tweet about {t}.", "What questions do people often ask about {t}? Answer two of them.",
 )
-FOLLOW_UPS = ("Can you make it shorter?", "Give an example.", "Explain that in more detail.", "Now say it more formally.")
+FOLLOW_UPS = (
+    "Can you make it shorter?", "Give an example.", "Explain that in more detail.", "Now say it more formally.",
+    "Summarize your answer in one sentence.", "Translate the first two sentences of your answer into French.",
+    "Rewrite your answer as a numbered list.", "What is the most important point? Quote it.",
+)
+FOLLOW_UP_SHARE = 0.5  # of first answers, how many get a second turn (multi-turn training data)
 
 
 def prompt_conversations(n: int, seed: int = 0) -> list[tuple[Message, ...]]:
@@ -65,21 +70,33 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
     model = target.model
     pad = tok.pad_token_id if tok.pad_token_id is not None else sorted(target.eos_ids)[0]
     convs = prompt_conversations(max(1, 4 * n_tokens // max_new + 8), seed)
+    rng = random.Random(seed + 1)
     seqs: list[Sequence] = []
     made = 0
     t0 = time.perf_counter()
     i = 0
-    while made < n_tokens and i < len(convs):
-        group = convs[i : i + batch]
-        i += batch
-        encoded = [encode(tok, list(c), True) for c in group]
+    follow: list[tuple[Message, ...]] = []
+    while made < n_tokens and (i < len(convs) or follow):
+        n_follow = min(len(follow), batch // 2)  # second turns mixed in as soon as their first answers exist
+        group = follow[:n_follow]
+        del follow[:n_follow]
+        fresh = convs[i : i + batch - n_follow]
+        i += len(fresh)
+        encoded = []
+        for conv in group + fresh:
+            e = encode(tok, list(conv), True)
+            if len(e) + max_new <= target.context_window:
+                encoded.append((conv, e))
+        if not encoded:
+            continue
+        group, encoded = [c for c, _ in encoded], [e for _, e in encoded]
         width = max(len(e) for e in encoded)
         ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=target.device)
         mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=target.device)
         with torch.inference_mode():
             out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
                                  pad_token_id=pad, eos_token_id=sorted(target.eos_ids))
-        for e, row in zip(encoded, out[:, width:].tolist()):
+        for conv, e, row in zip(group, encoded, out[:, width:].tolist()):
             answer = []
             for t in row:
                 if t in target.eos_ids:
@@ -89,6 +106,9 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
                 continue
             seqs.append(_with_features(target, e, answer))
             made += len(answer)
+            if len(conv) == 1 and rng.random() < FOLLOW_UP_SHARE:  # a second turn on the model's own answer
+                reply = Message("assistant", tok.decode(answer, skip_special_tokens=True))
+                follow.append((*conv, reply, Message("user", rng.choice(FOLLOW_UPS))))
         rate = made / max(1e-9, time.perf_counter() - t0)
         say(f"answers: {min(made, n_tokens)}/{n_tokens} tokens ({rate:.0f} tokens/s)")
     return seqs
