@@ -19,7 +19,7 @@ import torch
 from .decoder import DecodeConfig
 from .drafters import default_k
 from .errors import SpeculaError
-from .events import Finished
+from .events import Finished, Step
 from .generate_cmd import PromptItem, read_prompts
 from .metrics import merge_positions
 from .prompts import Message, conversation
@@ -42,6 +42,7 @@ class Run:
     accepted_lengths: list[int] = field(default_factory=list)
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)  # one entry per decoding step, for steps.jsonl
 
 
 class Bench:
@@ -59,10 +60,15 @@ class Bench:
     def run_strategy(self, strategy: str, item: PromptItem) -> Run:
         history: tuple[Message, ...] = ()
         run = Run((), 0, 0.0)
-        for text in item.turns:
+        for turn, text in enumerate(item.turns):
             messages = conversation(text, None, history)
             request = GenerateRequest(messages, strategy, self.config_for(strategy), self.chat, self.options)
-            f = [e for e in self.session.generate(request) if isinstance(e, Finished)][0]
+            events = list(self.session.generate(request))
+            f = [e for e in events if isinstance(e, Finished)][0]
+            run.steps += [{"turn": turn, "step": e.step, "context": e.context_len, "k": e.k, "drafted": e.drafted,
+                           "accepted": e.accepted, "new_tokens": len(e.tokens),
+                           "draft_ms": round(1000 * e.draft_s, 3), "verify_ms": round(1000 * e.verify_s, 3)}
+                          for e in events if isinstance(e, Step)]
             t = f.totals
             run.token_ids += f.token_ids
             run.new_tokens += t.new_tokens

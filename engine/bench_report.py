@@ -194,6 +194,12 @@ def write_out(folder: Path, summary: dict, results: dict[str, list]) -> None:
                     "identical_to_none": (run.token_ids == b.token_ids) if b else None,
                     "first_difference": first_difference(run.token_ids, b.token_ids) if b else None,
                 }) + "\n")
+    with (folder / "steps.jsonl").open("w", encoding="utf-8") as f:  # every decoding step of every run
+        for name, pairs in results.items():
+            for item, run in pairs:
+                for step in run.steps:
+                    f.write(json.dumps({"strategy": name, "question_id": item.question_id, "category": item.category,
+                                        **step}) + "\n")
     _write_charts(folder, summary)
 
 

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-chat", action="store_true", help="raw prompts instead of the chat template")
     b.add_argument("--head", default=None, help="a draft head folder for the eagle strategy")
     b.add_argument("--repeat", type=int, default=1)
-    b.add_argument("--out", type=Path, default=None, help="folder for bench.md, bench.json, trace.jsonl and PNG charts")
+    b.add_argument("--out", type=Path, default=None, help="folder for bench.md, bench.json, trace.jsonl (per prompt), steps.jsonl (per step) and PNG charts")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     t = sub.add_parser("train-head", help="train a draft head for a model on its own answers (self-distillation)")
     _add_model_args(t)

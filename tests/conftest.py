@@ -28,6 +28,9 @@ def tiny_folder(tmp_path_factory, bundled_fp32):
         vocab_size=len(bundled_fp32.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128, eos_token_id=2,
     )
+    import torch
+
+    torch.manual_seed(0)  # the same weights every run: tests that look at what it drafts are repeatable
     LlamaForCausalLM(config).save_pretrained(folder)
     bundled_fp32.tokenizer.save_pretrained(folder)
     return folder

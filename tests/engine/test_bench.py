@@ -192,3 +192,19 @@ def test_spec_bench_view_merges_mt_bench_into_one_category():
     assert "| prompt-lookup | 2.00x | 1.00x | 1.50x |" in to_markdown(summary)
     assert "spec_bench" not in public_json(summary)
     assert spec_bench_view({"none": [(PromptItem(("x",), 1, "mine"), Run((1,), 1, 1.0))]}) == {}
+
+
+def test_steps_trace_has_every_decoding_step(bench):
+    _, out_dir = bench
+    trace = [json.loads(line) for line in (out_dir / "trace.jsonl").read_text().splitlines()]
+    steps = [json.loads(line) for line in (out_dir / "steps.jsonl").read_text().splitlines()]
+    for run in trace:
+        mine = [s for s in steps if s["strategy"] == run["strategy"] and s["question_id"] == run["question_id"]]
+        if run["strategy"].startswith("hf"):
+            assert mine == []  # transformers' generate() exposes no steps
+            continue
+        assert sum(s["new_tokens"] for s in mine) == run["new_tokens"]
+        assert sum(s["accepted"] for s in mine) == run["accepted"]
+        assert len([s for s in mine if s["step"] > 0]) + len({s["turn"] for s in mine}) == run["target_forwards"]
+        assert all(s["step"] == 0 for s in mine if s["step"] == 0 and s["drafted"] == 0)
+        assert {s["turn"] for s in mine} == set(range(len({s["turn"] for s in mine})))
