@@ -37,15 +37,18 @@ def _subtitle(summary: dict) -> str:
             f"max {summary['max_new_tokens']} new tokens")
 
 
-def _figure(bars: int = 0):
-    """A figure with one axes; wider than SIZE when there are many bars, so their labels stay legible."""
+def _figure(summary: dict, title: str, bars: int = 0):
+    """A titled figure with one axes; wider than SIZE when there are many bars, so their labels stay
+    legible."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     width = min(18.0, max(SIZE[0], 3.0 + 0.26 * bars))
     fig = Figure(figsize=(width, SIZE[1]), dpi=DPI)
     FigureCanvasAgg(fig)
-    return fig, fig.add_subplot()
+    ax = fig.add_subplot()
+    ax.set_title(title + "\n" + _subtitle(summary), fontsize=11)
+    return fig, ax
 
 
 def _save(fig, path: Path) -> None:
@@ -53,10 +56,12 @@ def _save(fig, path: Path) -> None:
     fig.savefig(path, dpi=DPI)
 
 
-def _nothing_to_draw(ax, text: str) -> None:
+def _nothing_to_draw(fig, ax, path: Path, text: str) -> None:
+    """Save the chart with only a note saying why it is empty."""
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#555555")
     ax.set_xticks([])
     ax.set_yticks([])
+    _save(fig, path)
 
 
 def _drafting(summary: dict) -> list[str]:
@@ -87,12 +92,10 @@ def speedup_chart(summary: dict, path: Path) -> dict[str, dict[str, float]]:
     """Grouped bars: speedup over `none` per category and overall. Returns the drawn bar heights."""
     groups, series = speedup_series(summary)
     colours = strategy_colours(summary)
-    fig, ax = _figure(bars=sum(len(v) for v in series.values()))
-    ax.set_title("Speedup over plain decoding (none)\n" + _subtitle(summary), fontsize=11)
+    fig, ax = _figure(summary, "Speedup over plain decoding (none)", bars=sum(len(v) for v in series.values()))
     drawn: dict[str, dict[str, float]] = {}
     if not series:
-        _nothing_to_draw(ax, "no speedups: run the bench with the strategy 'none' to compare against")
-        _save(fig, path)
+        _nothing_to_draw(fig, ax, path, "no speedups: run the bench with the strategy 'none' to compare against")
         return drawn
     width = 0.8 / len(series)
     many = len(series) * len(groups) > 24
@@ -127,13 +130,11 @@ def acceptance_chart(summary: dict, path: Path) -> dict[str, list[float]]:
     from matplotlib.ticker import MaxNLocator, PercentFormatter
 
     colours = strategy_colours(summary)
-    fig, ax = _figure()
-    ax.set_title("Acceptance by draft position\n" + _subtitle(summary), fontsize=11)
+    fig, ax = _figure(summary, "Acceptance by draft position")
     drawn: dict[str, list[float]] = {}
     names = _drafting(summary)
     if not names:
-        _nothing_to_draw(ax, "no drafting strategy in this bench")
-        _save(fig, path)
+        _nothing_to_draw(fig, ax, path, "no drafting strategy in this bench")
         return drawn
     for name in names:
         o = summary["overall"][name]
@@ -162,14 +163,12 @@ def histogram_chart(summary: dict, path: Path) -> dict[str, list[int]]:
     from matplotlib.ticker import MaxNLocator
 
     colours = strategy_colours(summary)
-    fig, ax = _figure()
-    ax.set_title("Draft tokens accepted per verify step\n" + _subtitle(summary), fontsize=11)
+    fig, ax = _figure(summary, "Draft tokens accepted per verify step")
     series = {n: summary["overall"][n].get("accepted_length_histogram") or [] for n in _drafting(summary)}
     series = {n: counts for n, counts in series.items() if sum(counts)}
     drawn: dict[str, list[int]] = {}
     if not series:
-        _nothing_to_draw(ax, "no drafting strategy in this bench")
-        _save(fig, path)
+        _nothing_to_draw(fig, ax, path, "no drafting strategy in this bench")
         return drawn
     width = 0.8 / len(series)
     longest = max(len(c) for c in series.values())

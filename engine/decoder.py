@@ -128,14 +128,6 @@ class _Stats:
         )
 
 
-def _depths(parents: list[int]) -> list[int]:
-    depth = [0] * len(parents)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            depth[i] = depth[p] + 1
-    return depth
-
-
 def _main_chain_length(parents: list[int]) -> int:
     """How many leading draft tokens form the tree's first chain (each the child of the one before)."""
     n = 0
@@ -289,8 +281,7 @@ class _Loop:
         self.drafter.observe(acc, next_token)
         new = [tokens[r] for r in rows[1:]] + [next_token]
         kept = self._append(new)
-        depth = _depths(parents)
-        drafted = max(depth)
+        drafted = max(depth_of.values())  # the tree's depth: the longest chain it could have kept
         self.stats.add_step(drafted, acc, t1 - t0, t2 - t1)
         step = self.stats.steps
         emitted = tuple(

@@ -116,6 +116,21 @@ def _tree(parents: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
     return ancestors.to(device), torch.tensor(depth, device=device)
 
 
+def _whole_blocks(n: int) -> int:
+    """n rounded up to whole key blocks."""
+    return -(-n // _BLOCK) * _BLOCK
+
+
+def _block_mask(allowed: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """allowed (rows, keys) -> (rows, additive fp32 mask), the mask padded to at least _MIN_ROWS rows
+    (copies of the first) so every call takes the same matrix kernel."""
+    rows = allowed.shape[0]
+    if rows < _MIN_ROWS:
+        allowed = torch.cat([allowed, allowed[:1].expand(_MIN_ROWS - rows, -1)])
+    mask = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device)
+    return rows, mask.masked_fill_(~allowed, float("-inf"))
+
+
 def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
     """transformers' RMSNorm: normalise in fp32, cast back, scale."""
     weight, eps = norm
@@ -178,7 +193,7 @@ class LlamaRunner:
         if needed <= capacity:
             return
         new_cap = min(self.max_len, max(needed, 2 * capacity, _GROW))
-        new_cap = -(-new_cap // _BLOCK) * _BLOCK  # whole key blocks (positions past the window stay unused)
+        new_cap = _whole_blocks(new_cap)  # whole key blocks (positions past the window stay unused)
         shape = (len(self.layers), self.n_kv, new_cap, self.head_dim)
         k = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
         v = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
@@ -247,17 +262,14 @@ class LlamaRunner:
         """Masks for a tree pass: every row sees the cache before `start` and its own ancestors."""
         t = ancestors.shape[0]
         dev = self.device
-        n_keys = start + t if not self.blocked else -(-(start + t) // _BLOCK) * _BLOCK
+        n_keys = _whole_blocks(start + t) if self.blocked else start + t
         allowed = torch.zeros((t, n_keys), dtype=torch.bool, device=dev)
         allowed[:, :start] = True
         allowed[:, start : start + t] = ancestors
         allowed = allowed.repeat(self.groups, 1)  # (groups*T, n_keys)
         if not self.blocked:
             return ("fused", allowed)
-        rows = allowed.shape[0]
-        if rows < _MIN_ROWS:
-            allowed = torch.cat([allowed, allowed[:1].expand(_MIN_ROWS - rows, -1)])
-        mask = torch.zeros(allowed.shape, dtype=torch.float32, device=dev).masked_fill_(~allowed, float("-inf"))
+        rows, mask = _block_mask(allowed)
         return ("blocked", [(0, t, n_keys, rows, mask)])
 
     def _plan(self, start: int, t: int):
@@ -276,15 +288,12 @@ class LlamaRunner:
         groups = []
         r0 = 0
         while r0 < t:  # rows whose own key count rounds up to the same block count form one group
-            n_keys = -(-(start + r0 + 1) // _BLOCK) * _BLOCK
+            n_keys = _whole_blocks(start + r0 + 1)
             r1 = min(t, n_keys - start)
             keys = torch.arange(n_keys, device=dev)
             queries = torch.arange(start + r0, start + r1, device=dev)
             allowed = (keys[None, :] <= queries[:, None]).repeat(self.groups, 1)  # (groups*Tg, n_keys)
-            rows = allowed.shape[0]
-            if rows < _MIN_ROWS:
-                allowed = torch.cat([allowed, allowed[:1].expand(_MIN_ROWS - rows, -1)])
-            mask = torch.zeros(allowed.shape, dtype=torch.float32, device=dev).masked_fill_(~allowed, float("-inf"))
+            rows, mask = _block_mask(allowed)
             groups.append((r0, r1, n_keys, rows, mask))
             r0 = r1
         return ("blocked", groups)
