@@ -89,7 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--draft-vocab", type=int, default=8192,
                    help="the head drafts only the V most frequent answer tokens (0: the whole vocabulary)")
-    t.add_argument("--batch", type=int, default=16, help="prompts answered together while generating training data")
+    t.add_argument("--batch", type=int, default=32, help="prompts answered together while generating training data")
+    t.add_argument("--train-batch", type=int, default=4, help="conversations per optimizer step")
+    t.add_argument("--data", type=Path, default=None,
+                   help="folder for the generated answers and training checkpoints (default: OUT/training); "
+                        "a run with the same folder resumes, and another kind of head can reuse its answers")
     t.add_argument("--out", type=Path, default=None,
                    help="folder for head.safetensors and head.json (default: the user's heads folder, where "
                         "the app and `generate` find it for this model)")

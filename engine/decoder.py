@@ -275,6 +275,9 @@ class _Loop:
         tokens = feed.tolist()
         logits = target.forward(feed, last=feed.shape[0], parents=parents)
         rows, next_token = walk_tree(logits, tokens, parents)
+        if hasattr(self.drafter, "observe_tree"):  # drafters that learn from every node's output (lookahead)
+            best = logits.argmax(-1).tolist()
+            self.drafter.observe_tree({i: best[row_of[i]] for i in keep})
         t2 = time.perf_counter()
         target.keep(length - 1, rows)
         acc = len(rows) - 1

@@ -171,10 +171,9 @@ class LlamaRunner:
         # verify pass; with the blocked attention, speculation then reproduces plain decoding bit for
         # bit in bf16 too. Costs about 1% (docs/PERFORMANCE.md); False gives the one-row kernels.
         self.consistent = self.blocked
-        # the last pass's final hidden states (before the final norm), one row per fed token, and the
-        # position of its first row: the features feature-level drafters (EAGLE) read
-        self.hidden = torch.empty(0)
-        self.hidden_start = 0
+        # the final hidden state (before the final norm) of every cached position, kept and rolled back
+        # with the cache: the features that feature-level drafters (EAGLE, Medusa) read
+        self._feat = torch.empty(0)
 
     def shallow(self, n_layers: int) -> "LlamaRunner":
         return LlamaRunner(self.model, n_layers)
@@ -201,6 +200,10 @@ class LlamaRunner:
             k[:, :, : self._length] = self._k[:, :, : self._length]
             v[:, :, : self._length] = self._v[:, :, : self._length]
         self._k, self._v = k, v
+        feat = torch.zeros((new_cap, self.embed.weight.shape[1]), dtype=self.dtype, device=self.device)
+        if capacity:
+            feat[: self._length] = self._feat[: self._length]
+        self._feat = feat
         # rotary tables for every position the cache can hold, computed in fp32 as transformers does
         pos = torch.arange(new_cap, device=self.device, dtype=torch.float32)
         freqs = torch.outer(pos, self._inv_freq)  # (cap, head_dim/2)
@@ -241,10 +244,16 @@ class LlamaRunner:
             gate, up = F.linear(h, layer.gate_up_w, layer.gate_up_b).split(layer.inter, dim=-1)
             x = x + layer.down(layer.act(gate) * up)
         self._length = end
-        self.hidden, self.hidden_start = x[:t], start
+        self._feat[start:end] = x[:t]
         if x.shape[0] > t:  # the padded single step: both rows through the LM head, keep one
             return self.lm_head(_rms_norm(x, self.norm))[:1].float()
         return self.lm_head(_rms_norm(x[-last:], self.norm)).float()  # (last, V)
+
+    def features(self, start: int, end: int) -> torch.Tensor:
+        """The final hidden states (before the final norm) of cached positions start..end-1, (end-start, D)."""
+        if not 0 <= start <= end <= self._length:
+            raise ValueError(f"positions {start}..{end} are not all in the cache of {self._length}")
+        return self._feat[start:end]
 
     @torch.inference_mode()
     def keep(self, start: int, rows: list[int]) -> None:
@@ -255,7 +264,7 @@ class LlamaRunner:
             target = torch.arange(start, start + len(rows), device=self.device)
             self._k[:, :, target] = self._k[:, :, start + index]
             self._v[:, :, target] = self._v[:, :, start + index]
-        self.hidden, self.hidden_start = self.hidden[index], start
+            self._feat[target] = self._feat[start + index]
         self._length = start + len(rows)
 
     def _tree_plan(self, start: int, ancestors: torch.Tensor):

@@ -47,7 +47,7 @@ class Session:
         self.baseline: BaselineCost | None = None
         self._runner = None
         self._drafters: dict = {}
-        self.heads: list = []  # draft head folders made for the target, found when it loads
+        self.heads: dict = {}  # kind -> draft head folders made for the target, found when it loads
 
     def load(self, request: LoadRequest, progress: Callable[[str], None] | None = None) -> Loaded:
         say = progress or (lambda text: None)
@@ -85,7 +85,7 @@ class Session:
             _dtype_name(t),
             t.context_window,
             tuple(name for name, info in DRAFTERS.items()
-                  if (self.draft or not info.needs_draft_model) and (self.heads or not info.needs_head)),
+                  if (self.draft or not info.needs_draft_model) and (not info.needs_head or info.needs_head in self.heads)),
             self.baseline,
         )
 
@@ -96,8 +96,10 @@ class Session:
 
     def drafter(self, strategy: str, options: dict):
         info = DRAFTERS.get(strategy)
-        if info is not None and info.needs_head and not options.get("head") and self.heads:
-            options = {**options, "head": str(self.heads[0])}
+        if info is not None and info.needs_head and not options.get("head") and self.heads.get(info.needs_head):
+            options = {**options, "head": str(self.heads[info.needs_head][0])}
+        if info is not None and info.uses_heads and "heads" not in options:  # the first head of each kind
+            options = {**options, "heads": tuple(str(folders[0]) for folders in self.heads.values())}
         key = (strategy, tuple(sorted(options.items())))
         if key not in self._drafters:
             self._drafters[key] = build_drafter(strategy, self._need_target(), self.draft, **options)

@@ -10,10 +10,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import SpeculaError
+from .auto import Auto
 from .base import Draft, DraftContext, Drafter
 from .draft_model import DraftModel
 from .eagle import Eagle
 from .layer_skip import LayerSkip
+from .lookahead import Lookahead
+from .medusa import Medusa
 from .none import NoDraft
 from .prompt_lookup import PromptLookup
 
@@ -25,7 +28,8 @@ class StrategyInfo:
     build: Callable[..., Drafter]
     needs_draft_model: bool = False
     default_k: int = 4  # draft length when the user sets none
-    needs_head: bool = False  # a trained draft head (`specula train-head`)
+    needs_head: str = ""  # the kind of trained draft head it needs (`specula train-head --kind KIND`)
+    uses_heads: bool = False  # takes every head found for the model (option "heads"), needs none
 
 
 def default_k(strategy: str) -> int:
@@ -45,7 +49,10 @@ DRAFTERS: dict[str, StrategyInfo] = {
         StrategyInfo(PromptLookup.name, PromptLookup.description, _prompt_lookup, default_k=8),
         StrategyInfo(DraftModel.name, DraftModel.description, DraftModel.build, needs_draft_model=True),
         StrategyInfo(LayerSkip.name, LayerSkip.description, LayerSkip.build),
-        StrategyInfo(Eagle.name, Eagle.description, Eagle.build, needs_head=True, default_k=6),
+        StrategyInfo(Eagle.name, Eagle.description, Eagle.build, needs_head="eagle", default_k=6),
+        StrategyInfo(Medusa.name, Medusa.description, Medusa.build, needs_head="medusa", default_k=4),
+        StrategyInfo(Lookahead.name, Lookahead.description, Lookahead.build, default_k=5),
+        StrategyInfo(Auto.name, Auto.description, Auto.build, uses_heads=True, default_k=8),
     )
 }
 

@@ -39,6 +39,9 @@ class Drafter(Protocol):
     def observe(self, accepted: int, next_token: int) -> None:
         """The target kept `accepted` draft tokens, then produced `next_token`."""
 
+    # optional, for tree drafters: observe_tree(best: dict[int, int]) hears, before observe(), the
+    # target's argmax after each scored draft node (key: the node's index in Draft.tokens)
+
 
 def empty_draft() -> Draft:
     return Draft(torch.empty(0, dtype=torch.long))

@@ -1,10 +1,10 @@
 """`eagle`: a trained head drafts from the target's own features (EAGLE, Li et al. 2024), as a chain.
 
-After every target pass the head reads the target's final hidden states of the newly kept positions
-(with the embeddings of the tokens that followed them), which also predicts the hidden state of the
-next position; the target's final norm and LM head turn each prediction into a draft token, which is fed
-back with the predicted state. Rollback: the head's cache is truncated to the positions it read with the
-target's real features, and those are re-read after each pass.
+Before drafting, the head reads the target's final hidden states of the positions kept since it last
+drafted (the runner keeps them with its cache), with the embeddings of the tokens that followed them;
+that also predicts the hidden state of the next position. The target's final norm and LM head turn each
+prediction into a draft token, which is fed back with the predicted state. Rollback: the head's cache is
+truncated to the positions it read with the target's real features.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ class Eagle:
         self.lm_head = model.get_output_embeddings()
         self.vocab = self.lm_head.weight.shape[0]
         self.synced = 0  # positions the head has read with the target's real features
-        self.broken = False
         ids = head.draft_ids
         self.ids = ids.to(self.lm_head.weight.device) if ids.numel() else None
         self.sub_weight = self.lm_head.weight[self.ids].contiguous() if self.ids is not None else None
@@ -47,30 +46,20 @@ class Eagle:
             )
         if head is None:
             raise SpeculaError("strategy 'eagle' needs a trained draft head (--head DIR; make one with `specula train-head`)")
-        module, _ = load_head(Path(head), target)
+        module, _ = load_head(Path(head), target, kind="eagle")
         return cls(module, target, branch=bool(branch))
 
     def reset(self) -> None:
         self.head.truncate(0)
         self.synced = 0
-        self.broken = False
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        runner = ctx.target
         length = ctx.tokens.shape[0]
-        hidden = getattr(runner, "hidden", None)
-        if k <= 0 or self.broken or hidden is None:
+        out = self.read(ctx)
+        if k <= 0 or out is None:
             return empty_draft()
-        first, last = self.synced - runner.hidden_start, length - 1 - runner.hidden_start  # rows to read
-        if first < 0 or last > hidden.shape[0] or first >= last:
-            self.broken = True  # a pass went by unseen: no features to draft from in this generation
-            return empty_draft()
-        device = hidden.device
-        tokens = ctx.tokens[self.synced + 1 : length].to(device)
-        self.head.truncate(self.synced)
-        out = self.head(hidden[first:last][None], self.embed(tokens)[None], start=self.synced, use_cache=True)[0, -1]
-        self.synced = length - 1
+        device = out.device
         greedy = ctx.params.greedy
         drafted: list[int] = []
         parents: list[int] = []
@@ -103,6 +92,19 @@ class Eagle:
                 out = self.head(out[None, None], emb[None], start=length - 1 + j, use_cache=True)[0, -1]
         tree = torch.tensor(parents) if greedy and len(parents) != len(set(parents)) else None
         return Draft(torch.tensor(drafted, dtype=torch.long), torch.stack(qs) if qs else None, tree)
+
+    def read(self, ctx: DraftContext) -> torch.Tensor | None:
+        """Read the features of the positions kept since the last call; the head's prediction of the
+        newest position's feature (D,), or None when the target keeps no features."""
+        runner, length = ctx.target, ctx.tokens.shape[0]
+        if not hasattr(runner, "features") or length - 1 > runner.length or self.synced >= length - 1:
+            return None
+        self.head.truncate(self.synced)
+        feats = runner.features(self.synced, length - 1)
+        tokens = ctx.tokens[self.synced + 1 : length].to(feats.device)
+        out = self.head(feats[None], self.embed(tokens)[None], start=self.synced, use_cache=True)[0, -1]
+        self.synced = length - 1
+        return out
 
     def _logits(self, out: torch.Tensor) -> torch.Tensor:
         h = self.norm(out[None])

@@ -32,6 +32,7 @@ class HeadConfig:
     intermediate: int
     rope_theta: float = 10000.0
     eps: float = 1e-5
+    medusa_heads: int = 4  # medusa: how many tokens ahead the heads guess
 
     @classmethod
     def for_target(cls, config) -> "HeadConfig":
@@ -185,20 +186,24 @@ def read_info(folder: Path) -> HeadInfo:
         raise SpeculaError(f"draft head description {path} is unreadable: {exc}") from None
 
 
-def load_head(folder: Path, target, dtype=None) -> tuple[EagleHead, HeadInfo]:
+def load_head(folder: Path, target, dtype=None, kind: str | None = None) -> tuple[nn.Module, HeadInfo]:
     """The head in `folder` for this loaded target; refuses a head trained for another model."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
     info = read_info(folder)
-    if info.format != FORMAT or info.kind != "eagle":
-        raise SpeculaError(f"{folder} holds a '{info.kind}' head of format {info.format}; this version reads eagle heads of format {FORMAT}")
+    if kind is not None and info.kind != kind:
+        raise SpeculaError(f"{folder} holds a {info.kind} head, not the {kind} head this strategy needs")
+    kinds = head_kinds()
+    if info.format != FORMAT or info.kind not in kinds:
+        raise SpeculaError(f"{folder} holds a '{info.kind}' head of format {info.format}; this version reads "
+                           f"{' and '.join(kinds)} heads of format {FORMAT}")
     if info.target != target_fingerprint(target.model):
         made_for = f" (made for {info.target_name})" if info.target_name else ""
         raise SpeculaError(f"the draft head in {folder} was trained for another model{made_for}, not {target.name}")
     if target.tokenizer is not None and info.vocabulary != vocabulary_fingerprint(target.tokenizer):
         raise SpeculaError(f"the draft head in {folder} was trained with another tokenizer than {target.name}'s")
-    head = EagleHead(info.config)
+    head = kinds[info.kind](info.config)
     state = load_file(str(folder / "head.safetensors"))
     if "draft_ids" in state:
         head.draft_ids = state["draft_ids"]
@@ -217,22 +222,29 @@ def head_folders() -> list[Path]:
     return [d for root in roots if root.is_dir() for d in sorted(root.iterdir()) if (d / "head.json").is_file()]
 
 
-def find_heads(target) -> list[Path]:
-    """Head folders made for this loaded target (its fingerprint and vocabulary), shipped ones first."""
+def head_kinds() -> dict[str, type]:
+    from .medusa import MedusaHead
+
+    return {"eagle": EagleHead, "medusa": MedusaHead}
+
+
+def find_heads(target) -> dict[str, list[Path]]:
+    """Head folders made for this loaded target (its fingerprint and vocabulary) by kind, shipped ones
+    first."""
     folders = head_folders()
     if not folders or not getattr(target, "uses_lean_forward", False):
-        return []
+        return {}
     try:
         mine = target_fingerprint(target.model)
         vocab = vocabulary_fingerprint(target.tokenizer) if target.tokenizer is not None else None
     except (AttributeError, TypeError, ValueError):  # a model or tokenizer without the usual parts: no heads
-        return []
-    found = []
+        return {}
+    found: dict[str, list[Path]] = {}
     for folder in folders:
         try:
             info = read_info(folder)
         except SpeculaError:
             continue
-        if info.kind == "eagle" and info.target == mine and (vocab is None or info.vocabulary == vocab):
-            found.append(folder)
+        if info.kind in head_kinds() and info.target == mine and (vocab is None or info.vocabulary == vocab):
+            found.setdefault(info.kind, []).append(folder)
     return found

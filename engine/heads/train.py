@@ -4,11 +4,13 @@ state (and through the target's LM head, the next token) from the current one an
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 
 from ..prompts import Message, encode
 from .eagle import EagleHead, HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
+from .medusa import MedusaHead
 
 TOPICS = (
     "the water cycle", "photosynthesis", "a healthy breakfast", "learning a new language", "the history of the bicycle",
@@ -26,6 +29,15 @@ TOPICS = (
     "the printing press", "bees", "running a marathon", "writing a good email", "the solar system",
     "first aid", "a trip to Japan", "budget travel", "smartphones", "the French Revolution", "rainbows",
     "teamwork", "reading habits", "cloud computing", "earthquakes", "a birthday party", "city parks",
+    "inflation", "the stock market", "democracy", "the immune system", "DNA", "gravity", "electricity",
+    "the Renaissance", "ancient Egypt", "the Industrial Revolution", "social media", "video games", "yoga",
+    "meditation", "a small business", "customer service", "online privacy", "passwords", "databases",
+    "the Python programming language", "open source software", "artificial intelligence", "robots",
+    "space exploration", "Mars", "dinosaurs", "rain forests", "deserts", "coral reefs", "honey", "tea",
+    "chocolate", "pizza", "a wedding speech", "moving to a new city", "learning to drive", "cooking pasta",
+    "a museum visit", "the Olympic Games", "football", "tennis", "photography", "painting", "poetry",
+    "jazz", "classical music", "the piano", "volunteering", "stress at work", "a home office", "cats",
+    "migrating birds", "the periodic table", "nuclear power", "solar panels", "water pollution", "plastic waste",
 )
 FORMS = (
     "Explain {t} in simple terms.", "Write a short paragraph about {t}.", "Give three facts about {t}.",
@@ -34,25 +46,100 @@ FORMS = (
     "Write a short story that involves {t}.", "Summarize the key ideas of {t} in two sentences.",
     "Compare {t} with something similar and explain the differences.", "Why is {t} important?",
     "Write a tweet about {t}.", "What questions do people often ask about {t}? Answer two of them.",
+    "Write a blog post introduction about {t}.", "What are the pros and cons of {t}?",
+    "Write a persuasive essay outline about {t}.", "How has {t} changed over the last hundred years?",
+    "Write a dialogue between two friends talking about {t}.", "Give a step-by-step guide related to {t}.",
+    "What would a beginner need to know about {t}?", "Write a product description inspired by {t}.",
+    "Create a quiz with three questions about {t}, with answers.", "What is the history of {t}?",
+    "Write a formal letter to a newspaper about {t}.", "Explain {t} as an expert would.",
+    "Imagine you are a teacher. Plan a short lesson about {t}.", "What careers are related to {t}?",
 )
+ROLES = ("a pirate captain", "a medieval knight", "a travel guide", "a detective", "a chef", "a doctor",
+         "a famous scientist", "a sports coach", "a friendly robot", "a history professor", "a tour guide in Paris")
+ROLE_ASKS = ("Introduce yourself and describe a typical day.", "Give me advice about {t}.",
+             "Tell me what you think about {t}.", "Answer my question: what should I know about {t}?")
+LANGUAGES = ("French", "Spanish", "German", "Italian", "Portuguese", "Chinese")
+SENTENCES = (
+    "The weather is beautiful today, so we are going to the beach.", "Could you tell me where the train station is?",
+    "I have been learning to cook for three months.", "Our meeting has been moved to Thursday afternoon.",
+    "The library closes at eight o'clock in the evening.", "She bought a new bicycle because her old one broke.",
+    "Please remember to turn off the lights when you leave.", "The museum has a new exhibition about ancient Rome.",
+    "We need more time to finish the project properly.", "My brother works as a nurse in a large hospital.",
+    "The children played in the garden until it got dark.", "This restaurant serves the best soup in town.",
+)
+CODE_TASKS = (
+    "reverses a string", "checks whether a number is prime", "returns the n-th Fibonacci number",
+    "counts the vowels in a sentence", "finds the largest number in a list", "removes duplicates from a list",
+    "checks whether a word is a palindrome", "sorts a list of names alphabetically", "converts Celsius to Fahrenheit",
+    "computes the factorial of a number", "merges two sorted lists", "counts how often each word occurs in a text",
+    "checks whether two strings are anagrams", "returns the sum of the digits of a number", "flattens a nested list",
+    "reads a CSV file and prints each row", "finds the second smallest element of a list", "computes the average of a list",
+)
+CODE_LANGUAGES = ("Python", "Python", "Python", "JavaScript", "C", "Java")
+NAMES = ("Anna", "Ben", "Carlos", "Diana", "Ethan", "Fatima", "George", "Hana", "Ivan", "Julia", "Kofi", "Lena")
+ITEMS = ("apples", "pencils", "books", "tickets", "cupcakes", "notebooks", "oranges", "stickers")
+
+
+def _math(rng: random.Random) -> str:
+    a, b, c = rng.randint(2, 40), rng.randint(2, 25), rng.randint(2, 9)
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    return rng.choice((
+        f"{name} has {a} {item} and buys {b} more, then gives away {c}. How many {item} does {name} have now? Explain step by step.",
+        f"A box holds {b} {item}. How many {item} are in {c} boxes and {a} loose ones? Show your reasoning.",
+        f"{name} reads {b} pages a day. How many days does it take to read a book of {a * b + c} pages?",
+        f"What is {a} times {b} plus {c}? Explain your calculation.",
+        f"A rectangle is {a} cm long and {b} cm wide. What are its area and its perimeter?",
+        f"If {c} workers build a wall in {b} days, how long would {c * 2} workers take? Explain.",
+        f"A shirt costs ${a + 10} and is on sale for {c * 5}% off. What is the sale price?",
+    ))
+
+
+def _passage(rng: random.Random) -> str:
+    """A short made-up text with names, dates and numbers, for extraction and questions about a text."""
+    name, other = rng.sample(NAMES, 2)
+    day = rng.choice(("Monday", "Tuesday", "Wednesday", "Thursday", "Friday"))
+    n, price, room = rng.randint(5, 60), rng.randint(10, 300), rng.randint(100, 450)
+    topic = rng.choice(TOPICS)
+    return (f"Meeting notes: On {day}, {name} and {other} met in room {room} to plan a workshop about {topic}. "
+            f"They expect {n} participants and a budget of ${price * 10}. {name} will prepare the slides; "
+            f"{other} will book the catering, which costs ${price} per day. The next meeting is in two weeks.")
+
+
+def _conversation(rng: random.Random, pairs: list, i: int) -> str:
+    kind = rng.random()
+    if kind < 0.55:
+        topic, form = pairs[i % len(pairs)]
+        return form.format(t=topic)
+    if kind < 0.65:
+        return _math(rng)
+    if kind < 0.75:
+        return f"Write a {rng.choice(CODE_LANGUAGES)} function that {rng.choice(CODE_TASKS)}. Explain how it works."
+    if kind < 0.82:
+        return f"Translate into {rng.choice(LANGUAGES)}: \"{rng.choice(SENTENCES)}\""
+    if kind < 0.9:
+        return f"Imagine you are {rng.choice(ROLES)}. {rng.choice(ROLE_ASKS).format(t=rng.choice(TOPICS))}"
+    ask = rng.choice(("Who attends the meeting and what does each person do?", "Summarize this text in one sentence.",
+                      "Extract every number in this text and say what it means.", "What is the total cost of catering for three days?",
+                      "Write a short email to the participants based on these notes."))
+    return f"{_passage(rng)}\n\n{ask}"
+
+
 FOLLOW_UPS = (
     "Can you make it shorter?", "Give an example.", "Explain that in more detail.", "Now say it more formally.",
     "Summarize your answer in one sentence.", "Translate the first two sentences of your answer into French.",
     "Rewrite your answer as a numbered list.", "What is the most important point? Quote it.",
+    "Why is that?", "Can you give me another one?", "Rewrite it for a child.", "What are the next steps?",
 )
 FOLLOW_UP_SHARE = 0.5  # of first answers, how many get a second turn (multi-turn training data)
 
 
 def prompt_conversations(n: int, seed: int = 0) -> list[tuple[Message, ...]]:
-    """n conversations (a user message, sometimes with an earlier exchange): topics x task forms."""
+    """n conversations of one user message: topics x task forms, arithmetic word problems, code, translation,
+    role play and questions about a short made-up text (second turns are added while generating)."""
     rng = random.Random(seed)
     pairs = [(t, f) for t in TOPICS for f in FORMS]
     rng.shuffle(pairs)
-    out = []
-    for i in range(n):
-        topic, form = pairs[i % len(pairs)]
-        out.append((Message("user", form.format(t=topic)),))
-    return out
+    return [(Message("user", _conversation(rng, pairs, i)),) for i in range(n)]
 
 
 @dataclass
@@ -62,63 +149,110 @@ class Sequence:
     answer_start: int
 
 
+@dataclass
+class Answer:
+    prompt: list[int]  # the conversation's token ids, up to the opened assistant turn
+    answer: list[int]  # the target's greedy answer, without the end token
+    index: int = -1  # which generated conversation it answers (-1: a second turn)
+
+
+def _read_answers(path: Path | None) -> list[Answer]:
+    """The answers an earlier (interrupted) run stored; a torn last line is dropped."""
+    if path is None or not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            d = json.loads(line)
+            out.append(Answer(list(d["prompt"]), list(d["answer"]), int(d.get("index", -1))))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
 def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed: int = 0,
-                 say: Callable[[str], None] = lambda s: None) -> list[Sequence]:
-    """The target answers generated prompts greedily until about n_tokens answer tokens exist; then its
-    features over every conversation are extracted with the engine's own forward."""
+                 say: Callable[[str], None] = lambda s: None, store: Path | None = None) -> list[Answer]:
+    """The target answers generated prompts greedily, batched, until about n_tokens answer tokens exist.
+    With `store` (a .jsonl file) every answer is appended as it is made, and a later run with the same
+    file continues where this one stopped."""
     tok = target.tokenizer
     model = target.model
     pad = tok.pad_token_id if tok.pad_token_id is not None else sorted(target.eos_ids)[0]
+    answers = _read_answers(store)
+    made = sum(len(a.answer) for a in answers)
     convs = prompt_conversations(max(1, 4 * n_tokens // max_new + 8), seed)
-    rng = random.Random(seed + 1)
-    seqs: list[Sequence] = []
-    made = 0
-    t0 = time.perf_counter()
-    i = 0
-    follow: list[tuple[Message, ...]] = []
-    while made < n_tokens and (i < len(convs) or follow):
-        n_follow = min(len(follow), batch // 2)  # second turns mixed in as soon as their first answers exist
-        group = follow[:n_follow]
-        del follow[:n_follow]
-        fresh = convs[i : i + batch - n_follow]
-        i += len(fresh)
-        encoded = []
-        for conv in group + fresh:
-            e = encode(tok, list(conv), True)
-            if len(e) + max_new <= target.context_window:
-                encoded.append((conv, e))
-        if not encoded:
-            continue
-        group, encoded = [c for c, _ in encoded], [e for _, e in encoded]
-        width = max(len(e) for e in encoded)
-        ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=target.device)
-        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=target.device)
-        with torch.inference_mode():
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                                 pad_token_id=pad, eos_token_id=sorted(target.eos_ids))
-        for conv, e, row in zip(group, encoded, out[:, width:].tolist()):
-            answer = []
-            for t in row:
-                if t in target.eos_ids:
-                    break
-                answer.append(t)
-            if len(answer) < 4:
+    rng = random.Random(seed + 1 + len(answers))
+    i = max((a.index for a in answers), default=-1) + 1
+    if made:
+        say(f"answers: {min(made, n_tokens)}/{n_tokens} tokens from {store}")
+    sink = store.open("a", encoding="utf-8") if store is not None else None
+    t0, made_here = time.perf_counter(), 0
+    follow: list[tuple[tuple[Message, ...], int]] = []
+    try:
+        while made < n_tokens and (i < len(convs) or follow):
+            n_follow = min(len(follow), batch // 2)  # second turns mixed in as soon as their first answers exist
+            group = follow[:n_follow]
+            del follow[:n_follow]
+            fresh = [(c, i + j) for j, c in enumerate(convs[i : i + batch - n_follow])]
+            i += len(fresh)
+            encoded = []
+            for conv, index in group + fresh:
+                e = encode(tok, list(conv), True)
+                if len(e) + max_new <= target.context_window:
+                    encoded.append((conv, index, e))
+            if not encoded:
                 continue
-            seqs.append(_with_features(target, e, answer))
-            made += len(answer)
-            if len(conv) == 1 and rng.random() < FOLLOW_UP_SHARE:  # a second turn on the model's own answer
-                reply = Message("assistant", tok.decode(answer, skip_special_tokens=True))
-                follow.append((*conv, reply, Message("user", rng.choice(FOLLOW_UPS))))
-        rate = made / max(1e-9, time.perf_counter() - t0)
-        say(f"answers: {min(made, n_tokens)}/{n_tokens} tokens ({rate:.0f} tokens/s)")
-    return seqs
+            width = max(len(e) for _, _, e in encoded)
+            ids = torch.tensor([[pad] * (width - len(e)) + e for _, _, e in encoded], device=target.device)
+            mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for _, _, e in encoded], device=target.device)
+            with torch.inference_mode():
+                out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                                     pad_token_id=pad, eos_token_id=sorted(target.eos_ids))
+            for (conv, index, e), row in zip(encoded, out[:, width:].tolist()):
+                answer = []
+                for t in row:
+                    if t in target.eos_ids:
+                        break
+                    answer.append(t)
+                if len(answer) < 4:
+                    continue
+                a = Answer(e, answer, index if len(conv) == 1 else -1)
+                answers.append(a)
+                if sink is not None:
+                    sink.write(json.dumps({"prompt": a.prompt, "answer": a.answer, "index": a.index}) + "\n")
+                made += len(answer)
+                made_here += len(answer)
+                if len(conv) == 1 and rng.random() < FOLLOW_UP_SHARE:  # a second turn on the model's own answer
+                    reply = Message("assistant", tok.decode(answer, skip_special_tokens=True))
+                    follow.append(((*conv, reply, Message("user", rng.choice(FOLLOW_UPS))), -1))
+            if sink is not None:
+                sink.flush()
+            rate = made_here / max(1e-9, time.perf_counter() - t0)
+            eta = (n_tokens - made) / max(1e-9, rate)
+            say(f"answers: {min(made, n_tokens)}/{n_tokens} tokens ({rate:.0f} tokens/s, eta {max(0, eta):.0f} s)")
+    finally:
+        if sink is not None:
+            sink.close()
+    return answers
+
+
+def with_features(target, answers: list[Answer], say: Callable[[str], None] = lambda s: None) -> list[Sequence]:
+    """The target's features over each conversation, extracted once with the engine's own forward."""
+    out = []
+    t0 = time.perf_counter()
+    for n, a in enumerate(answers, 1):
+        out.append(_with_features(target, a.prompt, a.answer))
+        if n % 20 == 0 or n == len(answers):
+            eta = (time.perf_counter() - t0) / n * (len(answers) - n)
+            say(f"features: {n}/{len(answers)} conversations, eta {eta:.0f} s")
+    return out
 
 
 def _with_features(target, prompt: list[int], answer: list[int]) -> Sequence:
     runner = target.new_runner()
     tokens = torch.tensor(prompt + answer, dtype=torch.long)
     runner.forward(tokens[: runner.max_len])
-    return Sequence(tokens[: runner.max_len], runner.hidden.detach().clone().cpu(), len(prompt))
+    return Sequence(tokens[: runner.max_len], runner.features(0, runner.length).clone().cpu(), len(prompt))
 
 
 class _Frozen:
@@ -131,50 +265,123 @@ class _Frozen:
         self.eps = model.model.norm.variance_epsilon
         self.lm = model.get_output_embeddings().weight.detach().float()
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm_w * F.rms_norm(h, (h.shape[-1],), eps=self.eps), self.lm)
+    def logits(self, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over the whole vocabulary, or over the token ids `rows` only."""
+        return F.linear(self.norm_w * F.rms_norm(h, (h.shape[-1],), eps=self.eps), self.lm if rows is None else self.lm[rows])
 
 
-def _loss(head: EagleHead, frozen: _Frozen, seq: Sequence) -> tuple[torch.Tensor, int, int]:
-    """Pairs i = 0..T-2: (feature i, token i+1) -> feature i+1, whose logits should give token i+2."""
-    feats = seq.features.float()
-    tokens = seq.tokens
-    pred = head(feats[None, :-1], frozen.embed[tokens[1:]][None])[0]  # (T-1, D) ~ features 1..T-1
-    reg = F.smooth_l1_loss(pred, feats[1:])
-    logits = frozen.logits(pred[:-1])  # predictions for tokens 2..T-1
-    labels = tokens[2:]
+def _batch(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (B, T) tokens, (B, T, D) features and (B, T) validity of a group of sequences."""
+    width = max(s.tokens.shape[0] for s in seqs)
+    dim = seqs[0].features.shape[-1]
+    tokens = torch.zeros(len(seqs), width, dtype=torch.long)
+    feats = torch.zeros(len(seqs), width, dim)
+    valid = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for b, s in enumerate(seqs):
+        n = s.tokens.shape[0]
+        tokens[b, :n], feats[b, :n], valid[b, :n] = s.tokens, s.features.float(), True
+    return tokens, feats, valid
+
+
+def _loss(head: EagleHead, frozen: _Frozen, seqs: list[Sequence]) -> tuple[torch.Tensor, int, int]:
+    """Pairs i = 0..T-2: (feature i, token i+1) -> feature i+1, whose logits should give token i+2.
+    Padding sits at the end of each row, so causal attention never lets a real position see it."""
+    tokens, feats, valid = _batch(seqs)
+    pred = head(feats[:, :-1], frozen.embed[tokens[:, 1:]])  # (B, T-1, D) ~ features 1..T-1
+    ok = valid[:, 1:]
+    reg = F.smooth_l1_loss(pred[ok], feats[:, 1:][ok])
+    ok2 = valid[:, 2:]
+    logits = frozen.logits(pred[:, :-1][ok2])  # predictions for tokens 2..T-1
+    labels = tokens[:, 2:][ok2]
     ce = F.cross_entropy(logits, labels)
     right = int((logits.argmax(-1) == labels).sum())
     return ce + 0.1 * reg, right, labels.shape[0]
 
 
+def _medusa_loss(head: MedusaHead, frozen: _Frozen, seqs: list[Sequence]) -> tuple[torch.Tensor, int, int]:
+    """Head i reads feature t and should give token t + 2 + i; the softmax runs over the draft vocabulary
+    (tokens outside it are not drafted, so they are not trained for)."""
+    tokens, feats, valid = _batch(seqs)
+    ids = head.draft_ids
+    slot = torch.full((frozen.lm.shape[0],), -1, dtype=torch.long)
+    slot[ids] = torch.arange(ids.shape[0])
+    preds = head(feats)  # (heads, B, T, D)
+    loss, right, seen = 0.0, 0, 0
+    for i, pred in enumerate(preds):
+        ahead = 2 + i
+        labels = slot[tokens[:, ahead:]]
+        ok = valid[:, ahead:] & (labels >= 0)
+        logits = frozen.logits(pred[:, :-ahead][ok], ids)
+        ce = F.cross_entropy(logits, labels[ok])
+        loss = loss + ce * 0.8**i  # nearer heads matter more: their guesses sit higher in the tree
+        if i == 0:
+            right, seen = int((logits.argmax(-1) == labels[ok]).sum()), int(ok.sum())
+    return loss, right, seen
+
+
 def train_head(target, seqs: list[Sequence], epochs: int = 2, lr: float = 1e-3, seed: int = 0,
-               say: Callable[[str], None] = lambda s: None) -> EagleHead:
+               say: Callable[[str], None] = lambda s: None, batch: int = 4,
+               checkpoint: Path | None = None, kind: str = "eagle",
+               draft_ids: torch.Tensor | None = None) -> torch.nn.Module:
+    """Train a head of this kind on these sequences. With `checkpoint` the state is saved every few
+    minutes and at the end of each epoch, and a run with the same data and settings resumes from it."""
     torch.manual_seed(seed)
-    head = EagleHead(HeadConfig.for_target(target.model.config))
+    config = HeadConfig.for_target(target.model.config)
+    head = MedusaHead(config) if kind == "medusa" else EagleHead(config)
+    if draft_ids is not None:
+        head.draft_ids = draft_ids
+    elif kind == "medusa":
+        head.draft_ids = torch.arange(target.model.get_output_embeddings().weight.shape[0])
+    loss_of = _medusa_loss if kind == "medusa" else _loss
     frozen = _Frozen(target)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
-    total = epochs * len(seqs)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, total) / max(1, total))))
     rng = random.Random(seed)
-    step = 0
-    t0 = time.perf_counter()
+    plan = []  # (epoch, the sequences of one optimizer step)
     for epoch in range(epochs):
         order = list(range(len(seqs)))
         rng.shuffle(order)
-        right = seen = 0
-        for j in order:
-            loss, r, n = _loss(head, frozen, seqs[j])
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            step += 1
-            right, seen = right + r, seen + n
-            if step % 10 == 0 or step == total:
-                eta = (time.perf_counter() - t0) / step * (total - step)
-                say(f"training: epoch {epoch + 1}/{epochs}, step {step}/{total}, top-1 {right / max(1, seen):.0%}, eta {eta:.0f} s")
+        plan += [(epoch, order[j : j + batch]) for j in range(0, len(order), batch)]
+    total = len(plan)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, total) / max(1, total))))
+    key = {"sequences": len(seqs), "tokens": sum(int(s.tokens.shape[0]) for s in seqs), "epochs": epochs,
+           "lr": lr, "seed": seed, "batch": batch, "kind": kind}
+    done = 0
+    if checkpoint is not None and checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        if state.get("key") == key:
+            head.load_state_dict(state["head"])
+            opt.load_state_dict(state["opt"])
+            sched.load_state_dict(state["sched"])
+            done = state["step"]
+            say(f"training: resuming at step {done}/{total}")
+
+    def save(step: int) -> None:
+        if checkpoint is not None:
+            tmp = checkpoint.with_suffix(".tmp")
+            torch.save({"key": key, "head": head.state_dict(), "opt": opt.state_dict(),
+                        "sched": sched.state_dict(), "step": step}, tmp)
+            tmp.replace(checkpoint)
+
+    right = seen = 0
+    t0 = last_save = time.perf_counter()
+    for step in range(done, total):
+        epoch, group = plan[step]
+        loss, r, n = loss_of(head, frozen, [seqs[j] for j in group])
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        right, seen = right + r, seen + n
+        end_of_epoch = step + 1 == total or plan[step + 1][0] != epoch
+        if (step + 1) % 10 == 0 or end_of_epoch:
+            eta = (time.perf_counter() - t0) / (step + 1 - done) * (total - step - 1)
+            say(f"training: epoch {epoch + 1}/{epochs}, step {step + 1}/{total}, top-1 {right / max(1, seen):.0%}, eta {eta:.0f} s")
+        if end_of_epoch or time.perf_counter() - last_save > 120:
+            save(step + 1)
+            last_save = time.perf_counter()
+        if end_of_epoch:
+            right = seen = 0
     return head.eval()
 
 
@@ -201,6 +408,32 @@ def chain_acceptance(head: EagleHead, target, seqs: list[Sequence], k: int = 5, 
                 n += 1
                 out = head(out[None, None], frozen.embed[torch.tensor([guess])][None], start=t + j, use_cache=True)[0, -1]
             kept.append(n)
+    return 1.0 + sum(kept) / max(1, len(kept))
+
+
+@torch.inference_mode()
+def medusa_acceptance(head: MedusaHead, target, seqs: list[Sequence]) -> float:
+    """Mean new tokens per target pass the chain of the heads' top guesses would give on these answers:
+    1 + the mean common prefix of the guesses and the answer."""
+    frozen = _Frozen(target)
+    head = head.float()
+    ids = head.draft_ids if head.draft_ids.numel() else None
+    kept = []
+    for seq in seqs:
+        feats, tokens = seq.features.float(), seq.tokens
+        t = torch.arange(max(0, seq.answer_start - 1), tokens.shape[0] - 2)
+        if t.numel() == 0:
+            continue
+        guess = frozen.logits(head(feats[t]), ids).argmax(-1)  # (heads, n)
+        guess = ids[guess] if ids is not None else guess
+        run = torch.ones(t.shape[0], dtype=torch.bool)
+        n = torch.zeros(t.shape[0], dtype=torch.long)
+        for i in range(guess.shape[0]):
+            where = t + 2 + i
+            inside = where < tokens.shape[0]
+            run &= inside & (guess[i] == tokens[where.clamp(max=tokens.shape[0] - 1)])
+            n += run.long()
+        kept += n.tolist()
     return 1.0 + sum(kept) / max(1, len(kept))
 
 

@@ -9,6 +9,7 @@ from engine.drafters import build_drafter
 from engine.errors import SpeculaError
 from engine.events import Finished
 from engine.heads.eagle import load_head, save_head
+from engine.loading import ModelSpec, load_model
 from engine.heads.train import _with_features, chain_acceptance, head_info, train_head
 from engine.sampling import SamplingParams
 
@@ -32,16 +33,16 @@ def trained(tmp_path_factory):
     accepted = chain_acceptance(head, target, seqs[20:], k=4)
     folder = tmp_path_factory.mktemp("head")
     save_head(head, head_info(target, "eagle", sum(len(s.tokens) for s in seqs), 6, accepted), folder)
-    return target, folder, accepted
+    return target, folder, accepted, seqs
 
 
 def test_a_trained_head_predicts_the_targets_tokens(trained):
-    _, _, accepted = trained
+    _, _, accepted, _ = trained
     assert accepted > 1.3  # random guessing over 64 tokens would give about 1.02
 
 
 def test_eagle_is_lossless_greedy_and_really_drafts(trained):
-    target, folder, _ = trained
+    target, folder, _, _ = trained
     gen = torch.Generator().manual_seed(3)
     accepted = 0
     for trial in range(8):
@@ -56,7 +57,7 @@ def test_eagle_is_lossless_greedy_and_really_drafts(trained):
 
 
 def test_eagle_sampling_with_a_seed_repeats_and_varies(trained):
-    target, folder, _ = trained
+    target, folder, _, _ = trained
     params = SamplingParams(temperature=1.0, top_p=0.95)
 
     def run(seed):
@@ -67,7 +68,7 @@ def test_eagle_sampling_with_a_seed_repeats_and_varies(trained):
 
 
 def test_a_head_for_another_model_is_refused(trained):
-    _, folder, _ = trained
+    _, folder, _, _ = trained
     other = loaded(tiny_model(vocab=64, layers=2, seed=12))
     with pytest.raises(SpeculaError, match="another model"):
         load_head(folder, other)
@@ -91,16 +92,41 @@ def test_train_head_command_writes_a_head_that_the_eagle_strategy_loads(tiny_fol
     assert info["training"]["held_out_mean_accepted_length"] >= 1.0
     assert main(args) == 2  # the folder holds a head already
     assert "already holds a head" in capsys.readouterr().err
-    assert main(args[:-2] + ["--kind", "medusa", "--out", str(tmp_path / "m")]) == 2
-    code = main(["generate", "--model", str(tiny_folder), "--dtype", "fp32", "--strategy", "eagle", "--head", str(out),
-                 "--prompt", "hello there", "--max-new-tokens", "12", "--json"])
-    assert code == 0
-    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert line["strategy"] == "eagle" and line["new_tokens"] > 0
+    # a medusa head from the same answers: nothing new is generated
+    answers = (out / "training" / "answers.jsonl").read_text()
+    medusa = args[:-2] + ["--kind", "medusa", "--out", str(tmp_path / "m"), "--data", str(out / "training")]
+    assert main(medusa) == 0
+    assert (out / "training" / "answers.jsonl").read_text() == answers
+    assert json.loads((tmp_path / "m" / "head.json").read_text())["kind"] == "medusa"
+    for strategy, head in (("medusa", tmp_path / "m"), ("eagle", out)):
+        code = main(["generate", "--model", str(tiny_folder), "--dtype", "fp32", "--strategy", strategy, "--head",
+                     str(head), "--prompt", "hello there", "--max-new-tokens", "12", "--json"])
+        assert code == 0
+        line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert line["strategy"] == strategy and line["new_tokens"] > 0
+    with pytest.raises(SpeculaError, match="holds a medusa head, not the eagle head"):
+        build_drafter("eagle", load_model(ModelSpec(str(tiny_folder), "cpu", "fp32")), head=str(tmp_path / "m"))
+
+
+def test_an_interrupted_training_run_resumes_where_it_stopped(trained, tmp_path):
+    target, _, _, seqs = trained
+    ref = train_head(target, seqs[:8], epochs=2, lr=3e-3, batch=2)
+
+    def stop_in_second_epoch(line):
+        if "epoch 2/2" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_head(target, seqs[:8], epochs=2, lr=3e-3, batch=2, checkpoint=tmp_path / "c.pt", say=stop_in_second_epoch)
+    said = []
+    resumed = train_head(target, seqs[:8], epochs=2, lr=3e-3, batch=2, checkpoint=tmp_path / "c.pt", say=said.append)
+    assert said[0] == "training: resuming at step 4/8"
+    for a, b in zip(ref.state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
 
 
 def test_greedy_eagle_drafts_trees_and_chains_and_stays_lossless(trained):
-    target, folder, _ = trained
+    target, folder, _, _ = trained
     drafter = build_drafter("eagle", target, head=str(folder), branch=1)
     shapes = []
     original = drafter.propose
@@ -126,17 +152,18 @@ def test_a_session_finds_heads_made_for_its_model(trained, tmp_path, monkeypatch
     from engine.prompts import Message
     from engine.session import GenerateRequest, Session
 
-    target, folder, _ = trained
+    target, folder, _, _ = trained
     monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path))
     session = Session()
     session.use(target)
     assert "eagle" not in session.describe().strategies  # no head in the user's folder yet
     shutil.copytree(folder, tmp_path / "heads" / "mine")
     session.use(target)
-    assert session.heads == [tmp_path / "heads" / "mine"] and "eagle" in session.describe().strategies
+    assert session.heads == {"eagle": [tmp_path / "heads" / "mine"]} and "eagle" in session.describe().strategies
+    assert "medusa" not in session.describe().strategies  # no medusa head for it
     other = Session()
     other.use(loaded(tiny_model(vocab=64, layers=2, seed=12)))
-    assert other.heads == [] and "eagle" not in other.describe().strategies
+    assert other.heads == {} and "eagle" not in other.describe().strategies
     request = GenerateRequest((Message("user", "x"),), "eagle", DecodeConfig(k=4, max_new_tokens=20), chat=False)
     finished = [e for e in session.generate(request, prompt_ids=[1, 2, 3]) if isinstance(e, Finished)][0]
     assert finished.totals.drafted > 0

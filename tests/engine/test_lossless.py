@@ -10,18 +10,21 @@ from engine.sampling import SamplingParams
 
 from .tiny import loaded, perturbed, quick_head, tiny_model
 
-HEADS: dict[int, str] = {}  # id of a loaded target -> folder of a draft head trained for it
+HEADS: dict[int, dict[str, str]] = {}  # id of a loaded target -> kind -> folder of a head trained for it
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     target = loaded(tiny_model(vocab=64, layers=4, seed=0))
-    HEADS[id(target)] = str(quick_head(target, tmp_path_factory.mktemp("head")))
+    HEADS[id(target)] = {kind: str(quick_head(target, tmp_path_factory.mktemp(kind), kind=kind)) for kind in ("eagle", "medusa")}
     return target, loaded(perturbed(target.model, scale=0.05))
 
 
 def run(target, draft, strategy, prompt, **config):
-    options = {"head": HEADS[id(target)]} if DRAFTERS[strategy].needs_head else {}
+    info = DRAFTERS[strategy]
+    options = {"head": HEADS[id(target)][info.needs_head]} if info.needs_head else {}
+    if info.uses_heads:
+        options = {"heads": tuple(HEADS[id(target)].values())}
     drafter = build_drafter(strategy, target, draft, **options)
     runner = target.new_runner()
     events = list(generate(runner, drafter, prompt, DecodeConfig(**config), stop_ids=target.eos_ids, strategy=strategy))

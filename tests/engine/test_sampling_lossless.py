@@ -1,6 +1,7 @@
 """Speculative sampling keeps the target's distribution: on a 4-token vocabulary, the joint distribution
 of the first three generated tokens matches the exact target distribution, for a drafter with a
-distribution (draft-model, eagle) and one without (prompt-lookup)."""
+distribution (draft-model, eagle, medusa) and those without (prompt-lookup, lookahead), and for auto,
+which switches between them."""
 
 import itertools
 
@@ -63,18 +64,30 @@ def models():
         ("draft-model", SamplingParams(temperature=0.8, top_k=3)),
         ("prompt-lookup", SamplingParams(temperature=0.8, top_p=0.9)),
         ("eagle", SamplingParams(temperature=1.0)),
+        ("medusa", SamplingParams(temperature=1.0)),
+        ("lookahead", SamplingParams(temperature=0.9)),
+        ("auto", SamplingParams(temperature=1.0)),
     ],
 )
 def test_speculative_sampling_matches_the_target_distribution(models, strategy, params, tmp_path):
     target, draft = models
     options = {}
-    if strategy == "eagle":  # an untrained head: a draft distribution far from the target's
+    if strategy in ("eagle", "medusa", "auto"):  # untrained heads: draft distributions far from the target's
         from engine.heads.eagle import EagleHead, HeadConfig, save_head
+        from engine.heads.medusa import MedusaHead
         from engine.heads.train import head_info
 
         torch.manual_seed(0)
-        save_head(EagleHead(HeadConfig.for_target(target.model.config)), head_info(target, "eagle", 0, 0, None), tmp_path)
-        options["head"] = str(tmp_path)
+        config = HeadConfig.for_target(target.model.config)
+        medusa = MedusaHead(config)
+        for block in medusa.blocks:
+            torch.nn.init.normal_(block.weight, std=0.5)
+        for kind, head in (("eagle", EagleHead(config)), ("medusa", medusa)):
+            save_head(head, head_info(target, kind, 0, 0, None), tmp_path / kind)
+        if strategy == "auto":
+            options["heads"] = (str(tmp_path / "eagle"), str(tmp_path / "medusa"))
+        else:
+            options["head"] = str(tmp_path / strategy)
     drafter = build_drafter(strategy, target, draft, **options)
     exact = exact_joint(target.model, params)
     got = empirical_joint(target, drafter, params, SAMPLES)

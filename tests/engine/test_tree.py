@@ -55,11 +55,13 @@ def test_keeping_a_path_equals_feeding_only_that_path(model):
     r.forward(prompt)
     r.forward(tree, last=len(PARENTS), parents=PARENTS)
     r.keep(20, path)
-    assert r.length == 20 + len(path) and r.hidden.shape[0] == len(path)
+    assert r.length == 20 + len(path)
     got = r.forward(after, last=3)
     fresh = runner(model)
     expected = fresh.forward(torch.cat([prompt, tree[path], after]), last=3)
     assert torch.allclose(got, expected, atol=1e-5)
+    # the kept path's features moved with its keys and values
+    assert torch.allclose(r.features(0, r.length), fresh.features(0, fresh.length), atol=1e-5)
 
 
 def test_a_child_before_its_parent_is_refused(model):

@@ -49,8 +49,9 @@ def perturbed(model, scale: float = 0.02, seed: int = 1):
     return draft
 
 
-def quick_head(target: LoadedModel, folder, sequences: int = 16, length: int = 40, epochs: int = 5, seed: int = 0):
-    """A draft head trained for a few seconds on the target's own greedy continuations of random
+def quick_head(target: LoadedModel, folder, sequences: int = 16, length: int = 40, epochs: int = 5, seed: int = 0,
+               kind: str = "eagle"):
+    """A draft head of this kind trained for a few seconds on the target's own greedy continuations of random
     prompts; returns the folder it was saved to."""
     from engine.decoder import DecodeConfig, generate
     from engine.drafters import build_drafter
@@ -64,6 +65,6 @@ def quick_head(target: LoadedModel, folder, sequences: int = 16, length: int = 4
         prompt = torch.randint(0, vocab, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
         events = list(generate(target.new_runner(), build_drafter("none", target), prompt, DecodeConfig(max_new_tokens=length)))
         seqs.append(_with_features(target, prompt, list(events[-1].token_ids)))
-    head = train_head(target, seqs, epochs=epochs, lr=3e-3, seed=seed)
-    save_head(head.to(target.dtype), head_info(target, "eagle", sequences * length, epochs, None), folder)
+    head = train_head(target, seqs, epochs=epochs, lr=3e-3, seed=seed, kind=kind, batch=1)
+    save_head(head.to(target.dtype), head_info(target, kind, sequences * length, epochs, None), folder)
     return folder
