@@ -43,9 +43,9 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-n", type=int, default=None, help="prompt-lookup: longest n-gram to match")
     p.add_argument("--exit-layer", type=int, default=None, help="layer-skip: layers used for drafting")
     p.add_argument("--head", default=None, help="eagle: a folder written by `specula train-head`")
-    p.add_argument("--tree", dest="branch", action="store_const", const=1, default=None,
-                   help="eagle, greedy: add the head's likely runner-up as a sibling (a token tree; in bf16 "
-                        "trees can part from plain decoding at near ties)")
+    p.add_argument("--tree", action="store_const", const=1, default=None,
+                   help="eagle, greedy: an EAGLE-2 dynamic token tree instead of a chain (in bf16 on a CPU, trees can "
+                        "part from plain decoding at near ties; fp32 is exact)")
 
 
 class _Parser(argparse.ArgumentParser):

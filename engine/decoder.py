@@ -28,7 +28,7 @@ from .events import Finished, Origin, Started, Step, Token, Totals
 from .forward import ModelRunner
 from .metrics import BaselineCost, count_step
 from .sampling import SamplingParams, choose
-from .verify import Verdict, verify, walk_tree
+from .verify import Verdict, verify, walk_tree, walk_tree_sampling
 
 K_MAX = 32
 
@@ -128,14 +128,6 @@ class _Stats:
         )
 
 
-def _main_chain_length(parents: list[int]) -> int:
-    """How many leading draft tokens form the tree's first chain (each the child of the one before)."""
-    n = 0
-    while n < len(parents) and parents[n] == n - 1:
-        n += 1
-    return n
-
-
 def _origin_of_target_token(drafted: int, accepted: int) -> Origin:
     if drafted == 0:
         return Origin.TARGET
@@ -230,10 +222,8 @@ class _Loop:
         d = draft.tokens[:k] if draft is not None else self.ctx[:0]  # (n,)
         q = draft.q[: d.shape[0]] if draft is not None and draft.q is not None else None  # (n, V)
         t1 = time.perf_counter()
-        if draft is not None and draft.parents is not None and d.shape[0] and self.params.greedy:
+        if draft is not None and draft.parents is not None and d.shape[0]:
             return self._tree_step(draft, length, k, t0, t1)
-        if draft is not None and draft.parents is not None:  # a tree under sampling: its first chain only
-            d = d[: _main_chain_length(draft.parents[: d.shape[0]].tolist())]
         feed = torch.cat([self.ctx[length - 1 : length], d])  # the newest token, then the draft
         logits = target.forward(feed, last=feed.shape[0])  # (n+1, V)
         verdict: Verdict = verify(logits, d.to(logits.device), q, self.params, self.gen)
@@ -274,7 +264,10 @@ class _Loop:
         feed = torch.cat([self.ctx[length - 1 : length], d])
         tokens = feed.tolist()
         logits = target.forward(feed, last=feed.shape[0], parents=parents)
-        rows, next_token = walk_tree(logits, tokens, parents)
+        if self.params.greedy:
+            rows, next_token = walk_tree(logits, tokens, parents)
+        else:
+            rows, next_token = walk_tree_sampling(logits, tokens, parents, self.params, self.gen)
         if hasattr(self.drafter, "observe_tree"):  # drafters that learn from every node's output (lookahead)
             best = logits.argmax(-1).tolist()
             self.drafter.observe_tree({i: best[row_of[i]] for i in keep})

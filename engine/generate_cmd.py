@@ -33,7 +33,7 @@ def decode_config(args) -> DecodeConfig:
 
 
 def strategy_options(args) -> tuple[tuple[str, object], ...]:
-    names = ("min_n", "max_n", "exit_layer", "head", "branch")
+    names = ("min_n", "max_n", "exit_layer", "head", "tree")
     return tuple((n, getattr(args, n)) for n in names if getattr(args, n, None) is not None)
 
 

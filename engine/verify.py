@@ -99,3 +99,43 @@ def walk_tree(logits: torch.Tensor, tokens: list[int], parents: list[int]) -> tu
         if step is None:
             return path, want
         path.append(step)
+
+
+def walk_tree_sampling(
+    logits: torch.Tensor,
+    tokens: list[int],
+    parents: list[int],
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[list[int], int]:
+    """Verification of a token tree under sampling, by recursive rejection over siblings. Each draft
+    token counts as a point guess (q = one-hot): at a node with target distribution p, its children are
+    tried in order; child c is accepted with probability p(c), and on rejection p loses c and is
+    renormalised before the next sibling. A node whose children are all rejected emits a token drawn
+    from what is left of p; an accepted leaf emits one drawn from its own row. Every emitted token is
+    then distributed exactly as under p, whatever tree the drafter built."""
+    children: dict[int, list[int]] = {}
+    for row, parent in enumerate(parents):
+        if parent >= 0:
+            children.setdefault(parent, []).append(row)
+    path = [0]
+    while True:
+        node = path[-1]
+        p = process_logits(logits[node], params).clone()  # (V,)
+        kids = children.get(node, [])
+        u = torch.rand(len(kids), generator=generator, device=p.device) if kids else None
+        chosen = None
+        for j, child in enumerate(kids):
+            token = tokens[child]
+            total = float(p.sum())
+            if total <= 0:
+                break
+            if float(u[j]) * total < float(p[token]):
+                chosen = child
+                break
+            p[token] = 0  # rejected: the next sibling is judged against what is left
+        if chosen is None:
+            if not float(p.sum()) > 0:
+                p = process_logits(logits[node], params)
+            return path, int(sample(p / p.sum(), generator))
+        path.append(chosen)

@@ -23,8 +23,9 @@ class DraftContext:
 class Draft:
     tokens: torch.Tensor  # (n,) int64, n <= k (n = 0: nothing to propose this step)
     q: torch.Tensor | None = None  # (n, V) drafter probabilities, or None for a point guess (one-hot)
-    # a token tree instead of a chain (greedy only): parent of each token, -1 for the newest context
-    # token, else the index of an earlier draft token; tokens[0] starts the main chain
+    # a token tree instead of a chain: parent of each token, -1 for the newest context token, else the
+    # index of an earlier draft token (parents before children). Under sampling a tree's tokens count as
+    # point guesses (q is not used): verify.walk_tree_sampling
     parents: torch.Tensor | None = None
 
 

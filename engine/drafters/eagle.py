@@ -9,6 +9,8 @@ truncated to the positions it read with the target's real features.
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 
 import torch
@@ -19,11 +21,19 @@ from ..sampling import process_logits, sample
 from .base import Draft, DraftContext, empty_draft
 
 
+TREE_CHILDREN = 4  # children looked at per expanded node
+TREE_EXPAND = 3  # nodes expanded per level
+TREE_MAX_NODES = 24
+LOG_MIN_PATH = math.log(0.02)  # paths less likely than this are not expanded
+DEFAULT_NODE_COST = 0.035  # a tree node's share of a plain pass's time on a CPU, before measuring
+COST_DECAY = 0.95
+
+
 class Eagle:
     name = "eagle"
     description = "a trained head drafts from the target's own features (needs --head DIR from `specula train-head`)"
 
-    def __init__(self, head, target, stop_below: float = 0.3, branch: bool = False) -> None:
+    def __init__(self, head, target, stop_below: float = 0.3, tree: bool = False) -> None:
         model = target.model
         self.head = head
         self.embed = model.get_input_embeddings()
@@ -35,11 +45,11 @@ class Eagle:
         self.ids = ids.to(self.lm_head.weight.device) if ids.numel() else None
         self.sub_weight = self.lm_head.weight[self.ids].contiguous() if self.ids is not None else None
         self.stop_below = stop_below  # greedy: no further draft token once the head's top guess is less likely
-        self.branch = branch  # greedy: the runner-up as a sibling leaf when it is likely enough
-        self.sibling_above = 0.2
+        self.tree = tree  # greedy: an EAGLE-2 dynamic tree instead of a chain
+        self.costs = _Costs()
 
     @classmethod
-    def build(cls, target, draft=None, head=None, branch=None, **options) -> "Eagle":
+    def build(cls, target, draft=None, head=None, tree=None, **options) -> "Eagle":
         if not target.uses_lean_forward:
             raise UnsupportedModelError(
                 f"eagle supports the Llama family (Llama, Qwen2/3, Mistral, SmolLM), not '{target.model.config.model_type}'"
@@ -47,51 +57,104 @@ class Eagle:
         if head is None:
             raise SpeculaError("strategy 'eagle' needs a trained draft head (--head DIR; make one with `specula train-head`)")
         module, _ = load_head(Path(head), target, kind="eagle")
-        return cls(module, target, branch=bool(branch))
+        return cls(module, target, tree=bool(tree))
 
     def reset(self) -> None:
         self.head.truncate(0)
         self.synced = 0
+        self.costs.pending = None  # the time between generations is no pass
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         length = ctx.tokens.shape[0]
+        self.costs.book()  # the pass over the last tree ended with this call
         out = self.read(ctx)
         if k <= 0 or out is None:
             return empty_draft()
         device = out.device
         greedy = ctx.params.greedy
+        if self.tree:  # under sampling too: its nodes count as point guesses there
+            return self._dynamic_tree(out, length, k)
         drafted: list[int] = []
-        parents: list[int] = []
         qs: list[torch.Tensor] = []
-        chain = -1  # the index of the last chain token: the parent of the next level
         for j in range(k):
             logits = self._logits(out)  # (V,) fp32, -inf outside the draft vocabulary
             if greedy:
                 probs = torch.softmax(logits, -1)
-                top = probs.topk(2)
-                if j > 0 and float(top.values[0]) < self.stop_below:
+                best = probs.max(-1)
+                if j > 0 and float(best.values) < self.stop_below:
                     break  # an unlikely guess costs more verify time than it is expected to win
-                token = int(top.indices[0])
+                token = int(best.indices)
                 drafted.append(token)
-                parents.append(chain)
-                here = len(drafted) - 1
-                if self.branch and float(top.values[1]) >= self.sibling_above:
-                    drafted.append(int(top.indices[1]))  # a leaf beside the chain token
-                    parents.append(chain)
-                chain = here
             else:
                 q = process_logits(logits, ctx.params)
                 token = int(sample(q, ctx.generator))
                 qs.append(q)
                 drafted.append(token)
-                parents.append(chain)
-                chain = len(drafted) - 1
             if j + 1 < k:
                 emb = self.embed(torch.tensor([token], device=device))
                 out = self.head(out[None, None], emb[None], start=length - 1 + j, use_cache=True)[0, -1]
-        tree = torch.tensor(parents) if greedy and len(parents) != len(set(parents)) else None
-        return Draft(torch.tensor(drafted, dtype=torch.long), torch.stack(qs) if qs else None, tree)
+        return Draft(torch.tensor(drafted, dtype=torch.long), torch.stack(qs) if qs else None)
+
+    def _dynamic_tree(self, out: torch.Tensor, length: int, k: int) -> Draft:
+        """EAGLE-2: grow a tree level by level, expanding the nodes whose whole path is most likely under
+        the head; then keep the most likely nodes, as many as the measured costs say pay."""
+        t0 = time.perf_counter()
+        device = out.device
+        base = self.synced  # cache slots below this hold the real context
+        logp = torch.log_softmax(self._logits(out), -1)
+        top = logp.topk(TREE_CHILDREN)
+        tokens = top.indices.tolist()
+        score = top.values.tolist()  # log-probability of each node's whole path
+        parent = [-1] * len(tokens)
+        depth = [1] * len(tokens)
+        feeds = [out] * len(tokens)  # the feature that goes with a node's token when it is expanded
+        slot_of: dict[int, int] = {}  # expanded node -> its cache slot
+        frontier = list(range(len(tokens)))
+        used = 0
+        for level in range(1, k):
+            pick = sorted(frontier, key=lambda i: -score[i])[:TREE_EXPAND]
+            pick = [i for i in pick if score[i] > LOG_MIN_PATH]
+            if not pick:
+                break
+            slot = base + used
+            visible = torch.zeros(len(pick), slot + len(pick), dtype=torch.bool, device=device)
+            visible[:, :base] = True
+            for row, i in enumerate(pick):
+                visible[row, slot + row] = True
+                a = parent[i]
+                while a >= 0:
+                    visible[row, slot_of[a]] = True
+                    a = parent[a]
+                slot_of[i] = slot + row
+            used += len(pick)
+            feats = torch.stack([feeds[i] for i in pick])
+            embeds = self.embed(torch.tensor([tokens[i] for i in pick], device=device))
+            positions = torch.tensor([length - 1 + level - 1] * len(pick), device=device)
+            outs = self.head.forward_tree(feats, embeds, positions, slot, visible)
+            child = torch.log_softmax(self._logits_rows(outs), -1).topk(TREE_CHILDREN)
+            frontier = []
+            for row, i in enumerate(pick):
+                for lp, token in zip(child.values[row].tolist(), child.indices[row].tolist()):
+                    frontier.append(len(tokens))
+                    tokens.append(token)
+                    score.append(score[i] + lp)
+                    parent.append(i)
+                    depth.append(level + 1)
+                    feeds.append(outs[row])
+        ranked = sorted(range(len(tokens)), key=lambda i: -score[i])
+        n = self.costs.budget([math.exp(score[i]) for i in ranked], (time.perf_counter() - t0))
+        keep = set(ranked[:n])
+        for i in list(keep):  # a kept node's ancestors are kept too (ties can rank a child first)
+            a = parent[i]
+            while a >= 0 and a not in keep:
+                keep.add(a)
+                a = parent[a]
+        order = sorted(keep, key=lambda i: (depth[i], -score[i]))
+        index = {node: j for j, node in enumerate(order)}
+        self.costs.proposed(len(order), sum(math.exp(score[i]) for i in order))
+        return Draft(torch.tensor([tokens[i] for i in order], dtype=torch.long), None,
+                     torch.tensor([index[parent[i]] if parent[i] >= 0 else -1 for i in order]))
 
     def read(self, ctx: DraftContext) -> torch.Tensor | None:
         """Read the features of the positions kept since the last call; the head's prediction of the
@@ -114,5 +177,65 @@ class Eagle:
         full[self.ids] = torch.nn.functional.linear(h, self.sub_weight)[0].float()
         return full
 
+    def _logits_rows(self, outs: torch.Tensor) -> torch.Tensor:
+        """(n, D) predicted features -> (n, V) fp32 logits, -inf outside the draft vocabulary."""
+        h = self.norm(outs)
+        if self.ids is None:
+            return self.lm_head(h).float()[:, : self.vocab]
+        full = torch.full((outs.shape[0], self.vocab), float("-inf"), device=h.device)
+        full[:, self.ids] = torch.nn.functional.linear(h, self.sub_weight).float()
+        return full
+
     def observe(self, accepted: int, next_token: int) -> None:
-        pass  # the next propose() re-reads the kept positions with the target's real features
+        self.costs.accepted(accepted)  # the next propose() re-reads the kept positions with real features
+
+
+class _Costs:
+    """How large a tree pays: the head's path probabilities say how many tokens each extra node is
+    expected to add; the measured pass times say what it costs.
+
+    A pass with n tree nodes is timed from the end of drafting to the next proposal and fitted as
+    a + b * n (decayed least squares). The head's probabilities are scaled by how many tokens were
+    really accepted per expected one. The budget is the n that maximises
+    (1 + c * sum of the n largest path probabilities) / (drafting + a + b * n)."""
+
+    def __init__(self) -> None:
+        self.sw = self.sn = self.sy = self.snn = self.sny = 0.0
+        self.got = self.expected = 1.0
+        self.pending: tuple[float, int] | None = None  # (end of drafting, nodes) of the pass under way
+
+    def budget(self, probs: list[float], draft_s: float) -> int:
+        a, b = self._fit()
+        c = min(1.5, self.got / self.expected)
+        best, best_rate, total = 1, 0.0, 0.0
+        for n, p in enumerate(probs[:TREE_MAX_NODES], 1):
+            total += p
+            rate = (1 + c * total) / (draft_s + a + b * n)
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return best
+
+    def _fit(self) -> tuple[float, float]:
+        if self.sw < 3:
+            return 1.0, DEFAULT_NODE_COST  # in units of one plain pass, until there are measurements
+        n_mean, y_mean = self.sn / self.sw, self.sy / self.sw
+        var = self.snn / self.sw - n_mean**2
+        b = (self.sny / self.sw - n_mean * y_mean) / var if var > 1e-6 else DEFAULT_NODE_COST * y_mean
+        b = max(b, 1e-3 * y_mean)
+        return max(1e-6, y_mean - b * n_mean), b
+
+    def proposed(self, nodes: int, expected: float) -> None:
+        self.pending = (time.perf_counter(), nodes)
+        self.expected = COST_DECAY * self.expected + expected
+
+    def accepted(self, n: int) -> None:
+        self.got = COST_DECAY * self.got + n
+
+    def book(self) -> None:
+        if self.pending is None:
+            return
+        start, n = self.pending
+        y = time.perf_counter() - start
+        self.pending = None
+        for attr, value in (("sw", 1.0), ("sn", n), ("sy", y), ("snn", n * n), ("sny", n * y)):
+            setattr(self, attr, COST_DECAY * getattr(self, attr) + value)

@@ -12,8 +12,8 @@ the last N tokens of such a diagonal become an n-gram in the pool. N-grams of th
 go to the pool too. The window's own chain is also verified, so a converged window is accepted directly.
 
 This version keeps one window level (the n-grams come from the window's history, not from extra levels
-in the pass) and keys the pool by one token. Under sampling, only the newest pool n-gram is proposed, as
-a chain with a one-hot q (the window needs the tree pass); acceptance follows the exact rule either way.
+in the pass) and keys the pool by one token. Under sampling the same tree is verified by recursive
+rejection over siblings (verify.walk_tree_sampling), which keeps the target's distribution exactly.
 """
 
 from __future__ import annotations
@@ -80,8 +80,6 @@ class Lookahead:
         if k <= 0:
             return empty_draft()
         grams = [list(g[:k]) for g in reversed(self.pool.get(tokens[-1], [])[-self.G :])] if self.G else []
-        if not ctx.params.greedy:
-            return Draft(torch.tensor(grams[0], dtype=torch.long)) if grams else empty_draft()
         drafted: list[int] = []
         parents: list[int] = []
         node: dict[tuple[int, int], int] = {}  # (parent, token) -> draft index: branches share prefixes

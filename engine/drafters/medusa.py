@@ -3,8 +3,8 @@ token tree of their top guesses goes to the target in one pass (Medusa, Cai et a
 
 The decoder feeds the newest token at the start of each pass, so the target's cache ends one position
 before it: from that position's feature, head i guesses the token i + 1 places after the newest one.
-Greedy: the tree below (ranks of each head's guesses along a path). Sampling: a chain, token i drawn
-from head i's distribution, verified by the exact rule (each head's distribution is a valid q)."""
+The tree below (ranks of each head's guesses along a path) is verified greedily, or under sampling by
+recursive rejection over siblings (verify.walk_tree_sampling), which keeps the target's distribution."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import torch
 
 from ..errors import SpeculaError, UnsupportedModelError
 from ..heads.eagle import load_head
-from ..sampling import process_logits, sample
 from .base import Draft, DraftContext, empty_draft
 
 # paths of guess ranks, e.g. (0, 1): head 0's best guess, then head 1's second best below it; parents
@@ -67,14 +66,6 @@ class Medusa:
             return empty_draft()
         logits = self.logits(runner.features(length - 2, length - 1)[0])  # (heads, V')
         depth = min(k, logits.shape[0])
-        if not ctx.params.greedy:
-            qs, drafted = [], []
-            for i in range(depth):
-                q = torch.zeros(self.vocab, device=logits.device)
-                q[self._full(torch.arange(logits.shape[1], device=logits.device))] = process_logits(logits[i], ctx.params)
-                qs.append(q)
-                drafted.append(int(sample(q, ctx.generator)))
-            return Draft(torch.tensor(drafted, dtype=torch.long), torch.stack(qs))
         top = self._full(logits[:depth].topk(self.width, dim=-1).indices).tolist()  # (depth, width)
         index: dict[tuple[int, ...], int] = {}
         drafted, parents = [], []

@@ -149,6 +149,27 @@ class EagleHead(nn.Module):
         x = self.mlp_norm(h)
         return h + self.down(F.silu(self.gate(x)) * self.up(x))
 
+    def forward_tree(self, features: torch.Tensor, next_embeds: torch.Tensor, positions: torch.Tensor, slot: int,
+                     visible: torch.Tensor) -> torch.Tensor:
+        """Tree drafting: rows (n, D) at rotary `positions` (n,) go to cache slots slot..slot+n-1; row i
+        attends to the cache slots where visible[i] (n, slot+n) is True (the real context, its ancestors,
+        itself) -> predicted features (n, D)."""
+        c = self.config
+        n = features.shape[0]
+        h = self.fc(torch.cat((self.feature_norm(features), self.embed_norm(next_embeds)), dim=-1))
+        x = self.attn_norm(h)
+        q = self.q(x).view(n, c.heads, c.head_dim).transpose(0, 1)
+        k = self.k(x).view(n, c.kv_heads, c.head_dim).transpose(0, 1)
+        v = self.v(x).view(n, c.kv_heads, c.head_dim).transpose(0, 1)
+        cos, sin = _rope(positions, c.head_dim, c.rope_theta, h.dtype)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        self._store(k, v, slot)
+        keys, values = self._k[:, : slot + n][None], self._v[:, : slot + n][None]
+        out = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=visible, enable_gqa=True)[0]
+        h = h + self.o(out.transpose(0, 1).reshape(n, -1))
+        x = self.mlp_norm(h)
+        return h + self.down(F.silu(self.gate(x)) * self.up(x))
+
     def _store(self, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
         end = start + k.shape[1]
         if self._k.ndim != 3 or self._k.shape[1] < end:

@@ -127,13 +127,15 @@ def test_an_interrupted_training_run_resumes_where_it_stopped(trained, tmp_path)
 
 def test_greedy_eagle_drafts_trees_and_chains_and_stays_lossless(trained):
     target, folder, _, _ = trained
-    drafter = build_drafter("eagle", target, head=str(folder), branch=1)
+    drafter = build_drafter("eagle", target, head=str(folder), tree=1)
     shapes = []
     original = drafter.propose
 
     def recording(ctx, k):
         draft = original(ctx, k)
-        shapes.append(draft.parents is not None)
+        if draft.parents is not None:
+            parents = draft.parents.tolist()
+            shapes.append((len(parents) > len(set(parents)), max(_depth(parents))))
         return draft
 
     drafter.propose = recording
@@ -142,7 +144,15 @@ def test_greedy_eagle_drafts_trees_and_chains_and_stays_lossless(trained):
         config = DecodeConfig(k=5, max_new_tokens=40)
         base = list(generate(target.new_runner(), build_drafter("none", target), prompt, config))[-1]
         assert list(generate(target.new_runner(), drafter, prompt, config))[-1].token_ids == base.token_ids
-    assert any(shapes) and not all(shapes)  # both trees (a likely runner-up) and plain chains happened
+    assert any(branched for branched, _ in shapes)  # nodes with several children
+    assert any(depth > 1 for _, depth in shapes)  # and paths several tokens deep
+
+
+def _depth(parents):
+    depth = []
+    for p in parents:
+        depth.append(1 + (depth[p] if p >= 0 else 0))
+    return depth
 
 
 def test_a_session_finds_heads_made_for_its_model(trained, tmp_path, monkeypatch):
