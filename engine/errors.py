@@ -21,3 +21,7 @@ class ContextTooLongError(SpeculaError):
 
 class UnsupportedModelError(SpeculaError):
     """A strategy that needs a model family this model is not part of."""
+
+
+class TrainingCancelled(SpeculaError):
+    """A draft-head training run stopped by the user; what it made so far is kept for the next run."""

@@ -144,3 +144,22 @@ class BaselineCost:
 
 
 Event = Started | Step | Finished | Failed | Loading | Loaded
+
+
+@dataclass(frozen=True)
+class Training:
+    """Progress of a draft-head training run (TrainRequest)."""
+
+    request_id: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A draft head was trained and saved; a Loaded event with the new strategy list follows."""
+
+    request_id: int
+    kind: str
+    folder: str
+    accepted: float  # held-out mean accepted length
+    summary: str

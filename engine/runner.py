@@ -3,6 +3,7 @@
     runner = Runner(); runner.start()
     rid = runner.submit(LoadRequest(...))          # -> Loading..., Loaded | Failed
     rid = runner.submit(GenerateRequest(...))      # -> Started, Step..., Finished | Failed
+    rid = runner.submit(TrainRequest(...))         # -> Training..., Trained, Loaded | Failed
     runner.cancel(rid)                             # takes effect before the next engine step
     event = runner.events.get()                    # a thread-safe queue (or pass `sink=`)
 
@@ -20,8 +21,8 @@ from dataclasses import replace
 from typing import Callable
 
 from .errors import SpeculaError
-from .events import Failed, Finished, Loading, Totals
-from .session import GenerateRequest, LoadRequest, Session
+from .events import Failed, Finished, Loading, Totals, Training
+from .session import GenerateRequest, LoadRequest, Session, TrainRequest
 
 log = logging.getLogger(__name__)
 _STOP = object()
@@ -116,6 +117,12 @@ class Runner:
         if isinstance(request, LoadRequest):
             loaded = self.session.load(request, lambda text: self._sink(Loading(rid, text)))
             self._sink(replace(loaded, request_id=rid))
+            return
+        if isinstance(request, TrainRequest):
+            trained = self.session.train(request, rid, lambda text: self._sink(Training(rid, text)),
+                                         lambda: self._is_cancelled(rid))
+            self._sink(trained)
+            self._sink(self.session.describe(rid))  # the strategy list now offers the new head
             return
         if not isinstance(request, GenerateRequest):
             raise SpeculaError(f"unknown request type {type(request).__name__}")

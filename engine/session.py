@@ -14,7 +14,7 @@ from . import prompts
 from .decoder import DecodeConfig, generate
 from .drafters import DRAFTERS, build_drafter
 from .errors import SpeculaError
-from .events import Finished, Loaded, Started, Step
+from .events import Finished, Loaded, Started, Step, Trained
 from .loading import LoadedModel, ModelSpec, check_same_vocabulary, load_model
 from .metrics import BaselineCost, measure_baseline
 from .prompts import Message
@@ -38,6 +38,16 @@ class GenerateRequest:
     @property
     def option_dict(self) -> dict:
         return dict(self.options)
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """Train a draft head for the loaded target on its own answers (see heads.train.run_training)."""
+
+    kind: str = "eagle"
+    tokens: int = 20000
+    epochs: int = 3
+    batch: int = 16  # small batches: a cancel takes effect within one batch
 
 
 class Session:
@@ -74,6 +84,21 @@ class Session:
         self._runner = target.new_runner()
         self._drafters = {}
         self.baseline = None
+
+    def train(self, request: TrainRequest, request_id: int, say: Callable[[str], None],
+              should_stop: Callable[[], bool]) -> Trained:
+        """Train and save a head in the user's heads folder, then offer it: the strategies change."""
+        from .heads.eagle import find_heads
+        from .heads.train import TrainOptions, default_out, run_training
+
+        target = self._need_target()
+        out = default_out(target.name, request.kind)
+        options = TrainOptions(kind=request.kind, tokens=request.tokens, epochs=request.epochs, batch=request.batch,
+                               out=out, overwrite=True)
+        result = run_training(target, options, say=say, should_stop=should_stop)
+        self.heads = find_heads(target)
+        self._drafters = {key: d for key, d in self._drafters.items() if key[0] not in (request.kind, "auto")}
+        return Trained(request_id, result.kind, str(result.out), result.accepted, result.summary())
 
     def describe(self, request_id: int = 0) -> Loaded:
         t = self._need_target()

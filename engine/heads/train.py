@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..errors import SpeculaError, TrainingCancelled
 from ..prompts import Message, encode
 from .eagle import EagleHead, HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
 from .medusa import MedusaHead
@@ -171,7 +172,8 @@ def _read_answers(path: Path | None) -> list[Answer]:
 
 
 def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed: int = 0,
-                 say: Callable[[str], None] = lambda s: None, store: Path | None = None) -> list[Answer]:
+                 say: Callable[[str], None] = lambda s: None, store: Path | None = None,
+                 should_stop: Callable[[], bool] = lambda: False) -> list[Answer]:
     """The target answers generated prompts greedily, batched, until about n_tokens answer tokens exist.
     With `store` (a .jsonl file) every answer is appended as it is made, and a later run with the same
     file continues where this one stopped."""
@@ -207,7 +209,11 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
             mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for _, _, e in encoded], device=target.device)
             with torch.inference_mode():
                 out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                                     pad_token_id=pad, eos_token_id=sorted(target.eos_ids))
+                                     pad_token_id=pad, eos_token_id=sorted(target.eos_ids),
+                                     stopping_criteria=[_Stop(should_stop)])
+            if should_stop():
+                say("")  # a cut batch is dropped; the caller's say raises
+                break
             for (conv, index, e), row in zip(encoded, out[:, width:].tolist()):
                 answer = []
                 for t in row:
@@ -234,6 +240,16 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
         if sink is not None:
             sink.close()
     return answers
+
+
+class _Stop:
+    """Ends a batched generate() as soon as the user cancels."""
+
+    def __init__(self, should_stop: Callable[[], bool]) -> None:
+        self.should_stop = should_stop
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.should_stop(), dtype=torch.bool, device=input_ids.device)
 
 
 def with_features(target, answers: list[Answer], say: Callable[[str], None] = lambda s: None) -> list[Sequence]:
@@ -455,6 +471,105 @@ def head_info(target, kind: str, tokens: int, epochs: int, acceptance: float | N
         target_name=target.name,
         training={"answer_tokens": tokens, "epochs": epochs, "held_out_mean_accepted_length": acceptance},
     )
+
+
+@dataclass
+class TrainOptions:
+    kind: str = "eagle"  # or "medusa"
+    tokens: int = 20000  # answer tokens to generate
+    epochs: int = 3
+    lr: float = 1e-3
+    seed: int = 0
+    max_new_tokens: int = 192
+    batch: int = 32  # conversations answered together
+    train_batch: int = 4  # conversations per optimizer step
+    draft_vocab: int = 8192  # 0: the whole vocabulary
+    out: Path | None = None  # default: the user's heads folder
+    data: Path | None = None  # answers and checkpoints; default OUT/training
+    overwrite: bool = False
+
+
+@dataclass
+class TrainResult:
+    kind: str
+    out: Path
+    data: Path
+    answer_tokens: int
+    epochs: int
+    accepted: float  # held-out mean accepted length
+    how: str  # what `accepted` measures
+    seconds: float
+
+    def summary(self) -> str:
+        return (f"{self.kind} head saved to {self.out}: {self.answer_tokens} answer tokens, {self.epochs} epochs, "
+                f"held-out mean accepted length {self.accepted:.2f} ({self.how}), {self.seconds:.0f} s; "
+                f"the answers and checkpoints stay in {self.data} (delete it when done)")
+
+
+def default_out(model_name: str, kind: str) -> Path:
+    from ..paths import data_dir
+
+    slug = "".join(c if c.isalnum() else "-" for c in model_name.lower()).strip("-")[:60] or "model"
+    return data_dir() / "heads" / f"{slug}-{kind}"
+
+
+def check_options(o: TrainOptions) -> None:
+    if o.kind not in ("eagle", "medusa"):
+        raise SpeculaError(f"unknown head kind '{o.kind}': choose eagle or medusa")
+    if o.tokens < 100 or o.epochs < 1 or o.batch < 1 or o.train_batch < 1:
+        raise SpeculaError("answer tokens must be at least 100; epochs, batch and train batch at least 1")
+    if o.out is not None and (o.out / "head.json").exists() and not o.overwrite:
+        raise SpeculaError(f"{o.out} already holds a head: choose another folder or overwrite it")
+
+
+def run_training(target, o: TrainOptions, say: Callable[[str], None] = lambda s: None,
+                 should_stop: Callable[[], bool] = lambda: False) -> TrainResult:
+    """Generate answers (or continue an earlier run's), extract features, train, measure, save.
+    `should_stop` is checked often; when it says so, TrainingCancelled is raised and the answers and
+    the last checkpoint stay for the next run."""
+    from .eagle import save_head
+
+    out = o.out or default_out(target.name, o.kind)
+    # answers at most half the window long, so prompts fit beside them
+    o = TrainOptions(**{**o.__dict__, "out": out, "max_new_tokens": min(o.max_new_tokens, target.context_window // 2)})
+    check_options(o)
+    if not target.uses_lean_forward:
+        raise SpeculaError(f"draft heads need a Llama-family model (Llama, Qwen2/3, Mistral, SmolLM), not '{target.model.config.model_type}'")
+
+    def report(text: str) -> None:
+        if should_stop():
+            raise TrainingCancelled("training cancelled: the answers made so far are kept, and the next run continues from them")
+        say(text)
+
+    t0 = time.perf_counter()
+    work = o.data or out / "training"
+    about = {"target": target_fingerprint(target.model), "seed": o.seed, "max_new_tokens": o.max_new_tokens}
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        stored = json.loads((work / "about.json").read_text(encoding="utf-8")) if (work / "about.json").is_file() else None
+    except (OSError, ValueError) as exc:
+        raise SpeculaError(f"the training data folder {work} is unusable: {exc}") from None
+    if stored is not None and stored != about:
+        raise SpeculaError(f"{work} holds training data for another model or other settings: choose another data folder")
+    (work / "about.json").write_text(json.dumps(about), encoding="utf-8")
+    answers = self_distill(target, o.tokens, max_new=o.max_new_tokens, batch=o.batch, seed=o.seed, say=report,
+                           store=work / "answers.jsonl", should_stop=should_stop)
+    if len(answers) < 2:
+        raise SpeculaError("the model gave too few usable answers to train on (each needs at least 4 tokens before its end)")
+    seqs = with_features(target, answers, say=report)
+    held = max(1, len(seqs) // 10)
+    train, test = seqs[held:], seqs[:held]
+    vocab = frequent_tokens(train, o.draft_vocab) if o.draft_vocab else None
+    head = train_head(target, train, epochs=o.epochs, lr=o.lr, seed=o.seed, say=report, batch=o.train_batch,
+                      checkpoint=work / f"{o.kind}-checkpoint.pt", kind=o.kind, draft_ids=vocab)
+    report("measuring the head on held-out answers")
+    if o.kind == "medusa":
+        accepted, how = medusa_acceptance(head, target, test), "top guesses as a chain"
+    else:
+        accepted, how = chain_acceptance(head, target, test, k=5), "chain of 5"
+    tokens = sum(len(s.tokens) - s.answer_start for s in seqs)
+    save_head(head.to(target.dtype), head_info(target, o.kind, tokens, o.epochs, round(accepted, 3)), out)
+    return TrainResult(o.kind, out, work, tokens, o.epochs, accepted, how, time.perf_counter() - t0)
 
 
 def progress_line(text: str) -> None:

@@ -136,3 +136,50 @@ def test_cancel_all_drops_queued_requests(runner):
             reasons[event.request_id] = getattr(event, "reason", "failed")
     assert reasons[second] == "cancelled"
     assert reasons[first] in ("cancelled", "length")
+
+
+def _training_runner(tiny_folder):
+    from engine.loading import load_model
+
+    session = Session()
+    session.use(load_model(ModelSpec(str(tiny_folder), "cpu", "fp32")))
+    return Runner(session=session).start()
+
+
+def test_a_training_request_trains_a_head_and_offers_its_strategy(tiny_folder):
+    from engine.events import Trained, Training
+    from engine.session import TrainRequest
+
+    r = _training_runner(tiny_folder)
+    try:
+        rid = r.submit(TrainRequest("medusa", tokens=150, epochs=1, batch=4))
+        events = collect(r, rid, timeout=300)
+        assert any(isinstance(e, Training) and e.message.startswith("answers") for e in events), events
+        trained = [e for e in events if isinstance(e, Trained)]
+        assert len(trained) == 1 and trained[0].kind == "medusa" and "held-out" in trained[0].summary
+        assert isinstance(events[-1], Loaded) and "medusa" in events[-1].strategies
+        got = collect(r, r.submit(GenerateRequest((Message("user", "hi"),), "medusa", DecodeConfig(max_new_tokens=8))))
+        assert isinstance(got[-1], Finished) and got[-1].totals.new_tokens > 0
+    finally:
+        r.stop()
+
+
+def test_a_cancelled_training_run_says_so_and_keeps_its_answers(tiny_folder):
+    from engine.events import Training
+    from engine.heads.train import default_out
+    from engine.session import TrainRequest
+
+    r = _training_runner(tiny_folder)
+    try:
+        rid = r.submit(TrainRequest("eagle", tokens=100000, epochs=1, batch=4))
+        first = r.events.get(timeout=120)
+        while not (isinstance(first, Training) and first.message.startswith("answers")):
+            first = r.events.get(timeout=120)
+        r.cancel(rid)
+        events = collect(r, rid, timeout=120)
+        assert isinstance(events[-1], Failed) and "cancelled" in events[-1].message
+        answers = default_out(r.session.target.name, "eagle") / "training" / "answers.jsonl"
+        assert answers.is_file() and answers.read_text().count("\n") >= 1
+        assert "eagle" not in r.session.describe().strategies
+    finally:
+        r.stop()
