@@ -115,6 +115,16 @@ class EngineBridge(QObject):
         self.current = self._runner.submit(request)
         return self.current
 
+    def submit(self, request) -> int:
+        """Any other engine request (a TrainRequest); returns its id. Its events arrive on `event`."""
+        if self._runner is None:
+            raise RuntimeError("the engine has not started: load a model first")
+        return self._runner.submit(request)
+
+    def cancel(self, request_id: int) -> None:
+        if self._runner is not None:
+            self._runner.cancel(request_id)
+
     def stop(self) -> None:
         """Stop the running generation (it ends with a Finished event, reason 'cancelled')."""
         if self._runner is not None and self.current is not None:

@@ -57,6 +57,7 @@ class MainWindow(QMainWindow):
         self.chat = ChatController(history or HistoryStore(), self.bridge, self.view, self.plots, self)
         self.compare = CompareController(self.bridge, self.view, self.plots, self)
         self._editing: tuple[str, object] | None = None  # (conversation id, the Turn being edited)
+        self.train_dialog = None
         self._build_menus()
         self._connect()
         self.controls.show_settings(self.settings)
@@ -144,6 +145,9 @@ class MainWindow(QMainWindow):
         new_action.setShortcut(QKeySequence.StandardKey.New)
         new_action.triggered.connect(self._new_conversation)
         file_menu.addAction(self.settings_action)
+        self.train_action = file_menu.addAction("Train a draft head…")
+        self.train_action.setToolTip("Teach a small head to draft for the loaded model (eagle, medusa)")
+        self.train_action.triggered.connect(self.open_training)
         file_menu.addSeparator()
         quit_action = file_menu.addAction("Quit")
         quit_action.setShortcut(QKeySequence.StandardKey.Quit)
@@ -194,6 +198,9 @@ class MainWindow(QMainWindow):
                 controller.on_event(event)
                 return
         kind = type(event).__name__
+        training = self.train_dialog is not None and self.train_dialog.owns(event)
+        if training and kind == "Failed" and self.train_dialog.isVisible():
+            return  # the dialog shows it
         if kind == "Loading":
             self.statusBar().showMessage(event.message)
         elif kind == "Loaded":
@@ -330,6 +337,23 @@ class MainWindow(QMainWindow):
             self.chat.stop()
             self.start()
 
+    def open_training(self) -> None:
+        """The draft-head training dialog (one per window; it keeps its state between openings)."""
+        from .train_dialog import TrainDialog
+
+        if self.loaded is None:
+            return
+        if self.train_dialog is None:
+            self.train_dialog = TrainDialog(self.bridge, self.loaded.target, self)
+            self.train_dialog.use_requested.connect(self._use_strategy)
+        self.train_dialog.show()
+        self.train_dialog.raise_()
+
+    def _use_strategy(self, name: str) -> None:
+        self.settings = replace(self.settings, strategy=name)
+        self.controls.show_settings(self.settings)
+        self._save_settings()
+
     def _confirm_delete(self, conversation_id: str) -> None:
         title = self.chat.conversations[conversation_id].title
         answer = QMessageBox.question(self, "Delete conversation", f"Delete “{title}”? This cannot be undone.")
@@ -341,6 +365,7 @@ class MainWindow(QMainWindow):
         has_prompt = self.chat.current_id is not None and self.chat.last_user_index() is not None
         self.compare_action.setEnabled(idle and has_prompt)
         self.regenerate_action.setEnabled(idle and has_prompt)
+        self.train_action.setEnabled(idle and self.loaded is not None)
 
     def _refresh_conversations(self) -> None:
         self._update_actions()
