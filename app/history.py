@@ -26,16 +26,19 @@ class TokenRecord:
     draft_pos: int | None = None
     p: float | None = None
     q: float | None = None
+    branch: str | None = None  # a token-tree step: which branch the model kept
 
     def to_list(self) -> list:
-        return [self.text, self.origin, self.step, self.draft_pos, self.p, self.q]
+        row = [self.text, self.origin, self.step, self.draft_pos, self.p, self.q]
+        return row + [self.branch] if self.branch is not None else row
 
     @classmethod
     def from_list(cls, row: list) -> "TokenRecord":
-        text, origin, step, draft_pos, p, q = row
+        text, origin, step, draft_pos, p, q, *rest = row
+        branch = rest[0] if rest and isinstance(rest[0], str) else None
         if not isinstance(text, str) or not isinstance(origin, str):
             raise ValueError("a token needs a text and an origin")
-        return cls(text, origin, int(step), draft_pos, p, q)
+        return cls(text, origin, int(step), draft_pos, p, q, branch)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ ORIGIN_NAMES = {
 def record(token) -> TokenRecord:
     """An engine.events.Token as a plain record."""
     origin = getattr(token.origin, "value", token.origin)
-    return TokenRecord(token.text, str(origin), token.step, token.draft_pos, token.p, token.q)
+    return TokenRecord(token.text, str(origin), token.step, token.draft_pos, token.p, token.q,
+                       getattr(token, "branch", None))
 
 
 def step_records(step) -> list[TokenRecord]:
@@ -38,6 +39,8 @@ def tooltip(rec: TokenRecord) -> str:
     if rec.draft_pos is not None:
         where += f", draft position {rec.draft_pos + 1}"
     lines.append(where)
+    if rec.branch:
+        lines.append(_escape(rec.branch) + " (1 = the drafter's first choice at each level)")
     if rec.p is not None:
         lines.append(f"p (model) = {rec.p:.3f}")
     if rec.q is not None:

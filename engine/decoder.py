@@ -128,6 +128,17 @@ class _Stats:
         )
 
 
+def _branch(parents: list[int], rows: list[int]) -> str:
+    """Which branch of a token tree the target kept: the rank of each kept node among its siblings (1 =
+    the drafter's first choice), e.g. "tree of 14 nodes, kept path 1·2·1"."""
+    nodes = len(parents) - 1
+    ranks = []
+    for row in rows[1:]:
+        siblings = [r for r, p in enumerate(parents) if p == parents[row]]
+        ranks.append(str(siblings.index(row) + 1))
+    return f"tree of {nodes} nodes, kept path {'·'.join(ranks) or 'none (all rejected)'}"
+
+
 def _origin_of_target_token(drafted: int, accepted: int) -> Origin:
     if drafted == 0:
         return Origin.TARGET
@@ -280,9 +291,10 @@ class _Loop:
         drafted = max(depth_of.values())  # the tree's depth: the longest chain it could have kept
         self.stats.add_step(drafted, acc, t1 - t0, t2 - t1)
         step = self.stats.steps
+        branch = _branch(parents, rows)
         emitted = tuple(
-            Token(t, self._text(t), Origin.DRAFT, step, i) if i < acc
-            else Token(t, self._text(t), _origin_of_target_token(drafted, acc), step)
+            Token(t, self._text(t), Origin.DRAFT, step, i, branch=branch) if i < acc
+            else Token(t, self._text(t), _origin_of_target_token(drafted, acc), step, branch=branch)
             for i, t in enumerate(new[:kept])
         )
         # the ghost text: the tree's first-choice continuation below the last kept node

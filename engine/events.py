@@ -27,6 +27,7 @@ class Token:
     draft_pos: int | None = None  # 0-based position in the step's draft, for draft tokens
     p: float | None = None  # target probability of a draft token (sampling with a distribution)
     q: float | None = None  # drafter probability of a draft token
+    branch: str | None = None  # a token-tree step: which branch won, e.g. "tree of 14 nodes, kept path 1·2·1"
 
 
 @dataclass(frozen=True)

@@ -161,3 +161,18 @@ def qtbot_button():
     from PySide6.QtCore import Qt
 
     return Qt.MouseButton.LeftButton
+
+
+def test_tree_steps_say_which_branch_won_and_the_history_keeps_it(make_window, qtbot):
+    from app.history import TokenRecord
+
+    w = make_window(strategy="lookahead", max_new_tokens=60)
+    w.send_text("abc abc abc abc")
+    ok, finished = wait_reply(qtbot, w)
+    assert ok and finished.totals.drafted > 0
+    branched = [r for r in w.view.records if r.branch]
+    assert branched and all(r.origin != "target" for r in branched)
+    assert "kept path" in tooltip(branched[0]) and "tree of" in tooltip(branched[0])
+    again = TokenRecord.from_list(branched[0].to_list())
+    assert again == branched[0]
+    assert TokenRecord.from_list(["a", "draft", 3, 0, None, None]).branch is None  # files from before
