@@ -98,7 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for head.safetensors and head.json (default: the user's heads folder, where "
                         "the app and `generate` find it for this model)")
     t.add_argument("--overwrite", action="store_true")
-    sub.add_parser("strategies", help="list the draft strategies")
+    st = sub.add_parser("strategies", help="list the draft strategies (with --model: which ones that model can use)")
+    st.add_argument("--model", default=None, help="load this model and mark the strategies it can use, with the heads found")
+    st.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    st.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     c = sub.add_parser("chat", help="chat in the terminal")
     _add_model_args(c)
     _add_decode_args(c)
@@ -111,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_libraries()
     try:
         if args.command == "strategies":
-            return _strategies()
+            return _strategies(args)
         if args.command == "generate":
             from .generate_cmd import run_generate
 
@@ -144,11 +147,31 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _strategies() -> int:
+def _strategies(args) -> int:
     from .drafters import DRAFTERS
 
+    if args.model is None:
+        for name, info in DRAFTERS.items():
+            print(f"{name}\t{info.description} (default k {info.default_k})")
+        return 0
+    from .loading import ModelSpec
+    from .session import LoadRequest, Session
+
+    session = Session()
+    loaded = session.load(LoadRequest(ModelSpec(args.model, args.device, args.dtype), measure_baseline=False))
+    print(f"strategies for {loaded.target}:")
     for name, info in DRAFTERS.items():
-        print(f"{name}\t{info.description} (default k {info.default_k})")
+        if name in loaded.strategies:
+            heads = session.heads.get(info.needs_head, []) if info.needs_head else (
+                [f[0] for f in session.heads.values()] if info.uses_heads else [])
+            where = f" (head: {heads[0]})" if info.needs_head and heads else (
+                f" (heads: {', '.join(str(h) for h in heads)})" if heads else "")
+            print(f"{name}\tavailable{where}")
+        elif info.needs_draft_model:
+            print(f"{name}\tneeds --draft-model")
+        else:
+            article = "an" if info.needs_head[0] in "aeiou" else "a"
+            print(f"{name}\tneeds {article} {info.needs_head} head trained for this model (`specula train-head --kind {info.needs_head}`)")
     return 0
 
 

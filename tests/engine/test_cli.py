@@ -32,6 +32,15 @@ def test_strategies_lists_the_registry(capsys):
     code, out, _ = run_cli(capsys, "strategies")
     assert code == 0
     assert [line.split("\t")[0] for line in out.splitlines()] == list(DRAFTERS)
+    assert {"eagle", "medusa", "lookahead", "auto"} <= set(DRAFTERS)
+
+
+def test_strategies_for_a_model_says_which_it_can_use(capsys, tiny_folder):
+    code, out, _ = run_cli(capsys, "strategies", "--model", str(tiny_folder), "--dtype", "fp32")
+    assert code == 0
+    rows = dict(line.split("\t") for line in out.splitlines()[1:])
+    assert rows["lookahead"] == "available" and rows["auto"] == "available"
+    assert rows["eagle"].startswith("needs an eagle head") and rows["medusa"].startswith("needs a medusa head") and rows["draft-model"] == "needs --draft-model"
 
 
 @pytest.mark.parametrize(
