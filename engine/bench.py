@@ -57,12 +57,14 @@ class Bench:
     def config_for(self, strategy: str) -> DecodeConfig:
         return replace(self.config, k=default_k(strategy) if self.k is None else self.k)
 
-    def run_strategy(self, strategy: str, item: PromptItem) -> Run:
+    def run_strategy(self, name: str, item: PromptItem) -> Run:
+        strategy, flags = split_variant(name)
+        options = self.options + tuple((flag, 1) for flag in flags)
         history: tuple[Message, ...] = ()
         run = Run((), 0, 0.0)
         for turn, text in enumerate(item.turns):
             messages = conversation(text, None, history)
-            request = GenerateRequest(messages, strategy, self.config_for(strategy), self.chat, self.options)
+            request = GenerateRequest(messages, strategy, self.config_for(strategy), self.chat, options)
             events = list(self.session.generate(request))
             f = [e for e in events if isinstance(e, Finished)][0]
             run.steps += [{"turn": turn, "step": e.step, "context": e.context_len, "k": e.k, "drafted": e.drafted,
@@ -111,6 +113,12 @@ class Bench:
 
     def run(self, name: str, item: PromptItem) -> Run:
         return self.run_peer(name, item) if name in PEERS else self.run_strategy(name, item)
+
+
+def split_variant(name: str) -> tuple[str, tuple[str, ...]]:
+    """'eagle+tree' -> ('eagle', ('tree',)): a strategy with on/off options set, benched under its own name."""
+    strategy, *flags = name.split("+")
+    return strategy, tuple(flags)
 
 
 def median_run(runs: list[Run]) -> Run:

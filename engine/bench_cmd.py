@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .bench import PEERS, load_items, run_bench
+from .bench import PEERS, load_items, run_bench, split_variant
 from .bench_report import public_json, summarize, to_markdown, write_out
 from .decoder import DecodeConfig
 from .drafters import DRAFTERS, default_k
@@ -18,8 +18,8 @@ def run_bench_cmd(args) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for name in strategies:
-        if name not in DRAFTERS:
-            raise SpeculaError(f"unknown strategy '{name}': choose from {', '.join(DRAFTERS)}")
+        if split_variant(name)[0] not in DRAFTERS:
+            raise SpeculaError(f"unknown strategy '{name}': choose from {', '.join(DRAFTERS)} (a variant: eagle+tree)")
     for name in peers:
         if name not in PEERS:
             raise SpeculaError(f"unknown peer '{name}': choose from {', '.join(PEERS)}")
@@ -37,7 +37,7 @@ def run_bench_cmd(args) -> int:
     options = (("head", args.head),) if args.head else ()
     results = run_bench(session, items, names, config, chat=not args.no_chat, repeat=args.repeat, k=args.k, options=options)
     summary = summarize(results, loaded.target, loaded.device, loaded.dtype, args.max_new_tokens)
-    summary["k"] = {name: default_k(name) if args.k is None else args.k for name in strategies}
+    summary["k"] = {name: default_k(split_variant(name)[0]) if args.k is None else args.k for name in strategies}
     if args.out:
         write_out(args.out, summary, results)
     if args.json:
