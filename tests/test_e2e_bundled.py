@@ -34,9 +34,9 @@ def session(bundled_fp32, tmp_path_factory):
     return s
 
 
-def answer(session, prompt, strategy, **config):
+def answer(session, prompt, strategy, options=(), **config):
     kind = DRAFTERS[strategy].needs_head
-    options = (("head", session.quick[kind]),) if kind in session.quick else ()
+    options = tuple(options) + ((("head", session.quick[kind]),) if kind in session.quick else ())
     request = GenerateRequest(conversation(prompt), strategy, DecodeConfig(max_new_tokens=48, **config), chat=True,
                               options=options)
     return [e for e in session.generate(request) if isinstance(e, Finished)][0]
@@ -51,6 +51,8 @@ def test_every_strategy_gives_the_plain_greedy_answer(session, prompt):
             got = answer(session, prompt, strategy, k=5, adaptive_k=adaptive)
             assert got.token_ids == base.token_ids, (strategy, adaptive)
             assert got.text == base.text
+    got = answer(session, prompt, "eagle", options=(("tree", 1),), k=6)  # an EAGLE-2 dynamic tree
+    assert got.token_ids == base.token_ids
 
 
 def test_draft_model_and_prompt_lookup_really_speculate(session):

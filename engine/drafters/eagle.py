@@ -36,14 +36,20 @@ class Eagle:
     def __init__(self, head, target, stop_below: float = 0.3, tree: bool = False) -> None:
         model = target.model
         self.head = head
-        self.embed = model.get_input_embeddings()
-        self.norm = model.model.norm
+        self.embed_layer = model.get_input_embeddings()
+        norm = model.model.norm
         self.lm_head = model.get_output_embeddings()
         self.vocab = self.lm_head.weight.shape[0]
+        # the head's few small products per draft token run in fp32 on a CPU: one-row bf16 products are
+        # several times slower there; elsewhere the model's dtype
+        self.dtype = next(head.parameters()).dtype
+        self.norm_w = norm.weight.detach().to(self.dtype)
+        self.eps = norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
         self.synced = 0  # positions the head has read with the target's real features
         ids = head.draft_ids
         self.ids = ids.to(self.lm_head.weight.device) if ids.numel() else None
-        self.sub_weight = self.lm_head.weight[self.ids].contiguous() if self.ids is not None else None
+        self.sub_weight = self.lm_head.weight[self.ids].to(self.dtype).contiguous() if self.ids is not None else None
+        self.id_list = self.ids.tolist() if self.ids is not None else None
         self.stop_below = stop_below  # greedy: no further draft token once the head's top guess is less likely
         self.tree = tree  # greedy: an EAGLE-2 dynamic tree instead of a chain
         self.costs = _Costs()
@@ -56,7 +62,8 @@ class Eagle:
             )
         if head is None:
             raise SpeculaError("strategy 'eagle' needs a trained draft head (--head DIR; make one with `specula train-head`)")
-        module, _ = load_head(Path(head), target, kind="eagle")
+        dtype = torch.float32 if target.device.type == "cpu" else None
+        module, _ = load_head(Path(head), target, dtype=dtype, kind="eagle")
         return cls(module, target, tree=bool(tree))
 
     def reset(self) -> None:
@@ -78,16 +85,14 @@ class Eagle:
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
         for j in range(k):
-            logits = self._logits(out)  # (V,) fp32, -inf outside the draft vocabulary
             if greedy:
-                probs = torch.softmax(logits, -1)
-                best = probs.max(-1)
+                best = torch.softmax(self._draft_logits(out[None])[0], -1).max(-1)  # over the draft vocabulary
                 if j > 0 and float(best.values) < self.stop_below:
                     break  # an unlikely guess costs more verify time than it is expected to win
-                token = int(best.indices)
+                token = self._token(int(best.indices))
                 drafted.append(token)
             else:
-                q = process_logits(logits, ctx.params)
+                q = process_logits(self._logits(out), ctx.params)  # (V,) fp32, zero outside the draft vocabulary
                 token = int(sample(q, ctx.generator))
                 qs.append(q)
                 drafted.append(token)
@@ -102,9 +107,8 @@ class Eagle:
         t0 = time.perf_counter()
         device = out.device
         base = self.synced  # cache slots below this hold the real context
-        logp = torch.log_softmax(self._logits(out), -1)
-        top = logp.topk(TREE_CHILDREN)
-        tokens = top.indices.tolist()
+        top = torch.log_softmax(self._draft_logits(out[None])[0], -1).topk(TREE_CHILDREN)
+        tokens = [self._token(i) for i in top.indices.tolist()]
         score = top.values.tolist()  # log-probability of each node's whole path
         parent = [-1] * len(tokens)
         depth = [1] * len(tokens)
@@ -132,12 +136,12 @@ class Eagle:
             embeds = self.embed(torch.tensor([tokens[i] for i in pick], device=device))
             positions = torch.tensor([length - 1 + level - 1] * len(pick), device=device)
             outs = self.head.forward_tree(feats, embeds, positions, slot, visible)
-            child = torch.log_softmax(self._logits_rows(outs), -1).topk(TREE_CHILDREN)
+            child = torch.log_softmax(self._draft_logits(outs), -1).topk(TREE_CHILDREN)
             frontier = []
             for row, i in enumerate(pick):
-                for lp, token in zip(child.values[row].tolist(), child.indices[row].tolist()):
+                for lp, index in zip(child.values[row].tolist(), child.indices[row].tolist()):
                     frontier.append(len(tokens))
-                    tokens.append(token)
+                    tokens.append(self._token(index))
                     score.append(score[i] + lp)
                     parent.append(i)
                     depth.append(level + 1)
@@ -165,26 +169,34 @@ class Eagle:
         self.head.truncate(self.synced)
         feats = runner.features(self.synced, length - 1)
         tokens = ctx.tokens[self.synced + 1 : length].to(feats.device)
-        out = self.head(feats[None], self.embed(tokens)[None], start=self.synced, use_cache=True)[0, -1]
+        out = self.head(feats[None].to(self.dtype), self.embed(tokens)[None], start=self.synced, use_cache=True)[0, -1]
         self.synced = length - 1
         return out
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed_layer(tokens).to(self.dtype)
+
+    def _norm(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm_w * torch.nn.functional.rms_norm(h, (h.shape[-1],), eps=self.eps)
+
     def _logits(self, out: torch.Tensor) -> torch.Tensor:
-        h = self.norm(out[None])
+        """(D,) -> (V,) fp32 logits, -inf outside the draft vocabulary."""
         if self.ids is None:
-            return self.lm_head(h)[0].float()[: self.vocab]
-        full = torch.full((self.vocab,), float("-inf"), device=h.device)
-        full[self.ids] = torch.nn.functional.linear(h, self.sub_weight)[0].float()
+            return self.lm_head(self._norm(out[None]).to(self.lm_head.weight.dtype))[0].float()[: self.vocab]
+        full = torch.full((self.vocab,), float("-inf"), device=out.device)
+        full[self.ids] = self._draft_logits(out[None])[0]
         return full
 
-    def _logits_rows(self, outs: torch.Tensor) -> torch.Tensor:
-        """(n, D) predicted features -> (n, V) fp32 logits, -inf outside the draft vocabulary."""
-        h = self.norm(outs)
+    def _draft_logits(self, outs: torch.Tensor) -> torch.Tensor:
+        """(n, D) predicted features -> (n, V') fp32 logits over the draft vocabulary (all of it if none)."""
+        h = self._norm(outs)
         if self.ids is None:
-            return self.lm_head(h).float()[:, : self.vocab]
-        full = torch.full((outs.shape[0], self.vocab), float("-inf"), device=h.device)
-        full[:, self.ids] = torch.nn.functional.linear(h, self.sub_weight).float()
-        return full
+            return self.lm_head(h.to(self.lm_head.weight.dtype)).float()[:, : self.vocab]
+        return torch.nn.functional.linear(h, self.sub_weight).float()
+
+    def _token(self, index: int) -> int:
+        """A draft-vocabulary index -> the token id."""
+        return int(self.id_list[index]) if self.ids is not None else index
 
     def observe(self, accepted: int, next_token: int) -> None:
         self.costs.accepted(accepted)  # the next propose() re-reads the kept positions with real features

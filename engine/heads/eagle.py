@@ -119,6 +119,7 @@ class EagleHead(nn.Module):
         self.down = nn.Linear(c.intermediate, c.hidden, bias=False)
         self._k = self._v = torch.empty(0)  # (kv_heads, capacity, head_dim): the drafting cache
         self._length = 0
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         # the token ids the head may draft (the most frequent in its training answers); empty: all
         self.register_buffer("draft_ids", torch.empty(0, dtype=torch.long))
 
@@ -134,7 +135,7 @@ class EagleHead(nn.Module):
         q = self.q(x).view(b, t, c.heads, c.head_dim).transpose(1, 2)
         k = self.k(x).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
         v = self.v(x).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
-        cos, sin = _rope(torch.arange(start, start + t, device=h.device), c.head_dim, c.rope_theta, h.dtype)
+        cos, sin = self._rope(torch.arange(start, start + t, device=h.device), h.dtype)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         if use_cache:
             self._store(k[0], v[0], start)
@@ -161,7 +162,7 @@ class EagleHead(nn.Module):
         q = self.q(x).view(n, c.heads, c.head_dim).transpose(0, 1)
         k = self.k(x).view(n, c.kv_heads, c.head_dim).transpose(0, 1)
         v = self.v(x).view(n, c.kv_heads, c.head_dim).transpose(0, 1)
-        cos, sin = _rope(positions, c.head_dim, c.rope_theta, h.dtype)
+        cos, sin = self._rope(positions, h.dtype)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         self._store(k, v, slot)
         keys, values = self._k[:, : slot + n][None], self._v[:, : slot + n][None]
@@ -169,6 +170,16 @@ class EagleHead(nn.Module):
         h = h + self.o(out.transpose(0, 1).reshape(n, -1))
         x = self.mlp_norm(h)
         return h + self.down(F.silu(self.gate(x)) * self.up(x))
+
+    def _rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary tables at these positions, from a table kept between calls (drafting calls this per token)."""
+        need = int(positions.max()) + 1
+        table = self._rope_table
+        if table is None or table[0].shape[0] < need or table[0].dtype != dtype or table[0].device != positions.device:
+            size = max(need, 2 * (table[0].shape[0] if table is not None else 0), 512)
+            table = _rope(torch.arange(size, device=positions.device), self.config.head_dim, self.config.rope_theta, dtype)
+            self._rope_table = table
+        return table[0][positions], table[1][positions]
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
         end = start + k.shape[1]
