@@ -246,11 +246,11 @@ def load_head(folder: Path, target, dtype=None, kind: str | None = None) -> tupl
 
 
 def head_folders() -> list[Path]:
-    """Where heads are looked for: the ones that ship with Specula, then the user's
-    (DATA_DIR/heads/NAME, where `specula train-head` can write them)."""
+    """Where heads are looked for: the user's (DATA_DIR/heads/NAME, where `specula train-head` and the
+    app write them), then the ones that ship with Specula; a head the user trained comes first."""
     from ..paths import data_dir
 
-    roots = [Path(__file__).parent / "bundled", data_dir() / "heads"]
+    roots = [data_dir() / "heads", Path(__file__).parent / "bundled"]
     return [d for root in roots if root.is_dir() for d in sorted(root.iterdir()) if (d / "head.json").is_file()]
 
 
@@ -261,8 +261,8 @@ def head_kinds() -> dict[str, type]:
 
 
 def find_heads(target) -> dict[str, list[Path]]:
-    """Head folders made for this loaded target (its fingerprint and vocabulary) by kind, shipped ones
-    first."""
+    """Head folders made for this loaded target (its fingerprint and vocabulary) by kind, the user's
+    before the shipped ones."""
     folders = head_folders()
     if not folders or not getattr(target, "uses_lean_forward", False):
         return {}
