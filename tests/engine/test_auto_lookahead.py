@@ -106,3 +106,25 @@ def test_lookahead_proposes_pool_n_grams_that_start_with_the_newest_token():
     draft = la.propose(ctx, 4)
     parents = draft.parents.tolist()
     assert draft.tokens.tolist()[:2] == [5, 6] and parents[:2] == [-1, 0]  # the context's 3-gram 4 5 6
+
+
+def test_the_eagle_tree_budget_follows_measured_pass_costs(monkeypatch):
+    from engine.drafters import eagle as eagle_module
+    from engine.drafters.eagle import _Costs
+
+    clock = Clock()
+    monkeypatch.setattr(eagle_module.time, "perf_counter", clock)
+    probs = [0.9, 0.8, 0.7, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.02] + [0.01] * 14
+
+    def measured(per_node):
+        costs = _Costs()
+        for n in (4, 8, 12, 16) * 3:  # passes of n nodes took 0.03 + per_node * n seconds
+            costs.book()
+            costs.proposed(n, sum(probs[:n]))
+            costs.accepted(round(sum(probs[:n])))
+            clock.now += 0.03 + per_node * n
+        costs.book()
+        return costs.budget(probs, 0.002)
+
+    cheap, dear = measured(0.0005), measured(0.01)
+    assert cheap >= 8 and dear <= 4 and cheap > dear
