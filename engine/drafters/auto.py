@@ -1,6 +1,6 @@
 """`auto`: each step, the drafter that has been fastest so far in this situation drafts, or nothing does.
 
-Members: prompt lookup, and every trained head found for the model (eagle, medusa). The situation is
+Members: prompt lookup, lookahead, and every trained head found for the model (eagle, medusa). The situation is
 whether the conversation's last tokens occur earlier (and how long that match is), which is when prompt
 lookup can draft at all and how well it does. For each choice auto keeps decayed sums of the tokens a
 step produced and the seconds it took (from one proposal to the next, so the target's pass, the
@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..errors import SpeculaError
 from .base import Draft, DraftContext, empty_draft
 from .prompt_lookup import PromptLookup, longest_match
 
@@ -47,12 +46,12 @@ def _lookup_bucket(n: int) -> str:
 
 class Auto:
     name = "auto"
-    description = "chooses each step between prompt lookup, trained heads and no draft, by the speed each has measured here"
+    description = "chooses each step between prompt lookup, lookahead, trained heads and no draft, by the speed each has measured here"
 
-    def __init__(self, heads: dict | None = None, lookup_k: int = 8) -> None:
+    def __init__(self, members: dict | None = None, lookup_k: int = 8) -> None:
         self.lookup = PromptLookup()
         self.lookup_k = lookup_k
-        self.heads = dict(heads or {})  # name -> (drafter, its own k)
+        self.heads = dict(members or {})  # name -> (drafter, its own k): drafters other than prompt lookup
         self.rates: dict[str, _Rate] = {}
         self.steps = 0
         self.chosen: str | None = None
@@ -65,13 +64,13 @@ class Auto:
         from ..heads.eagle import read_info
         from . import DRAFTERS
 
-        members = {}
+        from .lookahead import Lookahead
+
+        members = {"lookahead": (Lookahead(), DRAFTERS["lookahead"].default_k)}
         for folder in [*heads, *([head] if head else [])]:
             kind = read_info(Path(folder)).kind
             if kind not in members and kind in DRAFTERS and target.uses_lean_forward:
                 members[kind] = (DRAFTERS[kind].build(target, draft, head=folder), DRAFTERS[kind].default_k)
-        if not members and options.get("require_heads"):
-            raise SpeculaError("auto found no draft heads")
         return cls(members)
 
     @property
