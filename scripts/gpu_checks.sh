@@ -74,7 +74,7 @@ for preset in $presets; do
         --tokens 1,2,4,8,16,32,64 --repeats 20
     step "$preset: bench" "$out/$preset-bench.txt" \
         "$py" -m engine.cli bench --model "$model" --device cuda --dtype bf16 --prompts "$prompts" \
-        --limit-per-category 2 --strategies none,prompt-lookup --peers hf --max-new-tokens 64 \
+        --limit-per-category 2 --strategies none,prompt-lookup,lookahead,auto --peers hf --max-new-tokens 64 \
         --out "$out/$preset-bench"
 done
 
