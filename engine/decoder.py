@@ -238,6 +238,9 @@ class _Loop:
         feed = torch.cat([self.ctx[length - 1 : length], d])  # the newest token, then the draft
         logits = target.forward(feed, last=feed.shape[0])  # (n+1, V)
         verdict: Verdict = verify(logits, d.to(logits.device), q, self.params, self.gen)
+        if d.shape[0] and hasattr(self.drafter, "observe_tree"):  # the target's argmax after each draft token
+            best = logits[1:].argmax(-1).tolist()
+            self.drafter.observe_tree(dict(enumerate(best)))
         t2 = time.perf_counter()
         n, acc = d.shape[0], verdict.accepted
         target.truncate(length + acc)  # keep the fed token and the accepted drafts

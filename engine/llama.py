@@ -175,6 +175,13 @@ class LlamaRunner:
         # with the cache: the features that feature-level drafters (EAGLE, Medusa) read
         self._feat = torch.empty(0)
 
+    @property
+    def exact_trees(self) -> bool:
+        """Whether a token tree's pass decides as a chain pass would. In bf16 on a CPU it does not: a
+        node's keys sit among its siblings', so its attention sums run in another order and near ties
+        can tip (chains are bit-exact there); tree drafters then send their best chain unless told."""
+        return self.dtype == torch.float32 or not self.blocked
+
     def shallow(self, n_layers: int) -> "LlamaRunner":
         return LlamaRunner(self.model, n_layers)
 

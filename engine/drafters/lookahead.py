@@ -11,6 +11,9 @@ successive iterations gives a chain in which every token is the target's predict
 the last N tokens of such a diagonal become an n-gram in the pool. N-grams of the conversation itself
 go to the pool too. The window's own chain is also verified, so a converged window is accepted directly.
 
+Where the target's tree passes are not bit-exact (bf16 on a CPU), one chain goes instead: the newest
+pool n-gram, or else the window (`tree` option: always the tree).
+
 This version keeps one window level (the n-grams come from the window's history, not from extra levels
 in the pass) and keys the pool by one token. Under sampling the same tree is verified by recursive
 rejection over siblings (verify.walk_tree_sampling), which keeps the target's distribution exactly.
@@ -32,15 +35,18 @@ class Lookahead:
     name = "lookahead"
     description = "Jacobi iteration on a window of guesses plus a pool of n-grams collected from it (no extra weights)"
 
-    def __init__(self, window: int = 5, ngram: int = 4, guesses: int = 3, seed: int = 0) -> None:
+    def __init__(self, window: int = 5, ngram: int = 4, guesses: int = 3, seed: int = 0,
+                 force_tree: bool | None = None) -> None:
         if window < 1 or ngram < 2 or guesses < 0:
             raise SpeculaError(f"lookahead needs window >= 1, n-gram size >= 2 and guesses >= 0, got {window}, {ngram}, {guesses}")
         self.W, self.N, self.G, self.seed = window, ngram, guesses, seed
+        self.force_tree = force_tree  # None: a tree where the target decides trees exactly
         self.reset()
 
     @classmethod
-    def build(cls, target, draft=None, window=None, ngram=None, guesses=None, **options) -> "Lookahead":
-        return cls(window or 5, ngram or 4, 3 if guesses is None else guesses)
+    def build(cls, target, draft=None, window=None, ngram=None, guesses=None, tree=None, **options) -> "Lookahead":
+        return cls(window or 5, ngram or 4, 3 if guesses is None else guesses,
+                   force_tree=None if tree is None else bool(tree))
 
     def reset(self) -> None:
         self.pool: dict[int, list[tuple[int, ...]]] = {}
@@ -80,6 +86,13 @@ class Lookahead:
         if k <= 0:
             return empty_draft()
         grams = [list(g[:k]) for g in reversed(self.pool.get(tokens[-1], [])[-self.G :])] if self.G else []
+        runner = ctx.target
+        if not (self.force_tree if self.force_tree is not None else getattr(runner, "exact_trees", False)):
+            # one chain: the newest pool n-gram, else the window (whose outputs still drive the Jacobi step)
+            if grams:
+                return Draft(torch.tensor(grams[0], dtype=torch.long))
+            self.slots = list(range(min(k, len(self.window))))
+            return Draft(torch.tensor(self.window[:k], dtype=torch.long))
         drafted: list[int] = []
         parents: list[int] = []
         node: dict[tuple[int, int], int] = {}  # (parent, token) -> draft index: branches share prefixes

@@ -4,7 +4,9 @@ token tree of their top guesses goes to the target in one pass (Medusa, Cai et a
 The decoder feeds the newest token at the start of each pass, so the target's cache ends one position
 before it: from that position's feature, head i guesses the token i + 1 places after the newest one.
 The tree below (ranks of each head's guesses along a path) is verified greedily, or under sampling by
-recursive rejection over siblings (verify.walk_tree_sampling), which keeps the target's distribution."""
+recursive rejection over siblings (verify.walk_tree_sampling), which keeps the target's distribution.
+Where the target's tree passes are not bit-exact (bf16 on a CPU), the top guesses go as a chain unless
+the `tree` option asks for the tree."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ class Medusa:
     name = "medusa"
     description = "trained heads guess several tokens at once from the target's last feature, verified as a token tree"
 
-    def __init__(self, head, target, tree=TREE) -> None:
+    def __init__(self, head, target, tree=TREE, force_tree: bool | None = None) -> None:
         model = target.model
         self.head = head
         self.norm = model.model.norm
@@ -36,9 +38,10 @@ class Medusa:
         self.weight = self.lm_head.weight[self.ids].contiguous() if self.ids is not None else self.lm_head.weight
         self.tree = tuple(path for path in tree if len(path) <= len(head.blocks))
         self.width = 1 + max(rank for path in self.tree for rank in path)
+        self.force_tree = force_tree  # None: a tree where the target decides trees exactly, else the top chain
 
     @classmethod
-    def build(cls, target, draft=None, head=None, **options) -> "Medusa":
+    def build(cls, target, draft=None, head=None, tree=None, **options) -> "Medusa":
         if not target.uses_lean_forward:
             raise UnsupportedModelError(
                 f"medusa supports the Llama family (Llama, Qwen2/3, Mistral, SmolLM), not '{target.model.config.model_type}'"
@@ -46,7 +49,7 @@ class Medusa:
         if head is None:
             raise SpeculaError("strategy 'medusa' needs trained heads (--head DIR; make them with `specula train-head --kind medusa`)")
         module, _ = load_head(Path(head), target, kind="medusa")
-        return cls(module, target)
+        return cls(module, target, force_tree=None if tree is None else bool(tree))
 
     def reset(self) -> None:
         pass
@@ -66,6 +69,8 @@ class Medusa:
             return empty_draft()
         logits = self.logits(runner.features(length - 2, length - 1)[0])  # (heads, V')
         depth = min(k, logits.shape[0])
+        if not (self.force_tree if self.force_tree is not None else getattr(runner, "exact_trees", False)):
+            return Draft(self._full(logits[:depth].argmax(-1)).cpu())  # the top guesses as a chain
         top = self._full(logits[:depth].topk(self.width, dim=-1).indices).tolist()  # (depth, width)
         index: dict[tuple[int, ...], int] = {}
         drafted, parents = [], []

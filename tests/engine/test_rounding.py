@@ -55,18 +55,31 @@ def test_blocked_attention_matches_the_models_own_attention_within_bf16_precisio
     assert (ours - ref).abs().max() < 1.0  # bf16 logits of this model span about +-30
 
 
-@pytest.mark.parametrize("strategy", ["prompt-lookup", "draft-model"])
-def test_greedy_speculation_is_identical_to_plain_decoding_in_bf16(strategy):
+@pytest.mark.parametrize("strategy", ["prompt-lookup", "draft-model", "lookahead", "medusa", "auto"])
+def test_greedy_speculation_is_identical_to_plain_decoding_in_bf16(strategy, tmp_path):
     # a random bf16 model: flat distributions with many near ties, where one different bit shows
     target = bf16(tiny_model(vocab=64, layers=4, seed=7))
     draft = bf16(perturbed(tiny_model(vocab=64, layers=4, seed=7), scale=0.05))
+    assert not target.new_runner().exact_trees  # tree drafters send chains here
+    options = {}
+    if strategy in ("medusa", "auto"):
+        from engine.heads.eagle import HeadConfig, save_head
+        from engine.heads.medusa import MedusaHead
+        from engine.heads.train import head_info
+
+        torch.manual_seed(0)
+        head = MedusaHead(HeadConfig.for_target(target.model.config))
+        for block in head.blocks:
+            torch.nn.init.normal_(block.weight, std=0.02)
+        save_head(head, head_info(target, "medusa", 0, 0, None), tmp_path)
+        options = {"head": str(tmp_path)} if strategy == "medusa" else {"heads": (str(tmp_path),)}
     gen = torch.Generator().manual_seed(1)
     accepted = 0
     for trial in range(10):
         prompt = torch.randint(0, 64, (int(torch.randint(2, 60, (1,), generator=gen)),), generator=gen).tolist()
         outs = []
         for name in ("none", strategy):
-            drafter = build_drafter(name, target, draft)
+            drafter = build_drafter(name, target, draft, **(options if name == strategy else {}))
             config = DecodeConfig(k=1 + trial % 8, adaptive_k=trial % 2 == 0, max_new_tokens=80)
             finished = list(generate(target.new_runner(), drafter, prompt, config))[-1]
             assert isinstance(finished, Finished)
