@@ -44,8 +44,8 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exit-layer", type=int, default=None, help="layer-skip: layers used for drafting")
     p.add_argument("--head", default=None, help="eagle: a folder written by `specula train-head`")
     p.add_argument("--tree", action="store_const", const=1, default=None,
-                   help="eagle, greedy: an EAGLE-2 dynamic token tree instead of a chain (in bf16 on a CPU, trees can "
-                        "part from plain decoding at near ties; fp32 is exact)")
+                   help="token trees: eagle drafts an EAGLE-2 dynamic tree; medusa and lookahead send trees even in "
+                        "bf16 on a CPU, where tree passes can part from plain decoding at near ties (fp32 is exact)")
 
 
 class _Parser(argparse.ArgumentParser):
