@@ -7,7 +7,7 @@ step produced and the seconds it took (from one proposal to the next, so the tar
 drafting and the bookkeeping all count), and picks the best tokens per second, with plain decoding
 (`none`) always one of the choices: a drafter that costs more than it wins is dropped in favour of
 plain steps, so auto stays about as fast as `none` when nothing pays. Each choice is tried a few times
-first, and every 16th step re-measures the least recently measured one.
+first, and every 32nd step re-measures the least recently measured one.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .prompt_lookup import PromptLookup, longest_match
 
 DECAY = 0.9  # weight of the past per new measurement of the same choice
 TRIES = 2  # measurements of each choice before auto trusts its numbers
-EXPLORE_EVERY = 16
+EXPLORE_EVERY = 32
 
 
 class _Rate:

@@ -82,7 +82,7 @@ def test_auto_uses_prompt_lookup_where_the_context_repeats(monkeypatch):
 
 
 def test_lookahead_moves_its_window_by_jacobi_steps_and_collects_diagonal_n_grams():
-    la = Lookahead(window=3, ngram=3, guesses=2)
+    la = Lookahead(window=3, ngram=3, guesses=2, force_tree=True)
     ctx = DraftContext(torch.tensor([1, 2, 3]), 1, SamplingParams(), None)
     draft = la.propose(ctx, 5)
     first = list(la.window)
@@ -101,11 +101,15 @@ def test_lookahead_moves_its_window_by_jacobi_steps_and_collects_diagonal_n_gram
 
 
 def test_lookahead_proposes_pool_n_grams_that_start_with_the_newest_token():
-    la = Lookahead(window=2, ngram=3, guesses=2)
+    la = Lookahead(window=2, ngram=3, guesses=2, force_tree=True)
     ctx = DraftContext(torch.tensor([4, 5, 6, 9, 4]), 1, SamplingParams(), None)
     draft = la.propose(ctx, 4)
     parents = draft.parents.tolist()
     assert draft.tokens.tolist()[:2] == [5, 6] and parents[:2] == [-1, 0]  # the context's 3-gram 4 5 6
+    assert len(parents) > 2  # and the window beside it
+    # where trees are not exact (no runner here says they are): the n-gram alone, as a chain
+    chain = Lookahead(window=2, ngram=3, guesses=2).propose(ctx, 4)
+    assert chain.parents is None and chain.tokens.tolist() == [5, 6]
 
 
 def test_the_eagle_tree_budget_follows_measured_pass_costs(monkeypatch):
