@@ -40,8 +40,8 @@ class Eagle:
         norm = model.model.norm
         self.lm_head = model.get_output_embeddings()
         self.vocab = self.lm_head.weight.shape[0]
-        # the head's few small products per draft token run in fp32 on a CPU: one-row bf16 products are
-        # several times slower there; elsewhere the model's dtype
+        # the head runs in the model's dtype: in fp32 its weights and the draft vocabulary's LM-head rows
+        # are twice the bytes, and drafting on a CPU took 1.75x as long (docs/PERFORMANCE.md)
         self.dtype = next(head.parameters()).dtype
         self.norm_w = norm.weight.detach().to(self.dtype)
         self.eps = norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
@@ -62,8 +62,7 @@ class Eagle:
             )
         if head is None:
             raise SpeculaError("strategy 'eagle' needs a trained draft head (--head DIR; make one with `specula train-head`)")
-        dtype = torch.float32 if target.device.type == "cpu" else None
-        module, _ = load_head(Path(head), target, dtype=dtype, kind="eagle")
+        module, _ = load_head(Path(head), target, kind="eagle")
         return cls(module, target, tree=bool(tree))
 
     def reset(self) -> None:
