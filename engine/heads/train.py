@@ -187,6 +187,8 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
     i = max((a.index for a in answers), default=-1) + 1
     if made:
         say(f"answers: {min(made, n_tokens)}/{n_tokens} tokens from {store}")
+    if made < n_tokens:
+        say(f"answers: {min(made, n_tokens)}/{n_tokens} tokens, the model is answering a first batch of {batch} prompts")
     sink = store.open("a", encoding="utf-8") if store is not None else None
     t0, made_here = time.perf_counter(), 0
     follow: list[tuple[tuple[Message, ...], int]] = []
