@@ -28,7 +28,7 @@ from .events import Finished, Origin, Started, Step, Token, Totals
 from .forward import ModelRunner
 from .metrics import BaselineCost, count_step
 from .sampling import SamplingParams, choose
-from .verify import Verdict, verify, walk_tree, walk_tree_sampling
+from .verify import Verdict, tree_children, verify, walk_tree, walk_tree_sampling
 
 K_MAX = 32
 
@@ -128,15 +128,11 @@ class _Stats:
         )
 
 
-def _branch(parents: list[int], rows: list[int]) -> str:
+def _branch(parents: list[int], rows: list[int], children: dict[int, list[int]]) -> str:
     """Which branch of a token tree the target kept: the rank of each kept node among its siblings (1 =
     the drafter's first choice), e.g. "tree of 14 nodes, kept path 1·2·1"."""
-    nodes = len(parents) - 1
-    ranks = []
-    for row in rows[1:]:
-        siblings = [r for r, p in enumerate(parents) if p == parents[row]]
-        ranks.append(str(siblings.index(row) + 1))
-    return f"tree of {nodes} nodes, kept path {'·'.join(ranks) or 'none (all rejected)'}"
+    ranks = [str(children[parents[row]].index(row) + 1) for row in rows[1:]]
+    return f"tree of {len(parents) - 1} nodes, kept path {'·'.join(ranks) or 'none (all rejected)'}"
 
 
 def _origin_of_target_token(drafted: int, accepted: int) -> Origin:
@@ -278,12 +274,12 @@ class _Loop:
         feed = torch.cat([self.ctx[length - 1 : length], d])
         tokens = feed.tolist()
         logits = target.forward(feed, last=feed.shape[0], parents=parents)
+        best = logits.argmax(-1).tolist() if self.params.greedy or hasattr(self.drafter, "observe_tree") else None
         if self.params.greedy:
-            rows, next_token = walk_tree(logits, tokens, parents)
+            rows, next_token = walk_tree(best, tokens, parents)
         else:
             rows, next_token = walk_tree_sampling(logits, tokens, parents, self.params, self.gen)
         if hasattr(self.drafter, "observe_tree"):  # drafters that learn from every node's output (lookahead)
-            best = logits.argmax(-1).tolist()
             self.drafter.observe_tree({i: best[row_of[i]] for i in keep})
         t2 = time.perf_counter()
         target.keep(length - 1, rows)
@@ -294,7 +290,8 @@ class _Loop:
         drafted = max(depth_of.values())  # the tree's depth: the longest chain it could have kept
         self.stats.add_step(drafted, acc, t1 - t0, t2 - t1)
         step = self.stats.steps
-        branch = _branch(parents, rows)
+        children = tree_children(parents)
+        branch = _branch(parents, rows, children)
         emitted = tuple(
             Token(t, self._text(t), Origin.DRAFT, step, i, branch=branch) if i < acc
             else Token(t, self._text(t), _origin_of_target_token(drafted, acc), step, branch=branch)
@@ -302,9 +299,9 @@ class _Loop:
         )
         # the ghost text: the tree's first-choice continuation below the last kept node
         ghost, row = [], rows[-1]
-        while (child := next((c for c, p in enumerate(parents) if p == row), None)) is not None:
-            ghost.append(tokens[child])
-            row = child
+        while children.get(row):
+            row = children[row][0]
+            ghost.append(tokens[row])
         rejected = tuple(Token(t, self._ghost(t), Origin.REJECTED, step, acc + j) for j, t in enumerate(ghost))
         elapsed = time.perf_counter() - self.t_start
         return Step(self.request_id, step, drafted, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed)

@@ -83,15 +83,20 @@ def verify(
     return verify_sampling(logits, draft, q, params, generator)
 
 
-def walk_tree(logits: torch.Tensor, tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
-    """Greedy verification of a token tree scored in one pass. logits (T, V): row i is the target's
-    distribution after row i's path. From the root (row 0), follow the child holding the target's
-    argmax while there is one -> (the rows of the kept path, root first; the target's next token)."""
-    best = logits.argmax(-1).tolist()
+def tree_children(parents: list[int]) -> dict[int, list[int]]:
+    """parents (row 0: -1) -> the children of each row, in row order."""
     children: dict[int, list[int]] = {}
     for row, parent in enumerate(parents):
         if parent >= 0:
             children.setdefault(parent, []).append(row)
+    return children
+
+
+def walk_tree(best: list[int], tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
+    """Greedy verification of a token tree scored in one pass. best[i]: the target's argmax after row
+    i's path. From the root (row 0), follow the child holding the target's argmax while there is one
+    -> (the rows of the kept path, root first; the target's next token)."""
+    children = tree_children(parents)
     path = [0]
     while True:
         want = best[path[-1]]
@@ -114,10 +119,7 @@ def walk_tree_sampling(
     renormalised before the next sibling. A node whose children are all rejected emits a token drawn
     from what is left of p; an accepted leaf emits one drawn from its own row. Every emitted token is
     then distributed exactly as under p, whatever tree the drafter built."""
-    children: dict[int, list[int]] = {}
-    for row, parent in enumerate(parents):
-        if parent >= 0:
-            children.setdefault(parent, []).append(row)
+    children = tree_children(parents)
     path = [0]
     while True:
         node = path[-1]

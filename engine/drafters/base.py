@@ -46,3 +46,9 @@ class Drafter(Protocol):
 
 def empty_draft() -> Draft:
     return Draft(torch.empty(0, dtype=torch.long))
+
+
+def sends_tree(force: bool | None, runner) -> bool:
+    """Whether a tree drafter sends a tree this step: as forced by its `tree` option, else only where
+    the target's tree passes decide as a chain pass would (runner.exact_trees)."""
+    return force if force is not None else bool(getattr(runner, "exact_trees", False))

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 
 import torch
 
-from ..errors import SpeculaError, UnsupportedModelError
-from ..heads.eagle import load_head
+from ..heads.eagle import head_for_strategy
 from ..sampling import process_logits, sample
 from .base import Draft, DraftContext, empty_draft
 
@@ -56,13 +54,7 @@ class Eagle:
 
     @classmethod
     def build(cls, target, draft=None, head=None, tree=None, **options) -> "Eagle":
-        if not target.uses_lean_forward:
-            raise UnsupportedModelError(
-                f"eagle supports the Llama family (Llama, Qwen2/3, Mistral, SmolLM), not '{target.model.config.model_type}'"
-            )
-        if head is None:
-            raise SpeculaError("strategy 'eagle' needs a trained draft head (--head DIR; make one with `specula train-head`)")
-        module, _ = load_head(Path(head), target, kind="eagle")
+        module = head_for_strategy(target, head, "eagle", "a trained draft head (--head DIR; make one with `specula train-head`)")
         return cls(module, target, tree=bool(tree))
 
     def reset(self) -> None:

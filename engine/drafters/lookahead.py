@@ -26,7 +26,7 @@ import random
 import torch
 
 from ..errors import SpeculaError
-from .base import Draft, DraftContext, empty_draft
+from .base import Draft, DraftContext, empty_draft, sends_tree
 
 POOL_PER_KEY = 8  # n-grams kept per first token, newest last
 
@@ -87,7 +87,7 @@ class Lookahead:
             return empty_draft()
         grams = [list(g[:k]) for g in reversed(self.pool.get(tokens[-1], [])[-self.G :])] if self.G else []
         runner = ctx.target
-        if not (self.force_tree if self.force_tree is not None else getattr(runner, "exact_trees", False)):
+        if not sends_tree(self.force_tree, runner):
             # one chain: the newest pool n-gram, else the window (whose outputs still drive the Jacobi step)
             if grams:
                 return Draft(torch.tensor(grams[0], dtype=torch.long))

@@ -10,13 +10,10 @@ the `tree` option asks for the tree."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from ..errors import SpeculaError, UnsupportedModelError
-from ..heads.eagle import load_head
-from .base import Draft, DraftContext, empty_draft
+from ..heads.eagle import head_for_strategy
+from .base import Draft, DraftContext, empty_draft, sends_tree
 
 # paths of guess ranks, e.g. (0, 1): head 0's best guess, then head 1's second best below it; parents
 # come before children. Ten nodes: on a CPU each extra node adds about 1 ms to a pass.
@@ -42,13 +39,8 @@ class Medusa:
 
     @classmethod
     def build(cls, target, draft=None, head=None, tree=None, **options) -> "Medusa":
-        if not target.uses_lean_forward:
-            raise UnsupportedModelError(
-                f"medusa supports the Llama family (Llama, Qwen2/3, Mistral, SmolLM), not '{target.model.config.model_type}'"
-            )
-        if head is None:
-            raise SpeculaError("strategy 'medusa' needs trained heads (--head DIR; make them with `specula train-head --kind medusa`)")
-        module, _ = load_head(Path(head), target, kind="medusa")
+        module = head_for_strategy(target, head, "medusa",
+                                   "trained heads (--head DIR; make them with `specula train-head --kind medusa`)")
         return cls(module, target, force_tree=None if tree is None else bool(tree))
 
     def reset(self) -> None:
@@ -69,7 +61,7 @@ class Medusa:
             return empty_draft()
         logits = self.logits(runner.features(length - 2, length - 1)[0])  # (heads, V')
         depth = min(k, logits.shape[0])
-        if not (self.force_tree if self.force_tree is not None else getattr(runner, "exact_trees", False)):
+        if not sends_tree(self.force_tree, runner):
             return Draft(self._full(logits[:depth].argmax(-1)).cpu())  # the top guesses as a chain
         top = self._full(logits[:depth].topk(self.width, dim=-1).indices).tolist()  # (depth, width)
         index: dict[tuple[int, ...], int] = {}

@@ -254,6 +254,20 @@ def head_folders() -> list[Path]:
     return [d for root in roots if root.is_dir() for d in sorted(root.iterdir()) if (d / "head.json").is_file()]
 
 
+def head_for_strategy(target, head, kind: str, make: str) -> nn.Module:
+    """The `kind` head in folder `head` for a strategy of that name, with the messages a user can act on
+    when the model is not Llama-family or no head was given (`make`: how to train one)."""
+    from ..errors import UnsupportedModelError
+
+    if not target.uses_lean_forward:
+        raise UnsupportedModelError(
+            f"{kind} supports the Llama family (Llama, Qwen2/3, Mistral, SmolLM), not '{target.model.config.model_type}'"
+        )
+    if head is None:
+        raise SpeculaError(f"strategy '{kind}' needs {make}")
+    return load_head(Path(head), target, kind=kind)[0]
+
+
 def head_kinds() -> dict[str, type]:
     from .medusa import MedusaHead
 
