@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 export TORCH_VERSION TORCH_INDEX
 
-.PHONY: setup run test chat clean
+.PHONY: setup run test chat clean vllm-server
 
 setup: $(STAMP)
 
@@ -29,5 +29,12 @@ chat: setup
 test: setup
 	$(PY) -m pytest -q
 
+# vLLM (CPU) serving the bundled model with n-gram speculation, for the remote backend:
+#   make vllm-server [PORT=8011] [SPEC=none for a plain baseline server]
+PORT ?= 8011
+SPEC ?= ngram
+vllm-server: setup
+	PORT=$(PORT) SPEC=$(SPEC) sh scripts/vllm-server.sh
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-vllm build *.egg-info .pytest_cache

@@ -27,6 +27,18 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
 
 
+def _add_remote_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="local", choices=["local", "remote"],
+                   help="local: this machine's engine; remote: an OpenAI-compatible server such as vLLM (chat only)")
+    p.add_argument("--server", default=None, help="remote: the server's base URL, e.g. http://127.0.0.1:8011")
+    p.add_argument("--server-model", default=None, help="remote: a model the server lists (default: its first)")
+    p.add_argument("--api-key-env", default=None,
+                   help="remote: the environment variable holding the API key (default: the OS keyring's, else none)")
+    p.add_argument("--baseline-server", default=None,
+                   help="remote: the same model served without speculation; its measured speed gives the speedup")
+    p.add_argument("--insecure", action="store_true", help="remote: do not verify the server's TLS certificate")
+
+
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default="none", help="a name from `specula strategies`")
     p.add_argument("--k", type=int, default=None,
@@ -58,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="generate from a prompt or a JSON Lines file of prompts")
     _add_model_args(g)
+    _add_remote_args(g)
     _add_decode_args(g)
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text")
@@ -102,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--model", default=None, help="load this model and mark the strategies it can use, with the heads found")
     st.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     st.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    e = sub.add_parser("export", help="write a model as a safetensors folder for a serving engine (vLLM)")
+    e.add_argument("--model", default="bundled", help="bundled, a .gguf file or a model folder")
+    e.add_argument("--out", type=Path, required=True, help="the folder to write")
+    e.add_argument("--overwrite", action="store_true")
     c = sub.add_parser("chat", help="chat in the terminal")
     _add_model_args(c)
     _add_decode_args(c)
@@ -127,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
             from .chat_cmd import run_chat
 
             return run_chat(args)
+        if args.command == "export":
+            from .export_cmd import run_export
+
+            return run_export(args)
         if args.command == "train-head":
             from .train_cmd import run_train_cmd
 

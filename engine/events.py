@@ -51,6 +51,7 @@ class Step:
     context_len: int  # tokens in context before this step
     k: int  # draft length asked of the drafter this step
     elapsed_s: float  # since the generation started
+    inferred: bool = False  # a remote server's step: origins inferred from the chunk, drafted unknown
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,8 @@ class Loaded:
     context_window: int
     strategies: tuple[str, ...] = field(default_factory=tuple)
     baseline: BaselineCost | None = None  # measured plain decoding cost, for live speedup and plots
+    backend: str = "local"  # or "remote": an OpenAI-compatible server
+    notes: tuple[str, ...] = ()  # what a user should know about this backend's numbers
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,24 @@ class BaselineCost:
         return n * self.a + self.b * (n * context_start + n * (n - 1) / 2)
 
 
-Event = Started | Step | Finished | Failed | Loading | Loaded
+@dataclass(frozen=True)
+class ServerStats:
+    """A remote server's speculative decoding counters since this request started (server-wide: other
+    clients' requests running at the same time count too)."""
+
+    request_id: int
+    elapsed_s: float
+    drafts: int  # steps with a draft
+    draft_tokens: int
+    accepted: int
+    position_accepted: tuple[int, ...] = ()  # accepted at draft position 0, 1, ...
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.draft_tokens if self.draft_tokens else None
+
+
+Event = Started | Step | Finished | Failed | Loading | Loaded | ServerStats
 
 
 @dataclass(frozen=True)

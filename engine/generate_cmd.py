@@ -69,12 +69,16 @@ def read_prompts(path: Path) -> list[PromptItem]:
 
 def run_generate(args) -> int:
     config = decode_config(args)  # bad numbers fail before any model loads
-    check_strategy(args)
     items = [PromptItem((args.prompt,))] if args.prompt is not None else read_prompts(args.prompts)
-    session = Session()
-    spec = ModelSpec(args.model, args.device, args.dtype)
-    session.load(LoadRequest(spec, args.draft_model, measure_baseline=False), _progress(args))
-    session.drafter(args.strategy, dict(strategy_options(args)))  # unusable strategy: fail before generating
+    if args.backend == "remote":
+        session = connect_remote(args, _progress(args))
+        args.chat, args.strategy = True, "server"  # the server speaks chat and speculates as it was told
+    else:
+        check_strategy(args)
+        session = Session()
+        spec = ModelSpec(args.model, args.device, args.dtype)
+        session.load(LoadRequest(spec, args.draft_model, measure_baseline=False), _progress(args))
+        session.drafter(args.strategy, dict(strategy_options(args)))  # unusable strategy: fail before generating
     failures = 0
     for item in items:
         try:
@@ -87,6 +91,25 @@ def run_generate(args) -> int:
         if args.json:
             print(json_line(record), flush=True)
     return 2 if failures else 0
+
+
+def connect_remote(args, progress):
+    """A RemoteBackend connected as the command line says (--server, --server-model, --api-key-env, ...)."""
+    from .remote.backend import RemoteBackend, RemoteLoadRequest
+
+    if not args.server:
+        raise SpeculaError("--backend remote needs --server URL (e.g. http://127.0.0.1:8011)")
+    if args.strategy not in ("none", "server") or args.draft_model or args.model != "bundled":
+        raise SpeculaError("with --backend remote the server chooses the model's speculation: use --server-model "
+                           "instead of --model, and drop --strategy and --draft-model")
+    backend = RemoteBackend()
+    request = RemoteLoadRequest(args.server, args.server_model or "", args.api_key_env or "",
+                                args.baseline_server or "", verify_tls=not args.insecure)
+    loaded = backend.load(request, progress)
+    if progress is not None:
+        for note in loaded.notes:
+            progress(note)
+    return backend
 
 
 def _progress(args):
@@ -120,10 +143,14 @@ def _run_turn(session: Session, request: GenerateRequest, stream: bool) -> Finis
     if stream:
         t = finished.totals
         rate = f"{t.acceptance_rate:.0%}" if t.acceptance_rate is not None else "n/a"
+        remote = request.strategy == "server"
+        where = " (server-wide counters)" if remote else ""
+        per = "tokens/step (from chunks)" if remote else "tokens/forward"
+        speed = f", {finished.speedup:.2f}x over the baseline server" if remote and finished.speedup else ""
         print(file=sys.stdout)
         print(
-            f"[{request.strategy}: {t.new_tokens} tokens, {t.tokens_per_s:.1f} tok/s, acceptance {rate}, "
-            f"{t.mean_accepted_length:.2f} tokens/forward, {finished.reason}]",
+            f"[{request.strategy}: {t.new_tokens} tokens, {t.tokens_per_s:.1f} tok/s, acceptance {rate}{where}, "
+            f"{t.mean_accepted_length:.2f} {per}{speed}, {finished.reason}]",
             file=sys.stderr,
         )
     return finished

@@ -2,6 +2,7 @@
 
     runner = Runner(); runner.start()
     rid = runner.submit(LoadRequest(...))          # -> Loading..., Loaded | Failed
+    rid = runner.submit(RemoteLoadRequest(URL))    # the same, for a server (remote backend)
     rid = runner.submit(GenerateRequest(...))      # -> Started, Step..., Finished | Failed
     rid = runner.submit(TrainRequest(...))         # -> Training..., Trained, Loaded | Failed
     runner.cancel(rid)                             # takes effect before the next engine step
@@ -22,6 +23,7 @@ from typing import Callable
 
 from .errors import SpeculaError
 from .events import Failed, Finished, Loading, Totals, Training
+from .remote.backend import RemoteBackend, RemoteLoadRequest
 from .session import GenerateRequest, LoadRequest, Session, TrainRequest
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,8 @@ def describe_error(exc: BaseException) -> str:
 
 class Runner:
     def __init__(self, sink: Callable[[object], None] | None = None, session: Session | None = None) -> None:
-        self.session = session or Session()
+        self.session = session or Session()  # the local engine
+        self.backend = self.session  # what generates: the local session or a remote server (RemoteBackend)
         self.events: queue.Queue = queue.Queue()
         self._sink = sink or self.events.put
         self._jobs: queue.Queue = queue.Queue()
@@ -114,20 +117,32 @@ class Runner:
                     self._cancelled.discard(rid)
 
     def _run(self, rid: int, request) -> None:
-        if isinstance(request, LoadRequest):
-            loaded = self.session.load(request, lambda text: self._sink(Loading(rid, text)))
-            self._sink(replace(loaded, request_id=rid))
+        if isinstance(request, (LoadRequest, RemoteLoadRequest)):
+            self._load(rid, request)
             return
         if isinstance(request, TrainRequest):
-            trained = self.session.train(request, rid, lambda text: self._sink(Training(rid, text)),
+            trained = self.backend.train(request, rid, lambda text: self._sink(Training(rid, text)),
                                          lambda: self._is_cancelled(rid))
             self._sink(trained)
-            self._sink(self.session.describe(rid))  # the strategy list now offers the new head
+            self._sink(self.backend.describe(rid))  # the strategy list now offers the new head
             return
         if not isinstance(request, GenerateRequest):
             raise SpeculaError(f"unknown request type {type(request).__name__}")
         if self._is_cancelled(rid):
             self._sink(Finished(rid, "cancelled", "", (), Totals(0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0)))
             return
-        for event in self.session.generate(request, rid, lambda: self._is_cancelled(rid)):
+        for event in self.backend.generate(request, rid, lambda: self._is_cancelled(rid)):
             self._sink(event)
+
+    def _load(self, rid: int, request) -> None:
+        """Load a local model or connect to a server; a failure keeps the backend in use before it."""
+        say = lambda text: self._sink(Loading(rid, text))  # noqa: E731
+        if isinstance(request, RemoteLoadRequest):
+            backend = RemoteBackend()
+            loaded = backend.load(request, say)
+            self.session = Session()  # the local model's memory is given back; loading it again reloads
+        else:
+            backend = self.session
+            loaded = backend.load(request, say)
+        self.backend = backend
+        self._sink(replace(loaded, request_id=rid))

@@ -1,0 +1,350 @@
+"""The remote backend: chat through an OpenAI-compatible server (vLLM first) with the local engine's
+events, so the GUI, `specula generate` and the bench treat both backends alike.
+
+    backend = RemoteBackend()
+    loaded = backend.load(RemoteLoadRequest("http://127.0.0.1:8011"))   # -> Loaded (backend="remote")
+    for event in backend.generate(GenerateRequest(messages), request_id=7, should_stop=flag):
+        ...   # Started, Step (inferred from chunks), ServerStats (vLLM's counters), Finished
+
+The server does the speculating (its own configuration); Specula reads what it can see: the streamed
+chunks (one per engine step on vLLM, so their sizes give accepted lengths) and vLLM's server-wide
+spec-decode counters, sampled before, a few times a second during, and after a request. A speedup is
+only shown against a baseline server without speculation whose plain decoding speed was measured.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from ..errors import SpeculaError
+from ..events import BaselineCost, Finished, Loaded, ServerStats, Started, Step, Totals
+from .chunks import ChunkReader, chunk_tokens, drop_stop_token
+from .http import EventStream, RemoteError, Server, get_json, get_text
+from .keys import resolve_api_key
+from .telemetry import SpecCounters, parse_metrics
+
+POLL_S = 0.25  # counters sampled four times a second while a reply streams
+PROBE_PROMPT = "Count from 1 to 200, separated by commas."
+PROBE_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class RemoteLoadRequest:
+    """Connect to a server (the remote counterpart of session.LoadRequest)."""
+
+    server: str
+    model: str = ""  # empty: the server's first model
+    api_key_env: str = ""  # the environment variable holding the key; empty: the OS keyring, else none
+    baseline_server: str = ""  # the same model served without speculation, for a measured speedup
+    verify_tls: bool = True
+    use_keyring: bool = True
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    server: Server
+    model: str
+    models: tuple[str, ...]
+    kind: str  # "vllm" or "openai" (any other OpenAI-compatible server)
+    version: str = ""
+    context_window: int = 0  # 0: the server did not say
+    speculates: bool = False  # it exposes spec-decode counters
+
+    @property
+    def describe(self) -> str:
+        what = f"vLLM {self.version}".strip() if self.kind == "vllm" else "OpenAI-compatible server"
+        return f"{what} at {self.server.root}"
+
+
+def server_for(url: str, api_key_env: str = "", verify_tls: bool = True, use_keyring: bool = True) -> Server:
+    server = Server(url, verify_tls=verify_tls)  # checks the URL before a key is looked up
+    key = resolve_api_key(server.root, api_key_env, use_keyring)
+    return Server(server.url, key, verify_tls)
+
+
+def probe(server: Server, model: str = "") -> ServerInfo:
+    """What the server serves and whether it is vLLM with speculation (the settings' "Test connection")."""
+    listing = get_json(server, "/v1/models")
+    entries = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(entries, list):
+        raise RemoteError(f"{server.root}/v1/models did not list models: is it an OpenAI-compatible server?")
+    ids = tuple(str(e["id"]) for e in entries if isinstance(e, dict) and "id" in e)
+    if not ids:
+        raise RemoteError(f"the server at {server.root} serves no model")
+    chosen = model.strip() or ids[0]
+    if chosen not in ids:
+        raise RemoteError(f"the server at {server.root} has no model '{chosen}'; it serves: {', '.join(ids)}")
+    entry = next(e for e in entries if isinstance(e, dict) and str(e.get("id")) == chosen)
+    window = entry.get("max_model_len")
+    version, counters = _vllm_details(server, chosen)
+    return ServerInfo(server, chosen, ids, "vllm" if version else "openai", version,
+                      window if isinstance(window, int) else 0, counters is not None)
+
+
+def _vllm_details(server: Server, model: str) -> tuple[str, SpecCounters | None]:
+    """vLLM's version (empty for other servers) and its spec-decode counters (None without speculation)."""
+    try:
+        version = get_json(server, "/version")
+        version = str(version.get("version", "")) if isinstance(version, dict) else ""
+    except RemoteError:
+        return "", None
+    return version, read_counters(server, model)
+
+
+def read_counters(server: Server, model: str | None) -> SpecCounters | None:
+    try:
+        return parse_metrics(get_text(server, "/metrics", timeout=2.0), model)
+    except RemoteError:
+        return None
+
+
+def chat_payload(info: ServerInfo, request, max_tokens: int | None = None) -> dict:
+    """The /v1/chat/completions body for a GenerateRequest (vLLM extras only where the server is vLLM)."""
+    if not request.chat:
+        raise SpeculaError("the remote backend speaks chat: drop --no-chat / use --chat")
+    params = request.config.params
+    payload: dict = {
+        "model": info.model,
+        "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+        "stream": True,
+        "max_tokens": max_tokens or request.config.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "stream_options": {"include_usage": True},
+    }
+    if request.config.seed is not None:
+        payload["seed"] = request.config.seed
+    if info.kind == "vllm":
+        payload["return_token_ids"] = True  # token ids per chunk: exact counts and the bench's identity check
+        payload["logprobs"] = True  # each token's bytes: per-token text for the colours
+        payload["stream_options"]["continuous_usage_stats"] = True  # the prompt's length in the first chunk
+        if params.top_k:
+            payload["top_k"] = params.top_k
+    return payload
+
+
+class RemoteBackend:
+    """The remote counterpart of session.Session: load (connect), describe, generate."""
+
+    def __init__(self) -> None:
+        self.info: ServerInfo | None = None
+        self.baseline: BaselineCost | None = None
+        self.baseline_info: ServerInfo | None = None
+
+    def load(self, request: RemoteLoadRequest, progress: Callable[[str], None] | None = None) -> Loaded:
+        say = progress or (lambda text: None)
+        say(f"connecting to {request.server}")
+        server = server_for(request.server, request.api_key_env, request.verify_tls, request.use_keyring)
+        info = probe(server, request.model)
+        baseline = baseline_info = None
+        if request.baseline_server.strip():
+            say(f"measuring plain decoding on {request.baseline_server}")
+            plain = server_for(request.baseline_server, request.api_key_env, request.verify_tls, request.use_keyring)
+            baseline_info = probe(plain, info.model)  # the same model, or the speedup would mean nothing
+            baseline = measure_plain(baseline_info)
+        self.info, self.baseline, self.baseline_info = info, baseline, baseline_info
+        return self.describe()
+
+    def describe(self, request_id: int = 0) -> Loaded:
+        info = self._need_info()
+        notes = []
+        if info.speculates:
+            notes.append("Acceptance comes from the server's counters: they are server-wide, so other clients' "
+                         "requests count too. Token colours are inferred from the stream's chunks.")
+        else:
+            notes.append("This server reports no speculative decoding counters: tokens/s only.")
+        if self.baseline is None:
+            notes.append("No baseline server is set, so no speedup is shown.")
+        else:
+            notes.append(f"Speedup is against {self.baseline_info.server.root} "
+                         f"({1 / self.baseline.a:.1f} tokens/s plain, measured when connecting).")
+        return Loaded(request_id, info.model, None, info.describe, "server", info.context_window,
+                      ("server",), self.baseline, backend="remote", notes=tuple(notes))
+
+    def _need_info(self) -> ServerInfo:
+        if self.info is None:
+            raise SpeculaError("no server is connected yet")
+        return self.info
+
+    def generate(self, request, request_id: int = 0, should_stop: Callable[[], bool] = lambda: False,
+                 prompt_ids=None) -> Iterator:
+        info = self._need_info()
+        return RemoteReply(info, chat_payload(info, request), request_id, should_stop, self.baseline).events()
+
+    def train(self, *args, **kwargs):
+        raise SpeculaError("training a draft head needs a local model: switch the backend to local first")
+
+
+def measure_plain(info: ServerInfo) -> BaselineCost:
+    """Plain decoding speed of a server without speculation: a warm-up, then the faster of two timed
+    answers of PROBE_TOKENS tokens. Seconds per token, independent of the context length (b = 0)."""
+    from ..decoder import DecodeConfig
+    from ..prompts import Message
+    from ..session import GenerateRequest
+
+    request = GenerateRequest((Message("user", PROBE_PROMPT),), config=DecodeConfig(max_new_tokens=PROBE_TOKENS))
+    payload = chat_payload(info, request)
+    if info.kind == "vllm":
+        payload["ignore_eos"] = True
+    best = None
+    for _ in range(3):
+        finished = [e for e in RemoteReply(info, payload, 0, lambda: False, None).events() if isinstance(e, Finished)][0]
+        t = finished.totals
+        if t.new_tokens > 1 and t.decode_s > 0:
+            per_token = t.decode_s / (t.new_tokens - 1)
+            best = per_token if best is None else min(best, per_token)
+    if best is None:
+        raise RemoteError(f"the baseline server at {info.server.root} answered too little to time it")
+    return BaselineCost(best, 0.0)
+
+
+class RemoteReply:
+    """One streamed answer turned into engine events."""
+
+    def __init__(self, info: ServerInfo, payload: dict, request_id: int, should_stop: Callable[[], bool],
+                 baseline: BaselineCost | None) -> None:
+        self.info, self.payload, self.rid = info, payload, request_id
+        self.should_stop, self.baseline = should_stop, baseline
+        self.reader = ChunkReader()
+        self.inferred = info.speculates  # one chunk per engine step: first token the target's, rest drafts
+        self.tokens: list = []
+        self.lengths: list[int] = []  # accepted drafts per step (inferred)
+        self.steps = 0
+        self.prompt_tokens = 0
+        self.first_s: float | None = None
+        self.last_s = 0.0
+        self.finish_reason: str | None = None
+        self.start_counters: SpecCounters | None = None
+        self.delta = SpecCounters()
+
+    def events(self) -> Iterator:
+        if self.info.speculates:
+            self.start_counters = read_counters(self.info.server, self.info.model)
+        self.t0 = time.perf_counter()
+        stream = EventStream(self.info.server, "/chat/completions", self.payload)
+        inbox: queue.Queue = queue.Queue()
+        threading.Thread(target=_pump, args=(stream, inbox), name="specula-remote-stream", daemon=True).start()
+        started = False
+        next_poll = self.t0 + POLL_S
+        cancelled = False
+        try:
+            while True:
+                if self.should_stop():
+                    stream.close()
+                    cancelled = True
+                    break
+                try:
+                    kind, value = inbox.get(timeout=0.05)
+                except queue.Empty:
+                    kind, value = "idle", None
+                if kind == "error":
+                    raise value
+                if kind == "end":
+                    break
+                if kind == "event":
+                    chunk = self.reader.read(value)
+                    if chunk is not None and not started and (chunk.usage or chunk.content or chunk.ids):
+                        started = True
+                        self._note_usage(chunk.usage)
+                        yield Started(self.rid, "server", self.prompt_tokens, 0)
+                    step = self._step(chunk) if chunk is not None else None
+                    if step is not None:
+                        yield step
+                if time.perf_counter() >= next_poll:
+                    next_poll = time.perf_counter() + POLL_S
+                    stats = self._poll()
+                    if stats is not None:
+                        yield stats
+        finally:
+            stream.close()
+        self.end_s = time.perf_counter() - self.t0
+        if not started:
+            yield Started(self.rid, "server", self.prompt_tokens, 0)
+        stats = self._settled_poll()
+        if stats is not None:
+            yield stats
+        yield self._finished("cancelled" if cancelled else {"length": "length"}.get(self.finish_reason, "eos"))
+
+    def _note_usage(self, usage: dict | None) -> None:
+        if usage and isinstance(usage.get("prompt_tokens"), int):
+            self.prompt_tokens = usage["prompt_tokens"]
+
+    def _step(self, chunk) -> Step | None:
+        self._note_usage(chunk.usage)
+        if chunk.finish_reason:
+            self.finish_reason = chunk.finish_reason
+        tokens = drop_stop_token(chunk_tokens(chunk, self.steps, self.inferred), chunk.finish_reason)
+        if not tokens:
+            return None
+        now = time.perf_counter() - self.t0
+        if self.first_s is None:
+            self.first_s = now
+        context = self.prompt_tokens + len(self.tokens)
+        accepted = len(tokens) - 1 if self.inferred else 0
+        step = Step(self.rid, self.steps, 0, accepted, tokens, (), 0.0, now - self.last_s, context, 0, now,
+                    inferred=self.inferred)
+        if self.steps > 0 and self.inferred:
+            self.lengths.append(accepted)
+        self.steps += 1
+        self.last_s = now
+        self.tokens.extend(tokens)
+        return step
+
+    def _poll(self) -> ServerStats | None:
+        if self.start_counters is None:
+            return None
+        now = read_counters(self.info.server, self.info.model)
+        if now is None:  # the server went away; the stream says why
+            return None
+        self.delta = now - self.start_counters
+        d = self.delta
+        return ServerStats(self.rid, time.perf_counter() - self.t0, round(d.drafts), round(d.draft_tokens),
+                           round(d.accepted), tuple(round(a) for a in d.per_position))
+
+    def _settled_poll(self, tries: int = 8) -> ServerStats | None:
+        """The counters once the server has booked the last steps (it does so just after streaming them):
+        read until two readings agree, a tenth of a second apart."""
+        last = self._poll()
+        for _ in range(tries):
+            if last is None:
+                return None
+            time.sleep(0.1)
+            now = self._poll()
+            if now is not None and (now.drafts, now.accepted) == (last.drafts, last.accepted):
+                return now
+            last = now
+        return last
+
+    def _finished(self, reason: str) -> Finished:
+        wall = self.end_s
+        prefill = self.first_s if self.first_s is not None else wall
+        d = self.delta
+        totals = Totals(
+            new_tokens=len(self.tokens), steps=max(0, self.steps - 1), target_forwards=self.steps,
+            drafted=round(d.draft_tokens), accepted=round(d.accepted), wall_s=wall, prefill_s=prefill,
+            draft_s=0.0, verify_s=0.0, accepted_lengths=tuple(self.lengths),
+            position_drafted=tuple(round(d.drafts) for _ in d.per_position),
+            position_accepted=tuple(round(a) for a in d.per_position),
+        )
+        speedup = None
+        if self.baseline is not None and totals.decode_s > 0 and totals.new_tokens > 1:
+            expected = self.baseline.expected(self.prompt_tokens + 1, totals.new_tokens - 1)
+            speedup = expected / totals.decode_s
+        text = "".join(t.text for t in self.tokens)
+        ids = tuple(t.id for t in self.tokens if t.id >= 0)
+        return Finished(self.rid, reason, text, ids, totals, speedup)
+
+
+def _pump(stream: EventStream, inbox: queue.Queue) -> None:
+    """The stream's events into `inbox` (its own thread: a read may wait long; `close()` ends it)."""
+    try:
+        for event in stream:
+            inbox.put(("event", event))
+        inbox.put(("end", None))
+    except Exception as exc:  # every failure reaches the consumer as the error it is
+        inbox.put(("error", exc))
+

@@ -1,0 +1,273 @@
+"""HTTP for the remote backend, on the standard library: JSON GETs, text GETs and a server-sent-events
+stream that another thread can stop at once.
+
+Every failure becomes a `RemoteError` with one line a user can act on: the server is not running, did
+not answer in time, refused the key, has no such model, answered with an HTTP error, or closed the
+stream early. Only http and https URLs are accepted; TLS certificates are verified unless the user
+turned that off for this server.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import threading
+from dataclasses import dataclass
+from typing import Iterator
+from urllib.parse import urlsplit
+
+from ..errors import ContextTooLongError, SpeculaError
+
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 120.0  # the longest silence inside a stream (a long prompt's prefill comes first)
+
+
+class RemoteError(SpeculaError):
+    """The server could not be reached or did not answer as an OpenAI-compatible server does."""
+
+
+class AuthError(RemoteError):
+    """The server refused the request's API key (HTTP 401 or 403)."""
+
+
+@dataclass(frozen=True)
+class Server:
+    """Where to reach an OpenAI-compatible server and how to talk to it."""
+
+    url: str  # the base URL, e.g. http://127.0.0.1:8011 (a trailing /v1 is allowed)
+    api_key: str | None = None
+    verify_tls: bool = True
+    timeout_s: float = READ_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "url", normalize_url(self.url))
+
+    @property
+    def root(self) -> str:
+        """The URL without the /v1 API prefix (where /metrics and /version live)."""
+        return self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
+
+    @property
+    def api(self) -> str:
+        return self.root + "/v1"
+
+
+def normalize_url(url: str) -> str:
+    """`url` checked and without a trailing slash; only http and https, with a host."""
+    text = (url or "").strip().rstrip("/")
+    if not text:
+        raise RemoteError("no server URL given: use e.g. http://127.0.0.1:8011")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https"):
+        raise RemoteError(f"server URL must start with http:// or https://, got '{text}'")
+    if not parts.hostname:
+        raise RemoteError(f"server URL has no host: '{text}'")
+    if parts.query or parts.fragment:
+        raise RemoteError(f"server URL must not have a query or fragment: '{text}'")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        raise RemoteError(f"server URL has a bad port: '{text}'") from None
+    return text
+
+
+def _connection(server: Server, url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(url)
+    path = parts.path or "/"
+    if parts.scheme == "https":
+        context = ssl.create_default_context()
+        if not server.verify_tls:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout, context=context), path
+    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), path
+
+
+def _headers(server: Server, body: bool) -> dict[str, str]:
+    headers = {"Accept": "application/json, text/event-stream", "User-Agent": "specula"}
+    if body:
+        headers["Content-Type"] = "application/json"
+    if server.api_key:
+        headers["Authorization"] = f"Bearer {server.api_key}"
+    return headers
+
+
+def _request(server: Server, method: str, url: str, payload: dict | None, timeout: float):
+    """Send a request; returns (connection, response) with a 2xx status, or raises RemoteError."""
+    conn, path = _connection(server, url, timeout)
+    body = json.dumps(payload).encode() if payload is not None else None
+    try:
+        conn.connect()
+        conn.sock.settimeout(timeout)
+        conn.request(method, path, body=body, headers=_headers(server, body is not None))
+        response = conn.getresponse()
+    except BaseException as exc:
+        conn.close()
+        raise _network_error(server, url, exc) from None
+    if not 200 <= response.status < 300:
+        try:
+            text = response.read(64 * 1024).decode("utf-8", "replace")
+        except (OSError, http.client.HTTPException):
+            text = ""
+        finally:
+            conn.close()
+        raise http_error(url, response.status, response.reason, text)
+    return conn, response
+
+
+def _network_error(server: Server, url: str, exc: BaseException) -> BaseException:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return RemoteError(f"the TLS certificate of {server.root} could not be verified ({exc.verify_message}); "
+                           "use a trusted certificate, or turn off verification for this server")
+    if isinstance(exc, ConnectionRefusedError):
+        return RemoteError(f"cannot reach the server at {server.root}: connection refused (is it running?)")
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return RemoteError(f"the server at {server.root} did not answer within {server.timeout_s:.0f} s")
+    if isinstance(exc, socket.gaierror):
+        return RemoteError(f"cannot find the server's host in {server.root} ({exc.strerror})")
+    if isinstance(exc, (OSError, http.client.HTTPException)):
+        detail = str(exc).strip() or type(exc).__name__
+        return RemoteError(f"cannot talk to the server at {server.root}: {detail}")
+    return exc
+
+
+def http_error(url: str, status: int, reason: str, body: str) -> RemoteError:
+    """A one-line error for a non-2xx answer, with the server's own message when it sent one."""
+    message = _error_message(body)
+    if status in (401, 403):
+        return AuthError(f"the server refused the API key (HTTP {status}{': ' + message if message else ''}); "
+                         "set the key's environment variable or store it in Settings")
+    if status == 400 and "context length" in message.lower():
+        return ContextTooLongError(f"the conversation does not fit in the server's context: {message}")
+    if status == 404 and "model" in message.lower():
+        return RemoteError(f"the server has no such model: {message}")
+    what = message or (body.strip().splitlines()[0][:200] if body.strip() else reason)
+    return RemoteError(f"the server answered HTTP {status} for {urlsplit(url).path}: {what}")
+
+
+def _error_message(body: str) -> str:
+    """The message in an OpenAI-style error body ({"error": {"message": ...}} or {"message": ...})."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ""
+    if isinstance(data, dict):
+        error = data.get("error", data)
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return " ".join(error["message"].split())[:300]
+        if isinstance(error, str):
+            return " ".join(error.split())[:300]
+        if isinstance(data.get("detail"), str):
+            return data["detail"][:300]
+    return ""
+
+
+def get_text(server: Server, path: str, timeout: float = CONNECT_TIMEOUT_S) -> str:
+    conn, response = _request(server, "GET", server.root + path, None, timeout)
+    try:
+        return response.read().decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException) as exc:
+        raise _network_error(server, server.root + path, exc) from None
+    finally:
+        conn.close()
+
+
+def get_json(server: Server, path: str, timeout: float = CONNECT_TIMEOUT_S):
+    text = get_text(server, path, timeout)
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise RemoteError(f"the server's answer to {path} is not JSON (is {server.root} an OpenAI-compatible "
+                          "server?)") from None
+
+
+class EventStream:
+    """The `data:` payloads of a server-sent-events response, parsed as JSON, until `[DONE]`.
+
+    `close()` may be called from any thread: it shuts the socket down, so a read that waits for the
+    server returns at once and iteration ends quietly (`closed` is then true).
+    """
+
+    def __init__(self, server: Server, path: str, payload: dict) -> None:
+        self.server = server
+        self.closed = False
+        self.done = False  # the server sent [DONE]
+        self._lock = threading.Lock()
+        self._conn, self._response = _request(server, "POST", server.api + path, payload, server.timeout_s)
+        self._sock = self._conn.sock
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        try:
+            if self._sock is not None:
+                self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed by the server
+        self._conn.close()
+
+    def __iter__(self) -> Iterator[dict]:
+        try:
+            yield from self._events()
+        finally:
+            self.close()
+
+    def _events(self) -> Iterator[dict]:
+        data: list[str] = []
+        while True:
+            try:
+                raw = self._response.readline()
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                if self.closed:
+                    return
+                if isinstance(exc, (socket.timeout, TimeoutError)):
+                    raise RemoteError(f"the server at {self.server.root} sent nothing for "
+                                      f"{self.server.timeout_s:.0f} s") from None
+                raise RemoteError(f"the connection to the server broke during the answer ({_first(exc)})") from None
+            if self.closed:
+                return
+            if not raw:  # end of the response
+                if data:
+                    yield parse_event("\n".join(data))
+                if not self.done:
+                    raise RemoteError("the server closed the stream before the answer ended")
+                return
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if line == "":
+                if data:
+                    payload = "\n".join(data)
+                    data = []
+                    if payload.strip() == "[DONE]":
+                        self.done = True
+                        return
+                    event = parse_event(payload)
+                    if any(isinstance(c, dict) and c.get("finish_reason") for c in event.get("choices") or ()):
+                        self.done = True  # the answer is complete even if no [DONE] follows
+                    yield event
+                continue
+            if line.startswith(":"):
+                continue  # a comment (keep-alive)
+            field, _, value = line.partition(":")
+            if field == "data":
+                data.append(value[1:] if value.startswith(" ") else value)
+
+
+def parse_event(payload: str) -> dict:
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        raise RemoteError(f"the server sent a malformed stream event: {payload[:120]!r}") from None
+    if not isinstance(event, dict):
+        raise RemoteError(f"the server sent a malformed stream event: {payload[:120]!r}")
+    if "error" in event and not event.get("choices"):
+        raise RemoteError(f"the server reported an error during the answer: {_error_message(json.dumps(event))}")
+    return event
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
