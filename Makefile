@@ -27,7 +27,7 @@ chat: setup
 	$(VENV)/bin/specula chat
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs
 
 # vLLM (CPU) serving the bundled model with n-gram speculation, for the remote backend:
 #   make vllm-server [PORT=8011] [SPEC=none for a plain baseline server]

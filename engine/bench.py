@@ -47,12 +47,13 @@ class Run:
 
 class Bench:
     def __init__(self, session: Session, config: DecodeConfig, chat: bool, k: int | None = None,
-                 options: tuple = ()) -> None:
+                 options: tuple = (), remotes: dict | None = None) -> None:
         self.session = session
         self.config = config
         self.chat = chat
         self.k = k  # None: each strategy's own default draft length
         self.options = options  # strategy options, e.g. (("head", DIR),)
+        self.remotes = remotes or {}  # peer name -> a connected remote.backend.RemoteBackend
 
     def config_for(self, strategy: str) -> DecodeConfig:
         return replace(self.config, k=default_k(strategy) if self.k is None else self.k)
@@ -60,12 +61,19 @@ class Bench:
     def run_strategy(self, name: str, item: PromptItem) -> Run:
         strategy, flags = split_variant(name)
         options = self.options + tuple((flag, 1) for flag in flags)
+        return self._run_turns(self.session, strategy, options, item)
+
+    def run_remote(self, name: str, item: PromptItem) -> Run:
+        """A server peer: the same prompts through its chat API (its own speculation, its counters)."""
+        return self._run_turns(self.remotes[name], "server", (), item)
+
+    def _run_turns(self, backend, strategy: str, options: tuple, item: PromptItem) -> Run:
         history: tuple[Message, ...] = ()
         run = Run((), 0, 0.0)
         for turn, text in enumerate(item.turns):
             messages = conversation(text, None, history)
             request = GenerateRequest(messages, strategy, self.config_for(strategy), self.chat, options)
-            events = list(self.session.generate(request))
+            events = list(backend.generate(request))
             f = [e for e in events if isinstance(e, Finished)][0]
             run.steps += [{"turn": turn, "step": e.step, "context": e.context_len, "k": e.k, "drafted": e.drafted,
                            "accepted": e.accepted, "new_tokens": len(e.tokens),
@@ -112,7 +120,31 @@ class Bench:
         return run
 
     def run(self, name: str, item: PromptItem) -> Run:
+        if name in self.remotes:
+            return self.run_remote(name, item)
         return self.run_peer(name, item) if name in PEERS else self.run_strategy(name, item)
+
+
+def parse_peers(text: str) -> tuple[list[str], dict[str, str]]:
+    """'hf,vllm=http://h:8011,vllm-plain=http://h:8012' -> (['hf'], {'vllm': URL, 'vllm-plain': URL}):
+    transformers peers by name, servers as NAME=URL."""
+    local, remote = [], {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, url = part.partition("=")
+        name = name.strip()
+        if sep:
+            if not name or not url.strip():
+                raise SpeculaError(f"peer '{part}': write a server peer as NAME=URL, e.g. vllm=http://127.0.0.1:8011")
+            if name in PEERS or name in remote:
+                raise SpeculaError(f"peer name '{name}' is taken: choose another name for {url.strip()}")
+            remote[name] = url.strip()
+        elif name in PEERS:
+            local.append(name)
+        else:
+            raise SpeculaError(f"unknown peer '{name}': choose from {', '.join(PEERS)}, or NAME=URL for a server")
+    return local, remote
 
 
 def split_variant(name: str) -> tuple[str, tuple[str, ...]]:
@@ -141,8 +173,9 @@ def select(items: list[PromptItem], categories: list[str] | None, limit: int | N
 
 
 def run_bench(session: Session, items: list[PromptItem], names: list[str], config: DecodeConfig,
-              chat: bool, repeat: int, k: int | None = None, options: tuple = ()) -> dict[str, list[tuple[PromptItem, Run]]]:
-    bench = Bench(session, config, chat, k, options)
+              chat: bool, repeat: int, k: int | None = None, options: tuple = (),
+              remotes: dict | None = None) -> dict[str, list[tuple[PromptItem, Run]]]:
+    bench = Bench(session, config, chat, k, options, remotes)
     warm = PromptItem(("Say hello.",), "warm-up", "warm-up")
     for name in names:
         bench.run(name, warm)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .bench import PEERS, load_items, run_bench, split_variant
+from .bench import load_items, parse_peers, run_bench, split_variant
 from .bench_report import public_json, summarize, to_markdown, write_out
 from .decoder import DecodeConfig
 from .drafters import DRAFTERS, default_k
@@ -16,13 +16,12 @@ from .session import LoadRequest, Session
 
 def run_bench_cmd(args) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    peers, servers = parse_peers(args.peers)
     for name in strategies:
         if split_variant(name)[0] not in DRAFTERS:
             raise SpeculaError(f"unknown strategy '{name}': choose from {', '.join(DRAFTERS)} (a variant: eagle+tree)")
-    for name in peers:
-        if name not in PEERS:
-            raise SpeculaError(f"unknown peer '{name}': choose from {', '.join(PEERS)}")
+    if servers and args.no_chat:
+        raise SpeculaError("server peers speak chat: drop --no-chat")
     if args.repeat < 1:
         raise SpeculaError(f"--repeat must be at least 1, got {args.repeat}")
     if args.temperature != 0:
@@ -30,13 +29,17 @@ def run_bench_cmd(args) -> int:
     config = DecodeConfig(k=4 if args.k is None else args.k, adaptive_k=args.adaptive_k, max_new_tokens=args.max_new_tokens,
                           params=SamplingParams(), seed=0)
     items = load_items(args.prompts, args.categories, args.limit_per_category)
-    names = strategies + peers
+    names = strategies + peers + list(servers)
+    remotes = connect_servers(servers, args.api_key_env or "", not args.insecure)
     session = Session()
     spec = ModelSpec(args.model, args.device, args.dtype)
     loaded = session.load(LoadRequest(spec, args.draft_model, measure_baseline=False))
     options = (("head", args.head),) if args.head else ()
-    results = run_bench(session, items, names, config, chat=not args.no_chat, repeat=args.repeat, k=args.k, options=options)
-    summary = summarize(results, loaded.target, loaded.device, loaded.dtype, args.max_new_tokens)
+    results = run_bench(session, items, names, config, chat=not args.no_chat, repeat=args.repeat, k=args.k,
+                        options=options, remotes=remotes)
+    summary = summarize(results, loaded.target, loaded.device, loaded.dtype, args.max_new_tokens, set(servers))
+    for name, backend in remotes.items():
+        summary.setdefault("servers", {})[name] = backend.describe().device
     summary["k"] = {name: default_k(split_variant(name)[0]) if args.k is None else args.k for name in strategies}
     if args.out:
         write_out(args.out, summary, results)
@@ -45,3 +48,15 @@ def run_bench_cmd(args) -> int:
     else:
         print(to_markdown(summary))
     return 0
+
+
+def connect_servers(servers: dict[str, str], api_key_env: str, verify_tls: bool) -> dict:
+    """Each server peer connected (before any model loads, so a wrong URL fails at once)."""
+    from .remote.backend import RemoteBackend, RemoteLoadRequest
+
+    remotes = {}
+    for name, url in servers.items():
+        backend = RemoteBackend()
+        backend.load(RemoteLoadRequest(url, api_key_env=api_key_env, verify_tls=verify_tls))
+        remotes[name] = backend
+    return remotes

@@ -90,7 +90,8 @@ def spec_bench_view(results: dict[str, list]) -> dict:
     return view
 
 
-def summarize(results: dict[str, list], model: str, device: str, dtype: str, max_new_tokens: int) -> dict:
+def summarize(results: dict[str, list], model: str, device: str, dtype: str, max_new_tokens: int,
+              servers: set[str] = frozenset()) -> dict:
     base_all = results.get("none")
     hf_all = results.get("hf")
     rows = []
@@ -116,7 +117,7 @@ def summarize(results: dict[str, list], model: str, device: str, dtype: str, max
             "per_position_acceptance": whole["per_position_acceptance"],
             "accepted_length_histogram": length_histogram([r for _, r in pairs]),
             "identical": whole["identical"],
-            "kind": "peer" if name in PEERS else "strategy",
+            "kind": "server" if name in servers else "peer" if name in PEERS else "strategy",
         }
     return {"model": model, "device": device, "dtype": dtype, "max_new_tokens": max_new_tokens,
             "rows": rows, "overall": overall, "spec_bench": spec_bench_view(results)}
@@ -131,6 +132,9 @@ def to_markdown(summary: dict) -> str:
             f"max new tokens {summary['max_new_tokens']}")
     if summary.get("k"):
         head += " | longest draft k: " + ", ".join(f"{n} {k}" for n, k in summary["k"].items() if n != "none")
+    for name, where in summary.get("servers", {}).items():
+        head += (f"\n\nServer peer {name}: {where}. Its acceptance comes from the server's spec-decode counters; "
+                 "its identity is against this process's `none`, which runs another build of the model")
     head += "\n\n"
     lines = ["| strategy | category | n | speedup vs none | vs hf | tokens/s | accepted length | acceptance | identical |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -82,7 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--categories", default=None, help="comma-separated categories to keep")
     b.add_argument("--limit-per-category", type=int, default=None)
     b.add_argument("--strategies", default="none,prompt-lookup", help="comma-separated strategy names")
-    b.add_argument("--peers", default="", help="comma-separated: hf, hf-prompt-lookup, hf-assisted")
+    b.add_argument("--peers", default="",
+                   help="comma-separated: hf, hf-prompt-lookup, hf-assisted, and servers as NAME=URL "
+                        "(e.g. vllm=http://127.0.0.1:8011,vllm-plain=http://127.0.0.1:8012)")
+    b.add_argument("--api-key-env", default=None, help="server peers: the environment variable holding the API key")
+    b.add_argument("--insecure", action="store_true", help="server peers: do not verify TLS certificates")
     b.add_argument("--max-new-tokens", type=int, default=96)
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--k", type=int, default=None, help="longest draft for every strategy; default: each strategy's own")

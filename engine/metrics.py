@@ -92,11 +92,21 @@ class LiveMetrics:
             self.decode_start_s = step.elapsed_s
             self.decode_start_len = step.context_len + len(step.tokens)
             return
+        if step.inferred:  # a remote server's step: its length is known, its draft only from the counters
+            self.accepted_lengths.append(step.accepted)
+            return
         self.drafted += step.drafted
         self.accepted += step.accepted
         if step.drafted:
             self.accepted_lengths.append(step.accepted)
         count_step(self.position_drafted, self.position_accepted, step.drafted, step.accepted)
+
+    def add_server(self, stats) -> None:
+        """A remote server's counters since the request started (events.ServerStats): they replace the
+        drafted/accepted figures, which the stream itself does not carry."""
+        self.drafted, self.accepted = stats.draft_tokens, stats.accepted
+        self.position_accepted = list(stats.position_accepted)
+        self.position_drafted = [stats.drafts for _ in stats.position_accepted]
 
     @property
     def acceptance_rate(self) -> float | None:

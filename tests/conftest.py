@@ -50,3 +50,17 @@ def other_vocab_folder(tmp_path_factory, tiny_folder):
     tok.add_tokens(["<extra_one>", "<extra_two>"])
     tok.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """A real vLLM server with n-gram speculation serving the bundled model (see tests/vllm_server.py);
+    the test is skipped, with the reason, where one cannot be set up."""
+    from tests.vllm_server import Unavailable, start_server
+
+    try:
+        server = start_server("ngram", tmp_path_factory.mktemp("vllm"))
+    except Unavailable as exc:
+        pytest.skip(f"no vLLM server: {exc}")
+    yield server
+    server.kill()

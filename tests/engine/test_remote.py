@@ -1,0 +1,297 @@
+"""The remote backend without a real server: recorded vLLM output (metrics page, streamed chunks) and a
+scripted fake server for errors, stops and dropped connections. test_remote_vllm.py runs a real one."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from engine.decoder import DecodeConfig
+from engine.errors import ContextTooLongError
+from engine.events import Failed, Finished, Loaded, Origin, ServerStats, Started, Step
+from engine.metrics import LiveMetrics
+from engine.prompts import Message
+from engine.remote.backend import RemoteBackend, RemoteLoadRequest, probe, server_for
+from engine.remote.chunks import ChunkReader, chunk_tokens, reconcile
+from engine.remote.http import AuthError, RemoteError, Server, http_error, normalize_url, parse_event
+from engine.remote.keys import resolve_api_key
+from engine.remote.telemetry import SpecCounters, parse_metrics
+from engine.session import GenerateRequest
+from tests.engine.fake_server import FakeServer
+
+DATA = Path(__file__).parent / "data"
+ASK = GenerateRequest((Message("user", "hi"),), config=DecodeConfig(max_new_tokens=50))
+
+
+def connect(fake: FakeServer, **kwargs) -> RemoteBackend:
+    backend = RemoteBackend()
+    backend.load(RemoteLoadRequest(fake.url, **kwargs))
+    return backend
+
+
+def recorded_events() -> list[dict]:
+    lines = (DATA / "vllm_stream.txt").read_text().splitlines()
+    payloads = [line[len("data: "):] for line in lines if line.startswith("data: ")]
+    assert payloads[-1] == "[DONE]"
+    return [parse_event(p) for p in payloads[:-1]]
+
+
+# -- recorded vLLM output ---------------------------------------------------------------------------------
+def test_metrics_parser_reads_the_recorded_vllm_page():
+    counters = parse_metrics((DATA / "vllm_metrics.txt").read_text())
+    assert counters == SpecCounters(38.0, 190.0, 50.0, (20.0, 8.0, 8.0, 7.0, 7.0))
+    assert counters.acceptance_rate == pytest.approx(50 / 190)
+    assert counters.mean_accepted_length == pytest.approx(1 + 50 / 38)
+    assert counters.position_rates[0] == pytest.approx(20 / 38)
+    assert parse_metrics((DATA / "vllm_metrics.txt").read_text(), model="another-model") is None
+
+
+def test_metrics_without_spec_decode_counters_say_none():
+    assert parse_metrics("# HELP vllm:num_requests_running x\nvllm:num_requests_running 0.0\n") is None
+
+
+def test_counter_differences_are_what_happened_in_between():
+    before = SpecCounters(2, 10, 4, (2, 1, 1))
+    after = SpecCounters(5, 25, 13, (5, 4, 2, 2))
+    assert after - before == SpecCounters(3, 15, 9, (3, 3, 1, 2))
+
+
+def test_recorded_stream_splits_into_tokens_that_rebuild_the_text():
+    reader = ChunkReader()
+    chunks = [c for c in (reader.read(e) for e in recorded_events()) if c is not None]
+    content = "".join(c.content for c in chunks)
+    steps = [chunk_tokens(c, n, inferred=True) for n, c in enumerate(chunks) if c.ids]
+    assert "".join(t.text for step in steps for t in step) == content
+    assert sum(len(c.ids) for c in chunks) == sum(len(step) for step in steps)
+    multi = [step for step in steps if len(step) > 1]
+    assert multi, "the recorded answer copies its prompt: some steps accepted drafts"
+    for step in steps:
+        assert step[0].origin == Origin.TARGET
+        assert all(t.origin == Origin.DRAFT and t.draft_pos == i for i, t in enumerate(step[1:]))
+    assert chunks[0].usage["prompt_tokens"] > 0
+
+
+def test_a_character_split_across_tokens_is_never_broken():
+    reader = ChunkReader()
+    raw = "Grüße".encode()
+    u = raw.index("ü".encode())
+    pieces = [raw[:u + 1], raw[u + 1:]]  # the ü's two bytes in two tokens
+    event = {"choices": [{"delta": {"content": "Grüße"}, "token_ids": [1, 2],
+                          "logprobs": {"content": [{"token": "x", "bytes": list(p)} for p in pieces]}}]}
+    chunk = reader.read(event)
+    assert chunk.texts == ("Gr", "üße")
+
+
+def test_reconcile_blanks_tokens_the_text_leaves_out():
+    assert reconcile(["Hi", "<|im_end|>"], "Hi") == ("Hi", "")
+    assert reconcile(["a", "b"], "abc") == ("a", "bc")
+
+
+# -- URLs, errors, keys -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("url", ["", "ftp://host", "file:///etc/passwd", "http://", "http://h:port", "http://h/?q=1"])
+def test_only_plain_http_and_https_urls(url):
+    with pytest.raises(RemoteError):
+        normalize_url(url)
+
+
+def test_urls_keep_or_add_the_api_prefix():
+    assert Server("http://h:1/v1/").api == "http://h:1/v1"
+    assert Server("https://h").api == "https://h/v1"
+    assert Server("http://h:1/v1").root == "http://h:1"
+
+
+def test_http_errors_become_one_line_messages():
+    assert isinstance(http_error("/x", 401, "Unauthorized", ""), AuthError)
+    too_long = http_error("/v1/chat/completions", 400, "Bad Request",
+                          json.dumps({"error": {"message": "This model's maximum context length is 2048 tokens."}}))
+    assert isinstance(too_long, ContextTooLongError)
+    broken = http_error("/v1/chat/completions", 500, "Internal Server Error",
+                        json.dumps({"error": {"message": "engine\ncrashed"}}))
+    assert str(broken) == "the server answered HTTP 500 for /v1/chat/completions: engine crashed"
+
+
+def test_api_key_comes_from_the_named_variable(monkeypatch):
+    monkeypatch.setenv("SPECULA_TEST_KEY", "sk-123")
+    assert resolve_api_key("http://h:1", "SPECULA_TEST_KEY") == "sk-123"
+    monkeypatch.delenv("SPECULA_TEST_KEY")
+    with pytest.raises(RemoteError, match="SPECULA_TEST_KEY is not set"):
+        resolve_api_key("http://h:1", "SPECULA_TEST_KEY")
+    with pytest.raises(RemoteError, match="not an environment variable name"):
+        resolve_api_key("http://h:1", "MY-KEY")
+
+
+def test_a_server_that_wants_a_key_refuses_without_one_and_answers_with_it(monkeypatch):
+    with FakeServer(api_key="sk-good") as fake:
+        with pytest.raises(AuthError, match="refused the API key"):
+            connect(fake, use_keyring=False)
+        monkeypatch.setenv("SPECULA_TEST_KEY", "sk-good")
+        backend = connect(fake, api_key_env="SPECULA_TEST_KEY")
+        events = list(backend.generate(ASK))
+    assert events[-1].text == "Hello there!"
+
+
+def test_connection_refused_is_a_clear_message():
+    with FakeServer() as fake:
+        url = fake.url
+    with pytest.raises(RemoteError, match="connection refused"):
+        probe(server_for(url, use_keyring=False))
+
+
+def test_a_missing_model_names_the_ones_served():
+    with FakeServer() as fake:
+        with pytest.raises(RemoteError, match="no model 'other'; it serves: fake-model"):
+            connect(fake, model="other")
+
+
+# -- streaming through the fake server ---------------------------------------------------------------------------
+def test_a_streamed_answer_becomes_engine_events():
+    with FakeServer(steps=[["Hel", "lo"], [" wor", "ld", "!"], [" ok"]], delay_s=0.3) as fake:
+        backend = connect(fake)
+        events = list(backend.generate(ASK, request_id=5))
+        body = fake.requests[-1]
+    assert body["stream"] and body["return_token_ids"] and body["logprobs"] and body["model"] == "fake-model"
+    assert body["messages"] == [{"role": "user", "content": "hi"}]
+    assert isinstance(events[0], Started) and events[0].prompt_tokens == 7
+    steps = [e for e in events if isinstance(e, Step)]
+    assert [[t.text for t in s.tokens] for s in steps] == [["Hel", "lo"], [" wor", "ld", "!"], [" ok"]]
+    assert all(s.inferred and s.rejected == () for s in steps)
+    assert [s.accepted for s in steps] == [1, 2, 0]
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.reason == "eos"
+    assert finished.text == "Hello world! ok" and finished.token_ids == tuple(range(100, 106))
+    stats = [e for e in events if isinstance(e, ServerStats)]
+    assert stats and stats[-1].drafts == 3 and stats[-1].accepted == 3  # the fake booked 2+3+1 tokens
+    assert finished.totals.accepted == 3 and finished.totals.drafted == 12
+    assert finished.totals.accepted_lengths == (2, 0)
+    assert finished.speedup is None  # no baseline server: no speedup is invented
+
+
+def test_live_metrics_take_acceptance_from_the_server_counters():
+    with FakeServer(steps=[["a"], ["b", "c"], ["d", "e", "f"]]) as fake:
+        events = list(connect(fake).generate(ASK))
+    live = LiveMetrics()
+    for event in events:
+        if isinstance(event, Step):
+            live.add(event)
+        elif isinstance(event, ServerStats):
+            live.add_server(event)
+    assert live.new_tokens == 6 and live.forwards == 3
+    assert live.acceptance_rate == pytest.approx(3 / 12)
+    assert live.accepted_lengths == [1, 2]
+    assert live.per_position[:2] == [pytest.approx(2 / 3), pytest.approx(1 / 3)]
+
+
+def test_a_server_without_counters_gets_no_inferred_colours():
+    with FakeServer(steps=[["a", "b"], ["c"]], vllm=False) as fake:
+        backend = connect(fake)
+        events = list(backend.generate(ASK))
+        body = fake.requests[-1]
+    assert "return_token_ids" not in body and "logprobs" not in body
+    steps = [e for e in events if isinstance(e, Step)]
+    assert all(not s.inferred and all(t.origin == Origin.TARGET for t in s.tokens) for s in steps)
+    assert not any(isinstance(e, ServerStats) for e in events)
+    assert events[-1].text == "abc"
+    assert "no speculative decoding counters" in backend.describe().notes[0]
+
+
+def test_stop_closes_the_stream_at_once():
+    stop = threading.Event()
+    with FakeServer(steps=[["a"], ["b"], ["c"], ["d"]], stall_after=2) as fake:
+        backend = connect(fake)
+        seen = []
+        for event in backend.generate(ASK, should_stop=stop.is_set):
+            seen.append(event)
+            if isinstance(event, Step) and event.step == 1:
+                stop.set()  # the server now stalls: only closing the stream ends the wait
+        assert isinstance(seen[-1], Finished) and seen[-1].reason == "cancelled"
+        assert seen[-1].text == "ab"
+        fake.released.set()
+        assert list(backend.generate(ASK))[-1].text == "abcd"  # the next request works
+
+
+def test_a_server_dying_mid_answer_is_an_error_after_the_tokens_it_sent():
+    with FakeServer(steps=[["a"], ["b"], ["c"]], die_after=2) as fake:
+        backend = connect(fake)
+        seen = []
+        with pytest.raises(RemoteError, match="before the answer ended|broke"):
+            for event in backend.generate(ASK):
+                seen.append(event)
+    assert "".join(t.text for e in seen if isinstance(e, Step) for t in e.tokens) == "ab"
+
+
+def test_a_malformed_stream_is_reported():
+    with FakeServer(steps=[["a"], ["b"]], malformed_after=1) as fake:
+        with pytest.raises(RemoteError, match="malformed stream"):
+            list(connect(fake).generate(ASK))
+
+
+def test_http_errors_during_a_request_are_reported():
+    with FakeServer(status=400, error_body=json.dumps({"error": {"message": "maximum context length is 2048"}})) as fake:
+        with pytest.raises(ContextTooLongError):
+            list(connect(fake).generate(ASK))
+    with FakeServer(status=503) as fake:
+        with pytest.raises(RemoteError, match="HTTP 503.*scripted failure"):
+            list(connect(fake).generate(ASK))
+
+
+def test_a_baseline_server_gives_a_measured_speedup():
+    with FakeServer(steps=[["x"]] * 8, delay_s=0.02) as plain, FakeServer(steps=[["a", "b"]] * 4) as fast:
+        backend = connect(fast, baseline_server=plain.url)
+        assert backend.baseline is not None and backend.baseline.a > 0.01
+        assert plain.requests[-1]["ignore_eos"] is True
+        finished = list(backend.generate(ASK))[-1]
+    assert finished.speedup is not None and finished.speedup > 0
+    assert any("Speedup is against" in note for note in backend.describe().notes)
+
+
+# -- through the runner ----------------------------------------------------------------------------------
+def test_the_runner_switches_backends_and_keeps_the_old_one_when_a_connect_fails():
+    from engine.runner import Runner
+    from engine.session import Session, TrainRequest
+    from tests.engine.test_runner import FakeTokenizer
+    from tests.engine.tiny import loaded, tiny_model
+
+    session = Session()
+    target = loaded(tiny_model(vocab=64, seed=2))
+    target.tokenizer = FakeTokenizer()
+    session.use(target)
+    runner = Runner(session=session).start()
+    try:
+        def wait(rid):
+            events = []
+            while True:
+                event = runner.events.get(timeout=60)
+                events.append(event)
+                if event.request_id == rid and isinstance(event, (Loaded, Failed, Finished)):
+                    return events
+
+        assert session.describe().backend == "local"
+        failed = wait(runner.submit(RemoteLoadRequest("http://127.0.0.1:9")))[-1]
+        assert isinstance(failed, Failed) and "cannot reach" in failed.message
+        assert runner.backend is runner.session  # still the local engine
+        with FakeServer() as fake:
+            loaded = wait(runner.submit(RemoteLoadRequest(fake.url)))[-1]
+            assert loaded.backend == "remote" and loaded.strategies == ("server",)
+            assert wait(runner.submit(ASK))[-1].text == "Hello there!"
+            refused = wait(runner.submit(TrainRequest()))[-1]
+            assert isinstance(refused, Failed) and "needs a local model" in refused.message
+    finally:
+        runner.stop()
+
+
+# -- command line ------------------------------------------------------------------------------------------
+def test_generate_with_the_remote_backend(capsys):
+    from engine.cli import main
+
+    with FakeServer(steps=[["Hel", "lo"], ["!"]]) as fake:
+        assert main(["generate", "--backend", "remote", "--server", fake.url, "--prompt", "hi"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "Hello!"
+    assert "acceptance" in err and "server-wide counters" in err
+    assert main(["generate", "--backend", "remote", "--prompt", "hi"]) == 2
+    assert "needs --server" in capsys.readouterr().err
+    assert main(["generate", "--backend", "remote", "--server", "ftp://x", "--prompt", "hi"]) == 2
+    assert "http:// or https://" in capsys.readouterr().err

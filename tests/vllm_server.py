@@ -1,0 +1,94 @@
+"""A real vLLM (CPU) server for the remote backend's integration tests, run as `make vllm-server` runs it.
+
+`start_server(spec)` sets up the server's environment when it is missing (a few minutes, once), starts
+`scripts/vllm-server.sh` on a free loopback port and waits until it answers. Where that is impossible
+(no package index, an unsupported machine), it raises `Unavailable` with the reason, and the tests skip
+with that reason printed (pytest -rs), never passing silently.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUP_TIMEOUT_S = 900
+START_TIMEOUT_S = 420
+
+
+class Unavailable(Exception):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = 6) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+def setup(log: Path) -> None:
+    if os.environ.get("SPECULA_SKIP_VLLM"):
+        raise Unavailable("SPECULA_SKIP_VLLM is set")
+    with open(log, "wb") as out:
+        try:
+            done = subprocess.run(["sh", "scripts/vllm-server.sh", "--setup"], cwd=ROOT, stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=SETUP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise Unavailable(f"setting up vLLM took over {SETUP_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        raise Unavailable(f"setting up vLLM failed: {_tail(log)}")
+
+
+class ServerProcess:
+    def __init__(self, spec: str, log: Path) -> None:
+        self.spec, self.log = spec, log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PORT": str(self.port), "SPEC": spec}
+        self._out = open(log, "wb")
+        self.proc = subprocess.Popen(["sh", "scripts/vllm-server.sh"], cwd=ROOT, env=env, stdout=self._out,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise Unavailable(f"vLLM exited while starting: {_tail(self.log)}")
+            try:
+                with urllib.request.urlopen(self.url + "/v1/models", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(1.0)
+        self.kill()
+        raise Unavailable(f"vLLM did not answer within {START_TIMEOUT_S} s: {_tail(self.log)}")
+
+    def kill(self) -> None:
+        """Kill the server and its engine processes at once (as a crash would)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+        self._out.close()
+
+
+def start_server(spec: str, log_dir: Path) -> ServerProcess:
+    setup(log_dir / "vllm-setup.log")
+    server = ServerProcess(spec, log_dir / f"vllm-{spec}.log")
+    server.wait_ready()
+    return server
