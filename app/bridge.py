@@ -19,15 +19,37 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ModelChoice:
-    """What to load, in the app's terms; becomes an engine LoadRequest where the engine is imported."""
+    """What to load, in the app's terms; becomes an engine LoadRequest (local) or RemoteLoadRequest
+    (a server) where the engine is imported."""
 
     source: str = "bundled"
     draft: str = ""  # empty: no draft model
     device: str = "auto"
     dtype: str = "auto"
     measure_baseline: bool = True
+    backend: str = "local"  # or "remote": connect to server_url instead of loading a model
+    server_url: str = ""
+    server_model: str = ""  # empty: the server's first model
+    api_key_env: str = ""
+    baseline_url: str = ""
+    verify_tls: bool = True
+
+    @classmethod
+    def from_settings(cls, s) -> "ModelChoice":
+        return cls(s.model_source, s.draft_source, s.device, s.dtype, backend=s.backend, server_url=s.server_url,
+                   server_model=s.server_model, api_key_env=s.api_key_env, baseline_url=s.baseline_url,
+                   verify_tls=s.verify_tls)
+
+    @property
+    def remote(self) -> bool:
+        return self.backend == "remote"
 
     def request(self):
+        if self.remote:
+            from engine.remote.backend import RemoteLoadRequest
+
+            return RemoteLoadRequest(self.server_url, self.server_model, self.api_key_env, self.baseline_url,
+                                     self.verify_tls)
         from engine.loading import ModelSpec
         from engine.session import LoadRequest
 

@@ -185,7 +185,7 @@ class ChatController(QObject):
 
     # -- events -------------------------------------------------------------------------------------
     def on_event(self, event) -> None:
-        """Started, Step, Finished or Failed of the current reply."""
+        """Started, Step, ServerStats (a server's counters), Finished or Failed of the current reply."""
         kind = type(event).__name__
         if kind == "Started":
             self.reply.started = True
@@ -197,6 +197,8 @@ class ChatController(QObject):
             self.reply.tokens.extend(records)
             self.view.append_tokens(records)
             self.plots.add_step(event)
+        elif kind == "ServerStats":
+            self.plots.add_server_stats(event)
         elif kind == "Finished":
             self._finish(event)
         elif kind == "Failed":

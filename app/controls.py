@@ -2,7 +2,8 @@
 
 Strategies come from the engine's registry once a model is loaded (the list is empty until then);
 ones the loaded model cannot use (e.g. `draft-model` without a draft model) are shown disabled. A
-change applies to the next message; nothing is reloaded.
+change applies to the next message; nothing is reloaded. Connected to a server, the strategy is the
+server's own ("server", the only entry) and k does not apply; the saved local strategy is kept.
 """
 
 from __future__ import annotations
@@ -16,11 +17,16 @@ from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QHBoxLayout,
 from .settings import K_LIMIT, MAX_NEW_TOKENS_LIMIT, Settings
 
 
+SERVER_TIP = ("The server's own speculative decoding: it is configured where the server is started "
+              "(e.g. vLLM's --speculative-config)")
+
+
 class Controls(QWidget):
     changed = Signal()  # the user changed a value
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
+        self.remote = False  # connected to a server: the strategy shown is "server", not a setting
         self.strategy = QComboBox()
         self.strategy.setMinimumContentsLength(13)
         self.strategy.setToolTip("How tokens are drafted (applies to the next message)")
@@ -65,7 +71,7 @@ class Controls(QWidget):
                 w.blockSignals(False)
 
     def applied_to(self, s: Settings) -> Settings:
-        strategy = self.strategy.currentData() or s.strategy
+        strategy = s.strategy if self.remote else self.strategy.currentData() or s.strategy
         return replace(s, strategy=strategy, k=self.k.value(), adaptive_k=self.adaptive.isChecked(),
                        temperature=round(self.temperature.value(), 2), max_new_tokens=self.max_tokens.value())
 
@@ -73,6 +79,7 @@ class Controls(QWidget):
         """Fill the combo from the registry (name -> StrategyInfo); returns the strategy now selected."""
         self.strategy.blockSignals(True)
         try:
+            self._set_remote(False)
             self.strategy.clear()
             model = self.strategy.model()
             for row, (name, info) in enumerate(infos.items()):
@@ -88,7 +95,26 @@ class Controls(QWidget):
             self.strategy.blockSignals(False)
         return self.strategy.currentData() or current
 
+    def set_server(self) -> None:
+        """A server is connected: its own speculation is the only strategy; k and adaptive k do not apply."""
+        self.strategy.blockSignals(True)
+        try:
+            self._set_remote(True)
+            self.strategy.clear()
+            self.strategy.addItem("server", "server")
+            self.strategy.setItemData(0, SERVER_TIP, Qt.ItemDataRole.ToolTipRole)
+            self.strategy.setCurrentIndex(0)
+        finally:
+            self.strategy.blockSignals(False)
+
+    def _set_remote(self, remote: bool) -> None:
+        self.remote = remote
+        for widget in (self.k, self.adaptive):
+            widget.setEnabled(not remote)
+
     def _select_strategy(self, name: str) -> None:
+        if self.remote:
+            return  # the combo shows "server"; the saved strategy waits for a local model
         index = self.strategy.findData(name)
         if index < 0:  # the registry is not loaded yet: show the saved choice alone
             self.strategy.addItem(name, name)

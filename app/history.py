@@ -1,6 +1,7 @@
 """Conversations on disk: one JSON file per conversation in `<data dir>/conversations/`.
 
-Each assistant turn keeps its tokens (text, origin, step, draft position, p, q) so a reopened
+Each assistant turn keeps its tokens (text, origin, step, draft position, p, q, and where known the
+token-tree branch and whether the origin was inferred from a server's stream) so a reopened
 conversation shows the same colours and ghost drafts. Writes are atomic; a file that cannot be read
 is set aside (`<id>.json.corrupt-<timestamp>`) with a notice and the others still load.
 """
@@ -27,18 +28,23 @@ class TokenRecord:
     p: float | None = None
     q: float | None = None
     branch: str | None = None  # a token-tree step: which branch the model kept
+    inferred: bool = False  # a server's token: its origin was inferred from the stream's chunks
 
     def to_list(self) -> list:
+        """Optional elements only when set, so older files and readers keep working."""
         row = [self.text, self.origin, self.step, self.draft_pos, self.p, self.q]
+        if self.inferred:
+            return row + [self.branch, True]
         return row + [self.branch] if self.branch is not None else row
 
     @classmethod
     def from_list(cls, row: list) -> "TokenRecord":
         text, origin, step, draft_pos, p, q, *rest = row
         branch = rest[0] if rest and isinstance(rest[0], str) else None
+        inferred = len(rest) > 1 and rest[1] is True
         if not isinstance(text, str) or not isinstance(origin, str):
             raise ValueError("a token needs a text and an origin")
-        return cls(text, origin, int(step), draft_pos, p, q, branch)
+        return cls(text, origin, int(step), draft_pos, p, q, branch, inferred)
 
 
 @dataclass(frozen=True)

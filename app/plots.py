@@ -3,6 +3,11 @@ measured plain-decoding speed, live speedup, the accepted-length histogram and p
 
 Slots only append to ring buffers and update `engine.metrics.LiveMetrics`; a 25 Hz timer pushes the
 buffers into the curves while a generation runs, so a burst of steps costs one redraw.
+
+Connected to a server, the stream does not say what was drafted: acceptance comes from the server's
+counters (`ServerStats`, a few a second), one point per reading over the interval since the previous one
+and a cumulative line; the accepted-length histogram comes from the stream's chunks. The backend's notes
+about these numbers show under the stats row.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ WARMUP = 3  # decode steps before rates are plotted: the first ones are mostly n
 LAYOUT = {"acceptance": (0, 0, 2), "tps": (1, 0, 2), "speedup": (2, 0, 2), "lengths": (3, 0, 1), "positions": (3, 1, 1)}
 TITLES = {
     "acceptance": "Acceptance <span style='color:{c.draft}'>● per step &nbsp;━ last {n} steps</span>",
+    "server_acceptance": "Acceptance, server counters <span style='color:{c.draft}'>● per reading &nbsp;"
+                         "━ since the start</span>",
     "tps": "Tokens/s <span style='color:{c.bonus}'>━ speculative</span> &nbsp;"
            "<span style='color:{c.muted}'>╍ plain decoding (measured)</span>",
     "speedup": "Speedup over plain decoding <span style='color:{c.muted}'>(┈ 1×)</span>",
@@ -41,7 +48,10 @@ class PlotsPanel(QWidget):
         self.series = {name: RingBuffer() for name in SERIES}
         self.metrics = None  # engine.metrics.LiveMetrics, created when a generation starts
         self.baseline = None  # engine.metrics.BaselineCost of the loaded model
+        self.remote = False  # the loaded backend is a server: acceptance comes from its counters
         self._recent: list[tuple[int, int]] = []  # (drafted, accepted) of the last ROLLING steps
+        self._last_step = 0  # the latest step's number: where a server reading is plotted
+        self._server_seen = (0, 0)  # (draft tokens, accepted) at the previous server reading
         self._dirty = False
         self._timer = QTimer(self)
         self._timer.setInterval(REFRESH_MS)
@@ -49,6 +59,11 @@ class PlotsPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
         layout.addLayout(self._build_stats())
+        self.notes = QLabel()
+        self.notes.setWordWrap(True)
+        self.notes.setStyleSheet("color: palette(placeholder-text); font-size: 8pt;")
+        self.notes.setVisible(False)
+        layout.addWidget(self.notes)
         self.graphics = pg.GraphicsLayoutWidget()
         layout.addWidget(self.graphics, 1)
         self._build_plots()
@@ -112,7 +127,8 @@ class PlotsPanel(QWidget):
         c = palette_for(dark)
         self.graphics.setBackground(base)
         for key, plot in self.plots.items():
-            plot.setTitle(f"<span style='color:{fg.name()}'>{TITLES[key].format(c=c, n=ROLLING)}</span>", size="9pt")
+            title = TITLES["server_acceptance" if key == "acceptance" and self.remote else key]
+            plot.setTitle(f"<span style='color:{fg.name()}'>{title.format(c=c, n=ROLLING)}</span>", size="9pt")
             for axis in ("left", "bottom"):
                 plot.getAxis(axis).setTextPen(fg)
                 plot.getAxis(axis).setPen(QColor(fg.red(), fg.green(), fg.blue(), 90))
@@ -132,8 +148,15 @@ class PlotsPanel(QWidget):
             self._apply_theme()
 
     # -- slots --------------------------------------------------------------------------------------
-    def set_baseline(self, baseline) -> None:
-        self.baseline = baseline
+    def set_model(self, loaded) -> None:
+        """A model was loaded or a server connected (engine.events.Loaded): its baseline, and for a server
+        the notes on where its numbers come from."""
+        self.baseline = loaded.baseline
+        self.remote = loaded.backend == "remote"
+        notes = " ".join(loaded.notes) if self.remote else ""
+        self.notes.setText(notes)
+        self.notes.setVisible(bool(notes))
+        self._apply_theme()
 
     def begin(self) -> None:
         """A generation starts: clear the plots."""
@@ -143,6 +166,8 @@ class PlotsPanel(QWidget):
         for buffer in self.series.values():
             buffer.clear()
         self._recent = []
+        self._last_step = 0
+        self._server_seen = (0, 0)
         self._dirty = True
         self._timer.start()
 
@@ -151,6 +176,7 @@ class PlotsPanel(QWidget):
             self.begin()
         m = self.metrics
         m.add(step)
+        self._last_step = step.step
         s = self.series
         if step.drafted:
             self._recent = (self._recent + [(step.drafted, step.accepted)])[-ROLLING:]
@@ -164,6 +190,23 @@ class PlotsPanel(QWidget):
         if m.speedup is not None and step.step >= WARMUP:
             s["speed_step"].append(step.step)
             s["speedup"].append(m.speedup)
+        self._dirty = True
+
+    def add_server_stats(self, stats) -> None:
+        """A server's counters since the reply started (engine.events.ServerStats): a point for the
+        acceptance over the interval since the previous reading (when drafts were counted in it) and
+        the cumulative acceptance; the per-position bars and the acceptance figure follow them."""
+        if self.metrics is None:
+            self.begin()
+        self.metrics.add_server(stats)
+        drafted, accepted = self._server_seen
+        new_drafted, new_accepted = stats.draft_tokens - drafted, stats.accepted - accepted
+        self._server_seen = (stats.draft_tokens, stats.accepted)
+        if new_drafted > 0 and stats.acceptance_rate is not None:
+            s = self.series
+            s["step"].append(self._last_step)
+            s["acceptance"].append(min(1.0, max(0.0, new_accepted / new_drafted)))
+            s["rolling"].append(stats.acceptance_rate)
         self._dirty = True
 
     def finish(self, finished=None) -> None:

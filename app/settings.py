@@ -5,7 +5,11 @@ defaults; the caller shows the notice. Out-of-range numbers are clamped, fields 
 back to their defaults, unknown keys are ignored. Window geometry lives in QSettings, not here.
 
 Versions: 1 had no strategy options; 2 adds `lookup_min_n`, `lookup_max_n` and `exit_layer` (None: the
-engine's default). `migrate` brings an older file's dict up to date before it is read, so old files load.
+engine's default); 3 adds the backend (local engine or remote server) and the server's details.
+`migrate` brings an older file's dict up to date before it is read, so old files load.
+
+An API key is never a setting: it comes from the environment variable named by `api_key_env` or from
+the OS keyring, so it is never written to this file.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from pathlib import Path
 
 from .storage import read_json, set_aside, write_json_atomic
 
-VERSION = 2
+VERSION = 3
+BACKENDS = ("local", "remote")
 FILE_NAME = "settings.json"
 K_LIMIT = 16  # the engine's adaptive bound (DecodeConfig.k_max)
 MAX_NEW_TOKENS_LIMIT = 32768
@@ -41,6 +46,17 @@ class Settings:
     lookup_min_n: int | None = None  # prompt lookup: shortest n-gram to match
     lookup_max_n: int | None = None  # prompt lookup: longest n-gram to match
     exit_layer: int | None = None  # layer skip: the layer the draft exits after
+    # the backend: "local" (this engine) or "remote" (an OpenAI-compatible server that speculates itself)
+    backend: str = "local"
+    server_url: str = ""
+    server_model: str = ""  # empty: the server's first model
+    api_key_env: str = ""  # the environment variable holding the key (empty: the OS keyring, else none)
+    baseline_url: str = ""  # the same model served without speculation, for a measured speedup
+    verify_tls: bool = True
+
+    @property
+    def remote(self) -> bool:
+        return self.backend == "remote"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,7 +91,14 @@ def _v1_to_v2(data: dict) -> dict:
     return {**data, "lookup_min_n": None, "lookup_max_n": None, "exit_layer": None, "version": 2}
 
 
-MIGRATIONS = {1: _v1_to_v2}  # version -> the step to the next version
+def _v2_to_v3(data: dict) -> dict:
+    """Version 3 added the remote backend; a version 2 file keeps the local engine."""
+    remote = {"backend": "local", "server_url": "", "server_model": "", "api_key_env": "", "baseline_url": "",
+              "verify_tls": True}
+    return {**remote, **data, "version": 3}
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3}  # version -> the step to the next version
 
 
 def migrate(data: dict) -> dict:
@@ -112,6 +135,11 @@ def clamp(s: Settings) -> Settings:
         top_k=max(s.top_k, 0),
         max_new_tokens=min(max(s.max_new_tokens, 1), MAX_NEW_TOKENS_LIMIT),
         model_source=s.model_source.strip() or "bundled",
+        backend=s.backend if s.backend in BACKENDS else "local",
+        server_url=s.server_url.strip(),
+        server_model=s.server_model.strip(),
+        api_key_env=s.api_key_env.strip(),
+        baseline_url=s.baseline_url.strip(),
         **_clamped_options(s),
     )
 

@@ -1,18 +1,24 @@
-"""The Settings dialog: the model and draft model to load, device and dtype, the system prompt, the
-sampling details that are not in the toolbar (top-p, top-k, seed) and the strategies' options (prompt
-lookup's n-gram lengths, layer skip's exit layer; "default" leaves them to the engine)."""
+"""The Settings dialog: the backend (this engine or a remote server), the model and draft model to load,
+device and dtype, the system prompt, the sampling details that are not in the toolbar (top-p, top-k,
+seed), the strategies' options (prompt lookup's n-gram lengths, layer skip's exit layer; "default" leaves
+them to the engine) and the remote server's details (`remote_settings.py`). The fields of the backend
+not chosen are disabled."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
-                               QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout,
-                               QWidget)
+                               QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox,
+                               QVBoxLayout, QWidget)
 
+from .remote_settings import RemoteSection
 from .settings import Settings
 
 MODEL_HINT = "bundled, a Hugging Face Hub id (org/name), a local folder or a .gguf file"
+BACKENDS = (("Local engine", "local"), ("Remote server", "remote"))
+LOCAL_KEYS = ("model_source", "draft_source", "device", "dtype")
+REMOTE_KEYS = ("server_url", "server_model", "api_key_env", "baseline_url", "verify_tls")
 
 
 class SettingsDialog(QDialog):
@@ -23,6 +29,13 @@ class SettingsDialog(QDialog):
         self._settings = settings
         from engine.paths import DEVICE_NAMES, DTYPE_NAMES  # torch-free: the dialog may open before a model loads
 
+        self.backend = QComboBox()
+        for text, value in BACKENDS:
+            self.backend.addItem(text, value)
+        self.backend.setCurrentIndex(max(0, self.backend.findData(settings.backend)))
+        self.backend.setToolTip("Run models in this app, or chat through an OpenAI-compatible server (e.g. vLLM) "
+                                "that does its own speculative decoding")
+        self.remote = RemoteSection(settings)
         self.model = QLineEdit(settings.model_source)
         self.model.setPlaceholderText(MODEL_HINT)
         self.draft = QLineEdit(settings.draft_source)
@@ -40,21 +53,26 @@ class SettingsDialog(QDialog):
         self.max_n = _option_spin(settings.lookup_max_n, 16, "Longest n-gram prompt lookup matches (default 16)")
         self.exit_layer = _option_spin(settings.exit_layer, 256, "Layer skip drafts with the layers up to this "
                                        "one (default: half the model's layers)")
+        model_row, draft_row = _with_browse(self.model, self), _with_browse(self.draft, self)
+        self.local_fields = (model_row, draft_row, self.device, self.dtype, self.min_n, self.max_n, self.exit_layer)
         form = QFormLayout()
-        form.addRow("Model", _with_browse(self.model, self))
-        form.addRow("Draft model", _with_browse(self.draft, self))
-        form.addRow("Device", self.device)
-        form.addRow("Precision", self.dtype)
+        form.addRow("Backend", self.backend)
         form.addRow("System prompt", self.system)
         form.addRow("Top-p", self.top_p)
         form.addRow("Top-k", self.top_k)
         form.addRow("Seed", self.seed)
-        form.addRow(_section("Strategy options"))
+        form.addRow(_section("Local engine"))
+        form.addRow("Model", model_row)
+        form.addRow("Draft model", draft_row)
+        form.addRow("Device", self.device)
+        form.addRow("Precision", self.dtype)
         form.addRow("Prompt lookup: min n", self.min_n)
         form.addRow("Prompt lookup: max n", self.max_n)
         form.addRow("Layer skip: exit layer", self.exit_layer)
-        note = QLabel("Changing the model, draft model, device or precision reloads the model; the other "
-                      "settings apply to the next message.")
+        form.addRow(_section("Remote server"))
+        form.addRow(self.remote)
+        note = QLabel("Changing the backend, the model, draft model, device or precision, or the server's "
+                      "details reloads the model or reconnects; the other settings apply to the next message.")
         note.setWordWrap(True)
         note.setStyleSheet("color: palette(placeholder-text);")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
@@ -64,10 +82,28 @@ class SettingsDialog(QDialog):
         layout.addLayout(form)
         layout.addWidget(note)
         layout.addWidget(buttons)
+        self.backend.currentIndexChanged.connect(self._backend_changed)
+        self._backend_changed()
+
+    def _backend_changed(self) -> None:
+        remote = self.backend.currentData() == "remote"
+        for widget in self.local_fields:
+            widget.setEnabled(not remote)
+        self.remote.setEnabled(remote)
+
+    def accept(self) -> None:
+        """OK: a typed API key goes to the OS keyring first; if that fails, say why and stay open."""
+        problem = self.remote.store_key()
+        if problem:
+            self.remote.show_problem(f"The API key was not stored: {problem}")
+            return
+        super().accept()
 
     def result_settings(self) -> Settings:
         return replace(
             self._settings,
+            backend=self.backend.currentData(),
+            **self.remote.values(),
             model_source=self.model.text().strip() or "bundled",
             draft_source=self.draft.text().strip(),
             device=self.device.currentText(),
@@ -87,7 +123,10 @@ class SettingsDialog(QDialog):
 
 
 def needs_reload(old: Settings, new: Settings) -> bool:
-    keys = ("model_source", "draft_source", "device", "dtype")
+    """Another backend, or another model (local) or server (remote) for the chosen one."""
+    if old.backend != new.backend:
+        return True
+    keys = REMOTE_KEYS if new.remote else LOCAL_KEYS
     return any(getattr(old, k) != getattr(new, k) for k in keys)
 
 

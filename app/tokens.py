@@ -16,17 +16,25 @@ ORIGIN_NAMES = {
 }
 
 
-def record(token) -> TokenRecord:
+INFERRED = "inferred from the server's stream chunks (the first token of a chunk is the model's, the rest " \
+           "are drafts the server accepted)"
+
+
+def record(token, inferred: bool = False) -> TokenRecord:
     """An engine.events.Token as a plain record."""
     origin = getattr(token.origin, "value", token.origin)
     return TokenRecord(token.text, str(origin), token.step, token.draft_pos, token.p, token.q,
-                       getattr(token, "branch", None))
+                       getattr(token, "branch", None), inferred)
 
 
 def step_records(step) -> list[TokenRecord]:
     """A Step's tokens in reading order: accepted drafts, then the rejected drafts (ghost text) at the
-    point where they were rejected, then the model's own token (its correction or bonus)."""
-    tokens = [record(t) for t in step.tokens]
+    point where they were rejected, then the model's own token (its correction or bonus). A server's
+    step (`inferred`) is read in the stream's order: the model's token first, then the accepted drafts."""
+    inferred = getattr(step, "inferred", False)
+    tokens = [record(t, inferred) for t in step.tokens]
+    if inferred:
+        return tokens
     drafts = [t for t in tokens if t.origin == "draft"]
     others = [t for t in tokens if t.origin != "draft"]
     return drafts + [record(t) for t in step.rejected] + others
@@ -41,6 +49,8 @@ def tooltip(rec: TokenRecord) -> str:
     lines.append(where)
     if rec.branch:
         lines.append(_escape(rec.branch) + " (1 = the drafter's first choice at each level)")
+    if rec.inferred:
+        lines.append(_escape(INFERRED))
     if rec.p is not None:
         lines.append(f"p (model) = {rec.p:.3f}")
     if rec.q is not None:

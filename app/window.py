@@ -190,7 +190,7 @@ class MainWindow(QMainWindow):
         """Load the model named by the settings (the answer arrives as events)."""
         s = self.settings
         self._set_state("loading")
-        self.bridge.load(ModelChoice(s.model_source, s.draft_source, s.device, s.dtype))
+        self.bridge.load(ModelChoice.from_settings(s))
 
     def _on_event(self, event) -> None:
         for controller in (self.chat, self.compare):
@@ -209,24 +209,35 @@ class MainWindow(QMainWindow):
             self._on_load_failed(event)
 
     def _on_loaded(self, event) -> None:
-        from engine.drafters import DRAFTERS
-
         self.loaded = event
         self.strategy_unavailable = None
-        wanted = self.settings.strategy
-        chosen = self.controls.set_strategies(DRAFTERS, event.strategies, wanted)
-        if chosen != wanted:
-            self.strategy_unavailable = wanted
-            self.notices.add(f"Strategy “{wanted}” is not available for this model; using “{chosen}”.")
-            self.settings = replace(self.settings, strategy=chosen)
-        self.plots.set_baseline(event.baseline)
+        if self.remote:
+            self.controls.set_server()  # the saved local strategy stays in the settings for later
+        else:
+            self._offer_strategies(event.strategies)
+        self.plots.set_model(event)
         self.status_labels["model"].setText(event.target + (f"  ·  draft: {event.draft}" if event.draft else ""))
         self.status_labels["device"].setText(event.device)
-        self.status_labels["dtype"].setText(event.dtype)
+        self.status_labels["dtype"].setText("" if self.remote else event.dtype)
         self.statusBar().showMessage(f"Loaded {event.target}", 4000)
         self._set_state("ready")
         self.composer.input.setFocus()
         self.model_ready.emit()
+
+    @property
+    def remote(self) -> bool:
+        """Connected to a server (the remote backend) rather than running a local model."""
+        return self.loaded is not None and getattr(self.loaded, "backend", "local") == "remote"
+
+    def _offer_strategies(self, usable) -> None:
+        from engine.drafters import DRAFTERS
+
+        wanted = self.settings.strategy
+        chosen = self.controls.set_strategies(DRAFTERS, usable, wanted)
+        if chosen != wanted:
+            self.strategy_unavailable = wanted
+            self.notices.add(f"Strategy “{wanted}” is not available for this model; using “{chosen}”.")
+            self.settings = replace(self.settings, strategy=chosen)
 
     def _on_load_failed(self, event) -> None:
         if self.state in ("loading", "starting"):
@@ -329,7 +340,7 @@ class MainWindow(QMainWindow):
         if not dialog.exec():
             return
         new = dialog.result_settings()
-        reload = needs_reload(self.settings, new)
+        reload = needs_reload(self.settings, new) or (new.remote and dialog.remote.key_stored)
         self.settings = new
         self.overrides = {}  # the user confirmed every value shown: all of them are saved
         self._save_settings()
@@ -341,7 +352,7 @@ class MainWindow(QMainWindow):
         """The draft-head training dialog (one per window; it keeps its state between openings)."""
         from .train_dialog import TrainDialog
 
-        if self.loaded is None:
+        if self.loaded is None or self.remote:
             return
         if self.train_dialog is None:
             self.train_dialog = TrainDialog(self.bridge, self.loaded.target, self)
@@ -363,9 +374,9 @@ class MainWindow(QMainWindow):
     def _update_actions(self) -> None:
         idle = self.state == "ready" and self.chat.reply is None and not self.compare.running
         has_prompt = self.chat.current_id is not None and self.chat.last_user_index() is not None
-        self.compare_action.setEnabled(idle and has_prompt)
+        self.compare_action.setEnabled(idle and has_prompt and not self.remote)
         self.regenerate_action.setEnabled(idle and has_prompt)
-        self.train_action.setEnabled(idle and self.loaded is not None)
+        self.train_action.setEnabled(idle and self.loaded is not None and not self.remote)
 
     def _refresh_conversations(self) -> None:
         self._update_actions()
@@ -386,9 +397,11 @@ class MainWindow(QMainWindow):
     def _update_status(self) -> None:
         colour = STATE_COLOURS.get(self.state, "#8d96a0")
         self.state_label.setText(f"<span style='color:{colour}'>●</span> {self.state}")
-        self.status_labels["strategy"].setText(f"strategy: {self.settings.strategy}")
+        strategy = "server" if self.remote else self.settings.strategy
+        self.status_labels["strategy"].setText(f"strategy: {strategy}")
         if self.loaded is None:
-            self.status_labels["model"].setText(self.settings.model_source if self.state != "ready" else "")
+            wanted = self.settings.server_url if self.settings.remote else self.settings.model_source
+            self.status_labels["model"].setText(wanted if self.state != "ready" else "")
 
     def _about(self) -> None:
         QMessageBox.about(self, "About Specula", "<b>Specula</b><br>Chat with local language models and watch "

@@ -110,13 +110,14 @@ def test_a_version_1_file_still_loads_and_is_saved_as_the_current_version(tmp_pa
     store.path.write_text(json.dumps(V1_FILE))
     loaded = store.load()
     s = loaded.settings
-    assert loaded.notice is None and s.version == VERSION == 2
+    assert loaded.notice is None and s.version == VERSION == 3
     assert {k: getattr(s, k) for k in V1_FILE if k != "version"} == {k: v for k, v in V1_FILE.items() if k != "version"}
     assert (s.lookup_min_n, s.lookup_max_n, s.exit_layer) == (None, None, None)
     assert s.strategy_options() == ()
     store.save(s)
     data = json.loads(store.path.read_text())
-    assert data["version"] == 2 and data["exit_layer"] is None and "lookup_min_n" in data
+    assert data["version"] == 3 and data["exit_layer"] is None and "lookup_min_n" in data
+    assert data["backend"] == "local"
 
 
 def test_strategy_options_round_trip_and_are_kept_usable(tmp_path):
@@ -169,3 +170,36 @@ def test_strategy_options_from_the_dialog_reach_the_engine(make_window, qtbot, m
     w.send_text("hello")
     ok, failed = wait_reply(qtbot, w)
     assert not ok and "exit layer" in failed.message and "exit layer" in w.view.toPlainText()
+
+
+V2_FILE = {**V1_FILE, "version": 2, "lookup_min_n": 2, "lookup_max_n": 4, "exit_layer": None}
+
+
+def test_a_version_2_file_migrates_to_the_local_backend(tmp_path):
+    store = SettingsStore(tmp_path)
+    store.path.write_text(json.dumps(V2_FILE))
+    loaded = store.load()
+    s = loaded.settings
+    assert loaded.notice is None and s.version == VERSION == 3
+    assert {k: getattr(s, k) for k in V2_FILE if k != "version"} == {k: v for k, v in V2_FILE.items() if k != "version"}
+    assert (s.backend, s.server_url, s.server_model, s.api_key_env, s.baseline_url, s.verify_tls) == (
+        "local", "", "", "", "", True)
+    assert not s.remote
+    store.save(s)
+    data = json.loads(store.path.read_text())
+    assert data["version"] == 3 and data["backend"] == "local" and data["verify_tls"] is True
+
+
+def test_remote_settings_round_trip_and_an_unknown_backend_is_local(tmp_path):
+    store = SettingsStore(tmp_path)
+    s = Settings(backend="remote", server_url="http://127.0.0.1:8011", server_model="m", api_key_env="MY_KEY",
+                 baseline_url="http://127.0.0.1:8012", verify_tls=False)
+    store.save(s)
+    assert store.load().settings == s and s.remote
+    store.path.write_text(json.dumps({"version": 3, "backend": "cloud", "server_url": "  http://h:1  "}))
+    loaded = store.load().settings
+    assert loaded.backend == "local" and loaded.server_url == "http://h:1"
+    store.path.write_text(json.dumps({"version": 3, "verify_tls": "yes"}))
+    loaded = store.load()
+    assert loaded.settings.verify_tls is True and "verify_tls" in loaded.notice
+    assert not any("key" in f and f != "api_key_env" for f in Settings().to_dict())  # a key is never a setting

@@ -1,0 +1,167 @@
+"""The Settings dialog's "Remote server" section: where the server is, which model, how to find the API
+key, an optional baseline server and a "Test connection" button.
+
+The key itself is never a setting: the field stores it in the OS keyring when the dialog is accepted
+(or the user names an environment variable that holds it). The connection test runs on a short-lived
+thread, so a slow or dead server never blocks the window; its answer comes back through a signal.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPushButton,
+                               QWidget)
+
+from .settings import Settings
+
+BASELINE_TIP = ("Optional: the same model served without speculation, for a measured speedup (timed when "
+                "connecting)")
+KEY_ENV_TIP = "The name of an environment variable that holds the API key (it is read, never saved)"
+NO_KEYRING_TIP = "No OS keyring is available here: put the key in an environment variable and name it above"
+
+
+class _Answer(QObject):
+    """Carries a connection test's result from its thread to the GUI thread."""
+
+    done = Signal(int, object)  # the test's number, a ServerInfo or the error's message
+
+
+class RemoteSection(QWidget):
+    """The remote backend's fields; `values()` gives them as Settings fields."""
+
+    tested = Signal(bool)  # a connection test ended: connected or not
+
+    def __init__(self, settings: Settings, parent=None) -> None:
+        super().__init__(parent)
+        from engine.remote.keys import keyring_available  # torch-free
+
+        self.url = QLineEdit(settings.server_url)
+        self.url.setPlaceholderText("http://127.0.0.1:8000 (an OpenAI-compatible server, e.g. vLLM)")
+        self.model = QComboBox()
+        self.model.setEditable(True)
+        self.model.lineEdit().setPlaceholderText("the server's first model")
+        self.model.setEditText(settings.server_model)
+        self.key_env = QLineEdit(settings.api_key_env)
+        self.key_env.setPlaceholderText("none (e.g. OPENAI_API_KEY)")
+        self.key_env.setToolTip(KEY_ENV_TIP)
+        self.key = QLineEdit()
+        self.key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.keyring = keyring_available()
+        if self.keyring:
+            self.key.setPlaceholderText("stored in the OS keyring when you press OK (empty: unchanged)")
+        else:
+            self.key.setEnabled(False)
+            self.key.setPlaceholderText("no OS keyring here: use an environment variable")
+            self.key.setToolTip(NO_KEYRING_TIP)
+        self.baseline = QLineEdit(settings.baseline_url)
+        self.baseline.setPlaceholderText("optional")
+        self.baseline.setToolTip(BASELINE_TIP)
+        self.verify_tls = QCheckBox("Verify TLS certificates")
+        self.verify_tls.setChecked(settings.verify_tls)
+        self.test_button = QPushButton("Test connection")
+        self.result = QLabel()
+        self.result.setWordWrap(True)
+        self.key_stored = False  # a key went to the keyring (the connection should be made again)
+        self._tests = 0  # numbers the tests, so only the latest one's answer is shown
+        self._answer = _Answer(self)
+        self._answer.done.connect(self._show_answer)
+        self.test_button.clicked.connect(self.test_connection)
+        self._layout()
+
+    def _layout(self) -> None:
+        form = QFormLayout(self)
+        form.setContentsMargins(0, 0, 0, 0)
+        form.addRow("Server URL", self.url)
+        form.addRow("Model", self.model)
+        form.addRow("API key variable", self.key_env)
+        form.addRow("API key", self.key)
+        form.addRow("Baseline server URL", self.baseline)
+        form.addRow("", self.verify_tls)
+        row = QWidget()
+        line = QHBoxLayout(row)
+        line.setContentsMargins(0, 0, 0, 0)
+        line.addWidget(self.test_button)
+        line.addWidget(self.result, 1)
+        form.addRow("", row)
+
+    def values(self) -> dict:
+        """The section's Settings fields (the key is not one of them)."""
+        return {"server_url": self.url.text().strip(), "server_model": self.model.currentText().strip(),
+                "api_key_env": self.key_env.text().strip(), "baseline_url": self.baseline.text().strip(),
+                "verify_tls": self.verify_tls.isChecked()}
+
+    def store_key(self) -> str | None:
+        """Put a typed key in the OS keyring; None when done (or nothing to do), else why it failed."""
+        from engine.remote.keys import keyring_set
+
+        key = self.key.text().strip()
+        if not key or not self.key.isEnabled():
+            return None
+        url = self.url.text().strip()
+        if not url:
+            return "Enter the server URL first: the key is stored for that server."
+        try:
+            keyring_set(url, key)
+        except ValueError as exc:  # RemoteError: no keyring, refused, or a bad URL
+            return str(exc)
+        self.key.clear()
+        self.key_stored = True
+        return None
+
+    def show_problem(self, message: str) -> None:
+        self.result.setText(f"<span style='color:#cf222e'>{_escape(message)}</span>")
+
+    # -- the connection test ------------------------------------------------------------------------
+    def test_connection(self) -> None:
+        """Probe the server on a helper thread; the answer shows in the label next to the button."""
+        self._tests += 1
+        self.test_button.setEnabled(False)
+        self.result.setText("Connecting…")
+        v, typed_key = self.values(), self.key.text().strip() if self.key.isEnabled() else ""
+        args = (self._tests, v["server_url"], v["server_model"], v["api_key_env"], v["verify_tls"], typed_key)
+        threading.Thread(target=self._probe, args=args, name="specula-probe", daemon=True).start()
+
+    def _probe(self, number: int, url: str, model: str, key_env: str, verify_tls: bool, typed_key: str) -> None:
+        from engine.remote.backend import probe, server_for
+        from engine.remote.http import Server
+
+        try:
+            server = server_for(url, key_env, verify_tls)
+            if typed_key and not key_env:  # a key typed but not stored yet: test with it
+                server = Server(server.url, typed_key, verify_tls)
+            answer = probe(server, model)
+        except ValueError as exc:  # RemoteError: one line a user can act on
+            answer = str(exc) or type(exc).__name__
+        try:
+            self._answer.done.emit(number, answer)
+        except RuntimeError:  # the dialog was closed meanwhile
+            pass
+
+    def _show_answer(self, number: int, answer) -> None:
+        if number != self._tests:
+            return
+        self.test_button.setEnabled(True)
+        if isinstance(answer, str):
+            self.show_problem(answer)
+            self.tested.emit(False)
+            return
+        typed = self.model.currentText().strip()
+        self.model.clear()
+        self.model.addItems(list(answer.models))
+        self.model.setEditText(typed or answer.model)
+        self.result.setText(connected_text(answer))
+        self.tested.emit(True)
+
+
+def connected_text(info) -> str:
+    """e.g. "Connected: vLLM 0.32.0, 1 model, speculation counters: yes"."""
+    what = f"vLLM {info.version}".strip() if info.kind == "vllm" else "OpenAI-compatible server"
+    n = len(info.models)
+    counters = "yes" if info.speculates else "no"
+    return f"Connected: {what}, {n} model{'s' if n != 1 else ''}, speculation counters: {counters}"
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
