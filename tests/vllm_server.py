@@ -58,6 +58,7 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PORT": str(self.port), "SPEC": spec}
+        env.pop("OMP_NUM_THREADS", None)  # the server sets its own threads
         self._out = open(log, "wb")
         self.proc = subprocess.Popen(["sh", "scripts/vllm-server.sh"], cwd=ROOT, env=env, stdout=self._out,
                                      stderr=subprocess.STDOUT, start_new_session=True)

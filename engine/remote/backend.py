@@ -220,10 +220,13 @@ class RemoteReply:
         self.finish_reason: str | None = None
         self.start_counters: SpecCounters | None = None
         self.delta = SpecCounters()
+        self.k = 64  # the longest draft, once the counters tell it
 
     def events(self) -> Iterator:
         if self.info.speculates:
             self.start_counters = read_counters(self.info.server, self.info.model)
+            if self.start_counters is not None and self.start_counters.per_position:
+                self.k = len(self.start_counters.per_position)  # the server's longest draft
         self.t0 = time.perf_counter()
         stream = EventStream(self.info.server, "/chat/completions", self.payload)
         inbox: queue.Queue = queue.Queue()
@@ -284,10 +287,14 @@ class RemoteReply:
         if self.first_s is None:
             self.first_s = now
         context = self.prompt_tokens + len(self.tokens)
-        accepted = len(tokens) - 1 if self.inferred else 0
+        one_step = self.inferred and len(tokens) <= 1 + self.k
+        if self.inferred and not one_step:  # a chunk longer than any step: the server merged steps
+            tokens = chunk_tokens(chunk, self.steps, False)
+            tokens = drop_stop_token(tokens, chunk.finish_reason)
+        accepted = len(tokens) - 1 if one_step else 0
         step = Step(self.rid, self.steps, 0, accepted, tokens, (), 0.0, now - self.last_s, context, 0, now,
                     inferred=self.inferred)
-        if self.steps > 0 and self.inferred:
+        if self.steps > 0 and one_step:
             self.lengths.append(accepted)
         self.steps += 1
         self.last_s = now

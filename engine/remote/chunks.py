@@ -2,8 +2,10 @@
 
 vLLM streams one chunk per engine step when the client keeps up: the target's own token plus the
 draft tokens it accepted in that step. So the first token of a chunk is the target's and the rest are
-accepted drafts. That is an inference (a slow reader gets several steps merged into one chunk), so
-such steps are marked `inferred`, and rejected drafts are never shown: the stream does not carry them.
+accepted drafts. That is an inference (when the server's API process falls behind its engine, several
+steps arrive merged in one chunk), so such steps are marked `inferred`; a chunk longer than the
+server's longest draft + 1 is certainly merged and is not coloured. Rejected drafts are never shown:
+the stream does not carry them.
 
 With `logprobs` on, vLLM sends each token's bytes; they are decoded incrementally so a character split
 across tokens is never broken, and reconciled with the chunk's text (which leaves out the stop token).

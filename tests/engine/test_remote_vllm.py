@@ -1,0 +1,118 @@
+"""The remote backend against a real vLLM (CPU) server with n-gram speculation, started as
+`make vllm-server` starts it (tests/vllm_server.py). Skipped, with the reason printed, where vLLM
+cannot be set up."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine.decoder import DecodeConfig
+from engine.events import Finished, ServerStats, Step
+from engine.prompts import Message
+from engine.remote.backend import RemoteBackend, RemoteLoadRequest
+from engine.remote.http import RemoteError
+from engine.session import GenerateRequest
+
+COPY = ("Copy this text exactly, twice: The quick brown fox jumps over the lazy dog. "
+        "The quick brown fox jumps over the lazy dog.")
+
+
+def ask(text: str, n: int = 64) -> GenerateRequest:
+    return GenerateRequest((Message("user", text),), config=DecodeConfig(max_new_tokens=n))
+
+
+@pytest.fixture(scope="module")
+def backend(vllm_server) -> RemoteBackend:
+    b = RemoteBackend()
+    loaded = b.load(RemoteLoadRequest(vllm_server.url))
+    assert loaded.backend == "remote" and loaded.target == "smollm2-135m-instruct"
+    assert b.info.kind == "vllm" and b.info.speculates
+    return b
+
+
+def test_a_chat_streams_with_the_servers_speculation_counted(backend):
+    events = list(backend.generate(ask(COPY)))
+    steps = [e for e in events if isinstance(e, Step)]
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.reason in ("eos", "length")
+    assert "quick brown fox" in finished.text
+    assert "".join(t.text for s in steps for t in s.tokens) == finished.text
+    assert len(finished.token_ids) == finished.totals.new_tokens
+    assert any(len(s.tokens) > 1 for s in steps), "copying the prompt, n-gram drafts are accepted"
+    stats = [e for e in events if isinstance(e, ServerStats)]
+    assert stats and stats[-1].drafts > 0 and stats[-1].accepted > 0
+    # one request alone on the server: the counters' accepted drafts are the chunks' extra tokens, or
+    # fewer where the server merged steps into one chunk (its API process fell behind its engine)
+    assert 0 < finished.totals.accepted <= sum(len(s.tokens) - 1 for s in steps)
+    assert all(len(s.tokens) <= 6 or all(t.origin == "target" for t in s.tokens) for s in steps)
+
+
+def test_stopping_mid_stream_ends_the_reply_and_the_server_carries_on(backend):
+    stop = threading.Event()
+    seen = []
+    for event in backend.generate(ask("Write a long story about a lighthouse keeper.", 400), should_stop=stop.is_set):
+        seen.append(event)
+        if isinstance(event, Step) and event.step >= 3:
+            stop.set()
+    finished = seen[-1]
+    assert finished.reason == "cancelled" and 3 <= finished.totals.new_tokens < 400
+    again = list(backend.generate(ask("Say hello.", 16)))[-1]
+    assert again.reason in ("eos", "length") and again.text
+
+
+def test_generate_command_reports_the_servers_acceptance(vllm_server, capsys):
+    from engine.cli import main
+
+    code = main(["generate", "--backend", "remote", "--server", vllm_server.url, "--chat", "--prompt", COPY,
+                 "--max-new-tokens", "48"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "quick brown fox" in out
+    assert "acceptance" in err and "server-wide counters" in err and "n/a" not in err.split("acceptance")[-1][:6]
+
+
+def test_bench_runs_the_server_as_a_peer(vllm_server, tmp_path, capsys):
+    from engine.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"question_id": 1, "category": "copy", "turns": ["%s"]}\n' % COPY)
+    code = main(["bench", "--model", "bundled", "--dtype", "bf16", "--prompts", str(prompts), "--strategies", "none",
+                 "--peers", f"vllm={vllm_server.url}", "--max-new-tokens", "24", "--json"])
+    assert code == 0
+    import json
+
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary["overall"]) == {"none", "vllm"}
+    assert summary["overall"]["vllm"]["tokens_per_s"] > 0
+    assert summary["overall"]["vllm"]["mean_accepted_length"] > 1.0
+
+
+def test_a_plain_baseline_server_gives_a_speedup_and_its_death_is_a_clear_error(vllm_server, tmp_path):
+    """Its own server (SPEC=none, the plain baseline), so the shared one lives on."""
+    from tests.vllm_server import Unavailable, start_server
+
+    try:
+        plain = start_server("none", tmp_path)
+    except Unavailable as exc:
+        pytest.skip(f"no vLLM server: {exc}")
+    try:
+        fast = RemoteBackend()
+        fast.load(RemoteLoadRequest(vllm_server.url, baseline_server=plain.url))
+        assert fast.baseline is not None and fast.baseline.a > 0
+        assert list(fast.generate(ask(COPY, 48)))[-1].speedup > 0
+        b = RemoteBackend()
+        loaded = b.load(RemoteLoadRequest(plain.url))
+        assert not b.info.speculates and "no speculative decoding counters" in loaded.notes[0]
+        seen = []
+        with pytest.raises(RemoteError) as failure:
+            for event in b.generate(ask("Write a long story about a lighthouse keeper.", 400)):
+                seen.append(event)
+                if isinstance(event, Step) and event.step == 3:
+                    plain.kill()
+        assert "before the answer ended" in str(failure.value) or "broke" in str(failure.value)
+        assert sum(len(e.tokens) for e in seen if isinstance(e, Step)) >= 4  # what came before is kept
+        with pytest.raises(RemoteError, match="connection refused"):
+            b.load(RemoteLoadRequest(plain.url))
+    finally:
+        plain.kill()
