@@ -243,7 +243,8 @@ class MainWindow(QMainWindow):
         if self.state in ("loading", "starting"):
             kept = f" The previous model ({self.loaded.target}) is still in use." if self.loaded else ""
             self._set_state("failed" if self.loaded is None else "ready")
-            message = f"The model could not be loaded: {event.message.rstrip('.')}.{kept}"
+            what = "The server could not be reached" if self.settings.remote else "The model could not be loaded"
+            message = f"{what}: {event.message.rstrip('.')}.{kept}"
             self.view.add_turn(_error_turn(message), transient=True)
             self.model_failed.emit(event.message)
         else:

@@ -177,6 +177,17 @@ def test_an_api_key_from_an_environment_variable(make_window, qtbot, monkeypatch
         assert w.state == "ready" and w.settings.api_key_env == "SPECULA_TEST_KEY"
 
 
+def test_a_server_that_cannot_be_reached_leaves_the_local_model_in_use(make_window, qtbot, monkeypatch, no_ring):
+    w = make_window(strategy="draft-model")
+    use_dialog(monkeypatch, choose_remote(dead_url()))
+    with qtbot.waitSignal(w.model_failed, timeout=30_000):
+        w.settings_action.trigger()
+    text = w.view.toPlainText()
+    assert "The server could not be reached" in text and "still in use" in text
+    assert w.state == "ready" and not w.remote and w.controls.strategy.currentData() == "draft-model"
+    assert w.train_action.isEnabled()
+
+
 # -- the window connected to a server -----------------------------------------------------------------
 def test_a_reply_from_a_server_streams_with_inferred_colours_and_server_acceptance(make_window, qtbot, monkeypatch,
                                                                                   tmp_path, no_ring):
