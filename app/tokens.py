@@ -16,8 +16,8 @@ ORIGIN_NAMES = {
 }
 
 
-INFERRED = "inferred from the server's stream chunks (the first token of a chunk is the model's, the rest " \
-           "are drafts the server accepted)"
+INFERRED = "inferred from the server's stream chunks (the last token of a chunk is the model's own, the ones " \
+           "before it drafts the server accepted)"
 
 
 def record(token, inferred: bool = False) -> TokenRecord:
@@ -29,12 +29,9 @@ def record(token, inferred: bool = False) -> TokenRecord:
 
 def step_records(step) -> list[TokenRecord]:
     """A Step's tokens in reading order: accepted drafts, then the rejected drafts (ghost text) at the
-    point where they were rejected, then the model's own token (its correction or bonus). A server's
-    step (`inferred`) is read in the stream's order: the model's token first, then the accepted drafts."""
-    inferred = getattr(step, "inferred", False)
+    point where they were rejected, then the model's own token (its correction or bonus)."""
+    inferred = getattr(step, "inferred", False)  # a server's step: origins inferred from its chunk
     tokens = [record(t, inferred) for t in step.tokens]
-    if inferred:
-        return tokens
     drafts = [t for t in tokens if t.origin == "draft"]
     others = [t for t in tokens if t.origin != "draft"]
     return drafts + [record(t) for t in step.rejected] + others

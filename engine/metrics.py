@@ -93,7 +93,8 @@ class LiveMetrics:
             self.decode_start_len = step.context_len + len(step.tokens)
             return
         if step.inferred:  # a remote server's step: its length is known, its draft only from the counters
-            self.accepted_lengths.append(step.accepted)
+            if step.accepted > 0 or len(step.tokens) == 1:  # not a chunk that merged several steps
+                self.accepted_lengths.append(step.accepted)
             return
         self.drafted += step.drafted
         self.accepted += step.accepted

@@ -140,7 +140,7 @@ class Runner:
         if isinstance(request, RemoteLoadRequest):
             backend = RemoteBackend()
             loaded = backend.load(request, say)
-            self.session = Session()  # the local model's memory is given back; loading it again reloads
+            self.session.unload()  # the local model's memory is given back; loading it again reloads
         else:
             backend = self.session
             loaded = backend.load(request, say)

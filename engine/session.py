@@ -85,6 +85,12 @@ class Session:
         self._drafters = {}
         self.baseline = None
 
+    def unload(self) -> None:
+        """Let go of the models (their memory), e.g. when chat moves to a server; `load` brings them back."""
+        self.target = self.draft = self.baseline = self._runner = None
+        self._drafters = {}
+        self.heads = {}
+
     def train(self, request: TrainRequest, request_id: int, say: Callable[[str], None],
               should_stop: Callable[[], bool]) -> Trained:
         """Train and save a head in the user's heads folder, then offer it: the strategies change."""

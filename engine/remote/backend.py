@@ -210,7 +210,7 @@ class RemoteReply:
         self.info, self.payload, self.rid = info, payload, request_id
         self.should_stop, self.baseline = should_stop, baseline
         self.reader = ChunkReader()
-        self.inferred = info.speculates  # one chunk per engine step: first token the target's, rest drafts
+        self.inferred = info.speculates  # one chunk per engine step: accepted drafts, then the target's token
         self.tokens: list = []
         self.lengths: list[int] = []  # accepted drafts per step (inferred)
         self.steps = 0
@@ -280,18 +280,17 @@ class RemoteReply:
         self._note_usage(chunk.usage)
         if chunk.finish_reason:
             self.finish_reason = chunk.finish_reason
-        tokens = drop_stop_token(chunk_tokens(chunk, self.steps, self.inferred), chunk.finish_reason)
+        size = len(chunk.ids) or len(chunk.texts)  # the stop token counts: the step produced it
+        one_step = self.inferred and size <= 1 + self.k
+        # a chunk longer than any step merged several (the server's API process fell behind): not coloured
+        tokens = drop_stop_token(chunk_tokens(chunk, self.steps, one_step), chunk.finish_reason)
         if not tokens:
             return None
         now = time.perf_counter() - self.t0
         if self.first_s is None:
             self.first_s = now
         context = self.prompt_tokens + len(self.tokens)
-        one_step = self.inferred and len(tokens) <= 1 + self.k
-        if self.inferred and not one_step:  # a chunk longer than any step: the server merged steps
-            tokens = chunk_tokens(chunk, self.steps, False)
-            tokens = drop_stop_token(tokens, chunk.finish_reason)
-        accepted = len(tokens) - 1 if one_step else 0
+        accepted = size - 1 if one_step else 0
         step = Step(self.rid, self.steps, 0, accepted, tokens, (), 0.0, now - self.last_s, context, 0, now,
                     inferred=self.inferred)
         if self.steps > 0 and one_step:

@@ -1,11 +1,12 @@
 """Streamed chat-completion chunks -> tokens, and the colours inferred for them.
 
-vLLM streams one chunk per engine step when the client keeps up: the target's own token plus the
-draft tokens it accepted in that step. So the first token of a chunk is the target's and the rest are
-accepted drafts. That is an inference (when the server's API process falls behind its engine, several
-steps arrive merged in one chunk), so such steps are marked `inferred`; a chunk longer than the
-server's longest draft + 1 is certainly merged and is not coloured. Rejected drafts are never shown:
-the stream does not carry them.
+vLLM streams one chunk per engine step when the client keeps up: the draft tokens the target accepted
+in that step, then the target's own token (its correction of the first rejected draft, or the bonus
+token after a fully accepted draft). So the last token of a chunk is the target's and the ones before
+it are accepted drafts; the prefill's chunk is the target's single first token. That is an inference
+(when the server's API process falls behind its engine, several steps arrive merged in one chunk), so
+such steps are marked `inferred`; a chunk longer than the server's longest draft + 1 is certainly
+merged and is not coloured. Rejected drafts are never shown: the stream does not carry them.
 
 With `logprobs` on, vLLM sends each token's bytes; they are decoded incrementally so a character split
 across tokens is never broken, and reconciled with the chunk's text (which leaves out the stop token).
@@ -89,8 +90,8 @@ def reconcile(pieces: list[str], content: str) -> tuple[str, ...]:
 
 
 def chunk_tokens(chunk: Chunk, step: int, inferred: bool) -> tuple[Token, ...]:
-    """The chunk's tokens coloured: with `inferred`, the first is the target's and the rest accepted
-    drafts; otherwise all are the target's. Without ids, one token of id -1 stands for the chunk."""
+    """The chunk's tokens coloured: with `inferred`, the last is the target's and the ones before it
+    accepted drafts; otherwise all are the target's. Without ids, one token of id -1 stands for the chunk."""
     if chunk.ids and len(chunk.texts) == len(chunk.ids):
         pairs = list(zip(chunk.ids, chunk.texts))
     elif chunk.ids:  # ids but no per-token text: the chunk's text rides on its first token
@@ -99,15 +100,16 @@ def chunk_tokens(chunk: Chunk, step: int, inferred: bool) -> tuple[Token, ...]:
         pairs = [(-1, text) for text in chunk.texts]
     tokens = []
     for n, (token_id, text) in enumerate(pairs):
-        if inferred and n > 0:
-            tokens.append(Token(token_id, text, Origin.DRAFT, step, draft_pos=n - 1))
+        if inferred and n < len(pairs) - 1:
+            tokens.append(Token(token_id, text, Origin.DRAFT, step, draft_pos=n))
         else:
             tokens.append(Token(token_id, text, Origin.TARGET, step))
     return tuple(tokens)
 
 
 def drop_stop_token(tokens: tuple[Token, ...], finish_reason: str | None) -> tuple[Token, ...]:
-    """Without its stop token: the answer's last token when it ended on a stop and adds no text."""
+    """Without the answer's stop token: its last token when it ended on a stop and adds no text. Dropped
+    after colouring, so the drafts before it keep their colour (the stop was the step's own token)."""
     if finish_reason == "stop" and tokens and tokens[-1].text == "" and tokens[-1].id >= 0:
         return tokens[:-1]
     return tokens

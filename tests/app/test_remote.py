@@ -255,11 +255,7 @@ def test_a_server_that_dies_mid_reply_keeps_the_conversation(make_window, qtbot,
     assert w.state == "ready" and w.composer.input.isEnabled()
 
 
-def test_switching_back_to_local_restores_the_local_strategy(make_window, qtbot, monkeypatch, tmp_path, tiny_session,
-                                                             no_ring):
-    import engine.runner
-
-    monkeypatch.setattr(engine.runner, "Session", lambda: tiny_session)  # the local load after the server's
+def test_switching_back_to_local_restores_the_local_strategy(make_window, qtbot, monkeypatch, tmp_path, no_ring):
     w = make_window(strategy="draft-model")
     with FakeServer(steps=STEPS) as fake:
         connect(qtbot, monkeypatch, w, fake.url)

@@ -47,7 +47,8 @@ class FakeServer:
         self._server.server_close()
 
     def book(self, n_tokens: int) -> None:
-        """Count one engine step that emitted n tokens: a 4-token draft with n - 1 accepted."""
+        """Count one engine step that emitted n tokens (the stop token included, as vLLM counts it): a
+        4-token draft with n - 1 accepted."""
         c = self.counters
         c["drafts"] += 1
         c["draft_tokens"] += 4
@@ -148,7 +149,7 @@ def _handler(fake: FakeServer):
                 last = n == len(steps) - 1
                 if last and fake.finish == "stop":
                     texts = texts + [""]  # the stop token: in the ids, not in the text
-                fake.book(len([t for t in texts if t]) or 1)
+                fake.book(len(texts))
                 self._event(json.dumps(_chunk(fake.model, texts, next_id, fake.finish if last else None, with_ids)))
                 next_id += len(texts)
             self._event(json.dumps({"choices": [], "usage": {"prompt_tokens": 7}}))

@@ -68,9 +68,9 @@ def test_recorded_stream_splits_into_tokens_that_rebuild_the_text():
     assert sum(len(c.ids) for c in chunks) == sum(len(step) for step in steps)
     multi = [step for step in steps if len(step) > 1]
     assert multi, "the recorded answer copies its prompt: some steps accepted drafts"
-    for step in steps:
-        assert step[0].origin == Origin.TARGET
-        assert all(t.origin == Origin.DRAFT and t.draft_pos == i for i, t in enumerate(step[1:]))
+    for step in steps:  # a step's accepted drafts, then the target's own token
+        assert step[-1].origin == Origin.TARGET
+        assert all(t.origin == Origin.DRAFT and t.draft_pos == i for i, t in enumerate(step[:-1]))
     assert chunks[0].usage["prompt_tokens"] > 0
 
 
@@ -158,14 +158,15 @@ def test_a_streamed_answer_becomes_engine_events():
     steps = [e for e in events if isinstance(e, Step)]
     assert [[t.text for t in s.tokens] for s in steps] == [["Hel", "lo"], [" wor", "ld", "!"], [" ok"]]
     assert all(s.inferred and s.rejected == () for s in steps)
-    assert [s.accepted for s in steps] == [1, 2, 0]
+    assert [[t.origin for t in s.tokens] for s in steps][1] == [Origin.DRAFT, Origin.DRAFT, Origin.TARGET]
+    assert [s.accepted for s in steps] == [1, 2, 1]  # the last step's own token was the stop
     finished = events[-1]
     assert isinstance(finished, Finished) and finished.reason == "eos"
     assert finished.text == "Hello world! ok" and finished.token_ids == tuple(range(100, 106))
     stats = [e for e in events if isinstance(e, ServerStats)]
-    assert stats and stats[-1].drafts == 3 and stats[-1].accepted == 3  # the fake booked 2+3+1 tokens
-    assert finished.totals.accepted == 3 and finished.totals.drafted == 12
-    assert finished.totals.accepted_lengths == (2, 0)
+    assert stats and stats[-1].drafts == 3 and stats[-1].accepted == 4  # the fake booked 2+3+2 tokens
+    assert finished.totals.accepted == 4 and finished.totals.drafted == 12
+    assert finished.totals.accepted_lengths == (2, 1)
     assert finished.speedup is None  # no baseline server: no speedup is invented
 
 
@@ -179,9 +180,9 @@ def test_live_metrics_take_acceptance_from_the_server_counters():
         elif isinstance(event, ServerStats):
             live.add_server(event)
     assert live.new_tokens == 6 and live.forwards == 3
-    assert live.acceptance_rate == pytest.approx(3 / 12)
-    assert live.accepted_lengths == [1, 2]
-    assert live.per_position[:2] == [pytest.approx(2 / 3), pytest.approx(1 / 3)]
+    assert live.acceptance_rate == pytest.approx(4 / 12)
+    assert live.accepted_lengths == [1, 3]
+    assert live.per_position[:3] == [pytest.approx(2 / 3), pytest.approx(1 / 3), pytest.approx(1 / 3)]
 
 
 def test_a_server_without_counters_gets_no_inferred_colours():
