@@ -105,13 +105,19 @@ V1_FILE = {"version": 1, "strategy": "layer-skip", "k": 6, "adaptive_k": True, "
            "draft_source": "", "device": "cpu", "dtype": "fp32"}
 
 
-def test_a_version_1_file_still_loads_and_is_saved_as_the_current_version(tmp_path):
-    store = SettingsStore(tmp_path)
-    store.path.write_text(json.dumps(V1_FILE))
+def load_old(folder, old: dict):
+    """Settings read from an older version's file: nothing to report, every old value kept."""
+    store = SettingsStore(folder)
+    store.path.write_text(json.dumps(old))
     loaded = store.load()
     s = loaded.settings
     assert loaded.notice is None and s.version == VERSION == 3
-    assert {k: getattr(s, k) for k in V1_FILE if k != "version"} == {k: v for k, v in V1_FILE.items() if k != "version"}
+    assert {k: getattr(s, k) for k in old if k != "version"} == {k: v for k, v in old.items() if k != "version"}
+    return store, s
+
+
+def test_a_version_1_file_still_loads_and_is_saved_as_the_current_version(tmp_path):
+    store, s = load_old(tmp_path, V1_FILE)
     assert (s.lookup_min_n, s.lookup_max_n, s.exit_layer) == (None, None, None)
     assert s.strategy_options() == ()
     store.save(s)
@@ -176,12 +182,7 @@ V2_FILE = {**V1_FILE, "version": 2, "lookup_min_n": 2, "lookup_max_n": 4, "exit_
 
 
 def test_a_version_2_file_migrates_to_the_local_backend(tmp_path):
-    store = SettingsStore(tmp_path)
-    store.path.write_text(json.dumps(V2_FILE))
-    loaded = store.load()
-    s = loaded.settings
-    assert loaded.notice is None and s.version == VERSION == 3
-    assert {k: getattr(s, k) for k in V2_FILE if k != "version"} == {k: v for k, v in V2_FILE.items() if k != "version"}
+    store, s = load_old(tmp_path, V2_FILE)
     assert (s.backend, s.server_url, s.server_model, s.api_key_env, s.baseline_url, s.verify_tls) == (
         "local", "", "", "", "", True)
     assert not s.remote
