@@ -4,7 +4,8 @@
 #   sh scripts/vllm-server.sh --setup    only set up (the environment and the model folder)
 # Variables: PORT (8011), HOST (127.0.0.1), SPEC (ngram, or none for a plain baseline server),
 #   VLLM_VENV (.venv-vllm), VLLM_PYTHON (python3), VLLM_MEMORY_UTILIZATION (0.25: the share of memory
-#   vLLM may reserve on a CPU), VLLM_CPU_KVCACHE_SPACE (1 GiB of KV cache), MODEL_NAME.
+#   vLLM may reserve on a CPU), VLLM_CPU_KVCACHE_SPACE (1 GiB of KV cache), MODEL_NAME, VLLM_ARGS (more
+#   arguments for vLLM, e.g. --enforce-eager: no compilation, a server up in seconds, slower steps).
 # vLLM lives in its own environment: it pins another transformers than the app's. It reuses the
 # torch 2.13.0 CPU wheel; the torchvision/torchaudio/torchcodec that pip brings along do not import
 # beside that torch build, and vLLM serves text without them, so they are removed.
@@ -41,4 +42,4 @@ export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 echo "[vLLM serving $name on http://$host:$port (speculation: $spec)]" >&2
 exec "$venv/bin/python" -m vllm.entrypoints.openai.api_server --model "$model_dir" \
     --served-model-name "$name" --host "$host" --port "$port" --dtype bfloat16 --max-model-len 4096 \
-    --gpu-memory-utilization "${VLLM_MEMORY_UTILIZATION:-0.25}" "$@"
+    --gpu-memory-utilization "${VLLM_MEMORY_UTILIZATION:-0.25}" "$@" ${VLLM_ARGS:-}
