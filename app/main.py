@@ -23,6 +23,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", help="bundled, a Hub id, a local folder or a .gguf file (this run only)")
     parser.add_argument("--draft-model", help="a draft model for the draft-model strategy (this run only)")
     parser.add_argument("--strategy", help="the drafting strategy (this run only)")
+    parser.add_argument("--server", metavar="URL", help="chat through this OpenAI-compatible server, e.g. vLLM "
+                        "(this run only; Settings > Backend keeps one)")
+    parser.add_argument("--baseline-server", metavar="URL",
+                        help="with --server: the same model served without speculation, for a measured speedup")
     parser.add_argument("--max-new-tokens", type=int, help="longest answer in tokens (this run only)")
     parser.add_argument("--send", metavar="TEXT", help="send TEXT as the first message once the model is ready")
     parser.add_argument("--screenshot", metavar="PATH", type=Path, help="save a PNG of the window after the reply")
@@ -30,13 +34,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         parser.error("--max-new-tokens must be at least 1")
+    if args.baseline_server is not None and args.server is None:
+        parser.error("--baseline-server needs --server")
     return args
 
 
 def overrides_from(args: argparse.Namespace) -> dict:
     names = {"model": "model_source", "draft_model": "draft_source", "strategy": "strategy",
-             "max_new_tokens": "max_new_tokens"}
-    return {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
+             "max_new_tokens": "max_new_tokens", "server": "server_url", "baseline_server": "baseline_url"}
+    overrides = {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
+    if args.server is not None:
+        overrides["backend"] = "remote"
+    return overrides
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,10 @@ def test_command_line_choices_become_one_run_overrides():
     args = parse_args(["--model", "m.gguf", "--strategy", "none", "--max-new-tokens", "5", "--send", "hi"])
     assert overrides_from(args) == {"model_source": "m.gguf", "strategy": "none", "max_new_tokens": 5}
     assert overrides_from(parse_args([])) == {}
+    remote = overrides_from(parse_args(["--server", "http://h:1", "--baseline-server", "http://h:2"]))
+    assert remote == {"backend": "remote", "server_url": "http://h:1", "baseline_url": "http://h:2"}
+    with pytest.raises(SystemExit):
+        parse_args(["--baseline-server", "http://h:2"])
 
 
 def test_autopilot_sends_saves_a_screenshot_and_exits(make_window, qtbot, tmp_path):
