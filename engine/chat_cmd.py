@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from .errors import SpeculaError
 from .events import Finished, Origin, Step
-from .generate_cmd import check_strategy, decode_config, strategy_options
+from .generate_cmd import check_strategy, connect_remote, decode_config, strategy_options
 from .loading import ModelSpec
 from .prompts import Message, conversation
 from .session import GenerateRequest, LoadRequest, Session
@@ -34,12 +34,17 @@ def _paint(step: Step, colour: bool) -> str:
 
 def run_chat(args) -> int:
     config = decode_config(args)
-    check_strategy(args)
     colour = sys.stdout.isatty()
-    session = Session()
-    spec = ModelSpec(args.model, args.device, args.dtype)
-    loaded = session.load(LoadRequest(spec, args.draft_model), lambda t: print(f"[{t}]", file=sys.stderr))
-    strategy = args.strategy
+    say = lambda text: print(f"[{text}]", file=sys.stderr)  # noqa: E731
+    if args.backend == "remote":
+        session = connect_remote(args, say)  # the server speculates as it was started to
+        loaded, strategy = session.describe(), "server"
+    else:
+        check_strategy(args)
+        session = Session()
+        spec = ModelSpec(args.model, args.device, args.dtype)
+        loaded = session.load(LoadRequest(spec, args.draft_model), say)
+        strategy = args.strategy
     print(f"{loaded.target} on {loaded.device} ({loaded.dtype}). Strategy: {strategy}. {HELP}")
     if colour:
         print(f"Colours: {COLOURS[Origin.DRAFT]}accepted draft{RESET}, {COLOURS[Origin.CORRECTION]}correction"
@@ -104,6 +109,8 @@ def _reply(session: Session, request: GenerateRequest, colour: bool) -> Finished
         signal.signal(signal.SIGINT, previous)
     t = finished.totals
     rate = f"{t.acceptance_rate:.0%}" if t.acceptance_rate is not None else "n/a"
+    if request.strategy == "server" and t.acceptance_rate is not None:
+        rate += " (server-wide counters)"
     speed = f", ~{finished.speedup:.2f}x plain" if finished.speedup else ""
     print(f"\n[{request.strategy}: {t.new_tokens} tokens, {t.tokens_per_s:.1f} tok/s, acceptance {rate}"
           f"{speed}, {finished.reason}]")

@@ -3,6 +3,7 @@
     specula generate --model bundled --strategy prompt-lookup --prompt "..." [--json]
     specula strategies
     specula chat                       an interactive terminal chat with coloured tokens
+    specula generate --backend remote --server URL --prompt "..."    through a vLLM (or other) server
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--overwrite", action="store_true")
     c = sub.add_parser("chat", help="chat in the terminal")
     _add_model_args(c)
+    _add_remote_args(c)
     _add_decode_args(c)
     return parser
 

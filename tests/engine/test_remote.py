@@ -296,3 +296,17 @@ def test_generate_with_the_remote_backend(capsys):
     assert "needs --server" in capsys.readouterr().err
     assert main(["generate", "--backend", "remote", "--server", "ftp://x", "--prompt", "hi"]) == 2
     assert "http:// or https://" in capsys.readouterr().err
+
+
+def test_terminal_chat_through_a_server_keeps_the_conversation(capsys, monkeypatch):
+    from engine.cli import main
+
+    lines = iter(["hi", "and again", "/quit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    with FakeServer(steps=[["Hel", "lo"], ["!"]]) as fake:
+        assert main(["chat", "--backend", "remote", "--server", fake.url]) == 0
+        second = fake.requests[-1]["messages"]
+    out = capsys.readouterr().out
+    assert "Strategy: server" in out and out.count("Hello!") == 2 and "server-wide counters" in out
+    assert second == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"},
+                      {"role": "user", "content": "and again"}]
