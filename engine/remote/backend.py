@@ -228,9 +228,8 @@ class RemoteReply:
             if self.start_counters is not None and self.start_counters.per_position:
                 self.k = len(self.start_counters.per_position)  # the server's longest draft
         self.t0 = time.perf_counter()
-        stream = EventStream(self.info.server, "/chat/completions", self.payload)
-        inbox: queue.Queue = queue.Queue()
-        threading.Thread(target=_pump, args=(stream, inbox), name="specula-remote-stream", daemon=True).start()
+        stream = _Pump(self.info.server, self.payload)
+        inbox = stream.inbox
         started = False
         next_poll = self.t0 + POLL_S
         cancelled = False
@@ -345,12 +344,35 @@ class RemoteReply:
         return Finished(self.rid, reason, text, ids, totals, speedup)
 
 
-def _pump(stream: EventStream, inbox: queue.Queue) -> None:
-    """The stream's events into `inbox` (its own thread: a read may wait long; `close()` ends it)."""
-    try:
-        for event in stream:
-            inbox.put(("event", event))
-        inbox.put(("end", None))
-    except Exception as exc:  # every failure reaches the consumer as the error it is
-        inbox.put(("error", exc))
+class _Pump:
+    """Opens the stream and moves its events into `inbox` on a thread of its own: opening may wait (a
+    server may hold its headers back until its first token) and so may each read. `close()` returns at
+    once: it shuts an open stream down, or has one that is still opening closed as soon as it opens."""
+
+    def __init__(self, server: Server, payload: dict) -> None:
+        self.inbox: queue.Queue = queue.Queue()
+        self._stream: EventStream | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, args=(server, payload), name="specula-remote-stream", daemon=True).start()
+
+    def _run(self, server: Server, payload: dict) -> None:
+        try:
+            stream = EventStream(server, "/chat/completions", payload)
+            with self._lock:
+                self._stream, closed = stream, self._closed
+            if closed:
+                stream.close()
+            else:
+                for event in stream:
+                    self.inbox.put(("event", event))
+            self.inbox.put(("end", None))
+        except Exception as exc:  # every failure reaches the consumer as the error it is
+            self.inbox.put(("error", exc))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed, stream = True, self._stream
+        if stream is not None:
+            stream.close()
 

@@ -20,12 +20,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class FakeServer:
     def __init__(self, steps=(("Hello",), (" there", "!")), *, model="fake-model", vllm=True, speculates=True,
                  delay_s=0.0, die_after=None, stall_after=None, status=None, error_body=None, malformed_after=None,
-                 api_key=None, finish="stop") -> None:
+                 api_key=None, finish="stop", hold_headers=False) -> None:
         self.steps = [list(s) for s in steps]  # each engine step: the texts of its tokens
         self.model, self.vllm, self.speculates = model, vllm, speculates
         self.delay_s, self.die_after, self.stall_after = delay_s, die_after, stall_after
         self.status, self.error_body, self.malformed_after = status, error_body, malformed_after
-        self.api_key, self.finish = api_key, finish
+        self.api_key, self.finish, self.hold_headers = api_key, finish, hold_headers
         self.requests: list[dict] = []
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0, 0, 0, 0]}
         self.released = threading.Event()  # a stalled answer waits for this (or the client to go)
@@ -114,6 +114,8 @@ def _handler(fake: FakeServer):
             fake.requests.append(body)
             if not self._authorized():
                 return
+            if fake.hold_headers:
+                fake.released.wait(30)  # a server that answers nothing until its first token
             if fake.status is not None:
                 self._send(fake.status, fake.error_body or json.dumps({"error": {"message": "scripted failure"}}))
                 return

@@ -213,6 +213,17 @@ def test_stop_closes_the_stream_at_once():
         assert list(backend.generate(ASK))[-1].text == "abcd"  # the next request works
 
 
+def test_stop_works_while_the_server_holds_back_its_answer():
+    stop = threading.Event()
+    with FakeServer(hold_headers=True) as fake:
+        backend = connect(fake)
+        threading.Timer(0.3, stop.set).start()
+        events = list(backend.generate(ASK, should_stop=stop.is_set))  # returns although nothing came
+        assert not fake.released.is_set()
+        fake.released.set()
+    assert isinstance(events[-1], Finished) and events[-1].reason == "cancelled" and events[-1].text == ""
+
+
 def test_a_server_dying_mid_answer_is_an_error_after_the_tokens_it_sent():
     with FakeServer(steps=[["a"], ["b"], ["c"]], die_after=2) as fake:
         backend = connect(fake)
