@@ -29,6 +29,7 @@ class FakeServer:
         self.requests: list[dict] = []
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0, 0, 0, 0]}
         self.released = threading.Event()  # a stalled answer waits for this (or the client to go)
+        self.answered = threading.Event()  # the server began its answer (sent its headers)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -116,6 +117,7 @@ def _handler(fake: FakeServer):
                 return
             if fake.hold_headers:
                 fake.released.wait(30)  # a server that answers nothing until its first token
+            fake.answered.set()
             if fake.status is not None:
                 self._send(fake.status, fake.error_body or json.dumps({"error": {"message": "scripted failure"}}))
                 return
