@@ -227,7 +227,7 @@ class MainWindow(QMainWindow):
     @property
     def remote(self) -> bool:
         """Connected to a server (the remote backend) rather than running a local model."""
-        return self.loaded is not None and getattr(self.loaded, "backend", "local") == "remote"
+        return self.loaded is not None and self.loaded.backend == "remote"
 
     def _offer_strategies(self, usable) -> None:
         from engine.drafters import DRAFTERS

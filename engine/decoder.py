@@ -314,10 +314,7 @@ class _Loop:
         if self.detok:
             self.detok.flush()
         totals = self.stats.totals(len(self.out_ids), wall)
-        speedup = None
-        decoded = len(self.out_ids) - 1
-        if baseline is not None and decoded > 0 and wall > totals.prefill_s:
-            speedup = baseline.expected(self.n_prompt + 1, decoded) / (wall - totals.prefill_s)
+        speedup = baseline.speedup(self.n_prompt, totals) if baseline is not None else None
         text = self.detok.text if self.detok else ""
         return Finished(self.request_id, self.budget.reason or "length", text, tuple(self.out_ids), totals, speedup)
 

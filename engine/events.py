@@ -146,6 +146,14 @@ class BaselineCost:
         n = n_tokens
         return n * self.a + self.b * (n * context_start + n * (n - 1) / 2)
 
+    def speedup(self, prompt_tokens: int, totals: Totals) -> float | None:
+        """A finished generation's speedup: what plain decoding would have spent on the tokens after the
+        first (the prefill's) / the time they took. None when nothing was decoded."""
+        decoded = totals.new_tokens - 1
+        if decoded <= 0 or totals.decode_s <= 0:
+            return None
+        return self.expected(prompt_tokens + 1, decoded) / totals.decode_s
+
 
 @dataclass(frozen=True)
 class ServerStats:

@@ -102,7 +102,7 @@ def read_counters(server: Server, model: str | None) -> SpecCounters | None:
         return None
 
 
-def chat_payload(info: ServerInfo, request, max_tokens: int | None = None) -> dict:
+def chat_payload(info: ServerInfo, request) -> dict:
     """The /v1/chat/completions body for a GenerateRequest (vLLM extras only where the server is vLLM)."""
     if not request.chat:
         raise SpeculaError("the remote backend speaks chat: drop --no-chat / use --chat")
@@ -111,7 +111,7 @@ def chat_payload(info: ServerInfo, request, max_tokens: int | None = None) -> di
         "model": info.model,
         "messages": [{"role": m.role, "content": m.content} for m in request.messages],
         "stream": True,
-        "max_tokens": max_tokens or request.config.max_new_tokens,
+        "max_tokens": request.config.max_new_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,
         "stream_options": {"include_usage": True},
@@ -170,8 +170,7 @@ class RemoteBackend:
             raise SpeculaError("no server is connected yet")
         return self.info
 
-    def generate(self, request, request_id: int = 0, should_stop: Callable[[], bool] = lambda: False,
-                 prompt_ids=None) -> Iterator:
+    def generate(self, request, request_id: int = 0, should_stop: Callable[[], bool] = lambda: False) -> Iterator:
         info = self._need_info()
         return RemoteReply(info, chat_payload(info, request), request_id, should_stop, self.baseline).events()
 
@@ -180,8 +179,9 @@ class RemoteBackend:
 
 
 def measure_plain(info: ServerInfo) -> BaselineCost:
-    """Plain decoding speed of a server without speculation: a warm-up, then the faster of two timed
-    answers of PROBE_TOKENS tokens. Seconds per token, independent of the context length (b = 0)."""
+    """Plain decoding speed of a server without speculation: the fastest of three timed answers of
+    PROBE_TOKENS tokens (the first also warms the server up). Seconds per token, independent of the
+    context length (b = 0)."""
     from ..decoder import DecodeConfig
     from ..prompts import Message
     from ..session import GenerateRequest
@@ -335,10 +335,7 @@ class RemoteReply:
             position_drafted=tuple(round(d.drafts) for _ in d.per_position),
             position_accepted=tuple(round(a) for a in d.per_position),
         )
-        speedup = None
-        if self.baseline is not None and totals.decode_s > 0 and totals.new_tokens > 1:
-            expected = self.baseline.expected(self.prompt_tokens + 1, totals.new_tokens - 1)
-            speedup = expected / totals.decode_s
+        speedup = self.baseline.speedup(self.prompt_tokens, totals) if self.baseline is not None else None
         text = "".join(t.text for t in self.tokens)
         ids = tuple(t.id for t in self.tokens if t.id >= 0)
         return Finished(self.rid, reason, text, ids, totals, speedup)
