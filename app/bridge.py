@@ -26,6 +26,7 @@ class ModelChoice:
     draft: str = ""  # empty: no draft model
     device: str = "auto"
     dtype: str = "auto"
+    weights: str = "auto"
     measure_baseline: bool = True
     backend: str = "local"  # or "remote": connect to server_url instead of loading a model
     server_url: str = ""
@@ -36,7 +37,7 @@ class ModelChoice:
 
     @classmethod
     def from_settings(cls, s) -> "ModelChoice":
-        return cls(s.model_source, s.draft_source, s.device, s.dtype, backend=s.backend, server_url=s.server_url,
+        return cls(s.model_source, s.draft_source, s.device, s.dtype, s.weights, backend=s.backend, server_url=s.server_url,
                    server_model=s.server_model, api_key_env=s.api_key_env, baseline_url=s.baseline_url,
                    verify_tls=s.verify_tls)
 
@@ -53,7 +54,7 @@ class ModelChoice:
         from engine.loading import ModelSpec
         from engine.session import LoadRequest
 
-        spec = ModelSpec(self.source, device=self.device, dtype=self.dtype)
+        spec = ModelSpec(self.source, device=self.device, dtype=self.dtype, weights=self.weights)
         return LoadRequest(spec, draft=self.draft or None, measure_baseline=self.measure_baseline)
 
 

@@ -5,7 +5,8 @@ defaults; the caller shows the notice. Out-of-range numbers are clamped, fields 
 back to their defaults, unknown keys are ignored. Window geometry lives in QSettings, not here.
 
 Versions: 1 had no strategy options; 2 adds `lookup_min_n`, `lookup_max_n` and `exit_layer` (None: the
-engine's default); 3 adds the backend (local engine or remote server) and the server's details.
+engine's default); 3 adds the backend (local engine or remote server) and the server's details; 4 adds
+`weights` (how a GGUF's 4-bit weights run: auto, native or dequantized).
 `migrate` brings an older file's dict up to date before it is read, so old files load.
 
 An API key is never a setting: it comes from the environment variable named by `api_key_env` or from
@@ -19,8 +20,9 @@ from pathlib import Path
 
 from .storage import read_json, set_aside, write_json_atomic
 
-VERSION = 3
+VERSION = 4
 BACKENDS = ("local", "remote")
+WEIGHTS = ("auto", "native", "dequantized")  # engine.paths.WEIGHT_NAMES (tested equal)
 FILE_NAME = "settings.json"
 K_LIMIT = 16  # the engine's adaptive bound (DecodeConfig.k_max)
 MAX_NEW_TOKENS_LIMIT = 32768
@@ -42,6 +44,7 @@ class Settings:
     draft_source: str = ""  # empty: no draft model
     device: str = "auto"
     dtype: str = "auto"
+    weights: str = "auto"  # a GGUF's 4-bit weights: auto (native where it applies), native, dequantized
     # strategy options (None: the engine's default); sent with every request as GenerateRequest.options
     lookup_min_n: int | None = None  # prompt lookup: shortest n-gram to match
     lookup_max_n: int | None = None  # prompt lookup: longest n-gram to match
@@ -98,7 +101,12 @@ def _v2_to_v3(data: dict) -> dict:
     return {**remote, **data, "version": 3}
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3}  # version -> the step to the next version
+def _v3_to_v4(data: dict) -> dict:
+    """Version 4 added `weights`; a version 3 file runs a GGUF natively where it can (the default)."""
+    return {"weights": "auto", **data, "version": 4}
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}  # version -> the step to the next version
 
 
 def migrate(data: dict) -> dict:
@@ -136,6 +144,7 @@ def clamp(s: Settings) -> Settings:
         max_new_tokens=min(max(s.max_new_tokens, 1), MAX_NEW_TOKENS_LIMIT),
         model_source=s.model_source.strip() or "bundled",
         backend=s.backend if s.backend in BACKENDS else "local",
+        weights=s.weights if s.weights in WEIGHTS else "auto",
         server_url=s.server_url.strip(),
         server_model=s.server_model.strip(),
         api_key_env=s.api_key_env.strip(),

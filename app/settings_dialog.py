@@ -17,7 +17,7 @@ from .settings import Settings
 
 MODEL_HINT = "bundled, a Hugging Face Hub id (org/name), a local folder or a .gguf file"
 BACKENDS = (("Local engine", "local"), ("Remote server", "remote"))
-LOCAL_KEYS = ("model_source", "draft_source", "device", "dtype")
+LOCAL_KEYS = ("model_source", "draft_source", "device", "dtype", "weights")
 REMOTE_KEYS = ("server_url", "server_model", "api_key_env", "baseline_url", "verify_tls")
 
 
@@ -27,7 +27,7 @@ class SettingsDialog(QDialog):
         self.setWindowTitle("Settings")
         self.setMinimumWidth(520)
         self._settings = settings
-        from engine.paths import DEVICE_NAMES, DTYPE_NAMES  # torch-free: the dialog may open before a model loads
+        from engine.paths import DEVICE_NAMES, DTYPE_NAMES, WEIGHT_NAMES  # torch-free: the dialog may open before a model loads
 
         self.backend = QComboBox()
         for text, value in BACKENDS:
@@ -42,6 +42,10 @@ class SettingsDialog(QDialog):
         self.draft.setPlaceholderText("none (needed only by the draft-model strategy)")
         self.device = _combo(DEVICE_NAMES, settings.device)
         self.dtype = _combo(DTYPE_NAMES, settings.dtype)
+        self.weights = _combo(WEIGHT_NAMES, settings.weights)
+        self.weights.setToolTip("A GGUF model's 4-bit weights: native runs them as they are (CPU, bf16; about twice "
+                                "as fast), dequantized expands them to the precision above, auto is native where "
+                                "it applies")
         self.system = QPlainTextEdit(settings.system_prompt)
         self.system.setPlaceholderText("Optional instructions sent before every conversation")
         self.system.setFixedHeight(90)
@@ -54,7 +58,7 @@ class SettingsDialog(QDialog):
         self.exit_layer = _option_spin(settings.exit_layer, 256, "Layer skip drafts with the layers up to this "
                                        "one (default: half the model's layers)")
         model_row, draft_row = _with_browse(self.model, self), _with_browse(self.draft, self)
-        self.local_fields = (model_row, draft_row, self.device, self.dtype, self.min_n, self.max_n, self.exit_layer)
+        self.local_fields = (model_row, draft_row, self.device, self.dtype, self.weights, self.min_n, self.max_n, self.exit_layer)
         form = QFormLayout()
         form.addRow("Backend", self.backend)
         form.addRow("System prompt", self.system)
@@ -66,6 +70,7 @@ class SettingsDialog(QDialog):
         form.addRow("Draft model", draft_row)
         form.addRow("Device", self.device)
         form.addRow("Precision", self.dtype)
+        form.addRow("GGUF weights", self.weights)
         form.addRow("Prompt lookup: min n", self.min_n)
         form.addRow("Prompt lookup: max n", self.max_n)
         form.addRow("Layer skip: exit layer", self.exit_layer)
@@ -108,6 +113,7 @@ class SettingsDialog(QDialog):
             draft_source=self.draft.text().strip(),
             device=self.device.currentText(),
             dtype=self.dtype.currentText(),
+            weights=self.weights.currentText(),
             system_prompt=self.system.toPlainText(),
             top_p=self.top_p.value(),
             top_k=self.top_k.value(),

@@ -218,7 +218,7 @@ class MainWindow(QMainWindow):
         self.plots.set_model(event)
         self.status_labels["model"].setText(event.target + (f"  ·  draft: {event.draft}" if event.draft else ""))
         self.status_labels["device"].setText(event.device)
-        self.status_labels["dtype"].setText("" if self.remote else event.dtype)
+        self.status_labels["dtype"].setText("" if self.remote else event.weights or event.dtype)
         self.statusBar().showMessage(f"Loaded {event.target}", 4000)
         self._set_state("ready")
         self.composer.input.setFocus()

@@ -32,12 +32,13 @@ def run_bench_cmd(args) -> int:
     names = strategies + peers + list(servers)
     remotes = connect_servers(servers, args.api_key_env or "", not args.insecure)
     session = Session()
-    spec = ModelSpec(args.model, args.device, args.dtype)
+    spec = ModelSpec(args.model, args.device, args.dtype, args.weights)
     loaded = session.load(LoadRequest(spec, args.draft_model, measure_baseline=False))
     options = (("head", args.head),) if args.head else ()
     results = run_bench(session, items, names, config, chat=not args.no_chat, repeat=args.repeat, k=args.k,
                         options=options, remotes=remotes)
     summary = summarize(results, loaded.target, loaded.device, loaded.dtype, args.max_new_tokens, set(servers))
+    summary["weights"] = loaded.weights or loaded.dtype
     for name, backend in remotes.items():
         summary.setdefault("servers", {})[name] = backend.describe().device
     summary["k"] = {name: default_k(split_variant(name)[0]) if args.k is None else args.k for name in strategies}

@@ -128,8 +128,10 @@ def _fmt(value, pattern="{:.2f}") -> str:
 
 
 def to_markdown(summary: dict) -> str:
+    weights = summary.get("weights")
     head = (f"Model: {summary['model']} | device {summary['device']} | dtype {summary['dtype']} | "
-            f"max new tokens {summary['max_new_tokens']}")
+            + (f"weights {weights} | " if weights and weights != summary["dtype"] else "")
+            + f"max new tokens {summary['max_new_tokens']}")
     if summary.get("k"):
         head += " | longest draft k: " + ", ".join(f"{n} {k}" for n, k in summary["k"].items() if n != "none")
     for name, where in summary.get("servers", {}).items():
@@ -169,6 +171,7 @@ def public_json(summary: dict) -> dict:
     overall_keys = ("speedup", "speedup_vs_hf", "tokens_per_s", "mean_accepted_length", "identical")
     return {
         **{k: summary[k] for k in ("model", "device", "dtype", "max_new_tokens")},
+        "weights": summary.get("weights", summary["dtype"]),
         "rows": [{k: r[k] for k in keys} for r in summary["rows"]],
         "overall": {n: {k: o[k] for k in overall_keys} for n, o in summary["overall"].items()},
     }

@@ -42,10 +42,10 @@ def run_chat(args) -> int:
     else:
         check_strategy(args)
         session = Session()
-        spec = ModelSpec(args.model, args.device, args.dtype)
+        spec = ModelSpec(args.model, args.device, args.dtype, args.weights)
         loaded = session.load(LoadRequest(spec, args.draft_model), say)
         strategy = args.strategy
-    print(f"{loaded.target} on {loaded.device} ({loaded.dtype}). Strategy: {strategy}. {HELP}")
+    print(f"{loaded.target} on {loaded.device} ({loaded.weights or loaded.dtype}). Strategy: {strategy}. {HELP}")
     if colour:
         print(f"Colours: {COLOURS[Origin.DRAFT]}accepted draft{RESET}, {COLOURS[Origin.CORRECTION]}correction"
               f"{RESET}, {COLOURS[Origin.BONUS]}bonus{RESET}, plain target.")

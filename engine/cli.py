@@ -26,6 +26,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, help="draft model for the draft-model strategy")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    p.add_argument("--weights", default="auto", choices=["auto", "native", "dequantized"],
+                   help="a GGUF's 4-bit weights: native runs its Q4_0/Q4_1 blocks as they are (CPU, bf16); "
+                        "dequantized expands them to --dtype; auto: native where it applies")
 
 
 def _add_remote_args(p: argparse.ArgumentParser) -> None:
@@ -120,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--model", default=None, help="load this model and mark the strategies it can use, with the heads found")
     st.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     st.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    st.add_argument("--weights", default="auto", choices=["auto", "native", "dequantized"])
     e = sub.add_parser("export", help="write a model as a safetensors folder for a serving engine (vLLM)")
     e.add_argument("--model", default="bundled", help="bundled, a .gguf file or a model folder")
     e.add_argument("--out", type=Path, required=True, help="the folder to write")
@@ -185,7 +189,7 @@ def _strategies(args) -> int:
     from .session import LoadRequest, Session
 
     session = Session()
-    loaded = session.load(LoadRequest(ModelSpec(args.model, args.device, args.dtype), measure_baseline=False))
+    loaded = session.load(LoadRequest(ModelSpec(args.model, args.device, args.dtype, args.weights), measure_baseline=False))
     print(f"strategies for {loaded.target}:")
     for name, info in DRAFTERS.items():
         if name in loaded.strategies:

@@ -129,6 +129,7 @@ class Loaded:
     baseline: BaselineCost | None = None  # measured plain decoding cost, for live speedup and plots
     backend: str = "local"  # or "remote": an OpenAI-compatible server
     notes: tuple[str, ...] = ()  # what a user should know about this backend's numbers
+    weights: str = ""  # what the products run on, e.g. "Q4_1 4-bit (native)"; "" when it is `dtype`
 
 
 @dataclass(frozen=True)

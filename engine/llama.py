@@ -3,8 +3,11 @@
 It reuses the loaded transformers modules' weights (projections, norms, MLP) and replaces what costs on
 the hot path: the q/k/v and gate/up projections run as one product each (the modules' parameters become
 views into the fused weights, so nothing is duplicated), attention reads a preallocated cache, rollback
-is moving `length`, and no mask is built for single-token steps. `shallow(n)` gives a runner over the first n layers with its own cache, sharing
-the weights (early-exit self-speculation).
+is moving `length`, and no mask is built for single-token steps. The products are `engine.quant`'s: a
+GGUF's 4-bit blocks through the int4 kernel when the model was loaded with native weights, otherwise the
+dense weights, prepacked for oneDNN on a CPU in bf16 (a second copy of them, for models up to
+PREPACK_LIMIT_BYTES). `shallow(n)` gives a runner over the first n layers with its own cache, sharing
+the products (early-exit self-speculation).
 """
 
 from __future__ import annotations
@@ -13,11 +16,14 @@ import torch
 import torch.nn.functional as F
 
 from .errors import ContextTooLongError
+from .gguf_native import NativeWeights
+from .quant import Dense, Int4, Q4Blocks, can_prepack
 
 LLAMA_FAMILY = {"llama", "qwen2", "qwen3", "mistral"}
 _GROW = 256  # cache capacity grows in steps of this many positions
 _BLOCK = 32  # CPU attention reads keys in whole blocks of this many positions, the rest masked
 _MIN_ROWS = 4  # fewer query rows than this take another matrix kernel on the CPU, so pad up to it
+PREPACK_LIMIT_BYTES = 4 << 30  # larger models keep one copy of their dense weights (unpacked)
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -63,42 +69,68 @@ def _fuse_rows(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | 
 
 
 class _Layer:
-    """One decoder layer's weights in the shapes the lean forward uses."""
+    """One decoder layer's products (fused q/k/v, o, fused gate/up, down) and norms."""
 
-    def __init__(self, layer: torch.nn.Module) -> None:
+    def __init__(self, layer: torch.nn.Module, prefix: str, native: NativeWeights | None, prepack: bool) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj)
         if any(lin.bias is not None for lin in linears) and not all(lin.bias is not None for lin in linears):
             raise ValueError("mixed projection biases")
-        self.qkv_w, self.qkv_b = _fuse_rows(*linears)
-        self.gate_up_w, self.gate_up_b = _fuse_rows(mlp.gate_proj, mlp.up_proj)
+        blocks = native.blocks if native is not None else {}
+        dtype = attn.q_proj.weight.dtype
+
+        def product(names: tuple[str, ...], mods: tuple[torch.nn.Linear, ...]):
+            keys = [f"{prefix}.{n}" for n in names]
+            if all(k in blocks for k in keys):  # the file's 4-bit blocks as they are
+                bias = torch.cat([m.bias.detach() for m in mods]) if mods[0].bias is not None else None
+                return Int4(Q4Blocks.cat([blocks[k] for k in keys]), bias, dtype)
+            if len(mods) == 1:
+                lin = mods[0]
+                return Dense(lin.weight.detach(), None if lin.bias is None else lin.bias.detach(), prepack)
+            return Dense(*_fuse_rows(*mods), prepack=prepack)
+
+        self.qkv = product(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), linears)
+        self.o_proj = product(("self_attn.o_proj",), (attn.o_proj,))
+        self.gate_up = product(("mlp.gate_proj", "mlp.up_proj"), (mlp.gate_proj, mlp.up_proj))
+        self.down = product(("mlp.down_proj",), (mlp.down_proj,))
         self.inter = mlp.gate_proj.weight.shape[0]
         self.act = mlp.act_fn
-        self.down = mlp.down_proj
-        self.o_proj = attn.o_proj
         self.in_norm = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
         self.post_norm = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
         self.q_norm = getattr(attn, "q_norm", None)  # Qwen3 normalises each head before rotary
         self.k_norm = getattr(attn, "k_norm", None)
+        # to see the model's weights replaced (a copy, .to(dtype or device)) after the products were built
+        self._watch = tuple((p, p.data_ptr()) for p in (attn.q_proj.weight, mlp.gate_proj.weight))
+
+
+def _prepack(model: torch.nn.Module) -> bool:
+    """Prepack dense weights for oneDNN (a second copy of them) where it applies and they are small
+    enough that the copy cannot exhaust memory."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return can_prepack(model.lm_head.weight) and total <= PREPACK_LIMIT_BYTES
 
 
 def _still_fused(layers: list[_Layer], model: torch.nn.Module) -> bool:
     """False when the model's weights were replaced since fusing (a copy, .to(dtype or device))."""
     return len(layers) == len(model.model.layers) and all(
-        mine.qkv_w.data_ptr() == layer.self_attn.q_proj.weight.data_ptr()
-        and mine.gate_up_w.data_ptr() == layer.mlp.gate_proj.weight.data_ptr()
+        all(p is now and p.data_ptr() == ptr for (p, ptr), now in zip(mine._watch, (layer.self_attn.q_proj.weight,
+                                                                                     layer.mlp.gate_proj.weight)))
         for mine, layer in zip(layers, model.model.layers)
     )
 
 
-def _fused_layers(model: torch.nn.Module) -> list[_Layer]:
-    """Fuse once per model: runners for the same model (the target, layer skip, a draft that is the
-    target itself) share the fused weights."""
-    layers = getattr(model, "_specula_layers", None)
-    if layers is None or not _still_fused(layers, model):
-        layers = [_Layer(layer) for layer in model.model.layers]
-        model._specula_layers = layers
-    return layers
+def _fused_layers(model: torch.nn.Module, native: NativeWeights | None) -> tuple[list[_Layer], Dense]:
+    """Build the products once per model and weight source: runners for the same model (the target,
+    layer skip, a draft that is the target itself) share them."""
+    cached = getattr(model, "_specula_layers", None)
+    if cached is None or cached[0] is not native or not _still_fused(cached[1], model):
+        prepack = _prepack(model)
+        layers = [_Layer(layer, f"model.layers.{i}", native, prepack) for i, layer in enumerate(model.model.layers)]
+        head = model.lm_head
+        lm_head = Dense(head.weight.detach(), None if head.bias is None else head.bias.detach(), prepack)
+        cached = (native, layers, lm_head)
+        model._specula_layers = cached
+    return cached[1], cached[2]
 
 
 def _tree(parents: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,17 +170,18 @@ def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor
 
 
 class LlamaRunner:
-    def __init__(self, model: torch.nn.Module, n_layers: int | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, n_layers: int | None = None, native: NativeWeights | None = None) -> None:
         cfg = model.config
         self.model = model
-        self.layers = _fused_layers(model)[: n_layers or cfg.num_hidden_layers]
+        self.native = native
+        layers, self.lm_head = _fused_layers(model, native)
+        self.layers = layers[: n_layers or cfg.num_hidden_layers]
         self.embed = model.model.embed_tokens
         self.norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
-        self.lm_head = model.lm_head
-        self.vocab_size = self.lm_head.weight.shape[0]
+        self.vocab_size = model.lm_head.weight.shape[0]
         self.max_len = context_window(cfg)
-        self.device = self.lm_head.weight.device
-        self.dtype = self.lm_head.weight.dtype
+        self.device = model.lm_head.weight.device
+        self.dtype = model.lm_head.weight.dtype
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
@@ -183,7 +216,7 @@ class LlamaRunner:
         return self.dtype == torch.float32 or not self.blocked
 
     def shallow(self, n_layers: int) -> "LlamaRunner":
-        return LlamaRunner(self.model, n_layers)
+        return LlamaRunner(self.model, n_layers, self.native)
 
     @property
     def length(self) -> int:
@@ -248,7 +281,7 @@ class LlamaRunner:
         for i, layer in enumerate(self.layers):
             x = x + self._attention(i, layer, _rms_norm(x, layer.in_norm), cos, sin, start, t, plan)
             h = _rms_norm(x, layer.post_norm)
-            gate, up = F.linear(h, layer.gate_up_w, layer.gate_up_b).split(layer.inter, dim=-1)
+            gate, up = layer.gate_up(h).split(layer.inter, dim=-1)
             x = x + layer.down(layer.act(gate) * up)
         self._length = end
         self._feat[start:end] = x[:t]
@@ -318,7 +351,7 @@ class LlamaRunner:
         end = start + t
         h, kv, hd = self.n_heads, self.n_kv, self.head_dim
         rows = x.shape[0]
-        qkv = F.linear(x, layer.qkv_w, layer.qkv_b)[:t].view(t, h + 2 * kv, hd).transpose(0, 1)  # (H+2KV, T, hd)
+        qkv = layer.qkv(x)[:t].view(t, h + 2 * kv, hd).transpose(0, 1)  # (H+2KV, T, hd)
         v = qkv[h + kv :]  # (KV, T, hd)
         if layer.q_norm is not None:
             qk = torch.cat((layer.q_norm(qkv[:h]), layer.k_norm(qkv[h : h + kv])))

@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 
 from . import llama
+from .gguf_native import NativeWeights, check_against, read_native_weights
 from .errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError
 from .forward import HFRunner, ModelRunner
-from .paths import DEVICE_NAMES, cache_dir
+from .paths import DEVICE_NAMES, WEIGHT_NAMES, cache_dir
 
 BUNDLED = "bundled"
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
@@ -34,11 +35,18 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 log = logging.getLogger(__name__)
 
 
+WEIGHTS = WEIGHT_NAMES
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     source: str = BUNDLED
     device: str = "auto"
     dtype: str = "auto"
+    # How a GGUF's 4-bit weights run: "native" keeps its Q4_0/Q4_1 blocks and runs them through int4
+    # products (CPU, bf16), "dequantized" expands them to `dtype` as transformers reads them, "auto"
+    # is native where it applies. Other sources are always dense.
+    weights: str = "auto"
 
 
 @dataclass
@@ -50,6 +58,15 @@ class LoadedModel:
     dtype: torch.dtype
     lean: bool = True  # use the lean Llama-family forward where it applies
     eos_ids: frozenset[int] = field(default_factory=frozenset)
+    native: NativeWeights | None = None  # a GGUF's 4-bit blocks, run as they are by the lean forward
+
+    @property
+    def weights(self) -> str:
+        """What the products run on, for a status line: e.g. "Q4_1 4-bit (native)" or "bf16"."""
+        if self.native is not None and self.native.blocks and self.uses_lean_forward:
+            kinds = sorted({b.source_type for b in self.native.blocks.values()})
+            return f"{'/'.join(kinds)} 4-bit (native)"
+        return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, str(self.dtype))
 
     @property
     def context_window(self) -> int:
@@ -62,7 +79,7 @@ class LoadedModel:
     def new_runner(self) -> ModelRunner:
         """A fresh KV cache over this model's weights (weights are shared, never copied)."""
         if self.uses_lean_forward:
-            return llama.LlamaRunner(self.model)
+            return llama.LlamaRunner(self.model, native=self.native)
         return HFRunner(self.model, self.context_window)
 
 
@@ -111,14 +128,19 @@ def load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     say = progress or (lambda text: None)
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
+    if spec.weights not in WEIGHTS:
+        raise SpeculaError(f"unknown weights '{spec.weights}': choose one of {', '.join(WEIGHTS)}")
     source = spec.source.strip()
+    gguf = None
     if source == BUNDLED:
-        folder, name = _converted_gguf(bundled_gguf_path(), say), BUNDLED_NAME
+        gguf = bundled_gguf_path()
+        folder, name = _converted_gguf(gguf, say), BUNDLED_NAME
     else:
         path = Path(source).expanduser()
         if path.suffix.lower() == ".gguf":
             if not path.is_file():
                 raise ModelNotFoundError(f"model file not found: {path}")
+            gguf = path
             folder, name = _converted_gguf(path, say), path.name
         elif path.is_dir():
             if not (path / "config.json").is_file():
@@ -128,10 +150,45 @@ def load_model(spec: ModelSpec, progress=None) -> LoadedModel:
             folder, name = _hub_folder(source, say), source
         else:
             raise ModelNotFoundError(f"model not found: '{source}' is not a file, a folder or a Hub id")
+    if spec.weights == "native" and gguf is None:
+        raise SpeculaError("native weights need a GGUF file: this model is dense, use --weights auto")
     say(f"loading {name}")
     model, tokenizer = _from_pretrained(folder, dtype)
     model.to(device).eval()
-    return LoadedModel(model, tokenizer, name, device, dtype, eos_ids=_eos_ids(model, tokenizer))
+    loaded = LoadedModel(model, tokenizer, name, device, dtype, eos_ids=_eos_ids(model, tokenizer))
+    if gguf is not None and spec.weights != "dequantized":
+        loaded.native = _native_weights(gguf, loaded, explicit=spec.weights == "native", say=say)
+    return loaded
+
+
+def _native_weights(path: Path, loaded: LoadedModel, explicit: bool, say) -> NativeWeights | None:
+    """The GGUF's 4-bit blocks for the lean forward, or None (with the reason logged) where they do not
+    apply; with `explicit` (the user asked for native weights) the reason is raised instead."""
+
+    def cannot(reason: str) -> None:
+        if explicit:
+            raise SpeculaError(f"cannot run {path.name} with native weights: {reason}")
+        log.info("dequantized weights for %s: %s", path.name, reason)
+        return None
+
+    if loaded.device.type != "cpu":
+        return cannot("native 4-bit products run on the CPU only; on a GPU the weights are dequantized")
+    if loaded.dtype != torch.bfloat16:
+        return cannot(f"native 4-bit products compute in bf16, not {loaded.weights} (use --dtype bf16)")
+    if not loaded.uses_lean_forward:
+        return cannot(f"the architecture '{loaded.model.config.model_type}' has no lean forward")
+    say(f"reading the 4-bit weights of {path.name}")
+    try:
+        native = read_native_weights(path, loaded.model.config)
+    except (ValueError, KeyError) as exc:
+        return cannot(f"unreadable 4-bit blocks ({_first_line(exc)})")
+    if not native.blocks:
+        return cannot(f"the file holds no Q4_0/Q4_1 projections ({', '.join(sorted(native.file_types))})")
+    mismatch = check_against(native, loaded.model)
+    if mismatch:
+        return cannot(mismatch)
+    log.info("%s: %s", path.name, native.summary)
+    return native
 
 
 _HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt"]

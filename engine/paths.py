@@ -11,6 +11,7 @@ APP_ID = "io.github.specula.Specula"
 APP_NAME = "specula"
 DEVICE_NAMES = ("auto", "cpu", "cuda", "mps")
 DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")  # names the GUI can list without importing torch
+WEIGHT_NAMES = ("auto", "native", "dequantized")  # how a GGUF's 4-bit weights run (loading.ModelSpec)
 
 
 def cache_dir() -> Path:

@@ -66,7 +66,7 @@ class Session:
         if request.draft and request.draft.strip() == request.target.source.strip():
             draft = target  # the same weights; the drafter still keeps a cache of its own
         elif request.draft:
-            spec = ModelSpec(request.draft, device=str(target.device), dtype=_dtype_name(target))
+            spec = ModelSpec(request.draft, device=str(target.device), dtype=_dtype_name(target), weights="dequantized" if request.target.weights == "dequantized" else "auto")
             draft = load_model(spec, say)
             check_same_vocabulary(target.tokenizer, draft.tokenizer)
         self.use(target, draft)
@@ -118,6 +118,7 @@ class Session:
             tuple(name for name, info in DRAFTERS.items()
                   if (self.draft or not info.needs_draft_model) and (not info.needs_head or info.needs_head in self.heads)),
             self.baseline,
+            weights=t.weights,
         )
 
     def _need_target(self) -> LoadedModel:

@@ -111,7 +111,7 @@ def load_old(folder, old: dict):
     store.path.write_text(json.dumps(old))
     loaded = store.load()
     s = loaded.settings
-    assert loaded.notice is None and s.version == VERSION == 3
+    assert loaded.notice is None and s.version == VERSION == 4
     assert {k: getattr(s, k) for k in old if k != "version"} == {k: v for k, v in old.items() if k != "version"}
     return store, s
 
@@ -122,8 +122,23 @@ def test_a_version_1_file_still_loads_and_is_saved_as_the_current_version(tmp_pa
     assert s.strategy_options() == ()
     store.save(s)
     data = json.loads(store.path.read_text())
-    assert data["version"] == 3 and data["exit_layer"] is None and "lookup_min_n" in data
-    assert data["backend"] == "local"
+    assert data["version"] == 4 and data["exit_layer"] is None and "lookup_min_n" in data
+    assert data["backend"] == "local" and data["weights"] == "auto"
+
+
+def test_weights_setting_reaches_the_load_request_and_is_kept_usable(tmp_path):
+    from app.bridge import ModelChoice
+    from app.settings import WEIGHTS
+    from engine.paths import WEIGHT_NAMES
+
+    assert WEIGHTS == WEIGHT_NAMES
+    store = SettingsStore(tmp_path)
+    store.path.write_text(json.dumps({"version": 3, "dtype": "bf16", "weights": "int3"}))
+    assert store.load().settings.weights == "auto"  # an unknown value falls back to the default
+    s = Settings(weights="dequantized")
+    store.save(s)
+    assert store.load().settings == s
+    assert ModelChoice.from_settings(s).request().target.weights == "dequantized"
 
 
 def test_strategy_options_round_trip_and_are_kept_usable(tmp_path):
@@ -188,7 +203,7 @@ def test_a_version_2_file_migrates_to_the_local_backend(tmp_path):
     assert not s.remote
     store.save(s)
     data = json.loads(store.path.read_text())
-    assert data["version"] == 3 and data["backend"] == "local" and data["verify_tls"] is True
+    assert data["version"] == VERSION and data["backend"] == "local" and data["verify_tls"] is True
 
 
 def test_remote_settings_round_trip_and_an_unknown_backend_is_local(tmp_path):

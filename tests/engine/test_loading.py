@@ -94,10 +94,11 @@ def test_vocabulary_check_names_the_difference(bundled_fp32, other_vocab_folder)
 
 
 def test_the_torch_free_option_names_match_the_loader():
-    from engine.paths import DEVICE_NAMES, DTYPE_NAMES
+    from engine.paths import DEVICE_NAMES, DTYPE_NAMES, WEIGHT_NAMES
 
     assert DEVICE_NAMES == loading.DEVICES
     assert DTYPE_NAMES == ("auto", *loading.DTYPES)
+    assert WEIGHT_NAMES == loading.WEIGHTS
 
 
 def test_lean_forward_follows_a_model_converted_after_its_first_runner():

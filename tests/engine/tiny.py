@@ -37,6 +37,25 @@ def loaded(model, lean: bool = True, eos: frozenset[int] = frozenset()) -> Loade
     return LoadedModel(model, None, "tiny", torch.device("cpu"), torch.float32, lean=lean, eos_ids=eos)
 
 
+def native(model) -> LoadedModel:
+    """`model` in bf16 with its projections as Q4_1 blocks, the way a GGUF file holds them: the model's
+    own weights become the blocks' dequantized values (as transformers reads a GGUF), and the lean
+    forward runs the blocks through int4 products."""
+    from engine.gguf_native import NativeWeights
+    from engine.quant import q4_quantize
+
+    weights = NativeWeights()
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name.startswith("model.layers.") and isinstance(module, torch.nn.Linear):
+                blocks = q4_quantize(module.weight, "Q4_1")
+                module.weight.copy_(blocks.dequantize())
+                weights.blocks[name] = blocks
+                weights.file_types["Q4_1"] += 1
+    model = model.to(torch.bfloat16)
+    return LoadedModel(model, None, "tiny-q4", torch.device("cpu"), torch.bfloat16, lean=True, native=weights)
+
+
 def perturbed(model, scale: float = 0.02, seed: int = 1):
     """A copy of `model` with noise added: a draft model that agrees with it often, not always."""
     import copy

@@ -1,0 +1,144 @@
+"""Matrix products with a fixed weight, in the form that is fastest for it: y = x @ W^T (+ b).
+
+Three forms, one call signature (`product(x)`, x (rows, in) -> (rows, out)):
+- `Dense`: a bf16/fp16/fp32 weight through F.linear; on a CPU in bf16 the weight is prepacked once
+  for oneDNN (about twice as fast as F.linear for the few rows a decoding step has).
+- `Int4`: 4-bit codes in groups of 32 along the input, each group with a scale and an offset, through
+  torch's weight-only int4 kernel. GGUF's Q4_0 and Q4_1 blocks are exactly this shape, so their codes
+  are used as they are (see `Q4Blocks`).
+
+Every form gives a row the same bits whatever the other rows of the call are (checked for 1-32 rows by
+tests/engine/test_quant.py), which is what lossless verification needs: a token decoded alone and the
+same token inside a verify pass meet the same arithmetic.
+
+GGUF blocks of 32 weights w_j (ggml's layout):
+- Q4_0: fp16 d, 16 bytes of nibbles q_j in 0..15;           w_j = (q_j - 8) * d
+- Q4_1: fp16 d, fp16 m, 16 bytes of nibbles;                 w_j = q_j * d + m
+- Q8_0: fp16 d, 32 int8 q_j;                                  w_j = q_j * d
+Byte i of a 4-bit block holds q_i in its low nibble and q_{i+16} in its high nibble.
+torch's int4 kernel computes w_j = (q_j - 8) * scale + zero, so Q4_0 is (scale d, zero 0) and Q4_1 is
+(scale d, zero m + 8d). The kernel takes scale and zero in the activations' dtype: in bf16 they round
+(d to 8 significant bits, and m + 8d after the sum), which moves each weight by at most about 0.4% of
+its group's scale (measured on the bundled model in docs/PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+GROUP = 32  # weights per GGUF block and per int4 group
+_INNER_K_TILES = 2  # the int4 kernel's packing; 2, 4 and 8 time the same on the CPU
+
+
+def can_prepack(weight: torch.Tensor) -> bool:
+    """oneDNN's prepacked bf16 product applies: a CPU, bf16, and a CPU with bf16 support in oneDNN."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    )
+
+
+class Dense:
+    """y = x @ W^T + b with a dense weight; prepacked for oneDNN when `prepack` and it applies."""
+
+    kind = "dense"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, prepack: bool = False) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.bias = bias
+        self.packed = prepack and can_prepack(weight)
+        if self.packed:
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 2)  # opaque oneDNN layout
+        else:
+            self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+@dataclass(frozen=True)
+class Q4Blocks:
+    """A 4-bit weight (out, in) in groups of GROUP along `in`: w = (codes - 8) * scale + zero.
+
+    codes: uint8 (out, in), values 0..15; scale, zero: fp32 (out, in // GROUP). fp32 holds GGUF's fp16
+    d and m exactly, and m + 8d too unless m and d are more than 2^13 apart in magnitude."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+    source_type: str  # "Q4_0" or "Q4_1"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+    def dequantize(self, scale_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The fp32 weights (out, in) these blocks stand for; with `scale_dtype` bf16, as the int4 kernel
+        sees them in bf16 (scale and zero rounded to bf16 first)."""
+        scale = self.scale.to(scale_dtype).float().repeat_interleave(GROUP, dim=1)
+        zero = self.zero.to(scale_dtype).float().repeat_interleave(GROUP, dim=1)
+        return (self.codes.float() - 8) * scale + zero
+
+    def rows(self, order: torch.Tensor) -> "Q4Blocks":
+        """The same weight with its output rows reordered (GGUF permutes Llama's q/k rows)."""
+        return Q4Blocks(self.codes[order], self.scale[order], self.zero[order], self.source_type)
+
+    @staticmethod
+    def cat(parts: list["Q4Blocks"]) -> "Q4Blocks":
+        """Several weights of the same input stacked along the output (fused q/k/v, gate/up)."""
+        kinds = {p.source_type for p in parts}
+        return Q4Blocks(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]),
+                        torch.cat([p.zero for p in parts]), "+".join(sorted(kinds)))
+
+
+def q4_from_gguf(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> Q4Blocks:
+    """GGUF Q4_0/Q4_1 bytes (out, blocks * block_bytes) -> Q4Blocks of `shape` (out, in)."""
+    out, inp = shape
+    if inp % GROUP:
+        raise ValueError(f"a 4-bit weight's input size {inp} is not a multiple of {GROUP}")
+    head = {"Q4_0": 2, "Q4_1": 4}[type_name]  # bytes of fp16 d (and m) before the nibbles
+    blocks = np.ascontiguousarray(raw).reshape(out, inp // GROUP, head + GROUP // 2)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (out, groups)
+    nib = blocks[..., head:]  # (out, groups, 16)
+    codes = np.concatenate([nib & 0x0F, nib >> 4], axis=-1).reshape(out, inp)  # q_i, then q_{i+16}
+    if type_name == "Q4_1":
+        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        zero = m + 8 * d
+    else:
+        zero = np.zeros_like(d)
+    return Q4Blocks(torch.from_numpy(codes.astype(np.uint8)), torch.from_numpy(d), torch.from_numpy(zero), type_name)
+
+
+def q4_quantize(weight: torch.Tensor, type_name: str = "Q4_1") -> Q4Blocks:
+    """Quantize a dense weight to Q4 blocks the way llama.cpp does (through the gguf package's
+    reference quantizer): for tests and for models that arrive dense."""
+    from gguf import GGMLQuantizationType, quantize
+
+    raw = quantize(weight.detach().float().cpu().numpy(), GGMLQuantizationType[type_name])
+    return q4_from_gguf(raw, type_name, tuple(weight.shape))
+
+
+class Int4:
+    """y = x @ W^T + b with W held as Q4Blocks, through torch's weight-only int4 kernel (CPU)."""
+
+    kind = "int4"
+
+    def __init__(self, blocks: Q4Blocks, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        self.out_features, self.in_features = blocks.shape
+        self.source_type = blocks.source_type
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), _INNER_K_TILES)
+        # (in // GROUP, out, 2): the kernel's [scale, zero] per group and output
+        self.scale_zero = torch.stack([blocks.scale.t(), blocks.zero.t()], dim=-1).to(dtype).contiguous()
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, GROUP, self.scale_zero)  # (rows, out)
+        return y if self.bias is None else y + self.bias

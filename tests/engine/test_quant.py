@@ -1,0 +1,166 @@
+"""Native 4-bit weights: GGUF's Q4 blocks read exactly, run by the int4 kernel, and speculation over
+them still lossless; every product form gives a row the same bits whatever rows share its call."""
+
+import numpy as np
+import pytest
+import torch
+
+from engine.decoder import DecodeConfig, generate
+from engine.drafters import DRAFTERS, build_drafter
+from engine.errors import SpeculaError
+from engine.events import Finished
+from engine.gguf_native import _llama_row_order, check_against
+from engine.quant import Dense, Int4, q4_from_gguf, q4_quantize
+
+from .tiny import native, perturbed, tiny_model
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
+def test_q4_blocks_give_exactly_ggufs_own_dequantized_weights(type_name):
+    from gguf import GGMLQuantizationType, dequantize, quantize
+
+    weight = torch.randn(48, 96, generator=torch.Generator().manual_seed(0)) * 0.05
+    raw = quantize(weight.numpy(), GGMLQuantizationType[type_name])
+    blocks = q4_from_gguf(raw, type_name, (48, 96))
+    reference = torch.from_numpy(dequantize(raw, GGMLQuantizationType[type_name]).reshape(48, 96))
+    assert torch.equal(blocks.dequantize(), reference)
+    assert int(blocks.codes.max()) <= 15
+    assert (blocks.dequantize() - weight).abs().max() < 0.05  # and they are a 4-bit copy of the weight
+
+
+def test_int4_product_computes_with_its_blocks_weights():
+    weight = torch.randn(96, 64, generator=torch.Generator().manual_seed(1)) * 0.1
+    blocks = q4_quantize(weight, "Q4_1")
+    bias = torch.randn(96).to(torch.bfloat16)
+    product = Int4(blocks, bias, torch.bfloat16)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    expected = x.float() @ blocks.dequantize(torch.bfloat16).t() + bias.float()
+    assert (product(x).float() - expected).abs().max() < 0.05 * expected.abs().max()
+
+
+def _products():
+    gen = torch.Generator().manual_seed(3)
+    weight = (torch.randn(160, 96, generator=gen) * 0.05).to(torch.bfloat16)
+    return {
+        "dense": Dense(weight),
+        "prepacked": Dense(weight, prepack=True),
+        "int4": Int4(q4_quantize(weight.float()), None, torch.bfloat16),
+    }
+
+
+@pytest.mark.parametrize("form", ["dense", "prepacked", "int4"])
+def test_a_row_gets_the_same_bits_whatever_the_other_rows(form):
+    product = _products()[form]
+    gen = torch.Generator().manual_seed(4)
+    row = torch.randn(1, 96, generator=gen).to(torch.bfloat16)
+    alone = product(row.expand(2, -1))[0]  # a single step runs as two identical rows
+    for rows in (2, 3, 4, 5, 8, 9, 16, 17, 32):
+        for at in sorted({0, 1, rows // 2, rows - 1}):
+            block = torch.randn(rows, 96, generator=gen).to(torch.bfloat16)
+            block[at] = row[0]
+            assert torch.equal(product(block)[at], alone), (form, rows, at)
+
+
+def test_llama_row_order_undoes_llama_cpps_permutation():
+    n_head, rows = 4, 32
+    hf = torch.arange(rows)
+    # what llama.cpp's converter does to q/k rows (interleave each head's two rotary halves)
+    gguf = hf.reshape(n_head, 2, rows // n_head // 2).transpose(1, 2).reshape(-1)
+    assert torch.equal(gguf[_llama_row_order(rows, n_head)], hf)
+
+
+def test_check_against_catches_a_wrong_row_order():
+    target = native(tiny_model(vocab=64, layers=2, seed=5))
+    assert check_against(target.native, target.model) is None
+    name = "model.layers.0.self_attn.q_proj"
+    target.native.blocks[name] = target.native.blocks[name].rows(torch.arange(63, -1, -1))
+    assert "do not give the weights" in check_against(target.native, target.model)
+
+
+def test_native_products_are_used_and_agree_with_the_dequantized_model():
+    target = native(tiny_model(vocab=64, layers=4, seed=7))
+    runner = target.new_runner()
+    assert all(p.kind == "int4" for layer in runner.layers for p in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+    ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(0))
+    ours = runner.forward(ids, last=40)
+    with torch.no_grad():
+        ref = target.model(ids[None]).logits[0].float()  # transformers over the same (dequantized) weights
+    assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+    assert (ours - ref).abs().max() < 0.1 * ref.abs().max()
+
+
+@pytest.mark.parametrize("strategy", sorted(set(DRAFTERS) - {"none"}))
+def test_greedy_speculation_over_native_weights_is_identical_to_plain_decoding(strategy, tmp_path):
+    target = native(tiny_model(vocab=64, layers=4, seed=7))
+    draft = native(perturbed(tiny_model(vocab=64, layers=4, seed=7), scale=0.05))
+    info = DRAFTERS[strategy]
+    options = {}
+    if info.needs_head or info.uses_heads:
+        from engine.heads.eagle import HeadConfig, save_head
+        from engine.heads.medusa import MedusaHead
+        from engine.heads.train import head_info
+
+        kind = info.needs_head or "medusa"
+        if kind == "eagle":
+            from .tiny import quick_head
+
+            folder = quick_head(target, tmp_path / "eagle", sequences=4, length=24, epochs=2)
+        else:
+            torch.manual_seed(0)
+            head = MedusaHead(HeadConfig.for_target(target.model.config))
+            for block in head.blocks:
+                torch.nn.init.normal_(block.weight, std=0.02)
+            folder = tmp_path / "medusa"
+            save_head(head.to(torch.bfloat16), head_info(target, "medusa", 0, 0, None), folder)
+        options = {"head": str(folder)} if info.needs_head else {"heads": (str(folder),)}
+    gen = torch.Generator().manual_seed(1)
+    accepted = 0
+    for trial in range(8):
+        prompt = torch.randint(0, 64, (int(torch.randint(2, 60, (1,), generator=gen)),), generator=gen).tolist()
+        outs = []
+        for name in ("none", strategy):
+            drafter = build_drafter(name, target, draft, **(options if name == strategy else {}))
+            config = DecodeConfig(k=1 + trial % 8, adaptive_k=trial % 2 == 0, max_new_tokens=60)
+            finished = list(generate(target.new_runner(), drafter, prompt, config))[-1]
+            assert isinstance(finished, Finished)
+            outs.append(finished)
+        assert outs[1].token_ids == outs[0].token_ids, (strategy, trial)
+        accepted += outs[1].totals.accepted
+    assert accepted > 0
+
+
+def test_native_weights_need_a_gguf(tiny_folder):
+    from engine.loading import ModelSpec, load_model
+
+    with pytest.raises(SpeculaError, match="native weights need a GGUF file"):
+        load_model(ModelSpec(str(tiny_folder), device="cpu", dtype="fp32", weights="native"))
+    with pytest.raises(SpeculaError, match="unknown weights"):
+        load_model(ModelSpec(str(tiny_folder), device="cpu", weights="int3"))
+    assert load_model(ModelSpec(str(tiny_folder), device="cpu", dtype="bf16")).native is None  # auto: dense
+
+
+@pytest.mark.e2e
+def test_the_bundled_gguf_runs_natively_and_exactly():
+    from engine.loading import ModelSpec, load_model
+
+    with pytest.raises(SpeculaError, match="compute in bf16"):
+        load_model(ModelSpec("bundled", device="cpu", dtype="fp32", weights="native"))
+    model = load_model(ModelSpec("bundled", device="cpu", dtype="bf16"))  # auto: native
+    assert model.weights == "Q4_1 4-bit (native)"
+    assert len(model.native.blocks) == 30 * 7
+    assert check_against(model.native, model.model, layers=tuple(range(30))) is None  # every layer, bit for bit
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(6):  # a position gets the same bits alone and inside a verify pass
+        prompt = torch.randint(0, 49152, (20 + 37 * trial,), generator=gen)
+        draft = torch.randint(0, 49152, (1 + 2 * trial,), generator=gen)
+        one, many = model.new_runner(), model.new_runner()
+        one.forward(prompt)
+        many.forward(prompt)
+        singles = torch.cat([one.forward(draft[j : j + 1]) for j in range(draft.shape[0])])
+        assert torch.equal(singles, many.forward(draft, last=draft.shape[0])), trial
+    dense = load_model(ModelSpec("bundled", device="cpu", dtype="bf16", weights="dequantized"))
+    assert dense.native is None and dense.weights == "bf16"
+    ids = torch.tensor(model.tokenizer.encode("Speculative decoding drafts, then verifies. " * 6))
+    a, b = model.new_runner().forward(ids, last=len(ids)), dense.new_runner().forward(ids, last=len(ids))
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9  # the same model, scales rounded to bf16
+    assert np.isfinite(a.numpy()).all()
