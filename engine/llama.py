@@ -80,14 +80,14 @@ class _Layer:
         dtype = attn.q_proj.weight.dtype
 
         def product(names: tuple[str, ...], mods: tuple[torch.nn.Linear, ...]):
-            keys = [f"{prefix}.{n}" for n in names]
-            if all(k in blocks for k in keys):  # the file's 4-bit blocks as they are
-                bias = torch.cat([m.bias.detach() for m in mods]) if mods[0].bias is not None else None
-                return Int4(Q4Blocks.cat([blocks[k] for k in keys]), bias, dtype)
             if len(mods) == 1:
-                lin = mods[0]
-                return Dense(lin.weight.detach(), None if lin.bias is None else lin.bias.detach(), prepack)
-            return Dense(*_fuse_rows(*mods), prepack=prepack)
+                weight, bias = mods[0].weight.detach(), None if mods[0].bias is None else mods[0].bias.detach()
+            else:
+                weight, bias = _fuse_rows(*mods)
+            keys = [f"{prefix}.{n}" for n in names]
+            if all(k in blocks for k in keys):  # the file's 4-bit blocks as they are; prompts run dense
+                return Int4(Q4Blocks.cat([blocks[k] for k in keys]), bias, dtype, dense=Dense(weight, bias))
+            return Dense(weight, bias, prepack)
 
         self.qkv = product(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), linears)
         self.o_proj = product(("self_attn.o_proj",), (attn.o_proj,))

@@ -31,6 +31,10 @@ import torch
 import torch.nn.functional as F
 
 GROUP = 32  # weights per GGUF block and per int4 group
+# Passes of at least this many rows are prompt chunks (a verify pass has at most decoder.K_MAX + 1 rows,
+# tested): there the int4 kernel, which redoes its dequantization for every 4 rows, is slower than a dense
+# product over the model's dequantized weights, so `Int4` hands such passes to its dense twin.
+PROMPT_ROWS = 64
 _INNER_K_TILES = 2  # the int4 kernel's packing; 2, 4 and 8 time the same on the CPU
 
 
@@ -127,11 +131,14 @@ def q4_quantize(weight: torch.Tensor, type_name: str = "Q4_1") -> Q4Blocks:
 
 
 class Int4:
-    """y = x @ W^T + b with W held as Q4Blocks, through torch's weight-only int4 kernel (CPU)."""
+    """y = x @ W^T + b with W held as Q4Blocks, through torch's weight-only int4 kernel (CPU); prompt
+    chunks of PROMPT_ROWS rows or more go to `dense` (the same weights as transformers dequantized them)
+    when one is given."""
 
     kind = "int4"
 
-    def __init__(self, blocks: Q4Blocks, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+    def __init__(self, blocks: Q4Blocks, bias: torch.Tensor | None, dtype: torch.dtype, dense: Dense | None = None) -> None:
+        self.dense = dense
         self.out_features, self.in_features = blocks.shape
         self.source_type = blocks.source_type
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), _INNER_K_TILES)
@@ -140,5 +147,7 @@ class Int4:
         self.bias = bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dense is not None and x.shape[0] >= PROMPT_ROWS:
+            return self.dense(x)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, GROUP, self.scale_zero)  # (rows, out)
         return y if self.bias is None else y + self.bias

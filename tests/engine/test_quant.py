@@ -61,6 +61,20 @@ def test_a_row_gets_the_same_bits_whatever_the_other_rows(form):
             assert torch.equal(product(block)[at], alone), (form, rows, at)
 
 
+def test_prompt_chunks_run_dense_and_verify_passes_never_do():
+    from engine.decoder import K_MAX
+    from engine.quant import PROMPT_ROWS
+
+    assert K_MAX + 1 < PROMPT_ROWS  # every verify pass meets the int4 kernel, as single steps do
+    weight = torch.randn(64, 64, generator=torch.Generator().manual_seed(6)) * 0.1
+    blocks = q4_quantize(weight)
+    dense_weight = blocks.dequantize().to(torch.bfloat16)
+    product = Int4(blocks, None, torch.bfloat16, dense=Dense(dense_weight))
+    x = torch.randn(PROMPT_ROWS, 64, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    assert torch.equal(product(x), torch.nn.functional.linear(x, dense_weight))
+    assert torch.equal(product(x[: PROMPT_ROWS - 1]), Int4(blocks, None, torch.bfloat16)(x[: PROMPT_ROWS - 1]))
+
+
 def test_llama_row_order_undoes_llama_cpps_permutation():
     n_head, rows = 4, 32
     hf = torch.arange(rows)
@@ -116,7 +130,8 @@ def test_greedy_speculation_over_native_weights_is_identical_to_plain_decoding(s
     gen = torch.Generator().manual_seed(1)
     accepted = 0
     for trial in range(8):
-        prompt = torch.randint(0, 64, (int(torch.randint(2, 60, (1,), generator=gen)),), generator=gen).tolist()
+        # prompts of 64 tokens or more are prefilled by the dense twins of the int4 products
+        prompt = torch.randint(0, 64, (int(torch.randint(2, 130, (1,), generator=gen)),), generator=gen).tolist()
         outs = []
         for name in ("none", strategy):
             drafter = build_drafter(name, target, draft, **(options if name == strategy else {}))
