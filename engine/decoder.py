@@ -27,10 +27,11 @@ from .errors import ContextTooLongError, SpeculaError
 from .events import Finished, Origin, Started, Step, Token, Totals
 from .forward import ModelRunner
 from .metrics import BaselineCost, count_step
+from .quant import VERIFY_ROWS_MAX
 from .sampling import SamplingParams, choose
 from .verify import Verdict, tree_children, verify, walk_tree, walk_tree_sampling
 
-K_MAX = 32
+K_MAX = VERIFY_ROWS_MAX - 1  # 31 draft tokens: a verify pass within the rows that round as single steps do
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,16 @@ the products (early-exit self-speculation).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
 from .errors import ContextTooLongError
 from .gguf_native import NativeWeights
-from .quant import Dense, Int4, Q4Blocks, can_prepack
+from .quant import Dense, Int4, Q4Blocks, can_prepack, probe_stable_rows
+
+log = logging.getLogger(__name__)
 
 LLAMA_FAMILY = {"llama", "qwen2", "qwen3", "mistral"}
 _GROW = 256  # cache capacity grows in steps of this many positions
@@ -110,6 +114,20 @@ def _prepack(model: torch.nn.Module) -> bool:
     return can_prepack(model.lm_head.weight) and total <= PREPACK_LIMIT_BYTES
 
 
+def _probe(layers: list[_Layer], lm_head: Dense, dtype: torch.dtype, device: torch.device) -> None:
+    """Measure once per kind of product (on the CPU, where single steps and verify passes must round
+    alike) from how many rows a row's bits stop depending on the call's other rows; every product of
+    that kind takes the answer (quant.probe_stable_rows)."""
+    found: dict[str, int] = {}
+    for product in [p for layer in layers for p in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [lm_head]:
+        if product.kind not in found:
+            found[product.kind] = probe_stable_rows(product, dtype, device) if device.type == "cpu" else 2
+            if found[product.kind] == 0 and dtype != torch.float32:  # fp32 near ties: too rare to matter
+                log.warning("%s products give a row other bits in calls of other sizes on this CPU: speculation "
+                            "may part from plain decoding at near ties", product.kind)
+        product.stable_rows = found[product.kind] or 2
+
+
 def _still_fused(layers: list[_Layer], model: torch.nn.Module) -> bool:
     """False when the model's weights were replaced since fusing (a copy, .to(dtype or device))."""
     return len(layers) == len(model.model.layers) and all(
@@ -128,6 +146,7 @@ def _fused_layers(model: torch.nn.Module, native: NativeWeights | None) -> tuple
         layers = [_Layer(layer, f"model.layers.{i}", native, prepack) for i, layer in enumerate(model.model.layers)]
         head = model.lm_head
         lm_head = Dense(head.weight.detach(), None if head.bias is None else head.bias.detach(), prepack)
+        _probe(layers, lm_head, head.weight.dtype, head.weight.device)
         cached = (native, layers, lm_head)
         model._specula_layers = cached
     return cached[1], cached[2]
@@ -199,11 +218,15 @@ class LlamaRunner:
         # whatever else the pass holds. Other devices use the fused kernel in the model's dtype.
         self.blocked = self.device.type == "cpu"
         self.cache_dtype = torch.float32 if self.blocked else self.dtype
-        # Consistent rounding (CPU): a single step also runs two identical rows through the matrix
-        # products, so every position meets the same kernels whether it is decoded alone or inside a
-        # verify pass; with the blocked attention, speculation then reproduces plain decoding bit for
-        # bit in bf16 too. Costs about 1% (docs/PERFORMANCE.md); False gives the one-row kernels.
+        # Consistent rounding (CPU): every position meets the same kernels whether it is decoded alone or
+        # inside a verify pass; with the blocked attention, speculation then reproduces plain decoding bit
+        # for bit in bf16 too. F.linear takes another kernel for one row than for several, so where a
+        # product goes through it a single step runs two identical rows (about 1%, docs/PERFORMANCE.md);
+        # the prepacked and int4 products give one row the bits it gets among others, so they need no
+        # second row. False gives the one-row kernels.
         self.consistent = self.blocked
+        products = [p for layer in self.layers for p in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+        self._pad_single = any(p.stable_rows > 1 for p in products + [self.lm_head])
         # the final hidden state (before the final norm) of every cached position, kept and rolled back
         # with the cache: the features that feature-level drafters (EAGLE, Medusa) read
         self._feat = torch.empty(0)
@@ -263,7 +286,7 @@ class LlamaRunner:
         start = self._length
         end = start + t
         self._reserve(end)
-        pad = self.consistent and start > 0 and t == 1
+        pad = self.consistent and self._pad_single and start > 0 and t == 1
         if pad:  # two identical rows: the products take the multi-row kernels a verify pass uses
             tokens = tokens.expand(2)
         x = self.embed(tokens.to(self.device))  # (rows, D)

@@ -7,9 +7,11 @@ Three forms, one call signature (`product(x)`, x (rows, in) -> (rows, out)):
   torch's weight-only int4 kernel. GGUF's Q4_0 and Q4_1 blocks are exactly this shape, so their codes
   are used as they are (see `Q4Blocks`).
 
-Every form gives a row the same bits whatever the other rows of the call are (checked for 1-32 rows by
-tests/engine/test_quant.py), which is what lossless verification needs: a token decoded alone and the
-same token inside a verify pass meet the same arithmetic.
+Every form gives a row the same bits whatever the other rows of the call are, from `stable_rows` rows on:
+1 row for the prepacked and int4 products on this machine's CPU, 2 for F.linear, which has a one-row
+kernel of its own. `probe_stable_rows` measures it where the model loads (kernels differ between CPUs).
+That is what lossless verification needs: a token decoded alone and the same token inside a verify pass
+meet the same arithmetic; where one row differs, a single step runs as two identical rows.
 
 GGUF blocks of 32 weights w_j (ggml's layout):
 - Q4_0: fp16 d, 16 bytes of nibbles q_j in 0..15;           w_j = (q_j - 8) * d
@@ -38,6 +40,27 @@ PROMPT_ROWS = 64
 _INNER_K_TILES = 2  # the int4 kernel's packing; 2, 4 and 8 time the same on the CPU
 
 
+# The most rows a verify pass has (decoder.K_MAX + 1): the CPU's matrix kernels, dense and int4, give
+# a row the bits it gets alone in any call of up to 32 rows here, and other bits beyond (measured).
+VERIFY_ROWS_MAX = 32
+_PROBE_ROWS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 24, 31, VERIFY_ROWS_MAX)
+
+
+@torch.inference_mode()
+def probe_stable_rows(product, dtype: torch.dtype, device: torch.device) -> int:
+    """How a single step must call this product so that a row gets the bits it gets inside any verify
+    pass (up to VERIFY_ROWS_MAX rows): 1 when a lone row does (the prepacked and int4 products here), 2
+    when only two identical rows do (F.linear, which has a one-row kernel of its own), 0 when neither.
+    Kernels differ between CPUs, so this is measured where the model loads, once per kind of product."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(VERIFY_ROWS_MAX, product.in_features, generator=gen).to(dtype=dtype, device=device)
+    for alone_rows in (1, 2):
+        alone = torch.cat([product(x[i : i + 1].expand(alone_rows, -1).contiguous())[:1] for i in range(len(x))])
+        if all(torch.equal(product(x[:m]), alone[:m]) for m in _PROBE_ROWS if m >= alone_rows):
+            return alone_rows
+    return 0
+
+
 def can_prepack(weight: torch.Tensor) -> bool:
     """oneDNN's prepacked bf16 product applies: a CPU, bf16, and a CPU with bf16 support in oneDNN."""
     return (
@@ -57,6 +80,8 @@ class Dense:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.packed = prepack and can_prepack(weight)
+        self.kind = "prepacked" if self.packed else "dense"
+        self.stable_rows = 2  # until `probe_stable_rows` measures it: F.linear has a one-row kernel of its own
         if self.packed:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 2)  # opaque oneDNN layout
         else:
@@ -139,6 +164,7 @@ class Int4:
 
     def __init__(self, blocks: Q4Blocks, bias: torch.Tensor | None, dtype: torch.dtype, dense: Dense | None = None) -> None:
         self.dense = dense
+        self.stable_rows = 2  # until `probe_stable_rows` measures it
         self.out_features, self.in_features = blocks.shape
         self.source_type = blocks.source_type
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), _INNER_K_TILES)
