@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="bundled", help="bundled, a folder, a .gguf file or a Hub id")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--weights", default="auto", choices=["auto", "native", "dequantized"],
+                        help="a GGUF's 4-bit weights: native (int4 products) or dequantized to --dtype")
     parser.add_argument("--context", type=int, default=512, help="tokens already in the cache")
     parser.add_argument("--tokens", default="1,2,4,8,16,32", help="comma-separated new-token counts")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per count (the median is kept)")
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if counts[0] < 1 or args.context < 1 or args.repeats < 1:
         parser.error("--tokens, --context and --repeats must be positive")
 
-    loaded = load_model(ModelSpec(args.model, args.device, args.dtype),
+    loaded = load_model(ModelSpec(args.model, args.device, args.dtype, args.weights),
                         progress=lambda text: print(text, file=sys.stderr))
     runner = loaded.new_runner()
     if args.plain_rounding and hasattr(runner, "consistent"):
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     one = times[1]
     forward = "lean Llama forward" if loaded.uses_lean_forward else "transformers forward"
     dtype = str(loaded.dtype).removeprefix("torch.")
-    print(f"Model: {loaded.name} | device {loaded.device} | dtype {dtype} | {forward} | context {args.context} "
+    print(f"Model: {loaded.name} | device {loaded.device} | dtype {dtype} | weights {loaded.weights} | {forward} "
+          f"| context {args.context} "
           f"| median of {args.repeats}\n")
     print("| tokens | ms | relative to 1 token | ms per token |")
     print("|---|---|---|---|")
