@@ -5,14 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.decoder import DecodeConfig, generate
-from engine.drafters import DRAFTERS, build_drafter
+from engine.drafters import DRAFTERS
 from engine.errors import SpeculaError
-from engine.events import Finished
 from engine.gguf_native import _llama_row_order, check_against
 from engine.quant import Dense, Int4, can_prepack, probe_stable_rows, q4_from_gguf, q4_quantize
 
-from .tiny import native, perturbed, tiny_model
+from .tiny import assert_greedy_identity, native, perturbed, quick_head, random_medusa_head, tiny_model
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
@@ -115,39 +113,13 @@ def test_greedy_speculation_over_native_weights_is_identical_to_plain_decoding(s
     draft = native(perturbed(tiny_model(vocab=64, layers=4, seed=7), scale=0.05))
     info = DRAFTERS[strategy]
     options = {}
-    if info.needs_head or info.uses_heads:
-        from engine.heads.eagle import HeadConfig, save_head
-        from engine.heads.medusa import MedusaHead
-        from engine.heads.train import head_info
-
-        kind = info.needs_head or "medusa"
-        if kind == "eagle":
-            from .tiny import quick_head
-
-            folder = quick_head(target, tmp_path / "eagle", sequences=4, length=24, epochs=2)
-        else:
-            torch.manual_seed(0)
-            head = MedusaHead(HeadConfig.for_target(target.model.config))
-            for block in head.blocks:
-                torch.nn.init.normal_(block.weight, std=0.02)
-            folder = tmp_path / "medusa"
-            save_head(head.to(torch.bfloat16), head_info(target, "medusa", 0, 0, None), folder)
-        options = {"head": str(folder)} if info.needs_head else {"heads": (str(folder),)}
-    gen = torch.Generator().manual_seed(1)
-    accepted = 0
-    for trial in range(8):
-        # prompts of 64 tokens or more are prefilled by the dense twins of the int4 products
-        prompt = torch.randint(0, 64, (int(torch.randint(2, 130, (1,), generator=gen)),), generator=gen).tolist()
-        outs = []
-        for name in ("none", strategy):
-            drafter = build_drafter(name, target, draft, **(options if name == strategy else {}))
-            config = DecodeConfig(k=1 + trial % 8, adaptive_k=trial % 2 == 0, max_new_tokens=60)
-            finished = list(generate(target.new_runner(), drafter, prompt, config))[-1]
-            assert isinstance(finished, Finished)
-            outs.append(finished)
-        assert outs[1].token_ids == outs[0].token_ids, (strategy, trial)
-        accepted += outs[1].totals.accepted
-    assert accepted > 0
+    if info.needs_head == "eagle":
+        options = {"head": str(quick_head(target, tmp_path / "eagle", sequences=4, length=24, epochs=2))}
+    elif info.needs_head or info.uses_heads:
+        folder = str(random_medusa_head(target, tmp_path / "medusa"))
+        options = {"head": folder} if info.needs_head else {"heads": (folder,)}
+    # prompts of 64 tokens or more are prefilled by the dense twins of the int4 products
+    assert_greedy_identity(target, draft, strategy, options, trials=8, longest_prompt=130, max_new_tokens=60)
 
 
 def test_native_weights_need_a_gguf(tiny_folder):

@@ -4,12 +4,11 @@ verify pass, so greedy speculation reproduces plain decoding in bf16 too, not on
 import pytest
 import torch
 
-from engine.decoder import K_MAX, DecodeConfig, generate
-from engine.drafters import build_drafter
+from engine.decoder import K_MAX, DecodeConfig
 from engine.events import Finished
 from engine.loading import LoadedModel
 
-from .tiny import perturbed, tiny_model
+from .tiny import assert_greedy_identity, perturbed, random_medusa_head, tiny_model
 
 
 def bf16(model) -> LoadedModel:
@@ -63,30 +62,9 @@ def test_greedy_speculation_is_identical_to_plain_decoding_in_bf16(strategy, tmp
     assert not target.new_runner().exact_trees  # tree drafters send chains here
     options = {}
     if strategy in ("medusa", "auto"):
-        from engine.heads.eagle import HeadConfig, save_head
-        from engine.heads.medusa import MedusaHead
-        from engine.heads.train import head_info
-
-        torch.manual_seed(0)
-        head = MedusaHead(HeadConfig.for_target(target.model.config))
-        for block in head.blocks:
-            torch.nn.init.normal_(block.weight, std=0.02)
-        save_head(head, head_info(target, "medusa", 0, 0, None), tmp_path)
-        options = {"head": str(tmp_path)} if strategy == "medusa" else {"heads": (str(tmp_path),)}
-    gen = torch.Generator().manual_seed(1)
-    accepted = 0
-    for trial in range(10):
-        prompt = torch.randint(0, 64, (int(torch.randint(2, 60, (1,), generator=gen)),), generator=gen).tolist()
-        outs = []
-        for name in ("none", strategy):
-            drafter = build_drafter(name, target, draft, **(options if name == strategy else {}))
-            config = DecodeConfig(k=1 + trial % 8, adaptive_k=trial % 2 == 0, max_new_tokens=80)
-            finished = list(generate(target.new_runner(), drafter, prompt, config))[-1]
-            assert isinstance(finished, Finished)
-            outs.append(finished)
-        assert outs[1].token_ids == outs[0].token_ids, (strategy, trial)
-        accepted += outs[1].totals.accepted
-    assert accepted > 0
+        folder = random_medusa_head(target, tmp_path)
+        options = {"head": str(folder)} if strategy == "medusa" else {"heads": (str(folder),)}
+    assert_greedy_identity(target, draft, strategy, options, trials=10, longest_prompt=60, max_new_tokens=80)
 
 
 @pytest.mark.parametrize("prompt", [

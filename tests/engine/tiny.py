@@ -87,3 +87,43 @@ def quick_head(target: LoadedModel, folder, sequences: int = 16, length: int = 4
     head = train_head(target, seqs, epochs=epochs, lr=3e-3, seed=seed, kind=kind, batch=1)
     save_head(head.to(target.dtype), head_info(target, kind, sequences * length, epochs, None), folder)
     return folder
+
+
+def random_medusa_head(target: LoadedModel, folder):
+    """An untrained (randomly initialised) Medusa head for `target`, saved in `folder`."""
+    from engine.heads.eagle import HeadConfig, save_head
+    from engine.heads.medusa import MedusaHead
+    from engine.heads.train import head_info
+
+    torch.manual_seed(0)
+    head = MedusaHead(HeadConfig.for_target(target.model.config))
+    for block in head.blocks:
+        torch.nn.init.normal_(block.weight, std=0.02)
+    save_head(head.to(target.dtype), head_info(target, "medusa", 0, 0, None), folder)
+    return folder
+
+
+def assert_greedy_identity(target: LoadedModel, draft, strategy: str, options: dict, trials: int,
+                           longest_prompt: int, max_new_tokens: int) -> None:
+    """`strategy`'s greedy answers are `none`'s token for token on random prompts, with draft lengths
+    1-8, fixed and adaptive, and some drafts were accepted."""
+    from engine.decoder import DecodeConfig, generate
+    from engine.drafters import build_drafter
+    from engine.events import Finished
+
+    gen = torch.Generator().manual_seed(1)
+    vocab = target.model.config.vocab_size
+    accepted = 0
+    for trial in range(trials):
+        prompt = torch.randint(0, vocab, (int(torch.randint(2, longest_prompt, (1,), generator=gen)),),
+                               generator=gen).tolist()
+        outs = []
+        for name in ("none", strategy):
+            drafter = build_drafter(name, target, draft, **(options if name == strategy else {}))
+            config = DecodeConfig(k=1 + trial % 8, adaptive_k=trial % 2 == 0, max_new_tokens=max_new_tokens)
+            finished = list(generate(target.new_runner(), drafter, prompt, config))[-1]
+            assert isinstance(finished, Finished)
+            outs.append(finished)
+        assert outs[1].token_ids == outs[0].token_ids, (strategy, trial)
+        accepted += outs[1].totals.accepted
+    assert accepted > 0
