@@ -27,7 +27,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--weights", default="auto", choices=["auto", "native", "dequantized"],
-                   help="a GGUF's 4-bit weights: native runs its Q4_0/Q4_1 blocks as they are (CPU, bf16); "
+                   help="a GGUF's 4-bit weights: native runs its Q4_0/Q4_1/Q4_K blocks as they are (CPU, bf16); "
                         "dequantized expands them to --dtype; auto: native where it applies")
 
 

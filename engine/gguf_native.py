@@ -2,10 +2,11 @@
 
 transformers reads a GGUF by dequantizing every tensor (loading.py caches that as safetensors); the
 model it builds stays the reference for names, shapes and everything that is not a 4-bit projection.
-This module reads the same file's Q4_0/Q4_1 blocks of the Llama family's seven projections per layer,
-undoes llama.cpp's row order for q and k, and checks the result against the dequantized model: the
-blocks must give exactly the weights transformers loaded (same fp32 values, rounded the same way), or
-they are not used. Other tensor types (Q8_0, K-quants, fp16) stay dequantized, with the count reported.
+This module reads the same file's Q4_0/Q4_1/Q4_K blocks of the Llama family's seven projections per
+layer, undoes llama.cpp's row order for q and k, and checks the result against the dequantized model:
+the blocks must give the weights transformers loaded (to the last bit of the model's dtype), or they are
+not used. Other tensor types (Q8_0, Q5/Q6_K, fp16) stay dequantized, with the count reported: in a
+Q4_K_M file, the Q6_K projections run dense and the Q4_K ones as int4.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from .quant import Q4Blocks, q4_from_gguf
+from .quant import Q4Blocks, q4_from_gguf, q4k_from_gguf
 
 log = logging.getLogger(__name__)
 
-NATIVE_TYPES = ("Q4_0", "Q4_1")
+NATIVE_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 _PROJECTIONS = {  # GGUF name in block i -> the transformers module under model.layers[i]
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -78,7 +79,10 @@ def read_native_weights(path: Path, config) -> NativeWeights:
         if type_name not in NATIVE_TYPES or match is None or match.group(2) not in _PROJECTIONS:
             continue
         shape = (int(tensor.shape[1]), int(tensor.shape[0]))  # GGUF lists dimensions innermost first
-        blocks = q4_from_gguf(tensor.data, type_name, shape)
+        if type_name == "Q4_K":
+            blocks = q4k_from_gguf(tensor.data, shape)
+        else:
+            blocks = q4_from_gguf(tensor.data, type_name, shape)
         kind = match.group(2)
         if arch == "llama" and kind in ("attn_q", "attn_k"):
             blocks = blocks.rows(_llama_row_order(shape[0], n_head if kind == "attn_q" else n_kv))
@@ -87,8 +91,8 @@ def read_native_weights(path: Path, config) -> NativeWeights:
 
 
 def check_against(native: NativeWeights, model: torch.nn.Module, layers: tuple[int, ...] = (0,)) -> str | None:
-    """None when the blocks of `layers` give exactly the model's own (dequantized) weights, rounded
-    to the model's dtype; otherwise what differs. One layer catches a wrong row order or layout."""
+    """None when the blocks of `layers` give the model's own (dequantized) weights, to the last bit of
+    the model's dtype; otherwise what differs. One layer catches a wrong row order or layout."""
     modules = dict(model.named_modules())
     for name, blocks in native.blocks.items():
         if int(name.split(".")[2]) not in layers:
@@ -96,6 +100,9 @@ def check_against(native: NativeWeights, model: torch.nn.Module, layers: tuple[i
         weight = modules[name].weight
         if tuple(weight.shape) != blocks.shape:
             return f"{name}: the file's shape {blocks.shape} is not the model's {tuple(weight.shape)}"
-        if not torch.equal(blocks.dequantize().to(weight.dtype), weight.detach().cpu()):
+        # equal to the last bit of the dtype: our (q - 8) * scale + zero and the reference's
+        # d * s * q - dmin * m may round once differently in fp32 (Q4_K); a wrong layout is far off
+        ours, theirs = blocks.dequantize().to(weight.dtype).float(), weight.detach().cpu().float()
+        if not torch.allclose(ours, theirs, rtol=torch.finfo(weight.dtype).eps, atol=0.0):
             return f"{name}: the file's 4-bit blocks do not give the weights transformers loaded"
     return None

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .errors import ContextTooLongError
 from .gguf_native import NativeWeights
-from .quant import Dense, Int4, Q4Blocks, can_prepack, probe_stable_rows
+from .quant import Dense, Int4, Q4Blocks, can_prepack, int4_fits, probe_stable_rows
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,8 @@ class _Layer:
             else:
                 weight, bias = _fuse_rows(*mods)
             keys = [f"{prefix}.{n}" for n in names]
-            if all(k in blocks for k in keys):  # the file's 4-bit blocks as they are; prompts run dense
+            if all(k in blocks for k in keys) and int4_fits(tuple(weight.shape)):
+                # the file's 4-bit blocks as they are; prompts run dense
                 return Int4(Q4Blocks.cat([blocks[k] for k in keys]), bias, dtype, dense=Dense(weight, bias))
             return Dense(weight, bias, prepack)
 

@@ -43,7 +43,7 @@ class ModelSpec:
     source: str = BUNDLED
     device: str = "auto"
     dtype: str = "auto"
-    # How a GGUF's 4-bit weights run: "native" keeps its Q4_0/Q4_1 blocks and runs them through int4
+    # How a GGUF's 4-bit weights run: "native" keeps its Q4_0/Q4_1/Q4_K blocks and runs them through int4
     # products (CPU, bf16), "dequantized" expands them to `dtype` as transformers reads them, "auto"
     # is native where it applies. Other sources are always dense.
     weights: str = "auto"
@@ -183,7 +183,7 @@ def _native_weights(path: Path, loaded: LoadedModel, explicit: bool, say) -> Nat
     except (ValueError, KeyError) as exc:
         return cannot(f"unreadable 4-bit blocks ({_first_line(exc)})")
     if not native.blocks:
-        return cannot(f"the file holds no Q4_0/Q4_1 projections ({', '.join(sorted(native.file_types))})")
+        return cannot(f"the file holds no Q4_0/Q4_1/Q4_K projections ({', '.join(sorted(native.file_types))})")
     mismatch = check_against(native, loaded.model)
     if mismatch:
         return cannot(mismatch)

@@ -17,9 +17,11 @@ GGUF blocks of 32 weights w_j (ggml's layout):
 - Q4_0: fp16 d, 16 bytes of nibbles q_j in 0..15;           w_j = (q_j - 8) * d
 - Q4_1: fp16 d, fp16 m, 16 bytes of nibbles;                 w_j = q_j * d + m
 - Q8_0: fp16 d, 32 int8 q_j;                                  w_j = q_j * d
+- Q4_K: super-blocks of 8 such groups with 6-bit scales s and minimums m (`q4k_from_gguf`):
+                                                             w_j = d * s * q_j - dmin * m
 Byte i of a 4-bit block holds q_i in its low nibble and q_{i+16} in its high nibble.
-torch's int4 kernel computes w_j = (q_j - 8) * scale + zero, so Q4_0 is (scale d, zero 0) and Q4_1 is
-(scale d, zero m + 8d). The kernel takes scale and zero in the activations' dtype: in bf16 they round
+torch's int4 kernel computes w_j = (q_j - 8) * scale + zero, so Q4_0 is (scale d, zero 0), Q4_1 is
+(scale d, zero m + 8d) and a Q4_K group is (scale d * s, zero 8 * d * s - dmin * m). The kernel takes scale and zero in the activations' dtype: in bf16 they round
 (d to 8 significant bits, and m + 8d after the sum), which moves each weight by at most about 0.4% of
 its group's scale (measured on the bundled model in docs/PERFORMANCE.md).
 """
@@ -146,6 +148,34 @@ def q4_from_gguf(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> Q4B
     return Q4Blocks(torch.from_numpy(codes.astype(np.uint8)), torch.from_numpy(d), torch.from_numpy(zero), type_name)
 
 
+Q4_K_BLOCK = 256  # weights per Q4_K super-block: 8 groups of 32 with 6-bit scales and minimums
+
+
+def q4k_from_gguf(raw: np.ndarray, shape: tuple[int, int]) -> Q4Blocks:
+    """GGUF Q4_K bytes (out, super-blocks * 144) -> Q4Blocks of `shape` (out, in).
+
+    A super-block of 256 weights: fp16 d and dmin, 12 bytes packing eight 6-bit scales s_g and eight
+    6-bit minimums m_g (bytes 0-3: the low 6 bits of s_0..s_3, bytes 4-7: of m_0..m_3, their top 2 bits
+    the high bits of s_4..s_7 and m_4..m_7, whose low 4 bits are in bytes 8-11), then 128 bytes of
+    nibbles: each 32 bytes hold group 2c in their low nibbles and group 2c + 1 in their high ones.
+    w = d * s_g * q - dmin * m_g, so each group is an int4 group with scale d * s_g (exact in fp32)
+    and zero 8 * d * s_g - dmin * m_g."""
+    out, inp = shape
+    if inp % Q4_K_BLOCK:
+        raise ValueError(f"a Q4_K weight's input size {inp} is not a multiple of {Q4_K_BLOCK}")
+    blocks = np.ascontiguousarray(raw).reshape(out, inp // Q4_K_BLOCK, 144)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # (out, supers, 1)
+    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    low, high, mix = blocks[..., 4:8], blocks[..., 8:12], blocks[..., 12:16]
+    s6 = np.concatenate([low & 63, (mix & 15) | ((low >> 6) << 4)], axis=-1)  # (out, supers, 8)
+    m6 = np.concatenate([high & 63, (mix >> 4) | ((high >> 6) << 4)], axis=-1)
+    nib = blocks[..., 16:].reshape(out, inp // Q4_K_BLOCK, 4, 1, 32)
+    codes = np.concatenate([nib & 0x0F, nib >> 4], axis=3).reshape(out, inp)  # groups 2c, 2c + 1
+    scale = (d * s6.astype(np.float32)).reshape(out, -1)  # (out, groups)
+    zero = (8 * scale - (dmin * m6.astype(np.float32)).reshape(out, -1))
+    return Q4Blocks(torch.from_numpy(codes.astype(np.uint8)), torch.from_numpy(scale), torch.from_numpy(zero), "Q4_K")
+
+
 def q4_quantize(weight: torch.Tensor, type_name: str = "Q4_1") -> Q4Blocks:
     """Quantize a dense weight to Q4 blocks the way llama.cpp does (through the gguf package's
     reference quantizer): for tests and for models that arrive dense."""
@@ -153,6 +183,11 @@ def q4_quantize(weight: torch.Tensor, type_name: str = "Q4_1") -> Q4Blocks:
 
     raw = quantize(weight.detach().float().cpu().numpy(), GGMLQuantizationType[type_name])
     return q4_from_gguf(raw, type_name, tuple(weight.shape))
+
+
+def int4_fits(shape: tuple[int, int]) -> bool:
+    """Whether torch's CPU int4 kernel takes a weight of this (out, in) shape."""
+    return shape[0] % 16 == 0 and shape[1] % GROUP == 0
 
 
 class Int4:

@@ -26,6 +26,33 @@ def test_q4_blocks_give_exactly_ggufs_own_dequantized_weights(type_name):
     assert (blocks.dequantize() - weight).abs().max() < 0.05  # and they are a 4-bit copy of the weight
 
 
+def _random_q4k(out: int, inp: int, seed: int) -> np.ndarray:
+    """Well-formed Q4_K bytes: random nibbles and 6-bit scale bytes, small positive fp16 d and dmin."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(out, inp // 256, 144), dtype=np.uint8)
+    blocks[..., 0:2] = rng.uniform(1e-4, 2e-3, (out, inp // 256, 1)).astype(np.float16).view(np.uint8)
+    blocks[..., 2:4] = rng.uniform(1e-4, 2e-3, (out, inp // 256, 1)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(out, -1)
+
+
+def test_q4_k_super_blocks_give_ggufs_own_dequantized_weights():
+    from gguf import GGMLQuantizationType, dequantize
+
+    from engine.quant import q4k_from_gguf
+
+    raw = _random_q4k(32, 512, seed=0)
+    blocks = q4k_from_gguf(raw, (32, 512))
+    reference = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_K).reshape(32, 512))
+    ours = blocks.dequantize()
+    # (q - 8) * scale + zero against the reference's d * s * q - dmin * m: equal up to one fp32 rounding
+    assert torch.allclose(ours, reference, rtol=2**-22, atol=1e-9)
+    assert (ours == reference).float().mean() > 0.9
+    assert blocks.scale.shape == (32, 16) and int(blocks.codes.max()) == 15
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    expected = x.float() @ blocks.dequantize(torch.bfloat16).t()
+    assert (Int4(blocks, None, torch.bfloat16)(x).float() - expected).abs().max() < 0.02 * expected.abs().max()
+
+
 def test_int4_product_computes_with_its_blocks_weights():
     weight = torch.randn(96, 64, generator=torch.Generator().manual_seed(1)) * 0.1
     blocks = q4_quantize(weight, "Q4_1")
@@ -85,6 +112,16 @@ def test_llama_row_order_undoes_llama_cpps_permutation():
     # what llama.cpp's converter does to q/k rows (interleave each head's two rotary halves)
     gguf = hf.reshape(n_head, 2, rows // n_head // 2).transpose(1, 2).reshape(-1)
     assert torch.equal(gguf[_llama_row_order(rows, n_head)], hf)
+
+
+def test_a_weight_the_int4_kernel_cannot_take_stays_dense(monkeypatch):
+    import engine.llama
+    from engine.quant import int4_fits
+
+    assert int4_fits((960, 576)) and not int4_fits((24, 576)) and not int4_fits((32, 48))
+    monkeypatch.setattr(engine.llama, "int4_fits", lambda shape: shape[0] != 128)  # as if q/k/v could not
+    layer = native(tiny_model(vocab=64, layers=1, seed=3)).new_runner().layers[0]
+    assert layer.qkv.kind != "int4" and layer.o_proj.kind == "int4"
 
 
 def test_check_against_catches_a_wrong_row_order():
