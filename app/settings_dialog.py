@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
-                               QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox,
-                               QVBoxLayout, QWidget)
+                               QFrame, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QScrollArea,
+                               QSpinBox, QVBoxLayout, QWidget)
 
 from .remote_settings import RemoteSection
 from .settings import Settings
@@ -76,16 +77,29 @@ class SettingsDialog(QDialog):
         form.addRow("Layer skip: exit layer", self.exit_layer)
         form.addRow(_section("Remote server"))
         form.addRow(self.remote)
-        note = QLabel("Changing the backend, the model, draft model, device or precision, or the server's "
-                      "details reloads the model or reconnects; the other settings apply to the next message.")
+        note = QLabel("Changing the backend, the model, draft model, device, precision or GGUF weights, or the "
+                      "server's details reloads the model or reconnects; the other settings apply to the next "
+                      "message.")
         note.setWordWrap(True)
         note.setStyleSheet("color: palette(placeholder-text);")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
+        fields = QWidget()
+        column = QVBoxLayout(fields)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.addLayout(form)
+        column.addWidget(note)
+        scroll = QScrollArea()  # the fields scroll on screens shorter than them; OK and Cancel stay in view
+        scroll.setWidget(fields)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setMinimumWidth(fields.sizeHint().width() + scroll.verticalScrollBar().sizeHint().width())
+        available = self.screen().availableGeometry().height() if self.screen() is not None else 10**6
+        scroll.setMinimumHeight(min(fields.sizeHint().height(), max(200, available - 120)))
         layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addWidget(note)
+        layout.addWidget(scroll)
         layout.addWidget(buttons)
         self.backend.currentIndexChanged.connect(self._backend_changed)
         self._backend_changed()

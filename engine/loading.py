@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from . import llama
-from .gguf_native import NativeWeights, check_against, read_native_weights
 from .errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError
 from .forward import HFRunner, ModelRunner
+from .gguf_native import NativeWeights, check_against, read_native_weights
 from .paths import DEVICE_NAMES, WEIGHT_NAMES, cache_dir
 
 BUNDLED = "bundled"
