@@ -90,6 +90,70 @@ def read_native_weights(path: Path, config) -> NativeWeights:
     return out
 
 
+CACHE_NAME = "native-q4.safetensors"
+CACHE_FORMAT = "1"  # bump when what read_native_weights produces changes: older caches are rebuilt
+
+
+def cached_native_weights(path: Path, config, folder: Path) -> NativeWeights:
+    """`read_native_weights`, kept in `folder` (the GGUF's conversion folder, keyed by the file's path,
+    size and modification time) so later loads skip parsing the file: about 3 s for the bundled model.
+    An unreadable cache is rebuilt; one that cannot be written is skipped."""
+    cache = folder / CACHE_NAME
+    if cache.is_file():
+        try:
+            return _read_cache(cache)
+        except Exception as exc:  # safetensors raises its own error types on a damaged file
+            log.info("rebuilding %s: %s", cache, exc)
+    native = read_native_weights(path, config)
+    try:
+        _write_cache(native, cache)
+    except OSError as exc:
+        log.info("could not keep the 4-bit weights in %s: %s", cache, exc)
+    return native
+
+
+def _write_cache(native: NativeWeights, cache: Path) -> None:
+    import json
+    import os
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    tensors, kinds = {}, {}
+    for name, b in native.blocks.items():
+        tensors[f"{name}.codes"] = (b.codes[:, 0::2] | (b.codes[:, 1::2] << 4)).contiguous()  # two codes a byte
+        tensors[f"{name}.scale"] = b.scale.contiguous()
+        tensors[f"{name}.zero"] = b.zero.contiguous()
+        kinds[name] = b.source_type
+    meta = {"format": CACHE_FORMAT, "kinds": json.dumps(kinds), "file_types": json.dumps(dict(native.file_types))}
+    fd, tmp = tempfile.mkstemp(prefix=".native-", dir=cache.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=meta)
+        os.replace(tmp, cache)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _read_cache(cache: Path) -> NativeWeights:
+    import json
+
+    from safetensors import safe_open
+
+    out = NativeWeights()
+    with safe_open(str(cache), framework="pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != CACHE_FORMAT:
+            raise ValueError(f"cache format {meta.get('format')!r}, not {CACHE_FORMAT}")
+        out.file_types = Counter(json.loads(meta["file_types"]))
+        for name, kind in json.loads(meta["kinds"]).items():
+            packed = f.get_tensor(f"{name}.codes")  # (out, in / 2)
+            codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+            out.blocks[name] = Q4Blocks(codes, f.get_tensor(f"{name}.scale"), f.get_tensor(f"{name}.zero"), kind)
+    return out
+
+
 def check_against(native: NativeWeights, model: torch.nn.Module, layers: tuple[int, ...] = (0,)) -> str | None:
     """None when the blocks of `layers` give the model's own (dequantized) weights, to the last bit of
     the model's dtype; otherwise what differs. One layer catches a wrong row order or layout."""

@@ -24,7 +24,7 @@ import torch
 from . import llama
 from .errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError
 from .forward import HFRunner, ModelRunner
-from .gguf_native import NativeWeights, check_against, read_native_weights
+from .gguf_native import NativeWeights, cached_native_weights, check_against
 from .paths import DEVICE_NAMES, WEIGHT_NAMES, cache_dir
 
 BUNDLED = "bundled"
@@ -157,11 +157,11 @@ def load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     model.to(device).eval()
     loaded = LoadedModel(model, tokenizer, name, device, dtype, eos_ids=_eos_ids(model, tokenizer))
     if gguf is not None and spec.weights != "dequantized":
-        loaded.native = _native_weights(gguf, loaded, explicit=spec.weights == "native", say=say)
+        loaded.native = _native_weights(gguf, folder, loaded, explicit=spec.weights == "native", say=say)
     return loaded
 
 
-def _native_weights(path: Path, loaded: LoadedModel, explicit: bool, say) -> NativeWeights | None:
+def _native_weights(path: Path, folder: Path, loaded: LoadedModel, explicit: bool, say) -> NativeWeights | None:
     """The GGUF's 4-bit blocks for the lean forward, or None (with the reason logged) where they do not
     apply; with `explicit` (the user asked for native weights) the reason is raised instead."""
 
@@ -179,7 +179,7 @@ def _native_weights(path: Path, loaded: LoadedModel, explicit: bool, say) -> Nat
         return cannot(f"the architecture '{loaded.model.config.model_type}' has no lean forward")
     say(f"reading the 4-bit weights of {path.name}")
     try:
-        native = read_native_weights(path, loaded.model.config)
+        native = cached_native_weights(path, loaded.model.config, Path(folder))
     except (ValueError, KeyError) as exc:
         return cannot(f"unreadable 4-bit blocks ({_first_line(exc)})")
     if not native.blocks:

@@ -189,6 +189,20 @@ def test_the_bundled_gguf_runs_natively_and_exactly():
         many.forward(prompt)
         singles = torch.cat([one.forward(draft[j : j + 1]) for j in range(draft.shape[0])])
         assert torch.equal(singles, many.forward(draft, last=draft.shape[0])), trial
+    # a second load reads the blocks from the conversion folder's cache, and a damaged cache is rebuilt
+    from engine.gguf_native import CACHE_NAME
+
+    from engine.loading import _converted_gguf, bundled_gguf_path
+
+    cache = _converted_gguf(bundled_gguf_path(), lambda text: None) / CACHE_NAME
+    assert cache.is_file()
+    again = load_model(ModelSpec("bundled", device="cpu", dtype="bf16"))
+    assert again.native.blocks.keys() == model.native.blocks.keys()
+    assert all(torch.equal(again.native.blocks[k].codes, b.codes) and torch.equal(again.native.blocks[k].zero, b.zero)
+               for k, b in model.native.blocks.items())
+    cache.write_bytes(b"not safetensors")
+    assert load_model(ModelSpec("bundled", device="cpu", dtype="bf16")).weights == "Q4_1 4-bit (native)"
+    assert cache.stat().st_size > 1000
     dense = load_model(ModelSpec("bundled", device="cpu", dtype="bf16", weights="dequantized"))
     assert dense.native is None and dense.weights == "bf16"
     ids = torch.tensor(model.tokenizer.encode("Speculative decoding drafts, then verifies. " * 6))
