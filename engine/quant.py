@@ -1,11 +1,11 @@
 """Matrix products with a fixed weight, in the form that is fastest for it: y = x @ W^T (+ b).
 
-Three forms, one call signature (`product(x)`, x (rows, in) -> (rows, out)):
+Two forms, one call signature (`product(x)`, x (rows, in) -> (rows, out)):
 - `Dense`: a bf16/fp16/fp32 weight through F.linear; on a CPU in bf16 the weight is prepacked once
   for oneDNN (about twice as fast as F.linear for the few rows a decoding step has).
 - `Int4`: 4-bit codes in groups of 32 along the input, each group with a scale and an offset, through
-  torch's weight-only int4 kernel. GGUF's Q4_0 and Q4_1 blocks are exactly this shape, so their codes
-  are used as they are (see `Q4Blocks`).
+  torch's weight-only int4 kernel. GGUF's Q4_0, Q4_1 and Q4_K blocks are exactly this shape, so their
+  codes are used as they are (see `Q4Blocks`).
 
 Every form gives a row the same bits whatever the other rows of the call are, from `stable_rows` rows on:
 1 row for the prepacked and int4 products on this machine's CPU, 2 for F.linear, which has a one-row
@@ -21,9 +21,11 @@ GGUF blocks of 32 weights w_j (ggml's layout):
                                                              w_j = d * s * q_j - dmin * m
 Byte i of a 4-bit block holds q_i in its low nibble and q_{i+16} in its high nibble.
 torch's int4 kernel computes w_j = (q_j - 8) * scale + zero, so Q4_0 is (scale d, zero 0), Q4_1 is
-(scale d, zero m + 8d) and a Q4_K group is (scale d * s, zero 8 * d * s - dmin * m). The kernel takes scale and zero in the activations' dtype: in bf16 they round
-(d to 8 significant bits, and m + 8d after the sum), which moves each weight by at most about 0.4% of
-its group's scale (measured on the bundled model in docs/PERFORMANCE.md).
+(scale d, zero m + 8d) and a Q4_K group is (scale d * s, zero 8 * d * s - dmin * m). The kernel takes
+scale and zero in the activations' dtype: in bf16 they round (to 8 significant bits), which moves each
+weight by at most 0.046 of its group's step d on the bundled model (RMS 0.20% of the RMS weight;
+docs/PERFORMANCE.md). Q8_0 (one fp16 scale per 32 int8 codes) has no exact int4 or int8-kernel form
+(torch's int8 kernel takes one scale per row), so it stays dense.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ class Q4Blocks:
     codes: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor
-    source_type: str  # "Q4_0" or "Q4_1"
+    source_type: str  # "Q4_0", "Q4_1" or "Q4_K" ("Q4_0+Q4_1" and so on for stacked weights)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -172,13 +174,13 @@ def q4k_from_gguf(raw: np.ndarray, shape: tuple[int, int]) -> Q4Blocks:
     nib = blocks[..., 16:].reshape(out, inp // Q4_K_BLOCK, 4, 1, 32)
     codes = np.concatenate([nib & 0x0F, nib >> 4], axis=3).reshape(out, inp)  # groups 2c, 2c + 1
     scale = (d * s6.astype(np.float32)).reshape(out, -1)  # (out, groups)
-    zero = (8 * scale - (dmin * m6.astype(np.float32)).reshape(out, -1))
+    zero = 8 * scale - (dmin * m6.astype(np.float32)).reshape(out, -1)
     return Q4Blocks(torch.from_numpy(codes.astype(np.uint8)), torch.from_numpy(scale), torch.from_numpy(zero), "Q4_K")
 
 
 def q4_quantize(weight: torch.Tensor, type_name: str = "Q4_1") -> Q4Blocks:
     """Quantize a dense weight to Q4 blocks the way llama.cpp does (through the gguf package's
-    reference quantizer): for tests and for models that arrive dense."""
+    reference quantizer): the tests' stand-in for a GGUF file's blocks."""
     from gguf import GGMLQuantizationType, quantize
 
     raw = quantize(weight.detach().float().cpu().numpy(), GGMLQuantizationType[type_name])
