@@ -90,7 +90,9 @@ def read_native_weights(path: Path, config) -> NativeWeights:
     return out
 
 
-CACHE_NAME = "native-q4.safetensors"
+# inside the conversion folder, one level down: `specula export` copies that folder's files to serving
+# engines, which would take any top-level *.safetensors for model weights
+CACHE_NAME = "native/q4.safetensors"
 CACHE_FORMAT = "1"  # bump when what read_native_weights produces changes: older caches are rebuilt
 
 
@@ -106,6 +108,7 @@ def cached_native_weights(path: Path, config, folder: Path) -> NativeWeights:
             log.info("rebuilding %s: %s", cache, exc)
     native = read_native_weights(path, config)
     try:
+        cache.parent.mkdir(exist_ok=True)
         _write_cache(native, cache)
     except OSError as exc:
         log.info("could not keep the 4-bit weights in %s: %s", cache, exc)

@@ -170,7 +170,7 @@ def test_native_weights_need_a_gguf(tiny_folder):
 
 
 @pytest.mark.e2e
-def test_the_bundled_gguf_runs_natively_and_exactly():
+def test_the_bundled_gguf_runs_natively_and_exactly(tmp_path):
     from engine.decoder import K_MAX
     from engine.loading import ModelSpec, load_model
 
@@ -194,12 +194,17 @@ def test_the_bundled_gguf_runs_natively_and_exactly():
 
     from engine.loading import _converted_gguf, bundled_gguf_path
 
-    cache = _converted_gguf(bundled_gguf_path(), lambda text: None) / CACHE_NAME
-    assert cache.is_file()
+    folder = _converted_gguf(bundled_gguf_path(), lambda text: None)
+    cache = folder / CACHE_NAME
+    assert cache.is_file() and not list(folder.glob("*.safetensors"))[1:]  # export copies only model.safetensors
     again = load_model(ModelSpec("bundled", device="cpu", dtype="bf16"))
     assert again.native.blocks.keys() == model.native.blocks.keys()
     assert all(torch.equal(again.native.blocks[k].codes, b.codes) and torch.equal(again.native.blocks[k].zero, b.zero)
                for k, b in model.native.blocks.items())
+    from engine.export_cmd import export
+
+    out = export("bundled", tmp_path / "export")  # what a serving engine gets: the model's weights only
+    assert [f.name for f in out.glob("*.safetensors")] == ["model.safetensors"]
     cache.write_bytes(b"not safetensors")
     assert load_model(ModelSpec("bundled", device="cpu", dtype="bf16")).weights == "Q4_1 4-bit (native)"
     assert cache.stat().st_size > 1000
