@@ -107,6 +107,10 @@ class _Layer:
         # to see the model's weights replaced (a copy, .to(dtype or device)) after the products were built
         self._watch = tuple((p, p.data_ptr()) for p in (attn.q_proj.weight, mlp.gate_proj.weight))
 
+    @property
+    def products(self) -> tuple:
+        return (self.qkv, self.o_proj, self.gate_up, self.down)
+
 
 def _prepack(model: torch.nn.Module) -> bool:
     """Prepack dense weights for oneDNN (a second copy of them) where it applies and they are small
@@ -120,7 +124,7 @@ def _probe(layers: list[_Layer], lm_head: Dense, dtype: torch.dtype, device: tor
     alike) from how many rows a row's bits stop depending on the call's other rows; every product of
     that kind takes the answer (quant.probe_stable_rows)."""
     found: dict[str, int] = {}
-    for product in [p for layer in layers for p in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [lm_head]:
+    for product in [p for layer in layers for p in layer.products] + [lm_head]:
         if product.kind not in found:
             found[product.kind] = probe_stable_rows(product, dtype, device) if device.type == "cpu" else 2
             if found[product.kind] == 0 and dtype != torch.float32:  # fp32 near ties: too rare to matter
@@ -226,8 +230,8 @@ class LlamaRunner:
         # the prepacked and int4 products give one row the bits it gets among others, so they need no
         # second row. False gives the one-row kernels.
         self.consistent = self.blocked
-        products = [p for layer in self.layers for p in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
-        self._pad_single = any(p.stable_rows > 1 for p in products + [self.lm_head])
+        self._pad_single = any(p.stable_rows > 1 for layer in self.layers for p in layer.products) \
+            or self.lm_head.stable_rows > 1
         # the final hidden state (before the final norm) of every cached position, kept and rolled back
         # with the cache: the features that feature-level drafters (EAGLE, Medusa) read
         self._feat = torch.empty(0)

@@ -66,7 +66,12 @@ class LoadedModel:
         if self.native is not None and self.native.blocks and self.uses_lean_forward:
             kinds = sorted({b.source_type for b in self.native.blocks.values()})
             return f"{'/'.join(kinds)} 4-bit (native)"
-        return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, str(self.dtype))
+        return self.dtype_name
+
+    @property
+    def dtype_name(self) -> str:
+        """The dtype as the options name it: "fp32", "bf16" or "fp16"."""
+        return next(name for name, dtype in DTYPES.items() if dtype == self.dtype)
 
     @property
     def context_window(self) -> int:

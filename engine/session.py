@@ -66,7 +66,8 @@ class Session:
         if request.draft and request.draft.strip() == request.target.source.strip():
             draft = target  # the same weights; the drafter still keeps a cache of its own
         elif request.draft:
-            spec = ModelSpec(request.draft, device=str(target.device), dtype=_dtype_name(target), weights="dequantized" if request.target.weights == "dequantized" else "auto")
+            weights = "dequantized" if request.target.weights == "dequantized" else "auto"
+            spec = ModelSpec(request.draft, device=str(target.device), dtype=target.dtype_name, weights=weights)
             draft = load_model(spec, say)
             check_same_vocabulary(target.tokenizer, draft.tokenizer)
         self.use(target, draft)
@@ -113,7 +114,7 @@ class Session:
             t.name,
             self.draft.name if self.draft else None,
             str(t.device),
-            _dtype_name(t),
+            t.dtype_name,
             t.context_window,
             tuple(name for name, info in DRAFTERS.items()
                   if (self.draft or not info.needs_draft_model) and (not info.needs_head or info.needs_head in self.heads)),
@@ -162,7 +163,3 @@ class Session:
             should_stop=should_stop,
             baseline=self.baseline,
         )
-
-
-def _dtype_name(model: LoadedModel) -> str:
-    return {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}[str(model.dtype)]

@@ -135,7 +135,7 @@ def test_check_against_catches_a_wrong_row_order():
 def test_native_products_are_used_and_agree_with_the_dequantized_model():
     target = native(tiny_model(vocab=64, layers=4, seed=7))
     runner = target.new_runner()
-    assert all(p.kind == "int4" for layer in runner.layers for p in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+    assert all(p.kind == "int4" for layer in runner.layers for p in layer.products)
     ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(0))
     ours = runner.forward(ids, last=40)
     with torch.no_grad():
