@@ -4,6 +4,7 @@
     specula strategies
     specula chat                       an interactive terminal chat with coloured tokens
     specula generate --backend remote --server URL --prompt "..."    through a vLLM (or other) server
+    specula serve --model bundled --port 8000    an OpenAI-compatible server (docs/SERVER.md)
 """
 
 from __future__ import annotations
@@ -128,6 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--model", default="bundled", help="bundled, a .gguf file or a model folder")
     e.add_argument("--out", type=Path, required=True, help="the folder to write")
     e.add_argument("--overwrite", action="store_true")
+    sv = sub.add_parser("serve", help="serve the engine as an OpenAI-compatible HTTP server (docs/SERVER.md)")
+    _add_model_args(sv)
+    sv.add_argument("--strategy", default="auto",
+                    help="the strategy of requests that name none (their 'specula' extension may pick another)")
+    sv.add_argument("--k", type=int, default=None, help="draft length of requests that name none")
+    sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (another than loopback needs a key)")
+    sv.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
+    sv.add_argument("--api-key-env", default=None, help="the environment variable holding the key clients must send")
+    sv.add_argument("--no-baseline", action="store_true", help="skip measuring plain decoding when the model loads")
     c = sub.add_parser("chat", help="chat in the terminal")
     _add_model_args(c)
     _add_remote_args(c)
@@ -158,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
             from .export_cmd import run_export
 
             return run_export(args)
+        if args.command == "serve":
+            from .serve_cmd import run_serve
+
+            return run_serve(args)
         if args.command == "train-head":
             from .train_cmd import run_train_cmd
 

@@ -1,0 +1,77 @@
+"""`specula serve`: the engine behind an OpenAI-compatible server (docs/SERVER.md)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+
+from .errors import SpeculaError
+from .loading import ModelSpec
+from .session import LoadRequest
+
+LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def api_key_from(env_name: str | None) -> str | None:
+    """The key in environment variable `env_name` (a one-line error when it is named but unset)."""
+    if not env_name:
+        return None
+    key = os.environ.get(env_name, "").strip()
+    if not key:
+        raise SpeculaError(f"--api-key-env {env_name}: that environment variable is not set or empty")
+    return key
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: any free port), with a clear error when the address is taken."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        raise SpeculaError(f"--host {host}: not an address of this machine") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise SpeculaError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    return sock
+
+
+def run_serve(args) -> int:
+    import uvicorn
+
+    from .server.app import create_app
+    from .server.service import EngineService
+
+    key = api_key_from(args.api_key_env)
+    if not is_loopback(args.host) and key is None:
+        raise SpeculaError(f"--host {args.host} lets other machines in: set an API key with --api-key-env VAR")
+    if args.k is not None and not 1 <= args.k:
+        raise SpeculaError("--k must be at least 1")
+    sock = bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    initial = LoadRequest(ModelSpec(args.model, args.device, args.dtype, args.weights), args.draft_model,
+                          measure_baseline=not args.no_baseline)
+    service = EngineService()
+    app = create_app(service, model_aliases=(args.model,), strategy=args.strategy, k=args.k, api_key=key,
+                     initial=initial)
+    print(f"specula serve: http://{shown}:{port}/v1 (loading {args.model}; GET /health says when it is ready)",
+          file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0

@@ -1,0 +1,305 @@
+"""`specula serve`: OpenAI clients stream from it, every token's origin comes with it, /metrics counts
+what the stream said, errors have OpenAI's shape and status, a client that leaves cancels its request,
+and the control endpoints load, list and cancel. A real uvicorn server on a free loopback port, over a
+tiny random Llama with the bundled tokenizer (a 128-token window)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+
+import pytest
+
+from engine.decoder import DecodeConfig
+from engine.events import Origin, Token
+from engine.loading import ModelSpec
+from engine.prompts import Message
+from engine.remote.telemetry import parse_metrics
+from engine.session import GenerateRequest, LoadRequest, Session
+
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+
+from engine.serve_cmd import bind, is_loopback  # noqa: E402
+from engine.server.api import TextStream  # noqa: E402
+
+
+class Served:
+    """`specula serve`'s app on a free port, in a thread."""
+
+    def __init__(self, folder, api_key: str | None = None) -> None:
+        import uvicorn
+
+        from engine.server.app import create_app
+        from engine.server.service import EngineService
+
+        self.service = EngineService()
+        initial = LoadRequest(ModelSpec(str(folder), "cpu", "fp32"), measure_baseline=False)
+        app = create_app(self.service, model_aliases=("tiny",), strategy="none", api_key=api_key, initial=initial)
+        sock = bind("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 120
+        while self.get("/health")[0] != 200:
+            assert time.time() < deadline, "the server never became ready"
+            time.sleep(0.1)
+
+    def request(self, method: str, path: str, body: dict | bytes | None = None, headers: dict | None = None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        conn.request(method, path, data, {"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+
+    def get(self, path: str, headers: dict | None = None):
+        try:
+            return self.request("GET", path, headers=headers)
+        except OSError:
+            return 0, ""
+
+    def post(self, path: str, body, headers: dict | None = None) -> tuple[int, dict]:
+        status, text = self.request("POST", path, body, headers)
+        return status, json.loads(text)
+
+    def events(self, path: str, body: dict) -> list[dict]:
+        status, text = self.request("POST", path, body)
+        assert status == 200, text
+        out = []
+        for line in text.splitlines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                out.append(json.loads(line[6:]))
+        return out
+
+    def client(self, key: str = "unused"):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_folder):
+    s = Served(tiny_folder)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def session(tiny_folder):
+    session = Session()
+    session.load(LoadRequest(ModelSpec(str(tiny_folder), "cpu", "fp32"), measure_baseline=False))
+    return session
+
+
+HELLO = [{"role": "user", "content": "Write a short story about a cat and a dog."}]
+
+
+def local_answer(session: Session, messages, n: int, strategy: str = "none") -> str:
+    request = GenerateRequest(tuple(Message(m["role"], m["content"]) for m in messages), strategy,
+                              DecodeConfig(max_new_tokens=n))
+    return [e for e in session.generate(request)][-1].text
+
+
+def ext(chunk) -> dict:
+    return (chunk.model_extra or {}).get("specula") or {}
+
+
+def test_an_openai_client_streams_the_engines_own_answer_with_every_tokens_origin(served, session):
+    expected = local_answer(session, HELLO, 40)
+    client = served.client()
+    for strategy in ("none", "prompt-lookup"):
+        stream = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=40, temperature=0, stream=True,
+                                                stream_options={"include_usage": True},
+                                                extra_body={"specula": {"strategy": strategy, "k": 3}})
+        chunks = list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == expected, strategy  # lossless through the server
+        assert ext(chunks[0])["strategy"] == strategy
+        tokens = [t for c in chunks for t in ext(c).get("tokens", [])]
+        assert "".join(t["text"] for t in tokens) == text  # the extension accounts for every character
+        assert {t["origin"] for t in tokens} <= {o.value for o in Origin}
+        for c in chunks:  # each chunk's tokens are exactly its text
+            if c.choices and ext(c).get("tokens"):
+                assert "".join(t["text"] for t in ext(c)["tokens"]) == (c.choices[0].delta.content or "")
+        steps = [ext(c) for c in chunks if "step" in ext(c)]
+        assert steps[0]["step"] == 0 and all(s["verify_s"] >= 0 for s in steps)
+        if strategy == "prompt-lookup":
+            assert sum(s["drafted"] for s in steps) > 0
+            assert all(t["origin"] != "target" for s in steps[1:] if s["drafted"] for t in s["tokens"])
+        assert chunks[-1].usage.completion_tokens == 40
+        assert chunks[-2].choices[0].finish_reason == "length"
+    whole = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=40, temperature=0)
+    assert whole.choices[0].message.content == expected
+    assert whole.usage.completion_tokens == 40 and whole.usage.prompt_tokens > 0
+
+
+def test_completions_take_a_raw_prompt(served, session):
+    request = GenerateRequest((Message("user", "Once upon a time"),), config=DecodeConfig(max_new_tokens=10), chat=False)
+    expected = [e for e in session.generate(request)][-1].text
+    result = served.client().completions.create(model="tiny", prompt="Once upon a time", max_tokens=10, temperature=0)
+    assert result.choices[0].text == expected
+    chunks = list(served.client().completions.create(model="tiny", prompt="Once upon a time", max_tokens=10,
+                                                     temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
+
+
+def test_metrics_count_what_the_stream_said(served):
+    before = parse_metrics(served.get("/metrics")[1])
+    events = served.events("/v1/chat/completions", {"messages": HELLO, "max_tokens": 30, "temperature": 0,
+                                                    "stream": True, "specula": {"strategy": "prompt-lookup", "k": 4}})
+    steps = [e["specula"] for e in events if "step" in e.get("specula", {})]
+    after = parse_metrics(served.get("/metrics")[1])
+    delta = after - before
+    drafted = [s for s in steps if s["step"] > 0 and s["drafted"]]
+    assert delta.drafts == len(drafted)
+    assert delta.draft_tokens == sum(s["drafted"] for s in drafted)
+    assert delta.accepted == sum(s["accepted"] for s in drafted)
+    page = served.get("/metrics")[1]
+    assert "vllm:num_requests_waiting" in page and "specula_tokens_total" in page and 'origin="target"' in page
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"model": "gpt-4", "messages": HELLO}, 404, "does not exist"),
+    ({"messages": [{"role": "user", "content": "word " * 400}], "max_tokens": 4}, 400, "context window"),
+    ({"messages": HELLO, "specula": {"strategy": "none", "colour": 1}}, 400, "unknown field 'colour'"),
+    ({"messages": HELLO, "specula": {"strategy": "eagle"}}, 400, "cannot use 'eagle'"),
+    ({"messages": HELLO, "n": 2}, 400, "'n' must be 1"),
+    ({"messages": HELLO, "temperature": -1}, 400, "'temperature' must be >= 0"),
+    ({"messages": HELLO, "max_tokens": 0}, 400, "'max_tokens' must be >= 1"),
+    ({"messages": HELLO, "surprise": True}, 400, "unknown field 'surprise'"),
+    ({"messages": []}, 400, "'messages'"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "role"),
+])
+def test_bad_requests_get_openai_errors_with_the_right_status(served, body, status, words):
+    got, reply = served.post("/v1/chat/completions", body)
+    assert got == status, reply
+    assert words in reply["error"]["message"]
+    assert set(reply["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_body_that_is_not_json_is_a_400(served):
+    status, text = served.request("POST", "/v1/chat/completions", b"{not json")
+    assert status == 400 and "not valid JSON" in text
+
+
+def test_a_stop_sequence_ends_the_answer_before_it(served, session):
+    full = local_answer(session, HELLO, 30)
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert stop and stop in full
+    cut = full[: full.index(stop)]
+    whole = served.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=30, temperature=0, stop=[stop])
+    assert whole.choices[0].message.content == cut and whole.choices[0].finish_reason == "stop"
+    chunks = list(served.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=30, temperature=0,
+                                                         stop=stop, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == cut
+    assert "".join(t["text"] for c in chunks for t in ext(c).get("tokens", [])) == cut
+
+
+def test_a_client_that_leaves_cancels_its_request_and_the_next_one_is_served(served):
+    def cancelled() -> float:
+        for line in served.get("/metrics")[1].splitlines():
+            if line.startswith("vllm:request_success_total") and 'finished_reason="cancelled"' in line:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    before = cancelled()
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=60)
+    body = {"messages": HELLO, "max_tokens": 120, "temperature": 0, "stream": True}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    response.fp.readline()  # the first chunk
+    conn.sock.close()
+    conn.close()
+    deadline = time.time() + 30
+    while cancelled() == before:
+        assert time.time() < deadline, "the request was not cancelled"
+        time.sleep(0.05)
+    reply = served.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=5, temperature=0)
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_requests_are_served_one_at_a_time_in_arrival_order(served):
+    finished: list[int] = []
+
+    def ask(i: int) -> None:
+        served.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=20 + i, temperature=0)
+        finished.append(i)
+
+    threads = []
+    for i in range(3):
+        threads.append(threading.Thread(target=ask, args=(i,)))
+        threads[-1].start()
+        time.sleep(0.3)
+    for t in threads:
+        t.join(60)
+    assert finished == [0, 1, 2]
+
+
+def test_the_control_endpoints_list_load_and_cancel(served, tiny_folder):
+    status, text = served.get("/specula/v1/strategies")
+    rows = {r["name"]: r for r in json.loads(text)["strategies"]}
+    assert status == 200 and rows["prompt-lookup"]["available"] and not rows["eagle"]["available"]
+    assert rows["eagle"]["needs"] == "a trained eagle head"
+    events = served.events("/specula/v1/load", {"model": str(tiny_folder), "device": "cpu", "dtype": "fp32",
+                                                 "measure_baseline": False})
+    assert events[0]["type"] == "progress" and events[-1]["type"] == "loaded"
+    assert events[-1]["model"]["context_window"] == 128
+    bad = served.events("/specula/v1/load", {"model": str(tiny_folder / "missing")})
+    assert bad[-1]["type"] == "error" and "missing" in bad[-1]["error"]["message"]
+    assert json.loads(served.get("/specula/v1/status")[1])["state"] == "ready"  # the last good model stays
+    assert served.post("/specula/v1/requests/99999/cancel", {})[0] == 404
+
+
+def test_the_remote_backend_reads_a_specula_server_like_any_openai_server(served, session):
+    from engine.remote.backend import RemoteBackend, RemoteLoadRequest
+
+    backend = RemoteBackend()
+    loaded = backend.load(RemoteLoadRequest(served.url, use_keyring=False))
+    assert loaded.context_window == 128
+    request = GenerateRequest(tuple(Message(**m) for m in HELLO), config=DecodeConfig(max_new_tokens=16))
+    events = list(backend.generate(request))
+    assert events[-1].text == local_answer(session, HELLO, 16)
+
+
+def test_an_api_key_is_required_when_set(tiny_folder):
+    s = Served(tiny_folder, api_key="sesame")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            s.client("wrong").models.list()
+        assert s.client("sesame").models.list().data[0].id
+        assert s.get("/metrics")[0] == 401 and s.get("/health")[0] == 200
+    finally:
+        s.close()
+
+
+def test_serve_refuses_another_address_without_a_key():
+    from engine.cli import main
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0")
+    assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
+
+
+def _tokens(*texts: str) -> tuple[Token, ...]:
+    return tuple(Token(i, t, Origin.TARGET, i) for i, t in enumerate(texts))
+
+
+def test_text_stream_holds_back_what_may_begin_a_stop_sequence_and_cuts_tokens_at_it():
+    stream = TextStream(("END",))
+    assert stream.push(_tokens("hello ", "E")) == ("hello", [])  # " E" may begin "END"; "hello " is not all out
+    piece, tokens = stream.push(_tokens("N", "D and more"))
+    assert stream.stopped and stream.text == "hello "
+    assert piece == " " and [t.text for t in tokens] == ["hello "]
+    plain = TextStream()
+    assert plain.push(_tokens("a", "b"))[0] == "ab"
+    assert plain.finish("abc") == ("c", [])
+    cut = TextStream(("x",))
+    piece, tokens = cut.push(_tokens("ab", "cxd"))
+    assert piece == "abc" and [t.text for t in tokens] == ["ab", "c"]
