@@ -27,29 +27,10 @@ from .errors import ContextTooLongError, SpeculaError
 from .events import Finished, Origin, Started, Step, Token, Totals
 from .forward import ModelRunner
 from .metrics import BaselineCost, count_step
-from .quant import VERIFY_ROWS_MAX
 from .sampling import SamplingParams, choose
+from .types import K_MAX, DecodeConfig
 from .verify import Verdict, tree_children, verify, walk_tree, walk_tree_sampling
 
-K_MAX = VERIFY_ROWS_MAX - 1  # 31 draft tokens: a verify pass within the rows that round as single steps do
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    k: int = 4  # draft length (the starting length when adaptive)
-    adaptive_k: bool = False
-    k_max: int = 16  # bound for adaptive k
-    max_new_tokens: int = 256
-    params: SamplingParams = field(default_factory=SamplingParams)
-    seed: int | None = None  # None: a fresh random seed per request
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.k <= K_MAX:
-            raise SpeculaError(f"draft length k must be between 1 and {K_MAX}, got {self.k}")
-        if not 1 <= self.k_max <= K_MAX:
-            raise SpeculaError(f"maximum draft length must be between 1 and {K_MAX}, got {self.k_max}")
-        if self.max_new_tokens < 1:
-            raise SpeculaError(f"max new tokens must be at least 1, got {self.max_new_tokens}")
 
 
 def next_k(k: int, drafted: int, accepted: int, k_max: int) -> int:

@@ -26,8 +26,8 @@ from .errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError
 from .forward import HFRunner, ModelRunner
 from .gguf_native import NativeWeights, cached_native_weights, check_against
 from .paths import DEVICE_NAMES, WEIGHT_NAMES, cache_dir
+from .types import BUNDLED, ModelSpec
 
-BUNDLED = "bundled"
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
 DEVICES = DEVICE_NAMES
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # DTYPE_NAMES but "auto"
@@ -36,17 +36,6 @@ log = logging.getLogger(__name__)
 
 
 WEIGHTS = WEIGHT_NAMES
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    source: str = BUNDLED
-    device: str = "auto"
-    dtype: str = "auto"
-    # How a GGUF's 4-bit weights run: "native" keeps its Q4_0/Q4_1/Q4_K blocks and runs them through int4
-    # products (CPU, bf16), "dequantized" expands them to `dtype` as transformers reads them, "auto"
-    # is native where it applies. Other sources are always dense.
-    weights: str = "auto"
 
 
 @dataclass

@@ -17,13 +17,13 @@ import statistics
 import time
 from collections import deque
 
-import torch
-
 from .events import BaselineCost, Step, decode_rate
 
 
 def measure_baseline(runner, lengths=(32, 512), repeats: int = 5) -> BaselineCost:
     """Time single-token forwards at a few context lengths and fit c(L) = a + b*L. Leaves the cache empty."""
+    import torch  # here, so the GUI's live metrics (LiveMetrics) never load torch
+
     lengths = sorted({min(max(1, L), runner.max_len - 1) for L in lengths})
     runner.truncate(0)
     filler = torch.randint(0, runner.vocab_size, (lengths[-1] + 1,))

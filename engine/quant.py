@@ -36,6 +36,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .types import VERIFY_ROWS_MAX
+
 GROUP = 32  # weights per GGUF block and per int4 group
 # Passes of at least this many rows are prompt chunks (a verify pass has at most decoder.K_MAX + 1 rows,
 # tested): there the int4 kernel, which redoes its dequantization for every 4 rows, is slower than a dense
@@ -46,7 +48,6 @@ _INNER_K_TILES = 2  # the int4 kernel's packing; 2, 4 and 8 time the same on the
 
 # The most rows a verify pass has (decoder.K_MAX + 1): the CPU's matrix kernels, dense and int4, give
 # a row the bits it gets alone in any call of up to 32 rows here, and other bits beyond (measured).
-VERIFY_ROWS_MAX = 32
 _PROBE_ROWS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 24, 31, VERIFY_ROWS_MAX)
 
 

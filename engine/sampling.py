@@ -11,27 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import SpeculaError
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """temperature 0 means greedy; top_k 0 and top_p 1 mean no truncation."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise SpeculaError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise SpeculaError(f"top-k must be >= 0 (0 turns it off), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise SpeculaError(f"top-p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from .types import SamplingParams
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

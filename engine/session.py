@@ -18,36 +18,7 @@ from .events import Finished, Loaded, Started, Step, Trained
 from .loading import LoadedModel, ModelSpec, check_same_vocabulary, load_model
 from .metrics import BaselineCost, measure_baseline
 from .prompts import Message
-
-
-@dataclass(frozen=True)
-class LoadRequest:
-    target: ModelSpec = field(default_factory=ModelSpec)
-    draft: str | None = None  # a model source; loaded on the target's device and dtype
-    measure_baseline: bool = True
-
-
-@dataclass(frozen=True)
-class GenerateRequest:
-    messages: tuple[Message, ...]
-    strategy: str = "none"
-    config: DecodeConfig = field(default_factory=DecodeConfig)
-    chat: bool = True
-    options: tuple[tuple[str, object], ...] = ()  # strategy options, e.g. (("max_n", 3),)
-
-    @property
-    def option_dict(self) -> dict:
-        return dict(self.options)
-
-
-@dataclass(frozen=True)
-class TrainRequest:
-    """Train a draft head for the loaded target on its own answers (see heads.train.run_training)."""
-
-    kind: str = "eagle"
-    tokens: int = 20000
-    epochs: int = 3
-    batch: int = 16  # small batches: a cancel takes effect within one batch
+from .types import GenerateRequest, LoadRequest, TrainRequest
 
 
 class Session:

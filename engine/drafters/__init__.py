@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import SpeculaError
+from ..strategies import STRATEGIES, StrategyCard, default_k
 from .auto import Auto
 from .base import Draft, DraftContext, Drafter
 from .draft_model import DraftModel
@@ -22,39 +23,28 @@ from .prompt_lookup import PromptLookup
 
 
 @dataclass(frozen=True)
-class StrategyInfo:
-    name: str
-    description: str
-    build: Callable[..., Drafter]
-    needs_draft_model: bool = False
-    default_k: int = 4  # draft length when the user sets none
-    needs_head: str = ""  # the kind of trained draft head it needs (`specula train-head --kind KIND`)
-    uses_heads: bool = False  # takes every head found for the model (option "heads"), needs none
+class StrategyInfo(StrategyCard):
+    """A catalogue entry (strategies.STRATEGIES) with the code that builds the drafter."""
 
-
-def default_k(strategy: str) -> int:
-    info = DRAFTERS.get(strategy)
-    return info.default_k if info else 4
+    build: Callable[..., Drafter] | None = None
 
 
 def _prompt_lookup(target, draft=None, min_n=None, max_n=None, **options):
     return PromptLookup(min_n=min_n or 1, max_n=max_n or 16)
 
 
-DRAFTERS: dict[str, StrategyInfo] = {
-    info.name: info
-    for info in (
-        StrategyInfo(NoDraft.name, NoDraft.description, lambda target, draft=None, **options: NoDraft()),
-        # its drafts shrink to twice the match length on their own, so a higher cap only pays
-        StrategyInfo(PromptLookup.name, PromptLookup.description, _prompt_lookup, default_k=8),
-        StrategyInfo(DraftModel.name, DraftModel.description, DraftModel.build, needs_draft_model=True),
-        StrategyInfo(LayerSkip.name, LayerSkip.description, LayerSkip.build),
-        StrategyInfo(Eagle.name, Eagle.description, Eagle.build, needs_head="eagle", default_k=6),
-        StrategyInfo(Medusa.name, Medusa.description, Medusa.build, needs_head="medusa", default_k=4),
-        StrategyInfo(Lookahead.name, Lookahead.description, Lookahead.build, default_k=5),
-        StrategyInfo(Auto.name, Auto.description, Auto.build, uses_heads=True, default_k=8),
-    )
+_BUILDERS: dict[str, Callable[..., Drafter]] = {
+    NoDraft.name: lambda target, draft=None, **options: NoDraft(),
+    PromptLookup.name: _prompt_lookup,
+    DraftModel.name: DraftModel.build,
+    LayerSkip.name: LayerSkip.build,
+    Eagle.name: Eagle.build,
+    Medusa.name: Medusa.build,
+    Lookahead.name: Lookahead.build,
+    Auto.name: Auto.build,
 }
+DRAFTERS: dict[str, StrategyInfo] = {name: StrategyInfo(**vars(card), build=_BUILDERS[name])
+                                     for name, card in STRATEGIES.items()}
 
 
 def strategy_names() -> tuple[str, ...]:

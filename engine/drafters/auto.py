@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..strategies import STRATEGIES
 from .base import Draft, DraftContext, empty_draft
 from .prompt_lookup import PromptLookup, longest_match
 
@@ -46,7 +47,7 @@ def _lookup_bucket(n: int) -> str:
 
 class Auto:
     name = "auto"
-    description = "chooses each step between prompt lookup, lookahead, trained heads and no draft, by the speed each has measured here"
+    description = STRATEGIES[name].description
 
     def __init__(self, members: dict | None = None, lookup_k: int = 8) -> None:
         self.lookup = PromptLookup()

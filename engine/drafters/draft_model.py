@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from ..errors import SpeculaError
+from ..strategies import STRATEGIES
 from .model_drafter import ModelDrafter
 
 
 class DraftModel(ModelDrafter):
     name = "draft-model"
-    description = "a smaller model with the same tokenizer drafts (needs --draft-model)"
+    description = STRATEGIES[name].description
 
     @classmethod
     def build(cls, target, draft=None, **options) -> "DraftModel":

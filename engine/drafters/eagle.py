@@ -16,6 +16,7 @@ import torch
 
 from ..heads.eagle import head_for_strategy
 from ..sampling import process_logits, sample
+from ..strategies import STRATEGIES
 from .base import Draft, DraftContext, empty_draft
 
 
@@ -29,7 +30,7 @@ COST_DECAY = 0.95
 
 class Eagle:
     name = "eagle"
-    description = "a trained head drafts from the target's own features (needs --head DIR from `specula train-head`)"
+    description = STRATEGIES[name].description
 
     def __init__(self, head, target, stop_below: float = 0.3, tree: bool = False) -> None:
         model = target.model

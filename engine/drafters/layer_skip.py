@@ -5,12 +5,13 @@ Its cache is separate from the target's; the weights are shared."""
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
+from ..strategies import STRATEGIES
 from .model_drafter import ModelDrafter
 
 
 class LayerSkip(ModelDrafter):
     name = "layer-skip"
-    description = "the target's first layers draft for the whole model (no extra weights)"
+    description = STRATEGIES[name].description
 
     @classmethod
     def build(cls, target, draft=None, exit_layer: int | None = None, **options) -> "LayerSkip":

@@ -26,6 +26,7 @@ import random
 import torch
 
 from ..errors import SpeculaError
+from ..strategies import STRATEGIES
 from .base import Draft, DraftContext, empty_draft, sends_tree
 
 POOL_PER_KEY = 8  # n-grams kept per first token, newest last
@@ -33,7 +34,7 @@ POOL_PER_KEY = 8  # n-grams kept per first token, newest last
 
 class Lookahead:
     name = "lookahead"
-    description = "Jacobi iteration on a window of guesses plus a pool of n-grams collected from it (no extra weights)"
+    description = STRATEGIES[name].description
 
     def __init__(self, window: int = 5, ngram: int = 4, guesses: int = 3, seed: int = 0,
                  force_tree: bool | None = None) -> None:

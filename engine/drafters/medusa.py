@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..heads.eagle import head_for_strategy
+from ..strategies import STRATEGIES
 from .base import Draft, DraftContext, empty_draft, sends_tree
 
 # paths of guess ranks, e.g. (0, 1): head 0's best guess, then head 1's second best below it; parents
@@ -22,7 +23,7 @@ TREE = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (0,
 
 class Medusa:
     name = "medusa"
-    description = "trained heads guess several tokens at once from the target's last feature, verified as a token tree"
+    description = STRATEGIES[name].description
 
     def __init__(self, head, target, tree=TREE, force_tree: bool | None = None) -> None:
         model = target.model

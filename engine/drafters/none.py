@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from ..strategies import STRATEGIES
 from .base import Draft, DraftContext, empty_draft
 
 
 class NoDraft:
     name = "none"
-    description = "plain decoding through the same loop (the baseline)"
+    description = STRATEGIES[name].description
 
     def reset(self) -> None:
         pass

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..errors import SpeculaError
+from ..strategies import STRATEGIES
 from .base import Draft, DraftContext, empty_draft
 
 DRAFT_PER_MATCHED_TOKEN = 2  # measured with the bench's prompts: longer drafts on weak matches cost more than they win
@@ -44,7 +45,7 @@ def find_continuation(tokens: torch.Tensor, k: int, min_n: int, max_n: int) -> t
 
 class PromptLookup:
     name = "prompt-lookup"
-    description = "copy what followed the latest longest earlier match of the last tokens (no extra weights)"
+    description = STRATEGIES[name].description
 
     def __init__(self, min_n: int = 1, max_n: int = 16) -> None:
         if not 1 <= min_n <= max_n:
