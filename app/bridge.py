@@ -1,26 +1,43 @@
-"""The only door to the engine: a QObject that owns the `Runner` and turns its events into a signal.
+"""The only door to the engine: a QObject that runs the engine in a process of its own (`specula serve`
+on a loopback port, with a random key) and turns what its client streams into a signal.
 
-The runner's worker thread calls the sink for every event; the sink emits `event`, and Qt queues the
-emission to the GUI thread (the bridge lives there), so slots run on the GUI thread and the GUI never
-waits on the engine. Importing the engine pulls in torch (seconds), so the first `load()` does that
-import on a short-lived thread: the window is already painted and stays responsive meanwhile.
+Each request runs on a short-lived thread that reads its stream (`engine.client`) and emits `event`;
+Qt queues the emission to the GUI thread (the bridge lives there), so slots run on the GUI thread and
+the GUI never waits on the engine. The window's process never imports torch: the engine's events and
+request types are plain dataclasses (`engine.events`, `engine.types`).
+
+If the engine process dies (killed, out of memory, a crash in a kernel) the running request ends with
+a `Failed` event that says so, the engine is started again in the background and the last model is
+loaded again; the conversation is the window's and is kept. The engine process ends with the window,
+also when the window is killed (`specula serve --exit-with-parent`).
+
+Tests pass a `session` (tiny models): the same server then runs on a thread of this process around it.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
+import os
+import secrets
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Signal
 
 log = logging.getLogger(__name__)
+START_TIMEOUT_S = 60.0
+KEY_ENV = "SPECULA_ENGINE_KEY"
 
 
 @dataclass(frozen=True)
 class ModelChoice:
     """What to load, in the app's terms; becomes an engine LoadRequest (local) or RemoteLoadRequest
-    (a server) where the engine is imported."""
+    (a server, which the engine process relays)."""
 
     source: str = "bundled"
     draft: str = ""  # empty: no draft model
@@ -51,30 +68,128 @@ class ModelChoice:
 
             return RemoteLoadRequest(self.server_url, self.server_model, self.api_key_env, self.baseline_url,
                                      self.verify_tls)
-        from engine.loading import ModelSpec
-        from engine.session import LoadRequest
+        from engine.types import LoadRequest, ModelSpec
 
         spec = ModelSpec(self.source, device=self.device, dtype=self.dtype, weights=self.weights)
         return LoadRequest(spec, draft=self.draft or None, measure_baseline=self.measure_baseline)
+
+
+class EngineDied(RuntimeError):
+    pass
+
+
+class ChildEngine:
+    """`specula serve` as a child process: loopback, any free port, a random key, no model until asked."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+        self.key = secrets.token_urlsafe(24)
+
+    def start(self) -> tuple[str, str]:
+        env = {**os.environ, KEY_ENV: self.key}
+        command = [sys.executable, "-m", "engine.cli", "serve", "--no-model", "--port", "0", "--api-key-env",
+                   KEY_ENV, "--announce", "--exit-with-parent"]
+        self.proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+        line = self.proc.stdout.readline()  # {"url": ...} once it listens; empty if it died first
+        if not line:
+            detail = self.proc.stderr.read().strip().splitlines()
+            raise EngineDied(detail[-1] if detail else f"exit code {self.proc.wait()}")
+        self.url = json.loads(line)["url"]
+        threading.Thread(target=self._drain, name="specula-engine-log", daemon=True).start()
+        return self.url, self.key
+
+    def _drain(self) -> None:
+        """Keep the child's pipes from filling up; its log lines go to this process's log."""
+        proc = self.proc
+        for line in proc.stderr:
+            log.info("engine: %s", line.rstrip())
+
+    def wait(self) -> int:
+        """Block until the process ends; its exit code."""
+        return self.proc.wait() if self.proc is not None else 0
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(3)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+class ThreadEngine:
+    """The same server on a thread of this process, around a given Session (tests' tiny models)."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.server = None
+        self._done = threading.Event()
+
+    def start(self) -> tuple[str, str]:
+        import uvicorn
+
+        from engine.runner import Runner
+        from engine.serve_cmd import bind
+        from engine.server.app import create_app
+        from engine.server.service import EngineService
+
+        key = secrets.token_urlsafe(16)
+        service = EngineService(Runner(session=self.session))
+        app = create_app(service, strategy="none", api_key=key)
+        sock = bind("127.0.0.1", 0)
+        port = sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        started = threading.Event()
+
+        def run() -> None:
+            try:
+                self.server.run(sockets=[sock])
+            finally:
+                started.set()
+                self._done.set()
+
+        threading.Thread(target=run, name="specula-test-engine", daemon=True).start()
+        while not self.server.started and not self._done.is_set():
+            time.sleep(0.01)
+        return f"http://127.0.0.1:{port}", key
+
+    def wait(self) -> int:
+        self._done.wait()
+        return 0
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
 
 
 class EngineBridge(QObject):
     event = Signal(object)  # an engine.events event, delivered on the GUI thread
     notice = Signal(str)  # a line for the status bar while the engine starts
 
-    def __init__(self, session=None, parent: QObject | None = None) -> None:
+    def __init__(self, session=None, parent: QObject | None = None, engine=None) -> None:
         super().__init__(parent)
-        self._session = session  # tests pass a Session around a tiny model
-        self._runner = None
+        self._session = session
+        self._make_engine = (lambda: engine) if engine is not None else (
+            (lambda: ThreadEngine(session)) if session is not None else ChildEngine)
+        self._engine = None
+        self._client = None
         self._lock = threading.Lock()
-        self._pending: list = []  # requests submitted before the runner existed
+        self._pending: list = []  # (id, request) submitted before the engine was up
         self._starting = False
         self._closed = False
+        self._ids = itertools.count(1)
+        self._calls: dict[int, object] = {}  # request id -> engine.client.Call, while it streams
+        self._last_choice: ModelChoice | None = None
         self.current: int | None = None  # the running generation's request id
+        self.restarts = 0  # times the engine process died and was started again
+        self.died_code: int | None = None
         self.event.connect(self._track)
 
     # -- engine side (worker threads) ---------------------------------------------------------------
-    def _sink(self, event) -> None:
+    def _emit(self, event) -> None:
         if self._closed:
             return
         try:
@@ -82,33 +197,87 @@ class EngineBridge(QObject):
         except RuntimeError:  # the QObject is gone (the window closed while the engine ran)
             self._closed = True
 
-    def _start_runner(self) -> None:
-        """Import the engine and start its worker (runs on a helper thread)."""
-        try:
-            from engine.runner import Runner
+    def _start_engine(self) -> None:
+        """Start the engine process and its client (on a helper thread), then send what waited."""
+        from engine.client import EngineClient
+        from engine.events import Failed
 
-            runner = Runner(sink=self._sink, session=self._session).start()
+        engine = self._make_engine()
+        try:
+            url, key = engine.start()
+            client = EngineClient(url, key)
         except Exception as exc:  # an unusable install: say so in the window instead of dying
             log.exception("the engine could not start")
-            from engine.events import Failed
-
-            self._sink(Failed(0, f"the engine could not start: {exc}", type(exc).__name__))
+            with self._lock:
+                self._starting = False
+                pending, self._pending = self._pending, []
+            for rid, _ in pending or [(0, None)]:
+                self._emit(Failed(rid, f"the engine could not start: {exc}", "EngineDied"))
             return
         with self._lock:
-            self._runner = runner
+            self._engine, self._client, self._starting = engine, client, False
             pending, self._pending = self._pending, []
         if self._closed:
-            runner.stop(timeout=0)
+            engine.stop()
             return
-        for choice in pending:
-            runner.submit(choice.request())
+        threading.Thread(target=self._watch, args=(engine,), name="specula-engine-watch", daemon=True).start()
+        for rid, request in pending:  # one after another, so the engine receives them in this order
+            call = client.call(request, rid)
+            with self._lock:
+                self._calls[rid] = call
+            self._stream(rid, call, engine)
 
-    def _ensure_runner(self) -> None:
+    def _watch(self, engine) -> None:
+        """Wait for the engine process to end; if nobody asked it to, start another and load the last
+        model again (a request that was running ends with a Failed event of its own, see _stream)."""
+        code = engine.wait()
         with self._lock:
-            if self._runner is not None or self._starting:
+            if self._closed or engine is not self._engine:
+                return
+            self._engine = self._client = None
+        self.restarts += 1
+        self.died_code = code
+        self.notice.emit(f"the engine process stopped (exit code {code}); restarting it")
+        if self._last_choice is not None:
+            self.load(self._last_choice)
+
+    def _run(self, rid: int, request) -> None:
+        with self._lock:
+            client = self._client
+        if client is None:
+            with self._lock:
+                self._pending.append((rid, request))
+            self._ensure_engine()
+            return
+        call = client.call(request, rid)
+        with self._lock:
+            self._calls[rid] = call
+            engine = self._engine
+        threading.Thread(target=self._stream, args=(rid, call, engine), name=f"specula-request-{rid}",
+                         daemon=True).start()
+
+    def _stream(self, rid: int, call, engine) -> None:
+        try:
+            for event in call.events():
+                if type(event).__name__ == "Failed" and event.kind == "EngineUnreachable":
+                    code = _exit_code(engine, within_s=2.0)
+                    if code is not None:  # the engine died under this request
+                        from engine.events import Failed
+
+                        event = Failed(rid, f"the engine process stopped (exit code {code}) during this request; "
+                                            "it is starting again", "EngineDied")
+                self._emit(event)
+        finally:
+            with self._lock:
+                self._calls.pop(rid, None)
+
+    def _ensure_engine(self) -> None:
+        with self._lock:
+            if self._client is not None or self._starting:
                 return
             self._starting = True
-        threading.Thread(target=self._start_runner, name="specula-engine-start", daemon=True).start()
+        self.notice.emit("starting the engine")
+        threading.Thread(target=self._start_engine, name="specula-engine-start", daemon=True).start()
 
     # -- GUI side -----------------------------------------------------------------------------------
     def _track(self, event) -> None:
@@ -117,46 +286,69 @@ class EngineBridge(QObject):
 
     @property
     def ready(self) -> bool:
-        return self._runner is not None
+        return self._client is not None
 
-    def load(self, choice: ModelChoice) -> None:
+    @property
+    def engine_pid(self) -> int | None:
+        proc = getattr(self._engine, "proc", None)
+        return proc.pid if proc is not None else None
+
+    def load(self, choice: ModelChoice) -> int:
         """Load a model. Answers with Loading events, then Loaded or Failed."""
-        with self._lock:
-            runner = self._runner
-            if runner is None:
-                self._pending.append(choice)
-        if runner is None:
-            self.notice.emit("starting the engine")
-            self._ensure_runner()
-        else:
-            runner.submit(choice.request())
+        self._last_choice = choice
+        rid = next(self._ids)
+        self._run(rid, choice.request())
+        return rid
 
     def send(self, request) -> int:
-        """Start a generation (an engine.session.GenerateRequest); returns its request id."""
-        if self._runner is None:
-            raise RuntimeError("the engine has not started: load a model first")
-        self.current = self._runner.submit(request)
+        """Start a generation (an engine.types.GenerateRequest); returns its request id. While the engine
+        (re)starts it waits, behind the model's load."""
+        self.current = next(self._ids)
+        self._run(self.current, request)
         return self.current
 
     def submit(self, request) -> int:
         """Any other engine request (a TrainRequest); returns its id. Its events arrive on `event`."""
-        if self._runner is None:
-            raise RuntimeError("the engine has not started: load a model first")
-        return self._runner.submit(request)
+        rid = next(self._ids)
+        self._run(rid, request)
+        return rid
 
     def cancel(self, request_id: int) -> None:
-        if self._runner is not None:
-            self._runner.cancel(request_id)
+        with self._lock:
+            call = self._calls.get(request_id)
+            waiting = [job for job in self._pending if job[0] == request_id]
+            for job in waiting:
+                self._pending.remove(job)
+        if call is not None:
+            call.close()
+        for rid, _ in waiting:  # never sent: it ends here, as the engine ends a cancelled request
+            from engine.events import Finished, Totals
+
+            self._emit(Finished(rid, "cancelled", "", (), Totals(0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0)))
 
     def stop(self) -> None:
         """Stop the running generation (it ends with a Finished event, reason 'cancelled')."""
-        if self._runner is not None and self.current is not None:
-            self._runner.cancel(self.current)
+        if self.current is not None:
+            self.cancel(self.current)
 
     def shutdown(self, timeout: float = 2.0) -> None:
-        """End the worker; a load that is still running is left to die with the process."""
+        """End the engine process (what runs there ends with it)."""
         self._closed = True
         with self._lock:
-            runner, self._runner = self._runner, None
-        if runner is not None:
-            runner.stop(timeout=timeout)
+            engine, self._engine, self._client = self._engine, None, None
+            calls = list(self._calls.values())
+        for call in calls:
+            call.close()
+        if engine is not None:
+            engine.stop()
+
+
+def _exit_code(engine, within_s: float) -> int | None:
+    """The engine process's exit code if it ends within `within_s` seconds; None while it runs."""
+    proc = getattr(engine, "proc", None)
+    if proc is None:
+        return None
+    try:
+        return proc.wait(within_s)
+    except subprocess.TimeoutExpired:
+        return None

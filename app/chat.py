@@ -254,10 +254,8 @@ class ChatController(QObject):
 def build_request(messages: tuple, s: Settings):
     """An engine GenerateRequest for these messages and settings (imports the engine: call it once a
     model is loaded)."""
-    from engine.decoder import DecodeConfig
-    from engine.drafters import default_k
-    from engine.sampling import SamplingParams
-    from engine.session import GenerateRequest
+    from engine.strategies import default_k
+    from engine.types import DecodeConfig, GenerateRequest, SamplingParams
 
     params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
     config = DecodeConfig(k=s.k or default_k(s.strategy), adaptive_k=s.adaptive_k, max_new_tokens=s.max_new_tokens,

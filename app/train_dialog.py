@@ -75,7 +75,7 @@ class TrainDialog(QDialog):
         return self.request_id is not None
 
     def start(self) -> None:
-        from engine.session import TrainRequest
+        from engine.types import TrainRequest
 
         kind = self.kind.currentData()
         self.request_id = self.bridge.submit(TrainRequest(kind, tokens=self.tokens.value(), epochs=self.epochs.value()))

@@ -230,10 +230,10 @@ class MainWindow(QMainWindow):
         return self.loaded is not None and self.loaded.backend == "remote"
 
     def _offer_strategies(self, usable) -> None:
-        from engine.drafters import DRAFTERS
+        from engine.strategies import STRATEGIES
 
         wanted = self.settings.strategy
-        chosen = self.controls.set_strategies(DRAFTERS, usable, wanted)
+        chosen = self.controls.set_strategies(STRATEGIES, usable, wanted)
         if chosen != wanted:
             self.strategy_unavailable = wanted
             self.notices.add(f"Strategy “{wanted}” is not available for this model; using “{chosen}”.")
@@ -258,7 +258,12 @@ class MainWindow(QMainWindow):
         if self._editing is not None and self._editing[0] == self.chat.current_id:
             replace_from = self.chat.index_of(self._editing[1])
         self._end_edit()
-        return self.chat.send(text, self.settings, replace_from)
+        return self.chat.send(text, self.request_settings, replace_from)
+
+    @property
+    def request_settings(self):
+        """The settings a request is built from: a server speculates as it was told ("server")."""
+        return replace(self.settings, strategy="server") if self.remote else self.settings
 
     def compare_last(self) -> bool:
         """Compare plain decoding with the current strategy on the last prompt (a card in the chat)."""
@@ -280,7 +285,7 @@ class MainWindow(QMainWindow):
             self.view.toggle_markdown(index)
         elif name in (actions.REGENERATE, actions.RETRY) and self.state == "ready" and not self.compare.running:
             self._end_edit()
-            self.chat.regenerate(self.settings)
+            self.chat.regenerate(self.request_settings)
         elif name == actions.EDIT and item is not None and self.chat.index_of(item) is not None:
             self._editing = (self.chat.current_id, item)
             self.composer.begin_edit(item.content)

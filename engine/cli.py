@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
     sv.add_argument("--api-key-env", default=None, help="the environment variable holding the key clients must send")
     sv.add_argument("--no-baseline", action="store_true", help="skip measuring plain decoding when the model loads")
+    sv.add_argument("--no-model", action="store_true", help="start without a model (load one with POST /specula/v1/load)")
+    sv.add_argument("--announce", action="store_true",
+                    help='print {"url": ...} on a line of standard output once listening (for a parent process)')
+    sv.add_argument("--exit-with-parent", action="store_true", help="end when the process that started this one ends")
     c = sub.add_parser("chat", help="chat in the terminal")
     _add_model_args(c)
     _add_remote_args(c)

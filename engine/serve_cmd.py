@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import socket
 import sys
+import threading
+import time
 
 from .errors import SpeculaError
-from .loading import ModelSpec
-from .session import LoadRequest
+from .types import LoadRequest, ModelSpec
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
@@ -51,6 +53,19 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def watch_parent(poll_s: float = 0.5) -> None:
+    """End this process when its parent ends (the app that started it was closed or killed): the
+    parent's id changes when it dies, on every platform."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="specula-parent-watch", daemon=True).start()
+
+
 def run_serve(args) -> int:
     import uvicorn
 
@@ -65,13 +80,17 @@ def run_serve(args) -> int:
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    initial = LoadRequest(ModelSpec(args.model, args.device, args.dtype, args.weights), args.draft_model,
-                          measure_baseline=not args.no_baseline)
+    initial = None if args.no_model else LoadRequest(ModelSpec(args.model, args.device, args.dtype, args.weights),
+                                                      args.draft_model, measure_baseline=not args.no_baseline)
     service = EngineService()
     app = create_app(service, model_aliases=(args.model,), strategy=args.strategy, k=args.k, api_key=key,
                      initial=initial)
-    print(f"specula serve: http://{shown}:{port}/v1 (loading {args.model}; GET /health says when it is ready)",
-          file=sys.stderr, flush=True)
+    if args.exit_with_parent:
+        watch_parent()
+    what = "no model yet" if initial is None else f"loading {args.model}; GET /health says when it is ready"
+    print(f"specula serve: http://{shown}:{port}/v1 ({what})", file=sys.stderr, flush=True)
+    if args.announce:
+        print(json.dumps({"url": f"http://{shown}:{port}"}), flush=True)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
     uvicorn.Server(config).run(sockets=[sock])
     return 0

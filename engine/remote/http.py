@@ -94,13 +94,16 @@ def _headers(server: Server, body: bool) -> dict[str, str]:
     return headers
 
 
-def _request(server: Server, method: str, url: str, payload: dict | None, timeout: float):
-    """Send a request; returns (connection, response) with a 2xx status, or raises RemoteError."""
+def _request(server: Server, method: str, url: str, payload: dict | None, timeout: float, on_connect=None):
+    """Send a request; returns (connection, response) with a 2xx status, or raises RemoteError.
+    `on_connect(conn)` is called once connected, before the answer is awaited."""
     conn, path = _connection(server, url, timeout)
     body = json.dumps(payload).encode() if payload is not None else None
     try:
         conn.connect()
         conn.sock.settimeout(timeout)
+        if on_connect is not None:
+            on_connect(conn)
         conn.request(method, path, body=body, headers=_headers(server, body is not None))
         response = conn.getresponse()
     except BaseException as exc:
@@ -133,9 +136,31 @@ def _network_error(server: Server, url: str, exc: BaseException) -> BaseExceptio
     return exc
 
 
+class EngineError(RemoteError):
+    """An error `specula serve` reported, with the engine's own kind of error (Failed.kind)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _engine_kind(body: str) -> str | None:
+    """The engine's kind of error in a `specula serve` error body ({"specula": {"kind": ...}})."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    extension = data.get("specula") if isinstance(data, dict) else None
+    kind = extension.get("kind") if isinstance(extension, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def http_error(url: str, status: int, reason: str, body: str) -> RemoteError:
     """A one-line error for a non-2xx answer, with the server's own message when it sent one."""
     message = _error_message(body)
+    kind = _engine_kind(body)
+    if kind is not None:
+        return EngineError(message or f"HTTP {status}", kind)
     if status in (401, 403):
         return AuthError(f"the server refused the API key (HTTP {status}{': ' + message if message else ''}); "
                          "set the key's environment variable or store it in Settings")
@@ -190,25 +215,43 @@ class EventStream:
     server returns at once and iteration ends quietly (`closed` is then true).
     """
 
-    def __init__(self, server: Server, path: str, payload: dict) -> None:
+    def __init__(self, server: Server, path: str, payload: dict, root: bool = False) -> None:
+        """POST `payload` to `path` under the server's /v1 (under its root with `root`). A `close()` from
+        another thread while the server has not answered yet ends the wait at once (no events)."""
         self.server = server
         self.closed = False
         self.done = False  # the server sent [DONE]
         self._lock = threading.Lock()
-        self._conn, self._response = _request(server, "POST", server.api + path, payload, server.timeout_s)
-        self._sock = self._conn.sock
+        self._conn = None
+        self._sock = None
+        self._response = None
+        try:
+            self._conn, self._response = _request(server, "POST", (server.root if root else server.api) + path,
+                                                  payload, server.timeout_s, self._connected)
+        except RemoteError:
+            if not self.closed:
+                raise
+        self._sock = self._conn.sock if self._conn is not None else self._sock
 
-    def close(self) -> None:
+    def _connected(self, conn) -> None:
         with self._lock:
-            if self.closed:
+            self._conn, self._sock, closed = conn, conn.sock, self.closed
+        if closed:
+            self.close(force=True)
+
+    def close(self, force: bool = False) -> None:
+        with self._lock:
+            if self.closed and not force:
                 return
             self.closed = True
+            sock, conn = self._sock, self._conn
         try:
-            if self._sock is not None:
-                self._sock.shutdown(socket.SHUT_RDWR)
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass  # already closed by the server
-        self._conn.close()
+        if conn is not None:
+            conn.close()
 
     def __iter__(self) -> Iterator[dict]:
         try:
@@ -218,6 +261,8 @@ class EventStream:
 
     def _events(self) -> Iterator[dict]:
         data: list[str] = []
+        if self._response is None:  # closed before the server answered
+            return
         while True:
             try:
                 raw = self._response.readline()
@@ -264,6 +309,9 @@ def parse_event(payload: str) -> dict:
     if not isinstance(event, dict):
         raise RemoteError(f"the server sent a malformed stream event: {payload[:120]!r}")
     if "error" in event and not event.get("choices"):
+        kind = _engine_kind(payload)
+        if kind is not None:
+            raise EngineError(_error_message(payload), kind)
         raise RemoteError(f"the server reported an error during the answer: {_error_message(json.dumps(event))}")
     return event
 

@@ -17,16 +17,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..decoder import DecodeConfig
-from ..drafters import DRAFTERS, default_k
 from ..errors import SpeculaError
-from ..events import Finished, Step, Token, Totals
+from ..events import Finished, Token
 from ..prompts import Message
-from ..sampling import SamplingParams
-from ..session import GenerateRequest
+from ..strategies import STRATEGIES, default_k
+from ..types import DecodeConfig, GenerateRequest, SamplingParams
 
 MAX_STOPS = 4
-STRATEGY_OPTIONS = {"min_n": int, "max_n": int, "exit_layer": int, "head": str, "tree": bool}
+STRATEGY_OPTIONS = {"min_n": int, "max_n": int, "exit_layer": int, "head": str, "tree": (bool, int)}
 EXTENSION_FIELDS = {"strategy", "k", "adaptive_k", "k_max", "options"}
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
            "n", "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "specula"}
@@ -40,12 +38,14 @@ class ApiError(Exception):
     """An error for the client, in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, kind: str = "SpeculaError") -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.kind = kind  # the engine's kind of error (events.Failed.kind), for Specula's own client
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code},
+                "specula": {"kind": self.kind}}
 
 
 # What a failed engine request becomes: the exception's type name -> (status, error type, code).
@@ -61,7 +61,7 @@ _FAILURES = {
 
 def failure(kind: str, message: str) -> ApiError:
     status, type_, code = _FAILURES.get(kind, (500, "server_error", None))
-    return ApiError(status, message, type_, code=code)
+    return ApiError(status, message, type_, code=code, kind=kind)
 
 
 @dataclass(frozen=True)
@@ -178,8 +178,8 @@ def _extension(body: dict, defaults: Defaults) -> tuple[str, dict, tuple]:
     """The `specula` object -> (strategy, DecodeConfig keyword arguments, strategy options)."""
     ext = _check_fields(body.get("specula") or {}, EXTENSION_FIELDS, "'specula' extension")
     strategy = ext.get("strategy", defaults.strategy)
-    if not isinstance(strategy, str) or strategy not in DRAFTERS:
-        raise _bad(f"unknown strategy {strategy!r}: choose one of {', '.join(DRAFTERS)}", "specula.strategy")
+    if not isinstance(strategy, str) or (strategy not in STRATEGIES and strategy not in defaults.strategies):
+        raise _bad(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}", "specula.strategy")
     if strategy not in defaults.strategies:
         raise _bad(f"the loaded model cannot use '{strategy}' (it needs a draft model or a trained head); "
                    f"it can use: {', '.join(defaults.strategies)}", "specula.strategy")
@@ -190,9 +190,10 @@ def _extension(body: dict, defaults: Defaults) -> tuple[str, dict, tuple]:
         config["k_max"] = _number(ext, "k_max", None, integer=True, low=1)
     options = _check_fields(ext.get("options") or {}, set(STRATEGY_OPTIONS), "'specula.options' object")
     for name, value in options.items():
-        kind = STRATEGY_OPTIONS[name]
-        if type(value) is not kind:
-            raise _bad(f"'specula.options.{name}' must be {kind.__name__}, got {value!r}", f"specula.options.{name}")
+        kinds = STRATEGY_OPTIONS[name] if isinstance(STRATEGY_OPTIONS[name], tuple) else (STRATEGY_OPTIONS[name],)
+        if type(value) not in kinds:
+            raise _bad(f"'specula.options.{name}' must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}",
+                       f"specula.options.{name}")
     return strategy, config, tuple(sorted((n, int(v) if isinstance(v, bool) else v) for n, v in options.items()))
 
 
@@ -271,36 +272,6 @@ def parse_completion(body: object, defaults: Defaults) -> Parsed:
 
 
 # ---- responses ---------------------------------------------------------------------------------------
-
-
-def token_json(token: Token) -> dict:
-    out = {"id": token.id, "text": token.text, "origin": token.origin.value}
-    if token.draft_pos is not None:
-        out["draft_pos"] = token.draft_pos
-    if token.p is not None:
-        out["p"] = token.p
-    if token.q is not None:
-        out["q"] = token.q
-    if token.branch is not None:
-        out["branch"] = token.branch
-    return out
-
-
-def step_json(step: Step, tokens: list[Token]) -> dict:
-    """A step as the extension carries it; `tokens` are the step's tokens this chunk releases."""
-    return {"step": step.step, "tokens": [token_json(t) for t in tokens],
-            "rejected": [token_json(t) for t in step.rejected], "drafted": step.drafted, "accepted": step.accepted,
-            "k": step.k, "draft_s": step.draft_s, "verify_s": step.verify_s, "context_len": step.context_len,
-            "elapsed_s": step.elapsed_s}
-
-
-def totals_json(totals: Totals, speedup: float | None) -> dict:
-    return {"new_tokens": totals.new_tokens, "steps": totals.steps, "target_forwards": totals.target_forwards,
-            "drafted": totals.drafted, "accepted": totals.accepted, "acceptance_rate": totals.acceptance_rate,
-            "mean_accepted_length": totals.mean_accepted_length, "wall_s": totals.wall_s,
-            "prefill_s": totals.prefill_s, "draft_s": totals.draft_s, "verify_s": totals.verify_s,
-            "tokens_per_s": totals.tokens_per_s, "accepted_per_position": list(totals.position_accepted),
-            "drafted_per_position": list(totals.position_drafted), "speedup": speedup}
 
 
 def usage_json(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -21,7 +21,6 @@ import contextlib
 import hmac
 import json
 import logging
-from dataclasses import asdict
 from typing import AsyncIterator, Callable
 
 from starlette.applications import Starlette
@@ -31,11 +30,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..drafters import DRAFTERS
+from .. import wire
 from ..errors import SpeculaError
-from ..events import Failed, Finished, Loaded, Loading, Started, Step, Trained, Training
-from ..loading import WEIGHTS, ModelSpec
-from ..session import LoadRequest, TrainRequest
+from ..events import Failed, Finished, Loaded, Loading, ServerStats, Started, Step, Trained, Training
+from ..paths import WEIGHT_NAMES as WEIGHTS
+from ..remote.backend import RemoteLoadRequest
+from ..strategies import STRATEGIES
+from ..types import LoadRequest, ModelSpec, TrainRequest
 from . import api, prom
 from .service import EngineService
 
@@ -102,7 +103,8 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
             raise api.ApiError(503, f"no model is loaded yet ({service.state}: {service.message or 'starting'})",
                                "server_error", code="model_not_loaded")
         names = (loaded.target, *(a for a in model_aliases if a and a != loaded.target))
-        chosen = strategy if strategy in loaded.strategies else "none"
+        chosen = strategy if strategy in loaded.strategies else (
+            "none" if "none" in loaded.strategies else loaded.strategies[0])  # "server" when relaying a server
         return api.Defaults(names, loaded.strategies, chosen, k, loaded.context_window)
 
     # ---- OpenAI ------------------------------------------------------------------------------------
@@ -127,11 +129,20 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         except api.ApiError as exc:
             return _error(exc)
         rid, queue = service.submit(parsed.request)
+        early: list = []  # events before Started (a relayed server's counters), sent after it
         try:
             first = await _next_event(queue, request)
+            while not isinstance(first, (Started, Failed, Finished)):
+                early.append(first)
+                first = await _next_event(queue, request)
             if isinstance(first, Failed):
                 service.release(rid)
                 return _error(api.failure(first.kind, first.message))
+            if isinstance(first, Finished):  # cancelled while it waited in the queue
+                early.append(first)
+                config = parsed.request.config
+                first = Started(rid, parsed.request.strategy, 0, config.k)
+
         except ClientGone:
             service.release(rid)
             return Response(status_code=499)  # nobody reads it: the client closed the connection
@@ -140,10 +151,10 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
             raise
         headers = {"X-Specula-Request-Id": str(rid)}
         if parsed.stream:
-            return StreamingResponse(_stream(parsed, rid, queue, first), media_type="text/event-stream",
+            return StreamingResponse(_stream(parsed, rid, queue, first, early), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         try:
-            return JSONResponse(await _whole(parsed, rid, queue, first, request), headers=headers)
+            return JSONResponse(await _whole(parsed, rid, queue, first, early, request), headers=headers)
         except api.ApiError as exc:
             return _error(exc)
         except ClientGone:
@@ -151,17 +162,14 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         finally:
             service.release(rid)
 
-    def _opening(rid: int, started: Started) -> dict:
-        return {"request_id": rid, "strategy": started.strategy, "prompt_tokens": started.prompt_tokens,
-                "k": started.k}
-
-    async def _stream(parsed: api.Parsed, rid: int, queue: asyncio.Queue, started: Started) -> AsyncIterator[str]:
+    async def _stream(parsed: api.Parsed, rid: int, queue: asyncio.Queue, started: Started,
+                      early: list) -> AsyncIterator[str]:
         text = api.TextStream(parsed.stops)
         sent_tokens = 0
         try:
-            yield _sse(api.chunk(parsed, "", role=True, extension=_opening(rid, started)))
+            yield _sse(api.chunk(parsed, "", role=True, extension=wire.started_json(started)))
             while True:
-                event = await queue.get()
+                event = early.pop(0) if early else await queue.get()
                 if isinstance(event, Step):
                     if text.stopped:
                         continue  # the steps that ran while the stop sequence's cancel took effect
@@ -169,14 +177,15 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                     sent_tokens += len(tokens)
                     if text.stopped:
                         service.cancel(rid)
-                    yield _sse(api.chunk(parsed, piece, extension=api.step_json(event, tokens)))
+                    yield _sse(api.chunk(parsed, piece, extension=wire.step_json(event, tokens)))
+                elif isinstance(event, ServerStats):
+                    yield _sse(api.chunk(parsed, None, choices=False, extension={"server_stats": wire.stats_json(event)}))
                 elif isinstance(event, Finished):
                     piece, tokens = text.finish(event.text)
                     sent_tokens += len(tokens)
                     count = sent_tokens if text.stopped else event.totals.new_tokens
                     usage = api.usage_json(started.prompt_tokens, count)
-                    extension = {"request_id": rid, "tokens": [api.token_json(t) for t in tokens],
-                                 "totals": api.totals_json(event.totals, event.speedup)}
+                    extension = wire.finished_json(event, tokens)
                     yield _sse(api.chunk(parsed, piece, api.finish_reason(event, text.stopped), extension=extension,
                                          usage=usage))
                     if parsed.include_usage:
@@ -190,11 +199,12 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         finally:
             service.release(rid)  # a client that went away cancels its request before the next step
 
-    async def _whole(parsed: api.Parsed, rid: int, queue: asyncio.Queue, started: Started, request: Request) -> dict:
+    async def _whole(parsed: api.Parsed, rid: int, queue: asyncio.Queue, started: Started, early: list,
+                     request: Request) -> dict:
         text = api.TextStream(parsed.stops)
         tokens: list = []
         while True:
-            event = await _next_event(queue, request)
+            event = early.pop(0) if early else await _next_event(queue, request)
             if isinstance(event, Step) and not text.stopped:
                 tokens += text.push(event.tokens)[1]
                 if text.stopped:
@@ -202,8 +212,7 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
             elif isinstance(event, Finished):
                 tokens += text.finish(event.text)[1]
                 count = len(tokens) if text.stopped else event.totals.new_tokens
-                extension = {**_opening(rid, started), "tokens": [api.token_json(t) for t in tokens],
-                             "totals": api.totals_json(event.totals, event.speedup)}
+                extension = {**wire.started_json(started), **wire.finished_json(event, tokens)}
                 return api.response(parsed, text.text, api.finish_reason(event, text.stopped),
                                     api.usage_json(started.prompt_tokens, count), extension)
             elif isinstance(event, Failed):
@@ -219,13 +228,7 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
     # ---- control -----------------------------------------------------------------------------------
 
     def _loaded_json(loaded: Loaded | None) -> dict | None:
-        if loaded is None:
-            return None
-        out = asdict(loaded)
-        out.pop("request_id", None)
-        out["baseline_tokens_per_s"] = 1.0 / loaded.baseline.a if loaded.baseline and loaded.baseline.a > 0 else None
-        out.pop("baseline", None)
-        return out
+        return None if loaded is None else wire.loaded_json(loaded)
 
     async def status(request: Request) -> Response:
         return JSONResponse({"state": service.state, "message": service.message, "model": _loaded_json(service.loaded),
@@ -235,15 +238,16 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
     async def strategies(request: Request) -> Response:
         usable = service.loaded.strategies if service.loaded is not None else ()
         rows = []
-        for name, info in DRAFTERS.items():
-            needs = "a draft model" if info.needs_draft_model else (f"a trained {info.needs_head} head" if info.needs_head else None)
-            rows.append({"name": name, "description": info.description, "available": name in usable,
-                         "needs": needs, "default_k": info.default_k})
+        for name, card in STRATEGIES.items():
+            rows.append({"name": name, "description": card.description, "available": name in usable,
+                         "needs": card.needs, "default_k": card.default_k})
         return JSONResponse({"model": service.loaded.target if service.loaded else None, "strategies": rows})
 
     async def _progress(request: Request, rid: int, queue: asyncio.Queue) -> AsyncIterator[str]:
-        """Load and train progress as server-sent events, until the request's Loaded or Failed."""
+        """Load and train progress as server-sent events, until the request's Loaded or Failed; the first
+        names the request (for the cancel endpoint)."""
         try:
+            yield _sse({"type": "queued", "request_id": rid})
             while True:
                 event = await queue.get()
                 if isinstance(event, (Loading, Training)):
@@ -253,9 +257,11 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                                 "accepted": event.accepted, "summary": event.summary})
                 elif isinstance(event, Loaded):
                     yield _sse({"type": "loaded", "model": _loaded_json(event)})
+                    yield _sse("[DONE]")
                     return
                 elif isinstance(event, Failed):
                     yield _sse({"type": "error", **api.failure(event.kind, event.message).body()})
+                    yield _sse("[DONE]")
                     return
         finally:
             service.release(rid)
@@ -263,7 +269,9 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
     async def load(request: Request) -> Response:
         try:
             body = api._check_fields(await _body(request), {"model", "draft", "device", "dtype", "weights",
-                                                            "measure_baseline"}, "request")
+                                                            "measure_baseline", "server"}, "request")
+            if body.get("server") is not None:
+                return _start_load(request, _remote(body["server"]))
             source = body.get("model")
             if not isinstance(source, str) or not source.strip():
                 raise api.ApiError(400, "'model' must name a model: bundled, a folder, a .gguf file or a Hub id", param="model")
@@ -278,7 +286,22 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         except api.ApiError as exc:
             return _error(exc)
         spec = ModelSpec(source.strip(), texts["device"], texts["dtype"], texts["weights"])
-        rid, queue = service.submit(LoadRequest(spec, draft or None, measure_baseline=measure))
+        return _start_load(request, LoadRequest(spec, draft or None, measure_baseline=measure))
+
+    def _remote(server: object) -> RemoteLoadRequest:
+        """Chat through another OpenAI-compatible server (vLLM), this engine relaying its answers."""
+        fields = {"url": str, "model": str, "api_key_env": str, "baseline_url": str, "verify_tls": bool}
+        server = api._check_fields(server, set(fields), "'server' object")
+        for name, kind in fields.items():
+            if name in server and type(server[name]) is not kind:
+                raise api.ApiError(400, f"'server.{name}' must be {kind.__name__}", param=f"server.{name}")
+        if not server.get("url"):
+            raise api.ApiError(400, "'server.url' is required", param="server.url")
+        return RemoteLoadRequest(server["url"], server.get("model", ""), server.get("api_key_env", ""),
+                                 server.get("baseline_url", ""), server.get("verify_tls", True))
+
+    def _start_load(request: Request, load_request) -> Response:
+        rid, queue = service.submit(load_request)
         return StreamingResponse(_progress(request, rid, queue), media_type="text/event-stream",
                                  headers={"X-Specula-Request-Id": str(rid)})
 

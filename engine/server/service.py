@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from ..events import Failed, Finished, Loaded, Loading, Origin, Started, Step
 from ..runner import Runner
-from ..session import GenerateRequest, LoadRequest, TrainRequest
+from ..remote.backend import RemoteLoadRequest
+from ..types import GenerateRequest, LoadRequest, TrainRequest
 
 
 @dataclass
@@ -65,7 +66,7 @@ class EngineService:
             runner._sink = self._from_worker
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loaded: Loaded | None = None
-        self.state = "starting"  # starting, loading, ready, failed
+        self.state = "empty"  # empty (no model asked for yet), loading, ready, failed
         self.message = ""
         self.counters = Counters()
         self.waiting: set[int] = set()  # generation requests submitted, not yet started
@@ -124,7 +125,7 @@ class EngineService:
 
     # ---- the event loop's side -----------------------------------------------------------------------
 
-    def submit(self, request: GenerateRequest | LoadRequest | TrainRequest) -> tuple[int, asyncio.Queue]:
+    def submit(self, request: GenerateRequest | LoadRequest | RemoteLoadRequest | TrainRequest) -> tuple[int, asyncio.Queue]:
         """Queue a request; its events arrive in the returned queue. Call on the event loop's thread (so
         the queue exists before the first event is delivered)."""
         rid = self.runner.submit(request)
@@ -132,7 +133,7 @@ class EngineService:
         self._queues[rid] = queue
         if isinstance(request, GenerateRequest):
             self.waiting.add(rid)
-        elif isinstance(request, LoadRequest):
+        elif isinstance(request, (LoadRequest, RemoteLoadRequest)):
             self._load_id = rid
             self.state, self.message = "loading", "queued"
         return rid, queue
@@ -145,8 +146,9 @@ class EngineService:
         self._ended.discard(rid)
 
     def cancel(self, rid: int) -> bool:
-        """Cancel a queued or running generation; False when there is none with that id."""
-        if rid in self.waiting or self.running == rid:
+        """Cancel a queued or running request (a generation or a training run); False when there is
+        none with that id. Its stream still ends with its last event (Finished "cancelled" or Failed)."""
+        if rid in self._queues and rid not in self._ended:
             self.runner.cancel(rid)
             return True
         return False

@@ -249,7 +249,7 @@ def test_the_control_endpoints_list_load_and_cancel(served, tiny_folder):
     assert rows["eagle"]["needs"] == "a trained eagle head"
     events = served.events("/specula/v1/load", {"model": str(tiny_folder), "device": "cpu", "dtype": "fp32",
                                                  "measure_baseline": False})
-    assert events[0]["type"] == "progress" and events[-1]["type"] == "loaded"
+    assert events[0]["type"] == "queued" and events[1]["type"] == "progress" and events[-1]["type"] == "loaded"
     assert events[-1]["model"]["context_window"] == 128
     bad = served.events("/specula/v1/load", {"model": str(tiny_folder / "missing")})
     assert bad[-1]["type"] == "error" and "missing" in bad[-1]["error"]["message"]

@@ -1,0 +1,107 @@
+"""Engine events as JSON and back: the `specula` extension of `specula serve`'s streams, written by the
+server (`server/api.py`) and read by its client (`client.py`). Torch-free.
+
+A stream's first chunk carries `Started`, each step's chunk a `Step` (its tokens with their origin, the
+rejected drafts, the draft and verify times), the last chunk `Finished` (the engine's own reason, the
+totals, the speedup); a remote server's counters travel as chunks of their own (`server_stats`).
+Reading back gives the same dataclasses the engine yields in process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+
+from .events import BaselineCost, Finished, Loaded, Origin, ServerStats, Started, Step, Token, Totals
+
+_TOTALS = tuple(f.name for f in fields(Totals))
+
+
+def token_json(token: Token) -> dict:
+    out = {"id": token.id, "text": token.text, "origin": token.origin.value}
+    for name in ("draft_pos", "p", "q", "branch"):
+        value = getattr(token, name)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def token_from(data: dict, step: int) -> Token:
+    return Token(int(data["id"]), str(data["text"]), Origin(data["origin"]), step, data.get("draft_pos"),
+                 data.get("p"), data.get("q"), data.get("branch"))
+
+
+def started_json(event: Started) -> dict:
+    return {"request_id": event.request_id, "strategy": event.strategy, "prompt_tokens": event.prompt_tokens,
+            "k": event.k}
+
+
+def started_from(data: dict, request_id: int) -> Started:
+    return Started(request_id, str(data.get("strategy", "")), int(data.get("prompt_tokens", 0)), int(data.get("k", 0)))
+
+
+def step_json(step: Step, tokens: list[Token] | tuple[Token, ...]) -> dict:
+    """A step; `tokens` are those of its tokens this chunk releases (a stop sequence may hold some back)."""
+    return {"step": step.step, "tokens": [token_json(t) for t in tokens],
+            "rejected": [token_json(t) for t in step.rejected], "drafted": step.drafted, "accepted": step.accepted,
+            "k": step.k, "draft_s": step.draft_s, "verify_s": step.verify_s, "context_len": step.context_len,
+            "elapsed_s": step.elapsed_s, "inferred": step.inferred}
+
+
+def step_from(data: dict, request_id: int) -> Step:
+    n = int(data["step"])
+    return Step(request_id, n, int(data["drafted"]), int(data["accepted"]),
+                tuple(token_from(t, n) for t in data.get("tokens", ())),
+                tuple(token_from(t, n) for t in data.get("rejected", ())),
+                float(data["draft_s"]), float(data["verify_s"]), int(data["context_len"]), int(data["k"]),
+                float(data["elapsed_s"]), bool(data.get("inferred", False)))
+
+
+def totals_json(totals: Totals, speedup: float | None = None) -> dict:
+    """Every field of Totals (lists for tuples), and the figures derived from them."""
+    out = {name: list(v) if isinstance(v, tuple) else v for name, v in asdict(totals).items()}
+    out.update(acceptance_rate=totals.acceptance_rate, mean_accepted_length=totals.mean_accepted_length,
+               tokens_per_s=totals.tokens_per_s, speedup=speedup)
+    return out
+
+
+def totals_from(data: dict) -> Totals:
+    return Totals(**{name: tuple(data[name]) if isinstance(data[name], list) else data[name]
+                     for name in _TOTALS if name in data})
+
+
+def finished_json(event: Finished, tokens: list[Token] | tuple[Token, ...] = ()) -> dict:
+    return {"request_id": event.request_id, "reason": event.reason, "tokens": [token_json(t) for t in tokens],
+            "totals": totals_json(event.totals, event.speedup)}
+
+
+def finished_from(data: dict, request_id: int, text: str, token_ids: tuple[int, ...], reason: str | None = None) -> Finished:
+    totals = data.get("totals") or {}
+    return Finished(request_id, reason or str(data.get("reason", "eos")), text, token_ids, totals_from(totals),
+                    totals.get("speedup"))
+
+
+def stats_json(event: ServerStats) -> dict:
+    return {name: list(v) if isinstance(v, tuple) else v for name, v in asdict(event).items() if name != "request_id"}
+
+
+def stats_from(data: dict, request_id: int) -> ServerStats:
+    return ServerStats(request_id, float(data["elapsed_s"]), int(data["drafts"]), int(data["draft_tokens"]),
+                       int(data["accepted"]), tuple(data.get("position_accepted", ())))
+
+
+def loaded_json(event: Loaded) -> dict:
+    out = asdict(event)
+    out.pop("request_id")
+    baseline = event.baseline
+    out["baseline_tokens_per_s"] = 1.0 / baseline.a if baseline is not None and baseline.a > 0 else None
+    return out
+
+
+def loaded_from(data: dict, request_id: int) -> Loaded:
+    names = {f.name for f in fields(Loaded)} - {"request_id"}
+    values = {k: v for k, v in data.items() if k in names}
+    for name in ("strategies", "notes"):
+        values[name] = tuple(values.get(name) or ())
+    baseline = values.get("baseline")
+    values["baseline"] = BaselineCost(float(baseline["a"]), float(baseline["b"])) if baseline else None
+    return Loaded(request_id, **values)
