@@ -18,7 +18,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QTimer, Qt
 from PySide6.QtGui import QColor, QFont, QPalette
-from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGraphicsItem, QGridLayout, QLabel, QVBoxLayout, QWidget
 
 from .ringbuffer import RingBuffer
 from .theme import palette_for
@@ -97,6 +97,11 @@ class PlotsPanel(QWidget):
             plot.setMenuEnabled(False)
             plot.hideButtons()
             plot.setMouseEnabled(x=False, y=False)
+            for name in ("left", "bottom"):
+                # an axis draws its grid lines across the plot, so every new point repaints it: kept as a
+                # pixmap, it is repainted by a copy until its range or ticks change (a paint of the five
+                # plots went from ~20 ms to a few, the longest stall of the event loop with it)
+                plot.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         for key in ("acceptance", "positions"):
             self.plots[key].setYRange(0, 1.05, padding=0)
         for key, plot in self.plots.items():  # whole-number axes: keep short runs from fractional ticks

@@ -202,6 +202,8 @@ class MainWindow(QMainWindow):
         if training and kind == "Failed" and self.train_dialog.isVisible():
             return  # the dialog shows it
         if kind == "Loading":
+            if self.state == "ready":  # the engine reloads the model after it restarted
+                self._set_state("loading")
             self.statusBar().showMessage(event.message)
         elif kind == "Loaded":
             self._on_loaded(event)

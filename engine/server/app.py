@@ -125,7 +125,12 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
 
     async def _generate(request: Request, parse: Callable) -> Response:
         try:
-            parsed = parse(await _body(request), defaults())
+            body = await _body(request)
+            while service.state == "loading":  # a request that comes during a load waits for the model
+                if await request.is_disconnected():
+                    return Response(status_code=499)
+                await asyncio.sleep(0.05)
+            parsed = parse(body, defaults())
         except api.ApiError as exc:
             return _error(exc)
         rid, queue = service.submit(parsed.request)
