@@ -14,7 +14,7 @@ The same actions are in the bubble's context menu.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QPoint, QUrl, Signal
+from PySide6.QtCore import QEvent, QPoint, QTimer, QUrl, Signal
 from PySide6.QtGui import QPalette, QTextCursor, QTextFrame
 from PySide6.QtWidgets import QFrame, QTextBrowser, QToolTip
 
@@ -27,6 +27,7 @@ from .markdown import insert_markdown
 from .theme import OriginColours, palette_for
 from .tokens import tooltip
 
+FLUSH_MS = 100  # streamed tokens reach the transcript at most this often
 PLACEHOLDER = "Ask anything. Each token shows where it came from; hover one for details."
 
 
@@ -50,6 +51,13 @@ class ChatView(QTextBrowser):
         self._live: list[TokenRecord] | None = None  # the answer being streamed
         self._live_note = ""
         self._stream: QTextCursor | None = None
+        # streamed tokens are written a few times a second, not at every step: each write lays the
+        # document out again, and on a small machine the engine process pays for the window's CPU time
+        self._unwritten: list[TokenRecord] = []
+        self._flush_timer = QTimer(self)
+        self._flush_timer.setSingleShot(True)
+        self._flush_timer.setInterval(FLUSH_MS)
+        self._flush_timer.timeout.connect(self.flush)
         self._colours = self._pick_colours()
         self.anchorClicked.connect(self._on_anchor)
 
@@ -98,11 +106,20 @@ class ChatView(QTextBrowser):
         if self._live is None:
             self.begin_answer()
         self._live.extend(records)
-        with self._keep_bottom():
-            self._write_tokens(self._stream, records)
+        self._unwritten.extend(records)
+        if not self._flush_timer.isActive():
+            self._flush_timer.start()
+
+    def flush(self) -> None:
+        """Write the streamed tokens that wait (the timer does it a few times a second)."""
+        records, self._unwritten = self._unwritten, []
+        if self._stream is not None and records:
+            with self._keep_bottom():
+                self._write_tokens(self._stream, records)
 
     def end_answer(self, turn: Turn) -> None:
         """The streamed answer is complete: add its summary line and actions and keep it as a turn."""
+        self.flush()
         stream, self._stream, self._live = self._stream, None, None
         if stream is None:
             self.add_turn(turn)
@@ -238,6 +255,7 @@ class ChatView(QTextBrowser):
             if self._live_note:
                 self._painter().write_note(self._stream, self._live_note)
             self._write_tokens(self._stream, self._live)
+        self._unwritten = []
         if keep_scroll:
             self.verticalScrollBar().setValue(scroll)
         else:

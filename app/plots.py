@@ -23,7 +23,7 @@ from PySide6.QtWidgets import QGraphicsItem, QGridLayout, QLabel, QVBoxLayout, Q
 from .ringbuffer import RingBuffer
 from .theme import palette_for
 
-REFRESH_MS = 40  # 25 Hz
+REFRESH_MS = 200  # 5 Hz
 ROLLING = 16  # steps in the rolling acceptance
 WARMUP = 3  # decode steps before rates are plotted: the first ones are mostly noise
 LAYOUT = {"acceptance": (0, 0, 2), "tps": (1, 0, 2), "speedup": (2, 0, 2), "lengths": (3, 0, 1), "positions": (3, 1, 1)}

@@ -399,7 +399,9 @@ class MainWindow(QMainWindow):
         self.composer.set_state(ready=state in ("ready", "generating"), generating=state == "generating", hint=hint)
         self.controls.setEnabled(state in ("ready", "generating"))
         self._update_actions()
-        self.busy.setVisible(state in ("starting", "loading", "generating"))
+        # only while a model loads: an animated bar repaints many times a second, and while an answer
+        # streams (which shows its own progress) that took the engine's cores from it on a small machine
+        self.busy.setVisible(state in ("starting", "loading"))
         self._update_status()
 
     def _update_status(self) -> None:
