@@ -1,8 +1,10 @@
 """Live plots of one generation (pyqtgraph): acceptance per step and rolling, tokens/s against the
 measured plain-decoding speed, live speedup, the accepted-length histogram and per-position acceptance.
 
-Slots only append to ring buffers and update `engine.metrics.LiveMetrics`; a 25 Hz timer pushes the
-buffers into the curves while a generation runs, so a burst of steps costs one redraw.
+Slots only append to ring buffers and update `engine.metrics.LiveMetrics`; while a generation runs a
+timer pushes the buffers into one plot at a time (each plot four times a second), so a burst of steps
+costs one redraw and no single paint stalls the event loop for long: on a small machine the window shares
+its cores with the engine, and every millisecond it paints is taken from the engine.
 
 Connected to a server, the stream does not say what was drafted: acceptance comes from the server's
 counters (`ServerStats`, a few a second), one point per reading over the interval since the previous one
@@ -23,7 +25,8 @@ from PySide6.QtWidgets import QGraphicsItem, QGridLayout, QLabel, QVBoxLayout, Q
 from .ringbuffer import RingBuffer
 from .theme import palette_for
 
-REFRESH_MS = 200  # 5 Hz
+REFRESH_MS = 50  # a tick refreshes one of the PARTS: each at 4 Hz
+PARTS = ("acceptance", "tps", "speedup", "bars", "stats")
 ROLLING = 16  # steps in the rolling acceptance
 WARMUP = 3  # decode steps before rates are plotted: the first ones are mostly noise
 LAYOUT = {"acceptance": (0, 0, 2), "tps": (1, 0, 2), "speedup": (2, 0, 2), "lengths": (3, 0, 1), "positions": (3, 1, 1)}
@@ -52,7 +55,8 @@ class PlotsPanel(QWidget):
         self._recent: list[tuple[int, int]] = []  # (drafted, accepted) of the last ROLLING steps
         self._last_step = 0  # the latest step's number: where a server reading is plotted
         self._server_seen = (0, 0)  # (draft tokens, accepted) at the previous server reading
-        self._dirty = False
+        self._stale: set[str] = set()  # PARTS with data the plots do not show yet
+        self._next_part = 0
         self._timer = QTimer(self)
         self._timer.setInterval(REFRESH_MS)
         self._timer.timeout.connect(self._tick)
@@ -173,7 +177,7 @@ class PlotsPanel(QWidget):
         self._recent = []
         self._last_step = 0
         self._server_seen = (0, 0)
-        self._dirty = True
+        self._stale = set(PARTS)
         self._timer.start()
 
     def add_step(self, step) -> None:
@@ -195,7 +199,7 @@ class PlotsPanel(QWidget):
         if m.speedup is not None and step.step >= WARMUP:
             s["speed_step"].append(step.step)
             s["speedup"].append(m.speedup)
-        self._dirty = True
+        self._stale = set(PARTS)
 
     def add_server_stats(self, stats) -> None:
         """A server's counters since the reply started (engine.events.ServerStats): a point for the
@@ -212,46 +216,50 @@ class PlotsPanel(QWidget):
             s["step"].append(self._last_step)
             s["acceptance"].append(min(1.0, max(0.0, new_accepted / new_drafted)))
             s["rolling"].append(stats.acceptance_rate)
-        self._dirty = True
+        self._stale = set(PARTS)
 
     def finish(self, finished=None) -> None:
         """The generation ended: draw the final state and stop the timer."""
         self._timer.stop()
-        self._dirty = True
+        self._stale = set(PARTS)
         self.refresh(finished)
 
     def refresh(self, finished=None) -> None:
-        """Push the buffers into the curves now (the timer calls this while streaming)."""
-        s = self.series
-        self.curves["acceptance"].setData(s["step"].values(), s["acceptance"].values())
-        self.curves["rolling"].setData(s["step"].values(), s["rolling"].values())
-        self.curves["tps"].setData(s["tps_step"].values(), s["tps"].values())
-        baseline = s["baseline"].values()
-        self.curves["baseline"].setData(s["tps_step"].values(), baseline, connect="finite")
-        self.curves["speedup"].setData(s["speed_step"].values(), s["speedup"].values())
-        self._refresh_bars()
-        self._fit_ranges()
-        self._refresh_stats(finished)
-        self._dirty = False
+        """Push the buffers into every plot now (at the end of a generation, and in tests)."""
+        for part in PARTS:
+            self._refresh_part(part, finished)
+        self._stale.clear()
 
-    def _fit_ranges(self) -> None:
-        """Axis ranges that cover the data and change only when it outgrows them."""
+    def _refresh_part(self, part: str, finished=None) -> None:
+        s = self.series
+        x_max = self._x_max()
+        if part == "acceptance":
+            self.curves["acceptance"].setData(s["step"].values(), s["acceptance"].values())
+            self.curves["rolling"].setData(s["step"].values(), s["rolling"].values())
+            self._set_range("acceptance", 0, x_max, 0, 1.05)
+        elif part == "tps":
+            baseline = s["baseline"].values()
+            self.curves["tps"].setData(s["tps_step"].values(), s["tps"].values())
+            self.curves["baseline"].setData(s["tps_step"].values(), baseline, connect="finite")
+            tps = np.concatenate([s["tps"].values(), baseline])
+            tps = tps[np.isfinite(tps)]
+            self._set_range("tps", 0, x_max, 0, _ceil_to(1.15 * (tps.max() if len(tps) else 10), 10))
+        elif part == "speedup":
+            self.curves["speedup"].setData(s["speed_step"].values(), s["speedup"].values())
+            speed = s["speedup"].values()
+            speed = speed[np.isfinite(speed)]
+            self._set_range("speedup", 0, x_max, 0, max(1.5, _ceil_to(1.15 * (speed.max() if len(speed) else 1), 0.5)))
+        elif part == "bars":
+            self._refresh_bars()
+        else:
+            self._refresh_stats(finished)
+
+    def _x_max(self) -> float:
+        """The steps axis: covers the data and grows only in whole blocks (axes are costly to redraw)."""
         s = self.series
         last_step = max((float(v.max()) for v in (s[k].values() for k in ("step", "tps_step", "speed_step")) if len(v)),
                         default=0.0)
-        x_max = _ceil_to(max(last_step, 8), 32)
-        tps = np.concatenate([s["tps"].values(), s["baseline"].values()])
-        tps = tps[np.isfinite(tps)]
-        speed = s["speedup"].values()
-        speed = speed[np.isfinite(speed)]
-        m = self.metrics
-        counts = np.bincount(np.asarray(m.accepted_lengths, dtype=int)) if m is not None and m.accepted_lengths else []
-        positions = len(m.per_position) if m is not None else 0
-        self._set_range("acceptance", 0, x_max, 0, 1.05)
-        self._set_range("tps", 0, x_max, 0, _ceil_to(1.15 * (tps.max() if len(tps) else 10), 10))
-        self._set_range("speedup", 0, x_max, 0, max(1.5, _ceil_to(1.15 * (speed.max() if len(speed) else 1), 0.5)))
-        self._set_range("lengths", -0.6, max(4, len(counts)) - 0.4, 0, _ceil_to(max(counts, default=1) * 1.1, 8))
-        self._set_range("positions", 0.4, max(4, positions) + 0.6, 0, 1.05)
+        return _ceil_to(max(last_step, 8), 32)
 
     def _set_range(self, key: str, x0: float, x1: float, y0: float, y1: float) -> None:
         if self._ranges.get(key) != (x0, x1, y0, y1):
@@ -259,8 +267,14 @@ class PlotsPanel(QWidget):
             self.plots[key].setRange(xRange=(x0, x1), yRange=(y0, y1), padding=0)
 
     def _tick(self) -> None:
-        if self._dirty:
-            self.refresh()
+        """One part per tick: each paint then covers one plot, so the event loop never stalls long."""
+        for _ in PARTS:
+            part = PARTS[self._next_part]
+            self._next_part = (self._next_part + 1) % len(PARTS)
+            if part in self._stale:
+                self._stale.discard(part)
+                self._refresh_part(part)
+                return
 
     def _refresh_bars(self) -> None:
         m = self.metrics
@@ -269,6 +283,8 @@ class PlotsPanel(QWidget):
         self.bars["lengths"].setOpts(x=np.arange(counts.shape[0]), height=counts)
         rates = m.per_position if m is not None else []
         self.bars["positions"].setOpts(x=np.arange(1, len(rates) + 1), height=np.asarray(rates, dtype=float))
+        self._set_range("lengths", -0.6, max(4, len(counts)) - 0.4, 0, _ceil_to(max(counts, default=1) * 1.1, 8))
+        self._set_range("positions", 0.4, max(4, len(rates)) + 0.6, 0, 1.05)
 
     def _refresh_stats(self, finished=None) -> None:
         m = self.metrics
