@@ -33,9 +33,10 @@ def generation_payload(request: GenerateRequest) -> tuple[str, dict]:
     """The path and body for a GenerateRequest (stream, with the extension)."""
     config, params = request.config, request.config.params
     body: dict = {"max_tokens": config.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
-                  "top_k": params.top_k, "stream": True,
-                  "specula": {"strategy": request.strategy, "k": config.k, "adaptive_k": config.adaptive_k,
-                              "k_max": config.k_max, "options": dict(request.options)}}
+                  "top_k": params.top_k, "stream": True}
+    if request.strategy != "server":  # "server": whatever the server uses by default
+        body["specula"] = {"strategy": request.strategy, "k": config.k, "adaptive_k": config.adaptive_k,
+                           "k_max": config.k_max, "options": dict(request.options)}
     if config.seed is not None:
         body["seed"] = config.seed
     if request.chat:

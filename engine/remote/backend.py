@@ -49,14 +49,14 @@ class ServerInfo:
     server: Server
     model: str
     models: tuple[str, ...]
-    kind: str  # "vllm" or "openai" (any other OpenAI-compatible server)
+    kind: str  # "vllm", "specula" (`specula serve`) or "openai" (any other OpenAI-compatible server)
     version: str = ""
     context_window: int = 0  # 0: the server did not say
     speculates: bool = False  # it exposes spec-decode counters
 
     @property
     def describe(self) -> str:
-        what = f"vLLM {self.version}".strip() if self.kind == "vllm" else "OpenAI-compatible server"
+        what = {"vllm": f"vLLM {self.version}".strip(), "specula": "Specula server"}.get(self.kind, "OpenAI-compatible server")
         return f"{what} at {self.server.root}"
 
 
@@ -80,6 +80,8 @@ def probe(server: Server, model: str = "") -> ServerInfo:
         raise RemoteError(f"the server at {server.root} has no model '{chosen}'; it serves: {', '.join(ids)}")
     entry = next(e for e in entries if isinstance(e, dict) and str(e.get("id")) == chosen)
     window = entry.get("max_model_len")
+    if entry.get("owned_by") == "specula":  # `specula serve`: its stream says every token's origin
+        return ServerInfo(server, chosen, ids, "specula", "", window if isinstance(window, int) else 0, True)
     version, counters = _vllm_details(server, chosen)
     return ServerInfo(server, chosen, ids, "vllm" if version else "openai", version,
                       window if isinstance(window, int) else 0, counters is not None)
@@ -152,7 +154,9 @@ class RemoteBackend:
     def describe(self, request_id: int = 0) -> Loaded:
         info = self._need_info()
         notes = []
-        if info.speculates:
+        if info.kind == "specula":
+            notes.append("A Specula server: its stream gives every token's origin and every step's drafts.")
+        elif info.speculates:
             notes.append("Acceptance comes from the server's counters: they are server-wide, so other clients' "
                          "requests count too. Token colours are inferred from the stream's chunks.")
         else:
@@ -172,10 +176,29 @@ class RemoteBackend:
 
     def generate(self, request, request_id: int = 0, should_stop: Callable[[], bool] = lambda: False) -> Iterator:
         info = self._need_info()
+        if info.kind == "specula":
+            return _specula_reply(info, request, request_id, should_stop)
         return RemoteReply(info, chat_payload(info, request), request_id, should_stop, self.baseline).events()
 
     def train(self, *args, **kwargs):
         raise SpeculaError("training a draft head needs a local model: switch the backend to local first")
+
+
+def _specula_reply(info: ServerInfo, request, request_id: int, should_stop: Callable[[], bool]) -> Iterator:
+    """A `specula serve` answer: the engine's own events, read from the stream's extension; the server
+    uses its default strategy (the request's is this process's choice of a local one)."""
+    from dataclasses import replace
+
+    from ..client import EngineClient
+
+    client = EngineClient(info.server.url, info.server.api_key, timeout_s=info.server.timeout_s)
+    call = client.call(replace(request, strategy="server"), request_id)
+    stopping = False
+    for event in call.events():
+        yield event
+        if not stopping and should_stop():
+            stopping = True
+            call.close()
 
 
 def measure_plain(info: ServerInfo) -> BaselineCost:

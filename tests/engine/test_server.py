@@ -257,12 +257,12 @@ def test_the_control_endpoints_list_load_and_cancel(served, tiny_folder):
     assert served.post("/specula/v1/requests/99999/cancel", {})[0] == 404
 
 
-def test_the_remote_backend_reads_a_specula_server_like_any_openai_server(served, session):
+def test_the_remote_backend_reads_a_specula_servers_own_events(served, session):
     from engine.remote.backend import RemoteBackend, RemoteLoadRequest
 
     backend = RemoteBackend()
     loaded = backend.load(RemoteLoadRequest(served.url, use_keyring=False))
-    assert loaded.context_window == 128
+    assert loaded.context_window == 128 and backend.info.kind == "specula"  # exact events, not inferred ones
     request = GenerateRequest(tuple(Message(**m) for m in HELLO), config=DecodeConfig(max_new_tokens=16))
     events = list(backend.generate(request))
     assert events[-1].text == local_answer(session, HELLO, 16)
