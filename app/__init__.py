@@ -1,13 +1,14 @@
 """Specula's desktop app (PySide6 + pyqtgraph).
 
-It talks to the engine only through `engine.runner.Runner` (owned by `bridge.EngineBridge`) and the
-frozen events in `engine.events`; it never touches a tensor. Engine modules that import torch are
-imported lazily (on the bridge's start-up thread, or once a model is loaded), so the window paints first.
+Its engine runs in a process of its own (`specula serve`, started and owned by `bridge.EngineBridge`);
+the app talks to it only through `engine.client` and reads the frozen events of `engine.events`. The
+app's process never imports torch: what it uses of the engine (`types`, `events`, `strategies`,
+`client`, `remote`, `paths`) is plain Python. The window paints first; the engine starts beside it.
 
     main.py        `specula-chat`: command line;  autopilot.py  --send / --screenshot / --exit-after-reply
     window.py      the main window: layout, menus, status bar, event routing, message actions
     layout.py      the remembered window layout (QSettings)
-    bridge.py      the Runner behind a Qt signal (events arrive on the GUI thread)
+    bridge.py      the engine process and its client behind a Qt signal (events arrive on the GUI thread)
     chat.py        conversations and replies: history <-> transcript <-> requests; regenerate, edit
     fit.py         leaving out the oldest turns when a prompt outgrows the context window
     compare.py     re-run the last prompt with `none` and the strategy;  comparecard.py  its card

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Signal
 
+from engine.events import Failed, Finished, Totals  # plain dataclasses: no torch
+
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
 KEY_ENV = "SPECULA_ENGINE_KEY"
@@ -88,8 +90,10 @@ class ChildEngine:
 
     def start(self) -> tuple[str, str]:
         env = {**os.environ, KEY_ENV: self.key}
-        command = [sys.executable, "-m", "engine.cli", "serve", "--no-model", "--port", "0", "--api-key-env",
-                   KEY_ENV, "--announce", "--exit-with-parent"]
+        # a bundle (PyInstaller) has no `python -m`: its executable runs the command line after --engine
+        engine = [sys.executable, "--engine"] if getattr(sys, "frozen", False) else [sys.executable, "-m", "engine.cli"]
+        command = engine + ["serve", "--no-model", "--port", "0", "--api-key-env", KEY_ENV, "--announce",
+                            "--exit-with-parent"]
         self.proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1)
         line = self.proc.stdout.readline()  # {"url": ...} once it listens; empty if it died first
@@ -200,7 +204,6 @@ class EngineBridge(QObject):
     def _start_engine(self) -> None:
         """Start the engine process and its client (on a helper thread), then send what waited."""
         from engine.client import EngineClient
-        from engine.events import Failed
 
         engine = self._make_engine()
         try:
@@ -259,11 +262,9 @@ class EngineBridge(QObject):
     def _stream(self, rid: int, call, engine) -> None:
         try:
             for event in call.events():
-                if type(event).__name__ == "Failed" and event.kind == "EngineUnreachable":
+                if isinstance(event, Failed) and event.kind == "EngineUnreachable":
                     code = _exit_code(engine, within_s=2.0)
                     if code is not None:  # the engine died under this request
-                        from engine.events import Failed
-
                         event = Failed(rid, f"the engine process stopped (exit code {code}) during this request; "
                                             "it is starting again", "EngineDied")
                 self._emit(event)
@@ -281,7 +282,7 @@ class EngineBridge(QObject):
 
     # -- GUI side -----------------------------------------------------------------------------------
     def _track(self, event) -> None:
-        if type(event).__name__ in ("Finished", "Failed") and event.request_id == self.current:
+        if isinstance(event, (Finished, Failed)) and event.request_id == self.current:
             self.current = None
 
     @property
@@ -322,8 +323,6 @@ class EngineBridge(QObject):
         if call is not None:
             call.close()
         for rid, _ in waiting:  # never sent: it ends here, as the engine ends a cancelled request
-            from engine.events import Finished, Totals
-
             self._emit(Finished(rid, "cancelled", "", (), Totals(0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0)))
 
     def stop(self) -> None:

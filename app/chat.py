@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import QObject, Signal
 
+from engine.events import Failed, Finished, ServerStats, Started, Step  # plain dataclasses: no torch
+
 from .fit import drop_oldest, dropped_note, is_context_error
 from .history import Conversation, HistoryStore, TokenRecord, Turn, chat_messages, new_id
 from .settings import Settings
@@ -186,23 +188,23 @@ class ChatController(QObject):
     # -- events -------------------------------------------------------------------------------------
     def on_event(self, event) -> None:
         """Started, Step, ServerStats (a server's counters), Finished or Failed of the current reply."""
-        kind = type(event).__name__
-        if kind == "Started":
-            self.reply.started = True
-            self.reply.strategy = event.strategy
-            self.plots.begin()
-            self.view.begin_answer(dropped_note(self.reply.dropped))
-        elif kind == "Step":
-            records = step_records(event)
-            self.reply.tokens.extend(records)
-            self.view.append_tokens(records)
-            self.plots.add_step(event)
-        elif kind == "ServerStats":
-            self.plots.add_server_stats(event)
-        elif kind == "Finished":
-            self._finish(event)
-        elif kind == "Failed":
-            self._failed(event)
+        match event:
+            case Started():
+                self.reply.started = True
+                self.reply.strategy = event.strategy
+                self.plots.begin()
+                self.view.begin_answer(dropped_note(self.reply.dropped))
+            case Step():
+                records = step_records(event)
+                self.reply.tokens.extend(records)
+                self.view.append_tokens(records)
+                self.plots.add_step(event)
+            case ServerStats():
+                self.plots.add_server_stats(event)
+            case Finished():
+                self._finish(event)
+            case Failed():
+                self._failed(event)
 
     def _finish(self, finished) -> None:
         reply, self.reply = self.reply, None

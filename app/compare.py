@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QObject, Signal
 
+from engine.events import Failed, Finished, Started, Step  # plain dataclasses: no torch
+
 from .fit import drop_oldest, is_context_error
 from .settings import Settings
 
@@ -112,17 +114,17 @@ class CompareController(QObject):
         return self.running and event.request_id == self._request_id
 
     def on_event(self, event) -> None:
-        kind = type(event).__name__
-        if kind == "Started":
-            self._started = True
-            self.plots.begin()
-        elif kind == "Step":
-            self.plots.add_step(event)
-        elif kind == "Finished":
-            self.plots.finish(event)
-            self._finished(event)
-        elif kind == "Failed":
-            self._failed(event)
+        match event:
+            case Started():
+                self._started = True
+                self.plots.begin()
+            case Step():
+                self.plots.add_step(event)
+            case Finished():
+                self.plots.finish(event)
+                self._finished(event)
+            case Failed():
+                self._failed(event)
 
     # -- internals ----------------------------------------------------------------------------------
     def _send(self, strategy: str) -> None:

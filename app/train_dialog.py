@@ -1,6 +1,6 @@
 """The "Train a draft head" dialog: the loaded model answers built-in prompts, a small head learns to
 guess its next tokens from those answers, and the new strategy (eagle or medusa) appears in the
-toolbar. The work runs on the engine's worker thread (a TrainRequest); this dialog only shows its
+toolbar. The work runs in the engine process (a TrainRequest); this dialog only shows its
 progress and can cancel it. A cancelled run keeps its answers, and the next run continues from them."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from __future__ import annotations
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QComboBox, QDialog, QFormLayout, QHBoxLayout, QLabel, QProgressBar, QPushButton,
                                QSpinBox, QVBoxLayout)
+
+from engine.events import Failed, Loaded, Trained, Training  # plain dataclasses: no torch
 
 KINDS = (
     ("eagle", "EAGLE: one decoder layer over the model's features (drafts best)"),
@@ -104,21 +106,20 @@ class TrainDialog(QDialog):
     def on_event(self, event) -> None:
         if not self.owns(event):
             return
-        kind = type(event).__name__
-        if kind == "Training":
-            if event.message:
-                self.status.setText(event.message[0].upper() + event.message[1:])
-        elif kind == "Trained":
-            self.trained_kind = event.kind
-            self.status.setText(f"Done. Held-out mean accepted length {event.accepted:.2f} tokens per step. "
-                                f"The “{event.kind}” strategy is now in the toolbar.\n{event.summary}")
-        elif kind in ("Loaded", "Failed"):
-            self.request_id = None
-            self._set_running(False)
-            if kind == "Failed":
-                self.status.setText(event.message[0].upper() + event.message[1:])
-            elif self.trained_kind:
-                self.use_button.show()
+        match event:
+            case Training(message=message) if message:
+                self.status.setText(message[0].upper() + message[1:])
+            case Trained():
+                self.trained_kind = event.kind
+                self.status.setText(f"Done. Held-out mean accepted length {event.accepted:.2f} tokens per step. "
+                                    f"The “{event.kind}” strategy is now in the toolbar.\n{event.summary}")
+            case Loaded() | Failed():
+                self.request_id = None
+                self._set_running(False)
+                if isinstance(event, Failed):
+                    self.status.setText(event.message[0].upper() + event.message[1:])
+                elif self.trained_kind:
+                    self.use_button.show()
 
     def _use(self) -> None:
         if self.trained_kind:

@@ -17,6 +17,8 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QSizePolicy,
                                QSplitter, QToolBar, QVBoxLayout, QWidget)
 
+from engine.events import Failed, Loaded, Loading  # plain dataclasses: no torch
+
 from . import actions
 from .bridge import EngineBridge, ModelChoice
 from .chat import ChatController
@@ -197,18 +199,18 @@ class MainWindow(QMainWindow):
             if controller.owns(event):
                 controller.on_event(event)
                 return
-        kind = type(event).__name__
         training = self.train_dialog is not None and self.train_dialog.owns(event)
-        if training and kind == "Failed" and self.train_dialog.isVisible():
+        if training and isinstance(event, Failed) and self.train_dialog.isVisible():
             return  # the dialog shows it
-        if kind == "Loading":
-            if self.state == "ready":  # the engine reloads the model after it restarted
-                self._set_state("loading")
-            self.statusBar().showMessage(event.message)
-        elif kind == "Loaded":
-            self._on_loaded(event)
-        elif kind == "Failed":
-            self._on_load_failed(event)
+        match event:
+            case Loading():
+                if self.state == "ready":  # the engine reloads the model after it restarted
+                    self._set_state("loading")
+                self.statusBar().showMessage(event.message)
+            case Loaded():
+                self._on_loaded(event)
+            case Failed():
+                self._on_load_failed(event)
 
     def _on_loaded(self, event) -> None:
         self.loaded = event
