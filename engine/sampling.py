@@ -6,12 +6,9 @@ in `verify.py` compares like with like (same temperature, top-k and top-p).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from .errors import SpeculaError
-from .types import SamplingParams
+from .types import SamplingParams  # re-exported: the engine's modules import it from here
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -7,7 +7,6 @@ builds (or reuses) a drafter and never reloads the target.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from . import prompts
