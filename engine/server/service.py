@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..events import Failed, Finished, Loaded, Loading, Origin, Started, Step
+from ..metrics import count_step
 from ..runner import Runner
 from ..remote.backend import RemoteLoadRequest
 from ..types import GenerateRequest, LoadRequest, TrainRequest
@@ -28,6 +29,7 @@ class Counters:
     drafts: int = 0  # steps with a draft
     draft_tokens: int = 0
     accepted: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     tokens_by_origin: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Origin if o != Origin.REJECTED})
     rejected_tokens: int = 0
@@ -46,10 +48,7 @@ class Counters:
             self.drafts += 1
             self.draft_tokens += step.drafted
             self.accepted += step.accepted
-            while len(self.accepted_per_position) < step.drafted:
-                self.accepted_per_position.append(0)
-            for i in range(step.accepted):
-                self.accepted_per_position[i] += 1
+            count_step(self.drafted_per_position, self.accepted_per_position, step.drafted, step.accepted)
 
     def add_finished(self, finished: Finished) -> None:
         self.requests[finished.reason] = self.requests.get(finished.reason, 0) + 1
