@@ -28,6 +28,7 @@ _GROW = 256  # cache capacity grows in steps of this many positions
 _BLOCK = 32  # CPU attention reads keys in whole blocks of this many positions, the rest masked
 _MIN_ROWS = 4  # fewer query rows than this take another matrix kernel on the CPU, so pad up to it
 PREPACK_LIMIT_BYTES = 4 << 30  # larger models keep one copy of their dense weights (unpacked)
+_PRODUCT_KINDS = {"dense": 0, "prepacked": 1, "int4": 2}  # as native/step.cpp numbers them
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -157,6 +158,33 @@ def _fused_layers(model: torch.nn.Module, native: NativeWeights | None) -> tuple
     return cached[1], cached[2]
 
 
+class _StepHandle:
+    """A model's products registered with the compiled step (engine/compiled.py); released with the model."""
+
+    def __init__(self, ops, layers: list[_Layer], cfg, scale: float) -> None:
+        a, b, bias, kinds, norms = [], [], [], [], []
+        empty = torch.empty(0)
+        for layer in layers:
+            for p in layer.products:
+                kinds.append(_PRODUCT_KINDS[p.kind])
+                a.append(p.packed if p.kind == "int4" else p.weight)
+                b.append(p.scale_zero if p.kind == "int4" else empty)
+                bias.append(p.bias)
+            norms += [layer.in_norm[0], layer.post_norm[0]]
+        self.ops = ops
+        self.layers = layers
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.handle = ops.prepare(a, b, bias, kinds, norms, cfg.num_attention_heads,
+                                  getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, head_dim,
+                                  layers[0].inter, float(layers[0].in_norm[1]), float(scale))
+
+    def __del__(self) -> None:
+        try:
+            self.ops.release(self.handle)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
 def _tree(parents: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
     """parents (row 0: -1) -> ancestors (T, T) with [i, j] true when row j is row i or an ancestor of it,
     and the depth of every row."""
@@ -194,10 +222,15 @@ def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor
 
 
 class LlamaRunner:
-    def __init__(self, model: torch.nn.Module, n_layers: int | None = None, native: NativeWeights | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, n_layers: int | None = None, native: NativeWeights | None = None,
+                 step: str = "eager") -> None:
         cfg = model.config
         self.model = model
         self.native = native
+        # "eager", or "auto"/"compiled": the compiled step (engine/compiled.py) where it applies and is
+        # loaded, chosen at each prefill, so one answer runs in one mode from its first token to its last
+        self.step = step
+        self._fast: _StepHandle | None = None
         layers, self.lm_head = _fused_layers(model, native)
         self.layers = layers[: n_layers or cfg.num_hidden_layers]
         self.embed = model.model.embed_tokens
@@ -244,7 +277,32 @@ class LlamaRunner:
         return self.dtype == torch.float32 or not self.blocked
 
     def shallow(self, n_layers: int) -> "LlamaRunner":
-        return LlamaRunner(self.model, n_layers, self.native)
+        return LlamaRunner(self.model, n_layers, self.native, self.step)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the current answer runs through the compiled step."""
+        return self._fast is not None
+
+    def _compiled_step(self) -> _StepHandle | None:
+        """The compiled step for this model, where it is loaded and reproduces what this runner needs:
+        the CPU's blocked attention with consistent rounding, products that give a lone row its bits,
+        no per-head norms (Qwen3)."""
+        if self.step == "eager" or not (self.blocked and self.consistent) or self._pad_single:
+            return None
+        if self.layers and self.layers[0].q_norm is not None:
+            return None
+        from . import compiled
+
+        ops = compiled.ops()
+        if ops is None:
+            return None
+        layers, _ = _fused_layers(self.model, self.native)
+        cached = getattr(self.model, "_specula_step", None)
+        if cached is None or cached.layers is not layers or cached.ops is not ops:
+            cached = _StepHandle(ops, layers, self.model.config, self.scale)
+            self.model._specula_step = cached
+        return cached
 
     @property
     def length(self) -> int:
@@ -281,6 +339,10 @@ class LlamaRunner:
         sin = (emb.sin() * self._rope_scale).to(self.dtype)
         half = self.head_dim // 2
         self._sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        # the compiled step's tables: fp32, not rounded to the model's dtype
+        self._cos32 = (emb.cos() * self._rope_scale).contiguous()
+        sin32 = emb.sin() * self._rope_scale
+        self._sin32 = torch.cat((-sin32[:, :half], sin32[:, half:]), dim=-1).contiguous()
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, last: int = 1, parents: list[int] | None = None) -> torch.Tensor:
@@ -291,6 +353,10 @@ class LlamaRunner:
         start = self._length
         end = start + t
         self._reserve(end)
+        if start == 0:  # a new answer: it runs in one mode throughout
+            self._fast = self._compiled_step()
+        if self._fast is not None and (start > 0 or t == 1):
+            return self._forward_compiled(tokens, last, parents, start, t)
         pad = self.consistent and self._pad_single and start > 0 and t == 1
         if pad:  # two identical rows: the products take the multi-row kernels a verify pass uses
             tokens = tokens.expand(2)
@@ -316,6 +382,26 @@ class LlamaRunner:
         if x.shape[0] > t:  # the padded single step: both rows through the LM head, keep one
             return self.lm_head(_rms_norm(x, self.norm))[:1].float()
         return self.lm_head(_rms_norm(x[-last:], self.norm)).float()  # (last, V)
+
+    def _forward_compiled(self, tokens: torch.Tensor, last: int, parents: list[int] | None, start: int, t: int):
+        """The layer loop in one call of the compiled step (a prompt of several tokens stays eager: its
+        products are dense and its attention is one causal kernel)."""
+        end = start + t
+        x = self.embed(tokens.to(self.device))
+        if parents is None:
+            pos, ancestors = torch.arange(start, end), None
+        else:
+            if start == 0 or len(parents) != t:
+                raise ValueError("a tree continues a non-empty cache, one parent per row")
+            ancestors, depth = _tree(parents, self.device)
+            pos = start + depth
+        fast = self._fast
+        x = fast.ops.forward(fast.handle, x, self._k, self._v, self._cos32, self._sin32, pos, start, ancestors,
+                             len(self.layers))
+        self._length = end
+        self._feat[start:end] = x
+        weight, eps = self.norm
+        return self.lm_head(fast.ops.rms_norm(x[-last:], weight, float(eps))).float()
 
     def features(self, start: int, end: int) -> torch.Tensor:
         """The final hidden states (before the final norm) of cached positions start..end-1, (end-start, D)."""

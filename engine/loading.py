@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from . import llama
+from . import compiled, llama
 from .errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError
 from .forward import HFRunner, ModelRunner
 from .gguf_native import NativeWeights, cached_native_weights, check_against
@@ -48,6 +48,7 @@ class LoadedModel:
     lean: bool = True  # use the lean Llama-family forward where it applies
     eos_ids: frozenset[int] = field(default_factory=frozenset)
     native: NativeWeights | None = None  # a GGUF's 4-bit blocks, run as they are by the lean forward
+    step: str = "eager"  # the lean forward's decoding step: "eager", or "auto"/"compiled" (engine/compiled.py)
 
     @property
     def weights(self) -> str:
@@ -73,7 +74,7 @@ class LoadedModel:
     def new_runner(self) -> ModelRunner:
         """A fresh KV cache over this model's weights (weights are shared, never copied)."""
         if self.uses_lean_forward:
-            return llama.LlamaRunner(self.model, native=self.native)
+            return llama.LlamaRunner(self.model, native=self.native, step=self.step)
         return HFRunner(self.model, self.context_window)
 
 
@@ -124,6 +125,8 @@ def load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     dtype = resolve_dtype(spec.dtype, device)
     if spec.weights not in WEIGHTS:
         raise SpeculaError(f"unknown weights '{spec.weights}': choose one of {', '.join(WEIGHTS)}")
+    if spec.step not in compiled.STEP_MODES:
+        raise SpeculaError(f"unknown step '{spec.step}': choose one of {', '.join(compiled.STEP_MODES)}")
     source = spec.source.strip()
     gguf = None
     if source == BUNDLED:
@@ -152,6 +155,11 @@ def load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     loaded = LoadedModel(model, tokenizer, name, device, dtype, eos_ids=_eos_ids(model, tokenizer))
     if gguf is not None and spec.weights != "dequantized":
         loaded.native = _native_weights(gguf, folder, loaded, explicit=spec.weights == "native", say=say)
+    loaded.step = compiled.step_mode(spec.step)
+    if loaded.step != "eager" and device.type == "cpu" and loaded.uses_lean_forward:
+        if loaded.step == "compiled":
+            say("compiling the decoding step (once per machine)")
+        compiled.prepare(wait=loaded.step == "compiled")
     return loaded
 
 

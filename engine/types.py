@@ -66,6 +66,9 @@ class ModelSpec:
     # products (CPU, bf16), "dequantized" expands them to `dtype` as transformers reads them, "auto"
     # is native where it applies. Other sources are always dense.
     weights: str = "auto"
+    # The decoding step: "compiled" (engine/compiled.py: built once per machine, waited for), "auto" (used
+    # once built; the build runs in the background), "eager" (never). CPU, Llama family.
+    step: str = "auto"
 
 
 @dataclass(frozen=True)
