@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from .compiled import step_mode
 from .bench import load_items, parse_peers, run_bench, split_variant
 from .bench_report import public_json, summarize, to_markdown, write_out
 from .decoder import DecodeConfig
@@ -32,13 +33,16 @@ def run_bench_cmd(args) -> int:
     names = strategies + peers + list(servers)
     remotes = connect_servers(servers, args.api_key_env or "", not args.insecure)
     session = Session()
-    spec = ModelSpec(args.model, args.device, args.dtype, args.weights)
+    # every row measures the same step: with "auto" the bench waits for the compiled one (or its reason)
+    step = step_mode(args.step)
+    spec = ModelSpec(args.model, args.device, args.dtype, args.weights, "compiled" if step == "auto" else step)
     loaded = session.load(LoadRequest(spec, args.draft_model, measure_baseline=False))
     options = (("head", args.head),) if args.head else ()
     results = run_bench(session, items, names, config, chat=not args.no_chat, repeat=args.repeat, k=args.k,
                         options=options, remotes=remotes)
     summary = summarize(results, loaded.target, loaded.device, loaded.dtype, args.max_new_tokens, set(servers))
     summary["weights"] = loaded.weights or loaded.dtype
+    summary["step"] = session.target.step_status
     for name, backend in remotes.items():
         summary.setdefault("servers", {})[name] = backend.describe().device
     summary["k"] = {name: default_k(split_variant(name)[0]) if args.k is None else args.k for name in strategies}

@@ -131,6 +131,7 @@ def to_markdown(summary: dict) -> str:
     weights = summary.get("weights")
     head = (f"Model: {summary['model']} | device {summary['device']} | dtype {summary['dtype']} | "
             + (f"weights {weights} | " if weights and weights != summary["dtype"] else "")
+            + (f"step {summary['step']} | " if summary.get("step") else "")
             + f"max new tokens {summary['max_new_tokens']}")
     if summary.get("k"):
         head += " | longest draft k: " + ", ".join(f"{n} {k}" for n, k in summary["k"].items() if n != "none")
@@ -172,6 +173,7 @@ def public_json(summary: dict) -> dict:
     return {
         **{k: summary[k] for k in ("model", "device", "dtype", "max_new_tokens")},
         "weights": summary.get("weights", summary["dtype"]),
+        "step": summary.get("step", "eager"),
         "rows": [{k: r[k] for k in keys} for r in summary["rows"]],
         "overall": {n: {k: o[k] for k in overall_keys} for n, o in summary["overall"].items()},
     }

@@ -42,7 +42,7 @@ def run_chat(args) -> int:
     else:
         check_strategy(args)
         session = Session()
-        spec = ModelSpec(args.model, args.device, args.dtype, args.weights)
+        spec = ModelSpec(args.model, args.device, args.dtype, args.weights, args.step)
         loaded = session.load(LoadRequest(spec, args.draft_model), say)
         strategy = args.strategy
     print(f"{loaded.target} on {loaded.device} ({loaded.weights or loaded.dtype}). Strategy: {strategy}. {HELP}")

@@ -30,6 +30,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="auto", choices=["auto", "native", "dequantized"],
                    help="a GGUF's 4-bit weights: native runs its Q4_0/Q4_1/Q4_K blocks as they are (CPU, bf16); "
                         "dequantized expands them to --dtype; auto: native where it applies")
+    p.add_argument("--step", default="auto", choices=["auto", "compiled", "eager"],
+                   help="the decoding step (CPU, Llama family): compiled is built once per machine with the C++ "
+                        "compiler and waited for; auto uses it once built (building it in the background); eager never")
 
 
 def _add_remote_args(p: argparse.ArgumentParser) -> None:
@@ -207,7 +210,8 @@ def _strategies(args) -> int:
     from .session import LoadRequest, Session
 
     session = Session()
-    loaded = session.load(LoadRequest(ModelSpec(args.model, args.device, args.dtype, args.weights), measure_baseline=False))
+    loaded = session.load(LoadRequest(ModelSpec(args.model, args.device, args.dtype, args.weights, "eager"),
+                                      measure_baseline=False))
     print(f"strategies for {loaded.target}:")
     for name, info in DRAFTERS.items():
         if name in loaded.strategies:

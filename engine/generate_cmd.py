@@ -76,7 +76,7 @@ def run_generate(args) -> int:
     else:
         check_strategy(args)
         session = Session()
-        spec = ModelSpec(args.model, args.device, args.dtype, args.weights)
+        spec = ModelSpec(args.model, args.device, args.dtype, args.weights, args.step)
         session.load(LoadRequest(spec, args.draft_model, measure_baseline=False), _progress(args))
         session.drafter(args.strategy, dict(strategy_options(args)))  # unusable strategy: fail before generating
     failures = 0

@@ -161,7 +161,7 @@ def _fused_layers(model: torch.nn.Module, native: NativeWeights | None) -> tuple
 class _StepHandle:
     """A model's products registered with the compiled step (engine/compiled.py); released with the model."""
 
-    def __init__(self, ops, layers: list[_Layer], cfg, scale: float) -> None:
+    def __init__(self, ops, layers: list[_Layer], cfg, scale: float, min_rows: int) -> None:
         a, b, bias, kinds, norms = [], [], [], [], []
         empty = torch.empty(0)
         for layer in layers:
@@ -176,7 +176,8 @@ class _StepHandle:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.handle = ops.prepare(a, b, bias, kinds, norms, cfg.num_attention_heads,
                                   getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, head_dim,
-                                  layers[0].inter, float(layers[0].in_norm[1]), float(scale))
+                                  layers[0].inter, min_rows, float(layers[0].in_norm[1]), float(scale))
+        self.min_rows = min_rows
 
     def __del__(self) -> None:
         try:
@@ -286,9 +287,9 @@ class LlamaRunner:
 
     def _compiled_step(self) -> _StepHandle | None:
         """The compiled step for this model, where it is loaded and reproduces what this runner needs:
-        the CPU's blocked attention with consistent rounding, products that give a lone row its bits,
-        no per-head norms (Qwen3)."""
-        if self.step == "eager" or not (self.blocked and self.consistent) or self._pad_single:
+        the CPU's blocked attention with consistent rounding, no per-head norms (Qwen3). Products that
+        round a lone row differently run a single step as two rows there too."""
+        if self.step == "eager" or not (self.blocked and self.consistent):
             return None
         if self.layers and self.layers[0].q_norm is not None:
             return None
@@ -299,8 +300,9 @@ class LlamaRunner:
             return None
         layers, _ = _fused_layers(self.model, self.native)
         cached = getattr(self.model, "_specula_step", None)
-        if cached is None or cached.layers is not layers or cached.ops is not ops:
-            cached = _StepHandle(ops, layers, self.model.config, self.scale)
+        min_rows = 2 if self._pad_single else 1
+        if cached is None or cached.layers is not layers or cached.ops is not ops or cached.min_rows != min_rows:
+            cached = _StepHandle(ops, layers, self.model.config, self.scale, min_rows)
             self.model._specula_step = cached
         return cached
 
@@ -401,7 +403,11 @@ class LlamaRunner:
         self._length = end
         self._feat[start:end] = x
         weight, eps = self.norm
-        return self.lm_head(fast.ops.rms_norm(x[-last:], weight, float(eps))).float()
+        h = fast.ops.rms_norm(x[-last:], weight, float(eps))
+        rows = h.shape[0]
+        if rows < fast.min_rows:  # the LM head too gives a lone row its verify bits in a call of two
+            return self.lm_head(h.expand(fast.min_rows, -1).contiguous())[:rows].float()
+        return self.lm_head(h).float()
 
     def features(self, start: int, end: int) -> torch.Tensor:
         """The final hidden states (before the final norm) of cached positions start..end-1, (end-start, D)."""

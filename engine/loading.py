@@ -68,6 +68,14 @@ class LoadedModel:
         return llama.context_window(self.model.config)
 
     @property
+    def step_status(self) -> str:
+        """The decoding step new answers take: "compiled", "compiling" or "eager" (with why, where the
+        compiled step was wanted and cannot be built)."""
+        if self.step == "eager" or self.device.type != "cpu" or not self.uses_lean_forward:
+            return "eager"
+        return compiled.status()
+
+    @property
     def uses_lean_forward(self) -> bool:
         return self.lean and llama.supports(self.model)
 

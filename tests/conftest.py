@@ -6,6 +6,9 @@ _tmp = tempfile.mkdtemp(prefix="specula-test-")
 os.environ.setdefault("SPECULA_CONFIG_DIR", os.path.join(_tmp, "config"))
 os.environ.setdefault("SPECULA_DATA_DIR", os.path.join(_tmp, "data"))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# one decoding step for the whole run (a background build finishing mid-test would change the bits
+# between two answers a test compares); tests/engine/test_compiled.py asks for the compiled one
+os.environ.setdefault("SPECULA_STEP", "eager")
 
 import pytest  # noqa: E402
 

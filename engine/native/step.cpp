@@ -73,7 +73,14 @@ struct Product {
   int64_t kind;  // 0: F.linear, 1: oneDNN prepacked, 2: int4 kernel
   Tensor a, b;   // weight | packed weight | int4 codes, and (int4) scale-and-zero
   c10::optional<Tensor> bias;
-  Tensor operator()(const Tensor& x) const {
+  // A call of fewer rows than `min_rows` runs as that many, the first row repeated: products whose one-row
+  // kernel rounds differently from their multi-row one (F.linear) then give a lone row its verify bits.
+  Tensor operator()(const Tensor& x, int64_t min_rows) const {
+    int64_t t = x.size(0);
+    if (t >= min_rows) return run(x);
+    return run(at::cat({x, x.narrow(0, 0, 1).expand({min_rows - t, x.size(1)})})).narrow(0, 0, t);
+  }
+  Tensor run(const Tensor& x) const {
     switch (kind) {
       case 0: return at::linear(x, a, bias);
       case 1: {
@@ -98,7 +105,7 @@ struct Layer {
 
 struct Model {
   std::vector<Layer> layers;
-  int64_t n_heads, n_kv, head_dim, inter;
+  int64_t n_heads, n_kv, head_dim, inter, min_rows;
   double eps, scale;
 };
 
@@ -108,8 +115,8 @@ std::vector<Model> registry;
 // products: per layer qkv, o, gate_up, down, each as (kind, a, b, bias) in four lists
 int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::vector<c10::optional<Tensor>>& bias,
                 const std::vector<int64_t>& kinds, const std::vector<Tensor>& norms, int64_t n_heads, int64_t n_kv,
-                int64_t head_dim, int64_t inter, double eps, double scale) {
-  Model m{{}, n_heads, n_kv, head_dim, inter, eps, scale};
+                int64_t head_dim, int64_t inter, int64_t min_rows, double eps, double scale) {
+  Model m{{}, n_heads, n_kv, head_dim, inter, min_rows, eps, scale};
   TORCH_CHECK(kinds.size() % 4 == 0 && norms.size() == kinds.size() / 2, "4 products and 2 norms per layer");
   for (size_t l = 0; l < kinds.size() / 4; ++l) {
     Product p[4];
@@ -238,17 +245,17 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
       const Layer& layer = m->layers[l];
       int64_t layer_off = l * kv * cap * hd;
       Tensor h1 = rms_norm(x, layer.in_norm, m->eps);
-      Tensor qkv = layer.qkv(h1);
+      Tensor qkv = layer.qkv(h1, m->min_rows);
       rotate_and_store<scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p, q.data_ptr<float>(),
                                  k_cache.data_ptr<float>() + layer_off, v_cache.data_ptr<float>() + layer_off, t, h, kv, hd,
                                  cap, start, static_cast<float>(m->scale));
       attend<scalar_t>(q.data_ptr<float>(), k_cache.data_ptr<float>() + layer_off, v_cache.data_ptr<float>() + layer_off,
                        anc.defined() ? anc.data_ptr<bool>() : nullptr, attn.data_ptr<scalar_t>(), t, h, kv, hd, cap, start);
-      x.add_(layer.o(attn));
+      x.add_(layer.o(attn, m->min_rows));
       Tensor h2 = rms_norm(x, layer.post_norm, m->eps);
-      Tensor gu = layer.gate_up(h2).contiguous();
+      Tensor gu = layer.gate_up(h2, m->min_rows).contiguous();
       silu_mul<scalar_t>(gu.data_ptr<scalar_t>(), act.data_ptr<scalar_t>(), t, m->inter);
-      x.add_(layer.down(act));
+      x.add_(layer.down(act, m->min_rows));
     }
   });
   return x;
@@ -258,7 +265,7 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
 
 TORCH_LIBRARY(specula_step, lib) {
   lib.def("prepare(Tensor[] a, Tensor[] b, Tensor?[] bias, int[] kinds, Tensor[] norms, int n_heads, int n_kv, "
-          "int head_dim, int inter, float eps, float scale) -> int", &prepare);
+          "int head_dim, int inter, int min_rows, float eps, float scale) -> int", &prepare);
   lib.def("forward(int handle, Tensor x, Tensor k_cache, Tensor v_cache, Tensor cos, Tensor sin, Tensor pos, int start, "
           "Tensor? ancestors, int n_layers) -> Tensor", &forward);
   lib.def("release(int handle) -> ()", &release);

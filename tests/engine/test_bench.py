@@ -43,8 +43,9 @@ def bench(tiny_folder, tmp_path_factory):
 
 def test_bench_json_contract(bench):
     report, out_dir = bench
-    assert set(report) == {"model", "device", "dtype", "weights", "max_new_tokens", "rows", "overall"}
+    assert set(report) == {"model", "device", "dtype", "weights", "step", "max_new_tokens", "rows", "overall"}
     assert report["weights"] == "fp32"  # a dense folder: the products run on its fp32 weights
+    assert report["step"] == "eager"  # SPECULA_STEP=eager for the tests
     assert {(r["strategy"], r["category"]) for r in report["rows"]} == {
         (s, c) for s in ("none", "prompt-lookup", "layer-skip", "hf", "hf-prompt-lookup") for c in ("a", "b")
     }

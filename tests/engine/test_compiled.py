@@ -1,0 +1,166 @@
+"""The compiled decoding step (engine/compiled.py, engine/native/step.cpp): it computes the model's
+forward, a position gets the same bits alone and in a verify pass (and a tree node the chain's), every
+strategy's greedy answers are plain decoding's, and without a compiler everything stays eager."""
+
+import pytest
+import torch
+
+from engine import compiled
+from engine.drafters import DRAFTERS
+from engine.loading import LoadedModel
+
+from .tiny import assert_greedy_identity, native, perturbed, quick_head, random_medusa_head, tiny_model
+
+
+@pytest.fixture(scope="module")
+def ops():
+    compiled.prepare(wait=True)
+    if compiled.ops() is None:
+        pytest.skip(f"the compiled step cannot be built here: {compiled.error()}")
+    return compiled.ops()
+
+
+def _with_step(model: LoadedModel, step: str = "compiled") -> LoadedModel:
+    model.step = step
+    return model
+
+
+def test_the_compiled_forward_is_the_models_forward_in_fp32(ops):
+    """Against transformers' own forward in fp32: norms, rotary, grouped-query attention, SiLU."""
+    model = tiny_model(vocab=64, layers=3, seed=4)  # 4 query heads over 2 KV heads
+    target = _with_step(LoadedModel(model, None, "tiny", torch.device("cpu"), torch.float32))
+    runner = target.new_runner()
+    ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(0))
+    runner.forward(ids[:1])  # a one-token prompt starts the answer in the compiled mode
+    assert runner.compiled
+    ours = [runner.forward(ids[1:20], last=19)]  # one pass of 19 rows, then single steps
+    ours += [runner.forward(ids[i : i + 1]) for i in range(20, 40)]
+    ours = torch.cat(ours)
+    with torch.no_grad():
+        ref = model(ids[None]).logits[0, 1:].float()
+    assert torch.allclose(ours, ref, atol=1e-4, rtol=1e-4), (ours - ref).abs().max()
+
+
+@pytest.mark.parametrize("form", ["native", "bf16"])
+def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form):
+    model = tiny_model(vocab=64, layers=3, seed=6)
+    if form == "native":
+        target = native(model)
+    else:
+        target = LoadedModel(model.to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16)
+    target = _with_step(target)
+    ids = torch.randint(0, 64, (60,), generator=torch.Generator().manual_seed(1))
+    runner = target.new_runner()
+    runner.forward(ids[:1])
+    runner.forward(ids[1:40], last=39)  # a context to attend over
+    alone = torch.cat([runner.forward(ids[i : i + 1]) for i in range(40, 49)])
+    for rows in (2, 5, 9):
+        runner.truncate(40)
+        assert torch.equal(runner.forward(ids[40 : 40 + rows], last=rows), alone[:rows]), rows
+    # a tree: rows 1 and 2 continue row 0 side by side, row 3 continues row 2; the path 0-2-3 is the chain
+    runner.truncate(40)
+    branch = torch.tensor([int(ids[40]), 7, int(ids[41]), int(ids[42])])
+    tree = runner.forward(branch, last=4, parents=[-1, 0, 0, 2])
+    assert runner.compiled
+    assert torch.equal(tree[[0, 2, 3]], alone[:3])
+    runner.keep(40, [0, 2, 3])
+    assert torch.equal(runner.forward(ids[43:44]), alone[3:4])  # the kept path's cache is the chain's
+
+
+@pytest.mark.parametrize("strategy", sorted(set(DRAFTERS) - {"none"}))
+def test_greedy_speculation_through_the_compiled_step_is_plain_decoding(ops, strategy, tmp_path):
+    target = _with_step(native(tiny_model(vocab=64, layers=4, seed=7)))
+    draft = _with_step(native(perturbed(tiny_model(vocab=64, layers=4, seed=7), scale=0.05)))
+    info = DRAFTERS[strategy]
+    options = {}
+    if info.needs_head == "eagle":
+        options = {"head": str(quick_head(target, tmp_path / "eagle", sequences=4, length=24, epochs=2))}
+    elif info.needs_head or info.uses_heads:
+        folder = str(random_medusa_head(target, tmp_path / "medusa"))
+        options = {"head": folder} if info.needs_head else {"heads": (folder,)}
+    assert_greedy_identity(target, draft, strategy, options, trials=4, longest_prompt=40, max_new_tokens=48)
+    runner = target.new_runner()
+    runner.forward(torch.tensor([1, 2, 3]))
+    runner.forward(torch.tensor([4]))
+    assert runner.compiled  # the answers above ran through it
+
+
+def test_the_mode_is_chosen_per_answer_and_eager_stays_eager(ops):
+    model = native(tiny_model(vocab=64, layers=2, seed=8))
+    ids = torch.tensor([5, 6, 7, 8])
+    eager = _with_step(model, "eager").new_runner()
+    eager.forward(ids[:3])
+    eager.forward(ids[3:])
+    assert not eager.compiled
+    auto = _with_step(model, "auto").new_runner()
+    auto.forward(ids[:3])
+    auto.forward(ids[3:])
+    assert auto.compiled  # built, so "auto" uses it
+    auto.step = "eager"
+    auto.forward(ids[3:])
+    assert auto.compiled  # an answer keeps its mode to the end
+    auto.truncate(0)
+    auto.forward(ids[:3])
+    assert not auto.compiled  # the next answer takes the new mode
+
+
+def test_without_a_compiler_it_says_why_once_and_stays_eager(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(compiled, "_ops", None)
+    monkeypatch.setattr(compiled, "_error", None)
+    monkeypatch.setattr(compiled, "_thread", None)
+    monkeypatch.setenv("CXX", "")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no compiler on it
+    with pytest.raises(compiled.Unavailable, match="no C\\+\\+ compiler found"):
+        compiled.build()
+    with caplog.at_level("WARNING", logger="engine.compiled"):
+        compiled.prepare(wait=False)
+        compiled.wait(30)
+        compiled.prepare(wait=True)
+    assert compiled.status() == "eager: no C++ compiler found (set CXX, or install g++)"
+    assert sum("stays eager" in r.getMessage() for r in caplog.records) == 1
+    model = _with_step(native(tiny_model(vocab=64, layers=2, seed=8)), "auto")
+    runner = model.new_runner()
+    runner.forward(torch.tensor([1, 2]))
+    assert not runner.compiled
+
+
+def test_a_failed_build_names_the_compilers_error(monkeypatch, tmp_path):
+    fake = tmp_path / "fake-cxx"
+    fake.write_text("#!/bin/sh\necho 'step.cpp:1:1: error: this compiler is broken' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setenv("SPECULA_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(compiled.Unavailable, match="failed: step.cpp:1:1: error: this compiler is broken"):
+        compiled.build()
+    assert not list((tmp_path / "cache" / "compiled").glob("*"))  # nothing half-built is left
+
+
+def test_step_modes(monkeypatch):
+    monkeypatch.setenv("SPECULA_STEP", "eager")
+    assert compiled.step_mode("auto") == "eager"
+    assert compiled.step_mode("compiled") == "compiled"  # asked for explicitly
+    monkeypatch.delenv("SPECULA_STEP")
+    assert compiled.step_mode("auto") == "auto"
+    with pytest.raises(ValueError, match="unknown step"):
+        compiled.step_mode("fast")
+
+
+def test_the_bundled_model_runs_compiled_and_exactly(ops):
+    """The user's model as loaded by default (native Q4_1), `step="compiled"`: prompt lookup and plain
+    decoding give the same answers, both through the compiled step."""
+    from engine.decoder import DecodeConfig, generate
+    from engine.drafters import build_drafter
+    from engine.loading import ModelSpec, load_model
+
+    model = load_model(ModelSpec("bundled", device="cpu", dtype="bf16", step="compiled"))
+    assert model.step_status == "compiled"
+    for text in ("Rename total to subtotal: total = price * qty\nprint(total)", "List three colours."):
+        prompt = model.tokenizer(text)["input_ids"]
+        answers = []
+        for strategy in ("none", "prompt-lookup"):
+            runner = model.new_runner()
+            finished = list(generate(runner, build_drafter(strategy, model, None), prompt,
+                                     DecodeConfig(k=5, max_new_tokens=40)))[-1]
+            assert runner.compiled
+            answers.append(finished.token_ids)
+        assert answers[0] == answers[1]
