@@ -98,7 +98,7 @@ def _command(cxx: str, out: Path) -> list[str]:
 
     torch_lib = library_paths()[0]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return [cxx, "-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-std=c++20", "-fPIC", "-shared", "-DNDEBUG",
+    return [cxx, "-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp", "-std=c++20", "-fPIC", "-shared", "-DNDEBUG",
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in include_paths()), str(SOURCE), "-o", str(out),
             f"-L{torch_lib}", "-ltorch", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_lib}"]
 

@@ -251,6 +251,10 @@ class LlamaRunner:
         self._rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._cos = self._sin = torch.empty(0)
         self._k = self._v = torch.empty(0)  # (layers, n_kv, capacity, head_dim)
+        # the compiled step's keys, transposed in blocks of 16 (layers, n_kv, capacity / 16, head_dim, 16),
+        # in step with _k for the first _kt_len slots
+        self._kt = torch.empty(0)
+        self._kt_len = 0
         self._length = 0
         # On the CPU, attention after the prefill runs in fp32 over an fp32 cache in key blocks (see
         # _attend_blocked): faster than bf16 attention there, and every position rounds the same way
@@ -312,6 +316,7 @@ class LlamaRunner:
 
     def truncate(self, length: int) -> None:
         self._length = min(self._length, max(0, length))
+        self._kt_len = min(self._kt_len, self._length)
 
     def _reserve(self, needed: int) -> None:
         if needed > self.max_len:
@@ -360,6 +365,7 @@ class LlamaRunner:
         if self._fast is not None and (start > 0 or t == 1):
             return self._forward_compiled(tokens, last, parents, start, t)
         pad = self.consistent and self._pad_single and start > 0 and t == 1
+        self._kt_len = min(self._kt_len, start)  # the eager pass writes _k only
         if pad:  # two identical rows: the products take the multi-row kernels a verify pass uses
             tokens = tokens.expand(2)
         x = self.embed(tokens.to(self.device))  # (rows, D)
@@ -398,9 +404,14 @@ class LlamaRunner:
             ancestors, depth = _tree(parents, self.device)
             pos = start + depth
         fast = self._fast
-        x = fast.ops.forward(fast.handle, x, self._k, self._v, self._cos32, self._sin32, pos, start, ancestors,
-                             len(self.layers))
+        if self._kt.numel() != self._k.numel():  # the cache grew: transpose it again from _k
+            layers, kv, cap, hd = self._k.shape
+            self._kt = torch.zeros((layers, kv, cap // 16, hd, 16), dtype=torch.float32, device=self.device)
+            self._kt_len = 0
+        x = fast.ops.forward(fast.handle, x, self._k, self._v, self._kt, self._kt_len, self._cos32, self._sin32, pos,
+                             start, ancestors, len(self.layers))
         self._length = end
+        self._kt_len = end
         self._feat[start:end] = x
         weight, eps = self.norm
         h = fast.ops.rms_norm(x[-last:], weight, float(eps))
@@ -425,6 +436,7 @@ class LlamaRunner:
             self._k[:, :, target] = self._k[:, :, start + index]
             self._v[:, :, target] = self._v[:, :, start + index]
             self._feat[target] = self._feat[start + index]
+            self._kt_len = min(self._kt_len, start)
         self._length = start + len(rows)
 
     def _tree_plan(self, start: int, ancestors: torch.Tensor):

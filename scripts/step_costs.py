@@ -1,6 +1,6 @@
 """Time one target forward over 1, 2, 4, ... new tokens at a fixed context length: the cost of a verify step.
 
-usage: python scripts/step_costs.py --model M [--device D] [--dtype T] [--context N] [--tokens 1,2,4,8,16,32]
+usage: python scripts/step_costs.py --model M [--device D] [--dtype T] [--step S] [--context N] [--tokens 1,2,4,8,16,32]
                                     [--repeats R] [--plain-rounding]
 
 The model is loaded the way the engine loads it (engine.loading.load_model, then a fresh runner), a
@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--weights", default="auto", choices=["auto", "native", "dequantized"],
                         help="a GGUF's 4-bit weights: native (int4 products) or dequantized to --dtype")
+    parser.add_argument("--step", default="auto", choices=["auto", "compiled", "eager"],
+                        help="the decoding step (engine/compiled.py); auto: compiled where it is built")
     parser.add_argument("--context", type=int, default=512, help="tokens already in the cache")
     parser.add_argument("--tokens", default="1,2,4,8,16,32", help="comma-separated new-token counts")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per count (the median is kept)")
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if counts[0] < 1 or args.context < 1 or args.repeats < 1:
         parser.error("--tokens, --context and --repeats must be positive")
 
-    loaded = load_model(ModelSpec(args.model, args.device, args.dtype, args.weights),
+    loaded = load_model(ModelSpec(args.model, args.device, args.dtype, args.weights, args.step),
                         progress=lambda text: print(text, file=sys.stderr))
     runner = loaded.new_runner()
     if args.plain_rounding and hasattr(runner, "consistent"):
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     forward = "lean Llama forward" if loaded.uses_lean_forward else "transformers forward"
     dtype = str(loaded.dtype).removeprefix("torch.")
     print(f"Model: {loaded.name} | device {loaded.device} | dtype {dtype} | weights {loaded.weights} | {forward} "
+          f"| step {'compiled' if getattr(runner, 'compiled', False) else 'eager'} "
           f"| context {args.context} "
           f"| median of {args.repeats}\n")
     print("| tokens | ms | relative to 1 token | ms per token |")

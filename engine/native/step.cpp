@@ -12,6 +12,8 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstring>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -24,16 +26,26 @@ constexpr int LANES = 16;  // partial sums of a dot product or a sum of squares,
 template <typename T>
 inline float f(T v) { return static_cast<float>(v); }
 
-// sum_i a[i] * b[i] in a fixed order: 16 interleaved partial sums, then a fixed tree
-inline float dot(const float* a, const float* b, int64_t n) {
-  float acc[LANES] = {0};
-  int64_t i = 0;
-  for (; i + LANES <= n; i += LANES)
-    for (int l = 0; l < LANES; ++l) acc[l] += a[i + l] * b[i + l];
-  for (; i < n; ++i) acc[i % LANES] += a[i] * b[i];
-  for (int w = LANES / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
+// e^x from +, *, fma and rounding only (Cephes' expf polynomial, about 1 ulp), so that an element gets
+// the same bits whether the compiler runs it in a vector lane or in a loop's scalar remainder: the
+// library's vector and scalar exp need not agree, and which elements fall in the remainder depends on
+// a loop's length and alignment. The library is built with -ffp-contract=off: no fusing but these.
+inline float exp_fixed(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r) + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
 }
 
 template <typename T>
@@ -110,7 +122,7 @@ struct Model {
 };
 
 std::mutex registry_lock;
-std::vector<Model> registry;
+std::deque<Model> registry;  // a deque: entries stay where they are as others are added
 
 // products: per layer qkv, o, gate_up, down, each as (kind, a, b, bias) in four lists
 int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::vector<c10::optional<Tensor>>& bias,
@@ -158,52 +170,119 @@ void rotate_and_store(const T* qkv, const float* cos, const float* sin, const in
   }
 }
 
+constexpr int KB = 16;  // keys per block of the transposed key cache: (kv, cap / KB, hd, KB)
+
+// Slots [from, to) of one layer's key cache (kv, cap, hd) copied into its transposed twin.
+void transpose_keys(const float* kc, float* kt, int64_t kv, int64_t hd, int64_t cap, int64_t from, int64_t to) {
+  for (int64_t head = 0; head < kv; ++head)
+    for (int64_t slot = from; slot < to; ++slot) {
+      const float* k = kc + (head * cap + slot) * hd;
+      float* dst = kt + head * cap * hd + (slot / KB) * hd * KB + slot % KB;
+      for (int64_t j = 0; j < hd; ++j) dst[j * KB] = k[j];
+    }
+}
+
 // Attention of query rows (H, T, hd) over the fp32 cache: row r sees slots 0..start-1 and the slots
 // start + j of the rows j it descends from (`ancestors` (T, T), or j <= r for a chain), in slot order.
-// Out (T, H * hd) in the model's dtype. Threads split the (row, head) pairs; each pair is computed by
-// one thread, in the same order whatever the split.
+// Out (T, H * hd) in the model's dtype. A thread takes a query head and all its rows, so each block of
+// keys and each value is read once per head: scores come from the transposed keys, KB keys at a time,
+// each a sum over the head's dimensions in order; a row's softmax sum runs over its own keys in order,
+// and its values are summed in slot order. No sum depends on the other rows of the call.
 template <typename T>
-void attend(const float* q, const float* kc, const float* vc, const bool* ancestors, T* out, int64_t t, int64_t h,
+void attend(const float* q, const float* kt, const float* vc, const bool* ancestors, T* out, int64_t t, int64_t h,
             int64_t kv, int64_t hd, int64_t cap, int64_t start) {
   int64_t groups = h / kv;
-  int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, (start + t) * hd));
-  at::parallel_for(0, t * h, grain, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> keys;
-    std::vector<float> e;
-    std::vector<float> acc(hd);
-    for (int64_t pair = begin; pair < end; ++pair) {
-      int64_t r = pair / h, head = pair % h;
-      keys.clear();
-      for (int64_t j = 0; j < start; ++j) keys.push_back(j);
-      for (int64_t j = 0; j <= r; ++j)
-        if (ancestors ? ancestors[r * t + j] : true) keys.push_back(start + j);
-      int64_t n = static_cast<int64_t>(keys.size());
-      e.resize(n);
-      const float* qr = q + (head * t + r) * hd;
-      const float* k = kc + (head / groups) * cap * hd;
+  int64_t last = start + t;  // slots scored: 0..last-1
+  int64_t blocks = (last + KB - 1) / KB;
+  int64_t width = blocks * KB;
+  // allowed[r * width + slot]: whether row r sees the slot
+  std::vector<uint8_t> allowed(t * width, 0);
+  std::vector<int64_t> ends(t);  // one past row r's last slot
+  for (int64_t r = 0; r < t; ++r) {
+    std::fill(allowed.begin() + r * width, allowed.begin() + r * width + start, 1);
+    for (int64_t j = 0; j <= r; ++j)
+      if (ancestors ? ancestors[r * t + j] : true) allowed[r * width + start + j] = 1;
+    ends[r] = start + r + 1;
+  }
+  at::parallel_for(0, h, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> p(t * width);
+    std::vector<float> acc(t * hd);
+    std::vector<float> total(t);
+    std::vector<float> gathered(ancestors ? width : 0);
+    for (int64_t head = begin; head < end; ++head) {
+      const float* kh = kt + (head / groups) * cap * hd;
       const float* v = vc + (head / groups) * cap * hd;
-      float m = -INFINITY;
-      for (int64_t i = 0; i < n; ++i) {
-        e[i] = dot(qr, k + keys[i] * hd, hd);
-        m = std::max(m, e[i]);
-      }
-      float* ep = e.data();
+      // four blocks at a time: four independent chains of sums (each score's own sum runs over d in order)
+      for (int64_t blk0 = 0; blk0 < blocks; blk0 += 4) {
+        for (int64_t r = 0; r < t; ++r) {
+          int64_t nb = std::min<int64_t>(4, (ends[r] + KB - 1) / KB - blk0);
+          if (nb <= 0) continue;
+          const float* qr = q + (head * t + r) * hd;
+          float s[4][KB] = {{0}};
+          const float* kb = kh + blk0 * hd * KB;
+          if (nb == 4) {
+            for (int64_t j = 0; j < hd; ++j) {
+              float qj = qr[j];
+              for (int b = 0; b < 4; ++b) {
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i) ep[i] = std::exp(ep[i] - m);
-      float lanes[LANES] = {0};
-      for (int64_t i = 0; i < n; ++i) lanes[i % LANES] += ep[i];
-      for (int w = LANES / 2; w > 0; w /= 2)
-        for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-      float* a = acc.data();
+                for (int l = 0; l < KB; ++l) s[b][l] = std::fma(qj, kb[b * hd * KB + j * KB + l], s[b][l]);
+              }
+            }
+          } else {
+            for (int b = 0; b < nb; ++b)
+              for (int64_t j = 0; j < hd; ++j) {
+                float qj = qr[j];
+#pragma omp simd
+                for (int l = 0; l < KB; ++l) s[b][l] = std::fma(qj, kb[b * hd * KB + j * KB + l], s[b][l]);
+              }
+          }
+          for (int b = 0; b < nb; ++b) std::copy(s[b], s[b] + KB, p.data() + r * width + (blk0 + b) * KB);
+        }
+      }
+      for (int64_t r = 0; r < t; ++r) {  // softmax over the row's own keys, in order
+        float* pr = p.data() + r * width;
+        int64_t n = ends[r];
+        float* e = pr;  // a chain row's keys are slots 0..n-1
+        if (ancestors) {  // a tree row's keys gathered in order: element i is key i, as in the chain
+          const uint8_t* ok = allowed.data() + r * width;
+          n = 0;
+          for (int64_t i = 0; i < ends[r]; ++i)
+            if (ok[i]) gathered[n++] = pr[i];
+          e = gathered.data();
+        }
+        float m = -INFINITY;
+        for (int64_t i = 0; i < n; ++i) m = std::max(m, e[i]);
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) e[i] = exp_fixed(e[i] - m);
+        float lanes[LANES] = {0};
+        int64_t i = 0;
+        for (; i + LANES <= n; i += LANES)
+          for (int l = 0; l < LANES; ++l) lanes[l] += e[i + l];
+        for (; i < n; ++i) lanes[i % LANES] += e[i];
+        for (int w = LANES / 2; w > 0; w /= 2)
+          for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+        total[r] = lanes[0];
+        if (ancestors) {  // back to the row's slots
+          const uint8_t* ok = allowed.data() + r * width;
+          for (int64_t k = 0, slot = 0; slot < ends[r]; ++slot)
+            if (ok[slot]) pr[slot] = e[k++];
+        }
+      }
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t i = 0; i < n; ++i) {
-        const float* vi = v + keys[i] * hd;
-        float p = ep[i];
+      for (int64_t i = 0; i < last; ++i) {  // each value read once, added to every row that sees it
+        const float* vi = v + i * hd;
+        for (int64_t r = 0; r < t; ++r) {
+          if (i >= ends[r] || !allowed[r * width + i]) continue;
+          float pi = p[r * width + i];
+          float* a = acc.data() + r * hd;
 #pragma omp simd
-        for (int64_t j = 0; j < hd; ++j) a[j] += p * vi[j];
+          for (int64_t j = 0; j < hd; ++j) a[j] = std::fma(pi, vi[j], a[j]);
+        }
       }
-      T* o = out + r * h * hd + head * hd;
-      for (int64_t j = 0; j < hd; ++j) o[j] = static_cast<T>(a[j] / lanes[0]);
+      for (int64_t r = 0; r < t; ++r) {
+        T* o = out + r * h * hd + head * hd;
+        for (int64_t j = 0; j < hd; ++j) o[j] = static_cast<T>(acc[r * hd + j] / total[r]);
+      }
     }
   });
 }
@@ -216,14 +295,17 @@ void silu_mul(const T* gu, T* out, int64_t t, int64_t inter) {
     const T* u = g + inter;
     for (int64_t j = 0; j < inter; ++j) {
       float x = f(g[j]);
-      out[r * inter + j] = static_cast<T>(x / (1.0f + std::exp(-x)) * f(u[j]));
+      out[r * inter + j] = static_cast<T>(x / (1.0f + exp_fixed(-x)) * f(u[j]));
     }
   }
 }
 
 // x (T, D) after the embedding -> x after `n_layers` layers; the caches get the new keys and values.
-Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const Tensor& v_cache, const Tensor& cos,
-               const Tensor& sin, const Tensor& pos, int64_t start, const c10::optional<Tensor>& ancestors, int64_t n_layers) {
+// kt_cache: the keys transposed in blocks (layers, kv, cap / KB, hd, KB), in step with k_cache for slots
+// before `kt_from`; slots kt_from..start-1 (written by the eager prefill) are brought in first.
+Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const Tensor& v_cache, const Tensor& kt_cache,
+               int64_t kt_from, const Tensor& cos, const Tensor& sin, const Tensor& pos, int64_t start,
+               const c10::optional<Tensor>& ancestors, int64_t n_layers) {
   const Model* m;
   {
     std::lock_guard<std::mutex> g(registry_lock);
@@ -235,6 +317,8 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
   int64_t t = x.size(0), h = m->n_heads, kv = m->n_kv, hd = m->head_dim, cap = k_cache.size(2);
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous(), "fp32 contiguous caches");
   TORCH_CHECK(start + t <= cap, "the cache holds ", cap, " positions");
+  TORCH_CHECK(cap % KB == 0 && kt_cache.is_contiguous() && kt_cache.numel() == k_cache.numel(), "a transposed key cache");
+  TORCH_CHECK(0 <= kt_from && kt_from <= start, "kt_from within the cache");
   Tensor q = at::empty({h, t, hd}, x.options().dtype(at::kFloat));
   Tensor attn = at::empty({t, h * hd}, x.options());
   Tensor act = at::empty({t, m->inter}, x.options());
@@ -246,10 +330,13 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
       int64_t layer_off = l * kv * cap * hd;
       Tensor h1 = rms_norm(x, layer.in_norm, m->eps);
       Tensor qkv = layer.qkv(h1, m->min_rows);
+      float* kc = k_cache.data_ptr<float>() + layer_off;
+      float* kt = kt_cache.data_ptr<float>() + layer_off;
+      transpose_keys(kc, kt, kv, hd, cap, kt_from, start);
       rotate_and_store<scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p, q.data_ptr<float>(),
-                                 k_cache.data_ptr<float>() + layer_off, v_cache.data_ptr<float>() + layer_off, t, h, kv, hd,
-                                 cap, start, static_cast<float>(m->scale));
-      attend<scalar_t>(q.data_ptr<float>(), k_cache.data_ptr<float>() + layer_off, v_cache.data_ptr<float>() + layer_off,
+                                 kc, v_cache.data_ptr<float>() + layer_off, t, h, kv, hd, cap, start, static_cast<float>(m->scale));
+      transpose_keys(kc, kt, kv, hd, cap, start, start + t);
+      attend<scalar_t>(q.data_ptr<float>(), kt, v_cache.data_ptr<float>() + layer_off,
                        anc.defined() ? anc.data_ptr<bool>() : nullptr, attn.data_ptr<scalar_t>(), t, h, kv, hd, cap, start);
       x.add_(layer.o(attn, m->min_rows));
       Tensor h2 = rms_norm(x, layer.post_norm, m->eps);
@@ -266,8 +353,8 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
 TORCH_LIBRARY(specula_step, lib) {
   lib.def("prepare(Tensor[] a, Tensor[] b, Tensor?[] bias, int[] kinds, Tensor[] norms, int n_heads, int n_kv, "
           "int head_dim, int inter, int min_rows, float eps, float scale) -> int", &prepare);
-  lib.def("forward(int handle, Tensor x, Tensor k_cache, Tensor v_cache, Tensor cos, Tensor sin, Tensor pos, int start, "
-          "Tensor? ancestors, int n_layers) -> Tensor", &forward);
+  lib.def("forward(int handle, Tensor x, Tensor k_cache, Tensor v_cache, Tensor kt_cache, int kt_from, Tensor cos, "
+          "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers) -> Tensor", &forward);
   lib.def("release(int handle) -> ()", &release);
   lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
 }

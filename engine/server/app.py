@@ -236,9 +236,12 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         return None if loaded is None else wire.loaded_json(loaded)
 
     async def status(request: Request) -> Response:
+        target = service.runner.session.target
+        local = service.runner.backend is service.runner.session and target is not None
         return JSONResponse({"state": service.state, "message": service.message, "model": _loaded_json(service.loaded),
                              "default_strategy": strategy, "running": service.running,
-                             "queue_depth": service.queue_depth})
+                             "queue_depth": service.queue_depth,
+                             "step": target.step_status if local and service.loaded is not None else None})
 
     async def strategies(request: Request) -> Response:
         usable = service.loaded.strategies if service.loaded is not None else ()

@@ -253,7 +253,9 @@ def test_the_control_endpoints_list_load_and_cancel(served, tiny_folder):
     assert events[-1]["model"]["context_window"] == 128
     bad = served.events("/specula/v1/load", {"model": str(tiny_folder / "missing")})
     assert bad[-1]["type"] == "error" and "missing" in bad[-1]["error"]["message"]
-    assert json.loads(served.get("/specula/v1/status")[1])["state"] == "ready"  # the last good model stays
+    now = json.loads(served.get("/specula/v1/status")[1])
+    assert now["state"] == "ready"  # the last good model stays
+    assert now["step"] == "eager"  # SPECULA_STEP=eager for the tests
     assert served.post("/specula/v1/requests/99999/cancel", {})[0] == 404
 
 
