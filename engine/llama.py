@@ -392,8 +392,8 @@ class LlamaRunner:
         return self.lm_head(_rms_norm(x[-last:], self.norm)).float()  # (last, V)
 
     def _forward_compiled(self, tokens: torch.Tensor, last: int, parents: list[int] | None, start: int, t: int):
-        """The layer loop in one call of the compiled step (a prompt of several tokens stays eager: its
-        products are dense and its attention is one causal kernel)."""
+        """The layer loop in one call of the compiled step (a prompt of several tokens stays eager: one
+        causal attention kernel over the whole prompt, and dense products for long ones)."""
         end = start + t
         x = self.embed(tokens.to(self.device))
         if parents is None:
