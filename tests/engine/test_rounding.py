@@ -29,11 +29,21 @@ def steps_and_pass(model: LoadedModel, prompt: torch.Tensor, draft: torch.Tensor
     one.forward(prompt)
     many.forward(prompt)
     singles = torch.cat([one.forward(draft[j : j + 1]) for j in range(draft.shape[0])])
-    return singles, many.forward(draft, last=draft.shape[0])
+    batch = many.forward(draft, last=draft.shape[0])
+    assert one.compiled == many.compiled == (model.step == "compiled" and consistent)  # the step asked for ran
+    return singles, batch
 
 
-def test_single_steps_and_a_verify_pass_give_the_same_bits(bundled_bf16):
+@pytest.mark.parametrize("step", ["eager", "compiled"])
+def test_single_steps_and_a_verify_pass_give_the_same_bits(bundled_bf16, step, monkeypatch):
     assert bundled_bf16.new_runner().consistent  # the default on the CPU
+    if step == "compiled":
+        from engine import compiled
+
+        compiled.prepare(wait=True)
+        if compiled.ops() is None:
+            pytest.skip(f"the compiled step cannot be built here: {compiled.error()}")
+    monkeypatch.setattr(bundled_bf16, "step", step)
     gen = torch.Generator().manual_seed(0)
     for trial in range(8):
         # prompt lengths and draft lengths that cross the attention's key blocks at different offsets
