@@ -24,7 +24,6 @@ import secrets
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Signal
@@ -130,43 +129,25 @@ class ThreadEngine:
     def __init__(self, session) -> None:
         self.session = session
         self.server = None
-        self._done = threading.Event()
 
     def start(self) -> tuple[str, str]:
-        import uvicorn
-
         from engine.runner import Runner
-        from engine.serve_cmd import bind
+        from engine.serve_cmd import ServerThread
         from engine.server.app import create_app
         from engine.server.service import EngineService
 
         key = secrets.token_urlsafe(16)
-        service = EngineService(Runner(session=self.session))
-        app = create_app(service, strategy="none", api_key=key)
-        sock = bind("127.0.0.1", 0)
-        port = sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        started = threading.Event()
-
-        def run() -> None:
-            try:
-                self.server.run(sockets=[sock])
-            finally:
-                started.set()
-                self._done.set()
-
-        threading.Thread(target=run, name="specula-test-engine", daemon=True).start()
-        while not self.server.started and not self._done.is_set():
-            time.sleep(0.01)
-        return f"http://127.0.0.1:{port}", key
+        self.server = ServerThread(create_app(EngineService(Runner(session=self.session)), strategy="none", api_key=key))
+        return self.server.url, key
 
     def wait(self) -> int:
-        self._done.wait()
+        if self.server is not None:
+            self.server.done.wait()
         return 0
 
     def stop(self) -> None:
         if self.server is not None:
-            self.server.should_exit = True
+            self.server.stop()
 
 
 class EngineBridge(QObject):

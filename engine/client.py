@@ -21,7 +21,8 @@ import time
 from typing import Iterator
 
 from . import wire
-from .events import Failed, Finished, Loading, Started, Step, Totals, Trained, Training
+from .events import Failed, Finished, Loading, Started, Step, Trained, Training
+from .metrics import StepTotals
 from .remote.backend import RemoteLoadRequest
 from .remote.http import EngineError, EventStream, RemoteError, Server, _request
 from .types import GenerateRequest, LoadRequest, TrainRequest
@@ -66,8 +67,7 @@ class EngineClient:
         except EngineError:
             return None
         except RemoteError as exc:
-            text = str(exc)
-            return {"status": "starting" if "HTTP 503" in text else "unreachable", "message": text}
+            return {"status": "starting" if exc.status == 503 else "unreachable", "message": str(exc)}
         try:
             return json.loads(response.read().decode())
         except (OSError, ValueError):
@@ -198,21 +198,19 @@ class _Seen:
 
     def __init__(self) -> None:
         self.started = False
-        self.steps: list[Step] = []
+        self.stats = StepTotals()
         self.text = ""
         self.ids: tuple[int, ...] = ()
         self.last_step = 0
 
     def add(self, step: Step) -> None:
-        self.steps.append(step)
+        if step.step == 0:
+            self.stats.prefill_s = step.elapsed_s
+        else:
+            self.stats.add_step(step.drafted, step.accepted, step.draft_s, step.verify_s)
         self.text += "".join(t.text for t in step.tokens)
         self.ids += tuple(t.id for t in step.tokens)
         self.last_step = step.step
 
     def finished(self, rid: int, wall_s: float) -> Finished:
-        decode = [s for s in self.steps if s.step > 0]
-        prefill = self.steps[0].elapsed_s if self.steps else wall_s
-        totals = Totals(len(self.ids), len(decode), len(self.steps), sum(s.drafted for s in decode),
-                        sum(s.accepted for s in decode), wall_s, prefill, sum(s.draft_s for s in decode),
-                        sum(s.verify_s for s in decode), tuple(s.accepted for s in decode if s.drafted))
-        return Finished(rid, "cancelled", self.text, self.ids, totals)
+        return Finished(rid, "cancelled", self.text, self.ids, self.stats.totals(len(self.ids), wall_s))

@@ -24,9 +24,9 @@ import torch
 from .detok import Detokenizer
 from .drafters.base import DraftContext, Drafter
 from .errors import ContextTooLongError, SpeculaError
-from .events import Finished, Origin, Started, Step, Token, Totals
+from .events import Finished, Origin, Started, Step, Token
 from .forward import ModelRunner
-from .metrics import BaselineCost, count_step
+from .metrics import BaselineCost, StepTotals
 from .sampling import SamplingParams, choose
 from .types import K_MAX, DecodeConfig
 from .verify import Verdict, tree_children, verify, walk_tree, walk_tree_sampling
@@ -71,43 +71,6 @@ class _Budget:
         if self.reason is None and self.used >= self.limit:
             self.reason = "length"
         return n
-
-
-class _Stats:
-    """Counters for the Totals of one generation."""
-
-    def __init__(self) -> None:
-        self.steps = self.drafted = self.accepted = 0
-        self.draft_s = self.verify_s = self.prefill_s = 0.0
-        self.accepted_lengths: list[int] = []
-        self.pos_drafted: list[int] = []  # per draft position, grown as drafts get longer
-        self.pos_accepted: list[int] = []
-
-    def add_step(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        self.steps += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        self.draft_s += draft_s
-        self.verify_s += verify_s
-        if drafted:
-            self.accepted_lengths.append(accepted)
-        count_step(self.pos_drafted, self.pos_accepted, drafted, accepted)
-
-    def totals(self, new_tokens: int, wall_s: float) -> Totals:
-        return Totals(
-            new_tokens=new_tokens,
-            steps=self.steps,
-            target_forwards=self.steps + 1,
-            drafted=self.drafted,
-            accepted=self.accepted,
-            wall_s=wall_s,
-            prefill_s=self.prefill_s,
-            draft_s=self.draft_s,
-            verify_s=self.verify_s,
-            accepted_lengths=tuple(self.accepted_lengths),
-            position_drafted=tuple(self.pos_drafted),
-            position_accepted=tuple(self.pos_accepted),
-        )
 
 
 def _branch(parents: list[int], rows: list[int], children: dict[int, list[int]]) -> str:
@@ -175,7 +138,7 @@ class _Loop:
         self.ctx[:n_prompt] = torch.tensor(prompt_ids, dtype=torch.long)
         self.length = n_prompt  # tokens in the conversation; the target's cache holds length - 1
         self.out_ids: list[int] = []
-        self.stats = _Stats()
+        self.stats = StepTotals()
         self.t_start = time.perf_counter()
 
     def _append(self, ids: list[int]) -> int:

@@ -17,7 +17,7 @@ import statistics
 import time
 from collections import deque
 
-from .events import BaselineCost, Step, decode_rate
+from .events import BaselineCost, Step, Totals, decode_rate
 
 
 def measure_baseline(runner, lengths=(32, 512), repeats: int = 5) -> BaselineCost:
@@ -60,6 +60,44 @@ def count_step(drafted: list[int], accepted: list[int], n_drafted: int, n_accept
     """Add one step's per-position counts: positions 0..n_drafted-1 drafted, the first n_accepted kept."""
     positions = range(n_drafted)
     merge_positions(drafted, accepted, [1 for _ in positions], [int(i < n_accepted) for i in positions])
+
+
+class StepTotals:
+    """Counters for the Totals of one generation, step by step: the decoder's, and a client's for a stream
+    that was cut short (engine/client.py)."""
+
+    def __init__(self) -> None:
+        self.steps = self.drafted = self.accepted = 0
+        self.draft_s = self.verify_s = self.prefill_s = 0.0
+        self.accepted_lengths: list[int] = []
+        self.pos_drafted: list[int] = []  # per draft position, grown as drafts get longer
+        self.pos_accepted: list[int] = []
+
+    def add_step(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        if drafted:
+            self.accepted_lengths.append(accepted)
+        count_step(self.pos_drafted, self.pos_accepted, drafted, accepted)
+
+    def totals(self, new_tokens: int, wall_s: float) -> Totals:
+        return Totals(
+            new_tokens=new_tokens,
+            steps=self.steps,
+            target_forwards=self.steps + 1,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            wall_s=wall_s,
+            prefill_s=self.prefill_s,
+            draft_s=self.draft_s,
+            verify_s=self.verify_s,
+            accepted_lengths=tuple(self.accepted_lengths),
+            position_drafted=tuple(self.pos_drafted),
+            position_accepted=tuple(self.pos_accepted),
+        )
 
 
 class LiveMetrics:

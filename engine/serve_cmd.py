@@ -53,6 +53,33 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class ServerThread:
+    """An app of `specula serve` on a loopback port the system picks, run by uvicorn in a thread of this
+    process (the desktop app's tests run their engine so, and the server's tests their server)."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        sock = bind("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.done = threading.Event()
+
+        def run() -> None:
+            try:
+                self.server.run(sockets=[sock])
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run, name="specula-server-thread", daemon=True).start()
+        while not self.server.started and not self.done.is_set():
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+
+
 def watch_parent(poll_s: float = 0.5) -> None:
     """End this process when its parent ends (the app that started it was closed or killed): the
     parent's id changes when it dies, on every platform."""

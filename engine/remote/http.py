@@ -25,7 +25,10 @@ READ_TIMEOUT_S = 120.0  # the longest silence inside a stream (a long prompt's p
 
 
 class RemoteError(SpeculaError):
-    """The server could not be reached or did not answer as an OpenAI-compatible server does."""
+    """The server could not be reached or did not answer as an OpenAI-compatible server does; `status`
+    is the HTTP status it answered with, None when it did not answer."""
+
+    status: int | None = None
 
 
 class AuthError(RemoteError):
@@ -157,6 +160,12 @@ def _engine_kind(body: str) -> str | None:
 
 def http_error(url: str, status: int, reason: str, body: str) -> RemoteError:
     """A one-line error for a non-2xx answer, with the server's own message when it sent one."""
+    error = _http_error(url, status, reason, body)
+    error.status = status
+    return error
+
+
+def _http_error(url: str, status: int, reason: str, body: str) -> RemoteError:
     message = _error_message(body)
     kind = _engine_kind(body)
     if kind is not None:

@@ -111,6 +111,7 @@ def test_http_errors_become_one_line_messages():
     broken = http_error("/v1/chat/completions", 500, "Internal Server Error",
                         json.dumps({"error": {"message": "engine\ncrashed"}}))
     assert str(broken) == "the server answered HTTP 500 for /v1/chat/completions: engine crashed"
+    assert (broken.status, too_long.status) == (500, 400)  # what a caller decides on, not the text
 
 
 def test_api_key_comes_from_the_named_variable(monkeypatch):

@@ -22,7 +22,7 @@ from engine.session import GenerateRequest, LoadRequest, Session
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from engine.serve_cmd import bind, is_loopback  # noqa: E402
+from engine.serve_cmd import ServerThread, is_loopback  # noqa: E402
 from engine.server.api import TextStream  # noqa: E402
 
 
@@ -30,20 +30,14 @@ class Served:
     """`specula serve`'s app on a free port, in a thread."""
 
     def __init__(self, folder, api_key: str | None = None) -> None:
-        import uvicorn
-
         from engine.server.app import create_app
         from engine.server.service import EngineService
 
         self.service = EngineService()
         initial = LoadRequest(ModelSpec(str(folder), "cpu", "fp32"), measure_baseline=False)
         app = create_app(self.service, model_aliases=("tiny",), strategy="none", api_key=api_key, initial=initial)
-        sock = bind("127.0.0.1", 0)
-        self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self.thread.start()
+        self.server = ServerThread(app)
+        self.port, self.url = self.server.port, self.server.url
         deadline = time.time() + 120
         while self.get("/health")[0] != 200:
             assert time.time() < deadline, "the server never became ready"
@@ -79,8 +73,8 @@ class Served:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0)
 
     def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.server.stop()
+        self.server.done.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -305,3 +299,17 @@ def test_text_stream_holds_back_what_may_begin_a_stop_sequence_and_cuts_tokens_a
     cut = TextStream(("x",))
     piece, tokens = cut.push(_tokens("ab", "cxd"))
     assert piece == "abc" and [t.text for t in tokens] == ["ab", "c"]
+
+
+def test_the_client_reads_a_server_without_a_model_as_starting():
+    from engine.client import EngineClient
+    from engine.server.app import create_app
+    from engine.server.service import EngineService
+
+    empty = ServerThread(create_app(EngineService(), strategy="none"))
+    try:
+        health = EngineClient(empty.url).health()
+        assert health["status"] == "starting" and "503" in health["message"]
+        assert EngineClient("http://127.0.0.1:9").health()["status"] == "unreachable"  # nothing listens there
+    finally:
+        empty.stop()
