@@ -157,15 +157,23 @@ def _fail(reason: str) -> None:
 
 
 def _build_and_load() -> None:
-    try:
-        path = build()
-        with _lock:
-            if _ops is None:
-                _load(path)
-    except Unavailable as exc:
-        _fail(str(exc))
-    except (OSError, RuntimeError) as exc:  # a library that does not load
-        _fail(f"the compiled step did not load: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+    for attempt in range(2):
+        try:
+            path = build()
+            with _lock:
+                if _ops is None:
+                    _load(path)
+            return
+        except Unavailable as exc:
+            _fail(str(exc))
+            return
+        except (OSError, RuntimeError) as exc:  # a library that does not load: a damaged file in the cache
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if attempt == 0:
+                log.info("the cached compiled step did not load (%s): building it again", reason)
+                path.unlink(missing_ok=True)
+                continue
+            _fail(f"the compiled step did not load: {reason}")
 
 
 def prepare(wait: bool) -> None:

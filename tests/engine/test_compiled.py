@@ -164,3 +164,28 @@ def test_the_bundled_model_runs_compiled_and_exactly(ops):
             assert runner.compiled
             answers.append(finished.token_ids)
         assert answers[0] == answers[1]
+
+
+def test_a_damaged_library_in_the_cache_is_built_again(monkeypatch, tmp_path):
+    """A file that is not a library where the build's output belongs (a full disk, a bad copy) is
+    replaced by a fresh build, and the step loads."""
+    import shutil
+
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler here")
+    monkeypatch.setenv("SPECULA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compiled, "_ops", None)
+    monkeypatch.setattr(compiled, "_error", None)
+    monkeypatch.setattr(compiled, "_thread", None)
+
+    def load(path):  # as torch.ops.load_library reads a file (this process has the real library already)
+        if not path.read_bytes().startswith(b"\x7fELF"):
+            raise OSError(f"{path}: invalid ELF header")
+
+    monkeypatch.setattr(compiled, "_load", load)
+    path = compiled.library_path(compiled._compiler())
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a library")
+    compiled.prepare(wait=True)
+    assert compiled.error() is None
+    assert path.read_bytes().startswith(b"\x7fELF")  # rebuilt
