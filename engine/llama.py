@@ -438,6 +438,7 @@ class LlamaRunner:
             self._feat[target] = self._feat[start + index]
             self._kt_len = min(self._kt_len, start)
         self._length = start + len(rows)
+        self._kt_len = min(self._kt_len, self._length)  # the dropped rows' slots are rewritten later
 
     def _tree_plan(self, start: int, ancestors: torch.Tensor):
         """Masks for a tree pass: every row sees the cache before `start` and its own ancestors."""

@@ -1,4 +1,5 @@
-"""End to end on the bundled SmolLM2-135M-Instruct (fp32, CPU): every strategy says what `none` says."""
+"""End to end on the bundled SmolLM2-135M-Instruct (fp32, CPU): every strategy says what `none` says,
+through the compiled decoding step where this machine can build it (as a user's answers run)."""
 
 import copy
 from dataclasses import replace
@@ -6,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from engine import compiled
 from engine.decoder import DecodeConfig
 from engine.drafters import DRAFTERS
 from engine.events import Finished
@@ -24,12 +26,14 @@ PROMPTS = [
 def session(bundled_fp32, tmp_path_factory):
     from tests.engine.tiny import quick_head
 
-    draft = replace(bundled_fp32, model=copy.deepcopy(bundled_fp32.model).to(torch.bfloat16), dtype=torch.bfloat16)
+    compiled.prepare(wait=True)  # eager, with the reason logged, where it cannot be built
+    target = replace(bundled_fp32, step="compiled")
+    draft = replace(target, model=copy.deepcopy(bundled_fp32.model).to(torch.bfloat16), dtype=torch.bfloat16)
     s = Session()
-    s.use(bundled_fp32, draft)
+    s.use(target, draft)
     # the heads that ship for the bundled model are found by the session; where one is missing, a head
     # trained for seconds stands in: it drafts poorly, but every drafted token still goes through verification
-    s.quick = {kind: str(quick_head(bundled_fp32, tmp_path_factory.mktemp(kind), sequences=3, length=16, epochs=1, kind=kind))
+    s.quick = {kind: str(quick_head(target, tmp_path_factory.mktemp(kind), sequences=3, length=16, epochs=1, kind=kind))
                for kind in ("eagle", "medusa") if kind not in s.heads}
     return s
 
@@ -46,6 +50,11 @@ def answer(session, prompt, strategy, options=(), **config):
 def test_every_strategy_gives_the_plain_greedy_answer(session, prompt):
     base = answer(session, prompt, "none")
     assert base.totals.new_tokens > 5
+    if compiled.ops() is not None:
+        runner = session.target.new_runner()
+        runner.forward(torch.tensor([1, 2]))
+        runner.forward(torch.tensor([3]))
+        assert runner.compiled  # the answers here run through the compiled step
     for strategy in DRAFTERS:
         for adaptive in (False, True):
             got = answer(session, prompt, strategy, k=5, adaptive_k=adaptive)

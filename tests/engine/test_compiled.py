@@ -65,6 +65,11 @@ def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form):
     assert torch.equal(tree[[0, 2, 3]], alone[:3])
     runner.keep(40, [0, 2, 3])
     assert torch.equal(runner.forward(ids[43:44]), alone[3:4])  # the kept path's cache is the chain's
+    # a kept path of the first rows (nothing moves) and a longer step after it
+    runner.truncate(40)
+    runner.forward(torch.tensor([int(ids[40]), int(ids[41]), 9]), last=3, parents=[-1, 0, 0])
+    runner.keep(40, [0, 1])
+    assert torch.equal(runner.forward(ids[42:45], last=3), alone[2:5])
 
 
 @pytest.mark.parametrize("strategy", sorted(set(DRAFTERS) - {"none"}))
