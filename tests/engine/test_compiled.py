@@ -9,7 +9,7 @@ from engine import compiled
 from engine.drafters import DRAFTERS
 from engine.loading import LoadedModel
 
-from .tiny import assert_greedy_identity, native, perturbed, quick_head, random_medusa_head, tiny_model
+from .tiny import assert_greedy_identity, head_options, native, perturbed, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +76,7 @@ def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form):
 def test_greedy_speculation_through_the_compiled_step_is_plain_decoding(ops, strategy, tmp_path):
     target = _with_step(native(tiny_model(vocab=64, layers=4, seed=7)))
     draft = _with_step(native(perturbed(tiny_model(vocab=64, layers=4, seed=7), scale=0.05)))
-    info = DRAFTERS[strategy]
-    options = {}
-    if info.needs_head == "eagle":
-        options = {"head": str(quick_head(target, tmp_path / "eagle", sequences=4, length=24, epochs=2))}
-    elif info.needs_head or info.uses_heads:
-        folder = str(random_medusa_head(target, tmp_path / "medusa"))
-        options = {"head": folder} if info.needs_head else {"heads": (folder,)}
+    options = head_options(target, strategy, tmp_path)
     assert_greedy_identity(target, draft, strategy, options, trials=4, longest_prompt=40, max_new_tokens=48)
     runner = target.new_runner()
     runner.forward(torch.tensor([1, 2, 3]))

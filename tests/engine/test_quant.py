@@ -10,7 +10,7 @@ from engine.errors import SpeculaError
 from engine.gguf_native import _llama_row_order, check_against
 from engine.quant import Dense, Int4, can_prepack, probe_stable_rows, q4_from_gguf, q4_quantize
 
-from .tiny import assert_greedy_identity, native, perturbed, quick_head, random_medusa_head, tiny_model
+from .tiny import assert_greedy_identity, head_options, native, perturbed, tiny_model
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
@@ -148,13 +148,7 @@ def test_native_products_are_used_and_agree_with_the_dequantized_model():
 def test_greedy_speculation_over_native_weights_is_identical_to_plain_decoding(strategy, tmp_path):
     target = native(tiny_model(vocab=64, layers=4, seed=7))
     draft = native(perturbed(tiny_model(vocab=64, layers=4, seed=7), scale=0.05))
-    info = DRAFTERS[strategy]
-    options = {}
-    if info.needs_head == "eagle":
-        options = {"head": str(quick_head(target, tmp_path / "eagle", sequences=4, length=24, epochs=2))}
-    elif info.needs_head or info.uses_heads:
-        folder = str(random_medusa_head(target, tmp_path / "medusa"))
-        options = {"head": folder} if info.needs_head else {"heads": (folder,)}
+    options = head_options(target, strategy, tmp_path)
     # prompts of 64 tokens or more are prefilled by the dense twins of the int4 products
     assert_greedy_identity(target, draft, strategy, options, trials=8, longest_prompt=130, max_new_tokens=60)
 

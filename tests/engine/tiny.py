@@ -127,3 +127,17 @@ def assert_greedy_identity(target: LoadedModel, draft, strategy: str, options: d
         assert outs[1].token_ids == outs[0].token_ids, (strategy, trial)
         accepted += outs[1].totals.accepted
     assert accepted > 0
+
+
+def head_options(target: LoadedModel, strategy: str, folder) -> dict:
+    """The options `strategy` needs on `target`: a quickly trained EAGLE head or a random Medusa head,
+    written under `folder`; none for strategies without heads."""
+    from engine.drafters import DRAFTERS
+
+    info = DRAFTERS[strategy]
+    if info.needs_head == "eagle":
+        return {"head": str(quick_head(target, folder / "eagle", sequences=4, length=24, epochs=2))}
+    if info.needs_head or info.uses_heads:
+        medusa = str(random_medusa_head(target, folder / "medusa"))
+        return {"head": medusa} if info.needs_head else {"heads": (medusa,)}
+    return {}
