@@ -5,6 +5,8 @@
 #   PRESETS="smollm-135m llama-1b"   random-weight model shapes to build and time (scripts/random_model.py --list)
 #   PROMPTS=path/to/question.jsonl   Spec-Bench prompts for the bench
 #   PYTHON=.venv/bin/python          the environment with a CUDA build of torch (make setup TORCH_INDEX=...)
+#   LIMIT=2                          prompts per Spec-Bench category in each bench
+#   SPECULA_TOKENIZER=DIR            tokenizer files for the random models where the bundled model is not installed
 #
 # Steps: the GPU's description -> the cuda-marked tests (greedy identity on the GPU) -> for every preset,
 # a random-weight model built on the GPU, its step costs (scripts/step_costs.py) and a short bench.
@@ -17,6 +19,7 @@ out="$(realpath -m "${1:-./gpu-results}")"
 prompts="${PROMPTS:+$(realpath -m "$PROMPTS")}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root" || exit 2
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"  # scripts/*.py import engine, installed or not
 prompts="${prompts:-$root/../shared/datasets/spec_bench/question.jsonl}"
 py="${PYTHON:-.venv/bin/python}"
 if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
@@ -74,7 +77,7 @@ for preset in $presets; do
         --tokens 1,2,4,8,16,32,64 --repeats 20
     step "$preset: bench" "$out/$preset-bench.txt" \
         "$py" -m engine.cli bench --model "$model" --device cuda --dtype bf16 --prompts "$prompts" \
-        --limit-per-category 2 --strategies none,prompt-lookup,lookahead,auto --peers hf --max-new-tokens 64 \
+        --limit-per-category "${LIMIT:-2}" --strategies none,prompt-lookup,lookahead,auto --peers hf --max-new-tokens 64 \
         --out "$out/$preset-bench"
 done
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -56,7 +57,10 @@ def llama_config(preset: str):
 
 
 def bundled_tokenizer_folder() -> Path:
-    """The cached folder the bundled GGUF is converted into (tokenizer files included)."""
+    """The cached folder the bundled GGUF is converted into (tokenizer files included), or the folder
+    SPECULA_TOKENIZER names (a machine without the bundled model: a copy of those files)."""
+    if os.environ.get("SPECULA_TOKENIZER"):
+        return Path(os.environ["SPECULA_TOKENIZER"])
     from engine.loading import _converted_gguf, bundled_gguf_path
 
     return _converted_gguf(bundled_gguf_path(), lambda text: print(text, file=sys.stderr))
