@@ -113,6 +113,19 @@ class ChildEngine:
         """Block until the process ends; its exit code."""
         return self.proc.wait() if self.proc is not None else 0
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def exit_code(self, within_s: float) -> int | None:
+        """The process's exit code if it ends within `within_s` seconds; None while it runs."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(within_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def stop(self) -> None:
         proc = self.proc
         if proc is not None and proc.poll() is None:
@@ -144,6 +157,11 @@ class ThreadEngine:
         if self.server is not None:
             self.server.done.wait()
         return 0
+
+    pid = None  # no process of its own
+
+    def exit_code(self, within_s: float) -> int | None:
+        return None  # it never dies apart from this process
 
     def stop(self) -> None:
         if self.server is not None:
@@ -244,7 +262,7 @@ class EngineBridge(QObject):
         try:
             for event in call.events():
                 if isinstance(event, Failed) and event.kind == "EngineUnreachable":
-                    code = _exit_code(engine, within_s=2.0)
+                    code = engine.exit_code(within_s=2.0)
                     if code is not None:  # the engine died under this request
                         event = Failed(rid, f"the engine process stopped (exit code {code}) during this request; "
                                             "it is starting again", "EngineDied")
@@ -272,8 +290,7 @@ class EngineBridge(QObject):
 
     @property
     def engine_pid(self) -> int | None:
-        proc = getattr(self._engine, "proc", None)
-        return proc.pid if proc is not None else None
+        return self._engine.pid if self._engine is not None else None
 
     def load(self, choice: ModelChoice) -> int:
         """Load a model. Answers with Loading events, then Loaded or Failed."""
@@ -322,13 +339,3 @@ class EngineBridge(QObject):
         if engine is not None:
             engine.stop()
 
-
-def _exit_code(engine, within_s: float) -> int | None:
-    """The engine process's exit code if it ends within `within_s` seconds; None while it runs."""
-    proc = getattr(engine, "proc", None)
-    if proc is None:
-        return None
-    try:
-        return proc.wait(within_s)
-    except subprocess.TimeoutExpired:
-        return None

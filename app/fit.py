@@ -12,7 +12,7 @@ CONTEXT_ERROR = "ContextTooLongError"  # engine.errors.ContextTooLongError, as F
 
 
 def is_context_error(failed) -> bool:
-    return getattr(failed, "kind", "") == CONTEXT_ERROR
+    return failed.kind == CONTEXT_ERROR
 
 
 def drop_oldest(messages: tuple) -> tuple | None:

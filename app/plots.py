@@ -51,7 +51,7 @@ class PlotsPanel(QWidget):
         self.series = {name: RingBuffer() for name in SERIES}
         self.metrics = None  # engine.metrics.LiveMetrics, created when a generation starts
         self.baseline = None  # engine.metrics.BaselineCost of the loaded model
-        self.remote = False  # the loaded backend is a server: acceptance comes from its counters
+        self.counters = False  # acceptance comes from a server's counters (server-wide), not from each step
         self._recent: list[tuple[int, int]] = []  # (drafted, accepted) of the last ROLLING steps
         self._last_step = 0  # the latest step's number: where a server reading is plotted
         self._server_seen = (0, 0)  # (draft tokens, accepted) at the previous server reading
@@ -136,7 +136,7 @@ class PlotsPanel(QWidget):
         c = palette_for(dark)
         self.graphics.setBackground(base)
         for key, plot in self.plots.items():
-            title = TITLES["server_acceptance" if key == "acceptance" and self.remote else key]
+            title = TITLES["server_acceptance" if key == "acceptance" and self.counters else key]
             plot.setTitle(f"<span style='color:{fg.name()}'>{title.format(c=c, n=ROLLING)}</span>", size="9pt")
             for axis in ("left", "bottom"):
                 plot.getAxis(axis).setTextPen(fg)
@@ -161,8 +161,8 @@ class PlotsPanel(QWidget):
         """A model was loaded or a server connected (engine.events.Loaded): its baseline, and for a server
         the notes on where its numbers come from."""
         self.baseline = loaded.baseline
-        self.remote = loaded.backend == "remote"
-        notes = " ".join(loaded.notes) if self.remote else ""
+        self.counters = loaded.capabilities.acceptance == "counters"
+        notes = " ".join(loaded.notes)
         self.notes.setText(notes)
         self.notes.setVisible(bool(notes))
         self._apply_theme()

@@ -22,16 +22,14 @@ INFERRED = "inferred from the server's stream chunks (the last token of a chunk 
 
 def record(token, inferred: bool = False) -> TokenRecord:
     """An engine.events.Token as a plain record."""
-    origin = getattr(token.origin, "value", token.origin)
-    return TokenRecord(token.text, str(origin), token.step, token.draft_pos, token.p, token.q,
-                       getattr(token, "branch", None), inferred)
+    return TokenRecord(token.text, token.origin.value, token.step, token.draft_pos, token.p, token.q, token.branch,
+                       inferred)
 
 
 def step_records(step) -> list[TokenRecord]:
     """A Step's tokens in reading order: accepted drafts, then the rejected drafts (ghost text) at the
     point where they were rejected, then the model's own token (its correction or bonus)."""
-    inferred = getattr(step, "inferred", False)  # a server's step: origins inferred from its chunk
-    tokens = [record(t, inferred) for t in step.tokens]
+    tokens = [record(t, step.inferred) for t in step.tokens]  # a server's step: origins inferred from its chunk
     drafts = [t for t in tokens if t.origin == "draft"]
     others = [t for t in tokens if t.origin != "draft"]
     return drafts + [record(t) for t in step.rejected] + others

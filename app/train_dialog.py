@@ -101,7 +101,7 @@ class TrainDialog(QDialog):
         self.start_button.setText("Train again" if not running and self.trained_kind else "Start")
 
     def owns(self, event) -> bool:
-        return self.running and getattr(event, "request_id", None) == self.request_id
+        return self.running and event.request_id == self.request_id
 
     def on_event(self, event) -> None:
         if not self.owns(event):

@@ -17,7 +17,7 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QSizePolicy,
                                QSplitter, QToolBar, QVBoxLayout, QWidget)
 
-from engine.events import Failed, Loaded, Loading  # plain dataclasses: no torch
+from engine.events import Capabilities, Failed, Loaded, Loading  # plain dataclasses: no torch
 
 from . import actions
 from .bridge import EngineBridge, ModelChoice
@@ -215,23 +215,23 @@ class MainWindow(QMainWindow):
     def _on_loaded(self, event) -> None:
         self.loaded = event
         self.strategy_unavailable = None
-        if self.remote:
+        if not self.can.strategies:
             self.controls.set_server()  # the saved local strategy stays in the settings for later
         else:
             self._offer_strategies(event.strategies)
         self.plots.set_model(event)
         self.status_labels["model"].setText(event.target + (f"  ·  draft: {event.draft}" if event.draft else ""))
         self.status_labels["device"].setText(event.device)
-        self.status_labels["dtype"].setText("" if self.remote else event.weights or event.dtype)
+        self.status_labels["dtype"].setText(event.weights or event.dtype if self.can.precision else "")
         self.statusBar().showMessage(f"Loaded {event.target}", 4000)
         self._set_state("ready")
         self.composer.input.setFocus()
         self.model_ready.emit()
 
     @property
-    def remote(self) -> bool:
-        """Connected to a server (the remote backend) rather than running a local model."""
-        return self.loaded is not None and self.loaded.backend == "remote"
+    def can(self) -> Capabilities:
+        """What the loaded backend offers (a local engine's, until one is loaded)."""
+        return self.loaded.capabilities if self.loaded is not None else Capabilities()
 
     def _offer_strategies(self, usable) -> None:
         from engine.strategies import STRATEGIES
@@ -267,7 +267,7 @@ class MainWindow(QMainWindow):
     @property
     def request_settings(self):
         """The settings a request is built from: a server speculates as it was told ("server")."""
-        return replace(self.settings, strategy="server") if self.remote else self.settings
+        return self.settings if self.can.strategies else replace(self.settings, strategy="server")
 
     def compare_last(self) -> bool:
         """Compare plain decoding with the current strategy on the last prompt (a card in the chat)."""
@@ -362,7 +362,7 @@ class MainWindow(QMainWindow):
         """The draft-head training dialog (one per window; it keeps its state between openings)."""
         from .train_dialog import TrainDialog
 
-        if self.loaded is None or self.remote:
+        if self.loaded is None or not self.can.training:
             return
         if self.train_dialog is None:
             self.train_dialog = TrainDialog(self.bridge, self.loaded.target, self)
@@ -384,9 +384,9 @@ class MainWindow(QMainWindow):
     def _update_actions(self) -> None:
         idle = self.state == "ready" and self.chat.reply is None and not self.compare.running
         has_prompt = self.chat.current_id is not None and self.chat.last_user_index() is not None
-        self.compare_action.setEnabled(idle and has_prompt and not self.remote)
+        self.compare_action.setEnabled(idle and has_prompt and self.can.compare)
         self.regenerate_action.setEnabled(idle and has_prompt)
-        self.train_action.setEnabled(idle and self.loaded is not None and not self.remote)
+        self.train_action.setEnabled(idle and self.loaded is not None and self.can.training)
 
     def _refresh_conversations(self) -> None:
         self._update_actions()
@@ -409,7 +409,7 @@ class MainWindow(QMainWindow):
     def _update_status(self) -> None:
         colour = STATE_COLOURS.get(self.state, "#8d96a0")
         self.state_label.setText(f"<span style='color:{colour}'>●</span> {self.state}")
-        strategy = "server" if self.remote else self.settings.strategy
+        strategy = self.settings.strategy if self.can.strategies else "server"
         self.status_labels["strategy"].setText(f"strategy: {strategy}")
         if self.loaded is None:
             wanted = self.settings.server_url if self.settings.remote else self.settings.model_source

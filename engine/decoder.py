@@ -179,7 +179,7 @@ class _Loop:
         feed = torch.cat([self.ctx[length - 1 : length], d])  # the newest token, then the draft
         logits = target.forward(feed, last=feed.shape[0])  # (n+1, V)
         verdict: Verdict = verify(logits, d.to(logits.device), q, self.params, self.gen)
-        if d.shape[0] and hasattr(self.drafter, "observe_tree"):  # the target's argmax after each draft token
+        if d.shape[0] and self.drafter.learns_from_tree:  # the target's argmax after each draft token
             best = logits[1:].argmax(-1).tolist()
             self.drafter.observe_tree(dict(enumerate(best)))
         t2 = time.perf_counter()
@@ -219,12 +219,13 @@ class _Loop:
         feed = torch.cat([self.ctx[length - 1 : length], d])
         tokens = feed.tolist()
         logits = target.forward(feed, last=feed.shape[0], parents=parents)
-        best = logits.argmax(-1).tolist() if self.params.greedy or hasattr(self.drafter, "observe_tree") else None
+        learns = self.drafter.learns_from_tree
+        best = logits.argmax(-1).tolist() if self.params.greedy or learns else None
         if self.params.greedy:
             rows, next_token = walk_tree(best, tokens, parents)
         else:
             rows, next_token = walk_tree_sampling(logits, tokens, parents, self.params, self.gen)
-        if hasattr(self.drafter, "observe_tree"):  # drafters that learn from every node's output (lookahead)
+        if learns:  # drafters that learn from every node's output (lookahead)
             self.drafter.observe_tree({i: best[row_of[i]] for i in keep})
         t2 = time.perf_counter()
         target.keep(length - 1, rows)

@@ -118,6 +118,22 @@ class Loading:
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What a loaded backend offers. The window and the clients ask these, never the backend's name."""
+
+    exact_colours: bool = True  # every token's origin comes from the engine (else inferred from stream chunks)
+    strategies: bool = True  # the user picks the strategy and its draft length (else the server's own: "server")
+    training: bool = True  # draft heads can be trained for the loaded model
+    compare: bool = True  # Compare can run several strategies on the same prompt
+    acceptance: str = "steps"  # where acceptance comes from: "steps" (each step's own) or "counters" (server-wide)
+    precision: bool = True  # the device, dtype and weights shown are the engine's own (a server's are its business)
+
+
+REMOTE = Capabilities(exact_colours=False, strategies=False, training=False, compare=False, acceptance="counters",
+                      precision=False)
+
+
+@dataclass(frozen=True)
 class Loaded:
     request_id: int
     target: str
@@ -130,6 +146,7 @@ class Loaded:
     backend: str = "local"  # or "remote": an OpenAI-compatible server
     notes: tuple[str, ...] = ()  # what a user should know about this backend's numbers
     weights: str = ""  # what the products run on, e.g. "Q4_1 4-bit (native)"; "" when it is `dtype`
+    capabilities: Capabilities = field(default_factory=Capabilities)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ class ModelRunner(Protocol):
     vocab_size: int
     max_len: int  # positions the model can attend over
     device: torch.device
+    keeps_features: bool  # features(start, end) gives the last layer's hidden states (feature drafters)
+    exact_trees: bool  # a token-tree pass decides as the chain pass of each path would
 
     @property
     def length(self) -> int:
@@ -34,6 +36,9 @@ class ModelRunner(Protocol):
 
 class HFRunner:
     """Fallback for architectures without a lean forward: transformers' model and DynamicCache."""
+
+    keeps_features = False
+    exact_trees = False  # it takes no trees at all
 
     def __init__(self, model: torch.nn.Module, max_len: int) -> None:
         from transformers import DynamicCache

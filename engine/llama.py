@@ -223,6 +223,8 @@ def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor
 
 
 class LlamaRunner:
+    keeps_features = True  # features(): the last layer's hidden states of the positions held
+
     def __init__(self, model: torch.nn.Module, n_layers: int | None = None, native: NativeWeights | None = None,
                  step: str = "eager") -> None:
         cfg = model.config

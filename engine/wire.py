@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 
-from .events import BaselineCost, Finished, Loaded, Origin, ServerStats, Started, Step, Token, Totals
+from .events import BaselineCost, Capabilities, Finished, Loaded, Origin, ServerStats, Started, Step, Token, Totals
 
 _TOTALS = tuple(f.name for f in fields(Totals))
 
@@ -104,4 +104,6 @@ def loaded_from(data: dict, request_id: int) -> Loaded:
         values[name] = tuple(values.get(name) or ())
     baseline = values.get("baseline")
     values["baseline"] = BaselineCost(float(baseline["a"]), float(baseline["b"])) if baseline else None
+    known = {f.name for f in fields(Capabilities)}
+    values["capabilities"] = Capabilities(**{k: v for k, v in (values.get("capabilities") or {}).items() if k in known})
     return Loaded(request_id, **values)

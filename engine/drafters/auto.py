@@ -119,9 +119,12 @@ class Auto:
             self.member, own_k = self.lookup, self.lookup_k
         return self.member.propose(ctx, min(k, own_k))
 
+    @property
+    def learns_from_tree(self) -> bool:
+        return self.member is not None and self.member.learns_from_tree
+
     def observe_tree(self, best: dict[int, int]) -> None:
-        if hasattr(self.member, "observe_tree"):
-            self.member.observe_tree(best)
+        self.member.observe_tree(best)
 
     def observe(self, accepted: int, next_token: int) -> None:
         self.produced = accepted + 1

@@ -31,6 +31,9 @@ class Draft:
 
 class Drafter(Protocol):
     name: ClassVar[str]
+    # tree drafters that learn from every scored node (lookahead) declare it and get observe_tree(best):
+    # before observe(), the target's argmax after each scored draft node (key: its index in Draft.tokens)
+    learns_from_tree: ClassVar[bool]
 
     def reset(self) -> None:
         """Forget everything: a new generation starts."""
@@ -40,9 +43,6 @@ class Drafter(Protocol):
     def observe(self, accepted: int, next_token: int) -> None:
         """The target kept `accepted` draft tokens, then produced `next_token`."""
 
-    # optional, for tree drafters: observe_tree(best: dict[int, int]) hears, before observe(), the
-    # target's argmax after each scored draft node (key: the node's index in Draft.tokens)
-
 
 def empty_draft() -> Draft:
     return Draft(torch.empty(0, dtype=torch.long))
@@ -51,4 +51,4 @@ def empty_draft() -> Draft:
 def sends_tree(force: bool | None, runner) -> bool:
     """Whether a tree drafter sends a tree this step: as forced by its `tree` option, else only where
     the target's tree passes decide as a chain pass would (runner.exact_trees)."""
-    return force if force is not None else bool(getattr(runner, "exact_trees", False))
+    return force if force is not None else runner is not None and runner.exact_trees

@@ -30,6 +30,7 @@ COST_DECAY = 0.95
 
 class Eagle:
     name = "eagle"
+    learns_from_tree = False
     description = STRATEGIES[name].description
 
     def __init__(self, head, target, stop_below: float = 0.3, tree: bool = False) -> None:
@@ -156,7 +157,7 @@ class Eagle:
         """Read the features of the positions kept since the last call; the head's prediction of the
         newest position's feature (D,), or None when the target keeps no features."""
         runner, length = ctx.target, ctx.tokens.shape[0]
-        if not hasattr(runner, "features") or length - 1 > runner.length or self.synced >= length - 1:
+        if runner is None or not runner.keeps_features or length - 1 > runner.length or self.synced >= length - 1:
             return None
         self.head.truncate(self.synced)
         feats = runner.features(self.synced, length - 1)

@@ -34,6 +34,7 @@ POOL_PER_KEY = 8  # n-grams kept per first token, newest last
 
 class Lookahead:
     name = "lookahead"
+    learns_from_tree = True  # observe_tree: every scored node's argmax feeds its n-gram pool
     description = STRATEGIES[name].description
 
     def __init__(self, window: int = 5, ngram: int = 4, guesses: int = 3, seed: int = 0,

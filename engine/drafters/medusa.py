@@ -23,6 +23,7 @@ TREE = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (0,
 
 class Medusa:
     name = "medusa"
+    learns_from_tree = False
     description = STRATEGIES[name].description
 
     def __init__(self, head, target, tree=TREE, force_tree: bool | None = None) -> None:
@@ -58,7 +59,7 @@ class Medusa:
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         runner, length = ctx.target, ctx.tokens.shape[0]
-        if k <= 0 or length < 2 or not hasattr(runner, "features") or runner.length < length - 1:
+        if k <= 0 or length < 2 or runner is None or not runner.keeps_features or runner.length < length - 1:
             return empty_draft()
         logits = self.logits(runner.features(length - 2, length - 1)[0])  # (heads, V')
         depth = min(k, logits.shape[0])

@@ -8,6 +8,7 @@ from .base import Draft, DraftContext, empty_draft
 
 class NoDraft:
     name = "none"
+    learns_from_tree = False
     description = STRATEGIES[name].description
 
     def reset(self) -> None:

@@ -278,7 +278,7 @@ def find_heads(target) -> dict[str, list[Path]]:
     """Head folders made for this loaded target (its fingerprint and vocabulary) by kind, the user's
     before the shipped ones."""
     folders = head_folders()
-    if not folders or not getattr(target, "uses_lean_forward", False):
+    if not folders or not target.uses_lean_forward:
         return {}
     try:
         mine = target_fingerprint(target.model)

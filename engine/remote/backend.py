@@ -17,11 +17,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 from ..errors import SpeculaError
-from ..events import BaselineCost, Finished, Loaded, ServerStats, Started, Step, Totals
+from ..events import REMOTE, BaselineCost, Finished, Loaded, ServerStats, Started, Step, Totals
 from .chunks import ChunkReader, chunk_tokens, drop_stop_token
 from .http import EventStream, RemoteError, Server, get_json, get_text
 from .keys import resolve_api_key
@@ -166,8 +166,12 @@ class RemoteBackend:
         else:
             notes.append(f"Speedup is against {self.baseline_info.server.root} "
                          f"({1 / self.baseline.a:.1f} tokens/s plain, measured when connecting).")
+        # a Specula server names every token's origin and each step's drafts; another server's origins are
+        # inferred from its chunks and its acceptance read from its (server-wide) counters
+        specula = info.kind == "specula"
+        capabilities = replace(REMOTE, exact_colours=specula, acceptance="steps" if specula else "counters")
         return Loaded(request_id, info.model, None, info.describe, "server", info.context_window,
-                      ("server",), self.baseline, backend="remote", notes=tuple(notes))
+                      ("server",), self.baseline, backend="remote", notes=tuple(notes), capabilities=capabilities)
 
     def _need_info(self) -> ServerInfo:
         if self.info is None:
@@ -187,8 +191,6 @@ class RemoteBackend:
 def _specula_reply(info: ServerInfo, request, request_id: int, should_stop: Callable[[], bool]) -> Iterator:
     """A `specula serve` answer: the engine's own events, read from the stream's extension; the server
     uses its default strategy (the request's is this process's choice of a local one)."""
-    from dataclasses import replace
-
     from ..client import EngineClient
 
     client = EngineClient(info.server.url, info.server.api_key, timeout_s=info.server.timeout_s)

@@ -91,7 +91,7 @@ class EngineService:
             loop.call_soon_threadsafe(self._deliver, event)
 
     def _deliver(self, event) -> None:
-        rid = getattr(event, "request_id", None)
+        rid = event.request_id
         if isinstance(event, Started):
             self.waiting.discard(rid)
             self.running = rid

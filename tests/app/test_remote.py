@@ -87,7 +87,9 @@ def connect(qtbot, monkeypatch, w, url: str, **fields) -> None:
     use_dialog(monkeypatch, choose_remote(url, **fields))
     with qtbot.waitSignal(w.model_ready, timeout=30_000):
         w.settings_action.trigger()
-    assert w.remote
+    # a vLLM-like server: its own speculation, colours inferred, acceptance from its counters
+    assert not w.can.strategies and not w.can.exact_colours and not w.can.compare and not w.can.training
+    assert w.can.acceptance == "counters" and w.plots.counters
 
 
 # -- the settings dialog ------------------------------------------------------------------------------
@@ -184,7 +186,7 @@ def test_a_server_that_cannot_be_reached_leaves_the_local_model_in_use(make_wind
         w.settings_action.trigger()
     text = w.view.toPlainText()
     assert "The server could not be reached" in text and "still in use" in text
-    assert w.state == "ready" and not w.remote and w.controls.strategy.currentData() == "draft-model"
+    assert w.state == "ready" and w.can.strategies and w.controls.strategy.currentData() == "draft-model"
     assert w.train_action.isEnabled()
 
 
@@ -270,7 +272,7 @@ def test_switching_back_to_local_restores_the_local_strategy(make_window, qtbot,
         use_dialog(monkeypatch, back_to_local)
         with qtbot.waitSignal(w.model_ready, timeout=60_000):
             w.settings_action.trigger()
-    assert not w.remote and w.controls.strategy.currentData() == "draft-model"
+    assert w.can.strategies and w.can.acceptance == "steps" and not w.plots.counters and w.controls.strategy.currentData() == "draft-model"
     assert w.controls.k.isEnabled() and w.train_action.isEnabled() and w.plots.notes.isHidden()
     assert w.status_labels["strategy"].text() == "strategy: draft-model"
     assert SettingsStore(tmp_path / "config").load().settings.backend == "local"

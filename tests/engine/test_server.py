@@ -259,6 +259,8 @@ def test_the_remote_backend_reads_a_specula_servers_own_events(served, session):
     backend = RemoteBackend()
     loaded = backend.load(RemoteLoadRequest(served.url, use_keyring=False))
     assert loaded.context_window == 128 and backend.info.kind == "specula"  # exact events, not inferred ones
+    can = loaded.capabilities  # declared: the window asks these, never the backend's name
+    assert can.exact_colours and can.acceptance == "steps" and not can.strategies and not can.training
     request = GenerateRequest(tuple(Message(**m) for m in HELLO), config=DecodeConfig(max_new_tokens=16))
     events = list(backend.generate(request))
     assert events[-1].text == local_answer(session, HELLO, 16)
@@ -313,3 +315,17 @@ def test_the_client_reads_a_server_without_a_model_as_starting():
         assert EngineClient("http://127.0.0.1:9").health()["status"] == "unreachable"  # nothing listens there
     finally:
         empty.stop()
+
+
+def test_loaded_events_carry_their_capabilities_over_the_wire():
+    from engine.events import REMOTE, Capabilities, Loaded
+    from engine.wire import loaded_from, loaded_json
+
+    for can in (Capabilities(), REMOTE):
+        event = Loaded(3, "m", None, "cpu", "bf16", 128, ("none",), capabilities=can)
+        data = json.loads(json.dumps(loaded_json(event)))
+        assert loaded_from(data, 3) == event
+    data = loaded_json(Loaded(3, "m", None, "cpu", "bf16", 128))
+    data["capabilities"]["from_a_newer_server"] = True  # a field this client does not know is left out
+    assert loaded_from(data, 3).capabilities == Capabilities()
+

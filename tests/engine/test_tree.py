@@ -76,6 +76,7 @@ class TreeOracle:
     token sits among wrong siblings (at a random place), and sometimes the right one is missing."""
 
     name = "tree-oracle"
+    learns_from_tree = False
 
     def __init__(self, answer: list[int], prompt_len: int, seed: int) -> None:
         self.answer, self.prompt_len = answer, prompt_len
