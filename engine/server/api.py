@@ -18,10 +18,12 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..errors import SpeculaError
-from ..events import Finished, Token
+from ..events import Finished, Started, Step, Token
+from ..paths import WEIGHT_NAMES
 from ..prompts import Message
+from ..remote.backend import RemoteLoadRequest
 from ..strategies import STRATEGIES, default_k
-from ..types import DecodeConfig, GenerateRequest, SamplingParams
+from ..types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec, SamplingParams, TrainRequest
 
 MAX_STOPS = 4
 STRATEGY_OPTIONS = {"min_n": int, "max_n": int, "exit_layer": int, "head": str, "tree": (bool, int)}
@@ -367,3 +369,80 @@ class TextStream:
                 keep.append((token, start, end))
         self._pending = keep
         return piece, out
+
+
+class Answer:
+    """One answer as the client receives it, streamed or whole: the text cut at a stop sequence (the
+    engine is told to stop, `on_stop`), each step's tokens released with their text, and the usage
+    counting only what was sent when a stop sequence cut the answer."""
+
+    def __init__(self, parsed: Parsed, started: Started, on_stop) -> None:
+        self.parsed, self.started, self.on_stop = parsed, started, on_stop
+        self.text = TextStream(parsed.stops)
+        self.sent_tokens = 0
+
+    def step(self, event: Step) -> tuple[str, list[Token]] | None:
+        """The text and tokens a step releases; None for the steps that ran while a stop took effect."""
+        if self.text.stopped:
+            return None
+        piece, tokens = self.text.push(event.tokens)
+        self.sent_tokens += len(tokens)
+        if self.text.stopped:
+            self.on_stop()
+        return piece, tokens
+
+    def finish(self, event: Finished) -> tuple[str, list[Token], str, dict]:
+        """What is still held, the finish reason and the usage."""
+        piece, tokens = self.text.finish(event.text)
+        self.sent_tokens += len(tokens)
+        count = self.sent_tokens if self.text.stopped else event.totals.new_tokens
+        return piece, tokens, finish_reason(event, self.text.stopped), usage_json(self.started.prompt_tokens, count)
+
+
+# ---- the control endpoints' bodies ---------------------------------------------------------------------
+
+LOAD_FIELDS = {"model", "draft", "device", "dtype", "weights", "measure_baseline", "server"}
+SERVER_FIELDS = {"url": str, "model": str, "api_key_env": str, "baseline_url": str, "verify_tls": bool}
+TRAIN_KINDS = ("eagle", "medusa")
+
+
+def parse_load(body: object) -> LoadRequest | RemoteLoadRequest:
+    """POST /specula/v1/load: a model to load here, or (with "server") a server to relay."""
+    body = _check_fields(body, LOAD_FIELDS, "request")
+    if body.get("server") is not None:
+        return _parse_server(body["server"])
+    source = body.get("model")
+    if not isinstance(source, str) or not source.strip():
+        raise _bad("'model' must name a model: bundled, a folder, a .gguf file or a Hub id", "model")
+    texts = {name: body.get(name, "auto") for name in ("device", "dtype", "weights")}
+    if not all(isinstance(v, str) for v in texts.values()) or texts["weights"] not in WEIGHT_NAMES:
+        raise _bad(f"'device', 'dtype' and 'weights' must be strings (weights: {', '.join(WEIGHT_NAMES)})")
+    draft = body.get("draft")
+    if draft is not None and not isinstance(draft, str):
+        raise _bad("'draft' must be a model source", "draft")
+    measure = _flag(body, "measure_baseline", True)
+    spec = ModelSpec(source.strip(), texts["device"], texts["dtype"], texts["weights"])
+    return LoadRequest(spec, draft or None, measure_baseline=measure)
+
+
+def _parse_server(server: object) -> RemoteLoadRequest:
+    """Chat through another OpenAI-compatible server (vLLM), the engine relaying its answers."""
+    server = _check_fields(server, set(SERVER_FIELDS), "'server' object")
+    for name, kind in SERVER_FIELDS.items():
+        if name in server and type(server[name]) is not kind:
+            raise _bad(f"'server.{name}' must be {kind.__name__}", f"server.{name}")
+    if not server.get("url"):
+        raise _bad("'server.url' is required", "server.url")
+    return RemoteLoadRequest(server["url"], server.get("model", ""), server.get("api_key_env", ""),
+                             server.get("baseline_url", ""), server.get("verify_tls", True))
+
+
+def parse_train(body: object) -> TrainRequest:
+    """POST /specula/v1/train: which head to train, and how long."""
+    body = _check_fields(body, {"kind", "tokens", "epochs", "batch"}, "request")
+    kind = body.get("kind", "eagle")
+    if kind not in TRAIN_KINDS:
+        raise _bad(f"'kind' must be {' or '.join(TRAIN_KINDS)}", "kind")
+    numbers = {n: _number(body, n, getattr(TrainRequest, n), integer=True, low=1) for n in ("tokens", "epochs", "batch")}
+    return TrainRequest(kind, **numbers)
+

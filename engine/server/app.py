@@ -33,10 +33,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .. import wire
 from ..errors import SpeculaError
 from ..events import Failed, Finished, Loaded, Loading, ServerStats, Started, Step, Trained, Training
-from ..paths import WEIGHT_NAMES as WEIGHTS
-from ..remote.backend import RemoteLoadRequest
 from ..strategies import STRATEGIES
-from ..types import LoadRequest, ModelSpec, TrainRequest
+from ..types import LoadRequest
 from . import api, prom
 from .service import EngineService
 
@@ -169,59 +167,50 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
 
     async def _stream(parsed: api.Parsed, rid: int, queue: asyncio.Queue, started: Started,
                       early: list) -> AsyncIterator[str]:
-        text = api.TextStream(parsed.stops)
-        sent_tokens = 0
+        answer = api.Answer(parsed, started, lambda: service.cancel(rid))
         try:
             yield _sse(api.chunk(parsed, "", role=True, extension=wire.started_json(started)))
             while True:
                 event = early.pop(0) if early else await queue.get()
-                if isinstance(event, Step):
-                    if text.stopped:
-                        continue  # the steps that ran while the stop sequence's cancel took effect
-                    piece, tokens = text.push(event.tokens)
-                    sent_tokens += len(tokens)
-                    if text.stopped:
-                        service.cancel(rid)
-                    yield _sse(api.chunk(parsed, piece, extension=wire.step_json(event, tokens)))
-                elif isinstance(event, ServerStats):
-                    yield _sse(api.chunk(parsed, None, choices=False, extension={"server_stats": wire.stats_json(event)}))
-                elif isinstance(event, Finished):
-                    piece, tokens = text.finish(event.text)
-                    sent_tokens += len(tokens)
-                    count = sent_tokens if text.stopped else event.totals.new_tokens
-                    usage = api.usage_json(started.prompt_tokens, count)
-                    extension = wire.finished_json(event, tokens)
-                    yield _sse(api.chunk(parsed, piece, api.finish_reason(event, text.stopped), extension=extension,
-                                         usage=usage))
-                    if parsed.include_usage:
-                        yield _sse(api.chunk(parsed, None, usage=usage, choices=False))
-                    yield _sse("[DONE]")
-                    return
-                elif isinstance(event, Failed):
-                    yield _sse(api.failure(event.kind, event.message).body())
-                    yield _sse("[DONE]")
-                    return
+                match event:
+                    case Step():
+                        released = answer.step(event)
+                        if released is not None:
+                            piece, tokens = released
+                            yield _sse(api.chunk(parsed, piece, extension=wire.step_json(event, tokens)))
+                    case ServerStats():
+                        stats = {"server_stats": wire.stats_json(event)}
+                        yield _sse(api.chunk(parsed, None, choices=False, extension=stats))
+                    case Finished():
+                        piece, tokens, reason, usage = answer.finish(event)
+                        extension = wire.finished_json(event, tokens)
+                        yield _sse(api.chunk(parsed, piece, reason, extension=extension, usage=usage))
+                        if parsed.include_usage:
+                            yield _sse(api.chunk(parsed, None, usage=usage, choices=False))
+                        yield _sse("[DONE]")
+                        return
+                    case Failed():
+                        yield _sse(api.failure(event.kind, event.message).body())
+                        yield _sse("[DONE]")
+                        return
         finally:
             service.release(rid)  # a client that went away cancels its request before the next step
 
     async def _whole(parsed: api.Parsed, rid: int, queue: asyncio.Queue, started: Started, early: list,
                      request: Request) -> dict:
-        text = api.TextStream(parsed.stops)
+        answer = api.Answer(parsed, started, lambda: service.cancel(rid))
         tokens: list = []
         while True:
             event = early.pop(0) if early else await _next_event(queue, request)
-            if isinstance(event, Step) and not text.stopped:
-                tokens += text.push(event.tokens)[1]
-                if text.stopped:
-                    service.cancel(rid)
-            elif isinstance(event, Finished):
-                tokens += text.finish(event.text)[1]
-                count = len(tokens) if text.stopped else event.totals.new_tokens
-                extension = {**wire.started_json(started), **wire.finished_json(event, tokens)}
-                return api.response(parsed, text.text, api.finish_reason(event, text.stopped),
-                                    api.usage_json(started.prompt_tokens, count), extension)
-            elif isinstance(event, Failed):
-                raise api.failure(event.kind, event.message)
+            match event:
+                case Step():
+                    tokens += (answer.step(event) or ("", []))[1]
+                case Finished():
+                    _, last, reason, usage = answer.finish(event)
+                    extension = {**wire.started_json(started), **wire.finished_json(event, tokens + last)}
+                    return api.response(parsed, answer.text.text, reason, usage, extension)
+                case Failed():
+                    raise api.failure(event.kind, event.message)
 
     async def metrics(request: Request) -> Response:
         return PlainTextResponse(prom.render(service), media_type="text/plain; version=0.0.4")
@@ -274,60 +263,26 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         finally:
             service.release(rid)
 
-    async def load(request: Request) -> Response:
-        try:
-            body = api._check_fields(await _body(request), {"model", "draft", "device", "dtype", "weights",
-                                                            "measure_baseline", "server"}, "request")
-            if body.get("server") is not None:
-                return _start_load(request, _remote(body["server"]))
-            source = body.get("model")
-            if not isinstance(source, str) or not source.strip():
-                raise api.ApiError(400, "'model' must name a model: bundled, a folder, a .gguf file or a Hub id", param="model")
-            texts = {name: body.get(name, "auto") for name in ("device", "dtype", "weights")}
-            if not all(isinstance(v, str) for v in texts.values()) or texts["weights"] not in WEIGHTS:
-                raise api.ApiError(400, "'device', 'dtype' and 'weights' must be strings (weights: "
-                                        f"{', '.join(WEIGHTS)})")
-            draft = body.get("draft")
-            if draft is not None and not isinstance(draft, str):
-                raise api.ApiError(400, "'draft' must be a model source", param="draft")
-            measure = api._flag(body, "measure_baseline", True)
-        except api.ApiError as exc:
-            return _error(exc)
-        spec = ModelSpec(source.strip(), texts["device"], texts["dtype"], texts["weights"])
-        return _start_load(request, LoadRequest(spec, draft or None, measure_baseline=measure))
-
-    def _remote(server: object) -> RemoteLoadRequest:
-        """Chat through another OpenAI-compatible server (vLLM), this engine relaying its answers."""
-        fields = {"url": str, "model": str, "api_key_env": str, "baseline_url": str, "verify_tls": bool}
-        server = api._check_fields(server, set(fields), "'server' object")
-        for name, kind in fields.items():
-            if name in server and type(server[name]) is not kind:
-                raise api.ApiError(400, f"'server.{name}' must be {kind.__name__}", param=f"server.{name}")
-        if not server.get("url"):
-            raise api.ApiError(400, "'server.url' is required", param="server.url")
-        return RemoteLoadRequest(server["url"], server.get("model", ""), server.get("api_key_env", ""),
-                                 server.get("baseline_url", ""), server.get("verify_tls", True))
-
-    def _start_load(request: Request, load_request) -> Response:
-        rid, queue = service.submit(load_request)
+    def _start(request: Request, engine_request) -> Response:
+        """Queue a load or a training; its progress streams as server-sent events."""
+        rid, queue = service.submit(engine_request)
         return StreamingResponse(_progress(request, rid, queue), media_type="text/event-stream",
                                  headers={"X-Specula-Request-Id": str(rid)})
 
+    async def load(request: Request) -> Response:
+        try:
+            return _start(request, api.parse_load(await _body(request)))
+        except api.ApiError as exc:
+            return _error(exc)
+
     async def train(request: Request) -> Response:
         try:
-            body = api._check_fields(await _body(request), {"kind", "tokens", "epochs", "batch"}, "request")
-            kind = body.get("kind", "eagle")
-            if kind not in ("eagle", "medusa"):
-                raise api.ApiError(400, "'kind' must be eagle or medusa", param="kind")
-            numbers = {n: api._number(body, n, getattr(TrainRequest, n), integer=True, low=1)
-                       for n in ("tokens", "epochs", "batch")}
+            train_request = api.parse_train(await _body(request))
         except api.ApiError as exc:
             return _error(exc)
         if service.loaded is None:
             return _error(api.ApiError(503, "no model is loaded yet", "server_error", code="model_not_loaded"))
-        rid, queue = service.submit(TrainRequest(kind, **numbers))
-        return StreamingResponse(_progress(request, rid, queue), media_type="text/event-stream",
-                                 headers={"X-Specula-Request-Id": str(rid)})
+        return _start(request, train_request)
 
     async def cancel(request: Request) -> Response:
         try:
