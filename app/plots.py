@@ -243,23 +243,25 @@ class PlotsPanel(QWidget):
             self.curves["baseline"].setData(s["tps_step"].values(), baseline, connect="finite")
             tps = np.concatenate([s["tps"].values(), baseline])
             tps = tps[np.isfinite(tps)]
-            self._set_range("tps", 0, x_max, 0, _ceil_to(1.15 * (tps.max() if len(tps) else 10), 10))
+            self._set_range("tps", 0, x_max, 0, _nice_ceil(1.15 * (tps.max() if len(tps) else 10), low=10))
         elif part == "speedup":
             self.curves["speedup"].setData(s["speed_step"].values(), s["speedup"].values())
             speed = s["speedup"].values()
             speed = speed[np.isfinite(speed)]
-            self._set_range("speedup", 0, x_max, 0, max(1.5, _ceil_to(1.15 * (speed.max() if len(speed) else 1), 0.5)))
+            self._set_range("speedup", 0, x_max, 0, _nice_ceil(1.15 * (speed.max() if len(speed) else 1), low=1.5))
         elif part == "bars":
             self._refresh_bars()
         else:
             self._refresh_stats(finished)
 
     def _x_max(self) -> float:
-        """The steps axis: covers the data and grows only in whole blocks (axes are costly to redraw)."""
+        """The steps axis: covers the data and doubles when it fills up. An axis whose range changes is
+        drawn again, ticks, labels and grid, which costs the GUI thread more than the curves; doubling
+        keeps that to a handful of times per answer (at 32-step blocks it was three times a second)."""
         s = self.series
         last_step = max((float(v.max()) for v in (s[k].values() for k in ("step", "tps_step", "speed_step")) if len(v)),
                         default=0.0)
-        return _ceil_to(max(last_step, 8), 32)
+        return float(2 ** max(7, math.ceil(math.log2(max(last_step, 1.0)))))  # 128 steps hold most answers
 
     def _set_range(self, key: str, x0: float, x1: float, y0: float, y1: float) -> None:
         if self._ranges.get(key) != (x0, x1, y0, y1):
@@ -283,7 +285,7 @@ class PlotsPanel(QWidget):
         self.bars["lengths"].setOpts(x=np.arange(counts.shape[0]), height=counts)
         rates = m.per_position if m is not None else []
         self.bars["positions"].setOpts(x=np.arange(1, len(rates) + 1), height=np.asarray(rates, dtype=float))
-        self._set_range("lengths", -0.6, max(4, len(counts)) - 0.4, 0, _ceil_to(max(counts, default=1) * 1.1, 8))
+        self._set_range("lengths", -0.6, max(4, len(counts)) - 0.4, 0, _nice_ceil(max(counts, default=1) * 1.1, low=8))
         self._set_range("positions", 0.4, max(4, len(rates)) + 0.6, 0, 1.05)
 
     def _refresh_stats(self, finished=None) -> None:
@@ -312,5 +314,12 @@ class PlotsPanel(QWidget):
         return 1.0 / cost if cost > 0 else None
 
 
-def _ceil_to(value: float, step: float) -> float:
-    return step * max(1, math.ceil(float(value) / step))
+def _nice_ceil(value: float, low: float) -> float:
+    """The smallest of low, 1.5, 2, 3, 5 and 7.5 times a power of ten that holds `value`: a y range that
+    changes only when the data outgrows it by a good margin, so the axis is seldom drawn again."""
+    value = max(float(value), low)
+    if not math.isfinite(value):
+        return low
+    scale = 10.0 ** math.floor(math.log10(value))
+    return next(m * scale for m in (1, 1.5, 2, 3, 5, 7.5, 10) if m * scale >= value * (1 - 1e-9))
+

@@ -134,3 +134,37 @@ def test_the_app_survives_many_qt_calls_and_signals(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok"
+
+
+def test_plot_axes_move_only_a_few_times_over_a_long_answer(qtbot):
+    """An axis whose range changes is drawn again (ticks, labels, grid), which costs the window more
+    than its curves: over 1,000 noisy steps each plot's range changes only a few times (a log scale)."""
+    import random
+
+    from app.plots import PlotsPanel
+    from engine.events import BaselineCost, Loaded, Origin, Step, Token
+
+    panel = PlotsPanel()
+    qtbot.addWidget(panel)
+    panel.set_model(Loaded(1, "m", None, "cpu", "bf16", 4096, ("none",), BaselineCost(0.02, 1e-6)))
+    panel.begin()
+    changes: dict[str, int] = {}
+    original = panel._set_range
+
+    def counting(key, *bounds):
+        if panel._ranges.get(key) != bounds:
+            changes[key] = changes.get(key, 0) + 1
+        original(key, *bounds)
+
+    panel._set_range = counting
+    rng, elapsed = random.Random(0), 0.0
+    for i in range(1, 1001):
+        drafted = rng.randint(0, 6)
+        accepted = rng.randint(0, drafted)
+        elapsed += rng.uniform(0.005, 0.03)
+        tokens = tuple(Token(j, "x", Origin.DRAFT if j < accepted else Origin.BONUS, i) for j in range(accepted + 1))
+        panel.add_step(Step(1, i, drafted, accepted, tokens, (), 0.001, 0.01, 100 + i, 6, elapsed))
+        if i % 10 == 0:
+            panel.refresh()
+    assert set(changes) == {"acceptance", "tps", "speedup", "lengths", "positions"}
+    assert max(changes.values()) <= 10, changes  # in blocks of 32 steps the steps axis alone moved 31 times
