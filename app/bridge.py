@@ -45,7 +45,7 @@ class ModelChoice:
     device: str = "auto"
     dtype: str = "auto"
     weights: str = "auto"
-    measure_baseline: bool = True
+    measure_baseline: bool = False  # the live speedup measures plain decoding as the answer runs
     backend: str = "local"  # or "remote": connect to server_url instead of loading a model
     server_url: str = ""
     server_model: str = ""  # empty: the server's first model

@@ -123,7 +123,7 @@ class Controls(QWidget):
 
 
 def _fallback(usable) -> str:
-    for name in ("prompt-lookup", "none"):
+    for name in ("auto", "prompt-lookup", "none"):
         if name in usable:
             return name
     return next(iter(usable), "none")

@@ -22,6 +22,8 @@ from PySide6.QtCore import QEvent, QTimer, Qt
 from PySide6.QtGui import QColor, QFont, QPalette
 from PySide6.QtWidgets import QGraphicsItem, QGridLayout, QLabel, QVBoxLayout, QWidget
 
+from engine.metrics import speedup_text
+
 from .ringbuffer import RingBuffer
 from .theme import palette_for
 
@@ -195,7 +197,7 @@ class PlotsPanel(QWidget):
         if step.step >= WARMUP:
             s["tps_step"].append(step.step)
             s["tps"].append(m.rolling_tokens_per_s)
-            s["baseline"].append(self._plain_rate(step.context_len) or np.nan)
+            s["baseline"].append(m.plain_rate(step.context_len) or np.nan)
         if m.speedup is not None and step.step >= WARMUP:
             s["speed_step"].append(step.step)
             s["speedup"].append(m.speedup)
@@ -295,23 +297,18 @@ class PlotsPanel(QWidget):
         rate = m.acceptance_rate
         tps = finished.totals.tokens_per_s if finished is not None else m.tokens_per_s
         speedup = finished.speedup if finished is not None else m.speedup
-        plain = self._plain_rate(m.decode_start_len + max(0, m.new_tokens - 1) // 2)
+        error = finished.speedup_err if finished is not None else m.speedup_err
+        plain = m.plain_rate(m.decode_start_len + max(0, m.new_tokens - 1) // 2)
         values = {
             "acceptance": f"{rate:.0%}" if rate is not None else "–",
             "per_step": f"{m.mean_accepted_length:.2f}" if m.forwards else "–",
             "tps": f"{tps:.1f}" if tps else "–",
             "plain": f"{plain:.1f}" if plain else "–",
-            "speedup": f"{speedup:.2f}×" if speedup is not None else "–",
+            "speedup": speedup_text(speedup, error),
         }
         for key, text in values.items():
             self.stat_labels[key].setText(text)
 
-    def _plain_rate(self, context_len: int) -> float | None:
-        """Tokens/s of plain decoding at this context length, from the measured cost per step."""
-        if self.baseline is None:
-            return None
-        cost = self.baseline.per_token(context_len)
-        return 1.0 / cost if cost > 0 else None
 
 
 def _nice_ceil(value: float, low: float) -> float:

@@ -31,7 +31,7 @@ MAX_NEW_TOKENS_LIMIT = 32768
 @dataclass(frozen=True)
 class Settings:
     version: int = VERSION
-    strategy: str = "prompt-lookup"
+    strategy: str = "auto"
     k: int = 0  # 0: the strategy's own default draft length
     adaptive_k: bool = False
     temperature: float = 0.0

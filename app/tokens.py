@@ -5,6 +5,8 @@ Pure functions over the frozen events (no Qt, no torch), so they are easy to tes
 
 from __future__ import annotations
 
+from engine.metrics import speedup_text
+
 from .history import TokenRecord
 
 ORIGIN_NAMES = {
@@ -67,7 +69,7 @@ def summary(strategy: str, finished) -> str:
         parts.append(f"acceptance {t.acceptance_rate:.0%}")
         parts.append(f"{t.mean_accepted_length:.2f} tokens/step")
     if finished.speedup is not None:
-        parts.append(f"{finished.speedup:.2f}× vs plain")
+        parts.append(f"{speedup_text(finished.speedup, finished.speedup_err)} vs plain")
     if finished.reason == "cancelled":
         parts.append("stopped")
     elif finished.reason == "length":

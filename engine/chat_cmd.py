@@ -13,6 +13,7 @@ from .errors import SpeculaError
 from .events import Finished, Origin, Step
 from .generate_cmd import check_strategy, connect_remote, decode_config, strategy_options
 from .loading import ModelSpec
+from .metrics import speedup_text
 from .prompts import Message, conversation
 from .session import GenerateRequest, LoadRequest, Session
 
@@ -111,7 +112,7 @@ def _reply(session: Session, request: GenerateRequest, colour: bool) -> Finished
     rate = f"{t.acceptance_rate:.0%}" if t.acceptance_rate is not None else "n/a"
     if request.strategy == "server" and t.acceptance_rate is not None:
         rate += " (server-wide counters)"
-    speed = f", ~{finished.speedup:.2f}x plain" if finished.speedup else ""
+    speed = f", {speedup_text(finished.speedup, finished.speedup_err)} vs plain" if finished.speedup else ""
     print(f"\n[{request.strategy}: {t.new_tokens} tokens, {t.tokens_per_s:.1f} tok/s, acceptance {rate}"
           f"{speed}, {finished.reason}]")
     return finished

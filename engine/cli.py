@@ -48,7 +48,7 @@ def _add_remote_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--strategy", default="none", help="a name from `specula strategies`")
+    p.add_argument("--strategy", default=None, help="a name from `specula strategies` (default: auto)")
     p.add_argument("--k", type=int, default=None,
                    help="longest draft (start value with --adaptive-k); default: the strategy's own, see `specula strategies`")
     p.add_argument("--adaptive-k", action="store_true", help="grow k after full acceptance, shrink after rejection")

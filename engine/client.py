@@ -211,6 +211,9 @@ class _Seen:
         self.text += "".join(t.text for t in step.tokens)
         self.ids += tuple(t.id for t in step.tokens)
         self.last_step = step.step
+        self.speedup = (step.speedup, step.speedup_err)
+
+    speedup: tuple[float | None, float | None] = (None, None)  # the last step's live speedup
 
     def finished(self, rid: int, wall_s: float) -> Finished:
-        return Finished(rid, "cancelled", self.text, self.ids, self.stats.totals(len(self.ids), wall_s))
+        return Finished(rid, "cancelled", self.text, self.ids, self.stats.totals(len(self.ids), wall_s), *self.speedup)

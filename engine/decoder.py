@@ -26,7 +26,7 @@ from .drafters.base import DraftContext, Drafter
 from .errors import ContextTooLongError, SpeculaError
 from .events import Finished, Origin, Started, Step, Token
 from .forward import ModelRunner
-from .metrics import BaselineCost, StepTotals
+from .metrics import PlainHistory, SpeedupMeter, StepTotals, probe_due
 from .sampling import SamplingParams, choose
 from .types import K_MAX, DecodeConfig
 from .verify import Verdict, tree_children, verify, walk_tree, walk_tree_sampling
@@ -97,10 +97,11 @@ def generate(
     request_id: int = 0,
     strategy: str = "",
     should_stop: Callable[[], bool] = lambda: False,
-    baseline: BaselineCost | None = None,
+    plain: PlainHistory | None = None,
 ) -> Iterator[Started | Step | Finished]:
-    """Generate from `prompt_ids`; the events carry text when a tokenizer is given."""
-    loop = _Loop(target, drafter, prompt_ids, config, stop_ids, tokenizer, request_id)
+    """Generate from `prompt_ids`; the events carry text when a tokenizer is given. `plain` holds the
+    model's recent plain-step samples (the live speedup's, across answers)."""
+    loop = _Loop(target, drafter, prompt_ids, config, stop_ids, tokenizer, request_id, plain or PlainHistory())
     yield Started(request_id, strategy, len(prompt_ids), config.k)
     yield loop.prefill()
     k = config.k
@@ -108,17 +109,19 @@ def generate(
         if should_stop():
             loop.budget.reason = "cancelled"
             break
-        step = loop.step(k)
+        meter = loop.meter
+        probe = k > 0 and probe_due(len(meter.pool), meter.since_plain)  # a plain step, to measure its cost
+        step = loop.step(0 if probe else k)
         yield step
-        if config.adaptive_k:
+        if config.adaptive_k and not probe:
             k = next_k(k, step.drafted, step.accepted, config.k_max)
-    yield loop.finish(baseline)
+    yield loop.finish()
 
 
 class _Loop:
     """The state of one generation: the context buffer, the caches' length, the counters."""
 
-    def __init__(self, target, drafter, prompt_ids, config, stop_ids, tokenizer, request_id) -> None:
+    def __init__(self, target, drafter, prompt_ids, config, stop_ids, tokenizer, request_id, plain) -> None:
         n_prompt = len(prompt_ids)
         if n_prompt == 0:
             raise SpeculaError("the prompt is empty")
@@ -139,6 +142,9 @@ class _Loop:
         self.length = n_prompt  # tokens in the conversation; the target's cache holds length - 1
         self.out_ids: list[int] = []
         self.stats = StepTotals()
+        self.plain = plain
+        self.meter = SpeedupMeter(plain.seeds())
+        self.last_elapsed = 0.0  # when the previous step ended (since t_start)
         self.t_start = time.perf_counter()
 
     def _append(self, ids: list[int]) -> int:
@@ -161,8 +167,20 @@ class _Loop:
         self.stats.prefill_s = time.perf_counter() - self.t_start
         kept = self._append([first])
         tokens = tuple(Token(first, self._text(first), Origin.TARGET, 0) for _ in range(kept))
-        s = self.stats.prefill_s
+        s = self.last_elapsed = self.stats.prefill_s
         return Step(self.request_id, 0, 0, 0, tokens, (), 0.0, s, self.n_prompt, 0, s)
+
+    def _measured(self, drafted: int, emitted: int, draft_s: float) -> tuple[float, dict]:
+        """The step's end (since t_start) and the live speedup's fields for its event. A step that drafted
+        nothing is a plain decoding step: its time, its drafting excluded, is a sample of plain cost."""
+        elapsed = time.perf_counter() - self.t_start
+        seconds, self.last_elapsed = elapsed - self.last_elapsed, elapsed
+        plain_s = max(1e-9, seconds - draft_s) if drafted == 0 else None
+        self.meter.add(emitted, seconds, plain_s)
+        if plain_s is not None:
+            self.plain.add(plain_s)
+        m = self.meter
+        return elapsed, {"speedup": m.value, "speedup_err": m.error, "plain_step_s": m.plain_step_s}
 
     def step(self, k: int) -> Step:
         """Draft, verify in one target pass, roll back to the accepted prefix, emit."""
@@ -200,8 +218,8 @@ class _Loop:
             Token(t, self._ghost(t), Origin.REJECTED, step, acc + j, *probs.at(acc + j))
             for j, t in enumerate(d[acc:].tolist())
         )
-        elapsed = time.perf_counter() - self.t_start
-        return Step(self.request_id, step, n, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed)
+        elapsed, live = self._measured(n, len(emitted), t1 - t0)
+        return Step(self.request_id, step, n, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed, **live)
 
     def _tree_step(self, draft, length: int, k: int, t0: float, t1: float) -> Step:
         """One pass over a token tree; keep the longest path the target agrees with."""
@@ -249,20 +267,21 @@ class _Loop:
             row = children[row][0]
             ghost.append(tokens[row])
         rejected = tuple(Token(t, self._ghost(t), Origin.REJECTED, step, acc + j) for j, t in enumerate(ghost))
-        elapsed = time.perf_counter() - self.t_start
-        return Step(self.request_id, step, drafted, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed)
+        elapsed, live = self._measured(drafted, len(emitted), t1 - t0)
+        return Step(self.request_id, step, drafted, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed,
+                    **live)
 
     def _ghost(self, token: int) -> str:
         return self.tokenizer.decode([token]) if self.tokenizer is not None else ""
 
-    def finish(self, baseline: BaselineCost | None) -> Finished:
+    def finish(self) -> Finished:
         wall = time.perf_counter() - self.t_start
         if self.detok:
             self.detok.flush()
         totals = self.stats.totals(len(self.out_ids), wall)
-        speedup = baseline.speedup(self.n_prompt, totals) if baseline is not None else None
         text = self.detok.text if self.detok else ""
-        return Finished(self.request_id, self.budget.reason or "length", text, tuple(self.out_ids), totals, speedup)
+        return Finished(self.request_id, self.budget.reason or "length", text, tuple(self.out_ids), totals,
+                        self.meter.value, self.meter.error)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,11 @@ class Step:
     k: int  # draft length asked of the drafter this step
     elapsed_s: float  # since the generation started
     inferred: bool = False  # a remote server's step: origins inferred from the chunk, drafted unknown
+    # the answer's live speedup so far, its standard error, and the plain step's measured cost now
+    # (engine.metrics.SpeedupMeter); None until measured
+    speedup: float | None = None
+    speedup_err: float | None = None
+    plain_step_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,8 @@ class Finished:
     text: str
     token_ids: tuple[int, ...]
     totals: Totals
-    speedup: float | None = None  # estimated against the measured baseline; None when unknown
+    speedup: float | None = None  # the live speedup at the end (metrics.SpeedupMeter); None when unknown
+    speedup_err: float | None = None  # its standard error; None with fewer than two plain samples
 
 
 @dataclass(frozen=True)

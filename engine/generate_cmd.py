@@ -13,6 +13,7 @@ from .drafters import DRAFTERS, default_k
 from .errors import SpeculaError
 from .events import Finished, Step
 from .loading import ModelSpec
+from .metrics import speedup_text
 from .prompts import Message, conversation
 from .sampling import SamplingParams
 from .session import GenerateRequest, LoadRequest, Session
@@ -26,6 +27,8 @@ class PromptItem:
 
 
 def decode_config(args) -> DecodeConfig:
+    if args.strategy is None:  # the default: auto here; a server speculates as it was started to
+        args.strategy = "server" if args.backend == "remote" else "auto"
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     return DecodeConfig(
         k=default_k(args.strategy) if args.k is None else args.k, adaptive_k=args.adaptive_k, max_new_tokens=args.max_new_tokens, params=params, seed=args.seed
@@ -146,7 +149,7 @@ def _run_turn(session: Session, request: GenerateRequest, stream: bool) -> Finis
         remote = request.strategy == "server"
         where = " (server-wide counters)" if remote else ""
         per = "tokens/step (from chunks)" if remote else "tokens/forward"
-        speed = f", {finished.speedup:.2f}x over the baseline server" if remote and finished.speedup else ""
+        speed = f", {speedup_text(finished.speedup, finished.speedup_err)} vs plain" if finished.speedup else ""
         print(file=sys.stdout)
         print(
             f"[{request.strategy}: {t.new_tokens} tokens, {t.tokens_per_s:.1f} tok/s, acceptance {rate}{where}, "
@@ -154,6 +157,18 @@ def _run_turn(session: Session, request: GenerateRequest, stream: bool) -> Finis
             file=sys.stderr,
         )
     return finished
+
+
+def _speedup(fs: list[Finished]) -> dict:
+    """The live speedup (docs/ENGINE.md) over several answers: each is plain time / spent time over its
+    decode steps, so together they are the sums' ratio, each answer weighted by its decode time."""
+    timed = [f for f in fs if f.speedup is not None and f.totals.decode_s > 0]
+    spent = sum(f.totals.decode_s for f in timed)
+    if not timed or spent <= 0:
+        return {"speedup": None, "speedup_err": None}
+    value = sum(f.speedup * f.totals.decode_s for f in timed) / spent
+    errors = [f.speedup_err * f.totals.decode_s for f in timed if f.speedup_err is not None]
+    return {"speedup": value, "speedup_err": (sum(e * e for e in errors) ** 0.5 / spent) if errors else None}
 
 
 def _record(item: PromptItem, strategy: str, turns: list[Finished]) -> dict:
@@ -177,6 +192,7 @@ def _record(item: PromptItem, strategy: str, turns: list[Finished]) -> dict:
             "wall_s": wall,
             "prefill_s": prefill,
             "tokens_per_s": decode_tokens / (wall - prefill) if wall > prefill and decode_tokens > 0 else 0.0,
+            **_speedup(fs),
             "finish_reason": fs[-1].reason,
         }
 

@@ -1,18 +1,23 @@
 """Acceptance, accepted length, per-position acceptance, tokens/s and speedup.
 
-Definitions (the GUI, CLI and bench all use these):
+Definitions (the window, the terminal, the server's stream and /metrics, `generate --json` and the
+bench all use these; docs/ENGINE.md spells them out):
 - acceptance rate = accepted draft tokens / drafted tokens
 - mean accepted length = new tokens / target forwards (1.0 for plain decoding; prefill included)
 - per-position acceptance[i] = accepted at draft position i / drafted at position i
 - tokens/s = new tokens / wall time (rolling: over the last `window` steps)
-- speedup = B / T, where T is the wall time spent decoding (after the prefill) and B is what plain
-  decoding would have needed for the same tokens on the same model: B = sum over the new tokens of
-  c(L), the measured cost of one plain decoding step at context length L. c(L) = a + b*L is fitted to
-  single-token forwards timed at a few context lengths (`measure_baseline`).
+- speedup (live, `SpeedupMeter`) = P / T over the answer's decode steps (the prefill excluded): T is the
+  wall time they took, P what plain decoding would have taken for the same tokens, measured in the
+  same answer: every step that drafted nothing is a plain decoding step, and its time (its drafting
+  excluded) is a sample of the plain step's cost now. The decoder makes such a step now and then when
+  the strategy makes none of its own (`probe_due`). A speculative step's tokens are costed at the mean
+  of the plain samples on either side of it in time, so a machine that slows down (another program)
+  slows both sides of the ratio alike. Its uncertainty is the standard error of those samples.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import deque
@@ -44,6 +49,105 @@ def measure_baseline(runner, lengths=(32, 512), repeats: int = 5) -> BaselineCos
     (l0, t0), (l1, t1) = points[0], points[-1]
     b = max(0.0, (t1 - t0) / (l1 - l0))
     return BaselineCost(max(1e-6, t0 - b * l0), b)
+
+
+MIN_PLAIN = 3  # plain samples an answer needs before its speedup is more than a guess
+PROBE_EVERY = 24  # then, at most this many decode steps between plain steps
+EARLY_GAP = 2  # until it has MIN_PLAIN: a plain step after this many speculative ones
+RECENT_S = 30.0  # plain samples from earlier answers younger than this count for a new answer
+
+
+def probe_due(samples: int, since_plain: int) -> bool:
+    """Whether the next decode step should be a plain one (no draft) to measure plain decoding's cost:
+    a few early in an answer that has no recent samples, then one every PROBE_EVERY steps that a
+    strategy spends drafting. A plain step is lossless (it is what `none` does); it costs the answer the
+    tokens a draft would have added, a few percent at these rates."""
+    return since_plain >= (EARLY_GAP if samples < MIN_PLAIN else PROBE_EVERY)
+
+
+class SpeedupMeter:
+    """The live speedup of one answer (see the module's definition): fed each decode step's tokens,
+    wall time and, for a plain step, its plain time. `seeds` are recent plain samples of earlier answers
+    on the same model: they stand at the start of this one until its own arrive."""
+
+    def __init__(self, seeds=()) -> None:
+        self.seeds = [float(x) for x in seeds]
+        self.samples: list[float] = []  # this answer's plain step times, in order
+        self.plain_s = 0.0  # what plain decoding would have taken for the tokens of closed stretches
+        self.spent_s = 0.0  # what the decode steps took
+        self.tokens = 0
+        self.since_plain = 0  # decode steps since the last plain one
+        self._open = 0  # tokens of speculative steps since the last plain sample
+
+    @property
+    def _last(self) -> float | None:
+        pool = self.samples or self.seeds
+        return pool[-1] if pool else None
+
+    def add(self, tokens: int, seconds: float, plain_s: float | None = None) -> None:
+        self.tokens += tokens
+        self.spent_s += seconds
+        if plain_s is None:
+            self._open += tokens
+            self.since_plain += 1
+            return
+        last = self._last
+        self.plain_s += self._open * (plain_s if last is None else (last + plain_s) / 2)
+        self.plain_s += tokens * plain_s
+        self._open = self.since_plain = 0
+        self.samples.append(plain_s)
+
+    @property
+    def pool(self) -> list[float]:
+        """The samples the current estimate rests on: this answer's, else the seeds."""
+        return self.samples if len(self.samples) >= MIN_PLAIN or not self.seeds else self.seeds + self.samples
+
+    @property
+    def plain_step_s(self) -> float | None:
+        """The cost of a plain decoding step now (the latest samples' mean)."""
+        pool = self.pool[-MIN_PLAIN:]
+        return statistics.fmean(pool) if pool else None
+
+    @property
+    def value(self) -> float | None:
+        last = self._last
+        if last is None or self.spent_s <= 0 or self.tokens <= 0:
+            return None
+        return (self.plain_s + self._open * last) / self.spent_s
+
+    @property
+    def error(self) -> float | None:
+        """One standard error of `value` (from the spread of the plain samples); None with fewer than two."""
+        value, pool = self.value, self.pool
+        if value is None or len(pool) < 2:
+            return None
+        mean = statistics.fmean(pool)
+        return value * statistics.stdev(pool) / (mean * math.sqrt(len(pool))) if mean > 0 else None
+
+
+def speedup_text(speedup: float | None, error: float | None) -> str:
+    """The speedup as shown everywhere: 1.84×; 1.84× ±0.21 while its standard error is over 5%; ~1.84× from
+    a single plain sample; – when unknown."""
+    if speedup is None:
+        return "–"
+    if error is None or error > 0.05 * speedup:
+        return f"{speedup:.2f}× ±{error:.2f}" if error is not None else f"~{speedup:.2f}×"
+    return f"{speedup:.2f}×"
+
+
+class PlainHistory:
+    """A model's recent plain-step samples across answers (a Session keeps one): a new answer starts
+    from those younger than RECENT_S instead of probing at once."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[float, float]] = deque(maxlen=4 * MIN_PLAIN)
+
+    def add(self, seconds: float) -> None:
+        self._items.append((time.monotonic(), seconds))
+
+    def seeds(self) -> list[float]:
+        now = time.monotonic()
+        return [s for t, s in self._items if now - t <= RECENT_S][-MIN_PLAIN:]
 
 
 def merge_positions(drafted: list[int], accepted: list[int], more_drafted, more_accepted) -> None:
@@ -120,11 +224,14 @@ class LiveMetrics:
         self.decode_start_len = 0
         self.last_elapsed_s = 0.0
         self._recent: deque[tuple[float, int]] = deque(maxlen=self.window + 1)  # (elapsed, tokens)
+        self.live: tuple[float | None, float | None, float | None] = (None, None, None)  # the engine's, below
 
     def add(self, step: Step) -> None:
         self.forwards += 1
         self.new_tokens += len(step.tokens)
         self.last_elapsed_s = step.elapsed_s
+        if step.speedup is not None or step.plain_step_s is not None:
+            self.live = (step.speedup, step.speedup_err, step.plain_step_s)
         self._recent.append((step.elapsed_s, self.new_tokens))
         if step.step == 0:
             self.decode_start_s = step.elapsed_s
@@ -167,6 +274,17 @@ class LiveMetrics:
         return decode_rate(self.new_tokens, self.last_elapsed_s - self.decode_start_s)
 
     @property
+    def speedup_err(self) -> float | None:
+        return self.live[1] if self.live[0] is not None else None
+
+    def plain_rate(self, context_len: int) -> float | None:
+        """Plain decoding's tokens/s now: measured in this answer (or recent ones), else from a baseline."""
+        if self.live[2]:
+            return 1.0 / self.live[2]
+        cost = self.baseline.per_token(context_len) if self.baseline is not None else 0.0
+        return 1.0 / cost if cost > 0 else None
+
+    @property
     def rolling_tokens_per_s(self) -> float:
         if len(self._recent) < 2:
             return self.tokens_per_s
@@ -175,6 +293,10 @@ class LiveMetrics:
 
     @property
     def speedup(self) -> float | None:
+        """The engine's live speedup (SpeedupMeter, carried by each step). A server that does not say
+        (vLLM) is measured against its baseline server's speed instead, when one is set."""
+        if self.live[0] is not None:
+            return self.live[0]
         if self.baseline is None or self.decode_start_s is None:
             return None
         decoded = self.new_tokens - (self.new_tokens and 1)  # the prefill's token is not a decode step

@@ -1,8 +1,8 @@
 """The loaded models and the strategies built for them: requests in, events out, synchronously.
 
-`Session` is what the worker thread (`runner.py`) drives and what the CLI uses directly. Loading a
-target measures its plain decoding cost (for the live speedup); changing strategy between requests
-builds (or reuses) a drafter and never reloads the target.
+`Session` is what the worker thread (`runner.py`) drives and what the CLI uses directly. It keeps the
+loaded model's recent plain-step samples for the live speedup (metrics.SpeedupMeter); changing strategy
+between requests builds (or reuses) a drafter and never reloads the target.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .drafters import DRAFTERS, build_drafter
 from .errors import SpeculaError
 from .events import Finished, Loaded, Started, Step, Trained
 from .loading import LoadedModel, ModelSpec, check_same_vocabulary, load_model
-from .metrics import BaselineCost, measure_baseline
+from .metrics import BaselineCost, PlainHistory, measure_baseline
 from .prompts import Message
 from .types import GenerateRequest, LoadRequest, TrainRequest
 
@@ -24,7 +24,8 @@ class Session:
     def __init__(self) -> None:
         self.target: LoadedModel | None = None
         self.draft: LoadedModel | None = None
-        self.baseline: BaselineCost | None = None
+        self.baseline: BaselineCost | None = None  # measured at load when asked (not the live speedup's)
+        self.plain = PlainHistory()  # the loaded model's recent plain-step samples: the live speedup's
         self._runner = None
         self._drafters: dict = {}
         self.heads: dict = {}  # kind -> draft head folders made for the target, found when it loads
@@ -55,6 +56,7 @@ class Session:
         self._runner = target.new_runner()
         self._drafters = {}
         self.baseline = None
+        self.plain = PlainHistory()
 
     def unload(self) -> None:
         """Let go of the models (their memory), e.g. when chat moves to a server; `load` brings them back."""
@@ -131,5 +133,5 @@ class Session:
             request_id=request_id,
             strategy=request.strategy,
             should_stop=should_stop,
-            baseline=self.baseline,
+            plain=self.plain,
         )

@@ -44,7 +44,8 @@ def step_json(step: Step, tokens: list[Token] | tuple[Token, ...]) -> dict:
     return {"step": step.step, "tokens": [token_json(t) for t in tokens],
             "rejected": [token_json(t) for t in step.rejected], "drafted": step.drafted, "accepted": step.accepted,
             "k": step.k, "draft_s": step.draft_s, "verify_s": step.verify_s, "context_len": step.context_len,
-            "elapsed_s": step.elapsed_s, "inferred": step.inferred}
+            "elapsed_s": step.elapsed_s, "inferred": step.inferred, "speedup": step.speedup,
+            "speedup_err": step.speedup_err, "plain_step_s": step.plain_step_s}
 
 
 def step_from(data: dict, request_id: int) -> Step:
@@ -53,14 +54,19 @@ def step_from(data: dict, request_id: int) -> Step:
                 tuple(token_from(t, n) for t in data.get("tokens", ())),
                 tuple(token_from(t, n) for t in data.get("rejected", ())),
                 float(data["draft_s"]), float(data["verify_s"]), int(data["context_len"]), int(data["k"]),
-                float(data["elapsed_s"]), bool(data.get("inferred", False)))
+                float(data["elapsed_s"]), bool(data.get("inferred", False)), _number(data.get("speedup")),
+                _number(data.get("speedup_err")), _number(data.get("plain_step_s")))
 
 
-def totals_json(totals: Totals, speedup: float | None = None) -> dict:
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def totals_json(totals: Totals, speedup: float | None = None, speedup_err: float | None = None) -> dict:
     """Every field of Totals (lists for tuples), and the figures derived from them."""
     out = {name: list(v) if isinstance(v, tuple) else v for name, v in asdict(totals).items()}
     out.update(acceptance_rate=totals.acceptance_rate, mean_accepted_length=totals.mean_accepted_length,
-               tokens_per_s=totals.tokens_per_s, speedup=speedup)
+               tokens_per_s=totals.tokens_per_s, speedup=speedup, speedup_err=speedup_err)
     return out
 
 
@@ -71,13 +77,13 @@ def totals_from(data: dict) -> Totals:
 
 def finished_json(event: Finished, tokens: list[Token] | tuple[Token, ...] = ()) -> dict:
     return {"request_id": event.request_id, "reason": event.reason, "tokens": [token_json(t) for t in tokens],
-            "totals": totals_json(event.totals, event.speedup)}
+            "totals": totals_json(event.totals, event.speedup, event.speedup_err)}
 
 
 def finished_from(data: dict, request_id: int, text: str, token_ids: tuple[int, ...], reason: str | None = None) -> Finished:
     totals = data.get("totals") or {}
     return Finished(request_id, reason or str(data.get("reason", "eos")), text, token_ids, totals_from(totals),
-                    totals.get("speedup"))
+                    _number(totals.get("speedup")), _number(totals.get("speedup_err")))
 
 
 def stats_json(event: ServerStats) -> dict:
