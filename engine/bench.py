@@ -43,6 +43,10 @@ class Run:
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)  # one entry per decoding step, for steps.jsonl
+    decoded: int = 0  # tokens after each turn's first (the prefill's)
+    decode_s: float = 0.0  # the time they took
+    live_plain_s: float = 0.0  # the live speedup's plain time for them (speedup x decode time), where measured
+    live_spent_s: float = 0.0  # ... and the decode time of those turns
 
 
 class Bench:
@@ -83,6 +87,11 @@ class Bench:
             run.token_ids += f.token_ids
             run.new_tokens += t.new_tokens
             run.wall_s += t.wall_s
+            run.decoded += max(0, t.new_tokens - 1)
+            run.decode_s += t.decode_s
+            if f.speedup is not None:
+                run.live_plain_s += f.speedup * t.decode_s
+                run.live_spent_s += t.decode_s
             run.forwards += t.target_forwards
             run.drafted += t.drafted
             run.accepted += t.accepted

@@ -54,9 +54,13 @@ def test_bench_json_contract(bench):
                             "mean_accepted_length", "acceptance_rate", "identical"}
         assert row["n"] == (2 if row["category"] == "a" else 1)
     for figures in report["overall"].values():
-        assert set(figures) == {"speedup", "speedup_vs_hf", "tokens_per_s", "mean_accepted_length", "identical"}
+        assert set(figures) == {"speedup", "speedup_vs_hf", "tokens_per_s", "mean_accepted_length", "identical",
+                                "decode_speedup", "live_speedup"}
     none = report["overall"]["none"]
     assert none["speedup"] == 1.0 and none["identical"] == "3/3" and none["mean_accepted_length"] == 1.0
+    # after the first token: measured against none's own runs, and as the answers measured themselves
+    assert none["decode_speedup"] == 1.0 and none["live_speedup"] == pytest.approx(1.0, abs=0.02)
+    assert report["overall"]["prompt-lookup"]["live_speedup"] > 0 and report["overall"]["hf"]["live_speedup"] is None
     # fp32: speculation never changes the answer
     assert report["overall"]["prompt-lookup"]["identical"] == "3/3"
     assert report["overall"]["layer-skip"]["identical"] == "3/3"

@@ -116,3 +116,6 @@ def test_json_output_for_multi_turn_prompts(capsys, tiny_folder, tmp_path):
     assert first["token_ids"] == first["turns"][-1]["token_ids"]
     assert first["new_tokens"] == sum(t["new_tokens"] for t in first["turns"])
     assert first["strategy"] == "prompt-lookup"
+    # the live speedup of each answer (docs/ENGINE.md), over several turns weighted by their decode time
+    assert all(isinstance(r["speedup"], float) and r["speedup"] > 0 for r in (first, second, *first["turns"]))
+    assert min(t["speedup"] for t in first["turns"]) <= first["speedup"] <= max(t["speedup"] for t in first["turns"])

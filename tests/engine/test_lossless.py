@@ -175,3 +175,18 @@ def test_the_fused_attention_path_used_off_the_cpu_is_lossless_too(models, monke
         for strategy in ("prompt-lookup", "draft-model", "layer-skip"):
             spec = run(target, draft, strategy, prompt, k=1 + trial, max_new_tokens=30)[-1]
             assert spec.token_ids == base.token_ids, (strategy, trial)
+
+
+def test_a_drafting_strategy_takes_plain_steps_to_measure_its_speedup_and_stays_lossless(models):
+    from engine.metrics import MIN_PLAIN, PROBE_EVERY
+
+    target, draft = models
+    base = run(target, None, "none", [5, 6, 7], max_new_tokens=120)
+    events = run(target, draft, "draft-model", [5, 6, 7], k=4, max_new_tokens=120)
+    steps = [e for e in events if isinstance(e, Step) and e.step > 0]
+    plain = [s.step for s in steps if s.drafted == 0]
+    assert len(plain) >= MIN_PLAIN  # the draft model always drafts: these are the decoder's own plain steps
+    assert all(b - a <= PROBE_EVERY + 1 for a, b in zip(plain, plain[1:]))
+    assert events[-1].token_ids == base[-1].token_ids  # a plain step is what `none` does: nothing changes
+    assert events[-1].speedup is not None and steps[-1].speedup == events[-1].speedup
+    assert base[-1].speedup == pytest.approx(1.0, abs=0.02)  # every step of `none` is a plain one

@@ -36,3 +36,85 @@ def test_measured_baseline_grows_with_context():
     cost = measure_baseline(runner, lengths=(8, 256), repeats=2)
     assert cost.a > 0 and cost.b >= 0
     assert runner.length == 0
+
+
+# -- the live speedup (SpeedupMeter) ------------------------------------------------------------------
+def feed(meter, steps):
+    """steps: (tokens, seconds, plain) where plain marks a step that drafted nothing."""
+    for tokens, seconds, plain in steps:
+        meter.add(tokens, seconds, seconds if plain else None)
+
+
+def test_plain_decoding_measures_a_speedup_of_exactly_one():
+    from engine.metrics import SpeedupMeter
+
+    m = SpeedupMeter()
+    feed(m, [(1, 0.010 + 0.001 * (i % 3), True) for i in range(50)])
+    assert m.value == pytest.approx(1.0)
+
+
+def test_speedup_is_plain_time_for_the_tokens_over_the_time_spent():
+    from engine.metrics import SpeedupMeter
+
+    m = SpeedupMeter()
+    # plain steps cost 10 ms; a speculative step 15 ms for 3 tokens: 30 ms of plain decoding
+    feed(m, [(1, 0.010, True)] + [(3, 0.015, False)] * 20 + [(1, 0.010, True)] + [(3, 0.015, False)] * 20)
+    expected = (2 * 0.010 + 40 * 3 * 0.010) / (2 * 0.010 + 40 * 0.015)
+    assert m.value == pytest.approx(expected)
+    assert m.plain_step_s == pytest.approx(0.010)
+
+
+def test_a_machine_that_slows_down_mid_answer_slows_both_sides_of_the_ratio():
+    """Another program takes half the machine after 60 steps: every step, plain or speculative, takes
+    twice as long from then on. The true speedup is unchanged, and the meter still says it."""
+    from engine.metrics import PROBE_EVERY, SpeedupMeter, probe_due
+
+    m, truth = SpeedupMeter(), 3 * 0.010 / 0.016
+    for i in range(240):
+        slow = 2.0 if i >= 60 else 1.0
+        if probe_due(len(m.pool), m.since_plain):
+            m.add(1, 0.010 * slow, 0.010 * slow)
+        else:
+            m.add(3, 0.016 * slow)
+    plain_steps = len(m.samples)
+    assert 240 / PROBE_EVERY <= plain_steps <= 240 / PROBE_EVERY + 4  # a few early, then one in PROBE_EVERY
+    # with the plain steps' own lower yield counted in, within 5% of the speculative steps' own ratio
+    assert m.value == pytest.approx(truth, rel=0.05)
+    # a load-time figure (the old way) would have said the speculative steps after the slowdown were slow
+    assert (240 * 3 * 0.010) / m.spent_s < 0.75 * truth
+
+
+def test_the_uncertainty_shrinks_with_more_plain_samples_and_is_shown_while_large():
+    from engine.metrics import SpeedupMeter, speedup_text
+
+    m = SpeedupMeter()
+    feed(m, [(1, 0.010, True), (3, 0.015, False)])
+    assert m.error is None and speedup_text(m.value, m.error).startswith("~")  # one sample: a guess
+    feed(m, [(1, 0.014, True), (3, 0.015, False), (1, 0.007, True)])
+    wide = m.error
+    assert wide is not None and "±" in speedup_text(m.value, wide)
+    feed(m, [(1, 0.010 + 0.0005 * (i % 2), True) for i in range(60)])
+    assert m.error < wide / 3 and "±" not in speedup_text(m.value, m.error)
+    assert speedup_text(None, None) == "–"
+
+
+def test_a_new_answer_starts_from_recent_plain_samples_instead_of_probing_at_once():
+    from engine.metrics import MIN_PLAIN, PlainHistory, SpeedupMeter, probe_due
+
+    history = PlainHistory()
+    for _ in range(MIN_PLAIN):
+        history.add(0.010)
+    m = SpeedupMeter(history.seeds())
+    assert not probe_due(len(m.pool), 5)  # enough recent samples: no early probes
+    m.add(3, 0.015)
+    assert m.value == pytest.approx(3 * 0.010 / 0.015)
+    fresh = SpeedupMeter()
+    assert probe_due(len(fresh.pool), 2) and not probe_due(len(fresh.pool), 1)
+
+
+def test_live_metrics_show_the_engines_speedup_when_the_steps_carry_it():
+    m = LiveMetrics(BaselineCost(a=0.1, b=0.0))  # a load-time figure that would say otherwise
+    m.add(step(0, 0, 0, 1, elapsed=0.5))
+    s = Step(0, 1, 4, 4, (), (), 0.0, 0.0, 10, 4, 0.7, speedup=1.9, speedup_err=0.2, plain_step_s=0.02)
+    m.add(s)
+    assert (m.speedup, m.speedup_err, m.plain_rate(10)) == (1.9, 0.2, pytest.approx(50.0))
