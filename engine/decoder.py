@@ -110,7 +110,7 @@ def generate(
             loop.budget.reason = "cancelled"
             break
         meter = loop.meter
-        probe = k > 0 and probe_due(len(meter.pool), meter.since_plain)  # a plain step, to measure its cost
+        probe = k > 0 and probe_due(len(meter.pool), meter.since_plain, meter.relative_error)  # to time a plain step
         step = loop.step(0 if probe else k)
         yield step
         if config.adaptive_k and not probe:
@@ -175,7 +175,9 @@ class _Loop:
         nothing is a plain decoding step: its time, its drafting excluded, is a sample of plain cost."""
         elapsed = time.perf_counter() - self.t_start
         seconds, self.last_elapsed = elapsed - self.last_elapsed, elapsed
-        plain_s = max(1e-9, seconds - draft_s) if drafted == 0 else None
+        # the first step after the prompt runs cold (about 1.5 plain steps here): not a sample of the rest
+        sample = drafted == 0 and self.stats.steps > 1
+        plain_s = max(1e-9, seconds - draft_s) if sample else None
         self.meter.add(emitted, seconds, plain_s)
         if plain_s is not None:
             self.plain.add(plain_s)

@@ -53,16 +53,21 @@ def measure_baseline(runner, lengths=(32, 512), repeats: int = 5) -> BaselineCos
 
 MIN_PLAIN = 3  # plain samples an answer needs before its speedup is more than a guess
 PROBE_EVERY = 24  # then, at most this many decode steps between plain steps
+NOISY_GAP = 8  # ... or this many while the plain samples scatter (the machine is busy with other work)
+NOISY = 0.05  # relative standard error above which the samples scatter
 EARLY_GAP = 2  # until it has MIN_PLAIN: a plain step after this many speculative ones
 RECENT_S = 30.0  # plain samples from earlier answers younger than this count for a new answer
 
 
-def probe_due(samples: int, since_plain: int) -> bool:
+def probe_due(samples: int, since_plain: int, relative_error: float | None = None) -> bool:
     """Whether the next decode step should be a plain one (no draft) to measure plain decoding's cost:
     a few early in an answer that has no recent samples, then one every PROBE_EVERY steps that a
-    strategy spends drafting. A plain step is lossless (it is what `none` does); it costs the answer the
-    tokens a draft would have added, a few percent at these rates."""
-    return since_plain >= (EARLY_GAP if samples < MIN_PLAIN else PROBE_EVERY)
+    strategy spends drafting, or every NOISY_GAP while the samples scatter. A plain step is lossless
+    (it is what `none` does); it costs the answer the tokens a draft would have added, a few percent."""
+    if samples < MIN_PLAIN:
+        return since_plain >= EARLY_GAP
+    noisy = relative_error is not None and relative_error > NOISY
+    return since_plain >= (NOISY_GAP if noisy else PROBE_EVERY)
 
 
 class SpeedupMeter:
@@ -114,6 +119,11 @@ class SpeedupMeter:
         if last is None or self.spent_s <= 0 or self.tokens <= 0:
             return None
         return (self.plain_s + self._open * last) / self.spent_s
+
+    @property
+    def relative_error(self) -> float | None:
+        value, error = self.value, self.error
+        return error / value if value and error is not None else None
 
     @property
     def error(self) -> float | None:
