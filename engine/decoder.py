@@ -175,11 +175,12 @@ class _Loop:
         nothing is a plain decoding step: its time, its drafting excluded, is a sample of plain cost."""
         elapsed = time.perf_counter() - self.t_start
         seconds, self.last_elapsed = elapsed - self.last_elapsed, elapsed
-        # the first step after the prompt runs cold (about 1.5 plain steps here): not a sample of the rest
-        sample = drafted == 0 and self.stats.steps > 1
-        plain_s = max(1e-9, seconds - draft_s) if sample else None
-        self.meter.add(emitted, seconds, plain_s)
-        if plain_s is not None:
+        plain_s = max(1e-9, seconds - draft_s) if drafted == 0 else None
+        # the first step after the prompt runs cold (about 1.5 plain steps here): if plain, it counts for
+        # itself only, not as a sample of the others
+        sample = self.stats.steps > 1
+        self.meter.add(emitted, seconds, plain_s, sample)
+        if plain_s is not None and sample:
             self.plain.add(plain_s)
         m = self.meter
         return elapsed, {"speedup": m.value, "speedup_err": m.error, "plain_step_s": m.plain_step_s}

@@ -89,9 +89,14 @@ class SpeedupMeter:
         pool = self.samples or self.seeds
         return pool[-1] if pool else None
 
-    def add(self, tokens: int, seconds: float, plain_s: float | None = None) -> None:
+    def add(self, tokens: int, seconds: float, plain_s: float | None = None, sample: bool = True) -> None:
+        """A decode step: its tokens and wall time; for a plain step, its plain time, a sample of plain
+        decoding's cost unless `sample` is False (it counts only for itself: the first step, cold)."""
         self.tokens += tokens
         self.spent_s += seconds
+        if plain_s is not None and not sample:
+            self.plain_s += tokens * plain_s
+            return
         if plain_s is None:
             self._open += tokens
             self.since_plain += 1

@@ -118,3 +118,12 @@ def test_live_metrics_show_the_engines_speedup_when_the_steps_carry_it():
     s = Step(0, 1, 4, 4, (), (), 0.0, 0.0, 10, 4, 0.7, speedup=1.9, speedup_err=0.2, plain_step_s=0.02)
     m.add(s)
     assert (m.speedup, m.speedup_err, m.plain_rate(10)) == (1.9, 0.2, pytest.approx(50.0))
+
+
+def test_a_cold_first_step_counts_for_itself_only():
+    from engine.metrics import SpeedupMeter
+
+    m = SpeedupMeter()
+    m.add(1, 0.050, 0.050, sample=False)  # plain, but cold: five times the others
+    feed(m, [(1, 0.010, True)] * 20)
+    assert m.value == pytest.approx(1.0) and m.plain_step_s == pytest.approx(0.010)
