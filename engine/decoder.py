@@ -26,7 +26,7 @@ from .drafters.base import DraftContext, Drafter
 from .errors import ContextTooLongError, SpeculaError
 from .events import Finished, Origin, Started, Step, Token
 from .forward import ModelRunner
-from .metrics import PlainHistory, SpeedupMeter, StepTotals, probe_due
+from .metrics import DraftLength, PlainHistory, SpeedupMeter, StepTotals, probe_due
 from .sampling import SamplingParams, choose
 from .types import K_MAX, DecodeConfig
 from .verify import Verdict, tree_children, verify, walk_tree, walk_tree_sampling
@@ -105,14 +105,20 @@ def generate(
     yield Started(request_id, strategy, len(prompt_ids), config.k)
     yield loop.prefill()
     k = config.k
+    # the draft length of each step, from measured costs and acceptance (auto chooses its own drafters'
+    # lengths; --adaptive-k keeps the older grow/shrink rule)
+    lengths = DraftLength(k) if k > 0 and not config.adaptive_k and drafter.name not in ("auto", "none") else None
     while loop.budget.reason is None:
         if should_stop():
             loop.budget.reason = "cancelled"
             break
         meter = loop.meter
         probe = k > 0 and probe_due(len(meter.pool), meter.since_plain, meter.relative_error)  # to time a plain step
-        step = loop.step(0 if probe else k)
+        n = 0 if probe else lengths.choose(meter.plain_step_s) if lengths is not None else k
+        step = loop.step(n)
         yield step
+        if lengths is not None:
+            lengths.observe(step.drafted, step.accepted, loop.step_seconds)
         if config.adaptive_k and not probe:
             k = next_k(k, step.drafted, step.accepted, config.k_max)
     yield loop.finish()
@@ -175,6 +181,7 @@ class _Loop:
         nothing is a plain decoding step: its time, its drafting excluded, is a sample of plain cost."""
         elapsed = time.perf_counter() - self.t_start
         seconds, self.last_elapsed = elapsed - self.last_elapsed, elapsed
+        self.step_seconds = seconds
         plain_s = max(1e-9, seconds - draft_s) if drafted == 0 else None
         # the first step after the prompt runs cold (about 1.5 plain steps here): if plain, it counts for
         # itself only, not as a sample of the others

@@ -150,6 +150,69 @@ def speedup_text(speedup: float | None, error: float | None) -> str:
     return f"{speedup:.2f}×"
 
 
+class DraftLength:
+    """Each step's draft length from what was measured: the n (0..k) with the most expected tokens per
+    expected second. Expected tokens of a draft of n: 1 + the sum over positions i < n of the share of
+    drafts that reached position i and had it kept. Expected seconds: the mean time of recent steps that
+    drafted n (interpolated between measured lengths, plain steps for n = 0). So a strategy whose
+    guesses are seldom kept drafts less, or not at all (a plain step), and one on a roll drafts long.
+    Every EXPLORE-th step drafts the full k, so that long drafts keep being measured."""
+
+    EXPLORE = 8
+    WARMUP = 6  # drafting steps before the choice is trusted
+    DECAY = 0.8  # weight of a length's earlier time per new measurement
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.reached = [0.0] * (k + 1)  # drafts that reached position i
+        self.kept = [0.0] * (k + 1)  # ... and had position i kept
+        self.seconds: dict[int, float] = {}  # draft length -> recent step time
+        self.drafting_steps = 0
+        self.steps = 0
+
+    def observe(self, drafted: int, accepted: int, seconds: float) -> None:
+        drafted = min(drafted, self.k)
+        for i in range(drafted):
+            self.reached[i] += 1
+            self.kept[i] += i < accepted
+        old = self.seconds.get(drafted)
+        self.seconds[drafted] = seconds if old is None else self.DECAY * old + (1 - self.DECAY) * seconds
+        self.drafting_steps += drafted > 0
+
+    def _time(self, n: int, plain_s: float | None) -> float | None:
+        known = dict(self.seconds)
+        if plain_s:
+            known[0] = plain_s
+        if n in known:
+            return known[n]
+        below = [m for m in known if m < n]
+        above = [m for m in known if m > n]
+        if below and above:
+            lo, hi = max(below), min(above)
+            return known[lo] + (known[hi] - known[lo]) * (n - lo) / (hi - lo)
+        if below and len(below) >= 2:  # extend the last measured slope
+            lo, hi = sorted(below)[-2:]
+            return known[hi] + (known[hi] - known[lo]) / (hi - lo) * (n - hi)
+        return None
+
+    def choose(self, plain_s: float | None) -> int:
+        self.steps += 1
+        if self.drafting_steps < self.WARMUP or self.steps % self.EXPLORE == 0:
+            return self.k
+        best, best_rate, tokens = self.k, 0.0, 1.0
+        for n in range(self.k + 1):
+            if n:
+                if self.reached[n - 1] < 2:
+                    break  # never measured that far: the drafter's own length decides
+                tokens += self.kept[n - 1] / self.reached[n - 1]
+            t = self._time(n, plain_s)
+            if t is None or t <= 0:
+                continue
+            if tokens / t > best_rate:
+                best, best_rate = n, tokens / t
+        return best
+
+
 class PlainHistory:
     """A model's recent plain-step samples across answers (a Session keeps one): a new answer starts
     from those younger than RECENT_S instead of probing at once."""

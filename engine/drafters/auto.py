@@ -21,7 +21,7 @@ from .prompt_lookup import PromptLookup, longest_match
 
 DECAY = 0.9  # weight of the past per new measurement of the same choice
 TRIES = 2  # measurements of each choice before auto trusts its numbers
-EXPLORE_EVERY = 32
+EXPLORE_EVERY = 128
 
 
 class _Rate:

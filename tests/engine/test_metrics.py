@@ -127,3 +127,43 @@ def test_a_cold_first_step_counts_for_itself_only():
     m.add(1, 0.050, 0.050, sample=False)  # plain, but cold: five times the others
     feed(m, [(1, 0.010, True)] * 20)
     assert m.value == pytest.approx(1.0) and m.plain_step_s == pytest.approx(0.010)
+
+
+# -- the draft length of each step (DraftLength) --------------------------------------------------------
+def train_lengths(lengths, steps, keep_rate, cost):
+    """Drafts of the full k whose positions are each kept with probability keep_rate (deterministically
+    spread), a step of n drafted tokens taking cost(n) seconds."""
+    import random
+
+    rng = random.Random(1)
+    for _ in range(steps):
+        accepted = 0
+        while accepted < lengths.k and rng.random() < keep_rate:
+            accepted += 1
+        lengths.observe(lengths.k, accepted, cost(lengths.k))
+        lengths.observe(1, int(rng.random() < keep_rate), cost(1))
+
+
+def test_drafts_that_are_seldom_kept_and_cost_rows_give_way_to_plain_steps():
+    from engine.metrics import DraftLength
+
+    lengths = DraftLength(8)
+    train_lengths(lengths, 20, keep_rate=0.15, cost=lambda n: 0.010 * (1 + 0.25 * n))  # 8 rows: 3 plain steps
+    choices = [lengths.choose(plain_s=0.010) for _ in range(40)]
+    assert choices.count(0) >= 30  # plain steps: nothing drafted pays
+    assert 8 in choices  # the full length is still tried now and then
+
+
+def test_drafts_that_are_kept_and_rows_that_are_cheap_draft_long():
+    from engine.metrics import DraftLength
+
+    lengths = DraftLength(8)
+    train_lengths(lengths, 20, keep_rate=0.9, cost=lambda n: 0.010 * (1 + 0.02 * n))  # a GPU-like flat cost
+    assert [lengths.choose(plain_s=0.010) for _ in range(16)].count(8) >= 14
+
+
+def test_the_choice_waits_for_measurements():
+    from engine.metrics import DraftLength
+
+    lengths = DraftLength(6)
+    assert lengths.choose(plain_s=0.010) == 6  # nothing measured yet: the strategy's own length
