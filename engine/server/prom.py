@@ -57,9 +57,14 @@ def render(service: EngineService) -> str:
     page.one("specula_decode_seconds_total", "counter", "Wall time after each request's first token.", c.decode_s)
     page.one("specula_decoded_tokens_total", "counter", "Tokens after each request's first.", c.decoded_tokens)
     page.one("specula_queue_depth", "gauge", "Requests waiting for the engine.", service.queue_depth)
-    baseline = service.loaded.baseline if service.loaded is not None else None
-    if baseline is not None and baseline.a > 0:
+    page.one("specula_speedup_plain_seconds_total", "counter",
+             "Plain decoding's time for the finished requests' decoded tokens, measured in them (the live speedup).",
+             c.speedup_plain_s)
+    page.one("specula_speedup_spent_seconds_total", "counter",
+             "The time those tokens took: the speedup over an interval is the ratio of the two increases.",
+             c.speedup_spent_s)
+    if c.plain_step_s:
         page.one("specula_plain_tokens_per_second", "gauge",
-                 "Plain decoding speed measured when the model loaded (at an empty context).", 1.0 / baseline.a)
+                 "Plain decoding speed, measured by the latest answer's plain steps.", 1.0 / c.plain_step_s)
     page.one("specula_model_loaded", "gauge", "1 once a model is loaded.", 1 if service.state == "ready" else 0)
     return "\n".join(page.lines) + "\n"

@@ -35,6 +35,11 @@ class Counters:
     rejected_tokens: int = 0
     decode_s: float = 0.0  # wall time after the first token, over finished requests
     decoded_tokens: int = 0  # tokens after the first, over finished requests
+    # the live speedup (docs/ENGINE.md) summed over finished requests: plain decoding's time for their
+    # tokens and the time they took; the ratio of two increases is the speedup over that interval
+    speedup_plain_s: float = 0.0
+    speedup_spent_s: float = 0.0
+    plain_step_s: float | None = None  # the latest measured cost of a plain step
 
     def add_step(self, step: Step) -> None:
         for token in step.tokens:
@@ -44,6 +49,8 @@ class Counters:
         if step.step == 0:
             return
         self.steps += 1
+        if step.plain_step_s is not None:
+            self.plain_step_s = step.plain_step_s
         if step.drafted:
             self.drafts += 1
             self.draft_tokens += step.drafted
@@ -54,6 +61,9 @@ class Counters:
         self.requests[finished.reason] = self.requests.get(finished.reason, 0) + 1
         self.decode_s += finished.totals.decode_s
         self.decoded_tokens += max(0, finished.totals.new_tokens - 1)
+        if finished.speedup is not None:
+            self.speedup_plain_s += finished.speedup * finished.totals.decode_s
+            self.speedup_spent_s += finished.totals.decode_s
 
 
 class EngineService:

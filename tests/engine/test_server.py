@@ -156,6 +156,13 @@ def test_metrics_count_what_the_stream_said(served):
     assert delta.accepted == sum(s["accepted"] for s in drafted)
     page = served.get("/metrics")[1]
     assert "vllm:num_requests_waiting" in page and "specula_tokens_total" in page and 'origin="target"' in page
+    # the live speedup, as the stream's last chunk gave it: plain time / spent time, summed over requests
+    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+              if line.startswith("specula_speedup_") or line.startswith("specula_plain_tokens")}
+    last = events[-1]["specula"]["totals"]
+    assert values["specula_speedup_spent_seconds_total"] >= last["wall_s"] - last["prefill_s"] > 0
+    assert values["specula_speedup_plain_seconds_total"] > 0 and values["specula_plain_tokens_per_second"] > 0
+    assert last["speedup"] > 0
 
 
 @pytest.mark.parametrize("body, status, words", [
