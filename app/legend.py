@@ -17,13 +17,11 @@ class LegendBar(QWidget):
         layout = QHBoxLayout(self)
         layout.setContentsMargins(14, 6, 14, 2)
         layout.setSpacing(14)
-        self.labels: dict[str, tuple[QLabel, str]] = {}
-        for origin, caption in LEGEND:
-            label = QLabel()
-            label.setToolTip(ORIGIN_NAMES[origin])
-            self.labels[origin] = (label, caption)
-            layout.addWidget(label)
-        layout.addStretch(1)
+        # one label that wraps, so a narrow window puts the key on two lines instead of growing
+        self.key = QLabel()
+        self.key.setWordWrap(True)
+        self.key.setToolTip("<br>".join(f"<b>{caption}</b>: {ORIGIN_NAMES[origin]}" for origin, caption in LEGEND))
+        layout.addWidget(self.key, 1)
         self.ghosts = QCheckBox("Show rejected drafts")
         self.ghosts.setChecked(True)
         self.ghosts.setToolTip("Draft tokens the model rejected, struck through where they were proposed")
@@ -32,10 +30,13 @@ class LegendBar(QWidget):
         self.set_colours(colours)
 
     def set_colours(self, colours: OriginColours) -> None:
-        for origin, (label, caption) in self.labels.items():
+        items = []
+        for origin, caption in LEGEND:
+            caption = caption.replace(" ", "&nbsp;")  # lines break between the entries, not inside one
             colour = colours.of(origin)
             style = f"color:{colour};" if colour else ""
             if origin == "rejected":
-                style += "text-decoration:line-through;"
-            label.setText(f"<span style='{style}'>■ {caption}</span>" if origin != "rejected"
-                          else f"<span style='{style}'>{caption}</span>")
+                items.append(f"<span style='{style}text-decoration:line-through;'>{caption}</span>")
+            else:
+                items.append(f"<span style='{style}'>■&nbsp;{caption}</span>")
+        self.key.setText(" &nbsp;&nbsp; ".join(items))

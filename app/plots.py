@@ -74,6 +74,12 @@ class PlotsPanel(QWidget):
         layout.addWidget(self.graphics, 1)
         self._build_plots()
 
+    def sizeHint(self):
+        """A dock of about a third of a 1280-wide window; the transcript gets the rest (the user can widen it)."""
+        from PySide6.QtCore import QSize
+
+        return QSize(380, 600)
+
     # -- building -----------------------------------------------------------------------------------
     def _build_stats(self) -> QGridLayout:
         grid = QGridLayout()
@@ -88,6 +94,7 @@ class PlotsPanel(QWidget):
             value.setFont(big)
             value.setAlignment(Qt.AlignmentFlag.AlignCenter)
             name = QLabel(caption)
+            name.setWordWrap(True)  # a narrow dock puts "plain tokens / s" on two lines
             name.setAlignment(Qt.AlignmentFlag.AlignCenter)
             name.setStyleSheet("color: palette(placeholder-text); font-size: 8pt;")
             grid.addWidget(value, 0, col)

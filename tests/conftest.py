@@ -5,7 +5,11 @@ import tempfile
 _tmp = tempfile.mkdtemp(prefix="specula-test-")
 os.environ.setdefault("SPECULA_CONFIG_DIR", os.path.join(_tmp, "config"))
 os.environ.setdefault("SPECULA_DATA_DIR", os.path.join(_tmp, "data"))
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# offscreen Qt with a 1920x1200 screen (its default is 800x600, and a restored window is kept on screen)
+with open(os.path.join(_tmp, "offscreen.json"), "w") as _screen:
+    _screen.write('{"screens": [{"name": "test", "x": 0, "y": 0, "width": 1920, "height": 1200, '
+                  '"logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}]}')
+os.environ.setdefault("QT_QPA_PLATFORM", f"offscreen:configfile={os.path.join(_tmp, 'offscreen.json')}")
 # one decoding step for the whole run (a background build finishing mid-test would change the bits
 # between two answers a test compares); tests/engine/test_compiled.py asks for the compiled one
 os.environ.setdefault("SPECULA_STEP", "eager")

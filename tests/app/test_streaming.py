@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from PySide6.QtCore import QEvent
 from PySide6.QtGui import QHelpEvent, QTextCursor
 from PySide6.QtWidgets import QApplication, QToolTip
@@ -189,3 +191,27 @@ def test_tree_steps_say_which_branch_won_and_the_history_keeps_it(make_window, q
     again = TokenRecord.from_list(branched[0].to_list())
     assert again == branched[0]
     assert TokenRecord.from_list(["a", "draft", 3, 0, None, None]).branch is None  # files from before
+
+
+@pytest.mark.parametrize("size", [(1024, 700)])  # 800x600: the window still needs about 850 px (issue 16)
+def test_the_window_stays_usable_at_small_sizes(make_window, qtbot, size):
+    """The transcript, the composer with Send, the strategy and the speedup figure stay on screen."""
+    from PySide6.QtCore import QRect
+
+    from .conftest import snap
+
+    w = make_window(strategy="draft-model", max_new_tokens=30)
+    w.resize(*size)
+    w.send_text("hello there")
+    ok, _ = wait_reply(qtbot, w)
+    assert ok
+    qtbot.wait(100)
+    snap(w, f"window-{size[0]}x{size[1]}")
+    assert w.width() <= size[0] + 1 and w.height() <= size[1] + 1  # nothing forces the window larger
+    inside = QRect(0, 0, w.width(), w.height())
+    for widget in (w.view, w.composer.input, w.composer.send_button, w.controls.strategy,
+                   w.plots.stat_labels["speedup"]):
+        rect = QRect(widget.mapTo(w, widget.rect().topLeft()), widget.size())
+        assert widget.isVisible() and inside.contains(rect), (widget, rect, inside)
+    assert w.view.height() >= 150 and w.composer.input.width() >= 200
+    snap(w, f"window-{size[0]}x{size[1]}")

@@ -59,11 +59,12 @@ def test_a_strategy_the_model_cannot_use_is_disabled(make_window, tiny_session):
 def test_window_layout_is_remembered(make_window):
     w = make_window()
     assert (w.width(), w.height()) == (1280, 800)
-    w.splitter.setSizes([300, 800])
+    w.splitter.setSizes([300, w.splitter.width() - 300])
     w.legend.ghosts.setChecked(False)
     w.close()
     again = make_window()
-    assert again.splitter.sizes()[0] == w.splitter.sizes()[0]
+    assert again.size() == w.size()
+    assert again.splitter.sizes()[0] == w.splitter.sizes()[0] == 300
     assert not again.view.show_ghosts and not again.legend.ghosts.isChecked()
 
 
