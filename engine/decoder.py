@@ -106,14 +106,20 @@ def generate(
     yield loop.prefill()
     k = config.k
     # the draft length of each step, from measured costs and acceptance (auto chooses its own drafters'
-    # lengths; --adaptive-k keeps the older grow/shrink rule)
-    lengths = DraftLength(k) if k > 0 and not config.adaptive_k and drafter.name not in ("auto", "none") else None
+    # lengths; --adaptive-k keeps the older grow/shrink rule). With a seed, every choice that shapes the
+    # steps depends on step counts only, never on timings: the same seed gives the same answer
+    seeded = config.seed is not None
+    timed = not seeded and not config.adaptive_k and drafter.name not in ("auto", "none")
+    lengths = DraftLength(k) if k > 0 and timed else None
     while loop.budget.reason is None:
         if should_stop():
             loop.budget.reason = "cancelled"
             break
         meter = loop.meter
-        probe = k > 0 and probe_due(len(meter.pool), meter.since_plain, meter.relative_error)  # to time a plain step
+        if seeded:  # this answer's own samples and a fixed gap: the same steps every time
+            probe = k > 0 and probe_due(len(meter.samples), meter.since_plain)
+        else:
+            probe = k > 0 and probe_due(len(meter.pool), meter.since_plain, meter.relative_error)
         n = 0 if probe else lengths.choose(meter.plain_step_s) if lengths is not None else k
         step = loop.step(n)
         yield step
