@@ -202,6 +202,7 @@ class _Seen:
         self.text = ""
         self.ids: tuple[int, ...] = ()
         self.last_step = 0
+        self.speedup: tuple[float | None, float | None] = (None, None)  # the last step's live speedup and error
 
     def add(self, step: Step) -> None:
         if step.step == 0:
@@ -212,8 +213,6 @@ class _Seen:
         self.ids += tuple(t.id for t in step.tokens)
         self.last_step = step.step
         self.speedup = (step.speedup, step.speedup_err)
-
-    speedup: tuple[float | None, float | None] = (None, None)  # the last step's live speedup
 
     def finished(self, rid: int, wall_s: float) -> Finished:
         return Finished(rid, "cancelled", self.text, self.ids, self.stats.totals(len(self.ids), wall_s), *self.speedup)

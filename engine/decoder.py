@@ -157,6 +157,7 @@ class _Loop:
         self.plain = plain
         self.meter = SpeedupMeter(plain.seeds())
         self.last_elapsed = 0.0  # when the previous step ended (since t_start)
+        self.step_seconds = 0.0  # the last decode step's wall time (DraftLength learns from it)
         self.t_start = time.perf_counter()
 
     def _append(self, ids: list[int]) -> int:

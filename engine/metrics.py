@@ -127,17 +127,19 @@ class SpeedupMeter:
 
     @property
     def relative_error(self) -> float | None:
-        value, error = self.value, self.error
-        return error / value if value and error is not None else None
+        """The standard error of the plain samples' mean over the mean: `value`'s relative error (the
+        time spent is measured, not estimated). None with fewer than two samples."""
+        pool = self.pool
+        if len(pool) < 2:
+            return None
+        mean = statistics.fmean(pool)
+        return statistics.stdev(pool) / (mean * math.sqrt(len(pool))) if mean > 0 else None
 
     @property
     def error(self) -> float | None:
-        """One standard error of `value` (from the spread of the plain samples); None with fewer than two."""
-        value, pool = self.value, self.pool
-        if value is None or len(pool) < 2:
-            return None
-        mean = statistics.fmean(pool)
-        return value * statistics.stdev(pool) / (mean * math.sqrt(len(pool))) if mean > 0 else None
+        """One standard error of `value`; None with fewer than two plain samples."""
+        value, relative = self.value, self.relative_error
+        return value * relative if value is not None and relative is not None else None
 
 
 def speedup_text(speedup: float | None, error: float | None) -> str:
