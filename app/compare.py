@@ -31,12 +31,14 @@ class RunResult:
     tokens_per_s: float
     acceptance: float | None
     reason: str
+    live: float | None = None  # the live speedup measured inside this run (what the dock and footer show)
+    live_err: float | None = None
 
     @classmethod
     def of(cls, strategy: str, finished) -> RunResult:
         t = finished.totals
         return cls(strategy, tuple(finished.token_ids), t.new_tokens, t.tokens_per_s, t.acceptance_rate,
-                   finished.reason)
+                   finished.reason, finished.speedup, finished.speedup_err)
 
 
 @dataclass(frozen=True)

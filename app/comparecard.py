@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from html import escape
 
+from engine.metrics import speedup_text
+
 from .compare import Comparison, RunResult
 from .theme import OriginColours
 
@@ -58,6 +60,8 @@ def _row(label: str, run: RunResult | None, running: bool) -> str:
 def _verdict(c: Comparison, colours: OriginColours) -> str:
     speedup = "n/a (too few tokens to time)" if c.speedup is None else f"{c.speedup:.2f}×"
     head = f"<b>Measured speedup: <span style='color:{colours.bonus}'>{speedup}</span></b>{GAP}"
+    if c.fast.live is not None:  # the same run's own figure, as the dock and the footer show it
+        head += f"live in the answer: {speedup_text(c.fast.live, c.fast.live_err)}{GAP}"
     if c.identical:
         same = (f"<span style='color:{colours.draft}'><b>✓ identical outputs</b></span> "
                 f"({len(c.plain.token_ids)} tokens)")

@@ -21,7 +21,7 @@ from .drafters import default_k
 from .errors import SpeculaError
 from .events import Finished, Step
 from .generate_cmd import PromptItem, read_prompts
-from .metrics import merge_positions
+from .metrics import SpeedupSum, merge_positions
 from .prompts import Message, conversation
 from .session import GenerateRequest, Session
 
@@ -45,8 +45,7 @@ class Run:
     steps: list[dict] = field(default_factory=list)  # one entry per decoding step, for steps.jsonl
     decoded: int = 0  # tokens after each turn's first (the prefill's)
     decode_s: float = 0.0  # the time they took
-    live_plain_s: float = 0.0  # the live speedup's plain time for them (speedup x decode time), where measured
-    live_spent_s: float = 0.0  # ... and the decode time of those turns
+    live: SpeedupSum = field(default_factory=SpeedupSum)  # the live speedup the turns measured
 
 
 class Bench:
@@ -89,9 +88,7 @@ class Bench:
             run.wall_s += t.wall_s
             run.decoded += max(0, t.new_tokens - 1)
             run.decode_s += t.decode_s
-            if f.speedup is not None:
-                run.live_plain_s += f.speedup * t.decode_s
-                run.live_spent_s += t.decode_s
+            run.live.add(f.speedup, f.speedup_err, t.decode_s)
             run.forwards += t.target_forwards
             run.drafted += t.drafted
             run.accepted += t.accepted

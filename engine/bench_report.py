@@ -37,7 +37,7 @@ def _figures(pairs: list, base: list | None, hf: list | None) -> dict:
         # after the first token, as the live speedup counts: measured here (decode rates against none's
         # runs) and as the engine measured it inside each answer (docs/ENGINE.md)
         "decode_speedup": _ratio(rate, base_rate) if rate and base_rate else None,
-        "live_speedup": _ratio(sum(r.live_plain_s for r in runs), sum(r.live_spent_s for r in runs)),
+        "live_speedup": _ratio(sum(r.live.plain_s for r in runs), sum(r.live.spent_s for r in runs)),
         "speedup_vs_hf": _ratio(sum(h.wall_s for _, h in hf), wall) if hf else None,
         "tokens_per_s": _ratio(tokens, wall),
         "mean_accepted_length": _ratio(tokens, forwards) if forwards else None,

@@ -55,7 +55,8 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling: the same seed repeats an answer (default: a fresh one each time)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--system", default=None, help="system prompt (with --chat)")

@@ -105,12 +105,13 @@ def generate(
     yield Started(request_id, strategy, len(prompt_ids), config.k)
     yield loop.prefill()
     k = config.k
-    # the draft length of each step, from measured costs and acceptance (auto chooses its own drafters'
-    # lengths; --adaptive-k keeps the older grow/shrink rule). With a seed, every choice that shapes the
-    # steps depends on step counts only, never on timings: the same seed gives the same answer
-    seeded = config.seed is not None
-    timed = not seeded and not config.adaptive_k and drafter.name not in ("auto", "none")
-    lengths = DraftLength(k) if k > 0 and timed else None
+    # the draft length of each step, from measured costs and acceptance (a drafter that chooses its own
+    # lengths, auto, gets the step times instead; --adaptive-k keeps the older grow/shrink rule). Sampling
+    # with a seed, every choice that shapes the steps depends on step counts only, never on timings: the
+    # same seed gives the same answer
+    seeded = not loop.timed
+    own = drafter.chooses_length
+    lengths = DraftLength(k) if k > 0 and not seeded and not config.adaptive_k and not own else None
     while loop.budget.reason is None:
         if should_stop():
             loop.budget.reason = "cancelled"
@@ -125,6 +126,8 @@ def generate(
         yield step
         if lengths is not None:
             lengths.observe(step.drafted, step.accepted, loop.step_seconds)
+        elif own and step.k:  # it proposed for this step
+            drafter.observe_step(step.drafted, step.accepted, loop.step_seconds)
         if config.adaptive_k and not probe:
             k = next_k(k, step.drafted, step.accepted, config.k_max)
     yield loop.finish()
@@ -158,6 +161,9 @@ class _Loop:
         self.meter = SpeedupMeter(plain.seeds())
         self.last_elapsed = 0.0  # when the previous step ended (since t_start)
         self.step_seconds = 0.0  # the last decode step's wall time (DraftLength learns from it)
+        # whether timings may shape the steps: not when sampling with a seed (a greedy answer is the target's
+        # own whatever the steps)
+        self.timed = config.seed is None or config.params.greedy
         self.t_start = time.perf_counter()
 
     def _append(self, ids: list[int]) -> int:
@@ -205,7 +211,9 @@ class _Loop:
         room = min(self.budget.limit - self.budget.used - 1, target.max_len - length)
         k = max(0, min(k, room))
         t0 = time.perf_counter()
-        draft = self.drafter.propose(DraftContext(self.ctx[:length], self.n_prompt, self.params, self.gen, target), k) if k else None
+        ctx = DraftContext(self.ctx[:length], self.n_prompt, self.params, self.gen, target, self.meter.plain_step_s,
+                           self.timed)
+        draft = self.drafter.propose(ctx, k) if k else None
         d = draft.tokens[:k] if draft is not None else self.ctx[:0]  # (n,)
         q = draft.q[: d.shape[0]] if draft is not None and draft.q is not None else None  # (n, V)
         t1 = time.perf_counter()

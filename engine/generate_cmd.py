@@ -13,7 +13,7 @@ from .drafters import DRAFTERS, default_k
 from .errors import SpeculaError
 from .events import Finished, Step
 from .loading import ModelSpec
-from .metrics import speedup_text
+from .metrics import SpeedupSum, speedup_text
 from .prompts import Message, conversation
 from .sampling import SamplingParams
 from .session import GenerateRequest, LoadRequest, Session
@@ -160,15 +160,11 @@ def _run_turn(session: Session, request: GenerateRequest, stream: bool) -> Finis
 
 
 def _speedup(fs: list[Finished]) -> dict:
-    """The live speedup (docs/ENGINE.md) over several answers: each is plain time / spent time over its
-    decode steps, so together they are the sums' ratio, each answer weighted by its decode time."""
-    timed = [f for f in fs if f.speedup is not None and f.totals.decode_s > 0]
-    spent = sum(f.totals.decode_s for f in timed)
-    if not timed or spent <= 0:
-        return {"speedup": None, "speedup_err": None}
-    value = sum(f.speedup * f.totals.decode_s for f in timed) / spent
-    errors = [f.speedup_err * f.totals.decode_s for f in timed if f.speedup_err is not None]
-    return {"speedup": value, "speedup_err": (sum(e * e for e in errors) ** 0.5 / spent) if errors else None}
+    """The live speedup over a conversation's answers, each weighted by its decode time."""
+    total = SpeedupSum()
+    for f in fs:
+        total.add(f.speedup, f.speedup_err, f.totals.decode_s)
+    return {"speedup": total.value, "speedup_err": total.error}
 
 
 def _record(item: PromptItem, strategy: str, turns: list[Finished]) -> dict:

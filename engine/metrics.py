@@ -163,9 +163,11 @@ class DraftLength:
     EXPLORE = 8
     WARMUP = 6  # drafting steps before the choice is trusted
     DECAY = 0.8  # weight of a length's earlier time per new measurement
+    PRIOR = 2  # each position counts as rejected this many times before it is seen: few drafts promise little
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, warmup: int = WARMUP) -> None:
         self.k = k
+        self.warmup = warmup
         self.reached = [0.0] * (k + 1)  # drafts that reached position i
         self.kept = [0.0] * (k + 1)  # ... and had position i kept
         self.seconds: dict[int, float] = {}  # draft length -> recent step time
@@ -199,20 +201,53 @@ class DraftLength:
 
     def choose(self, plain_s: float | None) -> int:
         self.steps += 1
-        if self.drafting_steps < self.WARMUP or self.steps % self.EXPLORE == 0:
+        if not self.warm or self.steps % self.EXPLORE == 0:
             return self.k
+        return self.best(plain_s)[0]
+
+    @property
+    def warm(self) -> bool:
+        return self.drafting_steps >= self.warmup
+
+    def best(self, plain_s: float | None, least: int = 0) -> tuple[int, float]:
+        """(n, expected tokens per second) of the best length n >= least; (k, 0.0) while nothing is known."""
         best, best_rate, tokens = self.k, 0.0, 1.0
         for n in range(self.k + 1):
             if n:
                 if self.reached[n - 1] < 2:
                     break  # never measured that far: the drafter's own length decides
-                tokens += self.kept[n - 1] / self.reached[n - 1]
+                tokens += self.kept[n - 1] / (self.reached[n - 1] + self.PRIOR)
             t = self._time(n, plain_s)
-            if t is None or t <= 0:
+            if n < least or t is None or t <= 0:
                 continue
             if tokens / t > best_rate:
                 best, best_rate = n, tokens / t
-        return best
+        return best, best_rate
+
+
+class SpeedupSum:
+    """The live speedup over several answers (docs/ENGINE.md): each answer's plain time (its speedup times
+    its decode time) and its decode time, summed, so that answers weigh by their decode time."""
+
+    def __init__(self) -> None:
+        self.plain_s = self.spent_s = 0.0
+        self._err2: float | None = None  # the summed variances of the plain times, where known
+
+    def add(self, speedup: float | None, speedup_err: float | None, decode_s: float) -> None:
+        if speedup is None or decode_s <= 0:
+            return
+        self.plain_s += speedup * decode_s
+        self.spent_s += decode_s
+        if speedup_err is not None:
+            self._err2 = (self._err2 or 0.0) + (speedup_err * decode_s) ** 2
+
+    @property
+    def value(self) -> float | None:
+        return self.plain_s / self.spent_s if self.spent_s > 0 else None
+
+    @property
+    def error(self) -> float | None:
+        return math.sqrt(self._err2) / self.spent_s if self._err2 is not None and self.spent_s > 0 else None
 
 
 class PlainHistory:

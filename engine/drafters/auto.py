@@ -1,44 +1,32 @@
-"""`auto`: each step, the drafter that has been fastest so far in this situation drafts, or nothing does.
+"""`auto`: each step, the drafter and draft length with the most expected tokens per expected second, or
+nothing (a plain step) when no draft pays.
 
-Members: prompt lookup, lookahead, and every trained head found for the model (eagle, medusa). The situation is
-whether the conversation's last tokens occur earlier (and how long that match is), which is when prompt
-lookup can draft at all and how well it does. For each choice auto keeps decayed sums of the tokens a
-step produced and the seconds it took (from one proposal to the next, so the target's pass, the
-drafting and the bookkeeping all count), and picks the best tokens per second, with plain decoding
-(`none`) always one of the choices: a drafter that costs more than it wins is dropped in favour of
-plain steps, so auto stays about as fast as `none` when nothing pays. Each choice is tried a few times
-first, and every 32nd step re-measures the least recently measured one.
+Members: prompt lookup, lookahead, and every trained head found for the model (eagle, medusa). Prompt
+lookup is split by the situation: how long the earlier match of the conversation's last tokens is (1,
+2-3, 4 or more; with no match it cannot draft). Each of these choices keeps its own `DraftLength`: the
+share of its drafts kept at each position, and the recent times of its steps by draft length, timed by
+the decoder from one step's end to the next (the target's pass, the drafting, the bookkeeping). A plain
+step is valued at the answer's live plain-step cost (`DraftContext.plain_s`). So a member is compared
+with plain decoding and with the others at its own best length, not at a fixed one, and a member whose
+best length is shorter than its drafts pays only for what it drafts.
+
+Each choice drafts its full length for its first WARMUP steps; every EXPLORE_EVERY steps the least
+recently used choice drafts again, so that a member that would now pay is found. Sampling with a seed,
+timings must not shape the answer: auto then drafts with prompt lookup where it has a match and takes
+plain steps elsewhere.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
+from ..metrics import DraftLength
 from ..strategies import STRATEGIES
 from .base import Draft, DraftContext, empty_draft
 from .prompt_lookup import PromptLookup, longest_match
 
-DECAY = 0.9  # weight of the past per new measurement of the same choice
-TRIES = 2  # measurements of each choice before auto trusts its numbers
 EXPLORE_EVERY = 128
-
-
-class _Rate:
-    def __init__(self) -> None:
-        self.tokens = self.seconds = 0.0
-        self.count = 0
-        self.last_used = 0
-
-    def add(self, tokens: int, seconds: float, step: int) -> None:
-        self.tokens = DECAY * self.tokens + tokens
-        self.seconds = DECAY * self.seconds + seconds
-        self.count += 1
-        self.last_used = step
-
-    @property
-    def value(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+WARMUP = 3  # full-length drafts of each choice before its figures are trusted (DraftLength's prior helps)
 
 
 def _lookup_bucket(n: int) -> str:
@@ -48,17 +36,17 @@ def _lookup_bucket(n: int) -> str:
 class Auto:
     name = "auto"
     description = STRATEGIES[name].description
+    chooses_length = True  # the decoder gives it k and the step times (observe_step); it picks the length
 
     def __init__(self, members: dict | None = None, lookup_k: int = 8) -> None:
         self.lookup = PromptLookup()
         self.lookup_k = lookup_k
         self.heads = dict(members or {})  # name -> (drafter, its own k): drafters other than prompt lookup
-        self.rates: dict[str, _Rate] = {}
+        self.models: dict[str, DraftLength] = {}  # choice -> its acceptance and step times
+        self.last_used: dict[str, int] = {}
         self.steps = 0
-        self.chosen: str | None = None
+        self.chosen: str | None = None  # this step's choice ("none": a plain step)
         self.member = None
-        self.started = 0.0
-        self.produced = 0
 
     @classmethod
     def build(cls, target, draft=None, heads=(), head=None, **options) -> "Auto":
@@ -79,45 +67,51 @@ class Auto:
         return ("none", "prompt-lookup", *self.heads)
 
     def reset(self) -> None:
-        """A new generation: the measurements so far stay; the unfinished step is not counted."""
+        """A new generation: the measurements so far stay."""
         for drafter, _ in self.heads.values():
             drafter.reset()
         self.chosen = self.member = None
-        self.produced = 0
 
-    def _close(self) -> None:
-        """Book the step that just ended under the choice that drafted it."""
-        now = time.perf_counter()
-        if self.chosen is not None and self.produced:
-            self.rates.setdefault(self.chosen, _Rate()).add(self.produced, now - self.started, self.steps)
-        self.chosen, self.produced, self.started = None, 0, now
+    def _model(self, choice: str) -> DraftLength:
+        if choice not in self.models:
+            self.models[choice] = DraftLength(self.heads[choice][1] if choice in self.heads else self.lookup_k, WARMUP)
+        return self.models[choice]
 
-    def _pick(self, options: list[str]) -> str:
-        rates = {o: self.rates.get(o) for o in options}
-        untried = [o for o in options if rates[o] is None or rates[o].count < TRIES]
-        if untried:
-            return untried[0]
-        if self.steps % EXPLORE_EVERY == 0:
-            return min(options, key=lambda o: rates[o].last_used)
-        return max(options, key=lambda o: rates[o].value)
+    def _pick(self, options: list[str], plain_s: float | None) -> tuple[str, int]:
+        """(choice, draft length) for this step."""
+        models = {o: self._model(o) for o in options}
+        cold = [o for o in options if not models[o].warm]
+        if cold:
+            return cold[0], models[cold[0]].k
+        if options and self.steps % EXPLORE_EVERY == 0:
+            stale = min(options, key=lambda o: self.last_used.get(o, 0))
+            return stale, models[stale].k
+        best, best_rate = "none", 1.0 / plain_s if plain_s else 0.0
+        for o in options:
+            rate = models[o].best(plain_s, least=1)[1]
+            if rate > best_rate:
+                best, best_rate = o, rate
+        if best == "none":
+            return best, 0
+        return best, models[best].choose(plain_s) or models[best].best(plain_s, least=1)[0]
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        self._close()
         self.steps += 1
+        self.chosen = self.member = None
         if k <= 0:
             return empty_draft()
         n, _ = longest_match(ctx.tokens.numpy(), self.lookup.max_n)
-        options = ["none", *([_lookup_bucket(n)] if n else []), *self.heads]
-        choice = self._pick(options)
-        self.chosen = choice
-        if choice == "none":
-            self.member = None
-            return empty_draft()
-        if choice in self.heads:
-            self.member, own_k = self.heads[choice]
+        lookup = [_lookup_bucket(n)] if n else []
+        if not ctx.timed:  # with a seed: the same steps whatever the timings
+            choice, length = (lookup[0], self.lookup_k) if lookup else ("none", 0)
         else:
-            self.member, own_k = self.lookup, self.lookup_k
-        return self.member.propose(ctx, min(k, own_k))
+            choice, length = self._pick([*lookup, *self.heads], ctx.plain_s)
+        self.chosen = choice
+        self.last_used[choice] = self.steps
+        if choice == "none" or length == 0:
+            return empty_draft()
+        self.member = self.heads[choice][0] if choice in self.heads else self.lookup
+        return self.member.propose(ctx, min(k, length))
 
     @property
     def learns_from_tree(self) -> bool:
@@ -127,11 +121,15 @@ class Auto:
         self.member.observe_tree(best)
 
     def observe(self, accepted: int, next_token: int) -> None:
-        self.produced = accepted + 1
         if self.member is not None:
             self.member.observe(accepted, next_token)
 
-    def summary(self) -> dict[str, float]:
-        """Measured tokens per second of each choice so far (for reports)."""
-        return {name: round(rate.value, 2) for name, rate in sorted(self.rates.items())}
+    def observe_step(self, drafted: int, accepted: int, seconds: float) -> None:
+        """The decoder's timing of the step this drafter proposed for: booked under its choice."""
+        if self.chosen is not None and self.chosen != "none":
+            self._model(self.chosen).observe(drafted, accepted, seconds)
+        self.chosen = self.member = None
 
+    def summary(self, plain_s: float | None = None) -> dict[str, float]:
+        """Expected tokens per second of each choice at its best length (for reports)."""
+        return {o: round(m.best(plain_s)[1], 2) for o, m in sorted(self.models.items()) if m.warm}

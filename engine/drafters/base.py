@@ -17,6 +17,10 @@ class DraftContext:
     params: SamplingParams
     generator: torch.Generator | None
     target: object | None = None  # the target's runner: its last pass's hidden states, for feature drafters
+    # for drafters that choose their own lengths (chooses_length): the answer's live plain-step cost, and
+    # whether timings may shape the steps (not when sampling with a seed: it must repeat its answer)
+    plain_s: float | None = None
+    timed: bool = True
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,10 @@ class Drafter(Protocol):
     # tree drafters that learn from every scored node (lookahead) declare it and get observe_tree(best):
     # before observe(), the target's argmax after each scored draft node (key: its index in Draft.tokens)
     learns_from_tree: ClassVar[bool]
+    # drafters that choose each step's draft length themselves (auto; none has nothing to choose) declare it;
+    # the decoder then calls observe_step(drafted, accepted, seconds) after each step they proposed for.
+    # For the others the decoder chooses the length (metrics.DraftLength)
+    chooses_length: ClassVar[bool]
 
     def reset(self) -> None:
         """Forget everything: a new generation starts."""

@@ -31,6 +31,7 @@ COST_DECAY = 0.95
 class Eagle:
     name = "eagle"
     learns_from_tree = False
+    chooses_length = False
     description = STRATEGIES[name].description
 
     def __init__(self, head, target, stop_below: float = 0.3, tree: bool = False) -> None:

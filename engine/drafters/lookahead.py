@@ -34,6 +34,7 @@ POOL_PER_KEY = 8  # n-grams kept per first token, newest last
 
 class Lookahead:
     name = "lookahead"
+    chooses_length = False
     learns_from_tree = True  # observe_tree: every scored node's argmax feeds its n-gram pool
     description = STRATEGIES[name].description
 

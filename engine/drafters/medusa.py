@@ -24,6 +24,7 @@ TREE = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (0,
 class Medusa:
     name = "medusa"
     learns_from_tree = False
+    chooses_length = False
     description = STRATEGIES[name].description
 
     def __init__(self, head, target, tree=TREE, force_tree: bool | None = None) -> None:

@@ -14,6 +14,7 @@ from .base import Draft, DraftContext
 class ModelDrafter:
     name = "model"
     learns_from_tree = False
+    chooses_length = False
 
     def __init__(self, runner: ModelRunner, target_vocab: int) -> None:
         self.runner = runner

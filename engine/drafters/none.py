@@ -9,6 +9,7 @@ from .base import Draft, DraftContext, empty_draft
 class NoDraft:
     name = "none"
     learns_from_tree = False
+    chooses_length = True  # it drafts nothing: no length to choose
     description = STRATEGIES[name].description
 
     def reset(self) -> None:
@@ -18,4 +19,7 @@ class NoDraft:
         return empty_draft()
 
     def observe(self, accepted: int, next_token: int) -> None:
+        pass
+
+    def observe_step(self, drafted: int, accepted: int, seconds: float) -> None:
         pass

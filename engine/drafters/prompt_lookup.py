@@ -46,6 +46,7 @@ def find_continuation(tokens: torch.Tensor, k: int, min_n: int, max_n: int) -> t
 class PromptLookup:
     name = "prompt-lookup"
     learns_from_tree = False
+    chooses_length = False
     description = STRATEGIES[name].description
 
     def __init__(self, min_n: int = 1, max_n: int = 16) -> None:

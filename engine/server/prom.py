@@ -59,10 +59,10 @@ def render(service: EngineService) -> str:
     page.one("specula_queue_depth", "gauge", "Requests waiting for the engine.", service.queue_depth)
     page.one("specula_speedup_plain_seconds_total", "counter",
              "Plain decoding's time for the finished requests' decoded tokens, measured in them (the live speedup).",
-             c.speedup_plain_s)
+             c.speedup.plain_s)
     page.one("specula_speedup_spent_seconds_total", "counter",
              "The time those tokens took: the speedup over an interval is the ratio of the two increases.",
-             c.speedup_spent_s)
+             c.speedup.spent_s)
     if c.plain_step_s:
         page.one("specula_plain_tokens_per_second", "gauge",
                  "Plain decoding speed, measured by the latest answer's plain steps.", 1.0 / c.plain_step_s)

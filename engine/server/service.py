@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..events import Failed, Finished, Loaded, Loading, Origin, Started, Step
-from ..metrics import count_step
+from ..metrics import SpeedupSum, count_step
 from ..runner import Runner
 from ..remote.backend import RemoteLoadRequest
 from ..types import GenerateRequest, LoadRequest, TrainRequest
@@ -37,8 +37,7 @@ class Counters:
     decoded_tokens: int = 0  # tokens after the first, over finished requests
     # the live speedup (docs/ENGINE.md) summed over finished requests: plain decoding's time for their
     # tokens and the time they took; the ratio of two increases is the speedup over that interval
-    speedup_plain_s: float = 0.0
-    speedup_spent_s: float = 0.0
+    speedup: SpeedupSum = field(default_factory=SpeedupSum)
     plain_step_s: float | None = None  # the latest measured cost of a plain step
 
     def add_step(self, step: Step) -> None:
@@ -61,9 +60,7 @@ class Counters:
         self.requests[finished.reason] = self.requests.get(finished.reason, 0) + 1
         self.decode_s += finished.totals.decode_s
         self.decoded_tokens += max(0, finished.totals.new_tokens - 1)
-        if finished.speedup is not None:
-            self.speedup_plain_s += finished.speedup * finished.totals.decode_s
-            self.speedup_spent_s += finished.totals.decode_s
+        self.speedup.add(finished.speedup, finished.speedup_err, finished.totals.decode_s)
 
 
 class EngineService:

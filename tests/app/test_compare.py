@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.metrics import speedup_text
+
 from app.compare import Comparison, RunResult
 
 from .conftest import hold_after_step, snap, wait_reply
@@ -49,6 +51,10 @@ def test_compare_runs_plain_then_the_strategy_with_the_same_seed(make_window, qt
     assert "Compare: plain decoding vs draft-model" in text and "identical outputs" in text
     assert f"{card.speedup:.2f}×" in text and f"{card.plain.tokens_per_s:.1f}" in text
     assert f"{card.fast.tokens_per_s:.1f}" in text
+    # the speculative run's own live figure is the one the dock shows for it: one definition everywhere
+    live = speedup_text(card.fast.live, card.fast.live_err)
+    assert card.fast.live is not None and f"live in the answer: {live}" in text
+    assert w.plots.stat_labels["speedup"].text() == live
     # a card, not a turn: the conversation and its file are unchanged, and the chat goes on
     assert w.chat.current.turns == turns_before
     assert (tmp_path / "history" / f"{w.chat.current_id}.json").read_text() == saved_before
@@ -61,7 +67,7 @@ def test_compare_runs_plain_then_the_strategy_with_the_same_seed(make_window, qt
 
 def test_the_compare_card_says_when_outputs_differ():
     plain = RunResult("none", (1, 2, 3, 4), 4, 10.0, None, "length")
-    fast = RunResult("draft-model", (1, 2, 9, 4), 4, 25.0, 0.5, "length")
+    fast = RunResult("draft-model", (1, 2, 9, 4), 4, 25.0, 0.5, "length", 2.41, 0.3)
     card = Comparison("draft-model", 7, 0.8, plain, fast)
     assert card.speedup == pytest.approx(2.5) and card.identical is False and card.first_difference == 2
     from app.comparecard import card_html
@@ -69,6 +75,7 @@ def test_the_compare_card_says_when_outputs_differ():
 
     html = card_html(card, LIGHT)
     assert "outputs differ" in html and "from token 3" in html and "2.50×" in html and "Sampling" in html
+    assert "live in the answer: 2.41× ±0.30" in html  # the run's own figure, as the dock shows it
 
 
 def test_stop_ends_a_comparison(make_window, qtbot, tiny_session):

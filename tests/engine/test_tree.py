@@ -77,6 +77,7 @@ class TreeOracle:
 
     name = "tree-oracle"
     learns_from_tree = False
+    chooses_length = False
 
     def __init__(self, answer: list[int], prompt_len: int, seed: int) -> None:
         self.answer, self.prompt_len = answer, prompt_len
