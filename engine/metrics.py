@@ -155,15 +155,17 @@ def speedup_text(speedup: float | None, error: float | None) -> str:
 class DraftLength:
     """Each step's draft length from what was measured: the n (0..k) with the most expected tokens per
     expected second. Expected tokens of a draft of n: 1 + the sum over positions i < n of the share of
-    drafts that reached position i and had it kept. Expected seconds: the mean time of recent steps that
+    recent drafts that reached position i and had it kept (FORGET; PRIOR rejections to start from). Expected seconds: the mean time of recent steps that
     drafted n (interpolated between measured lengths, plain steps for n = 0). So a strategy whose
     guesses are seldom kept drafts less, or not at all (a plain step), and one on a roll drafts long.
-    Every EXPLORE-th step drafts the full k, so that long drafts keep being measured."""
+    The first `warmup` drafting steps draft the full k; after that, every EXPLORE-th step drafts one token
+    more than the best length, so that a longer draft that would pay is found, one token at a time."""
 
     EXPLORE = 8
     WARMUP = 6  # drafting steps before the choice is trusted
     DECAY = 0.8  # weight of a length's earlier time per new measurement
     PRIOR = 2  # each position counts as rejected this many times before it is seen: few drafts promise little
+    FORGET = 0.98  # weight of the earlier drafts' acceptance per new draft: the recent ~50 drafts count
 
     def __init__(self, k: int, warmup: int = WARMUP) -> None:
         self.k = k
@@ -176,6 +178,9 @@ class DraftLength:
 
     def observe(self, drafted: int, accepted: int, seconds: float) -> None:
         drafted = min(drafted, self.k)
+        if drafted:  # acceptance follows the conversation: a long session's earlier topics fade
+            self.reached = [self.FORGET * r for r in self.reached]
+            self.kept = [self.FORGET * c for c in self.kept]
         for i in range(drafted):
             self.reached[i] += 1
             self.kept[i] += i < accepted
@@ -201,9 +206,14 @@ class DraftLength:
 
     def choose(self, plain_s: float | None) -> int:
         self.steps += 1
-        if not self.warm or self.steps % self.EXPLORE == 0:
+        if not self.warm:
             return self.k
-        return self.best(plain_s)[0]
+        best = self.best(plain_s)[0]
+        # now and then one token more than pays now, to see whether it would: every EXPLORE-th step, or
+        # every 4 * EXPLORE-th while plain steps win (a drafter that does not pay costs little)
+        if self.steps % (self.EXPLORE if best else 4 * self.EXPLORE) == 0:
+            return min(self.k, best + 1)
+        return best
 
     @property
     def warm(self) -> bool:

@@ -40,8 +40,9 @@ STRATEGIES: dict[str, StrategyCard] = {
                                "verified as a token tree", needs_head="medusa", default_k=4),
         StrategyCard("lookahead", "Jacobi iteration on a window of guesses plus a pool of n-grams collected from "
                                   "it (no extra weights)", default_k=5),
-        StrategyCard("auto", "chooses each step between prompt lookup, lookahead, trained heads and no draft, by "
-                             "the speed each has measured here", uses_heads=True, default_k=8),
+        StrategyCard("auto", "chooses each step's drafter (prompt lookup, lookahead, trained heads) and draft "
+                             "length, or no draft, by the speed each has measured here", uses_heads=True,
+                     default_k=8),
     )
 }
 

@@ -151,7 +151,7 @@ def test_drafts_that_are_seldom_kept_and_cost_rows_give_way_to_plain_steps():
     train_lengths(lengths, 20, keep_rate=0.15, cost=lambda n: 0.010 * (1 + 0.25 * n))  # 8 rows: 3 plain steps
     choices = [lengths.choose(plain_s=0.010) for _ in range(40)]
     assert choices.count(0) >= 30  # plain steps: nothing drafted pays
-    assert 8 in choices  # the full length is still tried now and then
+    assert 1 in choices  # one drafted token is still tried now and then
 
 
 def test_drafts_that_are_kept_and_rows_that_are_cheap_draft_long():
