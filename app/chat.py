@@ -7,18 +7,26 @@ screen, points on the plots and, once it ends, a saved turn.
 Regenerate drops what follows the last user message and answers it again; sending an edited message
 replaces that message and drops everything after it. A prompt longer than the context window is sent
 again without its oldest turns (`fit.py`) before the engine's error is shown.
+
+Conversations live in `history_db.ConversationDB`. A save that fails (a read-only folder, a full disk, a
+locked database) never stops the chat: everything stays on screen and in memory, `store_failed` says
+what and where (the window shows it in a banner), and the unsaved conversations are written again every
+few seconds and with the next save, until it works (`store_recovered`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from PySide6.QtCore import QObject, Signal
+import time
+
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.events import Failed, Finished, ServerStats, Started, Step  # plain dataclasses: no torch
 
 from .fit import drop_oldest, dropped_note, is_context_error
-from .history import Conversation, HistoryStore, TokenRecord, Turn, chat_messages, new_id
+from .history import Conversation, TokenRecord, Turn, chat_messages, new_id
+from .history_db import ConversationDB, StoreError
 from .settings import Settings
 from .tokens import step_records, summary
 
@@ -35,24 +43,38 @@ class Reply:
     dropped: int = 0  # oldest messages left out to fit the context window
     tokens: list[TokenRecord] = field(default_factory=list)
     started: bool = False
+    saved_at: float = 0.0  # when the answer's text so far was last written (kept if the app dies)
 
 
 class ChatController(QObject):
     generating_changed = Signal(bool)
     conversations_changed = Signal()
     reply_finished = Signal(bool, object)  # ok, the Finished or Failed event
+    store_failed = Signal(str)  # a save failed: what and where (it is retried)
+    store_recovered = Signal()  # every conversation is saved again
 
-    def __init__(self, store: HistoryStore, bridge, view, plots, parent=None) -> None:
+    RETRY_MS = 5000
+    PARTIAL_EVERY_S = 2.0  # how often the text of an answer in progress is written
+
+    def __init__(self, store: ConversationDB, bridge, view, plots, parent=None) -> None:
         super().__init__(parent)
         self.store, self.bridge, self.view, self.plots = store, bridge, view, plots
         self.conversations: dict[str, Conversation] = {}
         self.current_id: str | None = None
         self.reply: Reply | None = None
+        self.unsaved: set[str] = set()  # conversations whose last save failed
+        self._retry = QTimer(self)
+        self._retry.setInterval(self.RETRY_MS)
+        self._retry.timeout.connect(self._save_unsaved)
 
     # -- conversations ------------------------------------------------------------------------------
     def load(self) -> list[str]:
-        """Read the saved conversations; returns notices about files that were set aside."""
-        found, notices = self.store.load_all()
+        """Read the saved conversations; returns notices (files set aside, imports, a database that
+        cannot be opened: then the chat runs from memory and saving is retried)."""
+        try:
+            found, notices = self.store.load_all()
+        except StoreError as exc:
+            found, notices = [], [f"{exc}. New conversations are kept in memory and saved once it works."]
         self.conversations = {c.id: c for c in found}
         if found:
             self.select(found[0].id)
@@ -93,7 +115,8 @@ class ChatController(QObject):
         if conversation_id not in self.conversations or self.reply is not None:
             return
         del self.conversations[conversation_id]
-        self.store.delete(conversation_id)
+        self.unsaved.discard(conversation_id)
+        self._store("delete", conversation_id)
         if conversation_id == self.current_id:
             self.current_id = None
             remaining = self.ordered()
@@ -107,7 +130,37 @@ class ChatController(QObject):
         """Keep and save a conversation (an empty one is not written until it has a turn)."""
         self.conversations[conv.id] = conv
         if conv.turns:
-            self.store.save(conv)
+            self._save(conv.id)
+
+    def _save(self, conversation_id: str) -> bool:
+        """Write a conversation (and any whose earlier save failed); False, with `store_failed`, on failure."""
+        for cid in [conversation_id, *(self.unsaved - {conversation_id})]:
+            conv = self.conversations.get(cid)
+            if conv is not None and not self._store("save", conv):
+                self.unsaved.add(cid)
+                return False
+            self.unsaved.discard(cid)
+        return True
+
+    def _store(self, method: str, *args) -> bool:
+        try:
+            getattr(self.store, method)(*args)
+        except StoreError as exc:
+            if not self._retry.isActive():
+                self._retry.start()
+            self.store_failed.emit(str(exc))
+            return False
+        if not self.unsaved and self._retry.isActive():
+            self._retry.stop()
+            self.store_recovered.emit()
+        return True
+
+    def _save_unsaved(self) -> None:
+        if self.unsaved:
+            self._save(next(iter(self.unsaved)))
+        elif self._retry.isActive():
+            self._retry.stop()
+            self.store_recovered.emit()
 
     def _add_turn(self, conversation_id: str, turn: Turn) -> None:
         self._put(self.conversations[conversation_id].with_turn(turn))
@@ -155,7 +208,7 @@ class ChatController(QObject):
     def _truncate(self, n: int) -> None:
         conv = self.current.truncated(n)
         self.conversations[conv.id] = conv
-        self.store.save(conv)
+        self._save(conv.id)
         self.view.show_turns(conv.turns)
 
     def _generate(self, cid: str, settings: Settings) -> bool:
@@ -176,6 +229,7 @@ class ChatController(QObject):
             self._fail(reply.conversation_id, str(exc))
             return False
         reply.request_id = self.bridge.send(request)
+        self._store("begin_answer", self.conversations[reply.conversation_id])
         return True
 
     def stop(self) -> None:
@@ -199,12 +253,21 @@ class ChatController(QObject):
                 self.reply.tokens.extend(records)
                 self.view.append_tokens(records)
                 self.plots.add_step(event)
+                self._save_partial()
             case ServerStats():
                 self.plots.add_server_stats(event)
             case Finished():
                 self._finish(event)
             case Failed():
                 self._failed(event)
+
+    def _save_partial(self) -> None:
+        """Every few seconds, the answer's text so far: kept (marked interrupted) if the app dies."""
+        reply, now = self.reply, time.monotonic()
+        if now - reply.saved_at >= self.PARTIAL_EVERY_S:
+            reply.saved_at = now
+            text = "".join(t.text for t in reply.tokens if t.origin != "rejected")
+            self._store("update_answer", self.conversations[reply.conversation_id], text)
 
     def _finish(self, finished) -> None:
         reply, self.reply = self.reply, None

@@ -54,6 +54,7 @@ class Turn:
     tokens: tuple[TokenRecord, ...] = ()
     summary: str = ""
     note: str = ""  # shown above an answer, e.g. that earlier turns were left out to fit the context
+    interrupted: bool = False  # an answer cut short when the app stopped: kept, shown, never sent again
 
     def to_dict(self) -> dict:
         out = {"role": self.role, "content": self.content}
@@ -63,6 +64,8 @@ class Turn:
             out["summary"] = self.summary
         if self.note:
             out["note"] = self.note
+        if self.interrupted:
+            out["interrupted"] = True
         return out
 
     @classmethod
@@ -71,7 +74,8 @@ class Turn:
         if role not in ("user", "assistant", "error") or not isinstance(content, str):
             raise ValueError(f"bad turn {role!r}")
         tokens = tuple(TokenRecord.from_list(row) for row in data.get("tokens", ()))
-        return cls(role, content, tokens, str(data.get("summary", "")), str(data.get("note", "")))
+        return cls(role, content, tokens, str(data.get("summary", "")), str(data.get("note", "")),
+                   data.get("interrupted") is True)
 
 
 @dataclass(frozen=True)
@@ -116,17 +120,32 @@ def new_id() -> str:
 
 def chat_messages(conversation: Conversation, system_prompt: str = "") -> tuple:
     """The conversation as engine Messages for the chat template. Errors are left out, and so is a user
-    message that failed (a prompt too long for the model would otherwise break every later turn)."""
+    message that failed (a prompt too long for the model would otherwise break every later turn), or
+    whose answer was interrupted (with the part of the answer there is): an unanswered message would
+    otherwise run into the next one."""
     from engine.prompts import Message
 
     head = (Message("system", system_prompt),) if system_prompt.strip() else ()
     turns = conversation.turns
     body = []
     for i, t in enumerate(turns):
-        failed = t.role == "user" and i + 1 < len(turns) and turns[i + 1].role == "error"
-        if (t.role == "user" and not failed) or (t.role == "assistant" and t.content):
+        after = turns[i + 1] if i + 1 < len(turns) else None
+        failed = t.role == "user" and after is not None and (after.role == "error" or after.interrupted)
+        if (t.role == "user" and not failed) or (t.role == "assistant" and t.content and not t.interrupted):
             body.append(Message(t.role, t.content))
     return head + tuple(body)
+
+
+def to_markdown(conversation: Conversation) -> str:
+    """A conversation for people: the title, then each message under its author."""
+    names = {"user": "You", "assistant": "Assistant", "error": "Error"}
+    parts = [f"# {conversation.title}", ""]
+    for t in conversation.turns:
+        label = names.get(t.role, t.role) + (" (interrupted)" if t.interrupted else "")
+        parts += [f"**{label}**", "", t.content.rstrip(), ""]
+        if t.summary:
+            parts += [f"*{t.summary}*", ""]
+    return "\n".join(parts)
 
 
 class HistoryStore:

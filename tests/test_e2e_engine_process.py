@@ -20,13 +20,13 @@ SCRIPT = textwrap.dedent('''
     from pathlib import Path
     from PySide6.QtCore import QElapsedTimer, QTimer
     from PySide6.QtWidgets import QApplication
-    from app.history import HistoryStore
+    from app.history_db import ConversationDB
     from app.settings import SettingsStore
     from app.window import MainWindow
 
     home = Path(sys.argv[1])
     app = QApplication([])
-    w = MainWindow(SettingsStore(home / "config"), HistoryStore(home / "history"),
+    w = MainWindow(SettingsStore(home / "config"), ConversationDB(home / "conversations.db"),
                    overrides={"strategy": "prompt-lookup", "max_new_tokens": 160})
     w.show()
     clock, gaps, last = QElapsedTimer(), [], [0]

@@ -73,18 +73,24 @@ def tiny_session(tiny_models):
     return session
 
 
+def saved_history(tmp_path):
+    """The conversations database the test windows use."""
+    from app.history_db import ConversationDB
+
+    return ConversationDB(tmp_path / "history" / "conversations.db")
+
+
 @pytest.fixture()
 def make_window(qtbot, tmp_path, tiny_session):
     """make_window(**overrides) -> a shown MainWindow whose tiny model is loaded and ready."""
     from app.bridge import EngineBridge
-    from app.history import HistoryStore
     from app.settings import SettingsStore
     from app.window import MainWindow
 
     windows = []
 
     def make(**overrides):
-        w = MainWindow(SettingsStore(tmp_path / "config"), HistoryStore(tmp_path / "history"),
+        w = MainWindow(SettingsStore(tmp_path / "config"), saved_history(tmp_path),
                        EngineBridge(session=tiny_session), overrides=overrides)
         qtbot.addWidget(w)
         w.show()

@@ -11,9 +11,9 @@ from PySide6.QtGui import QTextFormat
 from PySide6.QtWidgets import QApplication
 
 from app import actions
-from app.history import Conversation, HistoryStore, TokenRecord, Turn
+from app.history import Conversation, TokenRecord, Turn
 
-from .conftest import action_links, click_link, snap, wait_reply
+from .conftest import action_links, click_link, saved_history, snap, wait_reply
 
 
 def roles(window) -> list[str]:
@@ -21,7 +21,7 @@ def roles(window) -> list[str]:
 
 
 def saved_turns(tmp_path, window) -> list[Turn]:
-    found, _ = HistoryStore(tmp_path / "history").load_all()
+    found, _ = saved_history(tmp_path).load_all()
     return list(next(c for c in found if c.id == window.chat.current_id).turns)
 
 
@@ -116,7 +116,7 @@ def code_blocks(document) -> list[str]:
 
 
 def test_an_answer_switches_between_tokens_and_rendered_markdown(make_window, qtbot, tmp_path):
-    HistoryStore(tmp_path / "history").save(markdown_conversation())
+    saved_history(tmp_path).save(markdown_conversation())
     w = make_window(strategy="draft-model", max_new_tokens=30)
     assert w.chat.current_id == "md" and "# Rain" in w.view.toPlainText()
     w.send_text("another one")

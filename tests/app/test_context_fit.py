@@ -8,12 +8,10 @@ from dataclasses import replace
 
 from app.fit import drop_oldest
 
-from .conftest import click_link, snap, wait_reply
+from .conftest import click_link, saved_history, snap, wait_reply
 
 
 def test_oldest_turns_are_left_out_to_fit_the_context_window(make_window, qtbot, tmp_path, tiny_session):
-    from app.history import HistoryStore
-
     w = make_window(strategy="prompt-lookup", max_new_tokens=10)
     w.settings = replace(w.settings, system_prompt="Be brief.")
     tokenizer = tiny_session.target.tokenizer
@@ -35,7 +33,7 @@ def test_oldest_turns_are_left_out_to_fit_the_context_window(make_window, qtbot,
     assert answer.role == "assistant" and "left out" in answer.note
     # the conversation keeps every turn; only the request was shortened
     assert [t.role for t in w.chat.current.turns] == ["user", "assistant"] * 3
-    found, _ = HistoryStore(tmp_path / "history").load_all()
+    found, _ = saved_history(tmp_path).load_all()
     assert "left out" in found[0].turns[-1].note
     snap(w, "context")
 

@@ -1,12 +1,11 @@
-"""Conversations on disk: one file each, atomic, corrupt files set aside, multi-turn context."""
+"""Conversations saved and reopened through the window, a corrupt database set aside, multi-turn context."""
 
 from __future__ import annotations
 
-import json
+from app.history import Conversation, TokenRecord, Turn, chat_messages, new_id
+from app.history_db import ConversationDB
 
-from app.history import Conversation, HistoryStore, TokenRecord, Turn, chat_messages, new_id
-
-from .conftest import wait_reply
+from .conftest import saved_history, wait_reply
 
 
 def sample() -> Conversation:
@@ -18,26 +17,22 @@ def sample() -> Conversation:
 
 
 def test_a_conversation_round_trips(tmp_path):
-    store = HistoryStore(tmp_path)
+    store = ConversationDB(tmp_path / "conversations.db")
     conv = sample()
     store.save(conv)
-    found, notices = store.load_all()
+    found, notices = ConversationDB(tmp_path / "conversations.db").load_all()
     assert found == [conv] and notices == []
     assert conv.title.startswith("What is the capital of France?") and conv.title.endswith("…")
-    assert [p.name for p in tmp_path.iterdir()] == [f"{conv.id}.json"]
 
 
-def test_a_corrupt_conversation_is_set_aside_and_the_rest_load(tmp_path):
-    store = HistoryStore(tmp_path)
-    good = sample()
-    store.save(good)
-    (tmp_path / "broken.json").write_text('{"id": "broken", "turns": [')
-    (tmp_path / "wrong.json").write_text(json.dumps({"id": "wrong", "turns": [{"role": "robot", "content": 1}]}))
+def test_a_corrupt_database_is_set_aside_and_a_new_one_started(tmp_path):
+    (tmp_path / "conversations.db").write_bytes(b"this is not a database" * 100)
+    store = ConversationDB(tmp_path / "conversations.db")
     found, notices = store.load_all()
-    assert found == [good]
-    assert len(notices) == 2 and all("moved" in n for n in notices)
-    assert sorted(p.name.split(".corrupt-")[0] for p in tmp_path.glob("*.corrupt-*")) == ["broken.json", "wrong.json"]
-    assert store.load_all() == ([good], [])  # set aside once, not reported again
+    assert found == [] and len(notices) == 1 and "moved to conversations.db.corrupt-" in notices[0]
+    assert [p.name.split(".corrupt-")[0] for p in tmp_path.glob("*.corrupt-*")] == ["conversations.db"]
+    store.save(sample())
+    assert len(ConversationDB(tmp_path / "conversations.db").load_all()[0]) == 1
 
 
 def test_chat_messages_carry_the_whole_conversation():
@@ -59,7 +54,7 @@ def test_the_model_sees_earlier_turns_and_history_is_saved(make_window, qtbot, t
     assert template_input == [{"role": "user", "content": "first question"},
                               {"role": "assistant", "content": first.text},
                               {"role": "user", "content": "second question"}]
-    found, _ = HistoryStore(tmp_path / "history").load_all()
+    found, _ = saved_history(tmp_path).load_all()
     assert len(found) == 1 and [t.role for t in found[0].turns] == ["user", "assistant", "user", "assistant"]
     assert found[0].turns[1].tokens and found[0].turns[1].summary
 
@@ -85,14 +80,13 @@ def test_conversations_can_be_added_renamed_deleted_and_reopened(make_window, qt
     qtbot.keyClick(editor, Qt.Key.Key_Return)  # the delegate commits on the next event loop pass
     qtbot.waitUntil(lambda: w.chat.conversations[first].title == "Renamed chat", timeout=5_000)
     assert w.sidebar.list.currentItem().text() == "Renamed chat"
-    path = HistoryStore(tmp_path / "history").path(first)
-    assert json.loads(path.read_text())["title"] == "Renamed chat"
+    assert next(c for c in saved_history(tmp_path).load_all()[0] if c.id == first).title == "Renamed chat"
     records = len(w.view.records)
     reopened = make_window()
     assert reopened.chat.current_id == first and len(reopened.view.records) == records
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
     qtbot.mouseClick(w.sidebar.delete_button, _left())
-    assert not path.exists() and first not in w.chat.conversations
+    assert first not in w.chat.conversations and first not in [c.id for c in saved_history(tmp_path).load_all()[0]]
 
 
 def _left():

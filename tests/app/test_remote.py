@@ -13,7 +13,7 @@ from app.settings_dialog import SettingsDialog, needs_reload
 from app.tokens import tooltip
 from tests.engine.fake_server import FakeServer
 
-from .conftest import snap, wait_reply
+from .conftest import saved_history, snap, wait_reply
 from .test_streaming import colours_in
 
 WORDS = ["Mon", "day", ",", " Tues", "day", ",", " Wednes", "day", ",", " Thurs", "day", ",", " Fri", "day", ",",
@@ -193,8 +193,6 @@ def test_a_server_that_cannot_be_reached_leaves_the_local_model_in_use(make_wind
 # -- the window connected to a server -----------------------------------------------------------------
 def test_a_reply_from_a_server_streams_with_inferred_colours_and_server_acceptance(make_window, qtbot, monkeypatch,
                                                                                   tmp_path, no_ring):
-    from app.history import HistoryStore
-
     w = make_window(max_new_tokens=64)
     with FakeServer(steps=STEPS, delay_s=0.05) as fake:
         connect(qtbot, monkeypatch, w, fake.url)
@@ -223,7 +221,7 @@ def test_a_reply_from_a_server_streams_with_inferred_colours_and_server_acceptan
     assert "server counters" in p.plots["acceptance"].titleLabel.text
     snap(w, "remote-reply")
     # the conversation is saved with the inferred marks
-    (saved,), _ = HistoryStore(tmp_path / "history").load_all()
+    (saved,), _ = saved_history(tmp_path).load_all()
     assert all(t.inferred for t in saved.turns[-1].tokens)
 
 

@@ -79,12 +79,13 @@ def test_atomic_write_replaces_through_a_temporary_file(tmp_path, monkeypatch):
 
 def test_the_window_tells_the_user_about_a_corrupt_settings_file(qtbot, tmp_path):
     from app.bridge import EngineBridge
-    from app.history import HistoryStore
     from app.window import MainWindow
+
+    from .conftest import saved_history
 
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "settings.json").write_text("{oops")
-    w = MainWindow(SettingsStore(tmp_path / "config"), HistoryStore(tmp_path / "history"), EngineBridge())
+    w = MainWindow(SettingsStore(tmp_path / "config"), saved_history(tmp_path), EngineBridge())
     qtbot.addWidget(w)
     assert w.notices.isVisibleTo(w) and "moved" in w.notices.messages[0]
     assert w.settings == Settings()
