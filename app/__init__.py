@@ -19,6 +19,7 @@ app's process never imports torch: what it uses of the engine (`types`, `events`
     plots.py       live acceptance, tokens/s vs the measured baseline, speedup, histograms
     controls.py    strategy, k, adaptive k, temperature, max new tokens (the toolbar)
     composer.py, sidebar.py, legend.py, notice.py, settings_dialog.py   the smaller widgets
-    settings.py    the versioned settings file;  history.py  one JSON file per conversation;
+    settings.py    the versioned settings file;  history.py  conversations, turns, their JSON and Markdown
+    history_db.py  conversations in SQLite: appended saves, interrupted answers, search, the JSON import
     storage.py     atomic JSON writes and setting corrupt files aside
 """

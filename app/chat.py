@@ -63,6 +63,7 @@ class ChatController(QObject):
         self.current_id: str | None = None
         self.reply: Reply | None = None
         self.unsaved: set[str] = set()  # conversations whose last save failed
+        self.undeleted: set[str] = set()  # conversations whose deletion failed
         self._retry = QTimer(self)
         self._retry.setInterval(self.RETRY_MS)
         self._retry.timeout.connect(self._save_unsaved)
@@ -116,7 +117,8 @@ class ChatController(QObject):
             return
         del self.conversations[conversation_id]
         self.unsaved.discard(conversation_id)
-        self._store("delete", conversation_id)
+        if not self._store("delete", conversation_id):
+            self.undeleted.add(conversation_id)
         if conversation_id == self.current_id:
             self.current_id = None
             remaining = self.ordered()
@@ -140,27 +142,30 @@ class ChatController(QObject):
                 self.unsaved.add(cid)
                 return False
             self.unsaved.discard(cid)
+        for cid in list(self.undeleted):
+            if not self._store("delete", cid):
+                return False
+            self.undeleted.discard(cid)
+        if self._retry.isActive():
+            self._retry.stop()
+            self.store_recovered.emit()
         return True
 
     def _store(self, method: str, *args) -> bool:
+        """One call to the store; a failure is reported, and retried by the timer (the answer in
+        progress is not: its final save writes it whole)."""
         try:
             getattr(self.store, method)(*args)
         except StoreError as exc:
-            if not self._retry.isActive():
+            if method in ("save", "delete"):
                 self._retry.start()
             self.store_failed.emit(str(exc))
             return False
-        if not self.unsaved and self._retry.isActive():
-            self._retry.stop()
-            self.store_recovered.emit()
         return True
 
     def _save_unsaved(self) -> None:
-        if self.unsaved:
-            self._save(next(iter(self.unsaved)))
-        elif self._retry.isActive():
-            self._retry.stop()
-            self.store_recovered.emit()
+        """The retry timer: the conversations and deletions that failed, written again."""
+        self._save(next(iter(self.unsaved), ""))
 
     def _add_turn(self, conversation_id: str, turn: Turn) -> None:
         self._put(self.conversations[conversation_id].with_turn(turn))

@@ -1,9 +1,9 @@
-"""Conversations on disk: one JSON file per conversation in `<data dir>/conversations/`.
+"""Conversations: what a conversation, a turn and a token record are, how they read and write as JSON
+(the export, and the files of earlier versions), and what of them is sent to the model.
 
 Each assistant turn keeps its tokens (text, origin, step, draft position, p, q, and where known the
 token-tree branch and whether the origin was inferred from a server's stream) so a reopened
-conversation shows the same colours and ghost drafts. Writes are atomic; a file that cannot be read
-is set aside (`<id>.json.corrupt-<timestamp>`) with a notice and the others still load.
+conversation shows the same colours and ghost drafts. They are stored in `history_db.py`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
-from .storage import read_json, set_aside, write_json_atomic
 
 FORMAT = 1
 TITLE_CHARS = 48
@@ -146,41 +144,3 @@ def to_markdown(conversation: Conversation) -> str:
         if t.summary:
             parts += [f"*{t.summary}*", ""]
     return "\n".join(parts)
-
-
-class HistoryStore:
-    def __init__(self, folder: Path | None = None) -> None:
-        if folder is None:
-            from engine.paths import data_dir
-
-            folder = data_dir() / "conversations"
-        self.folder = Path(folder)
-
-    def path(self, conversation_id: str) -> Path:
-        return self.folder / f"{conversation_id}.json"
-
-    def load_all(self) -> tuple[list[Conversation], list[str]]:
-        """Every readable conversation, newest first, and one notice per file set aside."""
-        conversations, notices = [], []
-        if not self.folder.is_dir():
-            return conversations, notices
-        for path in sorted(self.folder.glob("*.json")):
-            try:
-                conversations.append(Conversation.from_dict(read_json(path)))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                notices.append(self._recover(path, exc))
-        conversations.sort(key=lambda c: c.updated, reverse=True)
-        return conversations, notices
-
-    def _recover(self, path: Path, exc: Exception) -> str:
-        try:
-            moved = set_aside(path)
-        except OSError:
-            return f"Conversation file {path.name} is unreadable ({exc}) and was skipped."
-        return f"Conversation file {path.name} was unreadable and was moved to {moved.name}."
-
-    def save(self, conversation: Conversation) -> None:
-        write_json_atomic(self.path(conversation.id), conversation.to_dict())
-
-    def delete(self, conversation_id: str) -> None:
-        self.path(conversation_id).unlink(missing_ok=True)

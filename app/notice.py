@@ -31,6 +31,12 @@ class NoticeBar(QFrame):
         self.label.setText("<br>".join(self.messages))
         self.show()
 
+    def remove(self, message: str) -> None:
+        if message in self.messages:
+            self.messages.remove(message)
+            self.label.setText("<br>".join(self.messages))
+            self.setVisible(bool(self.messages))
+
     def dismiss(self) -> None:
         self.messages = []
         self.hide()

@@ -26,7 +26,7 @@ from .compare import CompareController
 from .chatview import ChatView
 from .composer import Composer
 from .controls import Controls
-from .history import HistoryStore
+from .history_db import ConversationDB
 from .layout import restore_layout, save_layout
 from .legend import LegendBar
 from .notice import NoticeBar
@@ -42,7 +42,7 @@ class MainWindow(QMainWindow):
     model_ready = Signal()
     model_failed = Signal(str)
 
-    def __init__(self, settings_store: SettingsStore | None = None, history: HistoryStore | None = None,
+    def __init__(self, settings_store: SettingsStore | None = None, history: ConversationDB | None = None,
                  bridge: EngineBridge | None = None, overrides: dict | None = None) -> None:
         super().__init__()
         self.setWindowTitle("Specula")
@@ -56,10 +56,11 @@ class MainWindow(QMainWindow):
         self.strategy_unavailable: str | None = None  # a requested strategy the model cannot use
         self.bridge = bridge or EngineBridge(parent=self)
         self._build_widgets()
-        self.chat = ChatController(history or HistoryStore(), self.bridge, self.view, self.plots, self)
+        self.chat = ChatController(history or ConversationDB(), self.bridge, self.view, self.plots, self)
         self.compare = CompareController(self.bridge, self.view, self.plots, self)
         self._editing: tuple[str, object] | None = None  # (conversation id, the Turn being edited)
         self.train_dialog = None
+        self._store_notice: str | None = None  # the banner of a failing save, while it fails
         self._build_menus()
         self._connect()
         self.controls.show_settings(self.settings)
@@ -167,6 +168,20 @@ class MainWindow(QMainWindow):
         help_menu = self.menuBar().addMenu("&Help")
         help_menu.addAction("About Specula").triggered.connect(self._about)
 
+    def _store_failed(self, message: str) -> None:
+        """A save failed: one banner that says what and where (the chat goes on; saving is retried)."""
+        text = f"Not saved: {message}. Everything stays on screen; saving is retried every few seconds."
+        if self._store_notice != text:
+            self.notices.remove(self._store_notice or "")
+            self._store_notice = text
+            self.notices.add(text)
+
+    def _store_recovered(self) -> None:
+        if self._store_notice:
+            self.notices.remove(self._store_notice)
+            self._store_notice = None
+            self.statusBar().showMessage("Conversations are saved again.", 5000)
+
     def _connect(self) -> None:
         self.bridge.event.connect(self._on_event)
         self.bridge.notice.connect(lambda text: self.statusBar().showMessage(text))
@@ -180,6 +195,8 @@ class MainWindow(QMainWindow):
         self.ghost_action.toggled.connect(self.set_ghosts)
         self.sidebar.new_requested.connect(self._new_conversation)
         self.sidebar.selected.connect(self._select)
+        self.chat.store_failed.connect(self._store_failed)
+        self.chat.store_recovered.connect(self._store_recovered)
         self.sidebar.renamed.connect(self.chat.rename)
         self.sidebar.delete_requested.connect(self._confirm_delete)
         self.chat.conversations_changed.connect(self._refresh_conversations)

@@ -10,7 +10,7 @@ from engine.metrics import speedup_text
 
 from app.compare import Comparison, RunResult
 
-from .conftest import hold_after_step, snap, wait_reply
+from .conftest import hold_after_step, saved_history, snap, wait_reply
 
 
 def spy_requests(window) -> list:
@@ -37,7 +37,7 @@ def test_compare_runs_plain_then_the_strategy_with_the_same_seed(make_window, qt
     w.send_text("hello there, tell me a story about a cat")
     wait_reply(qtbot, w)
     turns_before = w.chat.current.turns
-    saved_before = (tmp_path / "history" / f"{w.chat.current_id}.json").read_text()
+    saved_before = saved_history(tmp_path).load_all()[0]
     assert w.compare_action.isEnabled()
     sent = spy_requests(w)
     card = run_compare(qtbot, w)
@@ -57,7 +57,7 @@ def test_compare_runs_plain_then_the_strategy_with_the_same_seed(make_window, qt
     assert w.plots.stat_labels["speedup"].text() == live
     # a card, not a turn: the conversation and its file are unchanged, and the chat goes on
     assert w.chat.current.turns == turns_before
-    assert (tmp_path / "history" / f"{w.chat.current_id}.json").read_text() == saved_before
+    assert saved_history(tmp_path).load_all()[0] == saved_before
     assert w.state == "ready" and w.composer.send_button.isEnabled()
     snap(w, "compare")
     w.send_text("and another")

@@ -93,3 +93,27 @@ def _left():
     from PySide6.QtCore import Qt
 
     return Qt.MouseButton.LeftButton
+
+
+def test_a_failed_save_keeps_everything_says_where_and_is_retried(make_window, qtbot, tmp_path):
+    import sqlite3
+
+    w = make_window(strategy="prompt-lookup", max_new_tokens=12)
+    w.send_text("saved before")
+    wait_reply(qtbot, w)
+    w.chat._retry.setInterval(100)
+    other = sqlite3.connect(tmp_path / "history" / "conversations.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the database: every save fails
+    w.send_text("typed while it fails")
+    ok, _ = wait_reply(qtbot, w)
+    assert ok and "typed while it fails" in w.view.toPlainText()
+    assert any("Not saved" in m and "conversations.db" in m for m in w.notices.messages)
+    assert len([m for m in w.notices.messages if "Not saved" in m]) == 1  # one banner, not one per try
+    assert w.composer.send_button.isEnabled() and w.state == "ready"
+    assert w.chat.unsaved == {w.chat.current_id}
+    other.execute("ROLLBACK")
+    qtbot.waitUntil(lambda: not w.chat.unsaved, timeout=5_000)
+    assert not any("Not saved" in m for m in w.notices.messages)
+    saved = next(c for c in saved_history(tmp_path).load_all()[0] if c.id == w.chat.current_id)
+    assert [t.role for t in saved.turns] == ["user", "assistant", "user", "assistant"]
+    assert saved.turns == w.chat.current.turns

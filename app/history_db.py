@@ -1,0 +1,272 @@
+"""Conversations in one SQLite database, `<data dir>/conversations.db` (the standard library's sqlite3, WAL).
+
+A conversation is a row; each turn is a row of its own, with its tokens as one compact JSON text. Saving
+a conversation writes only what changed since it was last read or written: new turns are appended, and
+turns after an edit or a regeneration are replaced; a whole conversation is never rewritten. So a save
+costs about the same whatever the conversation's size.
+
+An answer being generated is written as a turn in state `streaming` and its text updated now and then;
+if the app dies before the answer finishes, the next start finds it and marks it `interrupted` (shown,
+kept, and left out of later prompts).
+
+Full-text search covers every turn of every conversation (FTS5). The JSON files of earlier versions
+(`<data dir>/conversations/*.json`) are imported once and left where they are.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+from .history import Conversation, TokenRecord, Turn
+from .storage import read_json, set_aside
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS conversations (
+    id TEXT PRIMARY KEY, title TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS turns (
+    conversation TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    idx INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    summary TEXT NOT NULL DEFAULT '',
+    note TEXT NOT NULL DEFAULT '',
+    tokens TEXT,
+    state TEXT NOT NULL DEFAULT 'done',
+    PRIMARY KEY (conversation, idx));
+CREATE VIRTUAL TABLE IF NOT EXISTS turns_text USING fts5(content, conversation UNINDEXED, idx UNINDEXED);
+CREATE TRIGGER IF NOT EXISTS turns_added AFTER INSERT ON turns BEGIN
+    INSERT INTO turns_text (rowid, content, conversation, idx) VALUES (new.rowid, new.content, new.conversation, new.idx);
+END;
+CREATE TRIGGER IF NOT EXISTS turns_removed AFTER DELETE ON turns BEGIN
+    DELETE FROM turns_text WHERE rowid = old.rowid;
+END;
+CREATE TRIGGER IF NOT EXISTS turns_changed AFTER UPDATE OF content ON turns BEGIN
+    UPDATE turns_text SET content = new.content WHERE rowid = old.rowid;
+END;
+"""
+
+STREAMING, INTERRUPTED, DONE = "streaming", "interrupted", "done"
+INTERRUPTED_NOTE = "Interrupted: Specula stopped before this answer finished. It is not sent with later messages."
+
+
+class StoreError(Exception):
+    """A read or write of the database failed; the message says what and where."""
+
+
+class ConversationDB:
+    def __init__(self, path: Path | None = None, legacy_folder: Path | None = None) -> None:
+        if path is None:
+            from engine.paths import data_dir
+
+            path = data_dir() / "conversations.db"
+            legacy_folder = legacy_folder or data_dir() / "conversations"
+        self.path = Path(path)
+        self.legacy_folder = legacy_folder
+        self._db: sqlite3.Connection | None = None
+        self._saved: dict[str, tuple[Turn, ...]] = {}  # what the database holds, as last read or written
+        self._notices: list[str] = []  # for the next load_all
+
+    # -- opening ------------------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            try:
+                self._db = self._open()
+            except sqlite3.DatabaseError as exc:
+                if not _corrupt(exc):
+                    raise StoreError(f"cannot open the conversations database {self.path}: {exc}") from exc
+                self._db = self._set_aside(exc)
+            except (sqlite3.Error, OSError) as exc:
+                raise StoreError(f"cannot open the conversations database {self.path}: {exc}") from exc
+        return self._db
+
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=0.1)  # never hold the GUI long
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # a crash of the app loses nothing committed
+            db.execute("PRAGMA foreign_keys=ON")
+            db.execute("PRAGMA recursive_triggers=ON")  # rows removed by a cascade or a replace leave the index too
+            db.executescript(SCHEMA)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _set_aside(self, exc: Exception) -> sqlite3.Connection:
+        """A file that is not a database (or a damaged one) is renamed for the user; a new one starts."""
+        try:
+            moved = set_aside(self.path)
+            for extra in ("-wal", "-shm"):
+                Path(f"{self.path}{extra}").unlink(missing_ok=True)
+            db = self._open()
+        except (sqlite3.Error, OSError) as again:
+            raise StoreError(f"the conversations database {self.path} is damaged ({exc}) and could not be "
+                             f"replaced: {again}") from again
+        self._notices.append(f"The conversations database {self.path.name} was damaged ({exc}); it was moved "
+                             f"to {moved.name} and a new one was started.")
+        return db
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _write(self, what: str, statements) -> None:
+        """Run `statements(db)` in one transaction; a failure leaves the database as it was."""
+        db = self._connect()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                statements(db)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"could not save {what} to {self.path}: {exc}") from exc
+
+    # -- reading ------------------------------------------------------------------------------------
+    def load_all(self) -> tuple[list[Conversation], list[str]]:
+        """Every conversation with its turns, newest first, and notices (imports, interrupted answers).
+        Answers left `streaming` by an earlier run that died are marked interrupted here."""
+        db = self._connect()
+        notices = self._notices + self._import_legacy()
+        self._notices = []
+        try:
+            cut = db.execute("SELECT COUNT(*) FROM turns WHERE state = ?", (STREAMING,)).fetchone()[0]
+            if cut:
+                db.execute("UPDATE turns SET state = ? WHERE state = ?", (INTERRUPTED, STREAMING))
+                notices.append(f"{cut} answer{'s' if cut > 1 else ''} cut short when Specula last stopped "
+                               f"{'were' if cut > 1 else 'was'} kept and marked interrupted.")
+            rows = db.execute("SELECT id, title, created, updated FROM conversations ORDER BY updated DESC").fetchall()
+            conversations = [Conversation(i, t, c, u, self._turns(db, i)) for i, t, c, u in rows]
+        except (sqlite3.Error, ValueError) as exc:
+            raise StoreError(f"could not read the conversations database {self.path}: {exc}") from exc
+        for conv in conversations:
+            self._saved[conv.id] = conv.turns
+        return conversations, notices
+
+    def _turns(self, db: sqlite3.Connection, conversation_id: str) -> tuple[Turn, ...]:
+        rows = db.execute("SELECT role, content, summary, note, tokens, state FROM turns WHERE conversation = ? "
+                          "ORDER BY idx", (conversation_id,))
+        return tuple(Turn(role, content, _tokens(tokens), summary,
+                          note or (INTERRUPTED_NOTE if state == INTERRUPTED else ""), state == INTERRUPTED)
+                     for role, content, summary, note, tokens, state in rows)
+
+    def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
+        """(conversation id, turn index, snippet) of the turns that contain all of the words in `text`,
+        best matches first."""
+        words = [w.replace('"', '""') for w in text.split()]
+        if not words:
+            return []
+        query = " ".join(f'"{w}"' for w in words)  # each word as a literal: no FTS syntax from the user
+        try:
+            rows = self._connect().execute(
+                "SELECT conversation, idx, snippet(turns_text, 0, '[', ']', '…', 12) FROM turns_text "
+                "WHERE turns_text MATCH ? ORDER BY rank LIMIT ?", (query, limit)).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"could not search {self.path}: {exc}") from exc
+        return [(c, int(i), s) for c, i, s in rows]
+
+    # -- writing ------------------------------------------------------------------------------------
+    def save(self, conversation: Conversation) -> None:
+        """Write what changed since the conversation was last read or written."""
+        saved = self._saved.get(conversation.id)
+        turns = conversation.turns
+        same = 0
+        if saved is not None:
+            while same < min(len(saved), len(turns)) and (saved[same] is turns[same] or saved[same] == turns[same]):
+                same += 1
+
+        def statements(db: sqlite3.Connection) -> None:
+            db.execute("INSERT INTO conversations (id, title, created, updated) VALUES (?, ?, ?, ?) "
+                       "ON CONFLICT(id) DO UPDATE SET title = excluded.title, updated = excluded.updated",
+                       (conversation.id, conversation.title, conversation.created, conversation.updated))
+            db.execute("DELETE FROM turns WHERE conversation = ? AND idx >= ?", (conversation.id, same))
+            db.executemany(
+                "INSERT INTO turns (conversation, idx, role, content, summary, note, tokens, state) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(conversation.id, i, t.role, t.content, t.summary, t.note, _tokens_text(t.tokens),
+                  INTERRUPTED if t.interrupted else DONE) for i, t in enumerate(turns[same:], start=same)])
+
+        self._write(f"the conversation “{conversation.title}”", statements)
+        self._saved[conversation.id] = turns
+
+    def begin_answer(self, conversation: Conversation) -> None:
+        """An answer starts after the conversation's last turn: written as `streaming` until it ends."""
+        index = len(conversation.turns)
+
+        def statements(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM turns WHERE conversation = ? AND idx >= ?", (conversation.id, index))
+            db.execute("INSERT INTO turns (conversation, idx, role, content, state) VALUES (?, ?, 'assistant', '', ?)",
+                       (conversation.id, index, STREAMING))
+
+        self._write("the answer in progress", statements)
+
+    def update_answer(self, conversation: Conversation, text: str) -> None:
+        """The text of the answer in progress so far (kept if the app dies before it ends)."""
+        index = len(conversation.turns)
+        self._write("the answer in progress", lambda db: db.execute(
+            "UPDATE turns SET content = ? WHERE conversation = ? AND idx = ? AND state = ?",
+            (text, conversation.id, index, STREAMING)))
+
+    def delete(self, conversation_id: str) -> None:
+        self._write("the deletion", lambda db: db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)))
+        self._saved.pop(conversation_id, None)
+
+    # -- the JSON files of earlier versions ---------------------------------------------------------
+    def _import_legacy(self) -> list[str]:
+        """Import `conversations/*.json` once (the files stay); unreadable ones are named and skipped."""
+        db = self._connect()
+        if db.execute("SELECT 1 FROM meta WHERE key = 'imported_json'").fetchone():
+            return []
+        folder = self.legacy_folder
+        conversations, skipped = [], []
+        if folder is not None and Path(folder).is_dir():
+            for path in sorted(Path(folder).glob("*.json")):
+                try:
+                    conversations.append(Conversation.from_dict(read_json(path)))
+                except (OSError, ValueError, KeyError, TypeError):
+                    skipped.append(path.name)
+
+        def statements(db: sqlite3.Connection) -> None:
+            for conv in conversations:
+                if db.execute("SELECT 1 FROM conversations WHERE id = ?", (conv.id,)).fetchone():
+                    continue
+                db.execute("INSERT INTO conversations (id, title, created, updated) VALUES (?, ?, ?, ?)",
+                           (conv.id, conv.title, conv.created, conv.updated))
+                db.executemany(
+                    "INSERT INTO turns (conversation, idx, role, content, summary, note, tokens, state) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(conv.id, i, t.role, t.content, t.summary, t.note, _tokens_text(t.tokens), DONE)
+                     for i, t in enumerate(conv.turns)])
+            db.execute("INSERT INTO meta (key, value) VALUES ('imported_json', ?)", (str(time.time()),))
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+
+        self._write("the imported conversations", statements)
+        notices = []
+        if conversations:
+            notices.append(f"{len(conversations)} conversations were imported from {folder} (the files are kept).")
+        if skipped:
+            notices.append(f"Unreadable conversation files were not imported: {', '.join(skipped)}.")
+        return notices
+
+
+def _tokens_text(tokens: tuple[TokenRecord, ...]) -> str | None:
+    return json.dumps([t.to_list() for t in tokens], ensure_ascii=False, separators=(",", ":")) if tokens else None
+
+
+def _tokens(text: str | None) -> tuple[TokenRecord, ...]:
+    return tuple(TokenRecord.from_list(row) for row in json.loads(text)) if text else ()
+
+
+def _corrupt(exc: sqlite3.DatabaseError) -> bool:
+    text = str(exc).lower()
+    return "not a database" in text or "malformed" in text

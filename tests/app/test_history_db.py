@@ -1,0 +1,148 @@
+"""Conversations in SQLite: saves append, answers cut by a crash are kept and marked, the JSON files of
+earlier versions are imported once, search, and failures that say where."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from app.history import Conversation, TokenRecord, Turn, chat_messages, to_markdown
+from app.history_db import ConversationDB, StoreError
+
+
+def answer(text: str) -> Turn:
+    return Turn("assistant", text, tuple(TokenRecord(w + " ", "draft", 1, 0, 0.9, 0.8) for w in text.split()), "2 tokens")
+
+
+def test_conversations_come_back_as_saved_newest_first(tmp_path):
+    db = ConversationDB(tmp_path / "c.db")
+    older = Conversation("a", "Older", 1.0, 1.0).with_turn(Turn("user", "hi")).with_turn(answer("hello there"))
+    newer = Conversation("b", "Newer").with_turn(Turn("user", "more"))
+    db.save(older)
+    db.save(newer)
+    db.close()
+    found, notices = ConversationDB(tmp_path / "c.db").load_all()
+    assert [c.id for c in found] == ["b", "a"] and notices == []
+    assert found[1].turns == older.turns and found[1].title == "Older"
+
+
+def test_a_save_writes_only_the_new_turns(tmp_path):
+    db = ConversationDB(tmp_path / "c.db")
+    conv = Conversation("big")
+    for i in range(500):
+        conv = conv.with_turn(Turn("user", f"question {i}")).with_turn(answer(f"answer number {i}"))
+    db.save(conv)
+    connection = db._connect()
+    before = connection.total_changes
+    db.save(conv.with_turn(Turn("user", "one more")))
+    assert connection.total_changes - before <= 20  # the conversation's row, one turn, its search index rows
+    before = connection.total_changes
+    db.save(conv.truncated(999).with_turn(answer("again")))  # regenerate the last answer
+    assert connection.total_changes - before <= 40  # not the 1,000 turns
+    found, _ = ConversationDB(tmp_path / "c.db").load_all()
+    assert len(found[0].turns) == 1000 and found[0].turns[-1].content == "again"
+
+
+def test_an_answer_cut_by_a_crash_is_kept_marked_and_left_out_of_later_prompts(tmp_path):
+    db = ConversationDB(tmp_path / "c.db")
+    conv = Conversation("c").with_turn(Turn("user", "first")).with_turn(answer("one")).with_turn(Turn("user", "tell me"))
+    db.save(conv)
+    db.begin_answer(conv)
+    db.update_answer(conv, "Once upon a")
+    db.close()  # the app dies here
+    found, notices = ConversationDB(tmp_path / "c.db").load_all()
+    turns = found[0].turns
+    assert turns[-1].interrupted and turns[-1].content == "Once upon a" and "Interrupted" in turns[-1].note
+    assert any("interrupted" in n for n in notices)
+    later = found[0].with_turn(Turn("user", "something else"))
+    assert [m.content for m in chat_messages(later)] == ["first", "one", "something else"]
+    assert "**Assistant (interrupted)**" in to_markdown(later)
+    _, notices = ConversationDB(tmp_path / "c.db").load_all()
+    assert notices == []  # marked once
+
+
+def test_json_conversations_of_earlier_versions_are_imported_once_and_kept(tmp_path):
+    folder = tmp_path / "conversations"
+    folder.mkdir()
+    conv = Conversation("old", "From before").with_turn(Turn("user", "hi")).with_turn(answer("hello"))
+    (folder / "old.json").write_text(json.dumps(conv.to_dict()))
+    (folder / "broken.json").write_text("{not json")
+    found, notices = ConversationDB(tmp_path / "c.db", folder).load_all()
+    assert [c.turns for c in found] == [conv.turns]
+    assert any("1 conversations were imported" in n for n in notices) and any("broken.json" in n for n in notices)
+    assert (folder / "old.json").exists()
+    found, notices = ConversationDB(tmp_path / "c.db", folder).load_all()
+    assert len(found) == 1 and notices == []
+
+
+def test_search_finds_words_in_every_conversation_and_takes_any_text(tmp_path):
+    db = ConversationDB(tmp_path / "c.db")
+    db.save(Conversation("a").with_turn(Turn("user", "How do I rename a variable in Python?")))
+    db.save(Conversation("b").with_turn(Turn("user", "hello")).with_turn(answer("Renaming: use your editor's rename")))
+    assert {c for c, _, _ in db.search("rename")} == {"a", "b"}
+    hits = db.search("python variable")
+    assert [(c, i) for c, i, _ in hits] == [("a", 0)] and "[variable]" in hits[0][2]
+    assert db.search('"unbalanced AND ( NEAR') == [] and db.search("   ") == []
+
+
+def test_a_write_that_fails_says_where_and_changes_nothing(tmp_path):
+    db = ConversationDB(tmp_path / "c.db")
+    conv = Conversation("a").with_turn(Turn("user", "hi"))
+    db.save(conv)
+    other = sqlite3.connect(tmp_path / "c.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the database
+    with pytest.raises(StoreError, match="c.db"):
+        db.save(conv.with_turn(answer("hello")))
+    other.execute("ROLLBACK")
+    db.save(conv.with_turn(answer("hello")))  # the retry writes the turn it could not write before
+    found, _ = ConversationDB(tmp_path / "c.db").load_all()
+    assert [t.content for t in found[0].turns] == ["hi", "hello"]
+
+
+def test_every_save_before_a_kill_is_there(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from app.history import Conversation, Turn
+        from app.history_db import ConversationDB
+        db = ConversationDB({str(tmp_path / "c.db")!r})
+        conv = Conversation("k")
+        for i in range(40):
+            conv = conv.with_turn(Turn("user", f"message {{i}}"))
+            db.save(conv)
+            print(i, flush=True)
+            if i == 25:
+                db.begin_answer(conv)
+                db.update_answer(conv, "partial")
+                os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == -signal.SIGKILL
+    printed = run.stdout.split()
+    found, _ = ConversationDB(tmp_path / "c.db").load_all()
+    contents = [t.content for t in found[0].turns]
+    assert contents[: len(printed)] == [f"message {i}" for i in range(len(printed))] and len(printed) == 26
+    assert found[0].turns[-1].interrupted and found[0].turns[-1].content == "partial"
+
+
+def test_an_answer_begun_twice_then_saved_is_saved_once(tmp_path):
+    db = ConversationDB(tmp_path / "c.db")
+    conv = Conversation("r").with_turn(Turn("user", "too long at first"))
+    db.save(conv)
+    db.begin_answer(conv)  # the first try failed (the prompt did not fit) and was sent again shorter
+    db.update_answer(conv, "par")
+    db.begin_answer(conv)
+    db.update_answer(conv, "partial")
+    db.save(conv.with_turn(answer("the whole answer")))
+    found, notices = ConversationDB(tmp_path / "c.db").load_all()
+    assert [t.content for t in found[0].turns] == ["too long at first", "the whole answer"] and notices == []
+    assert [c for c, _, _ in db.search("whole")] == ["r"] and db.search("partial") == []
+    db.delete("r")
+    assert db.search("whole") == [] and ConversationDB(tmp_path / "c.db").load_all()[0] == []
