@@ -337,6 +337,17 @@ def _medusa_loss(head: MedusaHead, frozen: _Frozen, seqs: list[Sequence]) -> tup
     return loss, right, seen
 
 
+def _read_checkpoint(path: Path, say: Callable[[str], None]) -> dict | None:
+    """A checkpoint's tensors and numbers, read without running code from the file (weights_only): a
+    file that holds anything else is ignored, with a notice, and training starts over."""
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as exc:  # an unpickler error, a damaged file: all mean the same here
+        say(f"training: the checkpoint {path} was not used ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+        return None
+    return state if isinstance(state, dict) else None
+
+
 def train_head(target, seqs: list[Sequence], epochs: int = 2, lr: float = 1e-3, seed: int = 0,
                say: Callable[[str], None] = lambda s: None, batch: int = 4,
                checkpoint: Path | None = None, kind: str = "eagle",
@@ -364,8 +375,8 @@ def train_head(target, seqs: list[Sequence], epochs: int = 2, lr: float = 1e-3, 
     key = {"sequences": len(seqs), "tokens": sum(int(s.tokens.shape[0]) for s in seqs), "epochs": epochs,
            "lr": lr, "seed": seed, "batch": batch, "kind": kind}
     done = 0
-    if checkpoint is not None and checkpoint.is_file():
-        state = torch.load(checkpoint, weights_only=False)
+    state = _read_checkpoint(checkpoint, say) if checkpoint is not None and checkpoint.is_file() else None
+    if state is not None:
         if state.get("key") == key:
             head.load_state_dict(state["head"])
             opt.load_state_dict(state["opt"])

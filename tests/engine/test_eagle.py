@@ -125,6 +125,25 @@ def test_an_interrupted_training_run_resumes_where_it_stopped(trained, tmp_path)
         assert torch.equal(a, b)
 
 
+class _Planted:
+    def __reduce__(self):
+        return (exec, ("import pathlib; pathlib.Path(__import__('os').environ['PLANTED']).write_text('ran')",))
+
+
+def test_a_pickle_planted_as_a_checkpoint_is_refused_and_runs_no_code(trained, tmp_path, monkeypatch):
+    import pickle
+
+    target, _, _, seqs = trained
+    marker = tmp_path / "ran"
+    monkeypatch.setenv("PLANTED", str(marker))
+    (tmp_path / "c.pt").write_bytes(pickle.dumps({"key": None, "x": _Planted()}))
+    said = []
+    train_head(target, seqs[:4], epochs=1, lr=3e-3, batch=2, checkpoint=tmp_path / "c.pt", say=said.append)
+    assert not marker.exists()  # the file's code never ran
+    assert said[0].startswith(f"training: the checkpoint {tmp_path / 'c.pt'} was not used")
+    assert not any("resuming" in line for line in said)
+
+
 def test_greedy_eagle_drafts_trees_and_chains_and_stays_lossless(trained):
     target, folder, _, _ = trained
     drafter = build_drafter("eagle", target, head=str(folder), tree=1)
