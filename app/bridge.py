@@ -52,12 +52,13 @@ class ModelChoice:
     api_key_env: str = ""
     baseline_url: str = ""
     verify_tls: bool = True
+    allow_http_key: bool = False
 
     @classmethod
     def from_settings(cls, s) -> "ModelChoice":
         return cls(s.model_source, s.draft_source, s.device, s.dtype, s.weights, backend=s.backend, server_url=s.server_url,
                    server_model=s.server_model, api_key_env=s.api_key_env, baseline_url=s.baseline_url,
-                   verify_tls=s.verify_tls)
+                   verify_tls=s.verify_tls, allow_http_key=s.allow_http_key)
 
     @property
     def remote(self) -> bool:
@@ -68,7 +69,7 @@ class ModelChoice:
             from engine.remote.backend import RemoteLoadRequest
 
             return RemoteLoadRequest(self.server_url, self.server_model, self.api_key_env, self.baseline_url,
-                                     self.verify_tls)
+                                     self.verify_tls, allow_http_key=self.allow_http_key)
         from engine.types import LoadRequest, ModelSpec
 
         spec = ModelSpec(self.source, device=self.device, dtype=self.dtype, weights=self.weights)

@@ -60,6 +60,11 @@ class RemoteSection(QWidget):
         self.baseline.setToolTip(BASELINE_TIP)
         self.verify_tls = QCheckBox("Verify TLS certificates")
         self.verify_tls.setChecked(settings.verify_tls)
+        self.allow_http_key = QCheckBox("Send the API key over plain http:// (unencrypted) to another host")
+        self.allow_http_key.setChecked(settings.allow_http_key)
+        self.allow_http_key.setToolTip("Anyone on the network path can read a key sent over http://. Leave this off "
+                                       "and use https:// unless the network is yours. A server on this machine "
+                                       "(localhost) never needs it.")
         self.test_button = QPushButton("Test connection")
         self.result = QLabel()
         self.result.setWordWrap(True)
@@ -79,6 +84,7 @@ class RemoteSection(QWidget):
         form.addRow("API key", self.key)
         form.addRow("Baseline server URL", self.baseline)
         form.addRow("", self.verify_tls)
+        form.addRow("", self.allow_http_key)
         row = QWidget()
         line = QHBoxLayout(row)
         line.setContentsMargins(0, 0, 0, 0)
@@ -90,7 +96,7 @@ class RemoteSection(QWidget):
         """The section's Settings fields (the key is not one of them)."""
         return {"server_url": self.url.text().strip(), "server_model": self.model.currentText().strip(),
                 "api_key_env": self.key_env.text().strip(), "baseline_url": self.baseline.text().strip(),
-                "verify_tls": self.verify_tls.isChecked()}
+                "verify_tls": self.verify_tls.isChecked(), "allow_http_key": self.allow_http_key.isChecked()}
 
     def store_key(self) -> str | None:
         """Put a typed key in the OS keyring; None when done (or nothing to do), else why it failed."""
@@ -120,17 +126,19 @@ class RemoteSection(QWidget):
         self.test_button.setEnabled(False)
         self.result.setText("Connecting…")
         v, typed_key = self.values(), self.key.text().strip() if self.key.isEnabled() else ""
-        args = (self._tests, v["server_url"], v["server_model"], v["api_key_env"], v["verify_tls"], typed_key)
+        args = (self._tests, v["server_url"], v["server_model"], v["api_key_env"], v["verify_tls"], typed_key,
+                v["allow_http_key"])
         threading.Thread(target=self._probe, args=args, name="specula-probe", daemon=True).start()
 
-    def _probe(self, number: int, url: str, model: str, key_env: str, verify_tls: bool, typed_key: str) -> None:
+    def _probe(self, number: int, url: str, model: str, key_env: str, verify_tls: bool, typed_key: str,
+               allow_http_key: bool) -> None:
         from engine.remote.backend import probe, server_for
         from engine.remote.http import Server
 
         try:
-            server = server_for(url, key_env, verify_tls)
+            server = server_for(url, key_env, verify_tls, allow_http_key=allow_http_key)
             if typed_key and not key_env:  # a key typed but not stored yet: test with it
-                server = Server(server.url, typed_key, verify_tls)
+                server = Server(server.url, typed_key, verify_tls, allow_http_key=allow_http_key)
             answer = probe(server, model)
         except ValueError as exc:  # RemoteError: one line a user can act on
             answer = str(exc) or type(exc).__name__

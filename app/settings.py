@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .storage import read_json, set_aside, write_json_atomic
 
-VERSION = 4
+VERSION = 5
 BACKENDS = ("local", "remote")
 WEIGHTS = ("auto", "native", "dequantized")  # engine.paths.WEIGHT_NAMES (tested equal)
 FILE_NAME = "settings.json"
@@ -56,6 +56,7 @@ class Settings:
     api_key_env: str = ""  # the environment variable holding the key (empty: the OS keyring, else none)
     baseline_url: str = ""  # the same model served without speculation, for a measured speedup
     verify_tls: bool = True
+    allow_http_key: bool = False  # the user allowed the API key to go unencrypted (http://) to another host
 
     @property
     def remote(self) -> bool:
@@ -106,7 +107,12 @@ def _v3_to_v4(data: dict) -> dict:
     return {"weights": "auto", **data, "version": 4}
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}  # version -> the step to the next version
+def _v4_to_v5(data: dict) -> dict:
+    """Version 5 added `allow_http_key`; a version 4 file never sends a key unencrypted to another host."""
+    return {"allow_http_key": False, **data, "version": 5}
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}  # version -> the step to the next version
 
 
 def migrate(data: dict) -> dict:
@@ -166,6 +172,7 @@ def _clamped_options(s: Settings) -> dict:
 class Loaded:
     settings: Settings
     notice: str | None = None  # something the window should tell the user
+    newer: bool = False  # written by a newer version: read for what this one knows, never overwritten
 
 
 class SettingsStore:
@@ -175,6 +182,7 @@ class SettingsStore:
 
             folder = config_dir()
         self.path = Path(folder) / FILE_NAME
+        self.newer = False  # the file is a newer version's: save() leaves it as it is
 
     def load(self) -> Loaded:
         if not self.path.exists():
@@ -185,9 +193,15 @@ class SettingsStore:
                 raise ValueError("not a JSON object")
         except (OSError, ValueError) as exc:
             return Loaded(Settings(), self._recover(exc))
+        version = data.get("version")
+        self.newer = isinstance(version, int) and not isinstance(version, bool) and version > VERSION
         settings, bad = Settings.from_dict(data)
-        notice = f"Some settings were unusable and were reset: {', '.join(bad)}" if bad else None
-        return Loaded(settings, notice)
+        notices = [f"Some settings were unusable and were reset: {', '.join(bad)}"] if bad else []
+        if self.newer:
+            notices.append(f"The settings file {self.path} is from a newer version of Specula (format {version}): "
+                           "this version uses what it knows of it and will not change it, so changes made now "
+                           "last until Specula closes.")
+        return Loaded(settings, " ".join(notices) or None, self.newer)
 
     def _recover(self, exc: Exception) -> str:
         try:
@@ -197,4 +211,5 @@ class SettingsStore:
         return f"The settings file was unreadable and was moved to {moved.name}; defaults are in use."
 
     def save(self, settings: Settings) -> None:
-        write_json_atomic(self.path, settings.to_dict())
+        if not self.newer:
+            write_json_atomic(self.path, settings.to_dict())

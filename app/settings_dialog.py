@@ -19,7 +19,7 @@ from .settings import Settings
 MODEL_HINT = "bundled, a Hugging Face Hub id (org/name), a local folder or a .gguf file"
 BACKENDS = (("Local engine", "local"), ("Remote server", "remote"))
 LOCAL_KEYS = ("model_source", "draft_source", "device", "dtype", "weights")
-REMOTE_KEYS = ("server_url", "server_model", "api_key_env", "baseline_url", "verify_tls")
+REMOTE_KEYS = ("server_url", "server_model", "api_key_env", "baseline_url", "verify_tls", "allow_http_key")
 
 
 class SettingsDialog(QDialog):

@@ -31,7 +31,7 @@ def run_bench_cmd(args) -> int:
                           params=SamplingParams(), seed=0)
     items = load_items(args.prompts, args.categories, args.limit_per_category)
     names = strategies + peers + list(servers)
-    remotes = connect_servers(servers, args.api_key_env or "", not args.insecure)
+    remotes = connect_servers(servers, args.api_key_env or "", not args.insecure, args.allow_http_key)
     session = Session()
     # every row measures the same step: with "auto" the bench waits for the compiled one (or its reason)
     step = step_mode(args.step)
@@ -55,13 +55,14 @@ def run_bench_cmd(args) -> int:
     return 0
 
 
-def connect_servers(servers: dict[str, str], api_key_env: str, verify_tls: bool) -> dict:
+def connect_servers(servers: dict[str, str], api_key_env: str, verify_tls: bool, allow_http_key: bool = False) -> dict:
     """Each server peer connected (before any model loads, so a wrong URL fails at once)."""
     from .remote.backend import RemoteBackend, RemoteLoadRequest
 
     remotes = {}
     for name, url in servers.items():
         backend = RemoteBackend()
-        backend.load(RemoteLoadRequest(url, api_key_env=api_key_env, verify_tls=verify_tls))
+        backend.load(RemoteLoadRequest(url, api_key_env=api_key_env, verify_tls=verify_tls,
+                                       allow_http_key=allow_http_key))
         remotes[name] = backend
     return remotes

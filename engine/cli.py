@@ -45,6 +45,8 @@ def _add_remote_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline-server", default=None,
                    help="remote: the same model served without speculation; its measured speed gives the speedup")
     p.add_argument("--insecure", action="store_true", help="remote: do not verify the server's TLS certificate")
+    p.add_argument("--allow-http-key", action="store_true",
+                   help="remote: send the API key over plain http:// to a host that is not this machine (unencrypted)")
 
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
@@ -96,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(e.g. vllm=http://127.0.0.1:8011,vllm-plain=http://127.0.0.1:8012)")
     b.add_argument("--api-key-env", default=None, help="server peers: the environment variable holding the API key")
     b.add_argument("--insecure", action="store_true", help="server peers: do not verify TLS certificates")
+    b.add_argument("--allow-http-key", action="store_true",
+                   help="server peers: send the API key over plain http:// to other hosts (unencrypted)")
     b.add_argument("--max-new-tokens", type=int, default=96)
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--k", type=int, default=None, help="longest draft for every strategy; default: each strategy's own")

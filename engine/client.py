@@ -57,8 +57,9 @@ def load_payload(request: LoadRequest | RemoteLoadRequest) -> dict:
 
 
 class EngineClient:
-    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0) -> None:
-        self.server = Server(url, api_key, timeout_s=timeout_s)
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0,
+                 allow_http_key: bool = False) -> None:
+        self.server = Server(url, api_key, timeout_s=timeout_s, allow_http_key=allow_http_key)
 
     def health(self, timeout: float = 2.0) -> dict | None:
         """The server's state ({"status": ..., "message": ...}); None when it does not answer."""

@@ -107,7 +107,8 @@ def connect_remote(args, progress):
                            "instead of --model, and drop --strategy and --draft-model")
     backend = RemoteBackend()
     request = RemoteLoadRequest(args.server, args.server_model or "", args.api_key_env or "",
-                                args.baseline_server or "", verify_tls=not args.insecure)
+                                args.baseline_server or "", verify_tls=not args.insecure,
+                                allow_http_key=args.allow_http_key)
     loaded = backend.load(request, progress)
     if progress is not None:
         for note in loaded.notes:

@@ -42,6 +42,7 @@ class RemoteLoadRequest:
     baseline_server: str = ""  # the same model served without speculation, for a measured speedup
     verify_tls: bool = True
     use_keyring: bool = True
+    allow_http_key: bool = False  # the user allowed sending the key unencrypted to a host that is not this one
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,11 @@ class ServerInfo:
         return f"{what} at {self.server.root}"
 
 
-def server_for(url: str, api_key_env: str = "", verify_tls: bool = True, use_keyring: bool = True) -> Server:
+def server_for(url: str, api_key_env: str = "", verify_tls: bool = True, use_keyring: bool = True,
+               allow_http_key: bool = False) -> Server:
     server = Server(url, verify_tls=verify_tls)  # checks the URL before a key is looked up
     key = resolve_api_key(server.root, api_key_env, use_keyring)
-    return Server(server.url, key, verify_tls)
+    return Server(server.url, key, verify_tls, allow_http_key=allow_http_key)
 
 
 def probe(server: Server, model: str = "") -> ServerInfo:
@@ -140,12 +142,14 @@ class RemoteBackend:
     def load(self, request: RemoteLoadRequest, progress: Callable[[str], None] | None = None) -> Loaded:
         say = progress or (lambda text: None)
         say(f"connecting to {request.server}")
-        server = server_for(request.server, request.api_key_env, request.verify_tls, request.use_keyring)
+        server = server_for(request.server, request.api_key_env, request.verify_tls, request.use_keyring,
+                            request.allow_http_key)
         info = probe(server, request.model)
         baseline = baseline_info = None
         if request.baseline_server.strip():
             say(f"measuring plain decoding on {request.baseline_server}")
-            plain = server_for(request.baseline_server, request.api_key_env, request.verify_tls, request.use_keyring)
+            plain = server_for(request.baseline_server, request.api_key_env, request.verify_tls, request.use_keyring,
+                               request.allow_http_key)
             baseline_info = probe(plain, info.model)  # the same model, or the speedup would mean nothing
             baseline = measure_plain(baseline_info)
         self.info, self.baseline, self.baseline_info = info, baseline, baseline_info
@@ -193,7 +197,7 @@ def _specula_reply(info: ServerInfo, request, request_id: int, should_stop: Call
     uses its default strategy (the request's is this process's choice of a local one)."""
     from ..client import EngineClient
 
-    client = EngineClient(info.server.url, info.server.api_key, timeout_s=info.server.timeout_s)
+    client = EngineClient(info.server.url, info.server.api_key, info.server.timeout_s, info.server.allow_http_key)
     call = client.call(replace(request, strategy="server"), request_id)
     stopping = False
     for event in call.events():

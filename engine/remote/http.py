@@ -10,6 +10,7 @@ turned that off for this server.
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import socket
 import ssl
@@ -43,9 +44,14 @@ class Server:
     api_key: str | None = None
     verify_tls: bool = True
     timeout_s: float = READ_TIMEOUT_S
+    allow_http_key: bool = False  # the user said a key may go unencrypted to a host that is not this machine
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", normalize_url(self.url))
+        host = urlsplit(self.url).hostname or ""
+        if self.api_key and self.url.startswith("http://") and not is_loopback(host) and not self.allow_http_key:
+            raise RemoteError(f"an API key would be sent unencrypted over http:// to {host}: use https://, or allow "
+                              "it explicitly (--allow-http-key; in the app, the server settings' checkbox)")
 
     @property
     def root(self) -> str:
@@ -62,7 +68,12 @@ def normalize_url(url: str) -> str:
     text = (url or "").strip().rstrip("/")
     if not text:
         raise RemoteError("no server URL given: use e.g. http://127.0.0.1:8011")
-    parts = urlsplit(text)
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise RemoteError(f"server URL must not contain spaces or control characters: {text!r}")
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
+        raise RemoteError(f"server URL is not valid ({exc}): '{text}'") from None
     if parts.scheme not in ("http", "https"):
         raise RemoteError(f"server URL must start with http:// or https://, got '{text}'")
     if not parts.hostname:
@@ -74,6 +85,16 @@ def normalize_url(url: str) -> str:
     except ValueError:
         raise RemoteError(f"server URL has a bad port: '{text}'") from None
     return text
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine (localhost, 127.0.0.0/8, ::1)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _connection(server: Server, url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:

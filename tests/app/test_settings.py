@@ -112,7 +112,7 @@ def load_old(folder, old: dict):
     store.path.write_text(json.dumps(old))
     loaded = store.load()
     s = loaded.settings
-    assert loaded.notice is None and s.version == VERSION == 4
+    assert loaded.notice is None and s.version == VERSION == 5
     assert {k: getattr(s, k) for k in old if k != "version"} == {k: v for k, v in old.items() if k != "version"}
     return store, s
 
@@ -123,7 +123,7 @@ def test_a_version_1_file_still_loads_and_is_saved_as_the_current_version(tmp_pa
     assert s.strategy_options() == ()
     store.save(s)
     data = json.loads(store.path.read_text())
-    assert data["version"] == 4 and data["exit_layer"] is None and "lookup_min_n" in data
+    assert data["version"] == 5 and data["exit_layer"] is None and "lookup_min_n" in data
     assert data["backend"] == "local" and data["weights"] == "auto"
 
 
@@ -219,4 +219,17 @@ def test_remote_settings_round_trip_and_an_unknown_backend_is_local(tmp_path):
     store.path.write_text(json.dumps({"version": 3, "verify_tls": "yes"}))
     loaded = store.load()
     assert loaded.settings.verify_tls is True and "verify_tls" in loaded.notice
-    assert not any("key" in f and f != "api_key_env" for f in Settings().to_dict())  # a key is never a setting
+    # a key is never a setting: only the name of its variable, and whether it may go over plain http
+    assert [f for f in Settings().to_dict() if "key" in f] == ["api_key_env", "allow_http_key"]
+    assert isinstance(Settings().allow_http_key, bool)
+
+
+def test_a_file_from_a_newer_version_is_read_for_what_is_known_and_never_overwritten(tmp_path):
+    store = SettingsStore(tmp_path)
+    newer = {"version": VERSION + 1, "strategy": "prompt-lookup", "k": 6, "a_future_field": {"x": 1}}
+    store.path.write_text(json.dumps(newer))
+    loaded = store.load()
+    assert loaded.newer and loaded.settings.strategy == "prompt-lookup" and loaded.settings.k == 6
+    assert "newer version of Specula" in loaded.notice and str(store.path) in loaded.notice
+    store.save(replace(loaded.settings, k=3))
+    assert json.loads(store.path.read_text()) == newer  # the newer version's file is left as it was

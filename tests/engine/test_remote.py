@@ -91,7 +91,8 @@ def test_reconcile_blanks_tokens_the_text_leaves_out():
 
 
 # -- URLs, errors, keys -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("url", ["", "ftp://host", "file:///etc/passwd", "http://", "http://h:port", "http://h/?q=1"])
+@pytest.mark.parametrize("url", ["", "ftp://host", "file:///etc/passwd", "http://", "http://h:port", "http://h/?q=1",
+                                 "http://[::1", "http://my host:8000", "http://h\x1b[31m"])
 def test_only_plain_http_and_https_urls(url):
     with pytest.raises(RemoteError):
         normalize_url(url)
@@ -101,6 +102,28 @@ def test_urls_keep_or_add_the_api_prefix():
     assert Server("http://h:1/v1/").api == "http://h:1/v1"
     assert Server("https://h").api == "https://h/v1"
     assert Server("http://h:1/v1").root == "http://h:1"
+
+
+def test_a_key_goes_unencrypted_only_to_this_machine_or_when_the_user_allows_it():
+    for url in ("http://127.0.0.1:8000", "http://localhost:1", "http://[::1]:2", "https://example.com"):
+        assert Server(url, "sk-1").api_key == "sk-1"
+    with pytest.raises(RemoteError, match="unencrypted over http:// to example.com: use https://, or allow it"):
+        Server("http://example.com:8000", "sk-1")
+    assert Server("http://example.com:8000", "sk-1", allow_http_key=True).api_key == "sk-1"
+    assert Server("http://example.com:8000").api_key is None  # no key: nothing to protect
+
+
+def test_a_key_for_plain_http_elsewhere_stops_the_command_line_unless_allowed(capsys, monkeypatch):
+    from engine.cli import main
+
+    monkeypatch.setenv("SPECULA_TEST_KEY", "sk-1")
+    args = ["generate", "--backend", "remote", "--server", "http://192.0.2.1:9", "--api-key-env", "SPECULA_TEST_KEY",
+            "--prompt", "hi"]
+    assert main(args) == 2
+    assert "unencrypted over http:// to 192.0.2.1" in capsys.readouterr().err
+    assert main(["generate", "--backend", "remote", "--server", "http://[::1", "--prompt", "hi"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "specula: error: server URL is not valid (Invalid IPv6 URL): 'http://[::1'")
 
 
 def test_http_errors_become_one_line_messages():
