@@ -231,6 +231,9 @@ class MainWindow(QMainWindow):
 
     def _on_loaded(self, event) -> None:
         self.loaded = event
+        for warning in event.warnings:
+            if warning not in self.notices.messages:
+                self.notices.add(warning)
         self.strategy_unavailable = None
         if not self.can.strategies:
             self.controls.set_server()  # the saved local strategy stays in the settings for later

@@ -45,6 +45,8 @@ def run_chat(args) -> int:
         session = Session()
         spec = ModelSpec(args.model, args.device, args.dtype, args.weights, args.step)
         loaded = session.load(LoadRequest(spec, args.draft_model), say)
+        for warning in loaded.warnings:
+            print(f"specula: note: {warning}", file=sys.stderr)
         strategy = args.strategy
     print(f"{loaded.target} on {loaded.device} ({loaded.weights or loaded.dtype}). Strategy: {strategy}. {HELP}")
     if colour:

@@ -80,7 +80,9 @@ def run_generate(args) -> int:
         check_strategy(args)
         session = Session()
         spec = ModelSpec(args.model, args.device, args.dtype, args.weights, args.step)
-        session.load(LoadRequest(spec, args.draft_model, measure_baseline=False), _progress(args))
+        loaded = session.load(LoadRequest(spec, args.draft_model, measure_baseline=False), _progress(args))
+        for warning in loaded.warnings:
+            print(f"specula: note: {warning}", file=sys.stderr)
         session.drafter(args.strategy, dict(strategy_options(args)))  # unusable strategy: fail before generating
     failures = 0
     for item in items:

@@ -29,6 +29,7 @@ class Session:
         self._runner = None
         self._drafters: dict = {}
         self.heads: dict = {}  # kind -> draft head folders made for the target, found when it loads
+        self.head_warnings: list[str] = []  # heads found but unreadable (left out)
 
     def load(self, request: LoadRequest, progress: Callable[[str], None] | None = None) -> Loaded:
         say = progress or (lambda text: None)
@@ -52,7 +53,8 @@ class Session:
         from .heads.eagle import find_heads
 
         self.target, self.draft = target, draft
-        self.heads = find_heads(target)
+        self.head_warnings = []
+        self.heads = find_heads(target, self.head_warnings)
         self._runner = target.new_runner()
         self._drafters = {}
         self.baseline = None
@@ -75,7 +77,8 @@ class Session:
         options = TrainOptions(kind=request.kind, tokens=request.tokens, epochs=request.epochs, batch=request.batch,
                                out=out, overwrite=True)
         result = run_training(target, options, say=say, should_stop=should_stop)
-        self.heads = find_heads(target)
+        self.head_warnings = []
+        self.heads = find_heads(target, self.head_warnings)
         self._drafters = {key: d for key, d in self._drafters.items() if key[0] not in (request.kind, "auto")}
         return Trained(request_id, result.kind, str(result.out), result.accepted, result.summary())
 
@@ -92,6 +95,7 @@ class Session:
                   if (self.draft or not info.needs_draft_model) and (not info.needs_head or info.needs_head in self.heads)),
             self.baseline,
             weights=t.weights,
+            warnings=tuple(self.head_warnings),
         )
 
     def _need_target(self) -> LoadedModel:

@@ -106,7 +106,7 @@ def loaded_json(event: Loaded) -> dict:
 def loaded_from(data: dict, request_id: int) -> Loaded:
     names = {f.name for f in fields(Loaded)} - {"request_id"}
     values = {k: v for k, v in data.items() if k in names}
-    for name in ("strategies", "notes"):
+    for name in ("strategies", "notes", "warnings"):
         values[name] = tuple(values.get(name) or ())
     baseline = values.get("baseline")
     values["baseline"] = BaselineCost(float(baseline["a"]), float(baseline["b"])) if baseline else None

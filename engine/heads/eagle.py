@@ -78,9 +78,10 @@ def target_fingerprint(model) -> str:
     shape = (cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.intermediate_size)
     digest.update(repr(shape).encode())
     with torch.no_grad():
-        sample = model.get_input_embeddings().weight[:16, :64].float().cpu()
-        sample = torch.cat([sample.flatten(), model.get_output_embeddings().weight[-16:, :64].float().cpu().flatten()])
-    digest.update(sample.numpy().round(3).tobytes())  # rounded: the same model in fp32 and bf16 agrees
+        parts = (model.get_input_embeddings().weight[:16, :64], model.get_output_embeddings().weight[-16:, :64])
+        # through bf16, then rounded: the same weights loaded in fp32, fp16 or bf16 give the same values
+        sample = torch.cat([p.detach().to(torch.bfloat16).float().cpu().flatten() for p in parts])
+    digest.update(sample.numpy().round(3).tobytes())
     return digest.hexdigest()[:16]
 
 
@@ -236,10 +237,14 @@ def load_head(folder: Path, target, dtype=None, kind: str | None = None) -> tupl
     if target.tokenizer is not None and info.vocabulary != vocabulary_fingerprint(target.tokenizer):
         raise SpeculaError(f"the draft head in {folder} was trained with another tokenizer than {target.name}'s")
     head = kinds[info.kind](info.config)
-    state = load_file(str(folder / "head.safetensors"))
-    if "draft_ids" in state:
-        head.draft_ids = state["draft_ids"]
-    head.load_state_dict(state)
+    weights = folder / "head.safetensors"
+    try:
+        state = load_file(str(weights))
+        if "draft_ids" in state:
+            head.draft_ids = state["draft_ids"]
+        head.load_state_dict(state)
+    except Exception as exc:  # a truncated file, a wrong shape, a missing tensor: all name the file
+        raise SpeculaError(f"the draft head {weights} is unreadable: {_first_line(exc)}") from None
     head = head.to(device=target.device, dtype=dtype or target.dtype).eval()
     head.requires_grad_(False)
     return head, info
@@ -274,9 +279,29 @@ def head_kinds() -> dict[str, type]:
     return {"eagle": EagleHead, "medusa": MedusaHead}
 
 
-def find_heads(target) -> dict[str, list[Path]]:
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0][:200] if text else "") or type(exc).__name__
+
+
+def readable(folder: Path) -> str | None:
+    """Why the head's weights cannot be read (None when they can): their file's header and size are
+    checked, which finds a truncated or foreign file without reading the tensors."""
+    from safetensors import safe_open
+
+    path = folder / "head.safetensors"
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            if not list(f.keys()):
+                return f"the draft head {path} holds no tensors"
+    except Exception as exc:
+        return f"the draft head {path} is unreadable ({_first_line(exc)})"
+    return None
+
+
+def find_heads(target, skipped: list[str] | None = None) -> dict[str, list[Path]]:
     """Head folders made for this loaded target (its fingerprint and vocabulary) by kind, the user's
-    before the shipped ones."""
+    before the shipped ones. A head whose files cannot be read is left out, and `skipped` says which."""
     folders = head_folders()
     if not folders or not target.uses_lean_forward:
         return {}
@@ -289,8 +314,14 @@ def find_heads(target) -> dict[str, list[Path]]:
     for folder in folders:
         try:
             info = read_info(folder)
-        except SpeculaError:
+        except SpeculaError as exc:
+            if skipped is not None:
+                skipped.append(f"{exc}; it was skipped")
             continue
         if info.kind in head_kinds() and info.target == mine and (vocab is None or info.vocabulary == vocab):
-            found.setdefault(info.kind, []).append(folder)
+            problem = readable(folder)
+            if problem is None:
+                found.setdefault(info.kind, []).append(folder)
+            elif skipped is not None:
+                skipped.append(f"{problem}; it was skipped")
     return found

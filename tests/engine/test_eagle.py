@@ -196,3 +196,26 @@ def test_a_session_finds_heads_made_for_its_model(trained, tmp_path, monkeypatch
     request = GenerateRequest((Message("user", "x"),), "eagle", DecodeConfig(k=4, max_new_tokens=20), chat=False)
     finished = [e for e in session.generate(request, prompt_ids=[1, 2, 3]) if isinstance(e, Finished)][0]
     assert finished.totals.drafted > 0
+
+
+def test_an_unreadable_head_is_skipped_with_a_note_that_names_its_file(trained, tmp_path, monkeypatch):
+    import shutil
+
+    from engine.session import Session
+
+    target, folder, _, _ = trained
+    monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path))
+    shutil.copytree(folder, tmp_path / "heads" / "good")
+    shutil.copytree(folder, tmp_path / "heads" / "truncated")
+    weights = tmp_path / "heads" / "truncated" / "head.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    shutil.copytree(folder, tmp_path / "heads" / "no-info")
+    (tmp_path / "heads" / "no-info" / "head.json").write_text("{broken")
+    session = Session()
+    session.use(target)
+    assert session.heads == {"eagle": [tmp_path / "heads" / "good"]}  # eagle and auto still work
+    warnings = session.describe().warnings
+    assert any(str(weights) in w and "skipped" in w for w in warnings)
+    assert any("no-info" in w and "skipped" in w for w in warnings) and len(warnings) == 2
+    with pytest.raises(SpeculaError, match=f"the draft head {weights} is unreadable"):
+        build_drafter("eagle", target, head=str(tmp_path / "heads" / "truncated"))
