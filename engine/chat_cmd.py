@@ -9,7 +9,7 @@ import signal
 import sys
 from dataclasses import replace
 
-from .errors import SpeculaError
+from .errors import SpeculaError, terminal_safe
 from .events import Finished, Origin, Step
 from .generate_cmd import check_strategy, connect_remote, decode_config, strategy_options
 from .loading import ModelSpec
@@ -29,8 +29,9 @@ HELP = "/strategy NAME  /k N  /reset  /quit   (Ctrl-C stops an answer)"
 
 def _paint(step: Step, colour: bool) -> str:
     if not colour:
-        return "".join(t.text for t in step.tokens)
-    return "".join(f"{COLOURS[t.origin]}{t.text}{RESET}" if COLOURS[t.origin] else t.text for t in step.tokens)
+        return terminal_safe("".join(t.text for t in step.tokens))
+    return "".join(f"{COLOURS[t.origin]}{terminal_safe(t.text)}{RESET}" if COLOURS[t.origin] else terminal_safe(t.text)
+                   for t in step.tokens)
 
 
 def run_chat(args) -> int:
@@ -106,7 +107,7 @@ def _reply(session: Session, request: GenerateRequest, colour: bool) -> Finished
             elif isinstance(event, Finished):
                 finished = event
     except SpeculaError as exc:
-        print(f"\n[error: {exc}]")
+        print(f"\n[error: {terminal_safe(str(exc))}]")
         return None
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -17,7 +17,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .errors import SpeculaError
+from .errors import SpeculaError, terminal_safe
 
 EXIT_BAD_INPUT = 2
 
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_train_cmd(args)
     except SpeculaError as exc:
-        print(f"specula: error: {exc}", file=sys.stderr)
+        print(f"specula: error: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("specula: interrupted", file=sys.stderr)
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         from .runner import describe_error
 
-        print(f"specula: error: {describe_error(exc)}", file=sys.stderr)
+        print(f"specula: error: {terminal_safe(describe_error(exc))}", file=sys.stderr)
         return 1
     return 0
 

@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
+# escape sequences (CSI, OSC, and ESC with its intermediate and final bytes), then any other C0 or C1 control character but the newline
+# and the tab: what a terminal would act on instead of showing
+_CONTROLS = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` without what a terminal would execute: escape sequences and control characters (a model's or
+    a server's text can hold them), keeping newlines and tabs."""
+    return _CONTROLS.sub("", text)
+
 
 class SpeculaError(ValueError):
     """Bad input or an unusable model; the message is one line a user can act on."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from .cli import json_line
 from .decoder import DecodeConfig
 from .drafters import DRAFTERS, default_k
-from .errors import SpeculaError
+from .errors import SpeculaError, terminal_safe
 from .events import Finished, Step
 from .loading import ModelSpec
 from .metrics import SpeedupSum, speedup_text
@@ -51,8 +51,14 @@ def read_prompts(path: Path) -> list[PromptItem]:
     """JSON Lines with either "prompt" (one turn) or Spec-Bench's "turns" (several)."""
     if not path.is_file():
         raise SpeculaError(f"prompts file not found: {path}")
+    try:
+        text = path.read_bytes().decode("utf-8-sig")  # a byte-order mark from an editor is fine
+    except UnicodeDecodeError as exc:
+        raise SpeculaError(f"{path} is not UTF-8 text (byte {exc.start}): JSON Lines, one prompt per line") from None
+    except OSError as exc:
+        raise SpeculaError(f"cannot read the prompts file {path}: {exc.strerror or exc}") from None
     items = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -91,7 +97,7 @@ def run_generate(args) -> int:
         except SpeculaError as exc:
             failures += 1
             where = f"prompt {item.question_id}: " if item.question_id is not None else ""
-            print(f"specula: error: {where}{exc}", file=sys.stderr)
+            print(f"specula: error: {where}{terminal_safe(str(exc))}", file=sys.stderr)
             continue
         if args.json:
             print(json_line(record), flush=True)
@@ -141,7 +147,7 @@ def _run_turn(session: Session, request: GenerateRequest, stream: bool) -> Finis
     finished = None
     for event in session.generate(request):
         if stream and isinstance(event, Step):
-            sys.stdout.write("".join(t.text for t in event.tokens))
+            sys.stdout.write(terminal_safe("".join(t.text for t in event.tokens)))
             sys.stdout.flush()
         elif isinstance(event, Finished):
             finished = event

@@ -74,6 +74,18 @@ def test_malformed_prompts_file(capsys, tmp_path):
     assert_one_line_error(code, err, "line 2")
 
 
+def test_a_prompts_file_with_a_byte_order_mark_reads_and_binary_junk_is_one_line(capsys, tmp_path):
+    from engine.generate_cmd import read_prompts
+
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes("\ufeff".encode() + b'{"prompt": "caf\xc3\xa9"}\n')
+    assert [i.turns for i in read_prompts(bom)] == [("café",)]
+    junk = tmp_path / "junk.jsonl"
+    junk.write_bytes(bytes(range(256)) * 4)
+    code, _, err = run_cli(capsys, "generate", "--prompts", str(junk))
+    assert_one_line_error(code, err, "junk.jsonl is not UTF-8 text")
+
+
 def test_offline_hub_id_is_a_clear_error(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, _, err = run_cli(capsys, "generate", "--model", "nobody/no-such-model-xyz", "--prompt", "hi")

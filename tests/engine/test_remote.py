@@ -333,6 +333,17 @@ def test_generate_with_the_remote_backend(capsys):
     assert "http:// or https://" in capsys.readouterr().err
 
 
+def test_escape_sequences_from_a_server_never_reach_the_terminal(capsys):
+    from engine.cli import main
+    from engine.errors import terminal_safe
+
+    with FakeServer(steps=[["\x1b]0;pwned\x07\x1b[2JHel", "lo\x1b[31m"], ["!\r\x9b"]]) as fake:
+        assert main(["generate", "--backend", "remote", "--server", fake.url, "--prompt", "hi"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "Hello!" and "\x1b" not in out + err
+    assert terminal_safe("line 1\n\tline 2 é\x00\x1bc") == "line 1\n\tline 2 é"
+
+
 def test_terminal_chat_through_a_server_keeps_the_conversation(capsys, monkeypatch):
     from engine.cli import main
 
