@@ -60,9 +60,9 @@ def run_chat(args) -> int:
         except EOFError:
             print()
             return 0
-        except KeyboardInterrupt:
-            print()
-            return 0
+        except KeyboardInterrupt:  # as in a shell: Ctrl-C clears the line, it does not end the chat
+            print("\n[Ctrl-C stops an answer; /quit or Ctrl-D leaves]")
+            continue
         if not line:
             continue
         if line.startswith("/"):

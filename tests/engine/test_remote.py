@@ -356,3 +356,18 @@ def test_terminal_chat_through_a_server_keeps_the_conversation(capsys, monkeypat
     assert "Strategy: server" in out and out.count("Hello!") == 2 and "server-wide counters" in out
     assert second == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"},
                       {"role": "user", "content": "and again"}]
+
+
+def test_ctrl_c_at_the_terminal_prompt_does_not_end_the_chat(capsys, monkeypatch):
+    from engine.cli import main
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+
+    script = iter([lambda: "hi", ctrl_c, ctrl_c, lambda: "and again", lambda: "/quit"])  # two quick Ctrl-C
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(script)())
+    with FakeServer(steps=[["Hel", "lo"], ["!"]]) as fake:
+        assert main(["chat", "--backend", "remote", "--server", fake.url]) == 0
+        second = fake.requests[-1]["messages"]
+    assert capsys.readouterr().out.count("/quit or Ctrl-D leaves") == 2
+    assert [m["content"] for m in second] == ["hi", "Hello!", "and again"]  # the conversation went on
