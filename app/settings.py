@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from .storage import read_json, set_aside, write_json_atomic
+from .storage import read_json, remove_stale_temporaries, set_aside, write_json_atomic
 
 VERSION = 5
 BACKENDS = ("local", "remote")
@@ -185,6 +185,7 @@ class SettingsStore:
         self.newer = False  # the file is a newer version's: save() leaves it as it is
 
     def load(self) -> Loaded:
+        remove_stale_temporaries(self.path)
         if not self.path.exists():
             return Loaded(Settings())
         try:

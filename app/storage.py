@@ -28,6 +28,18 @@ def write_json_atomic(path: Path, data: object) -> None:
         raise
 
 
+def remove_stale_temporaries(path: Path, older_than_s: float = 60.0) -> None:
+    """Delete the temporary files a write of `path` left behind when the app was killed mid-write (a
+    write in progress, of another window, is younger than `older_than_s`)."""
+    now = time.time()
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > older_than_s:
+                tmp.unlink()
+        except OSError:
+            pass
+
+
 def read_json(path: Path) -> object:
     """The parsed file; raises ValueError (corrupt) or OSError (unreadable)."""
     return json.loads(path.read_text(encoding="utf-8"))

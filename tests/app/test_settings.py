@@ -233,3 +233,18 @@ def test_a_file_from_a_newer_version_is_read_for_what_is_known_and_never_overwri
     assert "newer version of Specula" in loaded.notice and str(store.path) in loaded.notice
     store.save(replace(loaded.settings, k=3))
     assert json.loads(store.path.read_text()) == newer  # the newer version's file is left as it was
+
+
+def test_a_write_killed_half_way_leaves_no_temporary_file_for_long(tmp_path):
+    import os
+    import time
+
+    store = SettingsStore(tmp_path)
+    store.save(Settings(k=3))
+    old = tmp_path / ".settings.json.abc123.tmp"  # what a kill during a save leaves
+    old.write_text("{half")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    fresh = tmp_path / ".settings.json.def456.tmp"  # another window's save in progress
+    fresh.write_text("{")
+    assert store.load().settings.k == 3
+    assert not old.exists() and fresh.exists()
