@@ -123,16 +123,18 @@ def _request(server: Server, method: str, url: str, payload: dict | None, timeou
     `on_connect(conn)` is called once connected, before the answer is awaited."""
     conn, path = _connection(server, url, timeout)
     body = json.dumps(payload).encode() if payload is not None else None
+    waited = "accept a connection"
     try:
         conn.connect()
         conn.sock.settimeout(timeout)
         if on_connect is not None:
             on_connect(conn)
+        waited = "answer"
         conn.request(method, path, body=body, headers=_headers(server, body is not None))
         response = conn.getresponse()
     except BaseException as exc:
         conn.close()
-        raise _network_error(server, url, exc) from None
+        raise _network_error(server, url, exc, f"did not {waited} within {timeout:.0f} s") from None
     if not 200 <= response.status < 300:
         try:
             text = response.read(64 * 1024).decode("utf-8", "replace")
@@ -144,14 +146,15 @@ def _request(server: Server, method: str, url: str, payload: dict | None, timeou
     return conn, response
 
 
-def _network_error(server: Server, url: str, exc: BaseException) -> BaseException:
+def _network_error(server: Server, url: str, exc: BaseException, timed_out: str = "") -> BaseException:
+    """One line for a failure to reach or hear from the server; `timed_out` says what a timeout means."""
     if isinstance(exc, ssl.SSLCertVerificationError):
         return RemoteError(f"the TLS certificate of {server.root} could not be verified ({exc.verify_message}); "
                            "use a trusted certificate, or turn off verification for this server")
     if isinstance(exc, ConnectionRefusedError):
         return RemoteError(f"cannot reach the server at {server.root}: connection refused (is it running?)")
     if isinstance(exc, (socket.timeout, TimeoutError)):
-        return RemoteError(f"the server at {server.root} did not answer within {server.timeout_s:.0f} s")
+        return RemoteError(f"the server at {server.root} {timed_out or f'did not answer within {server.timeout_s:.0f} s'}")
     if isinstance(exc, socket.gaierror):
         return RemoteError(f"cannot find the server's host in {server.root} ({exc.strerror})")
     if isinstance(exc, (OSError, http.client.HTTPException)):
@@ -224,7 +227,7 @@ def get_text(server: Server, path: str, timeout: float = CONNECT_TIMEOUT_S) -> s
     try:
         return response.read().decode("utf-8", "replace")
     except (OSError, http.client.HTTPException) as exc:
-        raise _network_error(server, server.root + path, exc) from None
+        raise _network_error(server, server.root + path, exc, f"stopped answering for {timeout:.0f} s") from None
     finally:
         conn.close()
 

@@ -16,7 +16,7 @@ from engine.metrics import LiveMetrics
 from engine.prompts import Message
 from engine.remote.backend import RemoteBackend, RemoteLoadRequest, probe, server_for
 from engine.remote.chunks import ChunkReader, chunk_tokens, reconcile
-from engine.remote.http import AuthError, RemoteError, Server, http_error, normalize_url, parse_event
+from engine.remote.http import AuthError, RemoteError, Server, get_json, http_error, normalize_url, parse_event
 from engine.remote.keys import resolve_api_key
 from engine.remote.telemetry import SpecCounters, parse_metrics
 from engine.session import GenerateRequest
@@ -371,3 +371,17 @@ def test_ctrl_c_at_the_terminal_prompt_does_not_end_the_chat(capsys, monkeypatch
         second = fake.requests[-1]["messages"]
     assert capsys.readouterr().out.count("/quit or Ctrl-D leaves") == 2
     assert [m["content"] for m in second] == ["hi", "Hello!", "and again"]  # the conversation went on
+
+
+def test_a_server_that_never_answers_is_reported_with_the_time_waited():
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)  # accepts connections and never says a word
+    port = listener.getsockname()[1]
+    try:
+        with pytest.raises(RemoteError, match=r"^the server at http://127.0.0.1:\d+ did not answer within 1 s$"):
+            get_json(Server(f"http://127.0.0.1:{port}"), "/v1/models", timeout=1.0)
+    finally:
+        listener.close()
