@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -52,6 +53,34 @@ def setup(log: Path) -> None:
         raise Unavailable(f"setting up vLLM failed: {_tail(log)}")
 
 
+# a watchdog beside each server, in the server's own session: when the process that started the server
+# is gone (the test run ended or was killed, even with kill -9), it kills the server's whole group
+WATCHDOG = """
+import os, signal, sys, time
+owner, group = int(sys.argv[1]), int(sys.argv[2])
+while True:
+    time.sleep(0.5)
+    try:
+        os.kill(owner, 0)
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        break
+"""
+
+
+def popen_owned(command: list[str], **kwargs) -> subprocess.Popen:
+    """Start `command` in a session of its own (so that it can be killed as a group) that does not
+    outlive this process: a watchdog kills the group once this process is gone."""
+    proc = subprocess.Popen(command, start_new_session=True, **kwargs)
+    subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), str(proc.pid)], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc
+
+
 class ServerProcess:
     def __init__(self, spec: str, log: Path) -> None:
         self.spec, self.log = spec, log
@@ -61,8 +90,8 @@ class ServerProcess:
         env = {**os.environ, "PORT": str(self.port), "SPEC": spec, "VLLM_ARGS": "--enforce-eager"}
         env.pop("OMP_NUM_THREADS", None)  # the server sets its own threads
         self._out = open(log, "wb")
-        self.proc = subprocess.Popen(["sh", "scripts/vllm-server.sh"], cwd=ROOT, env=env, stdout=self._out,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = popen_owned(["sh", "scripts/vllm-server.sh"], cwd=ROOT, env=env, stdout=self._out,
+                                stderr=subprocess.STDOUT)
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
