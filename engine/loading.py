@@ -263,9 +263,22 @@ def _from_pretrained(folder, dtype: torch.dtype):
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False)
     except OSError as exc:  # missing weights or tokenizer files
         raise ModelNotFoundError(f"cannot load the model in '{folder}': {_first_line(exc)}") from exc
-    except ValueError as exc:  # unknown architecture, remote code required, ...
-        raise SpeculaError(f"cannot load the model in '{folder}': {_first_line(exc)}") from exc
+    except Exception as exc:  # a damaged file, a config of the wrong types, weights that do not fit it, ...
+        raise SpeculaError(f"cannot load the model in '{folder}': {_load_problem(exc)}") from exc
     return model, tokenizer
+
+
+def _load_problem(exc: Exception) -> str:
+    """What went wrong loading a model folder, in words that name the file to look at."""
+    name, text = type(exc).__name__, str(exc)
+    if name == "SafetensorError" or "safetensors" in type(exc).__module__:
+        return f"a weights file (*.safetensors) is damaged or cut short ({_first_line(exc)})"
+    if "ignore_mismatched_sizes" in text or "size mismatch" in text:
+        return "the weights do not have the sizes its config.json describes"
+    if "Validation error for field" in text or name.endswith("ValidationError") or isinstance(exc, TypeError):
+        field = re.search(r"field '([^']+)'", text)
+        return f"config.json has a value of the wrong type{f' for {field.group(1)!r}' if field else ''}"
+    return _first_line(exc) or name
 
 
 def _eos_ids(model, tokenizer) -> frozenset[int]:

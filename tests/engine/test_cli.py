@@ -86,6 +86,27 @@ def test_a_prompts_file_with_a_byte_order_mark_reads_and_binary_junk_is_one_line
     assert_one_line_error(code, err, "junk.jsonl is not UTF-8 text")
 
 
+@pytest.mark.parametrize("damage, words", [
+    ("config-type", ["config.json has a value of the wrong type for 'hidden_size'"]),
+    ("truncated", ["weights file (*.safetensors) is damaged or cut short"]),
+    ("shape", ["do not have the sizes its config.json describes"]),
+])
+def test_a_damaged_model_folder_is_one_line_that_says_what_is_wrong(capsys, tiny_folder, tmp_path, damage, words):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    if damage == "truncated":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        config["hidden_size"] = "thirty-two" if damage == "config-type" else 64
+        (folder / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli(capsys, "generate", "--model", str(folder), "--prompt", "hi", "--dtype", "fp32")
+    assert_one_line_error(code, err, str(folder), *words)
+
+
 def test_offline_hub_id_is_a_clear_error(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, _, err = run_cli(capsys, "generate", "--model", "nobody/no-such-model-xyz", "--prompt", "hi")
