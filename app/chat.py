@@ -83,6 +83,19 @@ class ChatController(QObject):
             self.new_conversation()
         return notices
 
+    def search(self, text: str) -> dict[str, str]:
+        """Conversation id -> the best matching snippet, best match first; {} when the search fails."""
+        try:
+            hits = self.store.search(text)
+        except StoreError as exc:
+            self.store_failed.emit(str(exc))
+            return {}
+        found: dict[str, str] = {}
+        for cid, _, snippet in hits:
+            if cid in self.conversations:
+                found.setdefault(cid, snippet)
+        return found
+
     def ordered(self) -> list[Conversation]:
         return sorted(self.conversations.values(), key=lambda c: c.updated, reverse=True)
 

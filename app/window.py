@@ -199,6 +199,8 @@ class MainWindow(QMainWindow):
         self.chat.store_recovered.connect(self._store_recovered)
         self.sidebar.renamed.connect(self.chat.rename)
         self.sidebar.delete_requested.connect(self._confirm_delete)
+        self.sidebar.search_changed.connect(lambda _: self._refresh_conversations())
+        self.sidebar.export_requested.connect(self.export_conversation)
         self.chat.conversations_changed.connect(self._refresh_conversations)
         self.chat.generating_changed.connect(self._generating_changed)
         self.compare.running_changed.connect(self._generating_changed)
@@ -408,9 +410,41 @@ class MainWindow(QMainWindow):
         self.regenerate_action.setEnabled(idle and has_prompt)
         self.train_action.setEnabled(idle and self.loaded is not None and self.can.training)
 
+    def export_conversation(self, conversation_id: str, fmt: str, path: str | None = None) -> None:
+        """Write a conversation as Markdown or JSON where the user chooses (`path`: no dialog)."""
+        import json
+        from pathlib import Path
+
+        from PySide6.QtWidgets import QFileDialog
+
+        from .history import to_markdown
+
+        conv = self.chat.conversations.get(conversation_id)
+        if conv is None:
+            return
+        if path is None:
+            stem = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv.title).strip() or "chat"
+            kind = "Markdown (*.md)" if fmt == "md" else "JSON (*.json)"
+            path, _ = QFileDialog.getSaveFileName(self, "Export conversation", f"{stem}.{fmt}", kind)
+            if not path:
+                return
+        text = to_markdown(conv) if fmt == "md" else json.dumps(conv.to_dict(), ensure_ascii=False, indent=1)
+        try:
+            Path(path).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            self.notices.add(f"The conversation could not be exported to {path}: {exc.strerror or exc}")
+            return
+        self.statusBar().showMessage(f"Exported “{conv.title}” to {path}", 5000)
+
     def _refresh_conversations(self) -> None:
         self._update_actions()
-        self.sidebar.show_conversations(self.chat.ordered(), self.chat.current_id)
+        text = self.sidebar.search.text().strip()
+        if text:  # a search is on: its results, best first
+            found = self.chat.search(text)
+            chats = [self.chat.conversations[cid] for cid in found]
+            self.sidebar.show_conversations(chats, self.chat.current_id, found)
+        else:
+            self.sidebar.show_conversations(self.chat.ordered(), self.chat.current_id)
         if self.chat.current_id is not None:
             self.setWindowTitle(f"{self.chat.current.title} — Specula")
 

@@ -117,3 +117,36 @@ def test_a_failed_save_keeps_everything_says_where_and_is_retried(make_window, q
     saved = next(c for c in saved_history(tmp_path).load_all()[0] if c.id == w.chat.current_id)
     assert [t.role for t in saved.turns] == ["user", "assistant", "user", "assistant"]
     assert saved.turns == w.chat.current.turns
+
+
+def test_search_finds_chats_by_their_words_and_a_chat_exports_as_markdown_and_json(make_window, qtbot, tmp_path):
+    import json
+
+    from PySide6.QtCore import Qt
+
+    w = make_window(strategy="none", max_new_tokens=6)
+    w.send_text("tell me about zebras")
+    wait_reply(qtbot, w)
+    zebras = w.chat.current_id
+    w.chat.new_conversation()
+    w.send_text("and now giraffes")
+    wait_reply(qtbot, w)
+    assert w.sidebar.list.count() == 2
+    w.sidebar.search.setText("zebras")
+    qtbot.waitUntil(lambda: w.sidebar.list.count() == 1, timeout=5_000)
+    item = w.sidebar.list.item(0)
+    assert item.data(Qt.ItemDataRole.UserRole) == zebras and "[zebras]" in item.toolTip()
+    w.sidebar.search.setText("nothing-like-this")
+    qtbot.waitUntil(lambda: w.sidebar.list.count() == 0, timeout=5_000)
+    w.sidebar.search.clear()
+    qtbot.waitUntil(lambda: w.sidebar.list.count() == 2, timeout=5_000)
+    w.export_conversation(zebras, "md", str(tmp_path / "z.md"))
+    w.export_conversation(zebras, "json", str(tmp_path / "z.json"))
+    text = (tmp_path / "z.md").read_text()
+    assert text.startswith("# tell me about zebras") and "**You**\n\ntell me about zebras" in text
+    data = json.loads((tmp_path / "z.json").read_text())
+    assert [t["role"] for t in data["turns"]] == ["user", "assistant"] and data["turns"][1]["tokens"]
+    w.sidebar._menu(w.sidebar.list.visualItemRect(w.sidebar.list.item(0)).center())
+    assert [a.text() for a in w.sidebar.menu.actions() if a.text()] == [
+        "Rename", "Export as Markdown…", "Export as JSON…", "Delete…"]
+    w.sidebar.menu.close()
