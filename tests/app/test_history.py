@@ -5,7 +5,7 @@ from __future__ import annotations
 from app.history import Conversation, TokenRecord, Turn, chat_messages, new_id
 from app.history_db import ConversationDB
 
-from .conftest import saved_history, wait_reply
+from .conftest import saved_history, snap, wait_reply
 
 
 def sample() -> Conversation:
@@ -108,6 +108,7 @@ def test_a_failed_save_keeps_everything_says_where_and_is_retried(make_window, q
     ok, _ = wait_reply(qtbot, w)
     assert ok and "typed while it fails" in w.view.toPlainText()
     assert any("Not saved" in m and "conversations.db" in m for m in w.notices.messages)
+    snap(w, "not-saved")
     assert len([m for m in w.notices.messages if "Not saved" in m]) == 1  # one banner, not one per try
     assert w.composer.send_button.isEnabled() and w.state == "ready"
     assert w.chat.unsaved == {w.chat.current_id}
@@ -136,6 +137,7 @@ def test_search_finds_chats_by_their_words_and_a_chat_exports_as_markdown_and_js
     qtbot.waitUntil(lambda: w.sidebar.list.count() == 1, timeout=5_000)
     item = w.sidebar.list.item(0)
     assert item.data(Qt.ItemDataRole.UserRole) == zebras and "[zebras]" in item.toolTip()
+    snap(w, "search")
     w.sidebar.search.setText("nothing-like-this")
     qtbot.waitUntil(lambda: w.sidebar.list.count() == 0, timeout=5_000)
     w.sidebar.search.clear()
