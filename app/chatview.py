@@ -10,6 +10,11 @@ Items are the conversation's turns plus view-only ones: comparison cards and err
 of the conversation (`transient`). Under each turn a row of small links (`actions.py`) offers Edit,
 Copy, Markdown/Tokens, Regenerate or Retry; clicking one emits `action_requested(name, item index)`.
 The same actions are in the bubble's context menu.
+
+A long conversation opens at its end: only its last turns are drawn (about SHOWN_TOKENS tokens, which
+takes well under a tenth of a second), under a "Show earlier messages" link that draws more, a page at
+a time. Drawing a 200-token answer costs a few tens of milliseconds, so a conversation of thousands of
+turns drawn whole would hold the window for minutes.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from .theme import OriginColours, palette_for
 from .tokens import tooltip
 
 FLUSH_MS = 100  # streamed tokens reach the transcript at most this often
+SHOWN_TOKENS = 400  # about how much of a conversation is drawn when it opens (and per "earlier" page)
+EARLIER = "earlier"  # the anchor of the "Show earlier messages" link
 PLACEHOLDER = "Ask anything. Each token shows where it came from; hover one for details."
 
 
@@ -44,7 +51,8 @@ class ChatView(QTextBrowser):
         self.show_ghosts = True
         self.records: list[TokenRecord] = []  # anchor index -> token
         self._items: list[Turn | Comparison] = []  # what is shown, for re-rendering
-        self._frames: list[QTextFrame] = []  # each item's bubble
+        self._frames: list[QTextFrame | None] = []  # each item's bubble (None: not drawn, before _first)
+        self._first = 0  # the first item drawn: earlier ones wait behind the "Show earlier messages" link
         self._rows: dict[int, tuple] = {}  # item index -> the action links shown under it
         self._transient: set[int] = set()  # items that are not part of the conversation
         self._markdown: set[int] = set()  # answers shown as rendered Markdown
@@ -72,9 +80,16 @@ class ChatView(QTextBrowser):
     def show_turns(self, turns) -> None:
         """Replace the transcript with a conversation's turns."""
         self._items = list(turns)
+        self._first = _page_start(self._items, len(self._items))
         self._transient, self._markdown = set(), set()
         self._live = None
         self._rerender()
+
+    def show_earlier(self) -> None:
+        """Draw another page of the turns before the first one drawn."""
+        if self._first > 0:
+            self._first = _page_start(self._items, self._first)
+            self._rerender(keep_scroll=True)
 
     def add_turn(self, turn: Turn, transient: bool = False) -> None:
         """Append a turn; a transient one (e.g. a model that failed to load) gets no actions."""
@@ -85,7 +100,7 @@ class ChatView(QTextBrowser):
         return self._append(card, transient=True)
 
     def update_card(self, index: int, card: Comparison) -> None:
-        if not isinstance(self.item(index), Comparison) or index >= len(self._frames):
+        if not isinstance(self.item(index), Comparison) or index >= len(self._frames) or self._frames[index] is None:
             return  # the transcript was replaced meanwhile
         self._items[index] = card
         frame = self._frames[index]
@@ -159,7 +174,7 @@ class ChatView(QTextBrowser):
         """The index of the item whose bubble holds a viewport position."""
         position = self.cursorForPosition(pos).position()
         for index, frame in enumerate(self._frames):
-            if frame.firstPosition() <= position <= frame.lastPosition():
+            if frame is not None and frame.firstPosition() <= position <= frame.lastPosition():
                 return index
         return None
 
@@ -206,6 +221,9 @@ class ChatView(QTextBrowser):
         menu.deleteLater()
 
     def _on_anchor(self, url: QUrl) -> None:
+        if url.toString() == EARLIER:
+            self.show_earlier()
+            return
         action = actions.parse(url.toString())
         if action is not None and action[1] < len(self._items):
             self.action_requested.emit(*action)
@@ -247,8 +265,12 @@ class ChatView(QTextBrowser):
     def _rerender(self, keep_scroll: bool = False) -> None:
         scroll = self.verticalScrollBar().value()
         self.document().clear()
-        self.records, self._frames, self._rows, self._stream = [], [], {}, None
-        for index in range(len(self._items)):
+        self.records, self._frames, self._rows, self._stream = [], [None] * self._first, {}, None
+        if self._first:
+            cursor = QTextCursor(self.document())
+            cursor.insertHtml(f"<p align='center'><a href='{EARLIER}'>Show earlier messages</a> "
+                              f"<span style='color:{self._colours.muted}'>({self._first} more)</span></p>")
+        for index in range(self._first, len(self._items)):
             self._render_item(index)
         if self._live is not None:
             self._stream = self._painter().open_bubble("Assistant", self._colours.assistant_bubble)
@@ -300,7 +322,7 @@ class ChatView(QTextBrowser):
 
     def _refresh_row(self, index: int) -> None:
         """Show the actions that apply to an item now, rewriting its row in place when they changed."""
-        if index >= len(self._frames):
+        if index >= len(self._frames) or self._frames[index] is None:
             return
         links = self.actions_of(index)
         if links == self._rows.get(index, ()):
@@ -345,3 +367,14 @@ class _StickToBottom:
     def __exit__(self, *exc) -> None:
         if self.was_at_bottom:
             self.view._scroll_to_bottom()
+
+
+def _page_start(items: list, end: int) -> int:
+    """Where a page that ends before `end` starts: about SHOWN_TOKENS tokens of turns, at least two."""
+    start, cost = end, 0
+    while start > 0 and (cost < SHOWN_TOKENS or end - start < 2):
+        item = items[start - 1]
+        cost += 20 + (len(item.tokens) if isinstance(item, Turn) and item.tokens else
+                      len(item.content) // 4 if isinstance(item, Turn) else 50)
+        start -= 1
+    return start

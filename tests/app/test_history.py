@@ -5,7 +5,7 @@ from __future__ import annotations
 from app.history import Conversation, TokenRecord, Turn, chat_messages, new_id
 from app.history_db import ConversationDB
 
-from .conftest import saved_history, snap, wait_reply
+from .conftest import click_link, saved_history, snap, wait_reply
 
 
 def sample() -> Conversation:
@@ -152,3 +152,27 @@ def test_search_finds_chats_by_their_words_and_a_chat_exports_as_markdown_and_js
     assert [a.text() for a in w.sidebar.menu.actions() if a.text()] == [
         "Rename", "Export as Markdown…", "Export as JSON…", "Delete…"]
     w.sidebar.menu.close()
+
+
+def test_a_long_conversation_opens_at_its_end_and_shows_earlier_turns_on_demand(make_window, qtbot, tmp_path):
+    from PySide6.QtCore import QUrl
+
+    from app.chatview import EARLIER
+
+    conv = Conversation("long", "A long one")
+    for i in range(300):
+        tokens = tuple(TokenRecord(f"w{j} ", "draft", j, 0) for j in range(100))
+        conv = conv.with_turn(Turn("user", f"question {i}")).with_turn(Turn("assistant", f"answer {i}", tokens))
+    saved_history(tmp_path).save(conv)
+    w = make_window(strategy="none", max_new_tokens=6)
+    assert w.chat.current_id == "long"
+    view = w.view
+    assert 0 < view._first < 600 - 2 and "Show earlier messages" in view.toPlainText()
+    assert "question 299" in view.toPlainText() and "question 10" not in view.toPlainText()
+    first = view._first
+    view.anchorClicked.emit(QUrl(EARLIER))
+    assert view._first < first and f"question {view._first // 2 + 1}" in view.toPlainText()
+    regenerated = click_link(qtbot, view, "regenerate")  # the links still point at the right turns
+    assert regenerated == 599
+    ok, _ = wait_reply(qtbot, w)
+    assert ok and len(w.chat.current.turns) == 600 and w.chat.current.turns[598].content == "question 299"
