@@ -63,6 +63,7 @@ class ChatController(QObject):
         self.current_id: str | None = None
         self.reply: Reply | None = None
         self.unsaved: set[str] = set()  # conversations whose last save failed
+        self.loaded: set[str] = set()  # conversations whose turns were read (the others are titles only)
         self.undeleted: set[str] = set()  # conversations whose deletion failed
         self._retry = QTimer(self)
         self._retry.setInterval(self.RETRY_MS)
@@ -73,10 +74,11 @@ class ChatController(QObject):
         """Read the saved conversations; returns notices (files set aside, imports, a database that
         cannot be opened: then the chat runs from memory and saving is retried)."""
         try:
-            found, notices = self.store.load_all()
+            found, notices = self.store.list_all()  # titles and dates: the turns are read when a chat opens
         except StoreError as exc:
             found, notices = [], [f"{exc}. New conversations are kept in memory and saved once it works."]
         self.conversations = {c.id: c for c in found}
+        self.loaded = set()
         if found:
             self.select(found[0].id)
         else:
@@ -109,6 +111,7 @@ class ChatController(QObject):
             return
         conv = Conversation(new_id())
         self.conversations[conv.id] = conv
+        self.loaded.add(conv.id)
         self.select(conv.id)
         self.conversations_changed.emit()
 
@@ -116,13 +119,27 @@ class ChatController(QObject):
         if conversation_id not in self.conversations or self.reply is not None:
             return
         self.current_id = conversation_id
-        self.view.show_turns(self.current.turns)
+        self.view.show_turns(self.full(conversation_id).turns)
+
+    def full(self, conversation_id: str) -> Conversation:
+        """A conversation with its turns (read now if they were not yet)."""
+        if conversation_id not in self.loaded:
+            try:
+                self.conversations[conversation_id] = self.store.load(conversation_id)
+                self.loaded.add(conversation_id)
+            except StoreError as exc:  # shown without its turns; it is not written over
+                self.store_failed.emit(str(exc))
+        return self.conversations[conversation_id]
 
     def rename(self, conversation_id: str, title: str) -> None:
         conv = self.conversations.get(conversation_id)
         if conv is None or conv.title == title:
             return
-        self._put(replace(conv, title=title))
+        if conversation_id in self.loaded:
+            self._put(replace(conv, title=title))
+        else:  # its turns were never read: only the title changes
+            self.conversations[conversation_id] = replace(conv, title=title)
+            self._store("rename", conversation_id, title)
         self.conversations_changed.emit()
 
     def delete(self, conversation_id: str) -> None:

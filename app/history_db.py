@@ -134,8 +134,27 @@ class ConversationDB:
 
     # -- reading ------------------------------------------------------------------------------------
     def load_all(self) -> tuple[list[Conversation], list[str]]:
-        """Every conversation with its turns, newest first, and notices (imports, interrupted answers).
-        Answers left `streaming` by an earlier run that died are marked interrupted here."""
+        """Every conversation with its turns, newest first, and the notices of `list_all`."""
+        listed, notices = self.list_all()
+        return [self.load(c.id) for c in listed], notices
+
+    def load(self, conversation_id: str) -> Conversation:
+        """One conversation with its turns."""
+        db = self._connect()
+        try:
+            row = db.execute("SELECT id, title, created, updated FROM conversations WHERE id = ?",
+                             (conversation_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"there is no conversation {conversation_id} in {self.path}")
+            conv = Conversation(*row, turns=self._turns(db, conversation_id))
+        except (sqlite3.Error, ValueError) as exc:
+            raise StoreError(f"could not read a conversation from {self.path}: {exc}") from exc
+        self._saved[conv.id] = conv.turns
+        return conv
+
+    def list_all(self) -> tuple[list[Conversation], list[str]]:
+        """Every conversation without its turns (`load` reads them), newest first, and notices (imports,
+        interrupted answers). Answers left `streaming` by an earlier run that died are marked interrupted."""
         db = self._connect()
         notices = self._notices + self._import_legacy()
         self._notices = []
@@ -146,12 +165,9 @@ class ConversationDB:
                 notices.append(f"{cut} answer{'s' if cut > 1 else ''} cut short when Specula last stopped "
                                f"{'were' if cut > 1 else 'was'} kept and marked interrupted.")
             rows = db.execute("SELECT id, title, created, updated FROM conversations ORDER BY updated DESC").fetchall()
-            conversations = [Conversation(i, t, c, u, self._turns(db, i)) for i, t, c, u in rows]
-        except (sqlite3.Error, ValueError) as exc:
+        except sqlite3.Error as exc:
             raise StoreError(f"could not read the conversations database {self.path}: {exc}") from exc
-        for conv in conversations:
-            self._saved[conv.id] = conv.turns
-        return conversations, notices
+        return [Conversation(*row) for row in rows], notices
 
     def _turns(self, db: sqlite3.Connection, conversation_id: str) -> tuple[Turn, ...]:
         rows = db.execute("SELECT role, content, summary, note, tokens, state FROM turns WHERE conversation = ? "
@@ -179,6 +195,11 @@ class ConversationDB:
     def save(self, conversation: Conversation) -> None:
         """Write what changed since the conversation was last read or written."""
         saved = self._saved.get(conversation.id)
+        if saved is None:  # not read in this run: compare with what the database holds, never assume it empty
+            try:
+                saved = self._turns(self._connect(), conversation.id)
+            except (sqlite3.Error, ValueError) as exc:
+                raise StoreError(f"could not read a conversation from {self.path}: {exc}") from exc
         turns = conversation.turns
         same = 0
         if saved is not None:
@@ -216,6 +237,10 @@ class ConversationDB:
         self._write("the answer in progress", lambda db: db.execute(
             "UPDATE turns SET content = ? WHERE conversation = ? AND idx = ? AND state = ?",
             (text, conversation.id, index, STREAMING)))
+
+    def rename(self, conversation_id: str, title: str) -> None:
+        self._write("the new title", lambda db: db.execute("UPDATE conversations SET title = ? WHERE id = ?",
+                                                           (title, conversation_id)))
 
     def delete(self, conversation_id: str) -> None:
         self._write("the deletion", lambda db: db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)))

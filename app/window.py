@@ -419,9 +419,9 @@ class MainWindow(QMainWindow):
 
         from .history import to_markdown
 
-        conv = self.chat.conversations.get(conversation_id)
-        if conv is None:
+        if conversation_id not in self.chat.conversations:
             return
+        conv = self.chat.full(conversation_id)
         if path is None:
             stem = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv.title).strip() or "chat"
             kind = "Markdown (*.md)" if fmt == "md" else "JSON (*.json)"

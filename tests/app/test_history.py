@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from app.history import Conversation, TokenRecord, Turn, chat_messages, new_id
 from app.history_db import ConversationDB
 
@@ -176,3 +178,18 @@ def test_a_long_conversation_opens_at_its_end_and_shows_earlier_turns_on_demand(
     assert regenerated == 599
     ok, _ = wait_reply(qtbot, w)
     assert ok and len(w.chat.current.turns) == 600 and w.chat.current.turns[598].content == "question 299"
+
+
+def test_only_the_open_chat_is_read_at_start_and_the_others_when_chosen(make_window, qtbot, tmp_path):
+    store = saved_history(tmp_path)
+    older = Conversation("older", "Older", 1.0, 1.0).with_turn(Turn("user", "old question"))
+    store.save(replace(older, updated=1.0))
+    store.save(Conversation("newer", "Newer").with_turn(Turn("user", "new question")))
+    w = make_window(strategy="none", max_new_tokens=6)
+    assert w.chat.current_id == "newer" and w.chat.loaded == {"newer"}
+    assert w.chat.conversations["older"].turns == ()  # a title only, until it is opened
+    w.chat.rename("older", "Older, renamed")
+    (kept,) = [c for c in saved_history(tmp_path).load_all()[0] if c.id == "older"]
+    assert kept.title == "Older, renamed" and [t.content for t in kept.turns] == ["old question"]
+    w.chat.select("older")
+    assert "old question" in w.view.toPlainText() and "older" in w.chat.loaded

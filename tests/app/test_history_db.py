@@ -146,3 +146,16 @@ def test_an_answer_begun_twice_then_saved_is_saved_once(tmp_path):
     assert [c for c, _, _ in db.search("whole")] == ["r"] and db.search("partial") == []
     db.delete("r")
     assert db.search("whole") == [] and ConversationDB(tmp_path / "c.db").load_all()[0] == []
+
+
+def test_listing_reads_no_turns_and_a_save_from_another_run_never_drops_turns(tmp_path):
+    db = ConversationDB(tmp_path / "c.db")
+    conv = Conversation("a", "A").with_turn(Turn("user", "one")).with_turn(answer("two"))
+    db.save(conv)
+    other = ConversationDB(tmp_path / "c.db")  # another run: it has not read this conversation
+    (listed,), _ = other.list_all()
+    assert listed.title == "A" and listed.turns == ()
+    other.rename("a", "Renamed")
+    other.save(conv.with_turn(Turn("user", "three")))  # appended to what the database holds
+    found = ConversationDB(tmp_path / "c.db").load("a")
+    assert [t.content for t in found.turns] == ["one", "two", "three"] and found.title == "A"
