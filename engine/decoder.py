@@ -210,9 +210,10 @@ class _Loop:
         length, target = self.length, self.target
         room = min(self.budget.limit - self.budget.used - 1, target.max_len - length)
         k = max(0, min(k, room))
-        t0 = time.perf_counter()
+        # the context is bookkeeping a plain step pays too: only the proposal counts as drafting time
         ctx = DraftContext(self.ctx[:length], self.n_prompt, self.params, self.gen, target, self.meter.plain_step_s,
-                           self.timed)
+                           self.timed) if k else None
+        t0 = time.perf_counter()
         draft = self.drafter.propose(ctx, k) if k else None
         d = draft.tokens[:k] if draft is not None else self.ctx[:0]  # (n,)
         q = draft.q[: d.shape[0]] if draft is not None and draft.q is not None else None  # (n, V)

@@ -59,7 +59,8 @@ def test_bench_json_contract(bench):
     none = report["overall"]["none"]
     assert none["speedup"] == 1.0 and none["identical"] == "3/3" and none["mean_accepted_length"] == 1.0
     # after the first token: measured against none's own runs, and as the answers measured themselves
-    assert none["decode_speedup"] == 1.0 and none["live_speedup"] == pytest.approx(1.0, abs=0.02)
+    # (none's steps are plain: its live figure is 1 less the time of asking for a draft, about 1% of a tiny step)
+    assert none["decode_speedup"] == 1.0 and none["live_speedup"] == pytest.approx(1.0, abs=0.03)
     assert report["overall"]["prompt-lookup"]["live_speedup"] > 0 and report["overall"]["hf"]["live_speedup"] is None
     # fp32: speculation never changes the answer
     assert report["overall"]["prompt-lookup"]["identical"] == "3/3"
