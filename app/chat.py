@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import threading
 import time
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -52,8 +53,10 @@ class ChatController(QObject):
     reply_finished = Signal(bool, object)  # ok, the Finished or Failed event
     store_failed = Signal(str)  # a save failed: what and where (it is retried)
     store_recovered = Signal()  # every conversation is saved again
+    _read = Signal(object)  # a conversation read in the background (or the StoreError), to the GUI thread
 
     RETRY_MS = 5000
+    BACKGROUND_BYTES = 2_000_000  # a chat stored larger than this is read off the GUI thread when it opens
     PARTIAL_EVERY_S = 2.0  # how often the text of an answer in progress is written
 
     def __init__(self, store: ConversationDB, bridge, view, plots, parent=None) -> None:
@@ -68,6 +71,9 @@ class ChatController(QObject):
         self._retry = QTimer(self)
         self._retry.setInterval(self.RETRY_MS)
         self._retry.timeout.connect(self._save_unsaved)
+        self.sizes: dict[str, int] = {}  # stored bytes per conversation (what reading it costs)
+        self.opening: str | None = None  # a conversation being read in the background
+        self._read.connect(self._on_read)
 
     # -- conversations ------------------------------------------------------------------------------
     def load(self) -> list[str]:
@@ -79,6 +85,10 @@ class ChatController(QObject):
             found, notices = [], [f"{exc}. New conversations are kept in memory and saved once it works."]
         self.conversations = {c.id: c for c in found}
         self.loaded = set()
+        try:
+            self.sizes = self.store.sizes()
+        except StoreError:
+            self.sizes = {}
         if found:
             self.select(found[0].id)
         else:
@@ -119,7 +129,46 @@ class ChatController(QObject):
         if conversation_id not in self.conversations or self.reply is not None:
             return
         self.current_id = conversation_id
+        if conversation_id not in self.loaded and self.sizes.get(conversation_id, 0) > self.BACKGROUND_BYTES:
+            self._open_in_background(conversation_id)
+            return
         self.view.show_turns(self.full(conversation_id).turns)
+
+    def _open_in_background(self, conversation_id: str) -> None:
+        """A large chat: shown as opening while a thread reads it, so the window never waits for it."""
+        self.view.show_turns(())
+        self.view.setPlaceholderText("Opening this conversation…")
+        if self.opening == conversation_id:
+            return
+        self.opening = conversation_id
+        path = self.store.path
+
+        def read() -> None:
+            try:
+                result = ConversationDB(path).load(conversation_id)  # a connection of this thread's own
+            except StoreError as exc:
+                result = exc
+            self._read.emit((conversation_id, result))
+
+        threading.Thread(target=read, name="specula-open-chat", daemon=True).start()
+
+    def _on_read(self, item) -> None:
+        conversation_id, result = item
+        self.opening = None
+        if isinstance(result, StoreError):
+            self.store_failed.emit(str(result))
+            return
+        if conversation_id not in self.conversations:
+            return  # deleted meanwhile
+        self.store.adopt(result)
+        self.conversations[conversation_id] = replace(result, title=self.conversations[conversation_id].title)
+        self.loaded.add(conversation_id)
+        if self.current_id == conversation_id and self.reply is None:
+            from .chatview import PLACEHOLDER
+
+            self.view.setPlaceholderText(PLACEHOLDER)
+            self.view.show_turns(self.current.turns)
+        self.conversations_changed.emit()
 
     def full(self, conversation_id: str) -> Conversation:
         """A conversation with its turns (read now if they were not yet)."""
@@ -204,8 +253,8 @@ class ChatController(QObject):
     def send(self, text: str, settings: Settings, replace_from: int | None = None) -> bool:
         """Send a user message with the current settings; False when it could not be sent. With
         `replace_from`, the message replaces that turn of the conversation and everything after it."""
-        if self.reply is not None or not text.strip():
-            return False
+        if self.reply is not None or not text.strip() or self.current_id not in self.loaded:
+            return False  # (a chat still being opened takes messages once it is read)
         cid = self.current_id
         if replace_from is not None and 0 <= replace_from < len(self.current.turns):
             self._truncate(replace_from)

@@ -15,6 +15,7 @@ Full-text search covers every turn of every conversation (FTS5). The JSON files 
 
 from __future__ import annotations
 
+import gc
 import json
 import sqlite3
 import time
@@ -52,6 +53,7 @@ END;
 """
 
 STREAMING, INTERRUPTED, DONE = "streaming", "interrupted", "done"
+LARGE_TOKENS = 100_000  # a chat with more token records than this is kept out of the garbage collector's way
 INTERRUPTED_NOTE = "Interrupted: Specula stopped before this answer finished. It is not sent with later messages."
 
 
@@ -146,11 +148,34 @@ class ConversationDB:
                              (conversation_id,)).fetchone()
             if row is None:
                 raise StoreError(f"there is no conversation {conversation_id} in {self.path}")
-            conv = Conversation(*row, turns=self._turns(db, conversation_id))
+            # no garbage collection while a large chat's million token records are made: a full collection
+            # over them holds every thread (the window's too) for a quarter of a second, and they hold no cycles
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                conv = Conversation(*row, turns=self._turns(db, conversation_id))
+                if sum(len(t.tokens) for t in conv.turns) > LARGE_TOKENS:
+                    gc.freeze()  # and later collections pass over them (they live as long as the chat is open)
+            finally:
+                if collecting:
+                    gc.enable()
         except (sqlite3.Error, ValueError) as exc:
             raise StoreError(f"could not read a conversation from {self.path}: {exc}") from exc
         self._saved[conv.id] = conv.turns
         return conv
+
+    def sizes(self) -> dict[str, int]:
+        """Each conversation's stored bytes (text and token records): what reading it costs."""
+        try:
+            rows = self._connect().execute("SELECT conversation, SUM(LENGTH(content) + IFNULL(LENGTH(tokens), 0)) "
+                                           "FROM turns GROUP BY conversation").fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"could not read the conversations database {self.path}: {exc}") from exc
+        return {cid: int(size or 0) for cid, size in rows}
+
+    def adopt(self, conversation: Conversation) -> None:
+        """A conversation read by another connection (in the background) is what this one last read."""
+        self._saved[conversation.id] = conversation.turns
 
     def list_all(self) -> tuple[list[Conversation], list[str]]:
         """Every conversation without its turns (`load` reads them), newest first, and notices (imports,

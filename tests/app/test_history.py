@@ -193,3 +193,22 @@ def test_only_the_open_chat_is_read_at_start_and_the_others_when_chosen(make_win
     assert kept.title == "Older, renamed" and [t.content for t in kept.turns] == ["old question"]
     w.chat.select("older")
     assert "old question" in w.view.toPlainText() and "older" in w.chat.loaded
+
+
+def test_a_large_chat_is_read_in_the_background_and_takes_messages_once_read(make_window, qtbot, tmp_path,
+                                                                               monkeypatch):
+    from app.chat import ChatController
+
+    store = saved_history(tmp_path)
+    store.save(replace(Conversation("big", "Big").with_turn(Turn("user", "big question")), updated=1.0))
+    store.save(Conversation("small", "Small").with_turn(Turn("user", "small question")))
+    monkeypatch.setattr(ChatController, "BACKGROUND_BYTES", 5)  # every chat counts as large here
+    w = make_window(strategy="none", max_new_tokens=6)
+    qtbot.waitUntil(lambda: "small question" in w.view.toPlainText(), timeout=10_000)
+    w.chat.select("big")
+    assert w.view.toPlainText() == "" and w.view.placeholderText() == "Opening this conversation…"
+    assert not w.chat.send("not yet", w.settings)  # nothing is sent into a chat that is not read yet
+    qtbot.waitUntil(lambda: "big question" in w.view.toPlainText(), timeout=10_000)
+    assert w.chat.send("now", w.settings)
+    ok, _ = wait_reply(qtbot, w)
+    assert ok and [t.content for t in saved_history(tmp_path).load("big").turns][:2] == ["big question", "now"]
