@@ -56,7 +56,7 @@ class ChatController(QObject):
     _read = Signal(object)  # a conversation read in the background (or the StoreError), to the GUI thread
 
     RETRY_MS = 5000
-    BACKGROUND_BYTES = 2_000_000  # a chat stored larger than this is read off the GUI thread when it opens
+    BACKGROUND_TURNS = 400  # a chat with more turns than this (about 2 MB) is read off the GUI thread when it opens
     PARTIAL_EVERY_S = 2.0  # how often the text of an answer in progress is written
 
     def __init__(self, store: ConversationDB, bridge, view, plots, parent=None) -> None:
@@ -71,7 +71,7 @@ class ChatController(QObject):
         self._retry = QTimer(self)
         self._retry.setInterval(self.RETRY_MS)
         self._retry.timeout.connect(self._save_unsaved)
-        self.sizes: dict[str, int] = {}  # stored bytes per conversation (what reading it costs)
+        self.turn_counts: dict[str, int] = {}  # turns per stored conversation (what reading it costs)
         self.opening: str | None = None  # a conversation being read in the background
         self._read.connect(self._on_read)
 
@@ -86,9 +86,9 @@ class ChatController(QObject):
         self.conversations = {c.id: c for c in found}
         self.loaded = set()
         try:
-            self.sizes = self.store.sizes()
+            self.turn_counts = self.store.turn_counts()
         except StoreError:
-            self.sizes = {}
+            self.turn_counts = {}
         if found:
             self.select(found[0].id)
         else:
@@ -129,7 +129,7 @@ class ChatController(QObject):
         if conversation_id not in self.conversations or self.reply is not None:
             return
         self.current_id = conversation_id
-        if conversation_id not in self.loaded and self.sizes.get(conversation_id, 0) > self.BACKGROUND_BYTES:
+        if conversation_id not in self.loaded and self.turn_counts.get(conversation_id, 0) > self.BACKGROUND_TURNS:
             self._open_in_background(conversation_id)
             return
         self.view.show_turns(self.full(conversation_id).turns)

@@ -164,14 +164,14 @@ class ConversationDB:
         self._saved[conv.id] = conv.turns
         return conv
 
-    def sizes(self) -> dict[str, int]:
-        """Each conversation's stored bytes (text and token records): what reading it costs."""
+    def turn_counts(self) -> dict[str, int]:
+        """Each conversation's number of turns: what reading it costs, counted from the index alone (summing
+        the stored text would read the whole database, 0.2 s for 50 MB)."""
         try:
-            rows = self._connect().execute("SELECT conversation, SUM(LENGTH(content) + IFNULL(LENGTH(tokens), 0)) "
-                                           "FROM turns GROUP BY conversation").fetchall()
+            rows = self._connect().execute("SELECT conversation, COUNT(*) FROM turns GROUP BY conversation").fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"could not read the conversations database {self.path}: {exc}") from exc
-        return {cid: int(size or 0) for cid, size in rows}
+        return dict(rows)
 
     def adopt(self, conversation: Conversation) -> None:
         """A conversation read by another connection (in the background) is what this one last read."""

@@ -202,7 +202,7 @@ def test_a_large_chat_is_read_in_the_background_and_takes_messages_once_read(mak
     store = saved_history(tmp_path)
     store.save(replace(Conversation("big", "Big").with_turn(Turn("user", "big question")), updated=1.0))
     store.save(Conversation("small", "Small").with_turn(Turn("user", "small question")))
-    monkeypatch.setattr(ChatController, "BACKGROUND_BYTES", 5)  # every chat counts as large here
+    monkeypatch.setattr(ChatController, "BACKGROUND_TURNS", 0)  # every chat counts as large here
     w = make_window(strategy="none", max_new_tokens=6)
     qtbot.waitUntil(lambda: "small question" in w.view.toPlainText(), timeout=10_000)
     w.chat.select("big")
