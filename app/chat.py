@@ -46,6 +46,11 @@ class Reply:
     started: bool = False
     saved_at: float = 0.0  # when the answer's text so far was last written (kept if the app dies)
 
+    @property
+    def text(self) -> str:
+        """The answer so far (rejected drafts are not part of it)."""
+        return "".join(t.text for t in self.tokens if t.origin != "rejected")
+
 
 class ChatController(QObject):
     generating_changed = Signal(bool)
@@ -350,8 +355,7 @@ class ChatController(QObject):
         reply, now = self.reply, time.monotonic()
         if now - reply.saved_at >= self.PARTIAL_EVERY_S:
             reply.saved_at = now
-            text = "".join(t.text for t in reply.tokens if t.origin != "rejected")
-            self._store("update_answer", self.conversations[reply.conversation_id], text)
+            self._store("update_answer", self.conversations[reply.conversation_id], reply.text)
 
     def _finish(self, finished) -> None:
         reply, self.reply = self.reply, None
@@ -372,8 +376,7 @@ class ChatController(QObject):
             return
         reply, self.reply = self.reply, None
         if reply.started:
-            text = "".join(t.text for t in reply.tokens if t.origin != "rejected")
-            partial = Turn("assistant", text, tuple(reply.tokens), f"{reply.strategy} · interrupted by an error")
+            partial = Turn("assistant", reply.text, tuple(reply.tokens), f"{reply.strategy} · interrupted by an error")
             self.view.end_answer(partial)
             self._add_turn(reply.conversation_id, partial)
             self.plots.finish()
