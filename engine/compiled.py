@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import first_line
 from .paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ def _build_and_load() -> None:
             _fail(str(exc))
             return
         except (OSError, RuntimeError) as exc:  # a library that does not load: a damaged file in the cache
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            reason = first_line(exc)
             if attempt == 0:
                 log.info("the cached compiled step did not load (%s): building it again", reason)
                 path.unlink(missing_ok=True)

@@ -9,6 +9,12 @@ import re
 _CONTROLS = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line, or its class name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def terminal_safe(text: str) -> str:
     """`text` without what a terminal would execute: escape sequences and control characters (a model's or
     a server's text can hold them), keeping newlines and tabs."""

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from . import compiled, llama
-from .errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError
+from .errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError, first_line
 from .forward import HFRunner, ModelRunner
 from .gguf_native import NativeWeights, cached_native_weights, check_against
 from .paths import DEVICE_NAMES, WEIGHT_NAMES, cache_dir
@@ -191,7 +191,7 @@ def _native_weights(path: Path, folder: Path, loaded: LoadedModel, explicit: boo
     try:
         native = cached_native_weights(path, loaded.model.config, Path(folder))
     except (ValueError, KeyError) as exc:
-        return cannot(f"unreadable 4-bit blocks ({_first_line(exc)})")
+        return cannot(f"unreadable 4-bit blocks ({first_line(exc)})")
     if not native.blocks:
         return cannot(f"the file holds no Q4_0/Q4_1/Q4_K projections ({', '.join(sorted(native.file_types))})")
     mismatch = check_against(native, loaded.model)
@@ -223,7 +223,7 @@ def _hub_folder(repo_id: str, say) -> Path:
         if not any(folder.glob("*.safetensors")):
             folder = Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES + ["*.bin"]))
     except Exception as exc:  # unknown repository, gated model, network failure mid-download
-        raise ModelNotFoundError(f"cannot download '{repo_id}' from the Hugging Face Hub: {_first_line(exc)}") from exc
+        raise ModelNotFoundError(f"cannot download '{repo_id}' from the Hugging Face Hub: {first_line(exc)}") from exc
     return folder
 
 
@@ -237,11 +237,6 @@ def _hub_reachable(timeout: float = 5.0) -> bool:
             return True
     except OSError:
         return False
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _quiet_transformers() -> None:
@@ -262,7 +257,7 @@ def _from_pretrained(folder, dtype: torch.dtype):
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False)
     except OSError as exc:  # missing weights or tokenizer files
-        raise ModelNotFoundError(f"cannot load the model in '{folder}': {_first_line(exc)}") from exc
+        raise ModelNotFoundError(f"cannot load the model in '{folder}': {first_line(exc)}") from exc
     except Exception as exc:  # a damaged file, a config of the wrong types, weights that do not fit it, ...
         raise SpeculaError(f"cannot load the model in '{folder}': {_load_problem(exc)}") from exc
     return model, tokenizer
@@ -272,13 +267,13 @@ def _load_problem(exc: Exception) -> str:
     """What went wrong loading a model folder, in words that name the file to look at."""
     name, text = type(exc).__name__, str(exc)
     if name == "SafetensorError" or "safetensors" in type(exc).__module__:
-        return f"a weights file (*.safetensors) is damaged or cut short ({_first_line(exc)})"
+        return f"a weights file (*.safetensors) is damaged or cut short ({first_line(exc)})"
     if "ignore_mismatched_sizes" in text or "size mismatch" in text:
         return "the weights do not have the sizes its config.json describes"
     if "Validation error for field" in text or name.endswith("ValidationError") or isinstance(exc, TypeError):
         field = re.search(r"field '([^']+)'", text)
         return f"config.json has a value of the wrong type{f' for {field.group(1)!r}' if field else ''}"
-    return _first_line(exc) or name
+    return first_line(exc)
 
 
 def _eos_ids(model, tokenizer) -> frozenset[int]:
@@ -313,7 +308,7 @@ def _converted_gguf(path: Path, say) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except Exception as exc:  # the gguf reader raises many types on a bad file
-        raise SpeculaError(f"cannot read GGUF file {path}: {_first_line(exc)}") from exc
+        raise SpeculaError(f"cannot read GGUF file {path}: {first_line(exc)}") from exc
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import SpeculaError
+from ..errors import SpeculaError, first_line
 
 FORMAT = 1
 
@@ -244,7 +244,7 @@ def load_head(folder: Path, target, dtype=None, kind: str | None = None) -> tupl
             head.draft_ids = state["draft_ids"]
         head.load_state_dict(state)
     except Exception as exc:  # a truncated file, a wrong shape, a missing tensor: all name the file
-        raise SpeculaError(f"the draft head {weights} is unreadable: {_first_line(exc)}") from None
+        raise SpeculaError(f"the draft head {weights} is unreadable: {first_line(exc)[:200]}") from None
     head = head.to(device=target.device, dtype=dtype or target.dtype).eval()
     head.requires_grad_(False)
     return head, info
@@ -279,11 +279,6 @@ def head_kinds() -> dict[str, type]:
     return {"eagle": EagleHead, "medusa": MedusaHead}
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0][:200] if text else "") or type(exc).__name__
-
-
 def readable(folder: Path) -> str | None:
     """Why the head's weights cannot be read (None when they can): their file's header and size are
     checked, which finds a truncated or foreign file without reading the tensors."""
@@ -295,7 +290,7 @@ def readable(folder: Path) -> str | None:
             if not list(f.keys()):
                 return f"the draft head {path} holds no tensors"
     except Exception as exc:
-        return f"the draft head {path} is unreadable ({_first_line(exc)})"
+        return f"the draft head {path} is unreadable ({first_line(exc)[:200]})"
     return None
 
 

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..errors import SpeculaError, TrainingCancelled
+from ..errors import SpeculaError, TrainingCancelled, first_line
 from ..prompts import Message, encode
 from .eagle import EagleHead, HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
 from .medusa import MedusaHead
@@ -343,7 +343,7 @@ def _read_checkpoint(path: Path, say: Callable[[str], None]) -> dict | None:
     try:
         state = torch.load(path, weights_only=True)
     except Exception as exc:  # an unpickler error, a damaged file: all mean the same here
-        say(f"training: the checkpoint {path} was not used ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+        say(f"training: the checkpoint {path} was not used ({type(exc).__name__}: {first_line(exc)[:120]})")
         return None
     return state if isinstance(state, dict) else None
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Iterator
 from urllib.parse import urlsplit
 
-from ..errors import ContextTooLongError, SpeculaError
+from ..errors import ContextTooLongError, SpeculaError, first_line
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 120.0  # the longest silence inside a stream (a long prompt's prefill comes first)
@@ -305,7 +305,7 @@ class EventStream:
                 if isinstance(exc, (socket.timeout, TimeoutError)):
                     raise RemoteError(f"the server at {self.server.root} sent nothing for "
                                       f"{self.server.timeout_s:.0f} s") from None
-                raise RemoteError(f"the connection to the server broke during the answer ({_first(exc)})") from None
+                raise RemoteError(f"the connection to the server broke during the answer ({first_line(exc)})") from None
             if self.closed:
                 return
             if not raw:  # end of the response
@@ -348,7 +348,3 @@ def parse_event(payload: str) -> dict:
         raise RemoteError(f"the server reported an error during the answer: {_error_message(json.dumps(event))}")
     return event
 
-
-def _first(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
