@@ -146,7 +146,7 @@ def _request(server: Server, method: str, url: str, payload: dict | None, timeou
     return conn, response
 
 
-def _network_error(server: Server, url: str, exc: BaseException, timed_out: str = "") -> BaseException:
+def _network_error(server: Server, url: str, exc: BaseException, timed_out: str) -> BaseException:
     """One line for a failure to reach or hear from the server; `timed_out` says what a timeout means."""
     if isinstance(exc, ssl.SSLCertVerificationError):
         return RemoteError(f"the TLS certificate of {server.root} could not be verified ({exc.verify_message}); "
@@ -154,7 +154,7 @@ def _network_error(server: Server, url: str, exc: BaseException, timed_out: str 
     if isinstance(exc, ConnectionRefusedError):
         return RemoteError(f"cannot reach the server at {server.root}: connection refused (is it running?)")
     if isinstance(exc, (socket.timeout, TimeoutError)):
-        return RemoteError(f"the server at {server.root} {timed_out or f'did not answer within {server.timeout_s:.0f} s'}")
+        return RemoteError(f"the server at {server.root} {timed_out}")
     if isinstance(exc, socket.gaierror):
         return RemoteError(f"cannot find the server's host in {server.root} ({exc.strerror})")
     if isinstance(exc, (OSError, http.client.HTTPException)):
