@@ -50,11 +50,8 @@ class Session:
 
     def use(self, target: LoadedModel, draft: LoadedModel | None = None) -> None:
         """Adopt already loaded models (tests build tiny ones in memory)."""
-        from .heads.eagle import find_heads
-
         self.target, self.draft = target, draft
-        self.head_warnings = []
-        self.heads = find_heads(target, self.head_warnings)
+        self._find_heads(target)
         self._runner = target.new_runner()
         self._drafters = {}
         self.baseline = None
@@ -69,7 +66,6 @@ class Session:
     def train(self, request: TrainRequest, request_id: int, say: Callable[[str], None],
               should_stop: Callable[[], bool]) -> Trained:
         """Train and save a head in the user's heads folder, then offer it: the strategies change."""
-        from .heads.eagle import find_heads
         from .heads.train import TrainOptions, default_out, run_training
 
         target = self._need_target()
@@ -77,10 +73,16 @@ class Session:
         options = TrainOptions(kind=request.kind, tokens=request.tokens, epochs=request.epochs, batch=request.batch,
                                out=out, overwrite=True)
         result = run_training(target, options, say=say, should_stop=should_stop)
-        self.head_warnings = []
-        self.heads = find_heads(target, self.head_warnings)
+        self._find_heads(target)
         self._drafters = {key: d for key, d in self._drafters.items() if key[0] not in (request.kind, "auto")}
         return Trained(request_id, result.kind, str(result.out), result.accepted, result.summary())
+
+    def _find_heads(self, target: LoadedModel) -> None:
+        """The heads made for this target, and a warning for each one found but unreadable."""
+        from .heads.eagle import find_heads
+
+        self.head_warnings = []
+        self.heads = find_heads(target, self.head_warnings)
 
     def describe(self, request_id: int = 0) -> Loaded:
         t = self._need_target()
