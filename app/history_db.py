@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS turns (
     PRIMARY KEY (conversation, idx));
 CREATE VIRTUAL TABLE IF NOT EXISTS turns_text USING fts5(content, conversation UNINDEXED, idx UNINDEXED);
 CREATE TRIGGER IF NOT EXISTS turns_added AFTER INSERT ON turns BEGIN
-    INSERT INTO turns_text (rowid, content, conversation, idx) VALUES (new.rowid, new.content, new.conversation, new.idx);
+    INSERT INTO turns_text (rowid, content, conversation, idx)
+    VALUES (new.rowid, new.content, new.conversation, new.idx);
 END;
 CREATE TRIGGER IF NOT EXISTS turns_removed AFTER DELETE ON turns BEGIN
     DELETE FROM turns_text WHERE rowid = old.rowid;
@@ -236,11 +237,7 @@ class ConversationDB:
                        "ON CONFLICT(id) DO UPDATE SET title = excluded.title, updated = excluded.updated",
                        (conversation.id, conversation.title, conversation.created, conversation.updated))
             db.execute("DELETE FROM turns WHERE conversation = ? AND idx >= ?", (conversation.id, same))
-            db.executemany(
-                "INSERT INTO turns (conversation, idx, role, content, summary, note, tokens, state) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(conversation.id, i, t.role, t.content, t.summary, t.note, _tokens_text(t.tokens),
-                  INTERRUPTED if t.interrupted else DONE) for i, t in enumerate(turns[same:], start=same)])
+            _insert_turns(db, conversation.id, turns, same)
 
         self._write(f"the conversation “{conversation.title}”", statements)
         self._saved[conversation.id] = turns
@@ -292,11 +289,7 @@ class ConversationDB:
                     continue
                 db.execute("INSERT INTO conversations (id, title, created, updated) VALUES (?, ?, ?, ?)",
                            (conv.id, conv.title, conv.created, conv.updated))
-                db.executemany(
-                    "INSERT INTO turns (conversation, idx, role, content, summary, note, tokens, state) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(conv.id, i, t.role, t.content, t.summary, t.note, _tokens_text(t.tokens), DONE)
-                     for i, t in enumerate(conv.turns)])
+                _insert_turns(db, conv.id, conv.turns)
             db.execute("INSERT INTO meta (key, value) VALUES ('imported_json', ?)", (str(time.time()),))
             db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
 
@@ -307,6 +300,15 @@ class ConversationDB:
         if skipped:
             notices.append(f"Unreadable conversation files were not imported: {', '.join(skipped)}.")
         return notices
+
+
+def _insert_turns(db: sqlite3.Connection, conversation_id: str, turns: tuple[Turn, ...], start: int = 0) -> None:
+    """Write turns[start:] as the conversation's turns from index `start` on."""
+    db.executemany(
+        "INSERT INTO turns (conversation, idx, role, content, summary, note, tokens, state) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [(conversation_id, i, t.role, t.content, t.summary, t.note, _tokens_text(t.tokens),
+          INTERRUPTED if t.interrupted else DONE) for i, t in enumerate(turns[start:], start=start)])
 
 
 def _tokens_text(tokens: tuple[TokenRecord, ...]) -> str | None:
