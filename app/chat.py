@@ -121,8 +121,8 @@ class ChatController(QObject):
         return self.conversations[self.current_id]
 
     def new_conversation(self) -> None:
-        if self.current_id is not None and not self.current.turns:
-            self.select(self.current_id)  # the current one is still empty: reuse it
+        if self.current_id in self.loaded and not self.current.turns:
+            self.select(self.current_id)  # the current one is still empty: reuse it (one being read is not)
             return
         conv = Conversation(new_id())
         self.conversations[conv.id] = conv
@@ -141,8 +141,7 @@ class ChatController(QObject):
 
     def _open_in_background(self, conversation_id: str) -> None:
         """A large chat: shown as opening while a thread reads it, so the window never waits for it."""
-        self.view.show_turns(())
-        self.view.setPlaceholderText("Opening this conversation…")
+        self.view.show_opening()
         if self.opening == conversation_id:
             return
         self.opening = conversation_id
@@ -169,9 +168,6 @@ class ChatController(QObject):
         self.conversations[conversation_id] = replace(result, title=self.conversations[conversation_id].title)
         self.loaded.add(conversation_id)
         if self.current_id == conversation_id and self.reply is None:
-            from .chatview import PLACEHOLDER
-
-            self.view.setPlaceholderText(PLACEHOLDER)
             self.view.show_turns(self.current.turns)
         self.conversations_changed.emit()
 

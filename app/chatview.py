@@ -79,11 +79,17 @@ class ChatView(QTextBrowser):
 
     def show_turns(self, turns) -> None:
         """Replace the transcript with a conversation's turns."""
+        self.setPlaceholderText(PLACEHOLDER)
         self._items = list(turns)
         self._first = _page_start(self._items, len(self._items))
         self._transient, self._markdown = set(), set()
         self._live = None
         self._rerender()
+
+    def show_opening(self) -> None:
+        """An empty transcript that says the conversation is being read."""
+        self.show_turns(())
+        self.setPlaceholderText("Opening this conversation…")
 
     def show_earlier(self) -> None:
         """Draw another page of the turns before the first one drawn."""

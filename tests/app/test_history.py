@@ -208,6 +208,10 @@ def test_a_large_chat_is_read_in_the_background_and_takes_messages_once_read(mak
     w.chat.select("big")
     assert w.view.toPlainText() == "" and w.view.placeholderText() == "Opening this conversation…"
     assert not w.chat.send("not yet", w.settings)  # nothing is sent into a chat that is not read yet
+    w.chat.new_conversation()  # while it opens: a new, empty chat, which invites a message again
+    assert w.chat.current_id not in ("big", "small")
+    assert w.view.placeholderText() != "Opening this conversation…"
+    w.chat.select("big")
     qtbot.waitUntil(lambda: "big question" in w.view.toPlainText(), timeout=10_000)
     assert w.chat.send("now", w.settings)
     ok, _ = wait_reply(qtbot, w)
