@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 
-# escape sequences (CSI, OSC, and ESC with its intermediate and final bytes), then any other C0 or C1 control character but the newline
-# and the tab: what a terminal would act on instead of showing
-_CONTROLS = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# escape sequences (CSI, OSC, and ESC with its intermediate and final bytes), then any other C0 or C1
+# control character but the newline and the tab: what a terminal would act on instead of showing
+_CONTROLS = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI
+                       r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC, to BEL or ST
+                       r"|\x1b[ -/]*[0-~]?"  # other escapes
+                       r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def first_line(exc: BaseException) -> str:

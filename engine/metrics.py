@@ -155,8 +155,9 @@ def speedup_text(speedup: float | None, error: float | None) -> str:
 class DraftLength:
     """Each step's draft length from what was measured: the n (0..k) with the most expected tokens per
     expected second. Expected tokens of a draft of n: 1 + the sum over positions i < n of the share of
-    recent drafts that reached position i and had it kept (FORGET; PRIOR rejections to start from). Expected seconds: the mean time of recent steps that
-    drafted n (interpolated between measured lengths, plain steps for n = 0). So a strategy whose
+    recent drafts that reached position i and had it kept (FORGET; PRIOR rejections to start from).
+    Expected seconds: the mean time of recent steps that drafted n (interpolated between measured lengths,
+    plain steps for n = 0). So a strategy whose
     guesses are seldom kept drafts less, or not at all (a plain step), and one on a roll drafts long.
     The first `warmup` drafting steps draft the full k; after that, every EXPLORE-th step drafts one token
     more than the best length, so that a longer draft that would pay is found, one token at a time."""
