@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 
 from PySide6.QtCore import QObject, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPushButton,
-                               QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QMessageBox,
+                               QPushButton, QWidget)
 
 from .settings import Settings
 
@@ -73,6 +73,7 @@ class RemoteSection(QWidget):
         self._answer = _Answer(self)
         self._answer.done.connect(self._show_answer)
         self.test_button.clicked.connect(self.test_connection)
+        self.allow_http_key.clicked.connect(self._confirm_http_key)
         self._layout()
 
     def _layout(self) -> None:
@@ -97,6 +98,11 @@ class RemoteSection(QWidget):
         return {"server_url": self.url.text().strip(), "server_model": self.model.currentText().strip(),
                 "api_key_env": self.key_env.text().strip(), "baseline_url": self.baseline.text().strip(),
                 "verify_tls": self.verify_tls.isChecked(), "allow_http_key": self.allow_http_key.isChecked()}
+
+    def _confirm_http_key(self, checked: bool) -> None:
+        """Ticking the box sends a secret in the clear: the user confirms it, naming the host, or it stays off."""
+        if checked and not confirm_http_key(self, _host(self.url.text())):
+            self.allow_http_key.setChecked(False)
 
     def store_key(self) -> str | None:
         """Put a typed key in the OS keyring; None when done (or nothing to do), else why it failed."""
@@ -161,6 +167,26 @@ class RemoteSection(QWidget):
         self.model.setEditText(typed or answer.model)
         self.result.setText(connected_text(answer))
         self.tested.emit(True)
+
+
+def confirm_http_key(parent: QWidget, host: str) -> bool:
+    """Ask before the API key may travel unencrypted; True when the user says yes (No is the default)."""
+    where = f"to {host}" if host else "to a server that is not this machine"
+    answer = QMessageBox.warning(
+        parent, "Send the API key unencrypted?",
+        f"With this on, the API key goes over plain http:// {where}: anyone on the network path can read it "
+        "and use it.\n\nUse https:// instead unless the network is yours. Send the key unencrypted?",
+        QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.No)
+    return answer == QMessageBox.StandardButton.Yes
+
+
+def _host(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        return urlsplit(url.strip()).hostname or ""
+    except ValueError:
+        return ""
 
 
 def connected_text(info) -> str:

@@ -128,6 +128,25 @@ def test_without_a_keyring_the_key_field_says_to_use_an_environment_variable(qtb
     assert "environment variable" in dialog.remote.key.toolTip()
 
 
+@pytest.mark.parametrize("says_yes", [True, False])
+def test_allowing_a_key_over_http_asks_first_naming_the_host(qtbot, monkeypatch, no_ring, says_yes):
+    import app.remote_settings as remote_settings
+    from app.settings import Settings
+
+    asked = []
+    monkeypatch.setattr(remote_settings, "confirm_http_key", lambda parent, host: asked.append(host) or says_yes)
+    dialog = SettingsDialog(Settings(backend="remote"))
+    qtbot.addWidget(dialog)
+    dialog.remote.url.setText("http://10.1.2.3:8000")
+    qtbot.mouseClick(dialog.remote.allow_http_key, left())
+    assert asked == ["10.1.2.3"]
+    assert dialog.remote.allow_http_key.isChecked() is says_yes
+    assert dialog.result_settings().allow_http_key is says_yes
+    if says_yes:
+        qtbot.mouseClick(dialog.remote.allow_http_key, left())  # switching it off again asks nothing
+        assert asked == ["10.1.2.3"] and not dialog.remote.allow_http_key.isChecked()
+
+
 def test_test_connection_shows_the_server_and_fills_the_models(qtbot, no_ring):
     from app.settings import Settings
 
