@@ -48,7 +48,7 @@ class ChatView(QTextBrowser):
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setPlaceholderText(PLACEHOLDER)
         self.document().setDocumentMargin(14)
-        self.show_ghosts = True
+        self.show_ghosts = False  # rejected drafts are shown on request (View menu, legend)
         self.records: list[TokenRecord] = []  # anchor index -> token
         self._items: list[Turn | Comparison] = []  # what is shown, for re-rendering
         self._frames: list[QTextFrame | None] = []  # each item's bubble (None: not drawn, before _first)
@@ -346,7 +346,8 @@ class ChatView(QTextBrowser):
             self.records.append(rec)
             if not rec.text or (rec.origin == "rejected" and not self.show_ghosts):
                 continue
-            cursor.insertText(rec.text, paint.token_format(rec, index))
+            text = rec.text if rec.origin != "rejected" else ghost_text(rec.text)
+            cursor.insertText(text, paint.token_format(rec, index))
 
     def _is_dark(self) -> bool:
         return self.palette().color(QPalette.ColorRole.Base).lightness() < 128
@@ -373,6 +374,12 @@ class _StickToBottom:
     def __exit__(self, *exc) -> None:
         if self.was_at_bottom:
             self.view._scroll_to_bottom()
+
+
+def ghost_text(text: str) -> str:
+    """A rejected draft token as drawn: a line break it proposed is a visible mark, not a new line (it was
+    never part of the answer, so it must not move the text after it)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "↵")
 
 
 def _page_start(items: list, end: int) -> int:

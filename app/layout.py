@@ -20,7 +20,7 @@ def restore_layout(window) -> None:
         value = q.value(key)
         if isinstance(value, QByteArray):
             restore(value)
-    window.set_ghosts(q.value("show_ghosts", True, type=bool))
+    window.set_ghosts(q.value("show_rejected_drafts", False, type=bool))
 
 
 def save_layout(window) -> None:
@@ -28,5 +28,5 @@ def save_layout(window) -> None:
     q.setValue("geometry", window.saveGeometry())
     q.setValue("state", window.saveState())
     q.setValue("splitter", window.splitter.saveState())
-    q.setValue("show_ghosts", window.view.show_ghosts)
+    q.setValue("show_rejected_drafts", window.view.show_ghosts)
     q.sync()

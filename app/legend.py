@@ -23,7 +23,7 @@ class LegendBar(QWidget):
         self.key.setToolTip("<br>".join(f"<b>{caption}</b>: {ORIGIN_NAMES[origin]}" for origin, caption in LEGEND))
         layout.addWidget(self.key, 1)
         self.ghosts = QCheckBox("Show rejected drafts")
-        self.ghosts.setChecked(True)
+        self.ghosts.setChecked(False)
         self.ghosts.setToolTip("Draft tokens the model rejected, struck through where they were proposed")
         self.ghosts.toggled.connect(self.ghosts_toggled)
         layout.addWidget(self.ghosts)

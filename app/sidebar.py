@@ -37,7 +37,6 @@ class ConversationList(QWidget):
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.new_button = QPushButton("New chat")
-        self.new_button.setShortcut("Ctrl+N")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         self.rename_button = QPushButton("Rename")
         self.rename_button.setToolTip("Rename the selected conversation (F2)")

@@ -120,7 +120,7 @@ class MainWindow(QMainWindow):
                                        "strategy (same seed): both speeds, the speedup, identical or not")
         bar.addAction(self.compare_action)
         self.settings_action = QAction("Settings…", self)
-        self.settings_action.setShortcut(QKeySequence.StandardKey.Preferences)
+        self.settings_action.setShortcuts(_with(QKeySequence.StandardKey.Preferences, "Ctrl+,"))
         bar.addAction(self.settings_action)
         self.addToolBar(bar)
 
@@ -145,7 +145,7 @@ class MainWindow(QMainWindow):
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
         new_action = file_menu.addAction("New chat")
-        new_action.setShortcut(QKeySequence.StandardKey.New)
+        new_action.setShortcuts(_with(QKeySequence.StandardKey.New, "Ctrl+N"))
         new_action.triggered.connect(self._new_conversation)
         file_menu.addAction(self.settings_action)
         self.train_action = file_menu.addAction("Train a draft head…")
@@ -163,7 +163,7 @@ class MainWindow(QMainWindow):
         view_menu = self.menuBar().addMenu("&View")
         self.ghost_action = view_menu.addAction("Show rejected drafts")
         self.ghost_action.setCheckable(True)
-        self.ghost_action.setChecked(True)
+        self.ghost_action.setChecked(False)
         view_menu.addAction(self.dock.toggleViewAction())
         help_menu = self.menuBar().addMenu("&Help")
         help_menu.addAction("About Specula").triggered.connect(self._about)
@@ -487,3 +487,9 @@ def _error_turn(message: str):
     from .history import Turn
 
     return Turn("error", message)
+
+
+def _with(standard: QKeySequence.StandardKey, key: str) -> list[QKeySequence]:
+    """The platform's keys for an action plus `key` (Linux desktops give Preferences no key at all)."""
+    keys = QKeySequence.keyBindings(standard)
+    return keys + [QKeySequence(key)] if QKeySequence(key) not in keys else keys

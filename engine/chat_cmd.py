@@ -72,9 +72,13 @@ def run_chat(args) -> int:
             if name == "reset":
                 history = ()
                 print("[conversation cleared]")
-            elif name == "strategy" and value.strip() in loaded.strategies:
-                strategy = value.strip()
-                print(f"[strategy: {strategy}]")
+            elif name == "strategy" and value.strip():
+                if value.strip() in loaded.strategies:
+                    strategy = value.strip()
+                    print(f"[strategy: {strategy}]")
+                else:
+                    print(f"[unknown strategy '{terminal_safe(value.strip())}' for this model; it can use: "
+                          f"{', '.join(loaded.strategies)}]")
             elif name == "k" and value.strip().isdigit():
                 try:
                     config = replace(config, k=int(value))

@@ -298,7 +298,8 @@ class _Loop:
                     **live)
 
     def _ghost(self, token: int) -> str:
-        return self.tokenizer.decode([token]) if self.tokenizer is not None else ""
+        """A rejected draft token's text; a special token (e.g. <|im_end|>) is not text and shows as nothing."""
+        return self.tokenizer.decode([token], skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def finish(self) -> Finished:
         wall = time.perf_counter() - self.t_start

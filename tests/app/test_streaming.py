@@ -74,16 +74,20 @@ def test_a_reply_streams_token_by_token_coloured_by_origin(make_window, qtbot, t
 
 def test_rejected_drafts_are_ghost_text_that_can_be_hidden(make_window, qtbot):
     w = make_window(strategy="draft-model", max_new_tokens=160)
+    assert not w.ghost_action.isChecked()  # hidden until asked for
+    w.set_ghosts(True)
     w.send_text("hello there, tell me a story about a cat")
     ok, finished = wait_reply(qtbot, w)
     rejected = [r for r in w.view.records if r.origin == "rejected"]
     assert ok and rejected, "the perturbed draft model should have some drafts rejected"
     ghosts = struck(w.view.document())
+    lines_with_ghosts = w.view.toPlainText().count("\n")
     assert ghosts and all(f.foreground().color().name() == w.view.colours.rejected
                           for _, f, _ in fragments(w.view.document()) if f.fontStrikeOut())
     w.legend.ghosts.setChecked(False)
     assert struck(w.view.document()) == []
     assert finished.text in w.view.toPlainText()  # without the ghosts the answer reads as generated
+    assert w.view.toPlainText().count("\n") == lines_with_ghosts  # a rejected line break drew no new line
     assert not w.ghost_action.isChecked()
     w.ghost_action.setChecked(True)
     assert struck(w.view.document()) == ghosts

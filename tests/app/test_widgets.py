@@ -59,13 +59,14 @@ def test_a_strategy_the_model_cannot_use_is_disabled(make_window, tiny_session):
 def test_window_layout_is_remembered(make_window):
     w = make_window()
     assert (w.width(), w.height()) == (1280, 800)
+    assert not w.view.show_ghosts and not w.legend.ghosts.isChecked()  # rejected drafts: off until asked for
     w.splitter.setSizes([300, w.splitter.width() - 300])
-    w.legend.ghosts.setChecked(False)
+    w.legend.ghosts.setChecked(True)
     w.close()
     again = make_window()
     assert again.size() == w.size()
     assert again.splitter.sizes()[0] == w.splitter.sizes()[0] == 300
-    assert not again.view.show_ghosts and not again.legend.ghosts.isChecked()
+    assert again.view.show_ghosts and again.legend.ghosts.isChecked() and again.ghost_action.isChecked()
 
 
 def test_building_the_window_does_not_import_torch(tmp_path):
@@ -169,3 +170,29 @@ def test_plot_axes_move_only_a_few_times_over_a_long_answer(qtbot):
             panel.refresh()
     assert set(changes) == {"acceptance", "tps", "speedup", "lengths", "positions"}
     assert max(changes.values()) <= 10, changes  # in blocks of 32 steps the steps axis alone moved 31 times
+
+
+def test_a_rejected_line_break_is_drawn_as_a_mark_not_a_new_line():
+    from app.chatview import ghost_text
+
+    assert ghost_text("a\nb") == "a↵b" and ghost_text("\r\n") == "↵" and ghost_text("\r") == "↵"
+    assert ghost_text(" cat") == " cat"
+
+
+def test_ctrl_n_makes_a_new_chat_and_ctrl_comma_opens_the_settings(make_window, qtbot, monkeypatch):
+    from PySide6.QtCore import Qt
+
+    from app.settings_dialog import SettingsDialog
+
+    w = make_window()
+    w.send_text("hello")
+    qtbot.waitUntil(lambda: w.state == "ready", timeout=60_000)
+    before = w.chat.current_id
+    w.activateWindow()
+    w.composer.input.setFocus()
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    assert w.chat.current_id != before and not w.chat.current.turns and len(w.chat.conversations) == 2
+    opened = []
+    monkeypatch.setattr(SettingsDialog, "exec", lambda dialog: opened.append(dialog) or 0)
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Comma, Qt.KeyboardModifier.ControlModifier)
+    assert len(opened) == 1

@@ -44,3 +44,14 @@ def test_random_token_sequences(bundled_fp32):
         ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 30))]
         pieces, tail = stream(tok, ids)
         assert "".join(pieces) + tail == tok.decode(ids)
+
+
+def test_a_rejected_special_token_has_no_text_and_an_ordinary_one_keeps_its_own(bundled_fp32):
+    from types import SimpleNamespace
+
+    from engine.decoder import _Loop
+
+    tok = bundled_fp32.tokenizer
+    holder = SimpleNamespace(tokenizer=tok)
+    assert _Loop._ghost(holder, tok.convert_tokens_to_ids("<|im_end|>")) == ""
+    assert _Loop._ghost(holder, tok.encode(" cat")[0]) == " cat"

@@ -373,6 +373,18 @@ def test_ctrl_c_at_the_terminal_prompt_does_not_end_the_chat(capsys, monkeypatch
     assert [m["content"] for m in second] == ["hi", "Hello!", "and again"]  # the conversation went on
 
 
+def test_an_unknown_strategy_in_the_terminal_chat_says_so_and_keeps_the_current_one(capsys, monkeypatch):
+    from engine.cli import main
+
+    lines = iter(["/strategy eagel\x1b[2J", "/strategy server", "/quit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    with FakeServer(steps=[]) as fake:
+        assert main(["chat", "--backend", "remote", "--server", fake.url]) == 0
+    out = capsys.readouterr().out
+    assert "[unknown strategy 'eagel' for this model; it can use: server]" in out and "\x1b" not in out
+    assert "[strategy: server]" in out
+
+
 def test_a_server_that_never_answers_is_reported_with_the_time_waited():
     import socket
 
