@@ -20,6 +20,7 @@ MODEL_HINT = "bundled, a Hugging Face Hub id (org/name), a local folder or a .gg
 BACKENDS = (("Local engine", "local"), ("Remote server", "remote"))
 LOCAL_KEYS = ("model_source", "draft_source", "device", "dtype", "weights")
 REMOTE_KEYS = ("server_url", "server_model", "api_key_env", "baseline_url", "verify_tls", "allow_http_key")
+LOAD_KEYS = ("backend",) + LOCAL_KEYS + REMOTE_KEYS  # what a Load request is made from
 
 
 class SettingsDialog(QDialog):

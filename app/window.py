@@ -61,6 +61,7 @@ class MainWindow(QMainWindow):
         self._editing: tuple[str, object] | None = None  # (conversation id, the Turn being edited)
         self.train_dialog = None
         self._store_notice: str | None = None  # the banner of a failing save, while it fails
+        self._last_good: Settings | None = None  # the settings before a model change, until the new model loads
         self._build_menus()
         self._connect()
         self.controls.show_settings(self.settings)
@@ -246,6 +247,9 @@ class MainWindow(QMainWindow):
         self.status_labels["device"].setText(event.device)
         self.status_labels["dtype"].setText(event.weights or event.dtype if self.can.precision else "")
         self.statusBar().showMessage(f"Loaded {event.target}", 4000)
+        if self._last_good is not None:  # the new model loaded: now it is the one to use next time too
+            self._last_good = None
+            self._save_settings()
         self._set_state("ready")
         self.composer.input.setFocus()
         self.model_ready.emit()
@@ -268,11 +272,24 @@ class MainWindow(QMainWindow):
     def _on_load_failed(self, event) -> None:
         if self.state in ("loading", "starting"):
             kept = f" The previous model ({self.loaded.target}) is still in use." if self.loaded else ""
-            self._set_state("failed" if self.loaded is None else "ready")
             what = "The server could not be reached" if self.settings.remote else "The model could not be loaded"
+            if self._last_good is not None:  # a change failed: the last model that loaded stays the choice
+                self.settings = replace(self.settings, **_load_fields(self._last_good))
+                self._last_good = None
+                self._update_status()
+            self._set_state("failed" if self.loaded is None else "ready")
+            self.statusBar().clearMessage()  # not "loading…" any more
+            fallback = self.loaded is None and not self.settings.remote and self.settings.model_source != "bundled"
+            if fallback:  # the app stays usable: the bundled model for this run, the saved choice untouched
+                kept = " Using the bundled model for now; Settings… chooses another."
             message = f"{what}: {event.message.rstrip('.')}.{kept}"
             self.view.add_turn(_error_turn(message), transient=True)
             self.model_failed.emit(event.message)
+            if fallback:
+                self.overrides.update(model_source="bundled", draft_source="", weights="auto")
+                self.settings = replace(self.settings, **{k: self.overrides[k] for k in ("model_source",
+                                                                                         "draft_source", "weights")})
+                self.start()
         else:
             self.notices.add(event.message)
 
@@ -352,6 +369,8 @@ class MainWindow(QMainWindow):
         for key, value in self.overrides.items():  # one-run choices from the command line stay unsaved
             if getattr(stored, key) == value:
                 stored = replace(stored, **{key: getattr(self._stored, key)})
+        if self._last_good is not None:  # a model change is loading: the file keeps the model that works
+            stored = replace(stored, **_load_fields(self._stored))
         try:
             self.settings_store.save(stored)
             self._stored = stored
@@ -373,6 +392,8 @@ class MainWindow(QMainWindow):
             return
         new = dialog.result_settings()
         reload = needs_reload(self.settings, new) or (new.remote and dialog.remote.key_stored)
+        if reload and self.loaded is not None and self._last_good is None:
+            self._last_good = self.settings  # saved as the model to use only once the new one loads
         self.settings = new
         self.overrides = {}  # the user confirmed every value shown: all of them are saved
         self._save_settings()
@@ -487,6 +508,13 @@ def _error_turn(message: str):
     from .history import Turn
 
     return Turn("error", message)
+
+
+def _load_fields(settings: Settings) -> dict:
+    """What chooses the model or server: a change to these is saved only once it loaded."""
+    from .settings_dialog import LOAD_KEYS
+
+    return {key: getattr(settings, key) for key in LOAD_KEYS}
 
 
 def _with(standard: QKeySequence.StandardKey, key: str) -> list[QKeySequence]:

@@ -248,3 +248,69 @@ def test_a_write_killed_half_way_leaves_no_temporary_file_for_long(tmp_path):
     fresh.write_text("{")
     assert store.load().settings.k == 3
     assert not old.exists() and fresh.exists()
+
+
+def test_a_model_change_is_saved_only_once_it_loaded(make_window, qtbot, monkeypatch, tmp_path, tiny_session):
+    from app.settings_dialog import SettingsDialog
+    from engine.errors import SpeculaError
+
+    loads = []
+    load = tiny_session.load
+
+    def load_or_fail(request, progress=None):
+        loads.append(request.target.source)
+        if request.target.source.startswith("/no/such"):
+            raise SpeculaError(f"no model at {request.target.source}")
+        return load(request, progress)
+
+    tiny_session.load = load_or_fail
+    w = make_window()
+    stored = lambda: json.loads((tmp_path / "config" / "settings.json").read_text())  # noqa: E731
+
+    def choose(source):
+        def exec_(dialog):
+            dialog.model.setText(source)
+            dialog.top_p.setValue(0.5)  # a setting that needs no reload is saved at once
+            dialog.accept()
+            return dialog.result()
+
+        monkeypatch.setattr(SettingsDialog, "exec", exec_)
+
+    choose("/no/such/model")
+    with qtbot.waitSignal(w.model_failed, timeout=30_000):
+        w.settings_action.trigger()
+        assert stored()["model_source"] == "bundled"  # while it loads, the file keeps the model that works
+    text = w.view.toPlainText()
+    assert "no model at /no/such/model" in text and "still in use" in text
+    assert w.state == "ready" and w.settings.model_source == "bundled" and w.settings.top_p == 0.5
+    assert stored()["model_source"] == "bundled" and stored()["top_p"] == 0.5
+    choose("/models/other")
+    with qtbot.waitSignal(w.model_ready, timeout=30_000):
+        w.settings_action.trigger()
+    assert stored()["model_source"] == "/models/other" and w.settings.model_source == "/models/other"
+    assert loads == ["bundled", "/no/such/model", "/models/other"]
+
+
+def test_a_saved_model_that_is_gone_falls_back_to_the_bundled_one_for_this_run(make_window, qtbot, tmp_path,
+                                                                               tiny_session):
+    from app.settings import SettingsStore
+
+    from engine.errors import SpeculaError
+
+    SettingsStore(tmp_path / "config").save(Settings(model_source="/no/such/model"))
+    load, loads = tiny_session.load, []
+
+    def load_or_fail(request, progress=None):
+        loads.append(request.target.source)
+        if request.target.source.startswith("/no/such"):
+            raise SpeculaError(f"no model at {request.target.source}")
+        return load(request, progress)
+
+    tiny_session.load = load_or_fail
+    w = make_window()  # ready: the bundled model loaded after the saved one failed
+    text = w.view.toPlainText()
+    assert "no model at /no/such/model" in text and "bundled model for now" in text
+    assert loads == ["/no/such/model", "bundled"] and w.state == "ready"
+    w.controls.temperature.setValue(0.4)  # a change from the toolbar saves the settings
+    saved = json.loads((tmp_path / "config" / "settings.json").read_text())
+    assert saved["model_source"] == "/no/such/model"  # the user's choice is kept for when it is back
