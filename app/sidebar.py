@@ -3,11 +3,74 @@ export or delete (buttons and the right-click menu)."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
+import time
+from datetime import datetime, timedelta
+
+from PySide6.QtCore import QRect, Qt, QTimer, Signal
+from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QLineEdit, QListWidget, QListWidgetItem, QMenu,
-                               QPushButton, QVBoxLayout, QWidget)
+                               QPushButton, QStyle, QStyledItemDelegate, QVBoxLayout, QWidget)
 
 ID_ROLE = Qt.ItemDataRole.UserRole
+WHEN_ROLE = Qt.ItemDataRole.UserRole + 1  # when the chat last changed, short ("14:05", "Yesterday", "28 Nov")
+
+
+def when_text(timestamp: float, now: float | None = None) -> str:
+    """A chat's last change as a chat list shows it: the time today, then Yesterday, the weekday within a
+    week, the day and month this year, and the full date before."""
+    then = datetime.fromtimestamp(timestamp)
+    today = datetime.fromtimestamp(time.time() if now is None else now).date()
+    day = then.date()
+    if day == today:
+        return then.strftime("%H:%M")
+    if day == today - timedelta(days=1):
+        return "Yesterday"
+    if today - timedelta(days=7) < day < today:
+        return then.strftime("%a")
+    if day.year == today.year:
+        return f"{day.day} {then.strftime('%b')}"
+    return f"{day.day} {then.strftime('%b')} {day.year}"
+
+
+def _tooltip(conv, snippet: str | None = None) -> str:
+    when = datetime.fromtimestamp(conv.updated).strftime("%Y-%m-%d %H:%M") if conv.updated else "unknown"
+    lines = [conv.title, f"Last message: {when}"] + ([snippet] if snippet else [])
+    return "\n".join(lines)
+
+
+class _WhenDelegate(QStyledItemDelegate):
+    """Draws the title elided on the left and the chat's date in a muted colour on the right."""
+
+    def paint(self, painter, option, index) -> None:
+        when = index.data(WHEN_ROLE) or ""
+        width = option.fontMetrics.horizontalAdvance(when) + 12 if when else 0
+        title_option = type(option)(option)
+        self.initStyleOption(title_option, index)
+        title_option.rect = QRect(option.rect.adjusted(0, 0, -width, 0))
+        style = option.widget.style() if option.widget is not None else None
+        if style is not None:  # the full row's background (selection, hover), then the title in its part
+            background = type(option)(option)
+            self.initStyleOption(background, index)
+            background.text = ""
+            style.drawControl(QStyle.ControlElement.CE_ItemViewItem, background, painter, option.widget)
+            title_option.backgroundBrush = Qt.BrushStyle.NoBrush
+            title_option.state &= ~QStyle.StateFlag.State_Selected & ~QStyle.StateFlag.State_MouseOver
+            title_option.palette.setColor(QPalette.ColorRole.Text, _title_colour(option))
+            style.drawControl(QStyle.ControlElement.CE_ItemViewItem, title_option, painter, option.widget)
+        if when:
+            painter.save()
+            selected = bool(option.state & QStyle.StateFlag.State_Selected)
+            colour = option.palette.color(QPalette.ColorRole.HighlightedText if selected else
+                                          QPalette.ColorRole.PlaceholderText)
+            painter.setPen(colour)
+            painter.drawText(option.rect.adjusted(0, 0, -6, 0), Qt.AlignmentFlag.AlignRight |
+                             Qt.AlignmentFlag.AlignVCenter, when)
+            painter.restore()
+
+
+def _title_colour(option):
+    selected = bool(option.state & QStyle.StateFlag.State_Selected)
+    return option.palette.color(QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text)
 
 
 class ConversationList(QWidget):
@@ -36,6 +99,7 @@ class ConversationList(QWidget):
         self.list.setUniformItemSizes(True)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setItemDelegate(_WhenDelegate(self.list))
         self.new_button = QPushButton("New chat")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         self.rename_button = QPushButton("Rename")
@@ -71,7 +135,8 @@ class ConversationList(QWidget):
             for conv in conversations:
                 item = QListWidgetItem(conv.title)
                 item.setData(ID_ROLE, conv.id)
-                item.setToolTip(f"{conv.title}\n{snippets[conv.id]}" if conv.id in snippets else conv.title)
+                item.setData(WHEN_ROLE, when_text(conv.updated) if conv.updated else "")
+                item.setToolTip(_tooltip(conv, snippets.get(conv.id)))
                 item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
                 self.list.addItem(item)
                 if conv.id == current_id:
@@ -85,9 +150,11 @@ class ConversationList(QWidget):
         try:
             for row, conv in enumerate(conversations):
                 item = self.list.item(row)
-                if item.text() != conv.title:
+                when = when_text(conv.updated) if conv.updated else ""
+                if item.text() != conv.title or item.data(WHEN_ROLE) != when:
                     item.setText(conv.title)
-                    item.setToolTip(conv.title)
+                    item.setData(WHEN_ROLE, when)
+                    item.setToolTip(_tooltip(conv))
                 if conv.id == current_id:
                     self.list.setCurrentItem(item)
         finally:

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from app.history import Conversation, TokenRecord, Turn, chat_messages, new_id
 from app.history_db import ConversationDB
+from app.sidebar import WHEN_ROLE
 
 from .conftest import click_link, saved_history, snap, wait_reply
 
@@ -122,6 +123,20 @@ def test_a_failed_save_keeps_everything_says_where_and_is_retried(make_window, q
     assert saved.turns == w.chat.current.turns
 
 
+def test_the_chat_list_dates_a_chat_by_its_last_message():
+    from datetime import datetime
+
+    from app.sidebar import when_text
+
+    now = datetime(2026, 12, 1, 15, 30).timestamp()
+    at = lambda *when: datetime(*when).timestamp()  # noqa: E731
+    assert when_text(at(2026, 12, 1, 9, 5), now) == "09:05"
+    assert when_text(at(2026, 11, 30, 23, 59), now) == "Yesterday"
+    assert when_text(at(2026, 11, 27, 12, 0), now) == "Fri"
+    assert when_text(at(2026, 11, 24, 12, 0), now) == "24 Nov"  # a week ago or more: the date
+    assert when_text(at(2025, 12, 24, 12, 0), now) == "24 Dec 2025"
+
+
 def test_search_finds_chats_by_their_words_and_a_chat_exports_as_markdown_and_json(make_window, qtbot, tmp_path):
     import json
 
@@ -139,6 +154,7 @@ def test_search_finds_chats_by_their_words_and_a_chat_exports_as_markdown_and_js
     qtbot.waitUntil(lambda: w.sidebar.list.count() == 1, timeout=5_000)
     item = w.sidebar.list.item(0)
     assert item.data(Qt.ItemDataRole.UserRole) == zebras and "[zebras]" in item.toolTip()
+    assert "Last message: " in item.toolTip() and ":" in item.data(WHEN_ROLE)  # today's: the time, e.g. 14:05
     snap(w, "search")
     w.sidebar.search.setText("nothing-like-this")
     qtbot.waitUntil(lambda: w.sidebar.list.count() == 0, timeout=5_000)
