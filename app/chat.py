@@ -29,7 +29,7 @@ from .fit import drop_oldest, dropped_note, is_context_error
 from .history import Conversation, TokenRecord, Turn, chat_messages, new_id
 from .history_db import ConversationDB, StoreError
 from .settings import Settings
-from .tokens import step_records, summary
+from .tokens import step_records, summary, totals_of
 
 
 @dataclass
@@ -73,6 +73,7 @@ class ChatController(QObject):
         self.unsaved: set[str] = set()  # conversations whose last save failed
         self.loaded: set[str] = set()  # conversations whose turns were read (the others are titles only)
         self.undeleted: set[str] = set()  # conversations whose deletion failed
+        self.runs: dict[str, tuple] = {}  # id -> (its last answer made in this session, its events, Finished)
         self._retry = QTimer(self)
         self._retry.setInterval(self.RETRY_MS)
         self._retry.timeout.connect(self._save_unsaved)
@@ -138,6 +139,19 @@ class ChatController(QObject):
             self._open_in_background(conversation_id)
             return
         self.view.show_turns(self.full(conversation_id).turns)
+        self._show_plots(self.current)
+
+    def _show_plots(self, conversation: Conversation) -> None:
+        """The plots follow the selected chat: its last answer, drawn again from its events when it was made
+        in this session, else from its saved tokens; nothing yet says what will appear."""
+        last = next((t for t in reversed(conversation.turns) if t.role == "assistant"), None)
+        run = self.runs.get(conversation.id)
+        if last is None or not last.tokens:
+            self.plots.clear()
+        elif run is not None and run[0] is last:
+            self.plots.replay(run[1], run[2])
+        else:
+            self.plots.show_tokens(last.tokens, totals_of(last.summary))
 
     def _open_in_background(self, conversation_id: str) -> None:
         """A large chat: shown as opening while a thread reads it, so the window never waits for it."""
@@ -169,6 +183,7 @@ class ChatController(QObject):
         self.loaded.add(conversation_id)
         if self.current_id == conversation_id and self.reply is None:
             self.view.show_turns(self.current.turns)
+            self._show_plots(self.current)
         self.conversations_changed.emit()
 
     def full(self, conversation_id: str) -> Conversation:
@@ -197,6 +212,7 @@ class ChatController(QObject):
             return
         del self.conversations[conversation_id]
         self.unsaved.discard(conversation_id)
+        self.runs.pop(conversation_id, None)
         if not self._store("delete", conversation_id):
             self.undeleted.add(conversation_id)
         if conversation_id == self.current_id:
@@ -362,6 +378,7 @@ class ChatController(QObject):
         else:  # cancelled before it started: nothing was shown
             self.view.add_turn(turn)
         self.plots.finish(finished)
+        self.runs[reply.conversation_id] = (turn, list(self.plots.events), finished)
         self._add_turn(reply.conversation_id, turn)
         self.generating_changed.emit(False)
         self.conversations_changed.emit()
@@ -376,6 +393,7 @@ class ChatController(QObject):
             self.view.end_answer(partial)
             self._add_turn(reply.conversation_id, partial)
             self.plots.finish()
+            self.runs[reply.conversation_id] = (partial, list(self.plots.events), None)
         self._fail(reply.conversation_id, failed.message)
         self.generating_changed.emit(False)
         self.reply_finished.emit(False, failed)

@@ -15,12 +15,13 @@ about these numbers show under the stats row.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QTimer, Qt
 from PySide6.QtGui import QColor, QFont, QPalette
-from PySide6.QtWidgets import QGraphicsItem, QGridLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGraphicsItem, QGridLayout, QLabel, QStackedLayout, QVBoxLayout, QWidget
 
 from engine.metrics import speedup_text
 
@@ -43,6 +44,10 @@ TITLES = {
     "positions": "Acceptance by draft position",
 }
 SERIES = ("step", "acceptance", "rolling", "tps_step", "tps", "baseline", "speed_step", "speedup")
+EMPTY = ("The plots follow the selected chat. Send a message: its acceptance, tokens per second and speedup "
+         "over plain decoding are drawn here as the answer streams.")
+EARLIER = ("This answer is from an earlier session: acceptance is drawn from its tokens; its timings were not "
+           "kept, so tokens/s and speedup are its totals.")
 STATS = (("acceptance", "acceptance"), ("per_step", "tokens / step"), ("tps", "tokens / s"),
          ("plain", "plain tokens / s"), ("speedup", "speedup"))
 
@@ -54,6 +59,8 @@ class PlotsPanel(QWidget):
         self.metrics = None  # engine.metrics.LiveMetrics, created when a generation starts
         self.baseline = None  # engine.metrics.BaselineCost of the loaded model
         self.counters = False  # acceptance comes from a server's counters (server-wide), not from each step
+        self._model_notes = ""  # the backend's notes about its numbers
+        self.events: list = []  # the events of the generation drawn now, to draw it again later (see replay)
         self._recent: list[tuple[int, int]] = []  # (drafted, accepted) of the last ROLLING steps
         self._last_step = 0  # the latest step's number: where a server reading is plotted
         self._server_seen = (0, 0)  # (draft tokens, accepted) at the previous server reading
@@ -71,7 +78,17 @@ class PlotsPanel(QWidget):
         self.notes.setVisible(False)
         layout.addWidget(self.notes)
         self.graphics = pg.GraphicsLayoutWidget()
-        layout.addWidget(self.graphics, 1)
+        self.empty = QLabel(EMPTY)  # over the plots while they have nothing to show
+        self.empty.setWordWrap(True)
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
+        self.empty.setStyleSheet("color: palette(placeholder-text); background: palette(base); padding: 24px;")
+        stack = QStackedLayout()
+        stack.setStackingMode(QStackedLayout.StackingMode.StackAll)
+        stack.addWidget(self.empty)
+        stack.addWidget(self.graphics)
+        stack.setCurrentWidget(self.empty)
+        layout.addLayout(stack, 1)
         self._build_plots()
 
     def sizeHint(self):
@@ -171,9 +188,8 @@ class PlotsPanel(QWidget):
         the notes on where its numbers come from."""
         self.baseline = loaded.baseline
         self.counters = loaded.capabilities.acceptance == "counters"
-        notes = " ".join(loaded.notes)
-        self.notes.setText(notes)
-        self.notes.setVisible(bool(notes))
+        self._model_notes = " ".join(loaded.notes)
+        self._say("")
         self._apply_theme()
 
     def begin(self) -> None:
@@ -183,6 +199,9 @@ class PlotsPanel(QWidget):
         self.metrics = LiveMetrics(self.baseline, window=ROLLING)
         for buffer in self.series.values():
             buffer.clear()
+        self.events = []
+        self.empty.setVisible(False)
+        self._say("")
         self._recent = []
         self._last_step = 0
         self._server_seen = (0, 0)
@@ -192,6 +211,7 @@ class PlotsPanel(QWidget):
     def add_step(self, step) -> None:
         if self.metrics is None:
             self.begin()
+        self.events.append(step)
         m = self.metrics
         m.add(step)
         self._last_step = step.step
@@ -216,6 +236,7 @@ class PlotsPanel(QWidget):
         the cumulative acceptance; the per-position bars and the acceptance figure follow them."""
         if self.metrics is None:
             self.begin()
+        self.events.append(stats)
         self.metrics.add_server(stats)
         drafted, accepted = self._server_seen
         new_drafted, new_accepted = stats.draft_tokens - drafted, stats.accepted - accepted
@@ -232,6 +253,49 @@ class PlotsPanel(QWidget):
         self._timer.stop()
         self._stale = set(PARTS)
         self.refresh(finished)
+
+    # -- another chat selected ----------------------------------------------------------------------
+    def clear(self) -> None:
+        """Nothing to show (a chat with no answer yet): empty plots and the note that says what comes."""
+        self.begin()
+        self._timer.stop()
+        self.metrics = None
+        for label in self.stat_labels.values():
+            label.setText("–")
+        self.refresh()
+        self.empty.setVisible(True)
+
+    def replay(self, events: list, finished) -> None:
+        """Draw a generation again from its events (an answer made since the app started)."""
+        self.begin()
+        self._timer.stop()
+        for event in events:
+            (self.add_server_stats if hasattr(event, "draft_tokens") else self.add_step)(event)
+        self.finish(finished)
+
+    def show_tokens(self, records, totals: dict[str, str]) -> None:
+        """An answer from an earlier session: acceptance, accepted lengths and positions from its token
+        records; tokens/s and speedup from its saved totals (`totals`: "tps", "speedup")."""
+        self.begin()
+        self._timer.stop()
+        for step in _steps_of(records):
+            self.metrics.add(step)
+            if step.drafted and not step.inferred:
+                self._recent = (self._recent + [(step.drafted, step.accepted)])[-ROLLING:]
+                self.series["step"].append(step.step)
+                self.series["acceptance"].append(step.accepted / step.drafted)
+                self.series["rolling"].append(sum(a for _, a in self._recent) / sum(d for d, _ in self._recent))
+        self.refresh()
+        self.stat_labels["tps"].setText(totals.get("tps") or "–")
+        self.stat_labels["plain"].setText("–")
+        self.stat_labels["speedup"].setText(totals.get("speedup") or "–")
+        self._say(EARLIER)
+
+    def _say(self, text: str) -> None:
+        """A line under the stats about what the plots show (or the backend's notes when it is empty)."""
+        text = text or self._model_notes
+        self.notes.setText(text)
+        self.notes.setVisible(bool(text))
 
     def refresh(self, finished=None) -> None:
         """Push the buffers into every plot now (at the end of a generation, and in tests)."""
@@ -316,6 +380,18 @@ class PlotsPanel(QWidget):
         for key, text in values.items():
             self.stat_labels[key].setText(text)
 
+
+
+def _steps_of(records) -> list:
+    """A saved answer's token records as the step counts LiveMetrics reads (no timings: they were not kept)."""
+    steps: dict[int, list] = {}
+    for rec in records:
+        steps.setdefault(rec.step, []).append(rec)
+    return [SimpleNamespace(step=n, drafted=sum(r.origin in ("draft", "rejected") for r in recs),
+                            accepted=sum(r.origin == "draft" for r in recs),
+                            tokens=[r for r in recs if r.origin != "rejected"], elapsed_s=0.0, context_len=0,
+                            speedup=None, speedup_err=None, plain_step_s=None, inferred=any(r.inferred for r in recs))
+            for n, recs in steps.items()]
 
 
 def _nice_ceil(value: float, low: float) -> float:

@@ -61,6 +61,17 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def totals_of(summary_line: str) -> dict[str, str]:
+    """The tokens/s and speedup figures of a line `summary` wrote, as shown ("126.2", "1.42× ±0.05")."""
+    figures = {}
+    for part in summary_line.split(" · "):
+        if part.endswith(" tok/s"):
+            figures["tps"] = part[: -len(" tok/s")]
+        elif part.endswith(" vs plain"):
+            figures["speedup"] = part[: -len(" vs plain")]
+    return figures
+
+
 def summary(strategy: str, finished) -> str:
     """One line under a finished answer: strategy, tokens, tokens/s, acceptance, speedup."""
     t = finished.totals

@@ -184,6 +184,7 @@ def test_a_long_conversation_opens_at_its_end_and_shows_earlier_turns_on_demand(
     saved_history(tmp_path).save(conv)
     w = make_window(strategy="none", max_new_tokens=6)
     assert w.chat.current_id == "long"
+    qtbot.waitUntil(lambda: "long" in w.chat.loaded, timeout=10_000)  # 600 turns: read on a thread
     view = w.view
     assert 0 < view._first < 600 - 2 and "Show earlier messages" in view.toPlainText()
     assert "question 299" in view.toPlainText() and "question 10" not in view.toPlainText()

@@ -219,3 +219,31 @@ def test_the_window_stays_usable_at_small_sizes(make_window, qtbot, size):
         assert widget.isVisible() and inside.contains(rect), (widget, rect, inside)
     assert w.view.height() >= 150 and w.composer.input.width() >= 200
     snap(w, f"window-{size[0]}x{size[1]}")
+
+
+def test_the_plots_follow_the_selected_chat(make_window, qtbot, tmp_path):
+    from app.plots import EARLIER
+
+    w = make_window(strategy="draft-model", max_new_tokens=40)
+    assert w.plots.empty.isVisibleTo(w.plots) and "Send a message" in w.plots.empty.text()  # says what will come
+    w.send_text("hello there")
+    ok, finished = wait_reply(qtbot, w)
+    assert ok and not w.plots.empty.isVisibleTo(w.plots)
+    first = w.chat.current_id
+    shown = {k: label.text() for k, label in w.plots.stat_labels.items()}
+    accepted = list(w.plots.series["acceptance"].values())
+    assert accepted and shown["speedup"] != "–"
+    w.chat.new_conversation()  # an empty chat: empty plots and the note
+    assert w.plots.empty.isVisibleTo(w.plots) and set(l.text() for l in w.plots.stat_labels.values()) == {"–"}
+    assert len(w.plots.series["acceptance"].values()) == 0
+    w.chat.select(first)  # back: the same answer drawn again from its events
+    assert {k: label.text() for k, label in w.plots.stat_labels.items()} == shown
+    assert list(w.plots.series["acceptance"].values()) == accepted and not w.plots.empty.isVisibleTo(w.plots)
+    w.close()
+    again = make_window(strategy="draft-model")  # another session: the saved tokens give the acceptance
+    again.chat.select(first)
+    figures = {k: label.text() for k, label in again.plots.stat_labels.items()}
+    assert figures["acceptance"] == shown["acceptance"] and figures["per_step"] == shown["per_step"]
+    assert figures["tps"] == shown["tps"] and figures["speedup"] == shown["speedup"]  # the saved totals
+    assert list(again.plots.series["acceptance"].values()) == accepted
+    assert again.plots.notes.text() == EARLIER and again.plots.notes.isVisibleTo(again.plots)
