@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QWidget
+from PySide6.QtWidgets import QCheckBox, QLabel, QWidget
+
+from .flow import FlowLayout
 
 from .theme import LEGEND, OriginColours
 from .tokens import ORIGIN_NAMES
@@ -14,14 +16,13 @@ class LegendBar(QWidget):
 
     def __init__(self, colours: OriginColours, parent=None) -> None:
         super().__init__(parent)
-        layout = QHBoxLayout(self)
+        layout = FlowLayout(self, spacing=14)  # a narrow window wraps the key onto more lines
         layout.setContentsMargins(14, 6, 14, 2)
-        layout.setSpacing(14)
-        # one label that wraps, so a narrow window puts the key on two lines instead of growing
-        self.key = QLabel()
-        self.key.setWordWrap(True)
-        self.key.setToolTip("<br>".join(f"<b>{caption}</b>: {ORIGIN_NAMES[origin]}" for origin, caption in LEGEND))
-        layout.addWidget(self.key, 1)
+        # one label an entry, so lines break between entries
+        self.entries = {origin: QLabel() for origin, _ in LEGEND}
+        for origin, label in self.entries.items():
+            label.setToolTip(ORIGIN_NAMES[origin])
+            layout.addWidget(label)
         self.ghosts = QCheckBox("Show rejected drafts")
         self.ghosts.setChecked(False)
         self.ghosts.setToolTip("Draft tokens the model rejected, struck through where they were proposed")
@@ -30,13 +31,16 @@ class LegendBar(QWidget):
         self.set_colours(colours)
 
     def set_colours(self, colours: OriginColours) -> None:
-        items = []
         for origin, caption in LEGEND:
-            caption = caption.replace(" ", "&nbsp;")  # lines break between the entries, not inside one
             colour = colours.of(origin)
             style = f"color:{colour};" if colour else ""
             if origin == "rejected":
-                items.append(f"<span style='{style}text-decoration:line-through;'>{caption}</span>")
+                text = f"<span style='{style}text-decoration:line-through;'>{caption}</span>"
             else:
-                items.append(f"<span style='{style}'>■&nbsp;{caption}</span>")
-        self.key.setText(" &nbsp;&nbsp; ".join(items))
+                text = f"<span style='{style}'>■&nbsp;{caption}</span>"
+            self.entries[origin].setText(text)
+
+    def show_rejected(self, show: bool) -> None:
+        """The rejected drafts' key shows only while they are drawn."""
+        self.entries["rejected"].setVisible(show)
+        self.layout().invalidate()

@@ -38,10 +38,10 @@ TITLES = {
     "server_acceptance": "Acceptance, server counters <span style='color:{c.draft}'>● per reading &nbsp;"
                          "━ since the start</span>",
     "tps": "Tokens/s <span style='color:{c.bonus}'>━ speculative</span> &nbsp;"
-           "<span style='color:{c.muted}'>╍ plain decoding (measured)</span>",
+           "<span style='color:{c.muted}'>╍ plain</span>",
     "speedup": "Speedup over plain decoding <span style='color:{c.muted}'>(┈ 1×)</span>",
-    "lengths": "Accepted drafts per step",
-    "positions": "Acceptance by draft position",
+    "lengths": "Accepted per step",
+    "positions": "Acceptance by position",
 }
 SERIES = ("step", "acceptance", "rolling", "tps_step", "tps", "baseline", "speed_step", "speedup")
 EMPTY = ("The plots follow the selected chat. Send a message: its acceptance, tokens per second and speedup "
@@ -87,8 +87,8 @@ class PlotsPanel(QWidget):
         stack.setStackingMode(QStackedLayout.StackingMode.StackAll)
         stack.addWidget(self.empty)
         stack.addWidget(self.graphics)
-        stack.setCurrentWidget(self.empty)
         layout.addLayout(stack, 1)
+        self.empty.raise_()
         self._build_plots()
 
     def sizeHint(self):
@@ -164,6 +164,7 @@ class PlotsPanel(QWidget):
         for key, plot in self.plots.items():
             title = TITLES["server_acceptance" if key == "acceptance" and self.counters else key]
             plot.setTitle(f"<span style='color:{fg.name()}'>{title.format(c=c, n=ROLLING)}</span>", size="9pt")
+            plot.titleLabel.setMinimumWidth(0)  # a title never widens its plot past the dock (it is clipped)
             for axis in ("left", "bottom"):
                 plot.getAxis(axis).setTextPen(fg)
                 plot.getAxis(axis).setPen(QColor(fg.red(), fg.green(), fg.blue(), 90))
@@ -264,6 +265,7 @@ class PlotsPanel(QWidget):
             label.setText("–")
         self.refresh()
         self.empty.setVisible(True)
+        self.empty.raise_()
 
     def replay(self, events: list, finished) -> None:
         """Draw a generation again from its events (an answer made since the app started)."""

@@ -112,6 +112,13 @@ class MainWindow(QMainWindow):
         bar = QToolBar("Generation")
         bar.setObjectName("generationToolbar")
         bar.setMovable(False)
+        self.chats_action = QAction("☰ Chats", self)
+        self.chats_action.setCheckable(True)
+        self.chats_action.setChecked(True)
+        self.chats_action.setShortcut(QKeySequence("Ctrl+Shift+L"))
+        self.chats_action.setToolTip("Show or hide the list of chats (Ctrl+Shift+L); a narrow window hides it")
+        self.chats_action.toggled.connect(self.sidebar.setVisible)
+        bar.addAction(self.chats_action)
         bar.addWidget(self.controls)
         spacer = QWidget()
         spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
@@ -162,6 +169,7 @@ class MainWindow(QMainWindow):
         self.regenerate_action.triggered.connect(lambda: self._on_action(actions.REGENERATE, -1))
         chat_menu.addAction(self.compare_action)
         view_menu = self.menuBar().addMenu("&View")
+        view_menu.addAction(self.chats_action)
         self.ghost_action = view_menu.addAction("Show rejected drafts")
         self.ghost_action.setCheckable(True)
         self.ghost_action.setChecked(False)
@@ -383,6 +391,7 @@ class MainWindow(QMainWindow):
             widget.setChecked(show)
             widget.blockSignals(False)
         self.view.set_show_ghosts(show)
+        self.legend.show_rejected(show)
 
     def _open_settings(self) -> None:
         from .settings_dialog import SettingsDialog, needs_reload
@@ -497,6 +506,21 @@ class MainWindow(QMainWindow):
     # -- geometry -----------------------------------------------------------------------------------
     def save_layout(self) -> None:
         save_layout(self)
+
+    NARROW = 1000  # below this width the chat list folds away (the toolbar's ☰ Chats brings it back)
+
+    def resizeEvent(self, event) -> None:
+        """Crossing NARROW shows or hides the chat list, so a small window gives the transcript the room;
+        the user's own choice holds until the width crosses it again."""
+        super().resizeEvent(event)
+        narrow = self.width() < self.NARROW
+        if narrow != getattr(self, "_narrow", False):
+            self._narrow = narrow
+            self.chats_action.setChecked(not narrow)
+        if self.dock.isVisible() and not self.dock.isFloating() and self.dock.width() > 0.45 * self.width():
+            # the window shrank: the plots give way too, so the transcript is never squeezed to a strip
+            self.resizeDocks([self.dock], [max(self.dock.minimumWidth(), int(0.4 * self.width()))],
+                             Qt.Orientation.Horizontal)
 
     def closeEvent(self, event) -> None:
         self.save_layout()

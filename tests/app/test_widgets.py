@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt
 
 from app.composer import Composer
 
-from .conftest import load_without_draft
+from .conftest import load_without_draft, snap
 
 
 def test_enter_sends_shift_enter_makes_a_new_line(qtbot):
@@ -196,3 +196,22 @@ def test_ctrl_n_makes_a_new_chat_and_ctrl_comma_opens_the_settings(make_window, 
     monkeypatch.setattr(SettingsDialog, "exec", lambda dialog: opened.append(dialog) or 0)
     qtbot.keyClick(w.composer.input, Qt.Key.Key_Comma, Qt.KeyboardModifier.ControlModifier)
     assert len(opened) == 1
+
+
+def test_a_small_window_folds_the_chat_list_away_and_fits_800_by_600(make_window, qtbot):
+    w = make_window()
+    assert w.sidebar.isVisible() and w.chats_action.isChecked()
+    w.resize(800, 600)
+    qtbot.waitUntil(lambda: w.width() == 800 and w.height() == 600, timeout=5_000)
+    assert not w.sidebar.isVisible() and not w.chats_action.isChecked()
+    assert w.minimumSizeHint().width() <= 800
+    qtbot.waitUntil(lambda: w.view.width() >= 400, timeout=5_000)  # the transcript keeps room to read
+    assert w.dock.isVisible() and w.dock.width() >= w.dock.minimumWidth()
+    legend = w.legend
+    assert legend.height() >= legend.layout().heightForWidth(legend.width())  # the key is never cut off
+    w.chats_action.trigger()  # the user's choice holds at this width
+    assert w.sidebar.isVisible()
+    w.resize(1280, 800)
+    qtbot.waitUntil(lambda: w.width() == 1280, timeout=5_000)
+    assert w.sidebar.isVisible() and w.chats_action.isChecked()
+    snap(w, "window-1280")
