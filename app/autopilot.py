@@ -22,6 +22,17 @@ class Autopilot(QObject):
         window.model_ready.connect(self._ready)
         window.model_failed.connect(self._load_failed)
         window.chat.reply_finished.connect(self._replied)
+        if exit_after:  # nobody looks at the window: what its banners say goes to stderr too
+            for message in window.notices.messages:
+                print(f"specula-chat: note: {message}", file=sys.stderr)
+            said = set(window.notices.messages)
+
+            def say(message: str) -> None:  # each problem once, however often a save is retried
+                if message not in said and not any(message in m for m in said):
+                    said.add(message)
+                    print(f"specula-chat: {message}", file=sys.stderr)
+
+            window.chat.store_failed.connect(say)
 
     def _ready(self) -> None:
         if self.text is None:
@@ -57,6 +68,9 @@ class Autopilot(QObject):
                 code = code or 1
             self.screenshot = None
         if self.exit_after:
+            if self.window.chat.unsaved and code == 0:
+                print("specula-chat: the conversation could not be saved (see above)", file=sys.stderr)
+                code = 1
             self._quit(code)
 
     def _quit(self, code: int) -> None:

@@ -82,10 +82,11 @@ class ConversationDB:
                 self._db = self._open()
             except sqlite3.DatabaseError as exc:
                 if not _corrupt(exc):
-                    raise StoreError(f"cannot open the conversations database {self.path}: {exc}") from exc
+                    raise StoreError(f"cannot open the conversations database {self.path}: {_why(self.path, exc)}") \
+                        from exc
                 self._db = self._set_aside(exc)
             except (sqlite3.Error, OSError) as exc:
-                raise StoreError(f"cannot open the conversations database {self.path}: {exc}") from exc
+                raise StoreError(f"cannot open the conversations database {self.path}: {_why(self.path, exc)}") from exc
         return self._db
 
     def _open(self) -> sqlite3.Connection:
@@ -97,6 +98,7 @@ class ConversationDB:
             db.execute("PRAGMA foreign_keys=ON")
             db.execute("PRAGMA recursive_triggers=ON")  # rows removed by a cascade or a replace leave the index too
             db.executescript(SCHEMA)
+            _check_tables(db)
         except BaseException:
             db.close()
             raise
@@ -154,7 +156,7 @@ class ConversationDB:
             collecting = gc.isenabled()
             gc.disable()
             try:
-                conv = Conversation(*row, turns=self._turns(db, conversation_id))
+                conv = _conversation(*row, turns=self._turns(db, conversation_id))
                 if sum(len(t.tokens) for t in conv.turns) > LARGE_TOKENS:
                     gc.freeze()  # and later collections pass over them (they live as long as the chat is open)
             finally:
@@ -193,13 +195,13 @@ class ConversationDB:
             rows = db.execute("SELECT id, title, created, updated FROM conversations ORDER BY updated DESC").fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"could not read the conversations database {self.path}: {exc}") from exc
-        return [Conversation(*row) for row in rows], notices
+        return [_conversation(*row) for row in rows], notices
 
     def _turns(self, db: sqlite3.Connection, conversation_id: str) -> tuple[Turn, ...]:
         rows = db.execute("SELECT role, content, summary, note, tokens, state FROM turns WHERE conversation = ? "
                           "ORDER BY idx", (conversation_id,))
-        return tuple(Turn(role, content, _tokens(tokens), summary,
-                          note or (INTERRUPTED_NOTE if state == INTERRUPTED else ""), state == INTERRUPTED)
+        return tuple(Turn(_text(role), _text(content), _tokens(tokens), _text(summary),
+                          _text(note) or (INTERRUPTED_NOTE if state == INTERRUPTED else ""), state == INTERRUPTED)
                      for role, content, summary, note, tokens, state in rows)
 
     def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
@@ -315,10 +317,53 @@ def _tokens_text(tokens: tuple[TokenRecord, ...]) -> str | None:
     return json.dumps([t.to_list() for t in tokens], ensure_ascii=False, separators=(",", ":")) if tokens else None
 
 
-def _tokens(text: str | None) -> tuple[TokenRecord, ...]:
-    return tuple(TokenRecord.from_list(row) for row in json.loads(text)) if text else ()
+def _tokens(text) -> tuple[TokenRecord, ...]:
+    """A turn's token records; damaged ones are dropped (the turn still shows, as plain text)."""
+    try:
+        return tuple(TokenRecord.from_list(row) for row in json.loads(text)) if text else ()
+    except (ValueError, TypeError, KeyError, IndexError):
+        return ()
+
+
+def _text(value) -> str:
+    """A text column as text, whatever another program stored there (a blob, a number, NULL)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return "" if value is None else str(value)
+
+
+def _time(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _conversation(conversation_id, title, created, updated, turns=()) -> Conversation:
+    return Conversation(_text(conversation_id), _text(title) or "New chat", _time(created), _time(updated), turns)
+
+
+def _why(path: Path, exc: Exception) -> str:
+    """What stopped a database from opening, in words (a folder where a file belongs, and the reverse)."""
+    if path.is_dir():
+        return "it is a folder, not a database file"
+    for folder in path.parents:
+        if folder.exists():
+            return str(exc) if folder.is_dir() else f"{folder} is a file, not a folder"
+    return str(exc)
+
+
+def _check_tables(db: sqlite3.Connection) -> None:
+    """A database whose tables are not these (another program's file) is not taken for ours."""
+    for table, wanted in (("conversations", {"id", "title", "created", "updated"}),
+                          ("turns", {"conversation", "idx", "role", "content", "summary", "note", "tokens", "state"})):
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if not wanted <= columns:
+            raise sqlite3.DatabaseError(f"not a conversations database: its table '{table}' has other columns")
 
 
 def _corrupt(exc: sqlite3.DatabaseError) -> bool:
     text = str(exc).lower()
-    return "not a database" in text or "malformed" in text
+    return "not a database" in text or "malformed" in text or "not a conversations database" in text

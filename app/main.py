@@ -17,9 +17,14 @@ from pathlib import Path
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="specula-chat", description="Chat with a local model and watch "
-                                     "speculative decoding at work.")
+    parser = _Parser(prog="specula-chat", description="Chat with a local model and watch speculative decoding "
+                     "at work.")
     parser.add_argument("--model", help="bundled, a Hub id, a local folder or a .gguf file (this run only)")
     parser.add_argument("--draft-model", help="a draft model for the draft-model strategy (this run only)")
     parser.add_argument("--strategy", help="the drafting strategy (this run only)")
@@ -36,6 +41,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--max-new-tokens must be at least 1")
     if args.baseline_server is not None and args.server is None:
         parser.error("--baseline-server needs --server")
+    from engine.remote.http import RemoteError, normalize_url  # torch-free
+
+    for flag, url in (("--server", args.server), ("--baseline-server", args.baseline_server)):
+        if url is not None:
+            try:
+                normalize_url(url)
+            except RemoteError as exc:
+                parser.error(f"{flag}: {exc}")
     return args
 
 
@@ -55,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from .autopilot import Autopilot
     from .window import MainWindow
 
+    _quiet_qt()
     app = QApplication.instance() or QApplication(sys.argv[:1])
     _name_the_app(app)
     window = MainWindow(overrides=overrides_from(args))
@@ -66,6 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     result = pilot.exit_code if pilot.exit_code is not None else code
     _delete(window)
     return result
+
+
+def _quiet_qt() -> None:
+    """Qt's headless platform warns about a feature it lacks on every window: not the user's concern."""
+    from PySide6.QtCore import QtMsgType, qInstallMessageHandler
+
+    def handler(kind, context, message: str) -> None:
+        if "propagateSizeHints" in message:
+            return
+        if kind != QtMsgType.QtDebugMsg:
+            print(message, file=sys.stderr)
+
+    qInstallMessageHandler(handler)
 
 
 def _delete(window) -> None:

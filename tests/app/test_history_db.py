@@ -159,3 +159,36 @@ def test_listing_reads_no_turns_and_a_save_from_another_run_never_drops_turns(tm
     other.save(conv.with_turn(Turn("user", "three")))  # appended to what the database holds
     found = ConversationDB(tmp_path / "c.db").load("a")
     assert [t.content for t in found.turns] == ["one", "two", "three"] and found.title == "A"
+
+
+def test_rows_another_program_wrote_are_read_as_far_as_they_make_sense(tmp_path):
+    path = tmp_path / "c.db"
+    store = ConversationDB(path)
+    good = tuple(TokenRecord("hi", "draft", 1, 0) for _ in range(2))
+    store.save(Conversation("a", "Chat", 1.0, 2.0, (Turn("user", "q"), Turn("assistant", "hi hi", good))))
+    store.close()
+    raw = sqlite3.connect(path)
+    raw.execute("UPDATE conversations SET title = ?, updated = 'soon' WHERE id = 'a'", (b"Bytes \xff title",))
+    raw.execute("UPDATE turns SET tokens = '{garbage' WHERE idx = 1")
+    raw.commit()
+    raw.close()
+    (conv,), notices = ConversationDB(path).load_all()
+    assert conv.title == "Bytes \ufffd title" and conv.updated == 0.0
+    assert [t.content for t in conv.turns] == ["q", "hi hi"] and conv.turns[1].tokens == ()  # shown as plain text
+
+
+def test_a_database_of_another_program_is_set_aside_not_taken_for_ours(tmp_path):
+    path = tmp_path / "conversations.db"
+    raw = sqlite3.connect(path)
+    raw.execute("CREATE TABLE conversations (x INT)")
+    raw.execute("INSERT INTO conversations VALUES (7)")
+    raw.commit()
+    raw.close()
+    store = ConversationDB(path)
+    found, notices = store.load_all()
+    assert found == [] and len(notices) == 1 and "not a conversations database" in notices[0]
+    store.save(Conversation("b", "New", turns=(Turn("user", "kept"),)))
+    assert ConversationDB(path).load("b").turns[0].content == "kept"
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("conversations") and p != path
+             and not p.name.endswith(("-wal", "-shm"))]
+    assert len(aside) == 1 and sqlite3.connect(aside[0]).execute("SELECT x FROM conversations").fetchone() == (7,)

@@ -27,6 +27,34 @@ def test_command_line_choices_become_one_run_overrides():
         parse_args(["--baseline-server", "http://h:2"])
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["--max-new-tokens", "abc"], "--max-new-tokens: invalid int value: 'abc'"),
+    (["--server", "ftp://127.0.0.1:1"], "--server: server URL must start with http:// or https://"),
+    (["--server", "http://h:1", "--baseline-server", "http://h :2"], "--baseline-server: server URL must not contain"),
+])
+def test_a_bad_argument_exits_2_with_one_line(capsys, argv, says):
+    with pytest.raises(SystemExit) as exited:
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and says in err and "usage:" not in err
+
+
+def test_without_a_window_to_look_at_a_save_that_fails_is_said_on_stderr_once(make_window, qtbot, tmp_path, capsys):
+    from app.history_db import ConversationDB
+
+    w = make_window(strategy="none", max_new_tokens=4)
+    (tmp_path / "gone").mkdir()
+    w.chat.store = ConversationDB(tmp_path / "gone")  # a folder where the database file belongs
+    exits = []
+    pilot = Autopilot(w, "hello", None, exit_after=True, quit=exits.append)
+    w.model_ready.emit()
+    qtbot.waitUntil(lambda: pilot.exit_code is not None, timeout=60_000)
+    err = capsys.readouterr().err
+    assert pilot.exit_code == 1 and exits == [1]
+    assert err.count("it is a folder, not a database file") == 1 and "could not be saved" in err
+
+
 def test_autopilot_sends_saves_a_screenshot_and_exits(make_window, qtbot, tmp_path):
     w = make_window(strategy="draft-model", max_new_tokens=30)
     png = tmp_path / "shot.png"
