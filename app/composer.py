@@ -4,10 +4,10 @@ While an earlier message is being edited, a strip above the input says so and of
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QTextCursor
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QToolButton, QVBoxLayout,
-                               QWidget)
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtGui import QPalette, QTextCursor
+from PySide6.QtWidgets import (QApplication, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QToolButton,
+                               QVBoxLayout, QWidget)
 
 EDIT_TEXT = "Editing an earlier message: sending replaces it and drops everything after it."
 
@@ -28,10 +28,22 @@ class EditBar(QFrame):
 
     cancelled = Signal()
 
+    def _style(self) -> None:
+        """The style sheet names the palette's colour as it is now (a sheet reads palette(...) only once)."""
+        self._styling = True
+        shade = QApplication.palette().color(QPalette.ColorRole.AlternateBase).name()
+        self.setStyleSheet(f"#editBar {{ border-left: 3px solid #0969da; background: {shade}; }}")
+        self._styling = False
+
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and not getattr(self, "_styling", True):
+            self._style()
+
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.setObjectName("editBar")
-        self.setStyleSheet("#editBar { border-left: 3px solid #0969da; background: palette(alternate-base); }")
+        self._style()
         label = QLabel(EDIT_TEXT)
         label.setWordWrap(True)
         self.cancel = QToolButton()

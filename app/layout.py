@@ -1,4 +1,4 @@
-"""The window's remembered layout: geometry, dock and splitter state and the ghost-text toggle, in
+"""The window's remembered layout: geometry, dock and splitter state, the ghost-text toggle and the theme, in
 `window.ini` next to settings.json (QSettings only for the window's layout; settings live in settings.py)."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ def restore_layout(window) -> None:
         if isinstance(value, QByteArray):
             restore(value)
     window.set_ghosts(q.value("show_rejected_drafts", False, type=bool))
+    window.set_theme(str(q.value("theme", "system")))
 
 
 def save_layout(window) -> None:
@@ -29,4 +30,5 @@ def save_layout(window) -> None:
     q.setValue("state", window.saveState())
     q.setValue("splitter", window.splitter.saveState())
     q.setValue("show_rejected_drafts", window.view.show_ghosts)
+    q.setValue("theme", window.theme)
     q.sync()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QEvent, Signal
+from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QCheckBox, QLabel, QWidget
 
 from .flow import FlowLayout
 
-from .theme import LEGEND, OriginColours
+from .theme import LEGEND, OriginColours, palette_for
 from .tokens import ORIGIN_NAMES
 
 
@@ -39,6 +40,12 @@ class LegendBar(QWidget):
             else:
                 text = f"<span style='{style}'>■&nbsp;{caption}</span>"
             self.entries[origin].setText(text)
+
+    def changeEvent(self, event) -> None:
+        """Light or dark: the key takes the token colours of the new palette, as the transcript does."""
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self.set_colours(palette_for(self.palette().color(QPalette.ColorRole.Base).lightness() < 128))
 
     def show_rejected(self, show: bool) -> None:
         """The rejected drafts' key shows only while they are drawn."""

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import QGraphicsItem, QGridLayout, QLabel, QStackedLayout
 from engine.metrics import speedup_text
 
 from .ringbuffer import RingBuffer
-from .theme import palette_for
+from .theme import mute, palette_for
 
 REFRESH_MS = 50  # a tick refreshes one of the PARTS: each at 4 Hz
 PARTS = ("acceptance", "tps", "speedup", "bars", "stats")
@@ -74,7 +74,7 @@ class PlotsPanel(QWidget):
         layout.addLayout(self._build_stats())
         self.notes = QLabel()
         self.notes.setWordWrap(True)
-        self.notes.setStyleSheet("color: palette(placeholder-text); font-size: 8pt;")
+        mute(self.notes, 8)
         self.notes.setVisible(False)
         layout.addWidget(self.notes)
         self.graphics = pg.GraphicsLayoutWidget()
@@ -82,7 +82,10 @@ class PlotsPanel(QWidget):
         self.empty.setWordWrap(True)
         self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.empty.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
-        self.empty.setStyleSheet("color: palette(placeholder-text); background: palette(base); padding: 24px;")
+        mute(self.empty)
+        self.empty.setMargin(24)
+        self.empty.setAutoFillBackground(True)
+        self.empty.setBackgroundRole(QPalette.ColorRole.Base)
         stack = QStackedLayout()
         stack.setStackingMode(QStackedLayout.StackingMode.StackAll)
         stack.addWidget(self.empty)
@@ -113,7 +116,7 @@ class PlotsPanel(QWidget):
             name = QLabel(caption)
             name.setWordWrap(True)  # a narrow dock puts "plain tokens / s" on two lines
             name.setAlignment(Qt.AlignmentFlag.AlignCenter)
-            name.setStyleSheet("color: palette(placeholder-text); font-size: 8pt;")
+            mute(name, 8)
             grid.addWidget(value, 0, col)
             grid.addWidget(name, 1, col)
             self.stat_labels[key] = value

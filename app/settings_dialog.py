@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpin
 
 from .remote_settings import RemoteSection
 from .settings import Settings
+from .theme import mute
 
 MODEL_HINT = "bundled, a Hugging Face Hub id (org/name), a local folder or a .gguf file"
 BACKENDS = (("Local engine", "local"), ("Remote server", "remote"))
@@ -82,7 +83,7 @@ class SettingsDialog(QDialog):
                       "server's details reloads the model or reconnects; the other settings apply to the next "
                       "message.")
         note.setWordWrap(True)
-        note.setStyleSheet("color: palette(placeholder-text);")
+        mute(note)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)

@@ -49,3 +49,55 @@ LEGEND = (
 
 def palette_for(is_dark: bool) -> OriginColours:
     return DARK if is_dark else LIGHT
+
+
+THEMES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
+
+
+def dark_palette():
+    """A dark QPalette for the Fusion style, in the shades of the DARK token colours' backgrounds."""
+    from PySide6.QtGui import QColor, QPalette
+
+    p = QPalette()
+    roles = QPalette.ColorRole
+    for role, colour in ((roles.Window, "#1f2329"), (roles.WindowText, "#e6edf3"), (roles.Base, "#161a20"),
+                         (roles.AlternateBase, "#1f2329"), (roles.ToolTipBase, "#2d333b"),
+                         (roles.ToolTipText, "#e6edf3"), (roles.Text, "#e6edf3"), (roles.Button, "#272c34"),
+                         (roles.ButtonText, "#e6edf3"), (roles.BrightText, "#ff7b72"), (roles.Link, "#58a6ff"),
+                         (roles.Highlight, "#1f6feb"), (roles.HighlightedText, "#ffffff"),
+                         (roles.PlaceholderText, "#8d96a0"), (roles.Mid, "#30363d"), (roles.Dark, "#0d1117"),
+                         (roles.Light, "#3a414a"), (roles.Midlight, "#30363d"), (roles.Shadow, "#010409")):
+        p.setColor(role, QColor(colour))
+    for role in (roles.Text, roles.WindowText, roles.ButtonText):
+        p.setColor(QPalette.ColorGroup.Disabled, role, QColor("#6e7681"))
+    return p
+
+
+def system_is_dark(app) -> bool:
+    from PySide6.QtCore import Qt
+
+    return app.styleHints().colorScheme() == Qt.ColorScheme.Dark
+
+
+def apply_theme(app, theme: str) -> bool:
+    """Colour the whole app: "light", "dark", or "system" (the desktop's choice, where it says one).
+    Returns whether it is dark now. Dark uses the Fusion style, which draws every widget from the palette."""
+    dark = theme == "dark" or (theme == "system" and system_is_dark(app))
+    if dark:
+        app.setStyle("Fusion")
+        app.setPalette(dark_palette())
+    else:
+        app.setPalette(app.style().standardPalette())
+    return dark
+
+
+def mute(label, point_size: float | None = None) -> None:
+    """Draw a label's text in the palette's muted colour (and smaller), following later palette changes
+    (a style sheet's palette(...) is read once, so a switch to dark would leave it dark on dark)."""
+    from PySide6.QtGui import QPalette
+
+    label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+    if point_size is not None:
+        font = label.font()
+        font.setPointSizeF(point_size)
+        label.setFont(font)

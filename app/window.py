@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QSizePolicy,
                                QSplitter, QToolBar, QVBoxLayout, QWidget)
 
@@ -33,6 +33,7 @@ from .notice import NoticeBar
 from .plots import PlotsPanel
 from .settings import Settings, SettingsStore
 from .sidebar import ConversationList
+from .theme import THEMES, apply_theme
 
 STATE_COLOURS = {"starting": "#8d96a0", "loading": "#d29922", "ready": "#2da44e", "generating": "#0969da",
                  "failed": "#cf222e"}
@@ -170,6 +171,15 @@ class MainWindow(QMainWindow):
         chat_menu.addAction(self.compare_action)
         view_menu = self.menuBar().addMenu("&View")
         view_menu.addAction(self.chats_action)
+        theme_menu = view_menu.addMenu("Theme")
+        group = QActionGroup(self)
+        self.theme_actions = {}
+        for name, label in THEMES:
+            action = theme_menu.addAction(label)
+            action.setCheckable(True)
+            action.setActionGroup(group)
+            action.triggered.connect(lambda _=False, n=name: self.set_theme(n))
+            self.theme_actions[name] = action
         self.ghost_action = view_menu.addAction("Show rejected drafts")
         self.ghost_action.setCheckable(True)
         self.ghost_action.setChecked(False)
@@ -384,6 +394,16 @@ class MainWindow(QMainWindow):
             self._stored = stored
         except OSError as exc:
             self.notices.add(f"Settings could not be saved: {exc}")
+
+    def set_theme(self, theme: str) -> None:
+        """Light, dark, or whatever the desktop says (followed when it changes)."""
+        self.theme = theme if theme in self.theme_actions else "system"
+        self.theme_actions[self.theme].setChecked(True)
+        app = QApplication.instance()
+        apply_theme(app, self.theme)
+        if not getattr(self, "_following_system", False):
+            self._following_system = True
+            app.styleHints().colorSchemeChanged.connect(lambda _: self.theme == "system" and self.set_theme("system"))
 
     def set_ghosts(self, show: bool) -> None:
         for widget in (self.legend.ghosts, self.ghost_action):

@@ -215,3 +215,30 @@ def test_a_small_window_folds_the_chat_list_away_and_fits_800_by_600(make_window
     qtbot.waitUntil(lambda: w.width() == 1280, timeout=5_000)
     assert w.sidebar.isVisible() and w.chats_action.isChecked()
     snap(w, "window-1280")
+
+
+def test_the_theme_switches_between_light_and_dark_and_is_remembered(make_window, qtbot):
+    from PySide6.QtWidgets import QApplication
+
+    from app.theme import DARK, LIGHT
+
+    w = make_window()
+    try:
+        assert w.theme == "system" and w.theme_actions["system"].isChecked()
+        w.theme_actions["dark"].trigger()
+        qtbot.waitUntil(lambda: w.view.colours == DARK, timeout=5_000)
+        assert QApplication.instance().palette().base().color().lightness() < 64
+        assert w.plots.graphics.backgroundBrush().color().lightness() < 64  # the plots follow
+        assert DARK.draft in w.legend.entries["draft"].text()  # and the colour key
+        assert w.plots.empty.palette().color(w.plots.empty.backgroundRole()).lightness() < 64
+        snap(w, "window-dark")
+        w.close()
+        again = make_window()
+        assert again.theme == "dark" and again.theme_actions["dark"].isChecked() and again.view.colours == DARK
+        again.theme_actions["light"].trigger()
+        qtbot.waitUntil(lambda: again.view.colours == LIGHT, timeout=5_000)
+        assert QApplication.instance().palette().base().color().lightness() > 200
+    finally:
+        from app.theme import apply_theme
+
+        apply_theme(QApplication.instance(), "light")  # the next tests start light
