@@ -12,7 +12,7 @@ PREFIX = "act:"
 TIPS = {
     EDIT: "Put this message in the composer: sending replaces it and drops everything after it",
     COPY: "Copy the answer's text (without rejected drafts)",
-    MARKDOWN: "Switch between coloured tokens and rendered Markdown",
+    MARKDOWN: "Switch between the rendered answer and its raw tokens (both coloured by where each came from)",
     REGENERATE: "Drop this answer and generate it again with the current strategy and settings",
     RETRY: "Send the last message again",
 }
@@ -31,7 +31,7 @@ def actions_for(role: str, last: bool, markdown: bool) -> tuple[tuple[str, str],
 
 
 MENU_LABELS = {"Edit": "Edit message", "Copy": "Copy answer", "Markdown": "Show as Markdown",
-               "Tokens": "Show coloured tokens", "Regenerate": "Regenerate answer", "Retry": "Retry"}
+               "Tokens": "Show raw tokens", "Regenerate": "Regenerate answer", "Retry": "Retry"}
 
 
 def menu_label(label: str) -> str:

@@ -28,7 +28,7 @@ from .bubbles import BubblePainter
 from .compare import Comparison
 from .comparecard import card_html, card_title
 from .history import TokenRecord, Turn
-from .markdown import insert_markdown
+from .markdown import insert_coloured_markdown, insert_markdown, insert_with_code
 from .theme import OriginColours, palette_for
 from .tokens import tooltip
 
@@ -55,9 +55,12 @@ class ChatView(QTextBrowser):
         self._first = 0  # the first item drawn: earlier ones wait behind the "Show earlier messages" link
         self._rows: dict[int, tuple] = {}  # item index -> the action links shown under it
         self._transient: set[int] = set()  # items that are not part of the conversation
-        self._markdown: set[int] = set()  # answers shown as rendered Markdown
+        # answers show as rendered Markdown, still coloured by token (as tokens while rejected drafts are
+        # drawn: those need the raw text); the answers here were switched to the other way by the user
+        self._switched: set[int] = set()
         self._live: list[TokenRecord] | None = None  # the answer being streamed
         self._live_note = ""
+        self._live_first = 0
         self._stream: QTextCursor | None = None
         # streamed tokens are written a few times a second, not at every step: each write lays the
         # document out again, and on a small machine the engine process pays for the window's CPU time
@@ -82,7 +85,7 @@ class ChatView(QTextBrowser):
         self.setPlaceholderText(PLACEHOLDER)
         self._items = list(turns)
         self._first = _page_start(self._items, len(self._items))
-        self._transient, self._markdown = set(), set()
+        self._transient, self._switched = set(), set()
         self._live = None
         self._rerender()
 
@@ -118,6 +121,7 @@ class ChatView(QTextBrowser):
 
     def begin_answer(self, note: str = "") -> None:
         self._live, self._live_note = [], note
+        self._live_first = len(self.records)  # where the streamed answer's tokens start
         with self._keep_bottom():
             self._stream = self._painter().open_bubble("Assistant", self._colours.assistant_bubble)
             if note:
@@ -145,26 +149,39 @@ class ChatView(QTextBrowser):
         if stream is None:
             self.add_turn(turn)
             return
-        index = self._push(turn, stream.currentFrame(), transient=False)
+        frame = stream.currentFrame()
+        index = self._push(turn, frame, transient=False)
         with self._keep_bottom():
-            if turn.summary:
+            if self.is_markdown(index):  # streamed as tokens, kept as rendered Markdown
+                cursor = frame.firstCursorPosition()
+                cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
+                cursor.removeSelectedText()
+                del self.records[self._live_first :]  # written again, with the same anchors
+                self._painter().write_header(cursor, "Assistant")
+                self._write_answer(cursor, turn, index)
+            elif turn.summary:
                 self._painter().write_summary(stream, turn.summary)
             self._refresh_row(index)
 
     def set_show_ghosts(self, show: bool) -> None:
         if show != self.show_ghosts:
             self.show_ghosts = show
+            self._switched = set()  # every answer takes the new default
             self._rerender()
 
     def is_markdown(self, index: int) -> bool:
-        return index in self._markdown
+        """Whether an answer shows as rendered Markdown (the default unless rejected drafts are drawn)."""
+        item = self.item(index)
+        if not isinstance(item, Turn) or item.role != "assistant":
+            return False
+        return (not self.show_ghosts) != (index in self._switched)
 
     def toggle_markdown(self, index: int) -> None:
         """Switch a finished answer between coloured tokens and rendered Markdown."""
         turn = self.item(index)
         if not isinstance(turn, Turn) or turn.role != "assistant":
             return
-        self._markdown ^= {index}
+        self._switched ^= {index}
         self._rerender(keep_scroll=True)
 
     def token_at(self, pos: QPoint) -> TokenRecord | None:
@@ -189,7 +206,7 @@ class ChatView(QTextBrowser):
         item = self.item(index)
         if not isinstance(item, Turn) or index in self._transient:
             return ()
-        return actions.actions_for(item.role, index == self._last_turn(), index in self._markdown)
+        return actions.actions_for(item.role, index == self._last_turn(), self.is_markdown(index))
 
     # -- Qt -----------------------------------------------------------------------------------------
     def viewportEvent(self, event) -> bool:
@@ -282,6 +299,7 @@ class ChatView(QTextBrowser):
             self._stream = self._painter().open_bubble("Assistant", self._colours.assistant_bubble)
             if self._live_note:
                 self._painter().write_note(self._stream, self._live_note)
+            self._live_first = len(self.records)
             self._write_tokens(self._stream, self._live)
         self._unwritten = []
         if keep_scroll:
@@ -298,7 +316,7 @@ class ChatView(QTextBrowser):
             return
         if item.role == "user":
             cursor = paint.open_bubble("You", c.user_bubble, indent_left=True)
-            paint.write_plain(cursor, item.content)
+            insert_with_code(cursor, item.content, self._is_dark())
         elif item.role == "error":
             cursor = paint.open_bubble("Error", c.error_bubble)
             paint.write_plain(cursor, item.content, c.error_text)
@@ -312,14 +330,28 @@ class ChatView(QTextBrowser):
         paint = self._painter()
         if turn.note:
             paint.write_note(cursor, turn.note)
-        if index in self._markdown:
-            insert_markdown(cursor, turn.content, self._is_dark())
+        if self.is_markdown(index):
+            self._write_markdown(cursor, turn)
         elif turn.tokens:
             self._write_tokens(cursor, list(turn.tokens))
         else:
             paint.write_plain(cursor, turn.content)
         if turn.summary:
             paint.write_summary(cursor, turn.summary)
+
+    def _write_markdown(self, cursor: QTextCursor, turn: Turn) -> None:
+        """The answer rendered, each character in the colour of its token (hover still names the token)."""
+        paint = self._painter()
+        kept = [rec for rec in turn.tokens if rec.origin != "rejected" and rec.text]
+        joined = "".join(rec.text for rec in kept)
+        if not kept or joined.strip() != turn.content.strip():  # no tokens, or they do not add up
+            insert_markdown(cursor, turn.content, self._is_dark())
+            return
+        pieces = []
+        for rec in kept:
+            pieces.append((rec.text, paint.token_format(rec, len(self.records))))
+            self.records.append(rec)
+        insert_coloured_markdown(cursor, joined, self._is_dark(), pieces)
 
     def _write_card(self, cursor: QTextCursor, card: Comparison) -> None:
         paint = self._painter()

@@ -14,6 +14,7 @@ from app import actions
 from app.history import Conversation, TokenRecord, Turn
 
 from .conftest import action_links, click_link, saved_history, snap, wait_reply
+from .test_streaming import colours_in, fragments
 
 
 def roles(window) -> list[str]:
@@ -88,6 +89,7 @@ def test_cancelling_an_edit_keeps_the_conversation(make_window, qtbot):
 
 def test_copy_puts_the_answer_without_ghost_text_on_the_clipboard(make_window, qtbot):
     w = make_window(strategy="draft-model", max_new_tokens=120)
+    w.set_ghosts(True)
     w.send_text("hello there, tell me a story about a cat")
     ok, finished = wait_reply(qtbot, w)
     assert ok and any(r.origin == "rejected" for r in w.view.records)
@@ -115,31 +117,34 @@ def code_blocks(document) -> list[str]:
     return out
 
 
-def test_an_answer_switches_between_tokens_and_rendered_markdown(make_window, qtbot, tmp_path):
+def test_answers_are_rendered_markdown_in_their_token_colours_and_switch_to_raw_tokens(make_window, qtbot, tmp_path):
     saved_history(tmp_path).save(markdown_conversation())
     w = make_window(strategy="draft-model", max_new_tokens=30)
-    assert w.chat.current_id == "md" and "# Rain" in w.view.toPlainText()
-    w.send_text("another one")
-    ok, finished = wait_reply(qtbot, w)
-    assert ok
-    tokens_before = len(w.view.records)
-    index = click_link(qtbot, w.view, actions.MARKDOWN, which=0)
-    assert index == 1 and w.view.is_markdown(1) and not w.view.is_markdown(3)
+    assert w.chat.current_id == "md" and w.view.is_markdown(1)
     text = w.view.toPlainText()
     assert "# Rain" not in text and "Rain" in text and "```" not in text and "*short*" not in text
     assert code_blocks(w.view.document()) == ["print('drip')"]
-    md_tokens = len(markdown_conversation().turns[1].tokens)
-    assert len(w.view.records) == tokens_before - md_tokens  # the other answer keeps its coloured tokens
-    assert {r.origin for r in w.view.records} >= {"draft", "rejected"}
+    coloured = {fmt.anchorHref() for _, fmt, _ in fragments(w.view.document()) if fmt.anchorHref().startswith("t")}
+    words = {f"t{i}" for i, r in enumerate(markdown_conversation().turns[1].tokens) if any(c.isalnum() for c in r.text)}
+    assert words <= coloured  # every token with text to show is there in its format, hoverable (markers are not)
+    w.send_text("another one `inline code` here")
+    ok, finished = wait_reply(qtbot, w)
+    assert ok and w.view.is_markdown(3)
+    draft = w.view.colours.draft
+    assert draft in colours_in(w.view.document())  # the new answer, rendered, keeps its accepted drafts' colour
+    user = next(f for t, f, _ in fragments(w.view.document()) if "inline code" in t)
+    assert user.fontFixedPitch() or "mono" in " ".join(user.fontFamilies()).lower()  # the user's code too
     assert [name for name, i, _ in action_links(w.view) if i == 1] == ["copy", "markdown"]
-    assert "Tokens" in text
+    assert "Tokens" in w.view.toPlainText()
     snap(w, "markdown")
+    index = click_link(qtbot, w.view, actions.MARKDOWN, which=0)
+    assert index == 1 and not w.view.is_markdown(1) and w.view.is_markdown(3)
+    assert "# Rain" in w.view.toPlainText() and "print('drip')" not in code_blocks(w.view.document())
     click_link(qtbot, w.view, actions.MARKDOWN, which=0)
-    assert not w.view.is_markdown(1) and "# Rain" in w.view.toPlainText() and len(w.view.records) == tokens_before
-    assert code_blocks(w.view.document()) == []
-    # the reply just generated can be shown as Markdown too
-    click_link(qtbot, w.view, actions.MARKDOWN)
-    assert w.view.is_markdown(3) and len(w.view.records) == md_tokens and finished.text in w.view.toPlainText()
+    assert w.view.is_markdown(1) and code_blocks(w.view.document()) == ["print('drip')"]
+    w.set_ghosts(True)  # rejected drafts are drawn in the raw tokens: every answer shows them
+    assert not w.view.is_markdown(1) and not w.view.is_markdown(3)
+    assert {r.origin for r in w.view.records} >= {"draft", "rejected"}
 
 
 def test_the_context_menu_offers_the_same_actions(make_window, qtbot):
@@ -164,7 +169,7 @@ def test_the_context_menu_offers_the_same_actions(make_window, qtbot):
     QTimer.singleShot(200, pick_regenerate)
     global_point = w.view.viewport().mapToGlobal(point)
     w.view.contextMenuEvent(QContextMenuEvent(QContextMenuEvent.Reason.Mouse, point, global_point))
-    assert {"Copy answer", "Show as Markdown", "Regenerate answer"} <= set(seen)
+    assert {"Copy answer", "Show raw tokens", "Regenerate answer"} <= set(seen)
     ok, _ = wait_reply(qtbot, w)
     assert ok and roles(w) == ["user", "assistant"]
 

@@ -242,3 +242,13 @@ def test_the_theme_switches_between_light_and_dark_and_is_remembered(make_window
         from app.theme import apply_theme
 
         apply_theme(QApplication.instance(), "light")  # the next tests start light
+
+
+def test_rendered_characters_are_traced_back_to_the_source_they_show():
+    from app.markdown import align
+
+    source = "# Rain\n\nA *short* [poem](http://example.com/a/long/path) here"
+    rendered = "Rain\u2029A short poem here"
+    at = align(source, rendered)
+    assert [source[i] for i in at if i is not None] == list("Rain\nA short poem here")
+    assert at[0] == 2 and at[rendered.index("p")] == source.index("poem") and at[-1] == len(source) - 1
