@@ -8,6 +8,7 @@ Pure functions, no Qt.
 from __future__ import annotations
 
 EDIT, COPY, MARKDOWN, REGENERATE, RETRY = "edit", "copy", "markdown", "regenerate", "retry"
+OLDER, NEWER = "older", "newer"  # browse an answer's versions
 PREFIX = "act:"
 TIPS = {
     EDIT: "Put this message in the composer: sending replaces it and drops everything after it",
@@ -15,15 +16,24 @@ TIPS = {
     MARKDOWN: "Switch between the rendered answer and its raw tokens (both coloured by where each came from)",
     REGENERATE: "Drop this answer and generate it again with the current strategy and settings",
     RETRY: "Send the last message again",
+    OLDER: "Show the previous version of this answer (Alt+Left on the last one)",
+    NEWER: "Show the next version of this answer (Alt+Right on the last one)",
 }
 
 
-def actions_for(role: str, last: bool, markdown: bool) -> tuple[tuple[str, str], ...]:
-    """(name, label) of the links under a turn; `last`: it ends the conversation."""
+def actions_for(role: str, last: bool, markdown: bool, version: tuple[int, int] = (0, 1)
+                ) -> tuple[tuple[str | None, str], ...]:
+    """(name, label) of the links under a turn; `last`: it ends the conversation; `version`: (which, of how
+    many) versions of an answer are shown. A None name is plain text (the "2/3" between the arrows)."""
     if role == "user":
         return ((EDIT, "Edit"),)
     if role == "assistant":
-        links = ((COPY, "Copy"), (MARKDOWN, "Tokens" if markdown else "Markdown"))
+        which, count = version
+        browse = ()
+        if count > 1:
+            browse = (((OLDER, "‹"),) if which > 0 else ()) + ((None, f"{which + 1}/{count}"),) + \
+                (((NEWER, "›"),) if which < count - 1 else ())
+        links = browse + ((COPY, "Copy"), (MARKDOWN, "Tokens" if markdown else "Markdown"))
         return links + (((REGENERATE, "Regenerate"),) if last else ())
     if role == "error" and last:
         return ((RETRY, "Retry"),)
@@ -31,7 +41,8 @@ def actions_for(role: str, last: bool, markdown: bool) -> tuple[tuple[str, str],
 
 
 MENU_LABELS = {"Edit": "Edit message", "Copy": "Copy answer", "Markdown": "Show as Markdown",
-               "Tokens": "Show raw tokens", "Regenerate": "Regenerate answer", "Retry": "Retry"}
+               "Tokens": "Show raw tokens", "Regenerate": "Regenerate answer", "Retry": "Retry",
+               "‹": "Previous version", "›": "Next version"}
 
 
 def menu_label(label: str) -> str:

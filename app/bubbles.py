@@ -99,7 +99,7 @@ class BubblePainter:
         for i, (name, label) in enumerate(links):
             if i:
                 cursor.insertText(LINK_GAP, self._small_format())
-            cursor.insertText(label, self._link_format(name, index))
+            cursor.insertText(label, self._link_format(name, index) if name else self._small_format())
 
     def _link_format(self, name: str, index: int) -> QTextCharFormat:
         fmt = self._small_format()

@@ -45,6 +45,7 @@ class Reply:
     tokens: list[TokenRecord] = field(default_factory=list)
     started: bool = False
     saved_at: float = 0.0  # when the answer's text so far was last written (kept if the app dies)
+    previous: Turn | None = None  # the answer being regenerated: kept as an earlier version of the new one
 
     @property
     def text(self) -> str:
@@ -290,9 +291,29 @@ class ChatController(QObject):
         last = self.last_user_index()
         if self.reply is not None or last is None:
             return False
+        turns = self.current.turns
+        previous = turns[last + 1] if last + 1 < len(turns) and turns[last + 1].role == "assistant" else None
         self._truncate(last + 1)
         self.conversations_changed.emit()
-        return self._generate(self.current_id, settings)
+        if not self._generate(self.current_id, settings):
+            return False
+        self.reply.previous = previous
+        return True
+
+    def show_version(self, turn: Turn, step: int) -> bool:
+        """Show the previous (-1) or next (+1) version of an answer; it is the one later messages send."""
+        index = self.index_of(turn)
+        if index is None or self.reply is not None or not turn.versions:
+            return False
+        shown = turn.showing(turn.version + step)
+        if shown.version == turn.version:
+            return False
+        conv = self.current
+        self.conversations[conv.id] = replace(conv, turns=conv.turns[:index] + (shown,) + conv.turns[index + 1 :])
+        self._save(conv.id)
+        self.view.show_turns(self.current.turns)
+        self._show_plots(self.current)
+        return True
 
     def index_of(self, turn: Turn) -> int | None:
         """The position of a turn (the same object the transcript shows) in the current conversation."""
@@ -373,6 +394,8 @@ class ChatController(QObject):
         reply, self.reply = self.reply, None
         turn = Turn("assistant", finished.text, tuple(reply.tokens), summary(reply.strategy, finished),
                     dropped_note(reply.dropped))
+        if reply.previous is not None:
+            turn = turn.replacing(reply.previous)
         if reply.started:
             self.view.end_answer(turn)
         else:  # cancelled before it started: nothing was shown
@@ -390,10 +413,15 @@ class ChatController(QObject):
         reply, self.reply = self.reply, None
         if reply.started:
             partial = Turn("assistant", reply.text, tuple(reply.tokens), f"{reply.strategy} · interrupted by an error")
+            if reply.previous is not None:
+                partial = partial.replacing(reply.previous)
             self.view.end_answer(partial)
             self._add_turn(reply.conversation_id, partial)
             self.plots.finish()
             self.runs[reply.conversation_id] = (partial, list(self.plots.events), None)
+        elif reply.previous is not None:  # a regenerate that never started: the answer it replaced comes back
+            self._add_turn(reply.conversation_id, reply.previous)
+            self.view.add_turn(reply.previous)
         self._fail(reply.conversation_id, failed.message)
         self.generating_changed.emit(False)
         self.reply_finished.emit(False, failed)

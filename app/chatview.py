@@ -206,7 +206,8 @@ class ChatView(QTextBrowser):
         item = self.item(index)
         if not isinstance(item, Turn) or index in self._transient:
             return ()
-        return actions.actions_for(item.role, index == self._last_turn(), self.is_markdown(index))
+        return actions.actions_for(item.role, index == self._last_turn(), self.is_markdown(index),
+                                   (item.version, len(item.versions) + 1))
 
     # -- Qt -----------------------------------------------------------------------------------------
     def viewportEvent(self, event) -> bool:
@@ -237,6 +238,8 @@ class ChatView(QTextBrowser):
         if links:
             menu.addSeparator()
         for name, label in links:
+            if name is None:
+                continue
             action = menu.addAction(actions.menu_label(label))
             action.setToolTip(actions.TIPS[name])
             action.triggered.connect(lambda _=False, n=name, i=index: self.action_requested.emit(n, i))

@@ -53,6 +53,32 @@ class Turn:
     summary: str = ""
     note: str = ""  # shown above an answer, e.g. that earlier turns were left out to fit the context
     interrupted: bool = False  # an answer cut short when the app stopped: kept, shown, never sent again
+    # the answer's other versions (Regenerate keeps the earlier ones), oldest first; this one is shown and sent,
+    # and sits at `position` among them all (-1: after the others, the newest)
+    versions: tuple["Turn", ...] = ()
+    position: int = -1
+
+    @property
+    def all_versions(self) -> tuple["Turn", ...]:
+        """Every version of this answer, oldest first (this one among them, without their own versions)."""
+        me = replace(self, versions=(), position=-1)
+        at = len(self.versions) if self.position < 0 else min(self.position, len(self.versions))
+        return self.versions[:at] + (me,) + self.versions[at:]
+
+    @property
+    def version(self) -> int:
+        """Which of `all_versions` this is."""
+        return len(self.versions) if self.position < 0 else min(self.position, len(self.versions))
+
+    def showing(self, i: int) -> "Turn":
+        """This answer with version i shown (and sent with later messages)."""
+        every = self.all_versions
+        i = max(0, min(i, len(every) - 1))
+        return replace(every[i], versions=every[:i] + every[i + 1 :], position=i)
+
+    def replacing(self, earlier: "Turn") -> "Turn":
+        """This new answer, keeping `earlier` (and its versions) as the versions before it."""
+        return replace(self, versions=earlier.all_versions, position=-1)
 
     def to_dict(self) -> dict:
         out = {"role": self.role, "content": self.content}
@@ -64,6 +90,9 @@ class Turn:
             out["note"] = self.note
         if self.interrupted:
             out["interrupted"] = True
+        if self.versions:
+            out["versions"] = [v.to_dict() for v in self.versions]
+            out["position"] = self.version
         return out
 
     @classmethod
@@ -72,8 +101,10 @@ class Turn:
         if role not in ("user", "assistant", "error") or not isinstance(content, str):
             raise ValueError(f"bad turn {role!r}")
         tokens = tuple(TokenRecord.from_list(row) for row in data.get("tokens", ()))
+        versions = tuple(cls.from_dict(v) for v in data.get("versions", ()) if isinstance(v, dict))
+        position = data.get("position", -1)
         return cls(role, content, tokens, str(data.get("summary", "")), str(data.get("note", "")),
-                   data.get("interrupted") is True)
+                   data.get("interrupted") is True, versions, position if isinstance(position, int) else -1)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS turns (
     note TEXT NOT NULL DEFAULT '',
     tokens TEXT,
     state TEXT NOT NULL DEFAULT 'done',
+    versions TEXT,
     PRIMARY KEY (conversation, idx));
 CREATE VIRTUAL TABLE IF NOT EXISTS turns_text USING fts5(content, conversation UNINDEXED, idx UNINDEXED);
 CREATE TRIGGER IF NOT EXISTS turns_added AFTER INSERT ON turns BEGIN
@@ -99,6 +100,8 @@ class ConversationDB:
             db.execute("PRAGMA recursive_triggers=ON")  # rows removed by a cascade or a replace leave the index too
             db.executescript(SCHEMA)
             _check_tables(db)
+            if "versions" not in {row[1] for row in db.execute("PRAGMA table_info(turns)")}:  # a database of 0.x
+                db.execute("ALTER TABLE turns ADD COLUMN versions TEXT")
         except BaseException:
             db.close()
             raise
@@ -198,11 +201,12 @@ class ConversationDB:
         return [_conversation(*row) for row in rows], notices
 
     def _turns(self, db: sqlite3.Connection, conversation_id: str) -> tuple[Turn, ...]:
-        rows = db.execute("SELECT role, content, summary, note, tokens, state FROM turns WHERE conversation = ? "
-                          "ORDER BY idx", (conversation_id,))
+        rows = db.execute("SELECT role, content, summary, note, tokens, state, versions FROM turns "
+                          "WHERE conversation = ? ORDER BY idx", (conversation_id,))
         return tuple(Turn(_text(role), _text(content), _tokens(tokens), _text(summary),
-                          _text(note) or (INTERRUPTED_NOTE if state == INTERRUPTED else ""), state == INTERRUPTED)
-                     for role, content, summary, note, tokens, state in rows)
+                          _text(note) or (INTERRUPTED_NOTE if state == INTERRUPTED else ""), state == INTERRUPTED,
+                          *_versions(versions))
+                     for role, content, summary, note, tokens, state, versions in rows)
 
     def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
         """(conversation id, turn index, snippet) of the turns that contain all of the words in `text`,
@@ -307,10 +311,27 @@ class ConversationDB:
 def _insert_turns(db: sqlite3.Connection, conversation_id: str, turns: tuple[Turn, ...], start: int = 0) -> None:
     """Write turns[start:] as the conversation's turns from index `start` on."""
     db.executemany(
-        "INSERT INTO turns (conversation, idx, role, content, summary, note, tokens, state) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO turns (conversation, idx, role, content, summary, note, tokens, state, versions) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [(conversation_id, i, t.role, t.content, t.summary, t.note, _tokens_text(t.tokens),
-          INTERRUPTED if t.interrupted else DONE) for i, t in enumerate(turns[start:], start=start)])
+          INTERRUPTED if t.interrupted else DONE, _versions_text(t)) for i, t in enumerate(turns[start:], start=start)])
+
+
+def _versions_text(turn: Turn) -> str | None:
+    """An answer's other versions (Regenerate keeps them) and which one is shown."""
+    if not turn.versions:
+        return None
+    return json.dumps({"position": turn.version, "versions": [v.to_dict() for v in turn.versions]},
+                      ensure_ascii=False, separators=(",", ":"))
+
+
+def _versions(text) -> tuple[tuple[Turn, ...], int]:
+    """(versions, position) of a turn; damaged ones are dropped (the shown version stays)."""
+    try:
+        data = json.loads(text) if text else {}
+        return tuple(Turn.from_dict(v) for v in data.get("versions", ())), int(data.get("position", -1))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return (), -1
 
 
 def _tokens_text(tokens: tuple[TokenRecord, ...]) -> str | None:

@@ -168,6 +168,11 @@ class MainWindow(QMainWindow):
         self.regenerate_action = chat_menu.addAction("Regenerate last answer")
         self.regenerate_action.setShortcut(QKeySequence("Ctrl+R"))
         self.regenerate_action.triggered.connect(lambda: self._on_action(actions.REGENERATE, -1))
+        for name, label, key in ((actions.OLDER, "Previous version of the last answer", "Alt+Left"),
+                                 (actions.NEWER, "Next version of the last answer", "Alt+Right")):
+            action = chat_menu.addAction(label)
+            action.setShortcut(QKeySequence(key))
+            action.triggered.connect(lambda _=False, n=name: self._on_action(n, -1))
         chat_menu.addAction(self.compare_action)
         view_menu = self.menuBar().addMenu("&View")
         view_menu.addAction(self.chats_action)
@@ -344,6 +349,13 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Answer copied to the clipboard", 3000)
         elif name == actions.MARKDOWN:
             self.view.toggle_markdown(index)
+        elif name in (actions.OLDER, actions.NEWER):
+            if index < 0:  # the Chat menu: the last answer
+                index = next((i for i in range(len(self.chat.current.turns) - 1, -1, -1)
+                              if self.chat.current.turns[i].role == "assistant"), -1)
+                item = self.chat.current.turns[index] if index >= 0 else None
+            if item is not None:
+                self.chat.show_version(item, -1 if name == actions.OLDER else 1)
         elif name in (actions.REGENERATE, actions.RETRY) and self.state == "ready" and not self.compare.running:
             self._end_edit()
             self.chat.regenerate(self.request_settings)

@@ -44,9 +44,23 @@ def test_regenerate_drops_the_last_answer_and_answers_again_with_the_current_str
     assert answer is not first and answer.summary.startswith("draft-model") and answer.content == finished.text
     assert w.view.toPlainText().count("Assistant") == 1
     assert [t.role for t in saved_turns(tmp_path, w)] == ["user", "assistant"]
+    # the earlier answer is kept as a version: ‹ 1/2 browses to it, by link or by Alt+Left / Alt+Right
+    assert [v.summary[:4] for v in answer.all_versions] == ["none", "draf"] and "2/2" in w.view.toPlainText()
+    assert [name for name, i, _ in action_links(w.view) if i == 1] == ["older", "copy", "markdown", "regenerate"]
+    w.composer.input.setFocus()
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Left, Qt.KeyboardModifier.AltModifier)
+    shown = w.chat.current.turns[-1]
+    assert shown.content == first.content and shown.version == 0 and "1/2" in w.view.toPlainText()
+    assert saved_turns(tmp_path, w)[-1].content == first.content  # the choice is saved
+    assert [name for name, i, _ in action_links(w.view) if i == 1] == ["newer", "copy", "markdown", "regenerate"]
+    click_link(qtbot, w.view, actions.NEWER)
+    assert w.chat.current.turns[-1].content == finished.text and "2/2" in w.view.toPlainText()
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Left, Qt.KeyboardModifier.AltModifier)
+    assert w.chat.current.turns[-1].content == first.content
     # only the last answer offers Regenerate, and it moves on when the conversation grows
     w.send_text("and again")
     wait_reply(qtbot, w)
+    assert [m.content for m in w.chat.last_prompt()][:2] == ["hello there", first.content]  # the version shown
     links = action_links(w.view)
     assert [index for name, index, _ in links if name == "regenerate"] == [3]
     assert w.regenerate_action.isEnabled()

@@ -192,3 +192,34 @@ def test_a_database_of_another_program_is_set_aside_not_taken_for_ours(tmp_path)
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("conversations") and p != path
              and not p.name.endswith(("-wal", "-shm"))]
     assert len(aside) == 1 and sqlite3.connect(aside[0]).execute("SELECT x FROM conversations").fetchone() == (7,)
+
+
+def test_an_answers_versions_are_kept_with_the_one_shown(tmp_path):
+    first, second = Turn("assistant", "first answer"), Turn("assistant", "second answer", (TokenRecord("x", "draft"),))
+    third = Turn("assistant", "third").replacing(second.replacing(first))
+    assert [v.content for v in third.all_versions] == ["first answer", "second answer", "third"]
+    shown = third.showing(1)
+    assert shown.content == "second answer" and shown.version == 1 and shown.tokens == second.tokens
+    assert [v.content for v in shown.all_versions] == ["first answer", "second answer", "third"]
+    conv = Conversation("v", "Versions", turns=(Turn("user", "q"), shown))
+    store = ConversationDB(tmp_path / "c.db")
+    store.save(conv)
+    back = ConversationDB(tmp_path / "c.db").load("v")
+    assert back.turns == conv.turns and back.turns[1].version == 1
+    assert [m.content for m in chat_messages(back)] == ["q", "second answer"]  # the shown one is sent
+    assert Turn.from_dict(shown.to_dict()) == shown
+    store.save(conv.truncated(1).with_turn(shown.showing(0)))  # switching writes the turn again
+    assert ConversationDB(tmp_path / "c.db").load("v").turns[1].content == "first answer"
+
+
+def test_a_database_without_the_versions_column_gains_it(tmp_path):
+    path = tmp_path / "c.db"
+    ConversationDB(path).save(Conversation("a", "Old", turns=(Turn("user", "hi"),)))
+    raw = sqlite3.connect(path)
+    raw.execute("ALTER TABLE turns DROP COLUMN versions")  # as a database of the previous release
+    raw.commit()
+    raw.close()
+    store = ConversationDB(path)
+    assert store.load("a").turns == (Turn("user", "hi"),)
+    store.save(store.load("a").with_turn(Turn("assistant", "b").replacing(Turn("assistant", "a"))))
+    assert ConversationDB(path).load("a").turns[1].versions == (Turn("assistant", "a"),)
