@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .storage import read_json, remove_stale_temporaries, set_aside, write_json_atomic
 
-VERSION = 5
+VERSION = 6
 BACKENDS = ("local", "remote")
 WEIGHTS = ("auto", "native", "dequantized")  # engine.paths.WEIGHT_NAMES (tested equal)
 FILE_NAME = "settings.json"
@@ -49,6 +49,7 @@ class Settings:
     lookup_min_n: int | None = None  # prompt lookup: shortest n-gram to match
     lookup_max_n: int | None = None  # prompt lookup: longest n-gram to match
     exit_layer: int | None = None  # layer skip: the layer the draft exits after
+    auto_skip: str = ""  # comma-separated strategies auto must not use (Settings > Strategies)
     # the backend: "local" (this engine) or "remote" (an OpenAI-compatible server that speculates itself)
     backend: str = "local"
     server_url: str = ""
@@ -67,8 +68,9 @@ class Settings:
 
     def strategy_options(self) -> tuple[tuple[str, object], ...]:
         """The engine's GenerateRequest.options: only the ones set (each drafter takes the ones it knows)."""
-        named = (("min_n", self.lookup_min_n), ("max_n", self.lookup_max_n), ("exit_layer", self.exit_layer))
-        return tuple((name, value) for name, value in named if value is not None)
+        named = (("min_n", self.lookup_min_n), ("max_n", self.lookup_max_n), ("exit_layer", self.exit_layer),
+                 ("skip", self.auto_skip if self.strategy == "auto" else None))
+        return tuple((name, value) for name, value in named if value is not None and value != "")
 
     @classmethod
     def from_dict(cls, data: dict) -> tuple["Settings", list[str]]:
@@ -112,7 +114,12 @@ def _v4_to_v5(data: dict) -> dict:
     return {"allow_http_key": False, **data, "version": 5}
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}  # version -> the step to the next version
+def _v5_to_v6(data: dict) -> dict:
+    """Version 6 added `auto_skip`; a version 5 file lets auto use every strategy it can."""
+    return {"auto_skip": "", **data, "version": 6}
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6}  # version -> the step to the next version
 
 
 def migrate(data: dict) -> dict:

@@ -11,10 +11,11 @@ from dataclasses import replace
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
                                QFrame, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QScrollArea,
-                               QSpinBox, QVBoxLayout, QWidget)
+                               QSpinBox, QTabWidget, QVBoxLayout, QWidget)
 
 from .remote_settings import RemoteSection
 from .settings import Settings
+from .strategies_page import StrategiesPage
 from .theme import mute
 
 MODEL_HINT = "bundled, a Hugging Face Hub id (org/name), a local folder or a .gguf file"
@@ -25,7 +26,8 @@ LOAD_KEYS = ("backend",) + LOCAL_KEYS + REMOTE_KEYS  # what a Load request is ma
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, settings: Settings, parent=None) -> None:
+    def __init__(self, settings: Settings, parent=None, usable: tuple[str, ...] | None = None) -> None:
+        """`usable`: the strategies the loaded model can use (the Strategies page says what the others need)."""
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.setMinimumWidth(520)
@@ -74,9 +76,6 @@ class SettingsDialog(QDialog):
         form.addRow("Device", self.device)
         form.addRow("Precision", self.dtype)
         form.addRow("GGUF weights", self.weights)
-        form.addRow("Prompt lookup: min n", self.min_n)
-        form.addRow("Prompt lookup: max n", self.max_n)
-        form.addRow("Layer skip: exit layer", self.exit_layer)
         form.addRow(_section("Remote server"))
         form.addRow(self.remote)
         note = QLabel("Changing the backend, the model, draft model, device, precision or GGUF weights, or the "
@@ -92,16 +91,18 @@ class SettingsDialog(QDialog):
         column.setContentsMargins(0, 0, 0, 0)
         column.addLayout(form)
         column.addWidget(note)
-        scroll = QScrollArea()  # the fields scroll on screens shorter than them; OK and Cancel stay in view
-        scroll.setWidget(fields)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll = _scrolling(fields)  # the fields scroll on screens shorter than them; OK and Cancel stay in view
+        self.strategies = StrategiesPage(settings, usable, {
+            "prompt-lookup": [("Shortest n-gram", self.min_n), ("Longest n-gram", self.max_n)],
+            "layer-skip": [("Exit layer", self.exit_layer)]})
+        self.tabs = QTabWidget()
+        self.tabs.addTab(scroll, "General")
+        self.tabs.addTab(_scrolling(self.strategies), "Strategies")
         scroll.setMinimumWidth(fields.sizeHint().width() + scroll.verticalScrollBar().sizeHint().width())
         available = self.screen().availableGeometry().height() if self.screen() is not None else 10**6
-        scroll.setMinimumHeight(min(fields.sizeHint().height(), max(200, available - 120)))
+        scroll.setMinimumHeight(min(fields.sizeHint().height(), max(200, available - 160)))
         layout = QVBoxLayout(self)
-        layout.addWidget(scroll)
+        layout.addWidget(self.tabs)
         layout.addWidget(buttons)
         self.backend.currentIndexChanged.connect(self._backend_changed)
         self._backend_changed()
@@ -135,6 +136,7 @@ class SettingsDialog(QDialog):
             top_k=self.top_k.value(),
             seed=None if self.seed.value() < 0 else self.seed.value(),
             **self._options(),
+            **self.strategies.values(),
         )
 
     def _options(self) -> dict:
@@ -142,6 +144,15 @@ class SettingsDialog(QDialog):
         if low is not None and high is not None and low > high:
             low, high = high, low
         return {"lookup_min_n": low, "lookup_max_n": high, "exit_layer": exit_layer}
+
+
+def _scrolling(widget: QWidget) -> QScrollArea:
+    scroll = QScrollArea()
+    scroll.setWidget(widget)
+    scroll.setWidgetResizable(True)
+    scroll.setFrameShape(QFrame.Shape.NoFrame)
+    scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    return scroll
 
 
 def needs_reload(old: Settings, new: Settings) -> bool:

@@ -428,7 +428,8 @@ class MainWindow(QMainWindow):
     def _open_settings(self) -> None:
         from .settings_dialog import SettingsDialog, needs_reload
 
-        dialog = SettingsDialog(self.settings, self)
+        usable = tuple(self.loaded.strategies) if self.loaded is not None and self.can.strategies else None
+        dialog = SettingsDialog(self.settings, self, usable)
         if not dialog.exec():
             return
         new = dialog.result_settings()
@@ -437,7 +438,9 @@ class MainWindow(QMainWindow):
             self._last_good = self.settings  # saved as the model to use only once the new one loads
         self.settings = new
         self.overrides = {}  # the user confirmed every value shown: all of them are saved
+        self.controls.show_settings(self.settings)  # the toolbar shows the strategy chosen there
         self._save_settings()
+        self._update_status()
         if reload:
             self.chat.stop()
             self.start()

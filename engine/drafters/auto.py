@@ -38,8 +38,9 @@ class Auto:
     description = STRATEGIES[name].description
     chooses_length = True  # the decoder gives it k and the step times (observe_step); it picks the length
 
-    def __init__(self, members: dict | None = None, lookup_k: int = 8) -> None:
+    def __init__(self, members: dict | None = None, lookup_k: int = 8, use_lookup: bool = True) -> None:
         self.lookup = PromptLookup()
+        self.use_lookup = use_lookup  # the user may keep auto from prompt lookup (option skip)
         self.lookup_k = lookup_k
         self.heads = dict(members or {})  # name -> (drafter, its own k): drafters other than prompt lookup
         self.models: dict[str, DraftLength] = {}  # choice -> its acceptance and step times
@@ -49,22 +50,24 @@ class Auto:
         self.member = None
 
     @classmethod
-    def build(cls, target, draft=None, heads=(), head=None, **options) -> "Auto":
+    def build(cls, target, draft=None, heads=(), head=None, skip: str = "", **options) -> "Auto":
+        """`skip`: comma-separated strategies auto must not use (prompt-lookup, lookahead, eagle, medusa)."""
         from ..heads.eagle import read_info
         from . import DRAFTERS
 
         from .lookahead import Lookahead
 
-        members = {"lookahead": (Lookahead(), DRAFTERS["lookahead"].default_k)}
+        left_out = {name.strip() for name in (skip or "").split(",") if name.strip()}
+        members = {} if "lookahead" in left_out else {"lookahead": (Lookahead(), DRAFTERS["lookahead"].default_k)}
         for folder in [*heads, *([head] if head else [])]:
             kind = read_info(Path(folder)).kind
-            if kind not in members and kind in DRAFTERS and target.uses_lean_forward:
+            if kind not in members and kind not in left_out and kind in DRAFTERS and target.uses_lean_forward:
                 members[kind] = (DRAFTERS[kind].build(target, draft, head=folder), DRAFTERS[kind].default_k)
-        return cls(members)
+        return cls(members, use_lookup="prompt-lookup" not in left_out)
 
     @property
     def members(self) -> tuple[str, ...]:
-        return ("none", "prompt-lookup", *self.heads)
+        return ("none", *(("prompt-lookup",) if self.use_lookup else ()), *self.heads)
 
     def reset(self) -> None:
         """A new generation: the measurements so far stay."""
@@ -100,7 +103,7 @@ class Auto:
         self.chosen = self.member = None
         if k <= 0:
             return empty_draft()
-        n, _ = longest_match(ctx.tokens.numpy(), self.lookup.max_n)
+        n, _ = longest_match(ctx.tokens.numpy(), self.lookup.max_n) if self.use_lookup else (0, None)
         lookup = [_lookup_bucket(n)] if n else []
         if not ctx.timed:  # with a seed: the same steps whatever the timings
             choice, length = (lookup[0], self.lookup_k) if lookup else ("none", 0)

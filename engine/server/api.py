@@ -26,7 +26,7 @@ from ..strategies import STRATEGIES, default_k
 from ..types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec, SamplingParams, TrainRequest
 
 MAX_STOPS = 4
-STRATEGY_OPTIONS = {"min_n": int, "max_n": int, "exit_layer": int, "head": str, "tree": (bool, int)}
+STRATEGY_OPTIONS = {"min_n": int, "max_n": int, "exit_layer": int, "head": str, "tree": (bool, int), "skip": str}
 EXTENSION_FIELDS = {"strategy", "k", "adaptive_k", "k_max", "options"}
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
            "n", "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "specula"}

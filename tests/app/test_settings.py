@@ -6,9 +6,12 @@ import json
 from dataclasses import replace
 
 import pytest
+from PySide6.QtWidgets import QLabel
 
 from app.settings import VERSION, Settings, SettingsStore
 from app.storage import write_json_atomic
+
+from .conftest import snap
 
 
 def test_settings_round_trip(tmp_path):
@@ -112,7 +115,7 @@ def load_old(folder, old: dict):
     store.path.write_text(json.dumps(old))
     loaded = store.load()
     s = loaded.settings
-    assert loaded.notice is None and s.version == VERSION == 5
+    assert loaded.notice is None and s.version == VERSION == 6
     assert {k: getattr(s, k) for k in old if k != "version"} == {k: v for k, v in old.items() if k != "version"}
     return store, s
 
@@ -123,7 +126,7 @@ def test_a_version_1_file_still_loads_and_is_saved_as_the_current_version(tmp_pa
     assert s.strategy_options() == ()
     store.save(s)
     data = json.loads(store.path.read_text())
-    assert data["version"] == 5 and data["exit_layer"] is None and "lookup_min_n" in data
+    assert data["version"] == 6 and data["exit_layer"] is None and "lookup_min_n" in data and data["auto_skip"] == ""
     assert data["backend"] == "local" and data["weights"] == "auto"
 
 
@@ -314,3 +317,38 @@ def test_a_saved_model_that_is_gone_falls_back_to_the_bundled_one_for_this_run(m
     w.controls.temperature.setValue(0.4)  # a change from the toolbar saves the settings
     saved = json.loads((tmp_path / "config" / "settings.json").read_text())
     assert saved["model_source"] == "/no/such/model"  # the user's choice is kept for when it is back
+
+
+
+def test_the_strategies_page_lists_what_the_model_can_use_and_stays_in_step_with_the_toolbar(
+        make_window, qtbot, monkeypatch, tmp_path):
+    from app.settings_dialog import SettingsDialog
+
+    w = make_window(strategy="prompt-lookup")
+    seen = {}
+
+    def exec_(dialog):
+        page = dialog.strategies
+        seen["enabled"] = {n for n, b in page.buttons.items() if b.isEnabled()}
+        seen["checked"] = next(n for n, b in page.buttons.items() if b.isChecked())
+        seen["options"] = dialog.min_n.parent() is not None and page.isAncestorOf(dialog.min_n)
+        seen["texts"] = " ".join(label.text() for label in page.findChildren(QLabel))
+        dialog.tabs.setCurrentIndex(1)
+        dialog.resize(640, 600)
+        snap(dialog, "settings-strategies")
+        page.buttons["auto"].setChecked(True)
+        page.allow["lookahead"].setChecked(False)
+        page.allow["prompt-lookup"].setChecked(False)
+        dialog.accept()
+        return dialog.result()
+
+    monkeypatch.setattr(SettingsDialog, "exec", exec_)
+    w.settings_action.trigger()
+    assert seen["enabled"] == set(w.loaded.strategies) and seen["checked"] == "prompt-lookup"
+    assert "needs a trained eagle head" in seen["texts"] and "Train a draft head" in seen["texts"]
+    assert seen["options"]  # prompt lookup's options sit under it
+    assert w.settings.strategy == "auto" and w.controls.strategy.currentData() == "auto"  # the toolbar follows
+    assert w.settings.auto_skip == "prompt-lookup,lookahead"
+    assert dict(w.settings.strategy_options())["skip"] == "prompt-lookup,lookahead"  # sent with each request
+    saved = json.loads((tmp_path / "config" / "settings.json").read_text())
+    assert saved["strategy"] == "auto" and saved["auto_skip"] == "prompt-lookup,lookahead"
