@@ -445,13 +445,14 @@ class ChatController(QObject):
         self.view.add_turn(turn)
 
 
-def build_request(messages: tuple, s: Settings):
+def build_request(messages: tuple, s: Settings, token_probs: bool = True):
     """An engine GenerateRequest for these messages and settings (imports the engine: call it once a
-    model is loaded)."""
+    model is loaded); `token_probs`: each draft token's probabilities, for hovering it (a timed run leaves
+    them out: they cost a softmax a step)."""
     from engine.strategies import default_k
     from engine.types import DecodeConfig, GenerateRequest, SamplingParams
 
     params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
     config = DecodeConfig(k=s.k or default_k(s.strategy), adaptive_k=s.adaptive_k, max_new_tokens=s.max_new_tokens,
-                          params=params, seed=s.seed)
+                          params=params, seed=s.seed, token_probs=token_probs)
     return GenerateRequest(messages, s.strategy, config, chat=True, options=s.strategy_options())

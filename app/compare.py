@@ -135,7 +135,7 @@ class CompareController(QObject):
         self._started = False
         self._update(running=strategy)
         try:
-            request = build_request(self._messages, replace(self._settings, strategy=strategy))
+            request = build_request(self._messages, replace(self._settings, strategy=strategy), token_probs=False)
         except ValueError as exc:  # the engine's SpeculaError: a setting it refuses
             self._end(error=str(exc))
             return

@@ -38,6 +38,8 @@ def generation_payload(request: GenerateRequest) -> tuple[str, dict]:
     if request.strategy != "server":  # "server": whatever the server uses by default
         body["specula"] = {"strategy": request.strategy, "k": config.k, "adaptive_k": config.adaptive_k,
                            "k_max": config.k_max, "options": dict(request.options)}
+        if config.token_probs:
+            body["specula"]["token_probs"] = True
     if config.seed is not None:
         body["seed"] = config.seed
     if request.chat:

@@ -222,7 +222,7 @@ class _Loop:
             return self._tree_step(draft, length, k, t0, t1)
         feed = torch.cat([self.ctx[length - 1 : length], d])  # the newest token, then the draft
         logits = target.forward(feed, last=feed.shape[0])  # (n+1, V)
-        verdict: Verdict = verify(logits, d.to(logits.device), q, self.params, self.gen)
+        verdict: Verdict = verify(logits, d.to(logits.device), q, self.params, self.gen, self.config.token_probs)
         if d.shape[0] and self.drafter.learns_from_tree:  # the target's argmax after each draft token
             best = logits[1:].argmax(-1).tolist()
             self.drafter.observe_tree(dict(enumerate(best)))

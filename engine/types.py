@@ -47,6 +47,7 @@ class DecodeConfig:
     max_new_tokens: int = 256
     params: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None  # None: a fresh random seed per request
+    token_probs: bool = False  # greedy too: each draft token's probability (the app's hover; one softmax a step)
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= K_MAX:

@@ -26,17 +26,24 @@ from .sampling import SamplingParams, process_logits, sample
 class Verdict:
     accepted: int  # leading draft tokens kept
     next_token: int  # correction (accepted < k) or bonus (accepted == k)
-    p_of_draft: tuple[float, ...] = ()  # target probability of each draft token (sampling only)
-    q_of_draft: tuple[float, ...] = ()  # drafter probability of each draft token (sampling only)
+    p_of_draft: tuple[float, ...] = ()  # target probability of each draft token (sampling, or asked for)
+    q_of_draft: tuple[float, ...] = ()  # drafter probability of each draft token (where the drafter gave them)
 
 
-def verify_greedy(logits: torch.Tensor, draft: torch.Tensor) -> Verdict:
-    """logits (k+1, V), draft (k,) -> the longest agreeing prefix and the target's next token."""
+def verify_greedy(logits: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None = None,
+                  probs: bool = False) -> Verdict:
+    """logits (k+1, V), draft (k,) -> the longest agreeing prefix and the target's next token; with `probs`,
+    the model's (and, given q, the drafter's) probability of each draft token too (for the app's hover)."""
     k = draft.shape[0]
     best = logits.argmax(-1)  # (k+1,)
     agree = (best[:k] == draft).long()
     accepted = int(agree.cumprod(0).sum()) if k else 0
-    return Verdict(accepted=accepted, next_token=int(best[accepted]))
+    if not probs or not k:
+        return Verdict(accepted=accepted, next_token=int(best[accepted]))
+    rows = torch.arange(k)
+    p = torch.softmax(logits[:k].float(), -1)[rows, draft.to(logits.device)]
+    q_of = tuple(q.float()[rows, draft.to(q.device)].tolist()) if q is not None else ()
+    return Verdict(accepted, int(best[accepted]), tuple(p.tolist()), q_of)
 
 
 def verify_sampling(
@@ -77,9 +84,10 @@ def verify(
     q: torch.Tensor | None,
     params: SamplingParams,
     generator: torch.Generator | None,
+    probs: bool = False,
 ) -> Verdict:
     if params.greedy:
-        return verify_greedy(logits, draft)
+        return verify_greedy(logits, draft, q, probs)
     return verify_sampling(logits, draft, q, params, generator)
 
 

@@ -27,7 +27,7 @@ from ..types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec, Sampl
 
 MAX_STOPS = 4
 STRATEGY_OPTIONS = {"min_n": int, "max_n": int, "exit_layer": int, "head": str, "tree": (bool, int), "skip": str}
-EXTENSION_FIELDS = {"strategy", "k", "adaptive_k", "k_max", "options"}
+EXTENSION_FIELDS = {"strategy", "k", "adaptive_k", "k_max", "options", "token_probs"}
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
            "n", "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "specula"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
@@ -187,7 +187,7 @@ def _extension(body: dict, defaults: Defaults) -> tuple[str, dict, tuple]:
                    f"it can use: {', '.join(defaults.strategies)}", "specula.strategy")
     k_default = defaults.k if defaults.k is not None and strategy == defaults.strategy else default_k(strategy)
     config = {"k": _number(ext, "k", k_default, integer=True, low=1),
-              "adaptive_k": _flag(ext, "adaptive_k")}
+              "adaptive_k": _flag(ext, "adaptive_k"), "token_probs": _flag(ext, "token_probs")}
     if "k_max" in ext:
         config["k_max"] = _number(ext, "k_max", None, integer=True, low=1)
     options = _check_fields(ext.get("options") or {}, set(STRATEGY_OPTIONS), "'specula.options' object")

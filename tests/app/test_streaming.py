@@ -109,6 +109,7 @@ def test_hovering_a_token_tells_where_it_came_from(make_window, qtbot):
     assert rec is not None and rec.origin == "draft"
     tip = tooltip(rec)
     assert "accepted draft token" in tip and f"step {rec.step}" in tip and "draft position" in tip
+    assert rec.p is not None and 0 < rec.p <= 1 and "p (model)" in tip  # greedy too: the model's probability
     global_point = view.viewport().mapToGlobal(point)
     QApplication.sendEvent(view.viewport(), QHelpEvent(QEvent.Type.ToolTip, point, global_point))
     qtbot.waitUntil(QToolTip.isVisible, timeout=5_000)

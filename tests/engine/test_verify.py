@@ -71,3 +71,18 @@ def test_sampling_rule_with_a_point_guess():
     p = p_logits[0].softmax(-1)
     got = _first_token_distribution(p_logits, None, 20000, seed=1, one_hot_draft=2)
     assert (got - p).abs().sum() / 2 < 0.02
+
+
+def test_greedy_verification_gives_probabilities_only_when_asked():
+    import torch
+
+    from engine.verify import verify_greedy
+
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [0.0, 0.0, 1.0]])
+    draft = torch.tensor([0, 2])
+    plain = verify_greedy(logits, draft)
+    assert (plain.accepted, plain.next_token, plain.p_of_draft) == (1, 1, ())
+    asked = verify_greedy(logits, draft, q=torch.tensor([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]), probs=True)
+    assert (asked.accepted, asked.next_token) == (1, 1)  # the same verdict
+    expected = torch.softmax(logits[:2], -1)[[0, 1], [0, 2]].tolist()
+    assert asked.p_of_draft == pytest.approx(expected) and asked.q_of_draft == pytest.approx((0.5, 0.8))
