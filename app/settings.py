@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .storage import read_json, remove_stale_temporaries, set_aside, write_json_atomic
 
-VERSION = 6
+VERSION = 7
 BACKENDS = ("local", "remote")
 WEIGHTS = ("auto", "native", "dequantized")  # engine.paths.WEIGHT_NAMES (tested equal)
 FILE_NAME = "settings.json"
@@ -50,6 +50,7 @@ class Settings:
     lookup_max_n: int | None = None  # prompt lookup: longest n-gram to match
     exit_layer: int | None = None  # layer skip: the layer the draft exits after
     auto_skip: str = ""  # comma-separated strategies auto must not use (Settings > Strategies)
+    added_models: str = ""  # model folders and GGUF files the user added in the Models view, one a line
     # the backend: "local" (this engine) or "remote" (an OpenAI-compatible server that speculates itself)
     backend: str = "local"
     server_url: str = ""
@@ -119,7 +120,12 @@ def _v5_to_v6(data: dict) -> dict:
     return {"auto_skip": "", **data, "version": 6}
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6}  # version -> the step to the next version
+def _v6_to_v7(data: dict) -> dict:
+    """Version 7 added `added_models`; a version 6 file has added none."""
+    return {"added_models": "", **data, "version": 7}
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7}  # version -> the step to the next version
 
 
 def migrate(data: dict) -> dict:

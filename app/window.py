@@ -61,6 +61,7 @@ class MainWindow(QMainWindow):
         self.compare = CompareController(self.bridge, self.view, self.plots, self)
         self._editing: tuple[str, object] | None = None  # (conversation id, the Turn being edited)
         self.train_dialog = None
+        self.models_view = None
         self._store_notice: str | None = None  # the banner of a failing save, while it fails
         self._last_good: Settings | None = None  # the settings before a model change, until the new model loads
         self._build_menus()
@@ -156,6 +157,10 @@ class MainWindow(QMainWindow):
         new_action = file_menu.addAction("New chat")
         new_action.setShortcuts(_with(QKeySequence.StandardKey.New, "Ctrl+N"))
         new_action.triggered.connect(self._new_conversation)
+        models_action = file_menu.addAction("Models…")
+        models_action.setShortcut(QKeySequence("Ctrl+Shift+M"))
+        models_action.setToolTip("The models on this machine, downloads, and drafts for the loaded model")
+        models_action.triggered.connect(self.open_models)
         file_menu.addAction(self.settings_action)
         self.train_action = file_menu.addAction("Train a draft head…")
         self.train_action.setToolTip("Teach a small head to draft for the loaded model (eagle, medusa)")
@@ -273,6 +278,8 @@ class MainWindow(QMainWindow):
         if self._last_good is not None:  # the new model loaded: now it is the one to use next time too
             self._last_good = None
             self._save_settings()
+        if self.models_view is not None and self.models_view.isVisible():
+            self.models_view.refresh()  # which model is loaded, and what can draft for it
         self._set_state("ready")
         self.composer.input.setFocus()
         self.model_ready.emit()
@@ -433,7 +440,11 @@ class MainWindow(QMainWindow):
         if not dialog.exec():
             return
         new = dialog.result_settings()
-        reload = needs_reload(self.settings, new) or (new.remote and dialog.remote.key_stored)
+        self.apply_settings(new, needs_reload(self.settings, new) or (new.remote and dialog.remote.key_stored))
+
+    def apply_settings(self, new: Settings, reload: bool) -> None:
+        """Settings the user confirmed (the dialog, the Models view); `reload`: load the model they name.
+        A new model becomes the saved choice only once it loaded."""
         if reload and self.loaded is not None and self._last_good is None:
             self._last_good = self.settings  # saved as the model to use only once the new one loads
         self.settings = new
@@ -444,6 +455,16 @@ class MainWindow(QMainWindow):
         if reload:
             self.chat.stop()
             self.start()
+
+    def open_models(self) -> None:
+        """The Models view (one per window)."""
+        from .models_view import ModelsView
+
+        if self.models_view is None:
+            self.models_view = ModelsView(self)
+        self.models_view.show()
+        self.models_view.raise_()
+        self.models_view.refresh()
 
     def open_training(self) -> None:
         """The draft-head training dialog (one per window; it keeps its state between openings)."""

@@ -115,7 +115,7 @@ def load_old(folder, old: dict):
     store.path.write_text(json.dumps(old))
     loaded = store.load()
     s = loaded.settings
-    assert loaded.notice is None and s.version == VERSION == 6
+    assert loaded.notice is None and s.version == VERSION == 7
     assert {k: getattr(s, k) for k in old if k != "version"} == {k: v for k, v in old.items() if k != "version"}
     return store, s
 
@@ -126,7 +126,7 @@ def test_a_version_1_file_still_loads_and_is_saved_as_the_current_version(tmp_pa
     assert s.strategy_options() == ()
     store.save(s)
     data = json.loads(store.path.read_text())
-    assert data["version"] == 6 and data["exit_layer"] is None and "lookup_min_n" in data and data["auto_skip"] == ""
+    assert data["version"] == 7 and data["exit_layer"] is None and "lookup_min_n" in data and data["auto_skip"] == ""
     assert data["backend"] == "local" and data["weights"] == "auto"
 
 

@@ -1,0 +1,398 @@
+"""File > Models…: the models on this machine and getting more, as a desktop chat app offers them.
+
+- The list: the bundled model, the folders and GGUF files the user added, and the Hugging Face cache, each
+  with its size, architecture, context length and precision or quantization, and for the loaded model which
+  of them can draft for it (same vocabulary, checked from the tokenizers, not guessed from names).
+- Use one (it is saved as the model to use only once it loaded), make one the draft in one click, add a
+  folder or a GGUF file, remove a model from the cache.
+- Download by Hub id or from the recommended list (a GGUF repository asks which file, i.e. which
+  quantization), with bytes, speed and time left, Cancel, and resume after a cancel or a crash.
+
+Listing reads configs and tokenizers, and downloads talk to the network: both run on threads and report
+through signals, so the window never waits for them. `engine.hub` does the work (torch-free).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QFileDialog, QHBoxLayout, QHeaderView,
+                               QInputDialog, QLabel, QLineEdit, QMessageBox, QProgressBar, QPushButton, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout)
+
+from .theme import mute
+
+COLUMNS = ("Model", "Where", "Size", "Architecture", "Context", "Precision", "For the loaded model")
+WHERE = {"bundled": "bundled", "local": "added", "cache": "Hugging Face cache"}
+
+
+class _Relay(QObject):
+    """Carries results from the worker threads to the GUI thread."""
+
+    listed = Signal(object)  # list[ModelEntry] or an error message
+    progress = Signal(int, int)  # bytes done, total
+    downloaded = Signal(object, str)  # the local path or an error message (str), and the repo id
+    files = Signal(str, object)  # repo id, [(filename, size)] or an error message
+
+
+class ModelsView(QDialog):
+    def __init__(self, window) -> None:
+        super().__init__(window)
+        self.window = window
+        self.setWindowTitle("Models")
+        self.resize(900, 560)
+        self.entries: list = []
+        self._relay = _Relay(self)
+        self._relay.listed.connect(self._show_list)
+        self._relay.progress.connect(self._show_progress)
+        self._relay.downloaded.connect(self._downloaded)
+        self._relay.files.connect(self._choose_file)
+        self._stop = threading.Event()
+        self._downloading: str | None = None
+        self._started = 0.0
+        self._select_next: str | None = None  # selected once the list being read arrives (a new download)
+        self.listings = 0  # lists shown so far
+        self._build()
+
+    # -- building -----------------------------------------------------------------------------------
+    def _build(self) -> None:
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.table.itemSelectionChanged.connect(self._update_buttons)
+        self.table.itemDoubleClicked.connect(lambda _: self.use_selected())
+        self.status = QLabel("Reading the models on this machine…")
+        self.status.setWordWrap(True)
+        mute(self.status)
+        self.use_button = QPushButton("Use")
+        self.use_button.setToolTip("Load it as the model to chat with (kept as the choice once it loaded)")
+        self.draft_button = QPushButton("Use as draft")
+        self.draft_button.setToolTip("Make it the draft model of the loaded one (strategy draft-model)")
+        self.remove_button = QPushButton("Remove from cache…")
+        add_folder = QPushButton("Add folder…")
+        add_file = QPushButton("Add GGUF file…")
+        self.use_button.clicked.connect(self.use_selected)
+        self.draft_button.clicked.connect(self.draft_selected)
+        self.remove_button.clicked.connect(self.remove_selected)
+        add_folder.clicked.connect(lambda: self._add(QFileDialog.getExistingDirectory(self, "A model folder")))
+        add_file.clicked.connect(lambda: self._add(QFileDialog.getOpenFileName(
+            self, "A GGUF file", "", "GGUF models (*.gguf)")[0]))
+        buttons = QHBoxLayout()
+        for button in (self.use_button, self.draft_button, self.remove_button):
+            buttons.addWidget(button)
+        buttons.addStretch(1)
+        buttons.addWidget(add_folder)
+        buttons.addWidget(add_file)
+        self.hub_id = QLineEdit()
+        self.hub_id.setPlaceholderText("a Hugging Face model id, e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
+        self.recommended = QComboBox()
+        self.recommended.addItem("Recommended…", None)
+        self.recommended.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.recommended.setMinimumContentsLength(16)
+        from engine.hub import RECOMMENDED
+
+        for item in RECOMMENDED:
+            pairs = f", drafts with {item.draft_repo_id.split('/')[-1]}" if item.draft_repo_id else ""
+            self.recommended.addItem(f"{item.repo_id} ({item.size_text}{pairs})", item.repo_id)
+            self.recommended.setItemData(self.recommended.count() - 1, item.note, Qt.ItemDataRole.ToolTipRole)
+        self.recommended.activated.connect(self._recommended_chosen)
+        self.download_button = QPushButton("Download")
+        self.download_button.clicked.connect(lambda: self.start_download())
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(False)
+        self.cancel_button.clicked.connect(self.cancel_download)
+        self.progress = QProgressBar()
+        self.progress.setVisible(False)
+        self.progress_text = QLabel()
+        mute(self.progress_text)
+        hub = QHBoxLayout()
+        hub.addWidget(self.hub_id, 1)
+        hub.addWidget(self.recommended)
+        hub.addWidget(self.download_button)
+        hub.addWidget(self.cancel_button)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.table, 1)
+        layout.addWidget(self.status)
+        layout.addLayout(buttons)
+        layout.addWidget(QLabel("<b>Download</b> (resumes where a cancelled or interrupted download stopped)"))
+        layout.addLayout(hub)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.progress_text)
+        self._update_buttons()
+
+    # -- the list -----------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Read the models again (on a thread)."""
+        extra = [line for line in self.window.settings.added_models.splitlines() if line.strip()]
+        current = self.window.settings.model_source
+
+        def work() -> None:
+            from engine.hub import list_models
+
+            try:
+                found = list_models([*extra, current] if current not in extra else extra)
+            except ValueError as exc:  # SpeculaError: one line
+                found = str(exc)
+            self._emit(self._relay.listed, found)
+
+        threading.Thread(target=work, name="specula-models", daemon=True).start()
+
+    def _show_list(self, found) -> None:
+        if isinstance(found, str):
+            self.status.setText(f"The models could not be listed: {found}")
+            return
+        self.entries = list(found)
+        loaded = self._loaded_entry()
+        self.table.setRowCount(len(self.entries))
+        for row, e in enumerate(self.entries):
+            cells = (e.name, WHERE.get(e.where, e.where), _size(e.size_bytes), e.architecture or "–",
+                     f"{e.context_length:,}" if e.context_length else "–", e.quantization or "–",
+                     self._relation(e, loaded))
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setToolTip(e.path or e.source)
+                self.table.setItem(row, col, item)
+        drafts = [e.name for e in self.entries if loaded is not None and self._can_draft(e, loaded)]
+        what = f"{len(self.entries)} model{'s' if len(self.entries) != 1 else ''}"
+        self.status.setText(f"{what}. Drafts for the loaded model: {', '.join(drafts) or 'none on this machine'}."
+                            if loaded is not None else f"{what}.")
+        if self._select_next is not None:
+            self.select(self._select_next)
+            self._select_next = None
+        self.listings += 1
+        self._update_buttons()
+
+    def _loaded_entry(self):
+        source = self.window.settings.model_source
+        return next((e for e in self.entries if e.source == source), None) if self.window.loaded else None
+
+    @staticmethod
+    def _can_draft(entry, target) -> bool:
+        return entry is not target and bool(entry.vocab_key) and entry.vocab_key == target.vocab_key
+
+    def _relation(self, entry, loaded) -> str:
+        if loaded is None:
+            return ""
+        if entry is loaded:
+            return "loaded"
+        if self._can_draft(entry, loaded):
+            return "can draft (same vocabulary)" + (" · the draft" if entry.source == self.window.settings.draft_source
+                                                   else "")
+        return "" if entry.vocab_key else "vocabulary unknown"
+
+    def selected(self):
+        rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
+        return self.entries[rows[0].row()] if rows and rows[0].row() < len(self.entries) else None
+
+    def select(self, source: str) -> bool:
+        for row, e in enumerate(self.entries):
+            if e.source == source:
+                self.table.selectRow(row)
+                return True
+        return False
+
+    def _update_buttons(self) -> None:
+        entry = self.selected()
+        loaded = self._loaded_entry()
+        self.use_button.setEnabled(entry is not None and entry is not loaded)
+        self.draft_button.setEnabled(entry is not None and loaded is not None and self._can_draft(entry, loaded))
+        self.remove_button.setEnabled(entry is not None and entry.where == "cache")
+
+    # -- actions ------------------------------------------------------------------------------------
+    def use_selected(self) -> None:
+        entry = self.selected()
+        if entry is None:
+            return
+        w = self.window
+        w.apply_settings(replace(w.settings, backend="local", model_source=entry.source), reload=True)
+        self.status.setText(f"Loading {entry.name}… (it becomes the model to use once it loaded)")
+
+    def draft_selected(self) -> None:
+        entry = self.selected()
+        if entry is None:
+            return
+        w = self.window
+        w.apply_settings(replace(w.settings, draft_source=entry.source, strategy="draft-model"), reload=True)
+        self.status.setText(f"Loading {entry.name} as the draft…")
+
+    def remove_selected(self, confirm=None) -> None:
+        entry = self.selected()
+        if entry is None or entry.where != "cache":
+            return
+        ask = confirm or (lambda: QMessageBox.question(
+            self, "Remove from cache", f"Delete {entry.name} ({_size(entry.size_bytes)}) from the Hugging Face "
+            "cache? It can be downloaded again.") == QMessageBox.StandardButton.Yes)
+        if not ask():
+            return
+        from engine.hub import remove_from_cache
+
+        try:
+            freed = remove_from_cache(entry)
+        except ValueError as exc:
+            self.status.setText(f"Not removed: {exc}")
+            return
+        self.status.setText(f"Removed {entry.name}: {_size(freed)} freed.")
+        self.refresh()
+
+    def _add(self, path: str) -> None:
+        if not path:
+            return
+        from engine.hub import describe
+
+        try:
+            describe(path)
+        except ValueError as exc:
+            self.status.setText(f"Not added: {exc}")
+            return
+        w = self.window
+        lines = [line for line in w.settings.added_models.splitlines() if line.strip()]
+        if path not in lines:
+            w.settings = replace(w.settings, added_models="\n".join([*lines, path]))
+            w._save_settings()
+        self.refresh()
+
+    # -- downloads ----------------------------------------------------------------------------------
+    def _recommended_chosen(self, index: int) -> None:
+        repo = self.recommended.itemData(index)
+        if repo:
+            self.hub_id.setText(repo)
+        self.recommended.setCurrentIndex(0)
+
+    def start_download(self, filename: str | None = None) -> None:
+        """Download the repo named in the field; a GGUF repository first asks which file."""
+        repo = self.hub_id.text().strip()
+        if not repo or self._downloading:
+            return
+        if filename is None and "gguf" in repo.lower():
+            self._set_busy(repo, "Looking up the repository's GGUF files…")
+
+            def look() -> None:
+                from engine.hub import gguf_files
+
+                try:
+                    found = gguf_files(repo)
+                except ValueError as exc:
+                    found = str(exc)
+                self._emit(self._relay.files, repo, found)
+
+            threading.Thread(target=look, name="specula-hub-files", daemon=True).start()
+            return
+        self._download(repo, filename)
+
+    def _choose_file(self, repo: str, found, pick=None) -> None:
+        self._downloading = None
+        self._set_idle()
+        if isinstance(found, str):
+            self.progress_text.setText(found)
+            return
+        if not found:
+            self._download(repo, None)
+            return
+        labels = [f"{name} ({_size(size)})" for name, size in found]
+        if pick is None:
+            label, ok = QInputDialog.getItem(self, "Choose a file", f"{repo} has these GGUF files (quantizations):",
+                                             labels, 0, False)
+        else:
+            label, ok = pick(labels)
+        if ok and label in labels:
+            self._download(repo, found[labels.index(label)][0])
+
+    def _download(self, repo: str, filename: str | None) -> None:
+        self._stop.clear()
+        self._set_busy(repo, f"Downloading {filename or repo}…")
+        self.progress.setRange(0, 0)
+        self.progress.setVisible(True)
+        self._started = time.monotonic()
+        self._first = None
+
+        def work() -> None:
+            from engine.hub import Cancelled, download
+
+            try:
+                path = download(repo, filename, lambda done, total: self._emit(self._relay.progress, done, total),
+                                self._stop.is_set)
+            except Cancelled:
+                path = "cancelled"
+            except ValueError as exc:  # SpeculaError: one line
+                path = str(exc) or "the download failed"
+            else:
+                path = Path(path)
+            self._emit(self._relay.downloaded, path, repo)
+
+        threading.Thread(target=work, name="specula-download", daemon=True).start()
+
+    def cancel_download(self) -> None:
+        self._stop.set()
+        self.progress_text.setText("Cancelling… (what was downloaded is kept: Download resumes from there)")
+
+    def _show_progress(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self._first is None:
+            self._first = (now, done)  # a resumed download starts past 0: speed counts from here
+        t0, d0 = self._first
+        speed = (done - d0) / (now - t0) if now > t0 + 0.5 else 0.0
+        if total > 0:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(1000 * done / total))
+        left = f", {_duration((total - done) / speed)} left" if speed > 0 and total > done else ""
+        rate = f" at {_size(int(speed))}/s" if speed > 0 else ""
+        of = f" of {_size(total)}" if total > 0 else ""
+        self.progress_text.setText(f"{_size(done)}{of}{rate}{left}")
+
+    def _downloaded(self, result, repo: str) -> None:
+        self._downloading = None
+        self._set_idle()
+        self.progress.setVisible(False)
+        if isinstance(result, Path):
+            self.progress_text.setText(f"Downloaded {repo} to {result}.")
+            self._select_next = str(result) if result.suffix == ".gguf" else repo
+            self.refresh()
+        elif result == "cancelled":
+            self.progress_text.setText(f"Download of {repo} cancelled; Download resumes it.")
+        else:
+            self.progress_text.setText(f"Download failed: {result}")
+
+    def _set_busy(self, repo: str, text: str) -> None:
+        self._downloading = repo
+        self.download_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.progress_text.setText(text)
+
+    def _set_idle(self) -> None:
+        self.download_button.setEnabled(True)
+        self.cancel_button.setEnabled(False)
+
+    def _emit(self, signal, *args) -> None:
+        try:
+            signal.emit(*args)
+        except RuntimeError:  # the view was closed with the app meanwhile
+            pass
+
+
+def _size(n: int) -> str:
+    if n <= 0:
+        return "–"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"

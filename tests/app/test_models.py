@@ -1,0 +1,117 @@
+"""The Models view: the models on this machine, a download from a local stand-in for the Hub with progress,
+cancel and resume, then the model used (and saved as the choice once it loaded), and drafts found by
+vocabulary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.hub import ModelEntry
+from tests.engine.fake_hub import FakeHub
+from tests.engine.test_hub import GGUF_REPO, REPO, WEIGHTS, repos  # noqa: F401 - the served repositories
+
+from .conftest import snap
+
+
+@pytest.fixture
+def hub(repos, tmp_path, monkeypatch):  # noqa: F811
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
+    with FakeHub(repos) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        yield server
+
+
+def listed(view, qtbot, after: int = 0):
+    """The sources listed once a list newer than the `after`th arrived."""
+    qtbot.waitUntil(lambda: view.listings > after, timeout=20_000)
+    return [e.source for e in view.entries]
+
+
+def test_download_with_progress_cancel_resume_then_use_the_model(make_window, qtbot, hub, tmp_path):
+    w = make_window()
+    w.open_models()
+    view = w.models_view
+    assert listed(view, qtbot)[0] == "bundled" and REPO not in view.entries
+    view.hub_id.setText(REPO)
+    hub.pause_s = 0.05  # slow enough to cancel part-way
+    progress = []
+
+    def cancel_early(done, total):
+        progress.append((done, total))
+        if done > total // 3 and not view._stop.is_set():
+            view.cancel_download()  # a third of the way: inside the weights file
+
+    view._relay.progress.connect(cancel_early)
+    with qtbot.waitSignal(view._relay.downloaded, timeout=30_000):
+        view.download_button.click()
+        assert not view.download_button.isEnabled() and view.cancel_button.isEnabled()
+    assert "cancelled" in view.progress_text.text() and view.download_button.isEnabled()
+    assert progress and progress[0][1] > 0 and progress[-1][0] < progress[-1][1]  # stopped part-way
+    view._relay.progress.disconnect(cancel_early)
+    hub.pause_s = 0.0
+    shown = []
+    view._relay.progress.connect(lambda done, total: shown.append(view.progress_text.text()))
+    with qtbot.waitSignal(view._relay.downloaded, timeout=30_000):
+        view.download_button.click()
+    before = view.listings
+    assert "Downloaded" in view.progress_text.text()
+    assert hub.ranges(WEIGHTS) and hub.ranges(WEIGHTS)[-1] > 0  # resumed where the cancel left it
+    assert any(" of " in text for text in shown)  # bytes done of the total, as it went
+    assert REPO in listed(view, qtbot, before) and view.selected().source == REPO
+    entry = view.selected()
+    assert entry.where == "cache" and entry.architecture == "LlamaForCausalLM" and entry.context_length == 512
+    snap(view, "models")
+    with qtbot.waitSignal(w.model_ready, timeout=30_000):
+        view.use_button.click()
+    saved = json.loads((tmp_path / "config" / "settings.json").read_text())
+    assert saved["model_source"] == REPO and w.settings.model_source == REPO
+    listed(view, qtbot, view.listings)  # read again once the model loaded
+    assert view.table.item(view.entries.index(view._loaded_entry()), 6).text() == "loaded"
+
+
+def test_a_gguf_repository_asks_which_quantization(make_window, qtbot, hub, monkeypatch):
+    from PySide6.QtWidgets import QInputDialog
+
+    asked = []
+    monkeypatch.setattr(QInputDialog, "getItem", lambda *a, **k: asked.append(a[3]) or (a[3][-1], True))
+    w = make_window()
+    w.open_models()
+    view = w.models_view
+    listed(view, qtbot)
+    view.hub_id.setText(GGUF_REPO)
+    with qtbot.waitSignal(view._relay.downloaded, timeout=30_000):
+        view.download_button.click()
+    listed(view, qtbot, view.listings)
+    assert asked and [label.split(" ")[0] for label in asked[0]] == ["tiny-Q4_1.gguf", "tiny-Q8_0.gguf"]
+    assert "Downloaded" in view.progress_text.text() and view.selected().source.endswith("tiny-Q8_0.gguf")
+    assert view.selected().quantization == "Q8_0"
+    freed = []
+    view.remove_selected(confirm=lambda: freed.append(True) or True)
+    assert freed and "freed" in view.status.text()
+
+
+def test_drafts_for_the_loaded_model_are_the_ones_with_its_vocabulary(make_window, qtbot):
+    w = make_window()
+    view = w.open_models() or w.models_view
+    listed(view, qtbot)
+
+    def entry(source, key):
+        return ModelEntry(source, source, "local", f"/m/{source}", 1 << 20, "LlamaForCausalLM", 2048, "bf16", key)
+
+    w.settings = w.settings.__class__(**{**w.settings.to_dict(), "model_source": "big"})
+    view._show_list([entry("big", "v1"), entry("small", "v1"), entry("other", "v2"), entry("unknown", "")])
+    column = [view.table.item(row, 6).text() for row in range(4)]
+    assert column == ["loaded", "can draft (same vocabulary)", "", "vocabulary unknown"]
+    assert "Drafts for the loaded model: small." in view.status.text()
+    view.select("other")
+    assert not view.draft_button.isEnabled()
+    view.select("small")
+    assert view.draft_button.isEnabled()
+    with qtbot.waitSignal(w.model_ready, timeout=30_000):
+        view.draft_button.click()
+    assert w.settings.draft_source == "small" and w.settings.strategy == "draft-model"
