@@ -11,12 +11,15 @@ from .decoder import DecodeConfig
 from .drafters import DRAFTERS, default_k
 from .errors import SpeculaError
 from .loading import ModelSpec
+from .paths import make_folder
 from .sampling import SamplingParams
 from .session import LoadRequest, Session
 
 
 def run_bench_cmd(args) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if not strategies:
+        raise SpeculaError("--strategies names no strategy: give at least one, e.g. none,prompt-lookup")
     peers, servers = parse_peers(args.peers)
     for name in strategies:
         if split_variant(name)[0] not in DRAFTERS:
@@ -30,6 +33,8 @@ def run_bench_cmd(args) -> int:
     config = DecodeConfig(k=4 if args.k is None else args.k, adaptive_k=args.adaptive_k, max_new_tokens=args.max_new_tokens,
                           params=SamplingParams(), seed=0)
     items = load_items(args.prompts, args.categories, args.limit_per_category)
+    if args.out:
+        make_folder(args.out, "--out")  # before the bench runs, so its results have somewhere to go
     names = strategies + peers + list(servers)
     remotes = connect_servers(servers, args.api_key_env or "", not args.insecure, args.allow_http_key)
     session = Session()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import warnings
@@ -20,6 +21,37 @@ from pathlib import Path
 from .errors import SpeculaError, terminal_safe
 
 EXIT_BAD_INPUT = 2
+SEED_MAX = 2**63 - 1  # torch's generators take a signed 64-bit seed
+
+
+def whole(low: int, high: int | None = None, note: str = ""):
+    """An argparse type: a whole number from `low` (to `high`); argparse names the flag in its error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            where = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {where}{note}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
+SEED = whole(0, SEED_MAX)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -57,7 +89,7 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--seed", type=SEED, default=None,
                    help="sampling: the same seed repeats an answer (default: a fresh one each time)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
@@ -91,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(b)
     b.add_argument("--prompts", type=Path, required=True, help="JSON Lines (Spec-Bench format)")
     b.add_argument("--categories", default=None, help="comma-separated categories to keep")
-    b.add_argument("--limit-per-category", type=int, default=None)
+    b.add_argument("--limit-per-category", type=whole(1), default=None)
     b.add_argument("--strategies", default="none,prompt-lookup", help="comma-separated strategy names")
     b.add_argument("--peers", default="",
                    help="comma-separated: hf, hf-prompt-lookup, hf-assisted, and servers as NAME=URL "
@@ -112,15 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train-head", help="train a draft head for a model on its own answers (self-distillation)")
     _add_model_args(t)
     t.add_argument("--kind", default="eagle", choices=["eagle", "medusa"])
-    t.add_argument("--tokens", type=int, default=20000, help="answer tokens to generate for training")
-    t.add_argument("--epochs", type=int, default=2)
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--max-new-tokens", type=int, default=192, help="longest training answer")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--draft-vocab", type=int, default=8192,
+    t.add_argument("--tokens", type=whole(100), default=20000, help="answer tokens to generate for training")
+    t.add_argument("--epochs", type=whole(1), default=2)
+    t.add_argument("--lr", type=positive_number, default=1e-3)
+    t.add_argument("--max-new-tokens", type=whole(1), default=192, help="longest training answer")
+    t.add_argument("--seed", type=SEED, default=0)
+    t.add_argument("--draft-vocab", type=whole(0, note=" (0: the whole vocabulary)"), default=8192,
                    help="the head drafts only the V most frequent answer tokens (0: the whole vocabulary)")
-    t.add_argument("--batch", type=int, default=32, help="prompts answered together while generating training data")
-    t.add_argument("--train-batch", type=int, default=4, help="conversations per optimizer step")
+    t.add_argument("--batch", type=whole(1), default=32,
+                   help="prompts answered together while generating training data")
+    t.add_argument("--train-batch", type=whole(1), default=4, help="conversations per optimizer step")
     t.add_argument("--data", type=Path, default=None,
                    help="folder for the generated answers and training checkpoints (default: OUT/training); "
                         "a run with the same folder resumes, and another kind of head can reuse its answers")
@@ -143,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the strategy of requests that name none (their 'specula' extension may pick another)")
     sv.add_argument("--k", type=int, default=None, help="draft length of requests that name none")
     sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (another than loopback needs a key)")
-    sv.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
+    sv.add_argument("--port", type=whole(0, 65535), default=8000, help="0: any free port (printed)")
     sv.add_argument("--api-key-env", default=None, help="the environment variable holding the key clients must send")
     sv.add_argument("--no-baseline", action="store_true", help="skip measuring plain decoding when the model loads")
     sv.add_argument("--no-model", action="store_true", help="start without a model (load one with POST /specula/v1/load)")

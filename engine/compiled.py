@@ -114,7 +114,10 @@ def build() -> Path:
     path = library_path(cxx)
     if path.is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Unavailable(f"the cache folder {path.parent} cannot be created: {exc.strerror or exc}") from None
     for stale in path.parent.glob(f"{path.name}.tmp-*"):  # a build killed part-way
         stale.unlink(missing_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .errors import SpeculaError
+from .paths import make_folder
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 
@@ -33,8 +34,8 @@ def source_folder(model: str) -> Path:
 
 
 def export(model: str, out: Path, overwrite: bool = False) -> Path:
+    out = make_folder(Path(out), "--out")  # before a GGUF is converted
     src = source_folder(model)
-    out = Path(out)
     if out.exists() and any(out.iterdir()):
         if not overwrite and (out / "specula-export.json").is_file() and _same_source(out, src):
             return out  # already exported from this very source

@@ -70,6 +70,8 @@ def read_prompts(path: Path) -> list[PromptItem]:
             turns = [row["prompt"]]
         if not turns or not all(isinstance(t, str) for t in turns):
             raise SpeculaError(f'{path} line {number}: needs a "prompt" string or a "turns" list of strings')
+        if not all(t.strip() for t in turns):
+            raise SpeculaError(f"{path} line {number}: the prompt is empty")
         items.append(PromptItem(tuple(turns), row.get("question_id"), row.get("category")))
     if not items:
         raise SpeculaError(f"{path} holds no prompts")

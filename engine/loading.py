@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from . import compiled, llama
 from .errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError, first_line
 from .forward import HFRunner, ModelRunner
 from .gguf_native import NativeWeights, cached_native_weights, check_against
-from .paths import DEVICE_NAMES, WEIGHT_NAMES, cache_dir
+from .paths import DEVICE_NAMES, WEIGHT_NAMES, cache_folder
 from .types import BUNDLED, ModelSpec
 
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
@@ -253,19 +254,68 @@ def _from_pretrained(folder, dtype: torch.dtype):
 
     _quiet_transformers()
 
+    problem = _config_problem(Path(folder))
+    if problem:
+        raise SpeculaError(f"cannot load the model in '{folder}': {problem}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False)
     except OSError as exc:  # missing weights or tokenizer files
         raise ModelNotFoundError(f"cannot load the model in '{folder}': {first_line(exc)}") from exc
     except Exception as exc:  # a damaged file, a config of the wrong types, weights that do not fit it, ...
-        raise SpeculaError(f"cannot load the model in '{folder}': {_load_problem(exc)}") from exc
+        raise SpeculaError(f"cannot load the model in '{folder}': {_load_problem(exc, Path(folder))}") from exc
     return model, tokenizer
 
 
-def _load_problem(exc: Exception) -> str:
+# sizes a model config gives that must be whole numbers above 0 (where it gives them)
+_POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                   "num_key_value_heads", "head_dim")
+
+
+def _config_problem(folder: Path) -> str | None:
+    """A size in config.json that no model can have (0 layers, -1 heads, ...), named; None when all are fine."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # missing or unreadable: transformers says so
+    if not isinstance(config, dict):
+        return None
+    for key in _POSITIVE_SIZES:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            return f"config.json gives '{key}' as {value}: it must be a whole number above 0"
+    return None
+
+
+_JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "generation_config.json")
+
+
+def _broken_json(folder: Path) -> str | None:
+    """The first of the folder's JSON files that is not valid JSON (empty or cut short), with why."""
+    for name in _JSON_FILES:
+        path = folder / name
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            return f"{name} cannot be read ({first_line(exc)})"
+        try:
+            json.loads(text)
+        except ValueError as exc:
+            what = "is empty" if not text.strip() else f"is damaged or cut short ({first_line(exc)})"
+            return f"{name} {what}"
+    return None
+
+
+def _load_problem(exc: Exception, folder: Path | None = None) -> str:
     """What went wrong loading a model folder, in words that name the file to look at."""
     name, text = type(exc).__name__, str(exc)
+    if isinstance(exc, ValueError) and folder is not None:  # json's errors are ValueErrors
+        broken = _broken_json(folder)
+        if broken:
+            return broken
     if name == "SafetensorError" or "safetensors" in type(exc).__module__:
         return f"a weights file (*.safetensors) is damaged or cut short ({first_line(exc)})"
     if "ignore_mismatched_sizes" in text or "size mismatch" in text:
@@ -294,7 +344,7 @@ def _gguf_key(path: Path) -> str:
 
 def _converted_gguf(path: Path, say) -> Path:
     """A safetensors folder holding `path` dequantized to fp32, built on first use (about 15 s)."""
-    target = cache_dir() / "gguf" / f"{path.stem}-{_gguf_key(path)}"
+    target = cache_folder("gguf") / f"{path.stem}-{_gguf_key(path)}"  # an unusable cache fails before converting
     if (target / "done.json").is_file():
         return target
     say(f"converting {path.name} (first use only)")
@@ -308,7 +358,7 @@ def _converted_gguf(path: Path, say) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except Exception as exc:  # the gguf reader raises many types on a bad file
-        raise SpeculaError(f"cannot read GGUF file {path}: {first_line(exc)}") from exc
+        raise SpeculaError(f"cannot read GGUF file {path}: {gguf_problem(exc, path)}") from exc
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
@@ -329,6 +379,17 @@ def _converted_gguf(path: Path, say) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def gguf_problem(exc: Exception, path: Path) -> str:
+    """Why a GGUF file did not read: a file cut short says its size instead of the reader's struct text."""
+    if isinstance(exc, struct.error) or "requires a buffer of at least" in str(exc) or "empty file" in str(exc):
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return "the file is truncated"
+        return f"the file is truncated ({size} bytes)"
+    return first_line(exc)
 
 
 def check_same_vocabulary(target_tokenizer, draft_tokenizer) -> None:

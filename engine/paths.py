@@ -7,6 +7,8 @@ from pathlib import Path
 
 import platformdirs
 
+from .errors import SpeculaError
+
 APP_ID = "io.github.specula.Specula"
 APP_NAME = "specula"
 DEVICE_NAMES = ("auto", "cpu", "cuda", "mps")
@@ -25,3 +27,22 @@ def config_dir() -> Path:
 
 def data_dir() -> Path:
     return Path(os.environ.get("SPECULA_DATA_DIR") or platformdirs.user_data_dir(APP_NAME))
+
+
+def make_folder(path: Path, what: str) -> Path:
+    """`path`, created if missing; a one-line SpeculaError starting with `what` when it cannot be a folder."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise SpeculaError(f"{what} {path} cannot be a folder: a file is in the way") from None
+    except OSError as exc:
+        raise SpeculaError(f"{what} {path} cannot be created: {exc.strerror or exc}") from None
+    return path
+
+
+def cache_folder(name: str) -> Path:
+    """The cache's subfolder `name`, created; a clear error when the cache folder is unusable."""
+    try:
+        return make_folder(cache_dir() / name, "the cache folder")
+    except SpeculaError as exc:
+        raise SpeculaError(f"{exc} (set SPECULA_CACHE_DIR to a folder Specula may write to)") from None

@@ -11,6 +11,7 @@ import threading
 import time
 
 from .errors import SpeculaError
+from .strategies import STRATEGIES
 from .types import LoadRequest, ModelSpec
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -33,6 +34,15 @@ def api_key_from(env_name: str | None) -> str | None:
     if not key:
         raise SpeculaError(f"--api-key-env {env_name}: that environment variable is not set or empty")
     return key
+
+
+def check_host(host: str) -> None:
+    """A one-line error for a --host that is not an address or a name that resolves."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) and exc.strerror else "not a valid host name"
+        raise SpeculaError(f"--host {host!r} cannot be resolved to an address ({reason})") from None
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -99,6 +109,9 @@ def run_serve(args) -> int:
     from .server.app import create_app
     from .server.service import EngineService
 
+    if args.strategy not in STRATEGIES and args.strategy != "server":
+        raise SpeculaError(f"--strategy {args.strategy}: unknown strategy; choose one of {', '.join(STRATEGIES)}")
+    check_host(args.host)
     key = api_key_from(args.api_key_env)
     if not is_loopback(args.host) and key is None:
         raise SpeculaError(f"--host {args.host} lets other machines in: set an API key with --api-key-env VAR")

@@ -529,8 +529,14 @@ def default_out(model_name: str, kind: str) -> Path:
 def check_options(o: TrainOptions) -> None:
     if o.kind not in ("eagle", "medusa"):
         raise SpeculaError(f"unknown head kind '{o.kind}': choose eagle or medusa")
-    if o.tokens < 100 or o.epochs < 1 or o.batch < 1 or o.train_batch < 1:
-        raise SpeculaError("answer tokens must be at least 100; epochs, batch and train batch at least 1")
+    low = {"answer tokens": (o.tokens, 100), "epochs": (o.epochs, 1), "batch": (o.batch, 1),
+           "train batch": (o.train_batch, 1), "longest answer (max new tokens)": (o.max_new_tokens, 1),
+           "draft vocabulary": (o.draft_vocab, 0)}
+    for what, (value, least) in low.items():
+        if value < least:
+            raise SpeculaError(f"{what} must be at least {least}, got {value}")
+    if not math.isfinite(o.lr) or o.lr <= 0:
+        raise SpeculaError(f"the learning rate must be a finite number above 0, got {o.lr}")
     if o.out is not None and (o.out / "head.json").exists() and not o.overwrite:
         raise SpeculaError(f"{o.out} already holds a head: choose another folder or overwrite it")
 

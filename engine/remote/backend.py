@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
-from ..errors import SpeculaError
+from ..errors import SpeculaError, terminal_safe
 from ..events import REMOTE, BaselineCost, Finished, Loaded, ServerStats, Started, Step, Totals
 from .chunks import ChunkReader, chunk_tokens, drop_stop_token
 from .http import EventStream, RemoteError, Server, get_json, get_text
@@ -74,13 +74,13 @@ def probe(server: Server, model: str = "") -> ServerInfo:
     entries = listing.get("data") if isinstance(listing, dict) else None
     if not isinstance(entries, list):
         raise RemoteError(f"{server.root}/v1/models did not list models: is it an OpenAI-compatible server?")
-    ids = tuple(str(e["id"]) for e in entries if isinstance(e, dict) and "id" in e)
+    ids = tuple(shown(str(e["id"])) for e in entries if isinstance(e, dict) and "id" in e)
     if not ids:
         raise RemoteError(f"the server at {server.root} serves no model")
     chosen = model.strip() or ids[0]
     if chosen not in ids:
         raise RemoteError(f"the server at {server.root} has no model '{chosen}'; it serves: {', '.join(ids)}")
-    entry = next(e for e in entries if isinstance(e, dict) and str(e.get("id")) == chosen)
+    entry = next(e for e in entries if isinstance(e, dict) and "id" in e and shown(str(e["id"])) == chosen)
     window = entry.get("max_model_len")
     if entry.get("owned_by") == "specula":  # `specula serve`: its stream says every token's origin
         return ServerInfo(server, chosen, ids, "specula", "", window if isinstance(window, int) else 0, True)
@@ -89,11 +89,16 @@ def probe(server: Server, model: str = "") -> ServerInfo:
                       window if isinstance(window, int) else 0, counters is not None)
 
 
+def shown(text: str) -> str:
+    """A name the server gave (a model id, its version) as one line a terminal only displays."""
+    return terminal_safe(text).replace("\n", " ").replace("\t", " ")
+
+
 def _vllm_details(server: Server, model: str) -> tuple[str, SpecCounters | None]:
     """vLLM's version (empty for other servers) and its spec-decode counters (None without speculation)."""
     try:
         version = get_json(server, "/version")
-        version = str(version.get("version", "")) if isinstance(version, dict) else ""
+        version = shown(str(version.get("version", "")))[:100] if isinstance(version, dict) else ""
     except RemoteError:
         return "", None
     return version, read_counters(server, model)
@@ -141,15 +146,15 @@ class RemoteBackend:
 
     def load(self, request: RemoteLoadRequest, progress: Callable[[str], None] | None = None) -> Loaded:
         say = progress or (lambda text: None)
-        say(f"connecting to {request.server}")
         server = server_for(request.server, request.api_key_env, request.verify_tls, request.use_keyring,
-                            request.allow_http_key)
+                            request.allow_http_key)  # a URL that is not one fails here, before it is shown
+        say(f"connecting to {server.url}")
         info = probe(server, request.model)
         baseline = baseline_info = None
         if request.baseline_server.strip():
-            say(f"measuring plain decoding on {request.baseline_server}")
             plain = server_for(request.baseline_server, request.api_key_env, request.verify_tls, request.use_keyring,
                                request.allow_http_key)
+            say(f"measuring plain decoding on {plain.url}")
             baseline_info = probe(plain, info.model)  # the same model, or the speedup would mean nothing
             baseline = measure_plain(baseline_info)
         self.info, self.baseline, self.baseline_info = info, baseline, baseline_info

@@ -40,21 +40,31 @@ class ChunkReader:
         """The chunk's tokens; None for a chunk that carries no choice (e.g. the final usage chunk)."""
         usage = event.get("usage") if isinstance(event.get("usage"), dict) else None
         choices = event.get("choices")
-        if not isinstance(choices, list):
+        if "choices" not in event:
             raise RemoteError(f"the server sent a chunk without 'choices': {str(event)[:120]}")
+        if not isinstance(choices, list):
+            raise malformed(f"'choices' is {_kind(choices)}, not a list")
         if not choices:
             return Chunk("", (), (), None, usage) if usage else None
         choice = choices[0]
         if not isinstance(choice, dict):
-            raise RemoteError("the server sent a malformed chunk (a choice that is not an object)")
+            raise malformed(f"a choice is {_kind(choice)}, not an object")
         delta = choice.get("delta") or {}
         content = (delta.get("content") or "") if isinstance(delta, dict) else ""
         if not isinstance(content, str):
-            raise RemoteError("the server sent a malformed chunk (content that is not text)")
+            raise malformed(f"'content' is {_kind(content)}, not text")
         ids = choice.get("token_ids")
-        ids = tuple(int(i) for i in ids) if isinstance(ids, list) else ()
+        if ids is None:
+            ids = ()
+        elif isinstance(ids, list) and all(_is_id(i) for i in ids):
+            ids = tuple(ids)
+        else:
+            raise malformed("'token_ids' is not a list of token ids (whole numbers from 0)")
+        finish = choice.get("finish_reason")
+        if finish is not None and not isinstance(finish, str):
+            raise malformed(f"'finish_reason' is {_kind(finish)}, not text")
         texts = self._texts(choice, content, len(ids))
-        return Chunk(content, ids, texts, choice.get("finish_reason"), usage)
+        return Chunk(content, ids, texts, finish, usage)
 
     def _texts(self, choice: dict, content: str, n_ids: int) -> tuple[str, ...]:
         logprobs = choice.get("logprobs")
@@ -65,10 +75,27 @@ class ChunkReader:
         for entry in entries:
             raw = entry.get("bytes") if isinstance(entry, dict) else None
             if isinstance(raw, list):
+                if not all(_is_id(b) and b < 256 for b in raw):
+                    raise malformed("'bytes' of a token's logprobs are not bytes (whole numbers from 0 to 255)")
                 pieces.append(self._utf8.decode(bytes(raw)))
             else:
-                pieces.append(entry.get("token", "") if isinstance(entry, dict) else "")
+                token = entry.get("token", "") if isinstance(entry, dict) else ""
+                pieces.append(token if isinstance(token, str) else "")
         return reconcile(pieces, content)
+
+
+def malformed(what: str) -> RemoteError:
+    return RemoteError(f"the server sent a malformed stream chunk: {what}")
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _kind(value) -> str:
+    """A JSON value's kind in words (never the value: it came from the server)."""
+    return {dict: "an object", list: "a list", str: "text", bool: "true or false", type(None): "null",
+            int: "a number", float: "a number"}.get(type(value), "something else")
 
 
 def reconcile(pieces: list[str], content: str) -> tuple[str, ...]:

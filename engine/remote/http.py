@@ -9,9 +9,11 @@ turned that off for this server.
 
 from __future__ import annotations
 
+import html
 import http.client
 import ipaddress
 import json
+import re
 import socket
 import ssl
 import threading
@@ -63,13 +65,25 @@ class Server:
         return self.root + "/v1"
 
 
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
+
+
+def without_credentials(url: str) -> str:
+    """`url` without a user name or password (what error messages may show)."""
+    return _USERINFO.sub(r"\1", url)
+
+
 def normalize_url(url: str) -> str:
-    """`url` checked and without a trailing slash; only http and https, with a host."""
-    text = (url or "").strip().rstrip("/")
+    """`url` checked and without a trailing slash; only http and https, with a host, without credentials."""
+    raw = (url or "").strip().rstrip("/")
+    text = without_credentials(raw)  # every message below shows this, never a password
     if not text:
         raise RemoteError("no server URL given: use e.g. http://127.0.0.1:8011")
     if any(c.isspace() or not c.isprintable() for c in text):
         raise RemoteError(f"server URL must not contain spaces or control characters: {text!r}")
+    if text != raw:
+        raise RemoteError(f"server URL must not contain a user name or password: give the key with --api-key-env "
+                          f"(in the app, the server settings) and use {text}")
     try:
         parts = urlsplit(text)
     except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
@@ -201,8 +215,22 @@ def _http_error(url: str, status: int, reason: str, body: str) -> RemoteError:
         return ContextTooLongError(f"the conversation does not fit in the server's context: {message}")
     if status == 404 and "model" in message.lower():
         return RemoteError(f"the server has no such model: {message}")
-    what = message or (body.strip().splitlines()[0][:200] if body.strip() else reason)
+    what = message or _page_text(body) or (body.strip().splitlines()[0][:200] if body.strip() else reason)
     return RemoteError(f"the server answered HTTP {status} for {urlsplit(url).path}: {what}")
+
+
+_HIDDEN = re.compile(r"<(script|style|head)\b.*?</\1\s*>", re.S | re.I)
+_TAG = re.compile(r"<[^>]*>")
+
+
+def _page_text(body: str) -> str:
+    """An HTML page's first line of text, marked as a page; empty when `body` is not HTML."""
+    start = body.lstrip()[:200].lower()
+    if not start.startswith(("<!doctype", "<html", "<head", "<body", "<h1", "<p", "<pre", "<div", "<title")):
+        return ""
+    text = html.unescape(_TAG.sub("\n", _HIDDEN.sub("", body)))
+    lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+    return f"{lines[0][:200]} (an HTML page)" if lines else "an HTML page"
 
 
 def _error_message(body: str) -> str:
@@ -258,6 +286,7 @@ class EventStream:
         self._conn = None
         self._sock = None
         self._response = None
+        self._reading = False  # a thread iterates: it closes the connection itself (http.client is not thread-safe)
         try:
             self._conn, self._response = _request(server, "POST", (server.root if root else server.api) + path,
                                                   payload, server.timeout_s, self._connected)
@@ -273,28 +302,41 @@ class EventStream:
             self.close(force=True)
 
     def close(self, force: bool = False) -> None:
+        """Shut the socket down (a waiting read returns); the connection itself is closed here only when
+        no thread reads it, else by the reading thread, so the two never close it at once."""
         with self._lock:
             if self.closed and not force:
                 return
             self.closed = True
-            sock, conn = self._sock, self._conn
+            sock, conn, reading = self._sock, self._conn, self._reading
         try:
             if sock is not None:
                 sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass  # already closed by the server
-        if conn is not None:
+        if conn is not None and not reading:
             conn.close()
 
     def __iter__(self) -> Iterator[dict]:
+        with self._lock:
+            if self.closed:
+                return
+            self._reading = True
         try:
             yield from self._events()
         finally:
-            self.close()
+            with self._lock:
+                self._reading, self.closed, conn = False, True, self._conn
+            if conn is not None:
+                conn.close()
 
     def _events(self) -> Iterator[dict]:
         data: list[str] = []
         if self._response is None:  # closed before the server answered
+            return
+        kind = (self._response.getheader("Content-Type") or "").lower()
+        if "json" in kind and "event-stream" not in kind:
+            yield from self._whole_answer()
             return
         while True:
             try:
@@ -323,7 +365,9 @@ class EventStream:
                         self.done = True
                         return
                     event = parse_event(payload)
-                    if any(isinstance(c, dict) and c.get("finish_reason") for c in event.get("choices") or ()):
+                    choices = event.get("choices")
+                    if isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason")
+                                                         for c in choices):
                         self.done = True  # the answer is complete even if no [DONE] follows
                     yield event
                 continue
@@ -332,6 +376,34 @@ class EventStream:
             field, _, value = line.partition(":")
             if field == "data":
                 data.append(value[1:] if value.startswith(" ") else value)
+
+    def _whole_answer(self) -> Iterator[dict]:
+        """A server that answered with one JSON completion instead of a stream: its choices' messages
+        become one chunk's deltas."""
+        try:
+            text = self._response.read(MAX_ANSWER_BYTES).decode("utf-8", "replace")
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if self.closed:
+                return
+            raise RemoteError(f"the connection to the server broke during the answer ({first_line(exc)})") from None
+        if self.closed:
+            return
+        event = parse_event(text)
+        choices = event.get("choices")
+        if isinstance(choices, list):
+            event = dict(event, choices=[_as_delta(c) for c in choices])
+        self.done = True
+        yield event
+
+
+MAX_ANSWER_BYTES = 64 * 1024 * 1024  # the largest answer read in one piece (a server that does not stream)
+
+
+def _as_delta(choice):
+    """A non-streamed choice ({"message": ...}) as a streamed one ({"delta": ...})."""
+    if isinstance(choice, dict) and "delta" not in choice and "message" in choice:
+        choice = {**{k: v for k, v in choice.items() if k != "message"}, "delta": choice["message"]}
+    return choice
 
 
 def parse_event(payload: str) -> dict:

@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 
 PREFIX = "vllm:spec_decode_"
+MAX_POSITIONS = 256  # draft positions beyond this are ignored: no server drafts so far, and a huge label must not
+# make the client allocate a counter for every position up to it
 _LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -76,7 +78,8 @@ def parse_metrics(text: str, model: str | None = None) -> SpecCounters | None:
             found = True
         elif short == "num_accepted_tokens_per_pos_total" and labels.get("position", "").isdigit():
             position = int(labels["position"])
-            positions[position] = positions.get(position, 0.0) + value
+            if position < MAX_POSITIONS:
+                positions[position] = positions.get(position, 0.0) + value
     if not found:
         return None
     per_position = tuple(positions.get(i, 0.0) for i in range(max(positions) + 1)) if positions else ()

@@ -20,12 +20,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class FakeServer:
     def __init__(self, steps=(("Hello",), (" there", "!")), *, model="fake-model", vllm=True, speculates=True,
                  delay_s=0.0, die_after=None, stall_after=None, status=None, error_body=None, malformed_after=None,
-                 api_key=None, finish="stop", hold_headers=False) -> None:
+                 api_key=None, finish="stop", hold_headers=False, version="0.0-fake", raw_events=None,
+                 whole_answer=None, models_status=None, models_body=None, metrics_extra="") -> None:
         self.steps = [list(s) for s in steps]  # each engine step: the texts of its tokens
         self.model, self.vllm, self.speculates = model, vllm, speculates
         self.delay_s, self.die_after, self.stall_after = delay_s, die_after, stall_after
         self.status, self.error_body, self.malformed_after = status, error_body, malformed_after
         self.api_key, self.finish, self.hold_headers = api_key, finish, hold_headers
+        self.version, self.metrics_extra = version, metrics_extra
+        self.raw_events = raw_events  # chunks streamed as they are, instead of `steps`
+        self.whole_answer = whole_answer  # a JSON body answered instead of a stream
+        self.models_status, self.models_body = models_status, models_body  # /v1/models failing with a page
         self.requests: list[dict] = []
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0, 0, 0, 0]}
         self.released = threading.Event()  # a stalled answer waits for this (or the client to go)
@@ -65,7 +70,7 @@ class FakeServer:
                  f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {float(c['accepted'])}"]
         lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{i}"}} {float(v)}'
                   for i, v in enumerate(c["pos"])]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n" + self.metrics_extra
 
 
 def _chunk(model: str, texts: list[str], first_id: int, finish=None, with_ids=True) -> dict:
@@ -100,10 +105,12 @@ def _handler(fake: FakeServer):
         def do_GET(self) -> None:
             if not self._authorized():
                 return
-            if self.path == "/v1/models":
+            if self.path == "/v1/models" and fake.models_status is not None:
+                self._send(fake.models_status, fake.models_body or "", "text/html")
+            elif self.path == "/v1/models":
                 self._send(200, json.dumps({"object": "list", "data": [{"id": fake.model, "max_model_len": 2048}]}))
             elif self.path == "/version" and fake.vllm:
-                self._send(200, json.dumps({"version": "0.0-fake"}))
+                self._send(200, json.dumps({"version": fake.version}))
             elif self.path == "/metrics" and fake.vllm:
                 self._send(200, fake.metrics_text() if fake.speculates else "# no speculation\n", "text/plain")
             else:
@@ -121,6 +128,9 @@ def _handler(fake: FakeServer):
             if fake.status is not None:
                 self._send(fake.status, fake.error_body or json.dumps({"error": {"message": "scripted failure"}}))
                 return
+            if fake.whole_answer is not None:
+                self._send(200, json.dumps(fake.whole_answer))
+                return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
@@ -136,6 +146,14 @@ def _handler(fake: FakeServer):
             self.wfile.flush()
 
         def _stream(self, body: dict) -> None:
+            if fake.raw_events is not None:
+                self.close_connection = True  # the client may leave after a bad chunk
+                for event in fake.raw_events:
+                    self._event(json.dumps(event))
+                self._event("[DONE]")
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+                return
             with_ids = bool(body.get("return_token_ids"))
             self._event(json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
                                     "usage": {"prompt_tokens": 7, "completion_tokens": 0}}))

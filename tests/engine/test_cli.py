@@ -152,3 +152,134 @@ def test_json_output_for_multi_turn_prompts(capsys, tiny_folder, tmp_path):
     # the live speedup of each answer (docs/ENGINE.md), over several turns weighted by their decode time
     assert all(isinstance(r["speedup"], float) and r["speedup"] > 0 for r in (first, second, *first["turns"]))
     assert min(t["speedup"] for t in first["turns"]) <= first["speedup"] <= max(t["speedup"] for t in first["turns"])
+
+
+# -- bad numbers and folders are refused before anything loads or runs ------------------------------------
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["chat"], ["train-head"]])
+@pytest.mark.parametrize("seed", [str(2**70), "-1"])
+def test_a_seed_outside_64_bits_is_refused_when_parsed(capsys, command, seed):
+    code, _, err = run_cli(capsys, *command, "--seed", seed, "--model", "/no/such/model.gguf")
+    assert code == 2
+    assert_one_line_error(code, err, "argument --seed", "between 0 and")
+
+
+@pytest.mark.parametrize("flag, value", [("--tokens", "0"), ("--epochs", "-1"), ("--lr", "nan"), ("--lr", "-1"),
+                                         ("--lr", "inf"), ("--draft-vocab", "-1"), ("--batch", "0"),
+                                         ("--train-batch", "0"), ("--max-new-tokens", "0")])
+def test_each_bad_training_option_names_its_flag(capsys, tmp_path, flag, value):
+    code, _, err = run_cli(capsys, "train-head", "--model", "/no/such/model.gguf", "--out", str(tmp_path), flag, value)
+    assert code == 2
+    assert_one_line_error(code, err, f"argument {flag}:", value)
+
+
+def test_training_options_name_the_one_that_is_wrong():
+    from engine.errors import SpeculaError
+    from engine.heads.train import TrainOptions, check_options
+
+    for field, value, words in [("epochs", 0, "epochs must be at least 1"), ("lr", float("nan"), "learning rate"),
+                                ("max_new_tokens", 0, "max new tokens"), ("draft_vocab", -1, "draft vocabulary")]:
+        with pytest.raises(SpeculaError, match=words):
+            check_options(TrainOptions(**{field: value}))
+
+
+@pytest.mark.parametrize("field, value", [("num_hidden_layers", -1), ("hidden_size", 0), ("vocab_size", -5),
+                                          ("num_attention_heads", 0), ("intermediate_size", -1)])
+def test_a_config_with_an_impossible_size_names_config_json_and_the_field(capsys, tiny_folder, tmp_path, field, value):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config[field] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli(capsys, "generate", "--model", str(folder), "--prompt", "hi", "--dtype", "fp32")
+    assert code == 2
+    assert_one_line_error(code, err, "config.json", f"'{field}'", str(value))
+
+
+@pytest.mark.parametrize("damage, words", [("empty", "tokenizer.json is empty"),
+                                           ("cut", "tokenizer.json is damaged or cut short")])
+def test_a_broken_tokenizer_file_is_named(capsys, tiny_folder, tmp_path, damage, words):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_folder, folder)
+    tokenizer = folder / "tokenizer.json"
+    tokenizer.write_text("" if damage == "empty" else tokenizer.read_text()[:5000])
+    code, _, err = run_cli(capsys, "generate", "--model", str(folder), "--prompt", "hi", "--dtype", "fp32")
+    assert code == 2
+    assert_one_line_error(code, err, words)
+
+
+@pytest.mark.parametrize("content", [b"GGUF", b"GGUF\x03\x00\x00\x00", b"GGUF\x03\x00\x00\x00" + b"\x05" * 40])
+def test_a_truncated_gguf_file_says_so_with_its_size(capsys, tmp_path, monkeypatch, content):
+    monkeypatch.setenv("SPECULA_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "cut.gguf"
+    model.write_bytes(content)
+    code, _, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
+    assert code == 2
+    assert_one_line_error(code, err, "cut.gguf", f"the file is truncated ({len(content)} bytes)")
+    assert "unpack" not in err
+
+
+def test_a_cache_folder_that_is_a_file_is_named_before_any_conversion(capsys, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SPECULA_CACHE_DIR", str(blocker))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"not a gguf file at all")
+    code, _, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
+    assert code == 2
+    assert_one_line_error(code, err, "the cache folder", str(blocker), "SPECULA_CACHE_DIR")
+
+
+@pytest.mark.parametrize("command", ["bench", "export"])
+@pytest.mark.parametrize("where", ["file", "under-a-file"])
+def test_an_unusable_out_folder_fails_before_the_model_loads(capsys, tmp_path, command, where):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    out = blocker if where == "file" else blocker / "sub"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    extra = ["--prompts", str(prompts)] if command == "bench" else []
+    # the model does not exist: only a check made before loading can name --out
+    code, _, err = run_cli(capsys, command, "--model", "/no/such/model.gguf", "--out", str(out), *extra)
+    assert code == 2
+    assert_one_line_error(code, err, f"--out {out}", "a file is in the way")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--strategies", ""], ["--strategies names no strategy"]),
+    (["--strategies", " , "], ["--strategies names no strategy"]),
+    (["--limit-per-category", "0"], ["argument --limit-per-category"]),
+    (["--limit-per-category", "-1"], ["argument --limit-per-category"]),
+])
+def test_bench_refuses_empty_strategy_lists_and_limits_below_one(capsys, tmp_path, args, words):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    code, _, err = run_cli(capsys, "bench", "--model", "/no/such/model.gguf", "--prompts", str(prompts), *args)
+    assert code == 2
+    assert_one_line_error(code, err, *words)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--port", "70000"], ["argument --port", "between 0 and 65535"]),
+    (["--port", "-1"], ["argument --port", "between 0 and 65535"]),
+    (["--strategy", "bogus"], ["--strategy bogus", "prompt-lookup"]),
+    (["--host", "bad host!"], ["--host 'bad host!' cannot be resolved"]),
+    (["--host", "not.a.real.host.invalid"], ["--host 'not.a.real.host.invalid' cannot be resolved"]),
+])
+def test_serve_names_the_bad_flag(capsys, args, words):
+    pytest.importorskip("uvicorn")
+    code, _, err = run_cli(capsys, "serve", "--no-model", *args)
+    assert code == 2
+    assert_one_line_error(code, err, *words)
+    assert "API key" not in err
+
+
+def test_an_empty_prompt_in_a_prompts_file_names_the_file_and_line(capsys, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "fine"}\n{"prompt": ""}\n')
+    code, _, err = run_cli(capsys, "generate", "--model", "/no/such/model.gguf", "--prompts", str(prompts))
+    assert code == 2
+    assert_one_line_error(code, err, f"{prompts} line 2: the prompt is empty")

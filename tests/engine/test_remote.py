@@ -397,3 +397,121 @@ def test_a_server_that_never_answers_is_reported_with_the_time_waited():
             get_json(Server(f"http://127.0.0.1:{port}"), "/v1/models", timeout=1.0)
     finally:
         listener.close()
+
+
+# -- what a broken or hostile server sends ------------------------------------------------------------------
+ESCAPES = "\x1b]0;pwned\x07\x1b[31mRED\x1b[0m"
+
+
+@pytest.mark.parametrize("choice, field", [
+    ({"delta": {"content": "Hi"}, "token_ids": ["x", None]}, "'token_ids'"),
+    ({"delta": {"content": "Hi"}, "token_ids": [1, -2]}, "'token_ids'"),
+    ({"delta": {"content": "Hi"}, "token_ids": [1],
+      "logprobs": {"content": [{"token": "Hi", "bytes": [300, -1]}]}}, "'bytes'"),
+    ({"delta": {"content": "Hi"}, "finish_reason": ["stop"]}, "'finish_reason' is a list"),
+    ({"delta": {"content": 12}}, "'content' is a number"),
+    (5, "a choice is a number"),
+])
+def test_a_malformed_chunk_names_the_field(choice, field):
+    with pytest.raises(RemoteError, match=f"^the server sent a malformed stream chunk: {field}"):
+        ChunkReader().read({"choices": [choice]})
+    with pytest.raises(RemoteError, match="^the server sent a malformed stream chunk: 'choices' is a number"):
+        ChunkReader().read({"choices": 5})
+
+
+@pytest.mark.parametrize("event, field", [
+    ({"choices": [{"index": 0, "delta": {"content": "Hi"}, "token_ids": ["x", None]}]}, "'token_ids'"),
+    ({"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": ["stop"]}]}, "'finish_reason'"),
+    ({"choices": 5}, "'choices'"),
+])
+def test_a_malformed_chunk_is_one_line_and_exit_2(capsys, event, field):
+    from engine.cli import main
+
+    with FakeServer(raw_events=[event]) as fake:
+        code = main(["generate", "--backend", "remote", "--server", fake.url, "--prompt", "hi"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if not line.startswith("[")]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("specula: error: the server sent a malformed stream chunk: " + field)
+
+
+def test_a_huge_draft_position_on_the_metrics_page_is_ignored():
+    page = ('vllm:spec_decode_num_drafts_total{model_name="m"} 4\n'
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 3\n'
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="100000"} 1\n')
+    counters = parse_metrics(page)
+    assert counters.drafts == 4 and counters.per_position == (3.0,)
+
+
+def test_names_a_server_gives_reach_the_terminal_without_escapes(capsys, monkeypatch):
+    from engine.cli import main
+
+    lines = iter(["/quit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    with FakeServer(model="m" + ESCAPES, version="0.9" + ESCAPES) as fake:
+        info = probe(server_for(fake.url, use_keyring=False))
+        assert main(["chat", "--backend", "remote", "--server", fake.url]) == 0
+    assert info.model == "mRED" and info.version == "0.9RED" and info.describe.startswith("vLLM 0.9RED at ")
+    out, err = capsys.readouterr()
+    assert "mRED on vLLM 0.9RED" in out and "\x1b" not in out + err and "\x07" not in out + err
+
+
+@pytest.mark.parametrize("url", ["http://alice:s3cret@127.0.0.1:1", "https://:s3cret@h/v1", "http://alice@h:2"])
+def test_a_url_with_credentials_is_refused_without_echoing_them(capsys, url):
+    from engine.cli import main
+
+    with pytest.raises(RemoteError, match="must not contain a user name or password") as refused:
+        normalize_url(url)
+    assert "s3cret" not in str(refused.value) and "alice" not in str(refused.value)
+    assert main(["generate", "--backend", "remote", "--server", url, "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "s3cret" not in err and "alice" not in err and "--api-key-env" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_an_html_error_page_is_named_as_one_without_its_markup():
+    page = ("<!DOCTYPE html><html>\n<head><title>x</title><style>h1 {}</style></head>\n"
+            "<h1>Internal Server Error</h1>\n<pre>Traceback...</pre>\n</html>")
+    error = http_error("/v1/models", 500, "Internal Server Error", page)
+    assert str(error) == "the server answered HTTP 500 for /v1/models: Internal Server Error (an HTML page)"
+    with FakeServer(models_status=502, models_body="<html><body><h1>Bad &amp; Gateway</h1></body></html>") as fake:
+        with pytest.raises(RemoteError, match=r"^the server answered HTTP 502 for /v1/models: Bad & Gateway "
+                                              r"\(an HTML page\)$"):
+            connect(fake)
+
+
+def test_an_answer_that_is_not_streamed_is_read_as_one_chunk():
+    whole = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi there"},
+                          "finish_reason": "stop"}], "usage": {"prompt_tokens": 7, "completion_tokens": 2}}
+    with FakeServer(whole_answer=whole, vllm=False) as fake:
+        events = list(connect(fake).generate(ASK))
+    assert isinstance(events[-1], Finished) and events[-1].text == "Hi there" and events[-1].reason == "eos"
+    assert isinstance(events[0], Started) and events[0].prompt_tokens == 7
+
+
+def test_closing_a_stream_from_another_thread_while_it_is_read_ends_it_quietly():
+    from engine.remote.http import EventStream
+
+    with FakeServer(steps=[["a"], ["b"], ["c"]], stall_after=1) as fake:
+        server = Server(fake.url)
+        for _ in range(25):
+            stream = EventStream(server, "/chat/completions", {"stream": True})
+            seen, failures = [], []
+            first = threading.Event()
+
+            def read():
+                try:
+                    for event in stream:
+                        seen.append(event)
+                        first.set()
+                except BaseException as exc:  # noqa: BLE001 - any exception here is the bug
+                    failures.append(exc)
+                finally:
+                    first.set()
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            first.wait(10)
+            stream.close()
+            reader.join(10)
+            assert not reader.is_alive() and failures == [] and stream.closed
