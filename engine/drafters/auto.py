@@ -10,7 +10,8 @@ step is valued at the answer's live plain-step cost (`DraftContext.plain_s`). So
 with plain decoding and with the others at its own best length, not at a fixed one, and a member whose
 best length is shorter than its drafts pays only for what it drafts.
 
-Each choice drafts its full length for its first WARMUP steps; every EXPLORE_EVERY steps the least
+Each choice drafts its full length for its first WARMUP steps (members with a pass of their own only
+after HEADS_AFTER steps, one step in HEADS_EVERY); every EXPLORE_EVERY steps the least
 recently used choice drafts again, so that a member that would now pay is found. Sampling with a seed,
 timings must not shape the answer: auto then drafts with prompt lookup where it has a match and takes
 plain steps elsewhere.
@@ -27,6 +28,11 @@ from .prompt_lookup import PromptLookup, longest_match
 
 EXPLORE_EVERY = 128
 WARMUP = 3  # full-length drafts of each choice before its figures are trusted (DraftLength's prior helps)
+# Members with a drafting pass of their own (lookahead, trained heads) cost more than a plain step while they
+# are measured: they start measuring only after HEADS_AFTER steps of the drafter's life, one step in
+# HEADS_EVERY, so a short first answer is not spent measuring them (prompt lookup costs next to nothing)
+HEADS_AFTER = 24
+HEADS_EVERY = 3
 
 
 def _lookup_bucket(n: int) -> str:
@@ -84,8 +90,11 @@ class Auto:
         """(choice, draft length) for this step."""
         models = {o: self._model(o) for o in options}
         cold = [o for o in options if not models[o].warm]
-        if cold:
+        if cold and cold[0] not in self.heads:
             return cold[0], models[cold[0]].k
+        if cold and self.steps >= HEADS_AFTER and self.steps % HEADS_EVERY == 0:
+            return cold[0], models[cold[0]].k
+        options = [o for o in options if models[o].warm]  # the others wait for their turn to be measured
         if options and self.steps % EXPLORE_EVERY == 0:
             stale = min(options, key=lambda o: self.last_used.get(o, 0))
             return stale, models[stale].k

@@ -1,5 +1,6 @@
 """auto's choice from measured speed, and lookahead's Jacobi window and n-gram pool, on scripted steps."""
 
+import pytest
 import torch
 
 from engine.drafters import auto as auto_module
@@ -52,7 +53,24 @@ def drive(auto, steps, cost, kept, tokens=(5, 6, 7, 8, 9), timed=True):
     return chosen
 
 
-def test_auto_drafts_with_the_fastest_member_at_its_best_length():
+@pytest.fixture
+def heads_at_once(monkeypatch):
+    """Members with a pass of their own measured from the first step (as in a drafter's later answers)."""
+    monkeypatch.setattr(auto_module, "HEADS_AFTER", 0)
+    monkeypatch.setattr(auto_module, "HEADS_EVERY", 1)
+
+
+def test_a_new_auto_measures_its_costly_members_only_later_and_between_other_steps():
+    guesser = Guesser()
+    auto = Auto({"eagle": (guesser, 6)})
+    chosen = drive(auto, 60, lambda n: 0.030 + 0.002 * n, {"eagle": 4})
+    assert chosen[: auto_module.HEADS_AFTER - 1] == ["none"] * (auto_module.HEADS_AFTER - 1)  # a short answer
+    warming = [i + 1 for i, c in enumerate(chosen) if c == "eagle"][: auto_module.WARMUP]
+    assert warming[0] >= auto_module.HEADS_AFTER and all(step % auto_module.HEADS_EVERY == 0 for step in warming)
+    assert chosen[-10:] == ["eagle"] * 10  # once measured, it is used where it pays
+
+
+def test_auto_drafts_with_the_fastest_member_at_its_best_length(heads_at_once):
     guesser = Guesser()
     auto = Auto({"eagle": (guesser, 6)})
     # eagle keeps 2 of its 4 guesses; a plain step costs 30 ms and each drafted row 5 ms more: 2 drafts give
@@ -65,7 +83,7 @@ def test_auto_drafts_with_the_fastest_member_at_its_best_length():
     assert 4 in guesser.lengths[6:]
 
 
-def test_auto_falls_back_to_plain_steps_when_drafting_does_not_pay():
+def test_auto_falls_back_to_plain_steps_when_drafting_does_not_pay(heads_at_once):
     guesser = Guesser()
     auto = Auto({"eagle": (guesser, 6)})
     chosen = drive(auto, 64, lambda n: 0.030 + 0.005 * n, {"eagle": 0})
@@ -73,7 +91,7 @@ def test_auto_falls_back_to_plain_steps_when_drafting_does_not_pay():
     assert len(guesser.lengths) <= 8
 
 
-def test_auto_uses_prompt_lookup_where_the_context_repeats():
+def test_auto_uses_prompt_lookup_where_the_context_repeats(heads_at_once):
     auto = Auto({"eagle": (Guesser(), 6)})
     tokens = (1, 2, 3, 4, 9, 1, 2, 3)  # "1 2 3" occurred before: prompt lookup drafts "4 9 1 2 3"
     chosen = drive(auto, 40, lambda n: 0.030 + 0.002 * n, {"prompt-lookup:2-3": 3, "eagle": 0}, tokens)
