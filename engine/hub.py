@@ -31,7 +31,7 @@ BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # what a snapshot download fetches: the files the app loads (as engine/loading.py asks the Hub for), the
 # PyTorch .bin weights only where a repository has no safetensors
-_SNAPSHOT_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt")
+_SNAPSHOT_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja")
 _CHUNK = 64 * 1024  # progress and should_stop() come at least this often
 _RETRIES = 4  # a dropped connection is resumed this many times in a row before the download fails
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)

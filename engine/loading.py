@@ -202,7 +202,7 @@ def _native_weights(path: Path, folder: Path, loaded: LoadedModel, explicit: boo
     return native
 
 
-_HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt"]
+_HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja"]  # chat_template.jinja
 
 
 def _hub_folder(repo_id: str, say) -> Path:

@@ -137,9 +137,12 @@ def _handler(hub: FakeHub):
             if body and not hub.pause_s:
                 self.wfile.write(data)
             elif body:
-                for at in range(0, len(data), 1 << 16):
-                    self.wfile.write(data[at : at + (1 << 16)])
-                    self.wfile.flush()
-                    time.sleep(hub.pause_s)
+                try:
+                    for at in range(0, len(data), 1 << 16):
+                        self.wfile.write(data[at : at + (1 << 16)])
+                        self.wfile.flush()
+                        time.sleep(hub.pause_s)
+                except (BrokenPipeError, ConnectionResetError):  # the client cancelled: as the Hub, carry on
+                    self.close_connection = True
 
     return Handler

@@ -46,6 +46,7 @@ def repos(tmp_path_factory):
     files = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert len(files[WEIGHTS]) > 512 * 1024  # enough 64 KB chunks to cancel and drop part-way
     files["README.md"] = b"# tiny\n"
+    files["chat_template.jinja"] = b"{% for m in messages %}{{ m['content'] }}{% endfor %}"  # where templates live now
     ggufs = {"tiny-Q4_1.gguf": _gguf_bytes(folder, 3), "tiny-Q8_0.gguf": _gguf_bytes(folder, 7)}
     return {REPO: files, GGUF_REPO: ggufs}
 
