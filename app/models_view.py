@@ -184,7 +184,8 @@ class ModelsView(QDialog):
         if loaded is None:
             return ""
         if entry is loaded:
-            return "loaded"
+            heads = [name for name in ("eagle", "medusa") if name in self.window.loaded.strategies]
+            return "loaded" + (f" · trained heads: {', '.join(heads)}" if heads else "")
         if self._can_draft(entry, loaded):
             return "can draft (same vocabulary)" + (" · the draft" if entry.source == self.window.settings.draft_source
                                                    else "")

@@ -71,7 +71,7 @@ def test_download_with_progress_cancel_resume_then_use_the_model(make_window, qt
     saved = json.loads((tmp_path / "config" / "settings.json").read_text())
     assert saved["model_source"] == REPO and w.settings.model_source == REPO
     listed(view, qtbot, view.listings)  # read again once the model loaded
-    assert view.table.item(view.entries.index(view._loaded_entry()), 6).text() == "loaded"
+    assert view.table.item(view.entries.index(view._loaded_entry()), 6).text().startswith("loaded")
 
 
 def test_a_gguf_repository_asks_which_quantization(make_window, qtbot, hub, monkeypatch):
@@ -103,10 +103,13 @@ def test_drafts_for_the_loaded_model_are_the_ones_with_its_vocabulary(make_windo
     def entry(source, key):
         return ModelEntry(source, source, "local", f"/m/{source}", 1 << 20, "LlamaForCausalLM", 2048, "bf16", key)
 
+    from dataclasses import replace
+
     w.settings = w.settings.__class__(**{**w.settings.to_dict(), "model_source": "big"})
+    w.loaded = replace(w.loaded, strategies=(*w.loaded.strategies, "eagle"))  # a trained head was found
     view._show_list([entry("big", "v1"), entry("small", "v1"), entry("other", "v2"), entry("unknown", "")])
     column = [view.table.item(row, 6).text() for row in range(4)]
-    assert column == ["loaded", "can draft (same vocabulary)", "", "vocabulary unknown"]
+    assert column == ["loaded · trained heads: eagle", "can draft (same vocabulary)", "", "vocabulary unknown"]
     assert "Drafts for the loaded model: small." in view.status.text()
     view.select("other")
     assert not view.draft_button.isEnabled()
