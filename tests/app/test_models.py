@@ -10,20 +10,15 @@ import pytest
 
 from engine.hub import ModelEntry
 from tests.engine.fake_hub import FakeHub
-from tests.engine.test_hub import GGUF_REPO, REPO, WEIGHTS, repos  # noqa: F401 - the served repositories
+from tests.engine.test_hub import GGUF_REPO, REPO, WEIGHTS, fake, repos  # noqa: F401 - fixtures
 
 from .conftest import snap
 
 
 @pytest.fixture
-def hub(repos, tmp_path, monkeypatch):  # noqa: F811
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
-    with FakeHub(repos) as server:
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        yield server
+def hub(fake):
+    """The local Hub stand-in as HF_ENDPOINT, with an empty Hugging Face cache."""
+    return fake
 
 
 def listed(view, qtbot, after: int = 0):

@@ -253,12 +253,12 @@ def test_a_write_killed_half_way_leaves_no_temporary_file_for_long(tmp_path):
     assert not old.exists() and fresh.exists()
 
 
-def test_a_model_change_is_saved_only_once_it_loaded(make_window, qtbot, monkeypatch, tmp_path, tiny_session):
-    from app.settings_dialog import SettingsDialog
+def fail_missing_models(session) -> list[str]:
+    """Make `session` refuse models under /no/such (as a missing folder is); returns the sources it is asked
+    to load, in order."""
     from engine.errors import SpeculaError
 
-    loads = []
-    load = tiny_session.load
+    loads, load = [], session.load
 
     def load_or_fail(request, progress=None):
         loads.append(request.target.source)
@@ -266,7 +266,14 @@ def test_a_model_change_is_saved_only_once_it_loaded(make_window, qtbot, monkeyp
             raise SpeculaError(f"no model at {request.target.source}")
         return load(request, progress)
 
-    tiny_session.load = load_or_fail
+    session.load = load_or_fail
+    return loads
+
+
+def test_a_model_change_is_saved_only_once_it_loaded(make_window, qtbot, monkeypatch, tmp_path, tiny_session):
+    from app.settings_dialog import SettingsDialog
+
+    loads = fail_missing_models(tiny_session)
     w = make_window()
     stored = lambda: json.loads((tmp_path / "config" / "settings.json").read_text())  # noqa: E731
 
@@ -296,20 +303,8 @@ def test_a_model_change_is_saved_only_once_it_loaded(make_window, qtbot, monkeyp
 
 def test_a_saved_model_that_is_gone_falls_back_to_the_bundled_one_for_this_run(make_window, qtbot, tmp_path,
                                                                                tiny_session):
-    from app.settings import SettingsStore
-
-    from engine.errors import SpeculaError
-
     SettingsStore(tmp_path / "config").save(Settings(model_source="/no/such/model"))
-    load, loads = tiny_session.load, []
-
-    def load_or_fail(request, progress=None):
-        loads.append(request.target.source)
-        if request.target.source.startswith("/no/such"):
-            raise SpeculaError(f"no model at {request.target.source}")
-        return load(request, progress)
-
-    tiny_session.load = load_or_fail
+    loads = fail_missing_models(tiny_session)
     w = make_window()  # ready: the bundled model loaded after the saved one failed
     text = w.view.toPlainText()
     assert "no model at /no/such/model" in text and "bundled model for now" in text
