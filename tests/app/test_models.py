@@ -16,7 +16,7 @@ from .conftest import snap
 
 
 @pytest.fixture
-def hub(fake):
+def hub(fake):  # noqa: F811 - the fixture imported above
     """The local Hub stand-in as HF_ENDPOINT, with an empty Hugging Face cache."""
     return fake
 
