@@ -9,7 +9,6 @@ import json
 import pytest
 
 from engine.hub import ModelEntry
-from tests.engine.fake_hub import FakeHub
 from tests.engine.test_hub import GGUF_REPO, REPO, WEIGHTS, fake, repos  # noqa: F401 - fixtures
 
 from .conftest import snap
