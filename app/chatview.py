@@ -376,6 +376,13 @@ class ChatView(QTextBrowser):
 
     def _write_tokens(self, cursor: QTextCursor, records: list[TokenRecord]) -> None:
         paint = self._painter()
+        cursor.beginEditBlock()  # one layout pass for the batch, not one a token
+        try:
+            self._insert_tokens(cursor, paint, records)
+        finally:
+            cursor.endEditBlock()
+
+    def _insert_tokens(self, cursor: QTextCursor, paint, records: list[TokenRecord]) -> None:
         for rec in records:
             index = len(self.records)
             self.records.append(rec)
