@@ -55,6 +55,7 @@ END;
 """
 
 STREAMING, INTERRUPTED, DONE = "streaming", "interrupted", "done"
+READ_BATCH = 64  # turns read between two chances for other threads to run
 LARGE_TOKENS = 100_000  # a chat with more token records than this is kept out of the garbage collector's way
 INTERRUPTED_NOTE = "Interrupted: Specula stopped before this answer finished. It is not sent with later messages."
 
@@ -201,12 +202,16 @@ class ConversationDB:
         return [_conversation(*row) for row in rows], notices
 
     def _turns(self, db: sqlite3.Connection, conversation_id: str) -> tuple[Turn, ...]:
-        rows = db.execute("SELECT role, content, summary, note, tokens, state, versions FROM turns "
-                          "WHERE conversation = ? ORDER BY idx", (conversation_id,))
-        return tuple(Turn(_text(role), _text(content), _tokens(tokens), _text(summary),
-                          _text(note) or (INTERRUPTED_NOTE if state == INTERRUPTED else ""), state == INTERRUPTED,
-                          *_versions(versions))
-                     for role, content, summary, note, tokens, state, versions in rows)
+        cursor = db.execute("SELECT role, content, summary, note, tokens, state, versions FROM turns "
+                            "WHERE conversation = ? ORDER BY idx", (conversation_id,))
+        turns: list[Turn] = []
+        while rows := cursor.fetchmany(READ_BATCH):
+            turns += (Turn(_text(role), _text(content), _tokens(tokens), _text(summary),
+                           _text(note) or (INTERRUPTED_NOTE if state == INTERRUPTED else ""), state == INTERRUPTED,
+                           *_versions(versions))
+                      for role, content, summary, note, tokens, state, versions in rows)
+            time.sleep(0)  # a read on a helper thread lets the window's thread run between batches
+        return tuple(turns)
 
     def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
         """(conversation id, turn index, snippet) of the turns that contain all of the words in `text`,
