@@ -40,9 +40,9 @@ def verify_greedy(logits: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | N
     accepted = int(agree.cumprod(0).sum()) if k else 0
     if not probs or not k:
         return Verdict(accepted=accepted, next_token=int(best[accepted]))
-    rows = torch.arange(k)
-    p = torch.softmax(logits[:k].float(), -1)[rows, draft.to(logits.device)]
-    q_of = tuple(q.float()[rows, draft.to(q.device)].tolist()) if q is not None else ()
+    rows, d = torch.arange(k, device=logits.device), draft.to(logits.device)
+    p = torch.softmax(logits[:k].float(), -1)[rows, d]
+    q_of = tuple(q.to(logits.device).float()[rows, d].tolist()) if q is not None else ()
     return Verdict(accepted, int(best[accepted]), tuple(p.tolist()), q_of)
 
 
