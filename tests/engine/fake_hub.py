@@ -9,13 +9,15 @@ import json
 import re
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
+
+from tests.engine.fake_server import LocalServer
 
 LFS_SUFFIXES = (".safetensors", ".gguf", ".bin")
 
 
-class FakeHub:
+class FakeHub(LocalServer):
     """Serve `repos` ({repo_id: {filename: bytes}}) on 127.0.0.1 at a random port; use as a context manager."""
 
     def __init__(self, repos: dict[str, dict[str, bytes]]):
@@ -25,21 +27,7 @@ class FakeHub:
         self.drops: set[str] = set()  # filenames whose next GET sends half the bytes, then closes
         self.pause_s = 0.0  # a pause after every 64 KB sent: a slow network, to cancel a download part-way
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> FakeHub:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__(_handler(self))
 
     def drop_once(self, filename: str) -> None:
         self.drops.add(filename)

@@ -17,7 +17,29 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 
-class FakeServer:
+class LocalServer:
+    """An HTTP server on 127.0.0.1 at a free port, on a thread of its own, serving `handler`'s requests; use as
+    a context manager (it stops on leaving)."""
+
+    def __init__(self, handler) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class FakeServer(LocalServer):
     def __init__(self, steps=(("Hello",), (" there", "!")), *, model="fake-model", vllm=True, speculates=True,
                  delay_s=0.0, die_after=None, stall_after=None, status=None, error_body=None, malformed_after=None,
                  api_key=None, finish="stop", hold_headers=False, version="0.0-fake", raw_events=None,
@@ -35,22 +57,11 @@ class FakeServer:
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0, 0, 0, 0]}
         self.released = threading.Event()  # a stalled answer waits for this (or the client to go)
         self.answered = threading.Event()  # the server began its answer (sent its headers)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> "FakeServer":
-        self._thread.start()
-        return self
+        super().__init__(_handler(self))
 
     def __exit__(self, *exc) -> None:
         self.released.set()
-        self._server.shutdown()
-        self._server.server_close()
+        super().__exit__(*exc)
 
     def book(self, n_tokens: int) -> None:
         """Count one engine step that emitted n tokens (the stop token included, as vLLM counts it): a
