@@ -20,7 +20,7 @@ turns drawn whole would hold the window for minutes.
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QPoint, QTimer, QUrl, Signal
-from PySide6.QtGui import QPalette, QTextCursor, QTextFrame
+from PySide6.QtGui import QTextCursor, QTextFrame
 from PySide6.QtWidgets import QFrame, QTextBrowser, QToolTip
 
 from . import actions
@@ -29,7 +29,7 @@ from .compare import Comparison
 from .comparecard import card_html, card_title
 from .history import TokenRecord, Turn
 from .markdown import insert_coloured_markdown, insert_markdown, insert_with_code
-from .theme import OriginColours, palette_for
+from .theme import OriginColours, is_dark, palette_for
 from .tokens import tooltip
 
 FLUSH_MS = 100  # streamed tokens reach the transcript at most this often
@@ -256,7 +256,7 @@ class ChatView(QTextBrowser):
 
     # -- rendering ----------------------------------------------------------------------------------
     def _pick_colours(self) -> OriginColours:
-        return palette_for(self.palette().color(QPalette.ColorRole.Base).lightness() < 128)
+        return palette_for(self._is_dark())
 
     def _painter(self) -> BubblePainter:
         return BubblePainter(self.document(), self._colours, self.font(), self._is_dark())
@@ -392,7 +392,7 @@ class ChatView(QTextBrowser):
             cursor.insertText(text, paint.token_format(rec, index))
 
     def _is_dark(self) -> bool:
-        return self.palette().color(QPalette.ColorRole.Base).lightness() < 128
+        return is_dark(self)
 
     # -- scrolling ----------------------------------------------------------------------------------
     def _keep_bottom(self):

@@ -61,9 +61,8 @@ class Turn:
     @property
     def all_versions(self) -> tuple["Turn", ...]:
         """Every version of this answer, oldest first (this one among them, without their own versions)."""
-        me = replace(self, versions=(), position=-1)
-        at = len(self.versions) if self.position < 0 else min(self.position, len(self.versions))
-        return self.versions[:at] + (me,) + self.versions[at:]
+        at = self.version
+        return self.versions[:at] + (replace(self, versions=(), position=-1),) + self.versions[at:]
 
     @property
     def version(self) -> int:

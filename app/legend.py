@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, Signal
-from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QCheckBox, QLabel, QWidget
 
 from .flow import FlowLayout
-
-from .theme import LEGEND, OriginColours, palette_for
+from .theme import LEGEND, OriginColours, is_dark, palette_for
 from .tokens import ORIGIN_NAMES
 
 
@@ -45,7 +43,7 @@ class LegendBar(QWidget):
         """Light or dark: the key takes the token colours of the new palette, as the transcript does."""
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange:
-            self.set_colours(palette_for(self.palette().color(QPalette.ColorRole.Base).lightness() < 128))
+            self.set_colours(palette_for(is_dark(self)))
 
     def show_rejected(self, show: bool) -> None:
         """The rejected drafts' key shows only while they are drawn."""

@@ -82,10 +82,10 @@ def align(source: str, rendered: str, skip: int = 0) -> list[int | None]:
     return out
 
 
-def insert_with_code(cursor: QTextCursor, text: str, dark: bool, base: QTextCharFormat | None = None) -> None:
+def insert_with_code(cursor: QTextCursor, text: str, dark: bool) -> None:
     """Insert `text` as typed, with its `code` and fenced blocks in the monospace font on a tint."""
-    plain = QTextCharFormat(base) if base is not None else QTextCharFormat()
-    code = QTextCharFormat(plain)
+    plain = QTextCharFormat()
+    code = QTextCharFormat()
     code.setFontFamilies([QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont).family()])
     code.setBackground(QColor(CODE_BACKGROUND[dark]))
     at = 0

@@ -53,7 +53,7 @@ class ModelsView(QDialog):
         self._relay.files.connect(self._choose_file)
         self._stop = threading.Event()
         self._downloading: str | None = None
-        self._started = 0.0
+        self._first: tuple[float, int] | None = None  # (when, bytes) of a download's first report: its speed
         self._select_next: str | None = None  # selected once the list being read arrives (a new download)
         self.listings = 0  # lists shown so far
         self._build()
@@ -290,7 +290,7 @@ class ModelsView(QDialog):
             return
         self._download(repo, filename)
 
-    def _choose_file(self, repo: str, found, pick=None) -> None:
+    def _choose_file(self, repo: str, found) -> None:
         self._downloading = None
         self._set_idle()
         if isinstance(found, str):
@@ -300,11 +300,8 @@ class ModelsView(QDialog):
             self._download(repo, None)
             return
         labels = [f"{name} ({_size(size)})" for name, size in found]
-        if pick is None:
-            label, ok = QInputDialog.getItem(self, "Choose a file", f"{repo} has these GGUF files (quantizations):",
-                                             labels, 0, False)
-        else:
-            label, ok = pick(labels)
+        label, ok = QInputDialog.getItem(self, "Choose a file", f"{repo} has these GGUF files (quantizations):",
+                                         labels, 0, False)
         if ok and label in labels:
             self._download(repo, found[labels.index(label)][0])
 
@@ -313,7 +310,6 @@ class ModelsView(QDialog):
         self._set_busy(repo, f"Downloading {filename or repo}…")
         self.progress.setRange(0, 0)
         self.progress.setVisible(True)
-        self._started = time.monotonic()
         self._first = None
 
         def work() -> None:

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import QGraphicsItem, QGridLayout, QLabel, QStackedLayout
 from engine.metrics import speedup_text
 
 from .ringbuffer import RingBuffer
-from .theme import mute, palette_for
+from .theme import is_dark, mute, palette_for
 
 REFRESH_MS = 50  # a tick refreshes one of the PARTS: each at 4 Hz
 PARTS = ("acceptance", "tps", "speedup", "bars", "stats")
@@ -161,7 +161,7 @@ class PlotsPanel(QWidget):
         """Colours from the palette (light or dark) and the token colours of the transcript."""
         base = self.palette().color(QPalette.ColorRole.Base)
         fg = self.palette().color(QPalette.ColorRole.Text)
-        dark = base.lightness() < 128
+        dark = is_dark(self)
         c = palette_for(dark)
         self.graphics.setBackground(base)
         for key, plot in self.plots.items():
@@ -221,10 +221,7 @@ class PlotsPanel(QWidget):
         self._last_step = step.step
         s = self.series
         if step.drafted:
-            self._recent = (self._recent + [(step.drafted, step.accepted)])[-ROLLING:]
-            s["step"].append(step.step)
-            s["acceptance"].append(step.accepted / step.drafted)
-            s["rolling"].append(sum(a for _, a in self._recent) / sum(d for d, _ in self._recent))
+            self._add_acceptance(step)
         if step.step >= WARMUP:
             s["tps_step"].append(step.step)
             s["tps"].append(m.rolling_tokens_per_s)
@@ -233,6 +230,14 @@ class PlotsPanel(QWidget):
             s["speed_step"].append(step.step)
             s["speedup"].append(m.speedup)
         self._stale = set(PARTS)
+
+    def _add_acceptance(self, step) -> None:
+        """A step that drafted: its acceptance and the rolling acceptance of the last ROLLING such steps."""
+        self._recent = (self._recent + [(step.drafted, step.accepted)])[-ROLLING:]
+        s = self.series
+        s["step"].append(step.step)
+        s["acceptance"].append(step.accepted / step.drafted)
+        s["rolling"].append(sum(a for _, a in self._recent) / sum(d for d, _ in self._recent))
 
     def add_server_stats(self, stats) -> None:
         """A server's counters since the reply started (engine.events.ServerStats): a point for the
@@ -286,10 +291,7 @@ class PlotsPanel(QWidget):
         for step in _steps_of(records):
             self.metrics.add(step)
             if step.drafted and not step.inferred:
-                self._recent = (self._recent + [(step.drafted, step.accepted)])[-ROLLING:]
-                self.series["step"].append(step.step)
-                self.series["acceptance"].append(step.accepted / step.drafted)
-                self.series["rolling"].append(sum(a for _, a in self._recent) / sum(d for d, _ in self._recent))
+                self._add_acceptance(step)
         self.refresh()
         self.stat_labels["tps"].setText(totals.get("tps") or "–")
         self.stat_labels["plain"].setText("–")

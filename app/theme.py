@@ -51,6 +51,13 @@ def palette_for(is_dark: bool) -> OriginColours:
     return DARK if is_dark else LIGHT
 
 
+def is_dark(widget) -> bool:
+    """Whether `widget` is drawn on a dark background (its palette's base colour)."""
+    from PySide6.QtGui import QPalette
+
+    return widget.palette().color(QPalette.ColorRole.Base).lightness() < 128
+
+
 THEMES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
 
 

@@ -64,6 +64,9 @@ class MainWindow(QMainWindow):
         self.models_view = None
         self._store_notice: str | None = None  # the banner of a failing save, while it fails
         self._last_good: Settings | None = None  # the settings before a model change, until the new model loads
+        self.theme = "system"  # View > Theme (set from the remembered layout)
+        self._following_system = False  # the desktop's colour scheme changes are followed
+        self._narrow = False  # the window is narrower than NARROW (the chat list folded away)
         self._build_menus()
         self._connect()
         self.controls.show_settings(self.settings)
@@ -420,7 +423,7 @@ class MainWindow(QMainWindow):
         self.theme_actions[self.theme].setChecked(True)
         app = QApplication.instance()
         apply_theme(app, self.theme)
-        if not getattr(self, "_following_system", False):
+        if not self._following_system:
             self._following_system = True
             app.styleHints().colorSchemeChanged.connect(lambda _: self.theme == "system" and self.set_theme("system"))
 
@@ -570,7 +573,7 @@ class MainWindow(QMainWindow):
         the user's own choice holds until the width crosses it again."""
         super().resizeEvent(event)
         narrow = self.width() < self.NARROW
-        if narrow != getattr(self, "_narrow", False):
+        if narrow != self._narrow:
             self._narrow = narrow
             self.chats_action.setChecked(not narrow)
         if self.dock.isVisible() and not self.dock.isFloating() and self.dock.width() > 0.45 * self.width():
