@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .errors import ContextTooLongError
 from .gguf_native import NativeWeights
-from .quant import Dense, Int4, Q4Blocks, can_prepack, int4_fits, probe_stable_rows
+from .quant import Dense, Int4, Q4Blocks, can_prepack, in_rows, int4_fits, stable_rows_of
 
 log = logging.getLogger(__name__)
 
@@ -121,17 +121,21 @@ def _prepack(model: torch.nn.Module) -> bool:
 
 
 def _probe(layers: list[_Layer], lm_head: Dense, dtype: torch.dtype, device: torch.device) -> None:
-    """Measure once per kind of product (on the CPU, where single steps and verify passes must round
-    alike) from how many rows a row's bits stop depending on the call's other rows; every product of
-    that kind takes the answer (quant.probe_stable_rows)."""
-    found: dict[str, int] = {}
+    """Measure once per kind and shape of product (on the CPU, where single steps and verify passes must
+    round alike) from how many rows a row's bits stop depending on the call's other rows; every product
+    of that kind and shape takes the answer (quant.stable_rows_of). The shape matters: oneDNN sums the
+    longer inputs differently for one row than for several (SmolLM2's MLP down projection, 1536 inputs,
+    rounds a lone row apart where its 576-input products do not)."""
+    shapes: dict[tuple[str, int, int], list] = {}
     for product in [p for layer in layers for p in layer.products] + [lm_head]:
-        if product.kind not in found:
-            found[product.kind] = probe_stable_rows(product, dtype, device) if device.type == "cpu" else 2
-            if found[product.kind] == 0 and dtype != torch.float32:  # fp32 near ties: too rare to matter
-                log.warning("%s products give a row other bits in calls of other sizes on this CPU: speculation "
-                            "may part from plain decoding at near ties", product.kind)
-        product.stable_rows = found[product.kind] or 2
+        shapes.setdefault((product.kind, product.in_features, product.out_features), []).append(product)
+    for key, products in shapes.items():
+        rows = stable_rows_of(products, dtype, device) if device.type == "cpu" else 2
+        if rows == 0 and dtype != torch.float32:  # fp32 near ties: too rare to matter
+            log.warning("%s products (%d -> %d) give a row other bits in calls of other sizes on this CPU: "
+                        "speculation may part from plain decoding at near ties", *key)
+        for product in products:
+            product.stable_rows = rows or 2
 
 
 def _still_fused(layers: list[_Layer], model: torch.nn.Module) -> bool:
@@ -161,8 +165,8 @@ def _fused_layers(model: torch.nn.Module, native: NativeWeights | None) -> tuple
 class _StepHandle:
     """A model's products registered with the compiled step (engine/compiled.py); released with the model."""
 
-    def __init__(self, ops, layers: list[_Layer], cfg, scale: float, min_rows: int) -> None:
-        a, b, bias, kinds, norms = [], [], [], [], []
+    def __init__(self, ops, layers: list[_Layer], cfg, scale: float) -> None:
+        a, b, bias, kinds, norms, min_rows = [], [], [], [], [], []
         empty = torch.empty(0)
         for layer in layers:
             for p in layer.products:
@@ -170,6 +174,7 @@ class _StepHandle:
                 a.append(p.packed if p.kind == "int4" else p.weight)
                 b.append(p.scale_zero if p.kind == "int4" else empty)
                 bias.append(p.bias)
+                min_rows.append(p.stable_rows)
             norms += [layer.in_norm[0], layer.post_norm[0]]
         self.ops = ops
         self.layers = layers
@@ -177,7 +182,6 @@ class _StepHandle:
         self.handle = ops.prepare(a, b, bias, kinds, norms, cfg.num_attention_heads,
                                   getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, head_dim,
                                   layers[0].inter, min_rows, float(layers[0].in_norm[1]), float(scale))
-        self.min_rows = min_rows
 
     def __del__(self) -> None:
         try:
@@ -214,6 +218,11 @@ def _block_mask(allowed: torch.Tensor) -> tuple[int, torch.Tensor]:
         allowed = torch.cat([allowed, allowed[:1].expand(_MIN_ROWS - rows, -1)])
     mask = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device)
     return rows, mask.masked_fill_(~allowed, float("-inf"))
+
+
+def _call(product, x: torch.Tensor) -> torch.Tensor:
+    """A product as it is, one-row kernels included (the lean forward without consistent rounding)."""
+    return product(x)
 
 
 def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
@@ -265,13 +274,11 @@ class LlamaRunner:
         self.cache_dtype = torch.float32 if self.blocked else self.dtype
         # Consistent rounding (CPU): every position meets the same kernels whether it is decoded alone or
         # inside a verify pass; with the blocked attention, speculation then reproduces plain decoding bit
-        # for bit in bf16 too. F.linear takes another kernel for one row than for several, so where a
-        # product goes through it a single step runs two identical rows (about 1%, docs/PERFORMANCE.md);
-        # the prepacked and int4 products give one row the bits it gets among others, so they need no
-        # second row. False gives the one-row kernels.
+        # for bit in bf16 too. Where a product's one-row kernel rounds differently from its multi-row one
+        # (F.linear; oneDNN's longer sums), a single step runs that product on two identical rows
+        # (`stable_rows`, measured at load, quant.in_rows); the others give one row the bits it gets
+        # among others. False gives the one-row kernels.
         self.consistent = self.blocked
-        self._pad_single = any(p.stable_rows > 1 for layer in self.layers for p in layer.products) \
-            or self.lm_head.stable_rows > 1
         # the final hidden state (before the final norm) of every cached position, kept and rolled back
         # with the cache: the features that feature-level drafters (EAGLE, Medusa) read
         self._feat = torch.empty(0)
@@ -306,9 +313,8 @@ class LlamaRunner:
             return None
         layers, _ = _fused_layers(self.model, self.native)
         cached = getattr(self.model, "_specula_step", None)
-        min_rows = 2 if self._pad_single else 1
-        if cached is None or cached.layers is not layers or cached.ops is not ops or cached.min_rows != min_rows:
-            cached = _StepHandle(ops, layers, self.model.config, self.scale, min_rows)
+        if cached is None or cached.layers is not layers or cached.ops is not ops:
+            cached = _StepHandle(ops, layers, self.model.config, self.scale)
             self.model._specula_step = cached
         return cached
 
@@ -366,10 +372,8 @@ class LlamaRunner:
             self._fast = self._compiled_step()
         if self._fast is not None and (start > 0 or t == 1):
             return self._forward_compiled(tokens, last, parents, start, t)
-        pad = self.consistent and self._pad_single and start > 0 and t == 1
         self._kt_len = min(self._kt_len, start)  # the eager pass writes _k only
-        if pad:  # two identical rows: the products take the multi-row kernels a verify pass uses
-            tokens = tokens.expand(2)
+        run = in_rows if self.consistent else _call
         x = self.embed(tokens.to(self.device))  # (rows, D)
         if parents is None:
             cos = self._cos[start:end]  # (T, hd)
@@ -383,15 +387,13 @@ class LlamaRunner:
             sin = self._sin[start + depth]
             plan = self._tree_plan(start, ancestors)
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer, _rms_norm(x, layer.in_norm), cos, sin, start, t, plan)
+            x = x + self._attention(i, layer, _rms_norm(x, layer.in_norm), cos, sin, start, t, plan, run)
             h = _rms_norm(x, layer.post_norm)
-            gate, up = layer.gate_up(h).split(layer.inter, dim=-1)
-            x = x + layer.down(layer.act(gate) * up)
+            gate, up = run(layer.gate_up, h).split(layer.inter, dim=-1)
+            x = x + run(layer.down, layer.act(gate) * up)
         self._length = end
-        self._feat[start:end] = x[:t]
-        if x.shape[0] > t:  # the padded single step: both rows through the LM head, keep one
-            return self.lm_head(_rms_norm(x, self.norm))[:1].float()
-        return self.lm_head(_rms_norm(x[-last:], self.norm)).float()  # (last, V)
+        self._feat[start:end] = x
+        return run(self.lm_head, _rms_norm(x[-last:], self.norm)).float()  # (last, V)
 
     def _forward_compiled(self, tokens: torch.Tensor, last: int, parents: list[int] | None, start: int, t: int):
         """The layer loop in one call of the compiled step (a prompt of several tokens stays eager: one
@@ -417,10 +419,7 @@ class LlamaRunner:
         self._feat[start:end] = x
         weight, eps = self.norm
         h = fast.ops.rms_norm(x[-last:], weight, float(eps))
-        rows = h.shape[0]
-        if rows < fast.min_rows:  # the LM head too gives a lone row its verify bits in a call of two
-            return self.lm_head(h.expand(fast.min_rows, -1).contiguous())[:rows].float()
-        return self.lm_head(h).float()
+        return in_rows(self.lm_head, h).float()
 
     def features(self, start: int, end: int) -> torch.Tensor:
         """The final hidden states (before the final norm) of cached positions start..end-1, (end-start, D)."""
@@ -482,11 +481,10 @@ class LlamaRunner:
             r0 = r1
         return ("blocked", groups)
 
-    def _attention(self, i: int, layer: _Layer, x, cos, sin, start: int, t: int, plan):
+    def _attention(self, i: int, layer: _Layer, x, cos, sin, start: int, t: int, plan, run):
         end = start + t
         h, kv, hd = self.n_heads, self.n_kv, self.head_dim
-        rows = x.shape[0]
-        qkv = layer.qkv(x)[:t].view(t, h + 2 * kv, hd).transpose(0, 1)  # (H+2KV, T, hd)
+        qkv = run(layer.qkv, x).view(t, h + 2 * kv, hd).transpose(0, 1)  # (H+2KV, T, hd)
         v = qkv[h + kv :]  # (KV, T, hd)
         if layer.q_norm is not None:
             qk = torch.cat((layer.q_norm(qkv[:h]), layer.k_norm(qkv[h : h + kv])))
@@ -498,7 +496,7 @@ class LlamaRunner:
         self._v[i, :, start:end] = v
         if plan is None:  # prefill: plain causal attention, the fused kernel applies
             out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=self.scale, enable_gqa=True)
-            return layer.o_proj(out[0].transpose(0, 1).reshape(t, -1))
+            return run(layer.o_proj, out[0].transpose(0, 1).reshape(t, -1))
         kind, detail = plan
         if kind == "blocked":
             out = torch.cat([self._attend_blocked(i, q[:, r0:r1], group) for r0, r1, *group in detail], dim=1)
@@ -509,9 +507,7 @@ class LlamaRunner:
                 q.reshape(kv, self.groups * t, hd), self._k[i, :, :end], self._v[i, :, :end], attn_mask=detail, scale=self.scale
             ).view(h, t, hd)
         out = out.transpose(0, 1).reshape(t, -1)  # (H, T, hd) -> (T, H*hd)
-        if rows > t:
-            out = out.expand(rows, -1).contiguous()
-        return layer.o_proj(out)
+        return run(layer.o_proj, out)
 
     def _attend_blocked(self, i: int, q: torch.Tensor, group) -> torch.Tensor:
         """Query rows (H, Tg, hd) over whole key blocks in fp32, later keys masked -> (H, Tg, hd).

@@ -48,16 +48,19 @@ _INNER_K_TILES = 2  # the int4 kernel's packing; 2, 4 and 8 time the same on the
 
 # The most rows a verify pass has (decoder.K_MAX + 1): the CPU's matrix kernels, dense and int4, give
 # a row the bits it gets alone in any call of up to 32 rows here, and other bits beyond (measured).
-_PROBE_ROWS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 24, 31, VERIFY_ROWS_MAX)
+_PROBE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 24, 31, VERIFY_ROWS_MAX)
+PROBE_TRIES = 4  # products of a shape probed, each with its own random rows (stable_rows_of)
 
 
 @torch.inference_mode()
-def probe_stable_rows(product, dtype: torch.dtype, device: torch.device) -> int:
+def probe_stable_rows(product, dtype: torch.dtype, device: torch.device, seed: int = 0) -> int:
     """How a single step must call this product so that a row gets the bits it gets inside any verify
     pass (up to VERIFY_ROWS_MAX rows): 1 when a lone row does (the prepacked and int4 products here), 2
     when only two identical rows do (F.linear, which has a one-row kernel of its own), 0 when neither.
-    Kernels differ between CPUs, so this is measured where the model loads, once per kind of product."""
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    Kernels differ between CPUs, so this is measured where the model loads. A different bit is rare (a
+    few of a call's 32 x 576 results), so one draw of random rows can miss it: callers probe several
+    products of a shape with different `seed`s (`stable_rows_of`)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     x = torch.randn(VERIFY_ROWS_MAX, product.in_features, generator=gen).to(dtype=dtype, device=device)
     for alone_rows in (1, 2):
         alone = torch.cat([product(x[i : i + 1].expand(alone_rows, -1).contiguous())[:1] for i in range(len(x))])
@@ -66,14 +69,35 @@ def probe_stable_rows(product, dtype: torch.dtype, device: torch.device) -> int:
     return 0
 
 
+def stable_rows_of(products: list, dtype: torch.dtype, device: torch.device, tries: int = PROBE_TRIES) -> int:
+    """`probe_stable_rows` for products of one kind and shape: probed on up to `tries` of them spread over
+    the list (their weights differ, and so do the sums that round apart), each with its own draw; the
+    most rows any needs, 0 when one needs more than two."""
+    picks = sorted({round(i * (len(products) - 1) / max(1, tries - 1)) for i in range(tries)})
+    found = [probe_stable_rows(products[i], dtype, device, seed=n) for n, i in enumerate(picks)]
+    return 0 if 0 in found else max(found)
+
+
+def in_rows(product, x: torch.Tensor) -> torch.Tensor:
+    """product(x) with a call of fewer rows than the product's `stable_rows` run as that many, the first
+    row repeated: a lone row then gets the bits it gets inside a verify pass (the products whose one-row
+    kernel rounds differently, F.linear and oneDNN's longer sums)."""
+    rows = x.shape[0]
+    if rows >= product.stable_rows:
+        return product(x)
+    return product(torch.cat([x, x[:1].expand(product.stable_rows - rows, -1)]))[:rows]
+
+
 def can_prepack(weight: torch.Tensor) -> bool:
-    """oneDNN's prepacked bf16 product applies: a CPU, bf16, and a CPU with bf16 support in oneDNN."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    )
+    """oneDNN's prepacked product applies: a CPU, and fp32, or bf16 on a CPU with bf16 support in oneDNN.
+    In fp32 it is also the one form whose rows round alike in calls of two to 32 rows (F.linear's fp32
+    kernel gives a row other bits as the call's row count changes), and about twice as fast for the LM
+    head's few rows."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.float32:
+        return True
+    return weight.dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class Dense:

@@ -86,8 +86,10 @@ struct Product {
   Tensor a, b;   // weight | packed weight | int4 codes, and (int4) scale-and-zero
   c10::optional<Tensor> bias;
   // A call of fewer rows than `min_rows` runs as that many, the first row repeated: products whose one-row
-  // kernel rounds differently from their multi-row one (F.linear) then give a lone row its verify bits.
-  Tensor operator()(const Tensor& x, int64_t min_rows) const {
+  // kernel rounds differently from their multi-row one (F.linear, oneDNN's longer sums) then give a lone
+  // row its verify bits (quant.in_rows).
+  int64_t min_rows;
+  Tensor operator()(const Tensor& x) const {
     int64_t t = x.size(0);
     if (t >= min_rows) return run(x);
     return run(at::cat({x, x.narrow(0, 0, 1).expand({min_rows - t, x.size(1)})})).narrow(0, 0, t);
@@ -117,22 +119,23 @@ struct Layer {
 
 struct Model {
   std::vector<Layer> layers;
-  int64_t n_heads, n_kv, head_dim, inter, min_rows;
+  int64_t n_heads, n_kv, head_dim, inter;
   double eps, scale;
 };
 
 std::mutex registry_lock;
 std::deque<Model> registry;  // a deque: entries stay where they are as others are added
 
-// products: per layer qkv, o, gate_up, down, each as (kind, a, b, bias) in four lists
+// products: per layer qkv, o, gate_up, down, each as (kind, a, b, bias, min_rows) in five lists
 int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::vector<c10::optional<Tensor>>& bias,
                 const std::vector<int64_t>& kinds, const std::vector<Tensor>& norms, int64_t n_heads, int64_t n_kv,
-                int64_t head_dim, int64_t inter, int64_t min_rows, double eps, double scale) {
-  Model m{{}, n_heads, n_kv, head_dim, inter, min_rows, eps, scale};
+                int64_t head_dim, int64_t inter, const std::vector<int64_t>& min_rows, double eps, double scale) {
+  Model m{{}, n_heads, n_kv, head_dim, inter, eps, scale};
   TORCH_CHECK(kinds.size() % 4 == 0 && norms.size() == kinds.size() / 2, "4 products and 2 norms per layer");
+  TORCH_CHECK(min_rows.size() == kinds.size(), "one min_rows per product");
   for (size_t l = 0; l < kinds.size() / 4; ++l) {
     Product p[4];
-    for (int i = 0; i < 4; ++i) p[i] = Product{kinds[4 * l + i], a[4 * l + i], b[4 * l + i], bias[4 * l + i]};
+    for (int i = 0; i < 4; ++i) p[i] = Product{kinds[4 * l + i], a[4 * l + i], b[4 * l + i], bias[4 * l + i], min_rows[4 * l + i]};
     m.layers.push_back(Layer{p[0], p[1], p[2], p[3], norms[2 * l], norms[2 * l + 1]});
   }
   std::lock_guard<std::mutex> g(registry_lock);
@@ -329,7 +332,7 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
       const Layer& layer = m->layers[l];
       int64_t layer_off = l * kv * cap * hd;
       Tensor h1 = rms_norm(x, layer.in_norm, m->eps);
-      Tensor qkv = layer.qkv(h1, m->min_rows);
+      Tensor qkv = layer.qkv(h1);
       float* kc = k_cache.data_ptr<float>() + layer_off;
       float* kt = kt_cache.data_ptr<float>() + layer_off;
       transpose_keys(kc, kt, kv, hd, cap, kt_from, start);
@@ -338,11 +341,11 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
       transpose_keys(kc, kt, kv, hd, cap, start, start + t);
       attend<scalar_t>(q.data_ptr<float>(), kt, v_cache.data_ptr<float>() + layer_off,
                        anc.defined() ? anc.data_ptr<bool>() : nullptr, attn.data_ptr<scalar_t>(), t, h, kv, hd, cap, start);
-      x.add_(layer.o(attn, m->min_rows));
+      x.add_(layer.o(attn));
       Tensor h2 = rms_norm(x, layer.post_norm, m->eps);
-      Tensor gu = layer.gate_up(h2, m->min_rows).contiguous();
+      Tensor gu = layer.gate_up(h2).contiguous();
       silu_mul<scalar_t>(gu.data_ptr<scalar_t>(), act.data_ptr<scalar_t>(), t, m->inter);
-      x.add_(layer.down(act, m->min_rows));
+      x.add_(layer.down(act));
     }
   });
   return x;
@@ -352,7 +355,7 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
 
 TORCH_LIBRARY(specula_step, lib) {
   lib.def("prepare(Tensor[] a, Tensor[] b, Tensor?[] bias, int[] kinds, Tensor[] norms, int n_heads, int n_kv, "
-          "int head_dim, int inter, int min_rows, float eps, float scale) -> int", &prepare);
+          "int head_dim, int inter, int[] min_rows, float eps, float scale) -> int", &prepare);
   lib.def("forward(int handle, Tensor x, Tensor k_cache, Tensor v_cache, Tensor kt_cache, int kt_from, Tensor cos, "
           "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers) -> Tensor", &forward);
   lib.def("release(int handle) -> ()", &release);

@@ -8,7 +8,7 @@ import torch
 from engine.drafters import DRAFTERS
 from engine.errors import SpeculaError
 from engine.gguf_native import _llama_row_order, check_against
-from engine.quant import Dense, Int4, can_prepack, probe_stable_rows, q4_from_gguf, q4_quantize
+from engine.quant import Dense, Int4, can_prepack, in_rows, q4_from_gguf, q4_quantize, stable_rows_of
 
 from .tiny import assert_greedy_identity, head_options, native, perturbed, tiny_model
 
@@ -63,33 +63,52 @@ def test_int4_product_computes_with_its_blocks_weights():
     assert (product(x).float() - expected).abs().max() < 0.05 * expected.abs().max()
 
 
-def _products():
+def _product(form: str, inputs: int, dtype: torch.dtype):
     gen = torch.Generator().manual_seed(3)
-    weight = (torch.randn(160, 96, generator=gen) * 0.05).to(torch.bfloat16)
-    return {
-        "dense": Dense(weight),
-        "prepacked": Dense(weight, prepack=True),
-        "int4": Int4(q4_quantize(weight.float()), None, torch.bfloat16),
-    }
+    weight = (torch.randn(160, inputs, generator=gen) * 0.05).to(dtype)
+    if form == "int4":
+        return Int4(q4_quantize(weight.float()), None, dtype)
+    return Dense(weight, prepack=form == "prepacked")
 
 
-@pytest.mark.parametrize("form", ["dense", "prepacked", "int4"])
-def test_a_row_gets_the_same_bits_whatever_the_other_rows(form):
-    product = _products()[form]
-    product.stable_rows = probe_stable_rows(product, torch.bfloat16, torch.device("cpu"))
+# 1536 inputs: oneDNN sums them differently for a lone row than for several (an MLP down projection);
+# fp32: F.linear's kernel gives a row other bits as the call's row count changes, the prepacked one not
+@pytest.mark.parametrize("form,inputs,dtype", [
+    ("dense", 96, torch.bfloat16), ("prepacked", 96, torch.bfloat16), ("int4", 96, torch.bfloat16),
+    ("prepacked", 1536, torch.bfloat16), ("int4", 1536, torch.bfloat16), ("prepacked", 1536, torch.float32),
+])
+def test_a_row_gets_the_same_bits_whatever_the_other_rows(form, inputs, dtype):
+    product = _product(form, inputs, dtype)
+    product.stable_rows = stable_rows_of([product], dtype, torch.device("cpu"))
     assert product.stable_rows in (1, 2)  # 0 would mean no row count is stable: speculation could not be exact
-    if form == "prepacked" and can_prepack(torch.empty(1, dtype=torch.bfloat16)):
+    if form == "prepacked" and can_prepack(torch.empty(1, dtype=dtype)):
         assert product.kind == "prepacked"
     gen = torch.Generator().manual_seed(4)
-    row = torch.randn(1, 96, generator=gen).to(torch.bfloat16)
-    alone = product(row.expand(product.stable_rows, -1).contiguous())[0]  # a single step's rows
-    for rows in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32):
-        if rows < product.stable_rows:
-            continue
-        for at in sorted({0, min(1, rows - 1), rows // 2, rows - 1}):
-            block = torch.randn(rows, 96, generator=gen).to(torch.bfloat16)
-            block[at] = row[0]
-            assert torch.equal(product(block)[at], alone), (form, rows, at)
+    for trial in range(4):
+        block = torch.randn(32, inputs, generator=gen).to(dtype)
+        alone = torch.cat([in_rows(product, block[i : i + 1]) for i in range(32)])  # single steps' calls
+        for rows in (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 32):  # verify passes
+            assert torch.equal(in_rows(product, block[:rows]), alone[:rows]), (form, trial, rows)
+
+
+def test_the_probe_finds_that_a_lone_row_needs_a_second_one_where_it_does():
+    """A product whose lone row rounds apart (F.linear in fp32, on every CPU tried) is probed as needing
+    two rows, and a product of two stable rows as needing one; in_rows pads only what needs it."""
+    dense = _product("dense", 96, torch.float32)
+    assert stable_rows_of([dense], torch.float32, torch.device("cpu")) in (0, 2)
+    calls = []
+
+    class Recorder:
+        in_features, stable_rows = 4, 2
+
+        def __call__(self, x):
+            calls.append(x.shape[0])
+            return x * 2
+
+    x = torch.arange(4.0)[None]
+    assert torch.equal(in_rows(Recorder(), x), x * 2) and calls == [2]
+    in_rows(Recorder(), torch.ones(3, 4))
+    assert calls == [2, 3]
 
 
 def test_prompt_chunks_run_dense_and_verify_passes_never_do():
