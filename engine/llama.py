@@ -13,6 +13,7 @@ the products (early-exit self-speculation).
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,10 @@ _BLOCK = 32  # CPU attention reads keys in whole blocks of this many positions, 
 _MIN_ROWS = 4  # fewer query rows than this take another matrix kernel on the CPU, so pad up to it
 PREPACK_LIMIT_BYTES = 4 << 30  # larger models keep one copy of their dense weights (unpacked)
 _PRODUCT_KINDS = {"dense": 0, "prepacked": 1, "int4": 2}  # as native/step.cpp numbers them
+# per model, beside it rather than on it (a copy of the model must not carry oneDNN's opaque weights,
+# which cannot be copied): (native, layers, LM head) from _fused_layers, and the compiled step's handle
+_FUSED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_STEPS: "weakref.WeakKeyDictionary[torch.nn.Module, _StepHandle]" = weakref.WeakKeyDictionary()
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -150,7 +155,7 @@ def _still_fused(layers: list[_Layer], model: torch.nn.Module) -> bool:
 def _fused_layers(model: torch.nn.Module, native: NativeWeights | None) -> tuple[list[_Layer], Dense]:
     """Build the products once per model and weight source: runners for the same model (the target,
     layer skip, a draft that is the target itself) share them."""
-    cached = getattr(model, "_specula_layers", None)
+    cached = _FUSED.get(model)
     if cached is None or cached[0] is not native or not _still_fused(cached[1], model):
         prepack = _prepack(model)
         layers = [_Layer(layer, f"model.layers.{i}", native, prepack) for i, layer in enumerate(model.model.layers)]
@@ -158,7 +163,7 @@ def _fused_layers(model: torch.nn.Module, native: NativeWeights | None) -> tuple
         lm_head = Dense(head.weight.detach(), None if head.bias is None else head.bias.detach(), prepack)
         _probe(layers, lm_head, head.weight.dtype, head.weight.device)
         cached = (native, layers, lm_head)
-        model._specula_layers = cached
+        _FUSED[model] = cached
     return cached[1], cached[2]
 
 
@@ -312,10 +317,10 @@ class LlamaRunner:
         if ops is None:
             return None
         layers, _ = _fused_layers(self.model, self.native)
-        cached = getattr(self.model, "_specula_step", None)
+        cached = _STEPS.get(self.model)
         if cached is None or cached.layers is not layers or cached.ops is not ops:
             cached = _StepHandle(ops, layers, self.model.config, self.scale)
-            self.model._specula_step = cached
+            _STEPS[self.model] = cached
         return cached
 
     @property
