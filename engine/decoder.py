@@ -27,7 +27,7 @@ from .errors import ContextTooLongError, SpeculaError
 from .events import Finished, Origin, Started, Step, Token
 from .forward import ModelRunner
 from .metrics import DraftLength, PlainHistory, SpeedupMeter, StepTotals, probe_due
-from .sampling import SamplingParams, choose
+from .sampling import choose
 from .types import K_MAX, DecodeConfig
 from .verify import Verdict, tree_children, verify, walk_tree, walk_tree_sampling
 

@@ -8,10 +8,12 @@ Two forms, one call signature (`product(x)`, x (rows, in) -> (rows, out)):
   codes are used as they are (see `Q4Blocks`).
 
 Every form gives a row the same bits whatever the other rows of the call are, from `stable_rows` rows on:
-1 row for the prepacked and int4 products on this machine's CPU, 2 for F.linear, which has a one-row
-kernel of its own. `probe_stable_rows` measures it where the model loads (kernels differ between CPUs).
-That is what lossless verification needs: a token decoded alone and the same token inside a verify pass
-meet the same arithmetic; where one row differs, a single step runs as two identical rows.
+1 row for the int4 products and most prepacked ones on this machine's CPU, 2 for F.linear, which has a
+one-row kernel of its own, and for oneDNN's longer sums (an MLP down projection). `stable_rows_of`
+measures it per kind and shape where the model loads (kernels differ between CPUs and shapes). That is
+what lossless verification needs: a token decoded alone and the same token inside a verify pass meet the
+same arithmetic; where one row differs, a single step calls that product with two identical rows
+(`in_rows`).
 
 GGUF blocks of 32 weights w_j (ggml's layout):
 - Q4_0: fp16 d, 16 bytes of nibbles q_j in 0..15;           w_j = (q_j - 8) * d

@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from . import prompts
-from .decoder import DecodeConfig, generate
+from .decoder import generate
 from .drafters import DRAFTERS, build_drafter
 from .errors import SpeculaError
 from .events import Finished, Loaded, Started, Step, Trained
 from .loading import LoadedModel, ModelSpec, check_same_vocabulary, load_model
 from .metrics import BaselineCost, PlainHistory, measure_baseline
-from .prompts import Message
 from .types import GenerateRequest, LoadRequest, TrainRequest
 
 
