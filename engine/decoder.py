@@ -28,6 +28,7 @@ from .events import Finished, Origin, Started, Step, Token
 from .forward import ModelRunner
 from .metrics import DraftLength, PlainHistory, SpeedupMeter, StepTotals, probe_due
 from .sampling import choose
+from .threads import governor
 from .types import K_MAX, DecodeConfig
 from .verify import Verdict, tree_children, verify, walk_tree, walk_tree_sampling
 
@@ -112,10 +113,14 @@ def generate(
     seeded = not loop.timed
     own = drafter.chooses_length
     lengths = DraftLength(k) if k > 0 and not seeded and not config.adaptive_k and not own else None
+    # fewer threads while other programs keep cores busy (checked to change no bits first: engine/threads.py)
+    threads = governor() if target.device.type == "cpu" else None
     while loop.budget.reason is None:
         if should_stop():
             loop.budget.reason = "cancelled"
             break
+        if threads is not None:
+            threads.tick(target)
         meter = loop.meter
         if seeded:  # this answer's own samples and a fixed gap: the same steps every time
             probe = k > 0 and probe_due(len(meter.samples), meter.since_plain)
