@@ -3,11 +3,12 @@
 torch's matrix kernels split each product over all their threads and wait for the slowest. When other
 programs keep some cores busy, a thread that shares a core is descheduled for whole time slices and every
 product waits for it: on two cores with one busy program, decoding with two threads ran at 29-53 tokens/s
-and with one at 79-85 (docs/PERFORMANCE.md). So between decode steps the governor looks at how many
-threads the machine is running (Linux's /proc/stat `procs_running`, which counts ours too: torch's
-workers spin between products) and uses the cores the others leave free, at least one and at most the
-threads it started with. A decision takes the median of the last WINDOW samples, INTERVAL seconds apart,
-so a burst shorter than about half a second changes nothing.
+and with one at 79-85 (docs/PERFORMANCE.md). So while the decoder runs, a background thread samples how
+many threads other programs are running (Linux's /proc/stat `procs_running` less this process's running
+threads) every INTERVAL seconds, at jittered times, and between decode steps the governor uses the cores
+the others leave free on average over the last WINDOW seconds: at least one thread, at most the count it
+started with. Samples taken at the decoder's own step boundaries would not do: a window process drawing
+the step just streamed is running exactly then, while it uses a core a tenth of the time.
 
 Losslessness: where the thread count changes a product's bits, an answer decoded while the count
 changed would not be the target's own greedy answer. Before a model first runs with another count,
@@ -18,7 +19,8 @@ own cache (then rolls it back); where they differ, that count is never used for 
 from __future__ import annotations
 
 import os
-import statistics
+import random
+import threading
 import time
 import weakref
 from collections import deque
@@ -26,8 +28,11 @@ from collections.abc import Callable
 
 import torch
 
-INTERVAL = 0.1  # seconds between samples of the machine's running threads
-WINDOW = 5  # samples a decision looks at (their median)
+INTERVAL = 0.025  # mean seconds between samples of the machine's running threads (jittered +-50%)
+WINDOW = 0.5  # seconds of samples a decision looks at: their mean, after at least MIN_SAMPLES
+MIN_SAMPLES = 12
+BUSY = 0.75  # the share of the window other programs must run on a core to take it from us
+IDLE = 2.0  # the sampler sleeps when no decode step came for this long
 _PROBE_ROWS = 4  # the verify pass `same_bits` compares
 
 
@@ -41,6 +46,32 @@ def procs_running() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def own_running() -> int:
+    """This process's threads running or ready to run now (state R in /proc/self/task/*/stat)."""
+    n = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        end = stat.rfind(b")")  # the name, in parentheses, may hold spaces
+        n += stat[end + 2 : end + 3] == b"R"
+    return n
+
+
+def others_running() -> int | None:
+    """Threads of other programs running or ready to run now; None where unknown. Our own threads are
+    left out, the server's and the drafters' as well as torch's (a thread streaming the last step's
+    events is busy just when the decoder samples)."""
+    total = procs_running()
+    return None if total is None else max(0, total - own_running())
 
 
 def usable_cores() -> int:
@@ -75,48 +106,79 @@ def same_bits(runner, threads: int, full: int) -> bool:
 
 
 class ThreadGovernor:
-    def __init__(self, cores: int | None = None, read: Callable[[], int | None] = procs_running,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cores: int | None = None, read: Callable[[], int | None] = others_running,
+                 clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:
         self.cores = cores or usable_cores()
         self.full = torch.get_num_threads()  # the count set at start (torch's default, or the user's)
         self.read, self.clock = read, clock
-        self.samples: deque[int] = deque(maxlen=WINDOW)
-        self.last = float("-inf")
+        self.samples: deque[tuple[float, int]] = deque()  # (time, others running), the last WINDOW seconds
         self.enabled = self.full > 1 and read() is not None
         # per model: thread count -> whether it gives the full count's bits (weak: models come and go)
         self.checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.background = background
+        self._sampler: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # the samples, between the sampler and the decoder's thread
+        self._last_tick = float("-inf")
 
     @property
     def threads(self) -> int:
         return torch.get_num_threads()
 
+    def sample(self) -> None:
+        """One look at the machine (the background sampler's; tests call it directly)."""
+        others = self.read()
+        if others is None:
+            self.enabled = False
+            return
+        now = self.clock()
+        with self._lock:
+            self.samples.append((now, others))
+            while self.samples[0][0] < now - WINDOW:
+                self.samples.popleft()
+
     def wanted(self) -> int:
         """The thread count the recent samples ask for."""
-        if len(self.samples) < WINDOW:
+        with self._lock:
+            recent = list(self.samples)
+        if len(recent) < MIN_SAMPLES:
             return self.threads
-        others = statistics.median_low(self.samples)
+        # a core counts as taken when others ran on it at least BUSY of the window: a program that
+        # draws now and then (the window) leaves it to us
+        others = int(sum(n for _, n in recent) / len(recent) + 1 - BUSY)
         return max(1, min(self.full, self.cores - others))
 
     def tick(self, runner=None) -> int:
-        """Between decode steps: sample the machine now and then and set the thread count it asks for;
-        return the count in use. A count other than the full one is only used once `same_bits` has
-        shown it changes nothing in `runner`'s model."""
+        """Between decode steps: set the thread count the recent samples ask for; return the count in
+        use. A count other than the full one is only used once `same_bits` has shown it changes nothing
+        in `runner`'s model."""
         if not self.enabled:
             return self.threads
-        now = self.clock()
-        if now - self.last < INTERVAL:
-            return self.threads
-        self.last = now
-        running = self.read()
-        if running is None:
-            self.enabled = False
-            return self.threads
-        self.samples.append(max(0, running - self.threads))
+        self._last_tick = self.clock()
+        if self.background:
+            self._start_sampler()
         want = self.wanted()
         if want != self.threads and (want == self.full or self._allowed(runner, want)):
             torch.set_num_threads(want)
-            self.samples.clear()  # the next decision sees the machine with the new count
+            with self._lock:
+                self.samples.clear()  # the next decision sees the machine with the new count
         return self.threads
+
+    def _start_sampler(self) -> None:
+        if self._sampler is None:
+            self._sampler = threading.Thread(target=self._sample_forever, name="specula-load", daemon=True)
+            self._sampler.start()
+        self._wake.set()
+
+    def _sample_forever(self) -> None:
+        while self.enabled:
+            if self.clock() - self._last_tick > IDLE:  # no answer running: sleep until the next step
+                self._wake.clear()
+                self._wake.wait()
+                with self._lock:
+                    self.samples.clear()
+            self.sample()
+            time.sleep(INTERVAL * random.uniform(0.5, 1.5))  # jittered: no beat with the decoder's steps
 
     def _allowed(self, runner, threads: int) -> bool:
         if runner is None:

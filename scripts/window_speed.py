@@ -28,14 +28,14 @@ WINDOW = textwrap.dedent('''
     from pathlib import Path
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
-    from app.history import HistoryStore
+    from app.history_db import ConversationDB
     from app.settings import SettingsStore
     from app.window import MainWindow
 
     home, prompts, strategy, limit = Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     import os; os.nice(int(os.environ.get("GUI_NICE", "0")))
     app = QApplication([])
-    w = MainWindow(SettingsStore(home / "config"), HistoryStore(home / "history"),
+    w = MainWindow(SettingsStore(home / "config"), ConversationDB(home / "conversations.db"),
                    overrides={"strategy": strategy, "max_new_tokens": limit})
     w.resize(1280, 800)
     if not os.environ.get("WINDOW_HIDDEN"):

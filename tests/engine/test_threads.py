@@ -1,10 +1,13 @@
 """The thread governor: fewer threads while other programs keep cores busy, never a changed bit."""
 
+import threading
+import time
+
 import pytest
 import torch
 
 from engine import decoder, threads
-from engine.threads import WINDOW, ThreadGovernor, same_bits
+from engine.threads import MIN_SAMPLES, WINDOW, ThreadGovernor, same_bits
 
 from .tiny import assert_greedy_identity, loaded, perturbed, tiny_model
 
@@ -18,22 +21,35 @@ def two_threads():
 
 
 class Machine:
-    """A stand-in for /proc/stat: `others` threads of other programs running, plus ours."""
+    """A stand-in for /proc and the clock: `others` threads of other programs running."""
 
     def __init__(self) -> None:
         self.others = 0
         self.now = 0.0
 
     def read(self) -> int:
-        return self.others + torch.get_num_threads()
+        return self.others
 
     def clock(self) -> float:
-        self.now += 1.01 * threads.INTERVAL
         return self.now
 
 
 def governed(machine: Machine, cores: int = 2) -> ThreadGovernor:
-    return ThreadGovernor(cores=cores, read=machine.read, clock=machine.clock)
+    return ThreadGovernor(cores=cores, read=machine.read, clock=machine.clock, background=False)
+
+
+def look(gov: ThreadGovernor, machine: Machine, pattern: list[int]) -> None:
+    """The sampler's looks, for one window, at a machine whose other programs run `pattern` threads in turn."""
+    for i in range(MIN_SAMPLES + 4):
+        machine.now += WINDOW / (MIN_SAMPLES + 4)
+        machine.others = pattern[i % len(pattern)]
+        gov.sample()
+
+
+def watch(gov: ThreadGovernor, machine: Machine, pattern: list[int], runner=None) -> int:
+    """`look`, then a decode step's tick."""
+    look(gov, machine, pattern)
+    return gov.tick(runner)
 
 
 @pytest.fixture(scope="module")
@@ -51,31 +67,32 @@ def test_busy_cores_take_threads_away_and_free_ones_give_them_back(target):
     machine, runner = Machine(), started(target)
     gov = governed(machine)
     assert gov.full == 2
-    machine.others = 1  # one busy program on two cores
-    counts = [gov.tick(runner) for _ in range(WINDOW)]
-    assert counts[: WINDOW - 1] == [2] * (WINDOW - 1) and counts[-1] == 1  # after a window of samples
-    machine.others = 3  # never below one thread
-    assert [gov.tick(runner) for _ in range(2 * WINDOW)][-1] == 1
-    machine.others = 0
-    assert [gov.tick(runner) for _ in range(WINDOW)][-1] == 2
+    assert gov.tick(runner) == 2  # no samples yet: nothing changes
+    assert watch(gov, machine, [1], runner) == 1  # one busy program on two cores
+    assert watch(gov, machine, [3], runner) == 1  # never below one thread
+    assert watch(gov, machine, [0], runner) == 2
+    assert watch(gov, machine, [1, 1, 1, 1, 0], runner) == 1  # busy four fifths of the time: a core taken
     assert runner.length == 20  # the bit check rolled the cache back
 
 
-def test_a_burst_shorter_than_the_window_changes_nothing(target):
+def test_a_program_that_runs_now_and_then_changes_nothing(target):
+    """A window drawing the streamed tokens runs a fraction of the time; so does a burst."""
     machine, runner = Machine(), started(target)
     gov = governed(machine)
-    for i in range(4 * WINDOW):
-        machine.others = 1 if i % WINDOW < WINDOW // 2 else 0  # busy less than half of each window
-        assert gov.tick(runner) == 2
+    for pattern in ([1, 0, 0], [0, 0, 0, 0, 2], [1, 0, 1, 0, 0]):
+        assert watch(gov, machine, pattern, runner) == 2
 
 
-def test_samples_are_taken_an_interval_apart():
-    reads = []
-    gov = ThreadGovernor(cores=2, read=lambda: reads.append(1) or 2, clock=lambda: 5.0)
-    reads.clear()
-    for _ in range(10):
-        gov.tick()
-    assert len(reads) == 1  # the clock never moved: one sample
+def test_old_samples_leave_the_window(target):
+    machine, runner = Machine(), started(target)
+    gov = governed(machine)
+    for _ in range(MIN_SAMPLES):
+        machine.now += 0.01
+        machine.others = 1
+        gov.sample()
+    machine.now += 2 * WINDOW  # the busy spell ended a while ago
+    assert watch(gov, machine, [0], runner) == 2
+    assert all(t >= machine.now - WINDOW for t, _ in gov.samples)
 
 
 def test_a_count_that_changes_bits_is_never_used(target, monkeypatch):
@@ -83,10 +100,10 @@ def test_a_count_that_changes_bits_is_never_used(target, monkeypatch):
     gov = governed(machine)
     checks = []
     monkeypatch.setattr(threads, "same_bits", lambda r, n, full: checks.append(n) or False)
-    machine.others = 1
-    assert [gov.tick(runner) for _ in range(3 * WINDOW)][-1] == 2
+    for _ in range(3):
+        assert watch(gov, machine, [1], runner) == 2
     assert checks == [1]  # checked once for this model, remembered
-    assert gov.tick(None) == 2  # nothing to check with: the count stays
+    assert watch(gov, machine, [1], None) == 2  # nothing to check with: the count stays
 
 
 def test_same_bits_compares_a_step_and_a_verify_pass_and_rolls_back(target):
@@ -103,28 +120,52 @@ def test_one_busy_program_still_leaves_a_many_core_machine_most_threads():
     machine = Machine()
     torch.set_num_threads(8)
     gov = governed(machine, cores=8)
-    machine.others = 3
-    for _ in range(WINDOW):
-        gov.tick(None)  # no runner to check bits with: samples only
+    watch(gov, machine, [3], None)  # no runner to check bits with: the count stays
     assert gov.wanted() == 5 and torch.get_num_threads() == 8
 
 
 def test_greedy_answers_stay_the_targets_own_while_the_thread_count_flips(target, monkeypatch):
-    """Every decode step sees a machine that swings between busy and idle: the count changes all the
+    """The machine swings between busy and idle every few decode steps: the count changes all the
     time, and prompt lookup and a draft model still give `none`'s tokens."""
     machine = Machine()
     gov = governed(machine)
-    flips = []
+    counts = []
     original = gov.tick
 
     def tick(runner=None):
-        machine.others = 1 - machine.others if len(flips) % WINDOW == 0 else machine.others
-        flips.append(original(runner))
-        return flips[-1]
+        look(gov, machine, [len(counts) // 3 % 2])  # one busy program, then none, three steps each
+        counts.append(original(runner))
+        return counts[-1]
 
     monkeypatch.setattr(gov, "tick", tick)
     monkeypatch.setattr(decoder, "governor", lambda: gov)
     draft = loaded(perturbed(tiny_model(vocab=64, layers=2, seed=3), scale=0.05))
     for strategy in ("prompt-lookup", "draft-model"):
         assert_greedy_identity(target, draft, strategy, {}, trials=4, longest_prompt=40, max_new_tokens=40)
-    assert {1, 2} <= set(flips)
+    assert {1, 2} <= set(counts)
+
+
+def test_the_sampler_runs_in_the_background_while_steps_come():
+    gov = ThreadGovernor(cores=2, read=lambda: 0)
+    assert gov.enabled
+    try:
+        gov.tick()
+        time.sleep(0.3)
+        assert len(gov.samples) >= 4 and gov._sampler.is_alive()
+    finally:
+        gov.enabled = False
+        gov._wake.set()
+
+
+def test_our_own_threads_are_not_counted_as_other_programs():
+    stop = threading.Event()
+    spinning = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
+    spinning.start()
+    try:
+        assert threads.own_running() >= 1  # this thread, reading
+        total, others = threads.procs_running(), threads.others_running()
+        if total is not None:
+            assert others is not None and others <= total - 1
+    finally:
+        stop.set()
+        spinning.join()
