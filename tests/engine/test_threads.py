@@ -1,6 +1,5 @@
 """The thread governor: fewer threads while other programs keep cores busy, never a changed bit."""
 
-import threading
 import time
 
 import pytest
@@ -151,21 +150,18 @@ def test_the_sampler_runs_in_the_background_while_steps_come():
     try:
         gov.tick()
         time.sleep(0.3)
-        assert len(gov.samples) >= 4 and gov._sampler.is_alive()
+        assert len(gov.samples) >= 2 and gov._sampler.is_alive()  # about 12 on a quiet machine
     finally:
         gov.enabled = False
         gov._wake.set()
 
 
-def test_our_own_threads_are_not_counted_as_other_programs():
-    stop = threading.Event()
-    spinning = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
-    spinning.start()
-    try:
-        assert threads.own_running() >= 1  # this thread, reading
-        total, others = threads.procs_running(), threads.others_running()
-        if total is not None:
-            assert others is not None and others <= total - 1
-    finally:
-        stop.set()
-        spinning.join()
+def test_our_own_threads_are_not_counted_as_other_programs(monkeypatch):
+    assert threads.own_running() >= 1  # this thread, reading its own state
+    monkeypatch.setattr(threads, "procs_running", lambda: 5)
+    monkeypatch.setattr(threads, "own_running", lambda: 3)
+    assert threads.others_running() == 2
+    monkeypatch.setattr(threads, "own_running", lambda: 7)  # read a moment apart: never below zero
+    assert threads.others_running() == 0
+    monkeypatch.setattr(threads, "procs_running", lambda: None)  # no /proc: unknown
+    assert threads.others_running() is None
