@@ -55,16 +55,17 @@ PROBE_TRIES = 4  # products of a shape probed, each with its own random rows (st
 
 
 @torch.inference_mode()
-def probe_stable_rows(product, dtype: torch.dtype, device: torch.device, seed: int = 0) -> int:
+def probe_stable_rows(product, dtype: torch.dtype, device: torch.device, seed: int = 0, least: int = 1) -> int:
     """How a single step must call this product so that a row gets the bits it gets inside any verify
     pass (up to VERIFY_ROWS_MAX rows): 1 when a lone row does (the prepacked and int4 products here), 2
     when only two identical rows do (F.linear, which has a one-row kernel of its own), 0 when neither.
     Kernels differ between CPUs, so this is measured where the model loads. A different bit is rare (a
     few of a call's 32 x 576 results), so one draw of random rows can miss it: callers probe several
-    products of a shape with different `seed`s (`stable_rows_of`)."""
+    products of a shape with different `seed`s (`stable_rows_of`). `least`: the fewest rows worth trying
+    (2 where another product of the shape already needed two)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     x = torch.randn(VERIFY_ROWS_MAX, product.in_features, generator=gen).to(dtype=dtype, device=device)
-    for alone_rows in (1, 2):
+    for alone_rows in range(least, 3):
         alone = torch.cat([product(x[i : i + 1].expand(alone_rows, -1).contiguous())[:1] for i in range(len(x))])
         if all(torch.equal(product(x[:m]), alone[:m]) for m in _PROBE_ROWS if m >= alone_rows):
             return alone_rows
@@ -76,8 +77,12 @@ def stable_rows_of(products: list, dtype: torch.dtype, device: torch.device, tri
     the list (their weights differ, and so do the sums that round apart), each with its own draw; the
     most rows any needs, 0 when one needs more than two."""
     picks = sorted({round(i * (len(products) - 1) / max(1, tries - 1)) for i in range(tries)})
-    found = [probe_stable_rows(products[i], dtype, device, seed=n) for n, i in enumerate(picks)]
-    return 0 if 0 in found else max(found)
+    rows = 1
+    for n, i in enumerate(picks):
+        rows = probe_stable_rows(products[i], dtype, device, seed=n, least=rows)
+        if rows == 0:
+            break
+    return rows
 
 
 def in_rows(product, x: torch.Tensor) -> torch.Tensor:

@@ -183,11 +183,7 @@ class ThreadGovernor:
     def _allowed(self, runner, threads: int) -> bool:
         if runner is None:
             return False
-        model = getattr(runner, "model", runner)
-        try:
-            known = self.checked.setdefault(model, {})
-        except TypeError:  # not weakly referable: check every time
-            known = {}
+        known = self.checked.setdefault(getattr(runner, "model", runner), {})
         if threads not in known:
             known[threads] = same_bits(runner, threads, self.full)
         return known[threads]
