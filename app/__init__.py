@@ -1,7 +1,7 @@
 """Specula's desktop app (PySide6 + pyqtgraph).
 
 Its engine runs in a process of its own (`specula serve`, started and owned by `bridge.EngineBridge`);
-the app talks to it only through `engine.client` and reads the frozen events of `engine.events`. The
+the app talks to it only through `specula.engine.remote.client` and reads the frozen events of `specula.engine.api.events`. The
 app's process never imports torch: what it uses of the engine (`types`, `events`, `strategies`,
 `client`, `remote`, `paths`) is plain Python. The window paints first; the engine starts beside it.
 

@@ -1,10 +1,10 @@
 """The only door to the engine: a QObject that runs the engine in a process of its own (`specula serve`
 on a loopback port, with a random key) and turns what its client streams into a signal.
 
-Each request runs on a short-lived thread that reads its stream (`engine.client`) and emits `event`;
+Each request runs on a short-lived thread that reads its stream (`specula.engine.remote.client`) and emits `event`;
 Qt queues the emission to the GUI thread (the bridge lives there), so slots run on the GUI thread and
 the GUI never waits on the engine. The window's process never imports torch: the engine's events and
-request types are plain dataclasses (`engine.events`, `engine.types`).
+request types are plain dataclasses (`specula.engine.api.events`, `specula.engine.api.types`).
 
 If the engine process dies (killed, out of memory, a crash in a kernel) the running request ends with
 a `Failed` event that says so, the engine is started again in the background and the last model is
@@ -25,10 +25,11 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.events import Failed, Finished, Totals  # plain dataclasses: no torch
+from specula.engine.api.events import Failed, Finished, Totals  # plain dataclasses: no torch
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
@@ -66,11 +67,11 @@ class ModelChoice:
 
     def request(self):
         if self.remote:
-            from engine.remote.backend import RemoteLoadRequest
+            from specula.engine.api.types import RemoteLoadRequest
 
             return RemoteLoadRequest(self.server_url, self.server_model, self.api_key_env, self.baseline_url,
                                      self.verify_tls, allow_http_key=self.allow_http_key)
-        from engine.types import LoadRequest, ModelSpec
+        from specula.engine.api.types import LoadRequest, ModelSpec
 
         spec = ModelSpec(self.source, device=self.device, dtype=self.dtype, weights=self.weights)
         return LoadRequest(spec, draft=self.draft or None, measure_baseline=self.measure_baseline)
@@ -91,7 +92,7 @@ class ChildEngine:
     def start(self) -> tuple[str, str]:
         env = {**os.environ, KEY_ENV: self.key}
         # a bundle (PyInstaller) has no `python -m`: its executable runs the command line after --engine
-        engine = [sys.executable, "--engine"] if getattr(sys, "frozen", False) else [sys.executable, "-m", "engine.cli"]
+        engine = [sys.executable, "--engine"] if getattr(sys, "frozen", False) else [sys.executable, "-m", "specula.engine.cli"]
         command = engine + ["serve", "--no-model", "--port", "0", "--api-key-env", KEY_ENV, "--announce",
                             "--exit-with-parent"]
         self.proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -137,47 +138,15 @@ class ChildEngine:
                 proc.kill()
 
 
-class ThreadEngine:
-    """The same server on a thread of this process, around a given Session (tests' tiny models)."""
-
-    def __init__(self, session) -> None:
-        self.session = session
-        self.server = None
-
-    def start(self) -> tuple[str, str]:
-        from engine.runner import Runner
-        from engine.serve_cmd import ServerThread
-        from engine.server.app import create_app
-        from engine.server.service import EngineService
-
-        key = secrets.token_urlsafe(16)
-        self.server = ServerThread(create_app(EngineService(Runner(session=self.session)), strategy="none", api_key=key))
-        return self.server.url, key
-
-    def wait(self) -> int:
-        if self.server is not None:
-            self.server.done.wait()
-        return 0
-
-    pid = None  # no process of its own
-
-    def exit_code(self, within_s: float) -> int | None:
-        return None  # it never dies apart from this process
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-
-
 class EngineBridge(QObject):
-    event = Signal(object)  # an engine.events event, delivered on the GUI thread
+    event = Signal(object)  # an specula.engine.api.events event, delivered on the GUI thread
     notice = Signal(str)  # a line for the status bar while the engine starts
 
-    def __init__(self, session=None, parent: QObject | None = None, engine=None) -> None:
+    def __init__(self, parent: QObject | None = None, engine: Callable[[], object] | None = None) -> None:
+        """`engine` makes the engine to talk to (start, wait, stop, pid, exit_code), again after it dies:
+        by default a `specula serve` child process (tests pass one around a tiny model in this process)."""
         super().__init__(parent)
-        self._session = session
-        self._make_engine = (lambda: engine) if engine is not None else (
-            (lambda: ThreadEngine(session)) if session is not None else ChildEngine)
+        self._make_engine = engine or ChildEngine
         self._engine = None
         self._client = None
         self._lock = threading.Lock()
@@ -185,7 +154,7 @@ class EngineBridge(QObject):
         self._starting = False
         self._closed = False
         self._ids = itertools.count(1)
-        self._calls: dict[int, object] = {}  # request id -> engine.client.Call, while it streams
+        self._calls: dict[int, object] = {}  # request id -> specula.engine.remote.client.Call, while it streams
         self._last_choice: ModelChoice | None = None
         self.current: int | None = None  # the running generation's request id
         self.restarts = 0  # times the engine process died and was started again
@@ -203,7 +172,7 @@ class EngineBridge(QObject):
 
     def _start_engine(self) -> None:
         """Start the engine process and its client (on a helper thread), then send what waited."""
-        from engine.client import EngineClient
+        from specula.engine.remote.client import EngineClient
 
         engine = self._make_engine()
         try:
@@ -301,7 +270,7 @@ class EngineBridge(QObject):
         return rid
 
     def send(self, request) -> int:
-        """Start a generation (an engine.types.GenerateRequest); returns its request id. While the engine
+        """Start a generation (an specula.engine.api.types.GenerateRequest); returns its request id. While the engine
         (re)starts it waits, behind the model's load."""
         self.current = next(self._ids)
         self._run(self.current, request)

@@ -3,12 +3,20 @@ token formats, the summary line and the row of action links. No state beyond the
 
 from __future__ import annotations
 
-from PySide6.QtGui import (QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument,
-                           QTextFrame, QTextFrameFormat)
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextFrame,
+    QTextFrameFormat,
+)
 
-from . import actions
-from .history import TokenRecord
-from .theme import OriginColours
+from specula.app import actions
+from specula.app.history import TokenRecord
+from specula.app.theme import OriginColours
 
 LINK_GAP = "\u2003"  # an em space between action links
 

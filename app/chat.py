@@ -16,20 +16,18 @@ few seconds and with the next save, until it works (`store_recovered`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-
 import threading
 import time
+from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from engine.events import Failed, Finished, ServerStats, Started, Step  # plain dataclasses: no torch
-
-from .fit import drop_oldest, dropped_note, is_context_error
-from .history import Conversation, TokenRecord, Turn, chat_messages, new_id
-from .history_db import ConversationDB, StoreError
-from .settings import Settings
-from .tokens import step_records, summary, totals_of
+from specula.app.fit import drop_oldest, dropped_note, is_context_error
+from specula.app.history import Conversation, TokenRecord, Turn, chat_messages, new_id
+from specula.app.history_db import ConversationDB, StoreError
+from specula.app.settings import Settings
+from specula.app.tokens import step_records, summary, totals_of
+from specula.engine.api.events import Failed, Finished, ServerStats, Started, Step  # plain dataclasses: no torch
 
 
 @dataclass
@@ -449,10 +447,9 @@ def build_request(messages: tuple, s: Settings, token_probs: bool = True):
     """An engine GenerateRequest for these messages and settings (imports the engine: call it once a
     model is loaded); `token_probs`: each draft token's probabilities, for hovering it (a timed run leaves
     them out: they cost a softmax a step)."""
-    from engine.strategies import default_k
-    from engine.types import DecodeConfig, GenerateRequest, SamplingParams
+    from specula.engine.api.types import DecodeConfig, GenerateRequest
 
-    params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
-    config = DecodeConfig(k=s.k or default_k(s.strategy), adaptive_k=s.adaptive_k, max_new_tokens=s.max_new_tokens,
-                          params=params, seed=s.seed, token_probs=token_probs)
+    config = DecodeConfig.for_strategy(s.strategy, s.k or None, temperature=s.temperature, top_k=s.top_k,
+                                       top_p=s.top_p, adaptive_k=s.adaptive_k, max_new_tokens=s.max_new_tokens,
+                                       seed=s.seed, token_probs=token_probs)
     return GenerateRequest(messages, s.strategy, config, chat=True, options=s.strategy_options())

@@ -23,14 +23,14 @@ from PySide6.QtCore import QEvent, QPoint, QTimer, QUrl, Signal
 from PySide6.QtGui import QTextCursor, QTextFrame
 from PySide6.QtWidgets import QFrame, QTextBrowser, QToolTip
 
-from . import actions
-from .bubbles import BubblePainter
-from .compare import Comparison
-from .comparecard import card_html, card_title
-from .history import TokenRecord, Turn
-from .markdown import insert_coloured_markdown, insert_markdown, insert_with_code
-from .theme import OriginColours, is_dark, palette_for
-from .tokens import tooltip
+from specula.app import actions
+from specula.app.bubbles import BubblePainter
+from specula.app.compare import Comparison
+from specula.app.comparecard import card_html, card_title
+from specula.app.history import TokenRecord, Turn
+from specula.app.markdown import insert_coloured_markdown, insert_markdown, insert_with_code
+from specula.app.theme import OriginColours, is_dark, palette_for
+from specula.app.tokens import tooltip
 
 FLUSH_MS = 100  # streamed tokens reach the transcript at most this often
 SHOWN_TOKENS = 400  # about how much of a conversation is drawn when it opens (and per "earlier" page)

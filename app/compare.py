@@ -13,10 +13,9 @@ from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.events import Failed, Finished, Started, Step  # plain dataclasses: no torch
-
-from .fit import drop_oldest, is_context_error
-from .settings import Settings
+from specula.app.fit import drop_oldest, is_context_error
+from specula.app.settings import Settings
+from specula.engine.api.events import Failed, Finished, Started, Step  # plain dataclasses: no torch
 
 PLAIN = "none"
 
@@ -130,7 +129,7 @@ class CompareController(QObject):
 
     # -- internals ----------------------------------------------------------------------------------
     def _send(self, strategy: str) -> None:
-        from .chat import build_request
+        from specula.app.chat import build_request
 
         self._started = False
         self._update(running=strategy)

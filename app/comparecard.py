@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from html import escape
 
-from engine.metrics import speedup_text
-
-from .compare import Comparison, RunResult
-from .theme import OriginColours
+from specula.app.compare import Comparison, RunResult
+from specula.app.theme import OriginColours
+from specula.engine.api.metrics import speedup_text
 
 PLAIN_LABEL = "plain decoding (none)"
 GAP = "&nbsp;&nbsp;·&nbsp;&nbsp;"

@@ -14,8 +14,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QHBoxLayout, QLabel, QSpinBox, QWidget
 
-from .settings import K_LIMIT, MAX_NEW_TOKENS_LIMIT, Settings
-
+from specula.app.settings import K_LIMIT, MAX_NEW_TOKENS_LIMIT, Settings
 
 SERVER_TIP = ("The server's own speculative decoding: it is configured where the server is started "
               "(e.g. vLLM's --speculative-config)")

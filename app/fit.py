@@ -8,7 +8,7 @@ until only the newest message is left, when the engine's error is shown.
 
 from __future__ import annotations
 
-CONTEXT_ERROR = "ContextTooLongError"  # engine.errors.ContextTooLongError, as Failed.kind names it
+CONTEXT_ERROR = "ContextTooLongError"  # specula.engine.api.errors.ContextTooLongError, as Failed.kind names it
 
 
 def is_context_error(failed) -> bool:

@@ -12,7 +12,6 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 
-
 FORMAT = 1
 TITLE_CHARS = 48
 
@@ -20,7 +19,7 @@ TITLE_CHARS = 48
 @dataclass(frozen=True)
 class TokenRecord:
     text: str
-    origin: str  # an engine.events.Origin value: draft, correction, bonus, target, rejected
+    origin: str  # an specula.engine.api.events.Origin value: draft, correction, bonus, target, rejected
     step: int = 0
     draft_pos: int | None = None
     p: float | None = None
@@ -151,7 +150,7 @@ def chat_messages(conversation: Conversation, system_prompt: str = "") -> tuple:
     message that failed (a prompt too long for the model would otherwise break every later turn), or
     whose answer was interrupted (with the part of the answer there is): an unanswered message would
     otherwise run into the next one."""
-    from engine.prompts import Message
+    from specula.engine.api.prompts import Message
 
     head = (Message("system", system_prompt),) if system_prompt.strip() else ()
     turns = conversation.turns

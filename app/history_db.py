@@ -21,8 +21,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from .history import Conversation, TokenRecord, Turn
-from .storage import read_json, set_aside
+from specula.app.history import Conversation, TokenRecord, Turn
+from specula.app.storage import read_json, set_aside
 
 SCHEMA_VERSION = 1
 
@@ -67,7 +67,7 @@ class StoreError(Exception):
 class ConversationDB:
     def __init__(self, path: Path | None = None, legacy_folder: Path | None = None) -> None:
         if path is None:
-            from engine.paths import data_dir
+            from specula.engine.api.paths import data_dir
 
             path = data_dir() / "conversations.db"
             legacy_folder = legacy_folder or data_dir() / "conversations"

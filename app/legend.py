@@ -5,9 +5,9 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, Signal
 from PySide6.QtWidgets import QCheckBox, QLabel, QWidget
 
-from .flow import FlowLayout
-from .theme import LEGEND, OriginColours, is_dark, palette_for
-from .tokens import ORIGIN_NAMES
+from specula.app.flow import FlowLayout
+from specula.app.theme import LEGEND, OriginColours, is_dark, palette_for
+from specula.app.tokens import ORIGIN_NAMES
 
 
 class LegendBar(QWidget):

@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--max-new-tokens must be at least 1")
     if args.baseline_server is not None and args.server is None:
         parser.error("--baseline-server needs --server")
-    from engine.remote.http import RemoteError, normalize_url  # torch-free
+    from specula.engine.remote.http import RemoteError, normalize_url  # torch-free
 
     for flag, url in (("--server", args.server), ("--baseline-server", args.baseline_server)):
         if url is not None:
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from PySide6.QtWidgets import QApplication
 
-    from .autopilot import Autopilot
-    from .window import MainWindow
+    from specula.app.autopilot import Autopilot
+    from specula.app.window import MainWindow
 
     _quiet_qt()
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -105,7 +105,7 @@ def _delete(window) -> None:
 
 
 def _name_the_app(app) -> None:
-    from engine.paths import APP_ID
+    from specula.engine.api.paths import APP_ID
 
     app.setApplicationName("Specula")
     app.setOrganizationName("Specula")

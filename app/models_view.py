@@ -9,7 +9,7 @@
   quantization), with bytes, speed and time left, Cancel, and resume after a cancel or a crash.
 
 Listing reads configs and tokenizers, and downloads talk to the network: both run on threads and report
-through signals, so the window never waits for them. `engine.hub` does the work (torch-free).
+through signals, so the window never waits for them. `specula.engine.remote.hub` does the work (torch-free).
 """
 
 from __future__ import annotations
@@ -20,11 +20,25 @@ from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QFileDialog, QHBoxLayout, QHeaderView,
-                               QInputDialog, QLabel, QLineEdit, QMessageBox, QProgressBar, QPushButton, QTableWidget,
-                               QTableWidgetItem, QVBoxLayout)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QDialog,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QInputDialog,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+)
 
-from .theme import mute
+from specula.app.theme import mute
 
 COLUMNS = ("Model", "Where", "Size", "Architecture", "Context", "Precision", "For the loaded model")
 WHERE = {"bundled": "bundled", "local": "added", "cache": "Hugging Face cache"}
@@ -99,7 +113,7 @@ class ModelsView(QDialog):
         self.recommended.addItem("Recommended…", None)
         self.recommended.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.recommended.setMinimumContentsLength(16)
-        from engine.hub import RECOMMENDED
+        from specula.engine.remote.hub import RECOMMENDED
 
         for item in RECOMMENDED:
             pairs = f", drafts with {item.draft_repo_id.split('/')[-1]}" if item.draft_repo_id else ""
@@ -137,7 +151,7 @@ class ModelsView(QDialog):
         current = self.window.settings.model_source
 
         def work() -> None:
-            from engine.hub import list_models
+            from specula.engine.remote.hub import list_models
 
             try:
                 found = list_models([*extra, current] if current not in extra else extra)
@@ -235,7 +249,7 @@ class ModelsView(QDialog):
             "cache? It can be downloaded again.") == QMessageBox.StandardButton.Yes)
         if not ask():
             return
-        from engine.hub import remove_from_cache
+        from specula.engine.remote.hub import remove_from_cache
 
         try:
             freed = remove_from_cache(entry)
@@ -248,7 +262,7 @@ class ModelsView(QDialog):
     def _add(self, path: str) -> None:
         if not path:
             return
-        from engine.hub import describe
+        from specula.engine.remote.hub import describe
 
         try:
             describe(path)
@@ -278,7 +292,7 @@ class ModelsView(QDialog):
             self._set_busy(repo, "Looking up the repository's GGUF files…")
 
             def look() -> None:
-                from engine.hub import gguf_files
+                from specula.engine.remote.hub import gguf_files
 
                 try:
                     found = gguf_files(repo)
@@ -313,7 +327,7 @@ class ModelsView(QDialog):
         self._first = None
 
         def work() -> None:
-            from engine.hub import Cancelled, download
+            from specula.engine.remote.hub import Cancelled, download
 
             try:
                 path = download(repo, filename, lambda done, total: self._emit(self._relay.progress, done, total),

@@ -1,7 +1,7 @@
 """Live plots of one generation (pyqtgraph): acceptance per step and rolling, tokens/s against the
 measured plain-decoding speed, live speedup, the accepted-length histogram and per-position acceptance.
 
-Slots only append to ring buffers and update `engine.metrics.LiveMetrics`; while a generation runs a
+Slots only append to ring buffers and update `specula.engine.api.metrics.LiveMetrics`; while a generation runs a
 timer pushes the buffers into one plot at a time (each plot four times a second), so a burst of steps
 costs one redraw and no single paint stalls the event loop for long: on a small machine the window shares
 its cores with the engine, and every millisecond it paints is taken from the engine.
@@ -19,14 +19,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QTimer, Qt
+from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QColor, QFont, QPalette
 from PySide6.QtWidgets import QGraphicsItem, QGridLayout, QLabel, QStackedLayout, QVBoxLayout, QWidget
 
-from engine.metrics import speedup_text
-
-from .ringbuffer import RingBuffer
-from .theme import is_dark, mute, palette_for
+from specula.app.ringbuffer import RingBuffer
+from specula.app.theme import is_dark, mute, palette_for
+from specula.engine.api.metrics import speedup_text
 
 REFRESH_MS = 50  # a tick refreshes one of the PARTS: each at 4 Hz
 PARTS = ("acceptance", "tps", "speedup", "bars", "stats")
@@ -56,8 +55,8 @@ class PlotsPanel(QWidget):
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.series = {name: RingBuffer() for name in SERIES}
-        self.metrics = None  # engine.metrics.LiveMetrics, created when a generation starts
-        self.baseline = None  # engine.metrics.BaselineCost of the loaded model
+        self.metrics = None  # specula.engine.api.metrics.LiveMetrics, created when a generation starts
+        self.baseline = None  # specula.engine.api.metrics.BaselineCost of the loaded model
         self.counters = False  # acceptance comes from a server's counters (server-wide), not from each step
         self._model_notes = ""  # the backend's notes about its numbers
         self.events: list = []  # the events of the generation drawn now, to draw it again later (see replay)
@@ -188,7 +187,7 @@ class PlotsPanel(QWidget):
 
     # -- slots --------------------------------------------------------------------------------------
     def set_model(self, loaded) -> None:
-        """A model was loaded or a server connected (engine.events.Loaded): its baseline, and for a server
+        """A model was loaded or a server connected (specula.engine.api.events.Loaded): its baseline, and for a server
         the notes on where its numbers come from."""
         self.baseline = loaded.baseline
         self.counters = loaded.capabilities.acceptance == "counters"
@@ -198,7 +197,7 @@ class PlotsPanel(QWidget):
 
     def begin(self) -> None:
         """A generation starts: clear the plots."""
-        from engine.metrics import LiveMetrics
+        from specula.engine.api.metrics import LiveMetrics
 
         self.metrics = LiveMetrics(self.baseline, window=ROLLING)
         for buffer in self.series.values():
@@ -240,7 +239,7 @@ class PlotsPanel(QWidget):
         s["rolling"].append(sum(a for _, a in self._recent) / sum(d for d, _ in self._recent))
 
     def add_server_stats(self, stats) -> None:
-        """A server's counters since the reply started (engine.events.ServerStats): a point for the
+        """A server's counters since the reply started (specula.engine.api.events.ServerStats): a point for the
         acceptance over the interval since the previous reading (when drafts were counted in it) and
         the cumulative acceptance; the per-position bars and the acceptance figure follow them."""
         if self.metrics is None:

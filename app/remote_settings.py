@@ -11,10 +11,19 @@ from __future__ import annotations
 import threading
 
 from PySide6.QtCore import QObject, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QMessageBox,
-                               QPushButton, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QPushButton,
+    QWidget,
+)
 
-from .settings import Settings
+from specula.app.settings import Settings
 
 BASELINE_TIP = ("Optional: the same model served without speculation, for a measured speedup (timed when "
                 "connecting)")
@@ -35,7 +44,7 @@ class RemoteSection(QWidget):
 
     def __init__(self, settings: Settings, parent=None) -> None:
         super().__init__(parent)
-        from engine.remote.keys import keyring_available  # torch-free
+        from specula.engine.remote.keys import keyring_available  # torch-free
 
         self.url = QLineEdit(settings.server_url)
         self.url.setPlaceholderText("http://127.0.0.1:8000 (an OpenAI-compatible server, e.g. vLLM)")
@@ -106,7 +115,7 @@ class RemoteSection(QWidget):
 
     def store_key(self) -> str | None:
         """Put a typed key in the OS keyring; None when done (or nothing to do), else why it failed."""
-        from engine.remote.keys import keyring_set
+        from specula.engine.remote.keys import keyring_set
 
         key = self.key.text().strip()
         if not key or not self.key.isEnabled():
@@ -138,8 +147,8 @@ class RemoteSection(QWidget):
 
     def _probe(self, number: int, url: str, model: str, key_env: str, verify_tls: bool, typed_key: str,
                allow_http_key: bool) -> None:
-        from engine.remote.backend import probe, server_for
-        from engine.remote.http import Server
+        from specula.engine.remote.backend import probe, server_for
+        from specula.engine.remote.http import Server
 
         try:
             server = server_for(url, key_env, verify_tls, allow_http_key=allow_http_key)

@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from .storage import read_json, remove_stale_temporaries, set_aside, write_json_atomic
+from specula.app.storage import read_json, remove_stale_temporaries, set_aside, write_json_atomic
 
 VERSION = 7
 BACKENDS = ("local", "remote")
-WEIGHTS = ("auto", "native", "dequantized")  # engine.paths.WEIGHT_NAMES (tested equal)
+WEIGHTS = ("auto", "native", "dequantized")  # specula.engine.api.paths.WEIGHT_NAMES (tested equal)
 FILE_NAME = "settings.json"
 K_LIMIT = 16  # the engine's adaptive bound (DecodeConfig.k_max)
 MAX_NEW_TOKENS_LIMIT = 32768
@@ -191,7 +191,7 @@ class Loaded:
 class SettingsStore:
     def __init__(self, folder: Path | None = None) -> None:
         if folder is None:
-            from engine.paths import config_dir
+            from specula.engine.api.paths import config_dir
 
             folder = config_dir()
         self.path = Path(folder) / FILE_NAME

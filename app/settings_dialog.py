@@ -9,14 +9,30 @@ from __future__ import annotations
 from dataclasses import replace
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
-                               QFrame, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QScrollArea,
-                               QSpinBox, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
-from .remote_settings import RemoteSection
-from .settings import Settings
-from .strategies_page import StrategiesPage
-from .theme import mute
+from specula.app.remote_settings import RemoteSection
+from specula.app.settings import Settings
+from specula.app.strategies_page import StrategiesPage
+from specula.app.theme import mute
 
 MODEL_HINT = "bundled, a Hugging Face Hub id (org/name), a local folder or a .gguf file"
 BACKENDS = (("Local engine", "local"), ("Remote server", "remote"))
@@ -32,7 +48,11 @@ class SettingsDialog(QDialog):
         self.setWindowTitle("Settings")
         self.setMinimumWidth(520)
         self._settings = settings
-        from engine.paths import DEVICE_NAMES, DTYPE_NAMES, WEIGHT_NAMES  # torch-free: the dialog may open before a model loads
+        from specula.engine.api.paths import (  # torch-free: the dialog may open before a model loads
+            DEVICE_NAMES,
+            DTYPE_NAMES,
+            WEIGHT_NAMES,
+        )
 
         self.backend = QComboBox()
         for text, value in BACKENDS:

@@ -8,8 +8,19 @@ from datetime import datetime, timedelta
 
 from PySide6.QtCore import QRect, Qt, QTimer, Signal
 from PySide6.QtGui import QPalette
-from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QLineEdit, QListWidget, QListWidgetItem, QMenu,
-                               QPushButton, QStyle, QStyledItemDelegate, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QPushButton,
+    QStyle,
+    QStyledItemDelegate,
+    QVBoxLayout,
+    QWidget,
+)
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 WHEN_ROLE = Qt.ItemDataRole.UserRole + 1  # when the chat last changed, short ("14:05", "Yesterday", "28 Nov")

@@ -4,11 +4,19 @@ otherwise, its options, which one is in use (the toolbar's choice: the two stay 
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QGridLayout, QHBoxLayout, QLabel, QRadioButton, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QCheckBox,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QRadioButton,
+    QVBoxLayout,
+    QWidget,
+)
 
-from .settings import Settings
-from .theme import mute
+from specula.app.settings import Settings
+from specula.app.theme import mute
 
 AUTO_MEMBERS = ("prompt-lookup", "lookahead", "eagle", "medusa")  # what auto chooses from, when it can
 
@@ -19,7 +27,7 @@ class StrategiesPage(QWidget):
         """`usable`: the strategies the loaded model can use (None: no model loaded yet); `options`: the
         option fields to show under a strategy (name -> [(label, widget)])."""
         super().__init__(parent)
-        from engine.strategies import STRATEGIES  # torch-free
+        from specula.engine.api.strategies import STRATEGIES  # torch-free
 
         self.usable = usable
         self.choice = QButtonGroup(self)

@@ -5,9 +5,8 @@ Pure functions over the frozen events (no Qt, no torch), so they are easy to tes
 
 from __future__ import annotations
 
-from engine.metrics import speedup_text
-
-from .history import TokenRecord
+from specula.app.history import TokenRecord
+from specula.engine.api.metrics import speedup_text
 
 ORIGIN_NAMES = {
     "draft": "accepted draft token",
@@ -23,7 +22,7 @@ INFERRED = "inferred from the server's stream chunks (the last token of a chunk 
 
 
 def record(token, inferred: bool = False) -> TokenRecord:
-    """An engine.events.Token as a plain record."""
+    """An specula.engine.api.events.Token as a plain record."""
     return TokenRecord(token.text, token.origin.value, token.step, token.draft_pos, token.p, token.q, token.branch,
                        inferred)
 

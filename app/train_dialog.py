@@ -6,10 +6,19 @@ progress and can cancel it. A cancelled run keeps its answers, and the next run 
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QDialog, QFormLayout, QHBoxLayout, QLabel, QProgressBar, QPushButton,
-                               QSpinBox, QVBoxLayout)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+)
 
-from engine.events import Failed, Loaded, Trained, Training  # plain dataclasses: no torch
+from specula.engine.api.events import Failed, Loaded, Trained, Training  # plain dataclasses: no torch
 
 KINDS = (
     ("eagle", "EAGLE: one decoder layer over the model's features (drafts best)"),
@@ -77,7 +86,7 @@ class TrainDialog(QDialog):
         return self.request_id is not None
 
     def start(self) -> None:
-        from engine.types import TrainRequest
+        from specula.engine.api.types import TrainRequest
 
         kind = self.kind.currentData()
         self.request_id = self.bridge.submit(TrainRequest(kind, tokens=self.tokens.value(), epochs=self.epochs.value()))

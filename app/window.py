@@ -14,26 +14,36 @@ from dataclasses import replace
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
-from PySide6.QtWidgets import (QApplication, QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QSizePolicy,
-                               QSplitter, QToolBar, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QApplication,
+    QDockWidget,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QSizePolicy,
+    QSplitter,
+    QToolBar,
+    QVBoxLayout,
+    QWidget,
+)
 
-from engine.events import Capabilities, Failed, Loaded, Loading  # plain dataclasses: no torch
-
-from . import actions
-from .bridge import EngineBridge, ModelChoice
-from .chat import ChatController
-from .compare import CompareController
-from .chatview import ChatView
-from .composer import Composer
-from .controls import Controls
-from .history_db import ConversationDB
-from .layout import restore_layout, save_layout
-from .legend import LegendBar
-from .notice import NoticeBar
-from .plots import PlotsPanel
-from .settings import Settings, SettingsStore
-from .sidebar import ConversationList
-from .theme import THEMES, apply_theme
+from specula.app import actions
+from specula.app.bridge import EngineBridge, ModelChoice
+from specula.app.chat import ChatController
+from specula.app.chatview import ChatView
+from specula.app.compare import CompareController
+from specula.app.composer import Composer
+from specula.app.controls import Controls
+from specula.app.history_db import ConversationDB
+from specula.app.layout import restore_layout, save_layout
+from specula.app.legend import LegendBar
+from specula.app.notice import NoticeBar
+from specula.app.plots import PlotsPanel
+from specula.app.settings import Settings, SettingsStore
+from specula.app.sidebar import ConversationList
+from specula.app.theme import THEMES, apply_theme
+from specula.engine.api.events import Capabilities, Failed, Loaded, Loading  # plain dataclasses: no torch
 
 STATE_COLOURS = {"starting": "#8d96a0", "loading": "#d29922", "ready": "#2da44e", "generating": "#0969da",
                  "failed": "#cf222e"}
@@ -293,7 +303,7 @@ class MainWindow(QMainWindow):
         return self.loaded.capabilities if self.loaded is not None else Capabilities()
 
     def _offer_strategies(self, usable) -> None:
-        from engine.strategies import STRATEGIES
+        from specula.engine.api.strategies import STRATEGIES
 
         wanted = self.settings.strategy
         chosen = self.controls.set_strategies(STRATEGIES, usable, wanted)
@@ -436,7 +446,7 @@ class MainWindow(QMainWindow):
         self.legend.show_rejected(show)
 
     def _open_settings(self) -> None:
-        from .settings_dialog import SettingsDialog, needs_reload
+        from specula.app.settings_dialog import SettingsDialog, needs_reload
 
         usable = tuple(self.loaded.strategies) if self.loaded is not None and self.can.strategies else None
         dialog = SettingsDialog(self.settings, self, usable)
@@ -461,7 +471,7 @@ class MainWindow(QMainWindow):
 
     def open_models(self) -> None:
         """The Models view (one per window)."""
-        from .models_view import ModelsView
+        from specula.app.models_view import ModelsView
 
         if self.models_view is None:
             self.models_view = ModelsView(self)
@@ -471,7 +481,7 @@ class MainWindow(QMainWindow):
 
     def open_training(self) -> None:
         """The draft-head training dialog (one per window; it keeps its state between openings)."""
-        from .train_dialog import TrainDialog
+        from specula.app.train_dialog import TrainDialog
 
         if self.loaded is None or not self.can.training:
             return
@@ -506,7 +516,7 @@ class MainWindow(QMainWindow):
 
         from PySide6.QtWidgets import QFileDialog
 
-        from .history import to_markdown
+        from specula.app.history import to_markdown
 
         if conversation_id not in self.chat.conversations:
             return
@@ -588,14 +598,14 @@ class MainWindow(QMainWindow):
 
 
 def _error_turn(message: str):
-    from .history import Turn
+    from specula.app.history import Turn
 
     return Turn("error", message)
 
 
 def _load_fields(settings: Settings) -> dict:
     """What chooses the model or server: a change to these is saved only once it loaded."""
-    from .settings_dialog import LOAD_KEYS
+    from specula.app.settings_dialog import LOAD_KEYS
 
     return {key: getattr(settings, key) for key in LOAD_KEYS}
 

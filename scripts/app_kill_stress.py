@@ -45,7 +45,7 @@ def rows(db: Path) -> list[tuple]:
 def start(data: Path, text: str, max_new_tokens: int) -> subprocess.Popen:
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "SPECULA_DATA_DIR": str(data),
            "HOME": str(data / "home"), "XDG_CONFIG_HOME": str(data / "config")}
-    return subprocess.Popen([sys.executable, "-m", "app.main", "--send", text, "--max-new-tokens",
+    return subprocess.Popen([sys.executable, "-m", "specula.app.main", "--send", text, "--max-new-tokens",
                              str(max_new_tokens), "--exit-after-reply"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -65,7 +65,7 @@ def wait_for(app: subprocess.Popen, db: Path, text: str, streaming: bool) -> lis
 def check(db: Path, before: list[tuple]) -> list[str]:
     """What is wrong with the database after a kill, compared with the rows seen just before it."""
     sys.path.insert(0, str(ROOT))
-    from app.history_db import ConversationDB
+    from specula.app.history_db import ConversationDB
 
     con = sqlite3.connect(db)
     integrity = con.execute("PRAGMA integrity_check").fetchone()[0]

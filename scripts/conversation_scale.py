@@ -16,8 +16,8 @@ from pathlib import Path
 
 
 def build(path: Path, turns: int) -> None:
-    from app.history import Conversation, TokenRecord, Turn
-    from app.history_db import ConversationDB
+    from specula.app.history import Conversation, TokenRecord, Turn
+    from specula.app.history_db import ConversationDB
 
     words = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do".split() * 20
     tokens = tuple(TokenRecord(w + " ", "draft" if j % 3 else "target", j, 0, 0.91, 0.83) for j, w in enumerate(words))
@@ -41,9 +41,9 @@ def main() -> None:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.chatview import ChatView
-    from app.history import Turn
-    from app.history_db import ConversationDB
+    from specula.app.chatview import ChatView
+    from specula.app.history import Turn
+    from specula.app.history_db import ConversationDB
 
     print(f"database: {args.db.stat().st_size / 1e6:.1f} MB")
     app = QApplication([])

@@ -19,7 +19,9 @@ out="$(realpath -m "${1:-./gpu-results}")"
 prompts="${PROMPTS:+$(realpath -m "$PROMPTS")}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root" || exit 2
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"  # scripts/*.py import engine, installed or not
+# scripts/*.py import specula.engine, installed or not: a specula/ folder of links to this tree's engine/ and app/
+ns=$(mktemp -d) && mkdir "$ns/specula" && ln -s "$root/engine" "$root/app" "$ns/specula/"
+export PYTHONPATH="$ns${PYTHONPATH:+:$PYTHONPATH}"
 prompts="${prompts:-$root/../shared/datasets/spec_bench/question.jsonl}"
 py="${PYTHON:-.venv/bin/python}"
 if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
@@ -76,7 +78,7 @@ for preset in $presets; do
         "$py" scripts/step_costs.py --model "$model" --device cuda --dtype bf16 --context 512 \
         --tokens 1,2,4,8,16,32,64 --repeats 20
     step "$preset: bench" "$out/$preset-bench.txt" \
-        "$py" -m engine.cli bench --model "$model" --device cuda --dtype bf16 --prompts "$prompts" \
+        "$py" -m specula.engine.cli bench --model "$model" --device cuda --dtype bf16 --prompts "$prompts" \
         --limit-per-category "${LIMIT:-2}" --strategies none,prompt-lookup,lookahead,auto --peers hf --max-new-tokens 64 \
         --out "$out/$preset-bench"
 done

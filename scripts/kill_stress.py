@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WRITER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
-    from app.history import Conversation, TokenRecord, Turn
-    from app.history_db import ConversationDB
+    from specula.app.history import Conversation, TokenRecord, Turn
+    from specula.app.history_db import ConversationDB
     db = ConversationDB({db!r})
     found, _ = db.load_all()
     conv = found[0] if found else Conversation("stress", "Stress")
@@ -54,7 +54,7 @@ def main() -> int:
     for path in (args.db, Path(f"{args.db}-wal"), Path(f"{args.db}-shm")):
         path.unlink(missing_ok=True)
     sys.path.insert(0, str(ROOT))
-    from app.history_db import ConversationDB
+    from specula.app.history_db import ConversationDB
 
     saved_total = 0
     for round_ in range(1, args.rounds + 1):

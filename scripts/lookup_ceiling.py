@@ -26,14 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.bench import load_items
-from engine.bench_report import SPEC_BENCH, spec_bench_group
-from engine.drafters.prompt_lookup import DRAFT_PER_MATCHED_TOKEN, longest_match
-from engine.events import Finished
-from engine.loading import ModelSpec
-from engine.prompts import Message, conversation
-from engine.session import GenerateRequest, LoadRequest, Session
-from engine.decoder import DecodeConfig
+from specula.engine.api.events import Finished
+from specula.engine.api.prompts import Message, conversation
+from specula.engine.api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
+from specula.engine.cli.bench.report import SPEC_BENCH, spec_bench_group
+from specula.engine.cli.bench.run import load_items
+from specula.engine.drafters.prompt_lookup import DRAFT_PER_MATCHED_TOKEN, longest_match
+from specula.engine.serving.session import Session
 
 
 def answers(session: Session, items, max_new: int) -> list[dict]:

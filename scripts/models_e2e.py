@@ -20,7 +20,10 @@ work = Path(tempfile.mkdtemp(prefix="models-e2e-"))
 repo_dir = work / "served"
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from engine.loading import ModelSpec, load_model
+
+from specula.engine.api.types import ModelSpec
+from specula.engine.models.loading import load_model
+
 tok = load_model(ModelSpec("bundled", device="cpu", dtype="fp32")).tokenizer
 cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=1, max_position_embeddings=512, eos_token_id=2, torch_dtype="float32")
@@ -28,15 +31,18 @@ torch.manual_seed(0)
 LlamaForCausalLM(cfg).save_pretrained(repo_dir)
 tok.save_pretrained(repo_dir)
 files = {p.name: p.read_bytes() for p in repo_dir.iterdir() if p.is_file()}
-from tests.engine.fake_hub import FakeHub
+from tests.support.fake_hub import FakeHub
+
 hub = FakeHub({"tiny-org/tiny-chat": files}).__enter__()
 hub.pause_s = 0.03
 os.environ.update(HF_ENDPOINT=hub.url, HF_HOME=str(work / "hf"), HF_HUB_DISABLE_IMPLICIT_TOKEN="1",
                   SPECULA_DATA_DIR=str(work / "data"), HOME=str(work / "home"))
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
+
 app = QApplication(sys.argv[:1])
-from app.window import MainWindow
+from specula.app.window import MainWindow
+
 w = MainWindow(overrides={"max_new_tokens": 24})
 w.show(); w.resize(1280, 800)
 state = {"phase": "start"}

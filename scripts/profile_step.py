@@ -15,13 +15,13 @@ import collections
 import time
 from pathlib import Path
 
-import engine.decoder as decoder
-from engine.detok import Detokenizer
-from engine.events import Finished
-from engine.generate_cmd import read_prompts
-from engine.loading import ModelSpec
-from engine.prompts import conversation
-from engine.session import GenerateRequest, LoadRequest, Session
+import specula.engine.decoding.loop as decoder
+from specula.engine.api.events import Finished
+from specula.engine.api.prompts import conversation
+from specula.engine.api.types import GenerateRequest, LoadRequest, ModelSpec
+from specula.engine.cli.common import read_prompts
+from specula.engine.decoding.detok import Detokenizer
+from specula.engine.serving.session import Session
 
 TIMES: collections.Counter = collections.Counter()
 
@@ -89,7 +89,7 @@ def main() -> None:
 
 
 def decoder_k(strategy: str) -> int:
-    from engine.drafters import default_k
+    from specula.engine.api.strategies import default_k
 
     return default_k(strategy)
 

@@ -7,7 +7,7 @@ The presets copy the shapes of real models (hidden size, layers, attention heads
 MLP width, tied embeddings), with two changes: the vocabulary is the bundled SmolLM2 tokenizer's
 49,152 tokens (its tokenizer files are copied into the folder) and the context window is 8,192. The
 weights are created directly on `--device` in `--dtype` and saved as safetensors, so the folder loads
-with `specula bench --model OUT_DIR` / `engine.loading.load_model`.
+with `specula bench --model OUT_DIR` / `specula.engine.models.loading.load_model`.
 
 Random weights produce random text. Acceptance rates, accepted lengths and speedups measured on such
 a model mean nothing; only the cost of a forward step (time per step for 1, 2, ... tokens, and the
@@ -61,7 +61,7 @@ def bundled_tokenizer_folder() -> Path:
     SPECULA_TOKENIZER names (a machine without the bundled model: a copy of those files)."""
     if os.environ.get("SPECULA_TOKENIZER"):
         return Path(os.environ["SPECULA_TOKENIZER"])
-    from engine.loading import _converted_gguf, bundled_gguf_path
+    from specula.engine.models.loading import _converted_gguf, bundled_gguf_path
 
     return _converted_gguf(bundled_gguf_path(), lambda text: print(text, file=sys.stderr))
 

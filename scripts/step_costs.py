@@ -3,7 +3,7 @@
 usage: python scripts/step_costs.py --model M [--device D] [--dtype T] [--step S] [--context N] [--tokens 1,2,4,8,16,32]
                                     [--repeats R] [--plain-rounding]
 
-The model is loaded the way the engine loads it (engine.loading.load_model, then a fresh runner), a
+The model is loaded the way the engine loads it (specula.engine.models.loading.load_model, then a fresh runner), a
 context of N random tokens is prefilled, and then, for every T in --tokens, a forward over T more tokens
 (all T rows of logits kept, as a verify pass keeps them) is timed R times, rolling the cache back to N
 after each. Prints a Markdown table of the median times and their ratio to a single-token step. On a GPU
@@ -22,7 +22,8 @@ import time
 
 import torch
 
-from engine.loading import ModelSpec, load_model
+from specula.engine.api.types import ModelSpec
+from specula.engine.models.loading import load_model
 
 
 def synchronize(device: torch.device) -> None:

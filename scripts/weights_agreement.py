@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from engine.bench import load_items
-from engine.decoder import DecodeConfig
-from engine.events import Finished
-from engine.loading import ModelSpec, load_model
-from engine.prompts import conversation, encode
-from engine.session import GenerateRequest, Session
+from specula.engine.api.events import Finished
+from specula.engine.api.prompts import conversation, encode
+from specula.engine.api.types import DecodeConfig, GenerateRequest, ModelSpec
+from specula.engine.cli.bench.run import load_items
+from specula.engine.models.loading import load_model
+from specula.engine.serving.session import Session
 
 
 def weight_errors(native) -> tuple[float, float, float]:

@@ -28,9 +28,9 @@ WINDOW = textwrap.dedent('''
     from pathlib import Path
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
-    from app.history_db import ConversationDB
-    from app.settings import SettingsStore
-    from app.window import MainWindow
+    from specula.app.history_db import ConversationDB
+    from specula.app.settings import SettingsStore
+    from specula.app.window import MainWindow
 
     home, prompts, strategy, limit = Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     import os; os.nice(int(os.environ.get("GUI_NICE", "0")))
@@ -75,7 +75,7 @@ WINDOW = textwrap.dedent('''
 
 
 def run_generate(prompts_file: Path, strategy: str, limit: int) -> list[dict]:
-    command = [sys.executable, "-m", "engine.cli", "generate", "--prompts", str(prompts_file), "--json", "--chat",
+    command = [sys.executable, "-m", "specula.engine.cli", "generate", "--prompts", str(prompts_file), "--json", "--chat",
                "--strategy", strategy, "--max-new-tokens", str(limit)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

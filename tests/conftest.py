@@ -20,7 +20,8 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def bundled_fp32():
     """The bundled SmolLM2-135M-Instruct in fp32 on the CPU (converted once, then cached)."""
-    from engine.loading import ModelSpec, load_model
+    from specula.engine.api.types import ModelSpec
+    from specula.engine.models.loading import load_model
 
     return load_model(ModelSpec("bundled", device="cpu", dtype="fp32"))
 
@@ -63,7 +64,7 @@ def other_vocab_folder(tmp_path_factory, tiny_folder):
 def vllm_server(tmp_path_factory):
     """A real vLLM server with n-gram speculation serving the bundled model (see tests/vllm_server.py);
     the test is skipped, with the reason, where one cannot be set up."""
-    from tests.vllm_server import Unavailable, start_server
+    from tests.support.vllm_server import Unavailable, start_server
 
     try:
         server = start_server("ngram", tmp_path_factory.mktemp("vllm"))

@@ -7,13 +7,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine import compiled
-from engine.decoder import DecodeConfig
-from engine.drafters import DRAFTERS
-from engine.events import Finished
-from engine.prompts import conversation
-from engine.sampling import SamplingParams
-from engine.session import GenerateRequest, Session
+from specula.engine.api.events import Finished
+from specula.engine.api.prompts import conversation
+from specula.engine.api.types import DecodeConfig, GenerateRequest, SamplingParams
+from specula.engine.cpu import step as compiled
+from specula.engine.drafters import DRAFTERS
+from specula.engine.serving.session import Session
 
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",

@@ -20,9 +20,9 @@ SCRIPT = textwrap.dedent('''
     from pathlib import Path
     from PySide6.QtCore import QElapsedTimer, QTimer
     from PySide6.QtWidgets import QApplication
-    from app.history_db import ConversationDB
-    from app.settings import SettingsStore
-    from app.window import MainWindow
+    from specula.app.history_db import ConversationDB
+    from specula.app.settings import SettingsStore
+    from specula.app.window import MainWindow
 
     home = Path(sys.argv[1])
     app = QApplication([])

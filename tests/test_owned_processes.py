@@ -7,14 +7,14 @@ import sys
 import textwrap
 import time
 
-from tests.vllm_server import ROOT
+from tests.support.vllm_server import ROOT
 
 
 def test_a_server_started_by_a_killed_test_run_dies_with_it():
     run = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        from tests.vllm_server import popen_owned
+        from tests.support.vllm_server import popen_owned
         server = popen_owned([sys.executable, "-c", "import time; time.sleep(600)"])
         print(server.pid, flush=True)
         time.sleep(600)

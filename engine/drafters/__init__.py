@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import SpeculaError
-from ..strategies import STRATEGIES, StrategyCard, default_k
+from ..api.errors import SpeculaError
+from ..api.strategies import STRATEGIES, StrategyCard, default_k
+from ..decoding.drafter import Draft, DraftContext, Drafter
 from .auto import Auto
-from .base import Draft, DraftContext, Drafter
 from .draft_model import DraftModel
 from .eagle import Eagle
 from .layer_skip import LayerSkip

@@ -21,10 +21,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..metrics import DraftLength
-from ..strategies import STRATEGIES
-from .base import Draft, DraftContext, empty_draft
+from ..api.strategies import STRATEGIES, default_k
+from ..decoding.drafter import Draft, DraftContext, empty_draft
+from ..decoding.length import DraftLength
+from ..heads.store import read_info
+from .eagle import Eagle
+from .lookahead import Lookahead
+from .medusa import Medusa
 from .prompt_lookup import PromptLookup, longest_match
+
+HEAD_DRAFTERS = {Eagle.name: Eagle, Medusa.name: Medusa}  # the members that a trained head makes
 
 EXPLORE_EVERY = 128
 WARMUP = 3  # full-length drafts of each choice before its figures are trusted (DraftLength's prior helps)
@@ -58,17 +64,12 @@ class Auto:
     @classmethod
     def build(cls, target, draft=None, heads=(), head=None, skip: str = "", **options) -> "Auto":
         """`skip`: comma-separated strategies auto must not use (prompt-lookup, lookahead, eagle, medusa)."""
-        from ..heads.eagle import read_info
-        from . import DRAFTERS
-
-        from .lookahead import Lookahead
-
         left_out = {name.strip() for name in (skip or "").split(",") if name.strip()}
-        members = {} if "lookahead" in left_out else {"lookahead": (Lookahead(), DRAFTERS["lookahead"].default_k)}
+        members = {} if "lookahead" in left_out else {"lookahead": (Lookahead(), default_k("lookahead"))}
         for folder in [*heads, *([head] if head else [])]:
             kind = read_info(Path(folder)).kind
-            if kind not in members and kind not in left_out and kind in DRAFTERS and target.uses_lean_forward:
-                members[kind] = (DRAFTERS[kind].build(target, draft, head=folder), DRAFTERS[kind].default_k)
+            if kind not in members and kind not in left_out and kind in HEAD_DRAFTERS and target.uses_lean_forward:
+                members[kind] = (HEAD_DRAFTERS[kind].build(target, draft, head=folder), default_k(kind))
         return cls(members, use_lookup="prompt-lookup" not in left_out)
 
     @property

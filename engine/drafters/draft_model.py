@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..errors import SpeculaError
-from ..strategies import STRATEGIES
+from ..api.errors import SpeculaError
+from ..api.strategies import STRATEGIES
 from .model_drafter import ModelDrafter
 
 

@@ -14,11 +14,10 @@ import time
 
 import torch
 
-from ..heads.eagle import head_for_strategy
-from ..sampling import process_logits, sample
-from ..strategies import STRATEGIES
-from .base import Draft, DraftContext, empty_draft
-
+from ..api.strategies import STRATEGIES
+from ..decoding.drafter import Draft, DraftContext, empty_draft
+from ..decoding.sampling import process_logits, sample
+from ..heads.store import head_for_strategy
 
 TREE_CHILDREN = 4  # children looked at per expanded node
 TREE_EXPAND = 3  # nodes expanded per level

@@ -4,8 +4,8 @@ Its cache is separate from the target's; the weights are shared."""
 
 from __future__ import annotations
 
-from ..errors import UnsupportedModelError
-from ..strategies import STRATEGIES
+from ..api.errors import UnsupportedModelError
+from ..api.strategies import STRATEGIES
 from .model_drafter import ModelDrafter
 
 

@@ -25,9 +25,9 @@ import random
 
 import torch
 
-from ..errors import SpeculaError
-from ..strategies import STRATEGIES
-from .base import Draft, DraftContext, empty_draft, sends_tree
+from ..api.errors import SpeculaError
+from ..api.strategies import STRATEGIES
+from ..decoding.drafter import Draft, DraftContext, empty_draft, sends_tree
 
 POOL_PER_KEY = 8  # n-grams kept per first token, newest last
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from ..heads.eagle import head_for_strategy
-from ..strategies import STRATEGIES
-from .base import Draft, DraftContext, empty_draft, sends_tree
+from ..api.strategies import STRATEGIES
+from ..decoding.drafter import Draft, DraftContext, empty_draft, sends_tree
+from ..heads.store import head_for_strategy
 
 # paths of guess ranks, e.g. (0, 1): head 0's best guess, then head 1's second best below it; parents
 # come before children. Ten nodes: on a CPU each extra node adds about 1 ms to a pass.

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ..forward import ModelRunner
-from ..sampling import SamplingParams, process_logits, sample
-from .base import Draft, DraftContext
+from ..api.types import SamplingParams
+from ..decoding.drafter import Draft, DraftContext
+from ..decoding.sampling import process_logits, sample
+from ..decoding.target import ModelRunner
 
 
 class ModelDrafter:

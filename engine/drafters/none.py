@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..strategies import STRATEGIES
-from .base import Draft, DraftContext, empty_draft
+from ..api.strategies import STRATEGIES
+from ..decoding.drafter import Draft, DraftContext, empty_draft
 
 
 class NoDraft:

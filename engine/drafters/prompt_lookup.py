@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import SpeculaError
-from ..strategies import STRATEGIES
-from .base import Draft, DraftContext, empty_draft
+from ..api.errors import SpeculaError
+from ..api.strategies import STRATEGIES
+from ..decoding.drafter import Draft, DraftContext, empty_draft
 
 DRAFT_PER_MATCHED_TOKEN = 2  # measured with the bench's prompts: longer drafts on weak matches cost more than they win
 

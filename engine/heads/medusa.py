@@ -3,7 +3,7 @@ token at t + 2 + i at once, without feeding guesses back. Each head is one resid
 h + SiLU(W h), read through the target's own final norm and LM head (frozen). The blocks start at zero,
 so an untrained head repeats the target's own next-token guess.
 
-Stored like an EAGLE head (head.safetensors + head.json, kind "medusa"); see engine/heads/eagle.py.
+Stored like an EAGLE head (head.safetensors + head.json, kind "medusa"); see store.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .eagle import HeadConfig
+from .config import HeadConfig
 
 
 class MedusaHead(nn.Module):

@@ -16,9 +16,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..errors import SpeculaError, TrainingCancelled, first_line
-from ..prompts import Message, encode
-from .eagle import EagleHead, HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
+from ..api.errors import SpeculaError, TrainingCancelled, first_line
+from ..api.prompts import Message, encode
+from .config import HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
+from .eagle import EagleHead
 from .medusa import MedusaHead
 
 TOPICS = (
@@ -520,7 +521,7 @@ class TrainResult:
 
 
 def default_out(model_name: str, kind: str) -> Path:
-    from ..paths import data_dir
+    from ..api.paths import data_dir
 
     slug = "".join(c if c.isalnum() else "-" for c in model_name.lower()).strip("-")[:60] or "model"
     return data_dir() / "heads" / f"{slug}-{kind}"
@@ -546,7 +547,7 @@ def run_training(target, o: TrainOptions, say: Callable[[str], None] = lambda s:
     """Generate answers (or continue an earlier run's), extract features, train, measure, save.
     `should_stop` is checked often; when it says so, TrainingCancelled is raised and the answers and
     the last checkpoint stay for the next run."""
-    from .eagle import save_head
+    from .store import save_head
 
     out = o.out or default_out(target.name, o.kind)
     # answers at most half the window long, so prompts fit beside them

@@ -20,9 +20,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
-from ..errors import SpeculaError, terminal_safe
-from ..events import REMOTE, BaselineCost, Finished, Loaded, ServerStats, Started, Step, Totals
+from ..api.errors import SpeculaError, terminal_safe
+from ..api.events import REMOTE, BaselineCost, Finished, Loaded, ServerStats, Started, Step, Totals
+from ..api.prompts import Message
+from ..api.types import DecodeConfig, GenerateRequest, RemoteLoadRequest
 from .chunks import ChunkReader, chunk_tokens, drop_stop_token
+from .client import EngineClient
 from .http import EventStream, RemoteError, Server, get_json, get_text
 from .keys import resolve_api_key
 from .telemetry import SpecCounters, parse_metrics
@@ -30,19 +33,6 @@ from .telemetry import SpecCounters, parse_metrics
 POLL_S = 0.25  # counters sampled four times a second while a reply streams
 PROBE_PROMPT = "Count from 1 to 200, separated by commas."
 PROBE_TOKENS = 64
-
-
-@dataclass(frozen=True)
-class RemoteLoadRequest:
-    """Connect to a server (the remote counterpart of session.LoadRequest)."""
-
-    server: str
-    model: str = ""  # empty: the server's first model
-    api_key_env: str = ""  # the environment variable holding the key; empty: the OS keyring, else none
-    baseline_server: str = ""  # the same model served without speculation, for a measured speedup
-    verify_tls: bool = True
-    use_keyring: bool = True
-    allow_http_key: bool = False  # the user allowed sending the key unencrypted to a host that is not this one
 
 
 @dataclass(frozen=True)
@@ -200,8 +190,6 @@ class RemoteBackend:
 def _specula_reply(info: ServerInfo, request, request_id: int, should_stop: Callable[[], bool]) -> Iterator:
     """A `specula serve` answer: the engine's own events, read from the stream's extension; the server
     uses its default strategy (the request's is this process's choice of a local one)."""
-    from ..client import EngineClient
-
     client = EngineClient(info.server.url, info.server.api_key, info.server.timeout_s, info.server.allow_http_key)
     call = client.call(replace(request, strategy="server"), request_id)
     stopping = False
@@ -216,10 +204,6 @@ def measure_plain(info: ServerInfo) -> BaselineCost:
     """Plain decoding speed of a server without speculation: the fastest of three timed answers of
     PROBE_TOKENS tokens (the first also warms the server up). Seconds per token, independent of the
     context length (b = 0)."""
-    from ..decoder import DecodeConfig
-    from ..prompts import Message
-    from ..session import GenerateRequest
-
     request = GenerateRequest((Message("user", PROBE_PROMPT),), config=DecodeConfig(max_new_tokens=PROBE_TOKENS))
     payload = chat_payload(info, request)
     if info.kind == "vllm":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 
-from ..events import Origin, Token
+from ..api.events import Origin, Token
 from .http import RemoteError
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Iterator
 from urllib.parse import urlsplit
 
-from ..errors import ContextTooLongError, SpeculaError, first_line
+from ..api.errors import ContextTooLongError, SpeculaError, first_line
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 120.0  # the longest silence inside a stream (a long prompt's prefill comes first)

@@ -44,7 +44,7 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def tiny_models():
-    from tests.engine.tiny import perturbed, tiny_model
+    from tests.support.tiny import perturbed, tiny_model
 
     target = tiny_model(vocab=64, seed=2)
     return target, perturbed(target, scale=0.05)
@@ -53,9 +53,9 @@ def tiny_models():
 @pytest.fixture()
 def tiny_session(tiny_models):
     """A Session whose `load` adopts the tiny models (the draft is a perturbed copy of the target)."""
-    from engine.metrics import BaselineCost
-    from engine.session import Session
-    from tests.engine.tiny import loaded
+    from specula.engine.api.events import BaselineCost
+    from specula.engine.serving.session import Session
+    from tests.support.tiny import loaded
 
     target_model, draft_model = tiny_models
     session = Session()
@@ -75,7 +75,7 @@ def tiny_session(tiny_models):
 
 def saved_history(tmp_path):
     """The conversations database the test windows use."""
-    from app.history_db import ConversationDB
+    from specula.app.history_db import ConversationDB
 
     return ConversationDB(tmp_path / "history" / "conversations.db")
 
@@ -83,15 +83,16 @@ def saved_history(tmp_path):
 @pytest.fixture()
 def make_window(qtbot, tmp_path, tiny_session):
     """make_window(**overrides) -> a shown MainWindow whose tiny model is loaded and ready."""
-    from app.bridge import EngineBridge
-    from app.settings import SettingsStore
-    from app.window import MainWindow
+    from specula.app.bridge import EngineBridge
+    from specula.app.settings import SettingsStore
+    from specula.app.window import MainWindow
+    from tests.support.engines import ThreadEngine
 
     windows = []
 
     def make(**overrides):
         w = MainWindow(SettingsStore(tmp_path / "config"), saved_history(tmp_path),
-                       EngineBridge(session=tiny_session), overrides=overrides)
+                       EngineBridge(engine=lambda: ThreadEngine(tiny_session)), overrides=overrides)
         qtbot.addWidget(w)
         w.show()
         w.start()
@@ -113,7 +114,7 @@ def wait_reply(qtbot, window, timeout=60_000):
 
 def action_links(view) -> list[tuple[str, int, int]]:
     """(action name, item index, document position) of every action link in the transcript."""
-    from app import actions
+    from specula.app import actions
 
     out = []
     block = view.document().begin()

@@ -10,11 +10,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextFormat
 from PySide6.QtWidgets import QApplication
 
-from app import actions
-from app.history import Conversation, TokenRecord, Turn
-
-from .conftest import action_links, click_link, saved_history, snap, wait_reply
-from .test_streaming import colours_in, fragments
+from specula.app import actions
+from specula.app.history import Conversation, TokenRecord, Turn
+from tests.app.conftest import action_links, click_link, saved_history, snap, wait_reply
+from tests.app.test_streaming import colours_in, fragments
 
 
 def roles(window) -> list[str]:

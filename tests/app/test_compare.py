@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.metrics import speedup_text
-
-from app.compare import Comparison, RunResult
-
-from .conftest import hold_after_step, saved_history, snap, wait_reply
+from specula.app.compare import Comparison, RunResult
+from specula.engine.api.metrics import speedup_text
+from tests.app.conftest import hold_after_step, saved_history, snap, wait_reply
 
 
 def spy_requests(window) -> list:
@@ -70,8 +68,8 @@ def test_the_compare_card_says_when_outputs_differ():
     fast = RunResult("draft-model", (1, 2, 9, 4), 4, 25.0, 0.5, "length", 2.41, 0.3)
     card = Comparison("draft-model", 7, 0.8, plain, fast)
     assert card.speedup == pytest.approx(2.5) and card.identical is False and card.first_difference == 2
-    from app.comparecard import card_html
-    from app.theme import LIGHT
+    from specula.app.comparecard import card_html
+    from specula.app.theme import LIGHT
 
     html = card_html(card, LIGHT)
     assert "outputs differ" in html and "from token 3" in html and "2.50×" in html and "Sampling" in html

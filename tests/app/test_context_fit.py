@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from app.fit import drop_oldest
-
-from .conftest import click_link, saved_history, snap, wait_reply
+from specula.app.fit import drop_oldest
+from tests.app.conftest import click_link, saved_history, snap, wait_reply
 
 
 def test_oldest_turns_are_left_out_to_fit_the_context_window(make_window, qtbot, tmp_path, tiny_session):
@@ -64,7 +63,7 @@ def test_a_newest_message_too_long_on_its_own_shows_the_engine_error(make_window
 
 
 def test_drop_oldest_keeps_the_system_prompt_and_starts_with_a_user_turn():
-    from engine.prompts import Message
+    from specula.engine.api.prompts import Message
 
     s, u1, a1, u2, a2, u3 = (Message("system", "s"), Message("user", "1"), Message("assistant", "1"),
                              Message("user", "2"), Message("assistant", "2"), Message("user", "3"))

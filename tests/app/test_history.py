@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from app.history import Conversation, TokenRecord, Turn, chat_messages, new_id
-from app.history_db import ConversationDB
-from app.sidebar import WHEN_ROLE
-
-from .conftest import click_link, saved_history, snap, wait_reply
+from specula.app.history import Conversation, TokenRecord, Turn, chat_messages, new_id
+from specula.app.history_db import ConversationDB
+from specula.app.sidebar import WHEN_ROLE
+from tests.app.conftest import click_link, saved_history, snap, wait_reply
 
 
 def sample() -> Conversation:
@@ -126,7 +125,7 @@ def test_a_failed_save_keeps_everything_says_where_and_is_retried(make_window, q
 def test_the_chat_list_dates_a_chat_by_its_last_message():
     from datetime import datetime
 
-    from app.sidebar import when_text
+    from specula.app.sidebar import when_text
 
     now = datetime(2026, 12, 1, 15, 30).timestamp()
     at = lambda *when: datetime(*when).timestamp()  # noqa: E731
@@ -175,7 +174,7 @@ def test_search_finds_chats_by_their_words_and_a_chat_exports_as_markdown_and_js
 def test_a_long_conversation_opens_at_its_end_and_shows_earlier_turns_on_demand(make_window, qtbot, tmp_path):
     from PySide6.QtCore import QUrl
 
-    from app.chatview import EARLIER
+    from specula.app.chatview import EARLIER
 
     conv = Conversation("long", "A long one")
     for i in range(300):
@@ -214,7 +213,7 @@ def test_only_the_open_chat_is_read_at_start_and_the_others_when_chosen(make_win
 
 def test_a_large_chat_is_read_in_the_background_and_takes_messages_once_read(make_window, qtbot, tmp_path,
                                                                                monkeypatch):
-    from app.chat import ChatController
+    from specula.app.chat import ChatController
 
     store = saved_history(tmp_path)
     store.save(replace(Conversation("big", "Big").with_turn(Turn("user", "big question")), updated=1.0))

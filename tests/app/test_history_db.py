@@ -13,8 +13,8 @@ import textwrap
 
 import pytest
 
-from app.history import Conversation, TokenRecord, Turn, chat_messages, to_markdown
-from app.history_db import ConversationDB, StoreError
+from specula.app.history import Conversation, TokenRecord, Turn, chat_messages, to_markdown
+from specula.app.history_db import ConversationDB, StoreError
 
 
 def answer(text: str) -> Turn:
@@ -110,8 +110,8 @@ def test_every_save_before_a_kill_is_there(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {os.getcwd()!r})
-        from app.history import Conversation, Turn
-        from app.history_db import ConversationDB
+        from specula.app.history import Conversation, Turn
+        from specula.app.history_db import ConversationDB
         db = ConversationDB({str(tmp_path / "c.db")!r})
         conv = Conversation("k")
         for i in range(40):

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 from PySide6.QtGui import QImage
 
-from app.autopilot import Autopilot
-from app.main import main, overrides_from, parse_args
-
-from .conftest import load_without_draft
+from specula.app.autopilot import Autopilot
+from specula.app.main import main, overrides_from, parse_args
+from tests.app.conftest import load_without_draft
 
 
 def distinct_colours(path, step: int = 3) -> int:
@@ -41,7 +40,7 @@ def test_a_bad_argument_exits_2_with_one_line(capsys, argv, says):
 
 
 def test_without_a_window_to_look_at_a_save_that_fails_is_said_on_stderr_once(make_window, qtbot, tmp_path, capsys):
-    from app.history_db import ConversationDB
+    from specula.app.history_db import ConversationDB
 
     w = make_window(strategy="none", max_new_tokens=4)
     (tmp_path / "gone").mkdir()

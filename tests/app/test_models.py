@@ -8,10 +8,9 @@ import json
 
 import pytest
 
-from engine.hub import ModelEntry
+from specula.engine.remote.hub import ModelEntry
+from tests.app.conftest import snap
 from tests.engine.test_hub import GGUF_REPO, REPO, WEIGHTS, fake, repos  # noqa: F401 - fixtures
-
-from .conftest import snap
 
 
 @pytest.fixture

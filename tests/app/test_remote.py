@@ -8,13 +8,12 @@ import socket
 
 import pytest
 
-from app.settings import SettingsStore
-from app.settings_dialog import SettingsDialog, needs_reload
-from app.tokens import tooltip
-from tests.engine.fake_server import FakeServer
-
-from .conftest import saved_history, snap, wait_reply
-from .test_streaming import colours_in
+from specula.app.settings import SettingsStore
+from specula.app.settings_dialog import SettingsDialog, needs_reload
+from specula.app.tokens import tooltip
+from tests.app.conftest import saved_history, snap, wait_reply
+from tests.app.test_streaming import colours_in
+from tests.support.fake_server import FakeServer
 
 WORDS = ["Mon", "day", ",", " Tues", "day", ",", " Wednes", "day", ",", " Thurs", "day", ",", " Fri", "day", ",",
          " Satur", "day", " and", " Sun", "day", "."]
@@ -48,7 +47,7 @@ class FakeRing:
 
 @pytest.fixture()
 def ring(monkeypatch):
-    import engine.remote.keys as keys
+    import specula.engine.remote.keys as keys
 
     fake = FakeRing()
     monkeypatch.setattr(keys, "_keyring", lambda: fake)
@@ -57,7 +56,7 @@ def ring(monkeypatch):
 
 @pytest.fixture()
 def no_ring(monkeypatch):
-    import engine.remote.keys as keys
+    import specula.engine.remote.keys as keys
 
     monkeypatch.setattr(keys, "_keyring", lambda: None)
 
@@ -94,7 +93,7 @@ def connect(qtbot, monkeypatch, w, url: str, **fields) -> None:
 
 # -- the settings dialog ------------------------------------------------------------------------------
 def test_the_dialog_switches_backend_and_enables_the_fields_of_the_chosen_one(qtbot, no_ring):
-    from app.settings import Settings
+    from specula.app.settings import Settings
 
     dialog = SettingsDialog(Settings())
     qtbot.addWidget(dialog)
@@ -120,7 +119,7 @@ def test_the_dialog_switches_backend_and_enables_the_fields_of_the_chosen_one(qt
 
 
 def test_without_a_keyring_the_key_field_says_to_use_an_environment_variable(qtbot, no_ring):
-    from app.settings import Settings
+    from specula.app.settings import Settings
 
     dialog = SettingsDialog(Settings(backend="remote"))
     qtbot.addWidget(dialog)
@@ -130,8 +129,8 @@ def test_without_a_keyring_the_key_field_says_to_use_an_environment_variable(qtb
 
 @pytest.mark.parametrize("says_yes", [True, False])
 def test_allowing_a_key_over_http_asks_first_naming_the_host(qtbot, monkeypatch, no_ring, says_yes):
-    import app.remote_settings as remote_settings
-    from app.settings import Settings
+    import specula.app.remote_settings as remote_settings
+    from specula.app.settings import Settings
 
     asked = []
     monkeypatch.setattr(remote_settings, "confirm_http_key", lambda parent, host: asked.append(host) or says_yes)
@@ -148,7 +147,7 @@ def test_allowing_a_key_over_http_asks_first_naming_the_host(qtbot, monkeypatch,
 
 
 def test_test_connection_shows_the_server_and_fills_the_models(qtbot, no_ring):
-    from app.settings import Settings
+    from specula.app.settings import Settings
 
     dialog = SettingsDialog(Settings(backend="remote"))
     qtbot.addWidget(dialog)
@@ -164,7 +163,7 @@ def test_test_connection_shows_the_server_and_fills_the_models(qtbot, no_ring):
 
 
 def test_test_connection_to_a_dead_port_shows_the_error(qtbot, no_ring):
-    from app.settings import Settings
+    from specula.app.settings import Settings
 
     dialog = SettingsDialog(Settings(backend="remote"))
     qtbot.addWidget(dialog)

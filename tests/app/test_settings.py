@@ -8,10 +8,9 @@ from dataclasses import replace
 import pytest
 from PySide6.QtWidgets import QLabel
 
-from app.settings import VERSION, Settings, SettingsStore
-from app.storage import write_json_atomic
-
-from .conftest import snap
+from specula.app.settings import VERSION, Settings, SettingsStore
+from specula.app.storage import write_json_atomic
+from tests.app.conftest import snap
 
 
 def test_settings_round_trip(tmp_path):
@@ -81,10 +80,9 @@ def test_atomic_write_replaces_through_a_temporary_file(tmp_path, monkeypatch):
 
 
 def test_the_window_tells_the_user_about_a_corrupt_settings_file(qtbot, tmp_path):
-    from app.bridge import EngineBridge
-    from app.window import MainWindow
-
-    from .conftest import saved_history
+    from specula.app.bridge import EngineBridge
+    from specula.app.window import MainWindow
+    from tests.app.conftest import saved_history
 
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "settings.json").write_text("{oops")
@@ -131,9 +129,9 @@ def test_a_version_1_file_still_loads_and_is_saved_as_the_current_version(tmp_pa
 
 
 def test_weights_setting_reaches_the_load_request_and_is_kept_usable(tmp_path):
-    from app.bridge import ModelChoice
-    from app.settings import WEIGHTS
-    from engine.paths import WEIGHT_NAMES
+    from specula.app.bridge import ModelChoice
+    from specula.app.settings import WEIGHTS
+    from specula.engine.api.paths import WEIGHT_NAMES
 
     assert WEIGHTS == WEIGHT_NAMES
     store = SettingsStore(tmp_path)
@@ -160,9 +158,8 @@ def test_strategy_options_round_trip_and_are_kept_usable(tmp_path):
 
 
 def test_strategy_options_from_the_dialog_reach_the_engine(make_window, qtbot, monkeypatch, tmp_path, tiny_session):
-    from app.settings_dialog import SettingsDialog
-
-    from .conftest import snap, wait_reply
+    from specula.app.settings_dialog import SettingsDialog
+    from tests.app.conftest import snap, wait_reply
 
     w = make_window(strategy="prompt-lookup", max_new_tokens=12)
     loads = []
@@ -256,7 +253,7 @@ def test_a_write_killed_half_way_leaves_no_temporary_file_for_long(tmp_path):
 def fail_missing_models(session) -> list[str]:
     """Make `session` refuse models under /no/such (as a missing folder is); returns the sources it is asked
     to load, in order."""
-    from engine.errors import SpeculaError
+    from specula.engine.api.errors import SpeculaError
 
     loads, load = [], session.load
 
@@ -271,7 +268,7 @@ def fail_missing_models(session) -> list[str]:
 
 
 def test_a_model_change_is_saved_only_once_it_loaded(make_window, qtbot, monkeypatch, tmp_path, tiny_session):
-    from app.settings_dialog import SettingsDialog
+    from specula.app.settings_dialog import SettingsDialog
 
     loads = fail_missing_models(tiny_session)
     w = make_window()
@@ -317,7 +314,7 @@ def test_a_saved_model_that_is_gone_falls_back_to_the_bundled_one_for_this_run(m
 
 def test_the_strategies_page_lists_what_the_model_can_use_and_stays_in_step_with_the_toolbar(
         make_window, qtbot, monkeypatch, tmp_path):
-    from app.settings_dialog import SettingsDialog
+    from specula.app.settings_dialog import SettingsDialog
 
     w = make_window(strategy="prompt-lookup")
     seen = {}

@@ -6,15 +6,13 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from PySide6.QtCore import QEvent
 from PySide6.QtGui import QHelpEvent, QTextCursor
 from PySide6.QtWidgets import QApplication, QToolTip
 
-from app.plots import WARMUP
-from app.tokens import tooltip
-
-from .conftest import hold_after_step, wait_reply
+from specula.app.plots import WARMUP
+from specula.app.tokens import tooltip
+from tests.app.conftest import hold_after_step, wait_reply
 
 
 def fragments(document):
@@ -172,7 +170,7 @@ def test_plots_get_the_whole_reply(make_window, qtbot):
     assert len(p.bars["positions"].opts["height"]) == len(totals.position_drafted)
     assert p.stat_labels["acceptance"].text() == f"{totals.acceptance_rate:.0%}"
     # the engine's live speedup, as the footer shows it too (with its uncertainty while that is large)
-    from engine.metrics import speedup_text
+    from specula.engine.api.metrics import speedup_text
 
     assert p.stat_labels["speedup"].text() == speedup_text(finished.speedup, finished.speedup_err) != "–"
 
@@ -184,7 +182,7 @@ def qtbot_button():
 
 
 def test_tree_steps_say_which_branch_won_and_the_history_keeps_it(make_window, qtbot):
-    from app.history import TokenRecord
+    from specula.app.history import TokenRecord
 
     w = make_window(strategy="lookahead", max_new_tokens=60)
     w.send_text("abc abc abc abc")
@@ -203,7 +201,7 @@ def test_the_window_stays_usable_at_small_sizes(make_window, qtbot, size):
     """The transcript, the composer with Send, the strategy and the speedup figure stay on screen."""
     from PySide6.QtCore import QRect
 
-    from .conftest import snap
+    from tests.app.conftest import snap
 
     w = make_window(strategy="draft-model", max_new_tokens=30)
     w.resize(*size)
@@ -223,7 +221,7 @@ def test_the_window_stays_usable_at_small_sizes(make_window, qtbot, size):
 
 
 def test_the_plots_follow_the_selected_chat(make_window, qtbot, tmp_path):
-    from app.plots import EARLIER
+    from specula.app.plots import EARLIER
 
     w = make_window(strategy="draft-model", max_new_tokens=40)
     assert w.plots.empty.isVisibleTo(w.plots) and "Send a message" in w.plots.empty.text()  # says what will come

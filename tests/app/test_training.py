@@ -10,10 +10,11 @@ from tests.app.conftest import wait_reply
 
 def scripted_training(target, options, say, should_stop):
     """Stands in for heads.train.run_training: reports progress, then saves an untrained medusa head."""
-    from engine.errors import TrainingCancelled
-    from engine.heads.eagle import HeadConfig, save_head
-    from engine.heads.medusa import MedusaHead
-    from engine.heads.train import TrainResult, head_info
+    from specula.engine.api.errors import TrainingCancelled
+    from specula.engine.heads.config import HeadConfig
+    from specula.engine.heads.medusa import MedusaHead
+    from specula.engine.heads.store import save_head
+    from specula.engine.heads.train import TrainResult, head_info
 
     for i in range(200):
         if should_stop():
@@ -26,7 +27,7 @@ def scripted_training(target, options, say, should_stop):
 
 
 def test_training_a_head_adds_its_strategy_and_the_user_can_switch_to_it(make_window, qtbot, monkeypatch):
-    monkeypatch.setattr("engine.heads.train.run_training", scripted_training)
+    monkeypatch.setattr("specula.engine.heads.train.run_training", scripted_training)
     w = make_window()
     assert "medusa" not in w.loaded.strategies
     w.train_action.trigger()
@@ -48,7 +49,7 @@ def test_training_a_head_adds_its_strategy_and_the_user_can_switch_to_it(make_wi
 
 
 def test_cancelling_a_training_run_says_so_and_keeps_the_app_usable(make_window, qtbot, monkeypatch):
-    monkeypatch.setattr("engine.heads.train.run_training", scripted_training)
+    monkeypatch.setattr("specula.engine.heads.train.run_training", scripted_training)
     w = make_window()
     w.open_training()
     dialog = w.train_dialog

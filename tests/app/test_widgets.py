@@ -8,9 +8,8 @@ import sys
 
 from PySide6.QtCore import Qt
 
-from app.composer import Composer
-
-from .conftest import load_without_draft, snap
+from specula.app.composer import Composer
+from tests.app.conftest import load_without_draft, snap
 
 
 def test_enter_sends_shift_enter_makes_a_new_line(qtbot):
@@ -33,7 +32,7 @@ def test_enter_sends_shift_enter_makes_a_new_line(qtbot):
 
 
 def test_strategies_come_from_the_registry_and_the_status_bar_shows_the_model(make_window):
-    from engine.drafters import DRAFTERS
+    from specula.engine.drafters import DRAFTERS
 
     w = make_window(strategy="layer-skip")
     combo = w.controls.strategy
@@ -74,15 +73,15 @@ def test_building_the_window_does_not_import_torch(tmp_path):
         "import sys\n"
         "from PySide6.QtWidgets import QApplication\n"
         "qapp = QApplication([])\n"
-        "import app.window, app.main\n"
-        "w = app.window.MainWindow()\n"
+        "import specula.app.window, specula.app.main\n"
+        "w = specula.app.window.MainWindow()\n"
         "w.show(); qapp.processEvents()\n"
-        "from app.settings_dialog import SettingsDialog\n"
+        "from specula.app.settings_dialog import SettingsDialog\n"
         "SettingsDialog(w.settings, w).deleteLater()  # opening Settings before a model loads\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')]\n"
         "assert not heavy, heavy[:5]\n"
         "w.close()\n"
-        "import shiboken6; shiboken6.delete(w)  # before the QApplication goes (see app.main._delete)\n"
+        "import shiboken6; shiboken6.delete(w)  # before the QApplication goes (see specula.app.main._delete)\n"
         "print('ok')\n"
     )
     env = {**__import__("os").environ, "SPECULA_CONFIG_DIR": str(tmp_path / "c"), "SPECULA_DATA_DIR": str(tmp_path / "d"),
@@ -93,8 +92,8 @@ def test_building_the_window_does_not_import_torch(tmp_path):
 
 
 def test_the_settings_dialog_saves_and_reloads_the_model(make_window, qtbot, monkeypatch, tmp_path, tiny_session):
-    from app.settings import SettingsStore
-    from app.settings_dialog import SettingsDialog
+    from specula.app.settings import SettingsStore
+    from specula.app.settings_dialog import SettingsDialog
 
     w = make_window(strategy="none", max_new_tokens=8)
     loads = []
@@ -143,8 +142,8 @@ def test_plot_axes_move_only_a_few_times_over_a_long_answer(qtbot):
     than its curves: over 1,000 noisy steps each plot's range changes only a few times (a log scale)."""
     import random
 
-    from app.plots import PlotsPanel
-    from engine.events import BaselineCost, Loaded, Origin, Step, Token
+    from specula.app.plots import PlotsPanel
+    from specula.engine.api.events import BaselineCost, Loaded, Origin, Step, Token
 
     panel = PlotsPanel()
     qtbot.addWidget(panel)
@@ -173,7 +172,7 @@ def test_plot_axes_move_only_a_few_times_over_a_long_answer(qtbot):
 
 
 def test_a_rejected_line_break_is_drawn_as_a_mark_not_a_new_line():
-    from app.chatview import ghost_text
+    from specula.app.chatview import ghost_text
 
     assert ghost_text("a\nb") == "a↵b" and ghost_text("\r\n") == "↵" and ghost_text("\r") == "↵"
     assert ghost_text(" cat") == " cat"
@@ -182,7 +181,7 @@ def test_a_rejected_line_break_is_drawn_as_a_mark_not_a_new_line():
 def test_ctrl_n_makes_a_new_chat_and_ctrl_comma_opens_the_settings(make_window, qtbot, monkeypatch):
     from PySide6.QtCore import Qt
 
-    from app.settings_dialog import SettingsDialog
+    from specula.app.settings_dialog import SettingsDialog
 
     w = make_window()
     w.send_text("hello")
@@ -220,7 +219,7 @@ def test_a_small_window_folds_the_chat_list_away_and_fits_800_by_600(make_window
 def test_the_theme_switches_between_light_and_dark_and_is_remembered(make_window, qtbot):
     from PySide6.QtWidgets import QApplication
 
-    from app.theme import DARK, LIGHT
+    from specula.app.theme import DARK, LIGHT
 
     w = make_window()
     try:
@@ -239,13 +238,13 @@ def test_the_theme_switches_between_light_and_dark_and_is_remembered(make_window
         qtbot.waitUntil(lambda: again.view.colours == LIGHT, timeout=5_000)
         assert QApplication.instance().palette().base().color().lightness() > 200
     finally:
-        from app.theme import apply_theme
+        from specula.app.theme import apply_theme
 
         apply_theme(QApplication.instance(), "light")  # the next tests start light
 
 
 def test_rendered_characters_are_traced_back_to_the_source_they_show():
-    from app.markdown import align
+    from specula.app.markdown import align
 
     source = "# Rain\n\nA *short* [poem](http://example.com/a/long/path) here"
     rendered = "Rain\u2029A short poem here"

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from engine.drafters import auto as auto_module
-from engine.drafters.auto import Auto
-from engine.drafters.base import Draft, DraftContext
-from engine.drafters.lookahead import Lookahead
-from engine.sampling import SamplingParams
+from specula.engine.api.types import SamplingParams
+from specula.engine.decoding.drafter import Draft, DraftContext
+from specula.engine.drafters import auto as auto_module
+from specula.engine.drafters.auto import Auto
+from specula.engine.drafters.lookahead import Lookahead
 
 
 class Clock:
@@ -146,8 +146,8 @@ def test_lookahead_proposes_pool_n_grams_that_start_with_the_newest_token():
 
 
 def test_the_eagle_tree_budget_follows_measured_pass_costs(monkeypatch):
-    from engine.drafters import eagle as eagle_module
-    from engine.drafters.eagle import _Costs
+    from specula.engine.drafters import eagle as eagle_module
+    from specula.engine.drafters.eagle import _Costs
 
     clock = Clock()
     monkeypatch.setattr(eagle_module.time, "perf_counter", clock)

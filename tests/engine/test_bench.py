@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench import Run
-from engine.bench_charts import CHART_FILES, acceptance_chart, histogram_chart, speedup_chart, write_charts
-from engine.bench_report import public_json, summarize, write_out
-from engine.cli import main
-from engine.generate_cmd import PromptItem
+from specula.engine.cli.bench.charts import CHART_FILES, acceptance_chart, histogram_chart, speedup_chart, write_charts
+from specula.engine.cli.bench.report import public_json, summarize, write_out
+from specula.engine.cli.bench.run import Run
+from specula.engine.cli.generate import PromptItem
+from specula.engine.cli.main import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -168,7 +168,7 @@ def test_drawing_charts_loads_no_qt(tmp_path):
     code = (
         "import sys\n"
         "from tests.engine.test_bench import _summary\n"
-        "from engine.bench_charts import write_charts\n"
+        "from specula.engine.cli.bench.charts import write_charts\n"
         f"write_charts({str(tmp_path)!r}, _summary())\n"
         "bad = [m for m in sys.modules if m.startswith(('PySide6', 'PyQt', 'pyqtgraph', 'shiboken6'))]\n"
         "bad += [m for m in sys.modules if m == 'matplotlib.pyplot']  # pyplot is what picks a GUI backend\n"
@@ -183,7 +183,7 @@ def test_drawing_charts_loads_no_qt(tmp_path):
 
 
 def test_spec_bench_view_merges_mt_bench_into_one_category():
-    from engine.bench_report import spec_bench_view, to_markdown
+    from specula.engine.cli.bench.report import spec_bench_view, to_markdown
 
     items = [PromptItem(("a",), 1, "writing"), PromptItem(("b",), 2, "coding"), PromptItem(("c",), 3, "qa"),
              PromptItem(("d",), 4, "code_editing")]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from engine.cli import main
+from specula.engine.cli.main import main
 
 
 def run_cli(capsys, *args):
@@ -27,7 +27,7 @@ def assert_one_line_error(code, err, *words):
 
 
 def test_strategies_lists_the_registry(capsys):
-    from engine.drafters import DRAFTERS
+    from specula.engine.drafters import DRAFTERS
 
     code, out, _ = run_cli(capsys, "strategies")
     assert code == 0
@@ -75,7 +75,7 @@ def test_malformed_prompts_file(capsys, tmp_path):
 
 
 def test_a_prompts_file_with_a_byte_order_mark_reads_and_binary_junk_is_one_line(capsys, tmp_path):
-    from engine.generate_cmd import read_prompts
+    from specula.engine.cli.common import read_prompts
 
     bom = tmp_path / "bom.jsonl"
     bom.write_bytes("\ufeff".encode() + b'{"prompt": "caf\xc3\xa9"}\n')
@@ -173,8 +173,8 @@ def test_each_bad_training_option_names_its_flag(capsys, tmp_path, flag, value):
 
 
 def test_training_options_name_the_one_that_is_wrong():
-    from engine.errors import SpeculaError
-    from engine.heads.train import TrainOptions, check_options
+    from specula.engine.api.errors import SpeculaError
+    from specula.engine.heads.train import TrainOptions, check_options
 
     for field, value, words in [("epochs", 0, "epochs must be at least 1"), ("lr", float("nan"), "learning rate"),
                                 ("max_new_tokens", 0, "max new tokens"), ("draft_vocab", -1, "draft vocabulary")]:

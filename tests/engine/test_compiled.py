@@ -5,11 +5,10 @@ strategy's greedy answers are plain decoding's, and without a compiler everythin
 import pytest
 import torch
 
-from engine import compiled
-from engine.drafters import DRAFTERS
-from engine.loading import LoadedModel
-
-from .tiny import assert_greedy_identity, head_options, native, perturbed, tiny_model
+from specula.engine.cpu import step as compiled
+from specula.engine.drafters import DRAFTERS
+from specula.engine.models.loading import LoadedModel
+from tests.support.tiny import assert_greedy_identity, head_options, native, perturbed, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +110,7 @@ def test_without_a_compiler_it_says_why_once_and_stays_eager(monkeypatch, tmp_pa
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler on it
     with pytest.raises(compiled.Unavailable, match="no C\\+\\+ compiler found"):
         compiled.build()
-    with caplog.at_level("WARNING", logger="engine.compiled"):
+    with caplog.at_level("WARNING", logger="specula.engine.cpu.step"):
         compiled.prepare(wait=False)
         compiled.wait(30)
         compiled.prepare(wait=True)
@@ -147,9 +146,10 @@ def test_step_modes(monkeypatch):
 def test_the_bundled_model_runs_compiled_and_exactly(ops):
     """The user's model as loaded by default (native Q4_1), `step="compiled"`: prompt lookup and plain
     decoding give the same answers, both through the compiled step."""
-    from engine.decoder import DecodeConfig, generate
-    from engine.drafters import build_drafter
-    from engine.loading import ModelSpec, load_model
+    from specula.engine.api.types import DecodeConfig, ModelSpec
+    from specula.engine.decoding.loop import generate
+    from specula.engine.drafters import build_drafter
+    from specula.engine.models.loading import load_model
 
     model = load_model(ModelSpec("bundled", device="cpu", dtype="bf16", step="compiled"))
     assert model.step_status == "compiled"

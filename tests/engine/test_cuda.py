@@ -6,13 +6,13 @@ Skipped where torch sees no CUDA device. Run with `pytest -m cuda` (scripts/gpu_
 import pytest
 import torch
 
-from engine.decoder import DecodeConfig, generate
-from engine.drafters import build_drafter
-from engine.events import Finished
-from engine.loading import LoadedModel, ModelSpec, load_model
-
-from .test_lossless import run
-from .tiny import perturbed, tiny_model
+from specula.engine.api.events import Finished
+from specula.engine.api.types import DecodeConfig, ModelSpec
+from specula.engine.decoding.loop import generate
+from specula.engine.drafters import build_drafter
+from specula.engine.models.loading import LoadedModel, load_model
+from tests.engine.test_lossless import run
+from tests.support.tiny import perturbed, tiny_model
 
 pytestmark = [
     pytest.mark.cuda,

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from engine.detok import Detokenizer
+from specula.engine.decoding.detok import Detokenizer
 
 TEXTS = [
     "Hello, world! Plain ASCII first.",
@@ -49,7 +49,7 @@ def test_random_token_sequences(bundled_fp32):
 def test_a_rejected_special_token_has_no_text_and_an_ordinary_one_keeps_its_own(bundled_fp32):
     from types import SimpleNamespace
 
-    from engine.decoder import _Loop
+    from specula.engine.decoding.loop import _Loop
 
     tok = bundled_fp32.tokenizer
     holder = SimpleNamespace(tokenizer=tok)

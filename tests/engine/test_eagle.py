@@ -4,16 +4,15 @@ output stays the target's own (greedy and sampled); a head for another model is 
 import pytest
 import torch
 
-from engine.decoder import DecodeConfig, generate
-from engine.drafters import build_drafter
-from engine.errors import SpeculaError
-from engine.events import Finished
-from engine.heads.eagle import load_head, save_head
-from engine.loading import ModelSpec, load_model
-from engine.heads.train import _with_features, chain_acceptance, head_info, train_head
-from engine.sampling import SamplingParams
-
-from .tiny import loaded, tiny_model
+from specula.engine.api.errors import SpeculaError
+from specula.engine.api.events import Finished
+from specula.engine.api.types import DecodeConfig, ModelSpec, SamplingParams
+from specula.engine.decoding.loop import generate
+from specula.engine.drafters import build_drafter
+from specula.engine.heads.store import load_head, save_head
+from specula.engine.heads.train import _with_features, chain_acceptance, head_info, train_head
+from specula.engine.models.loading import load_model
+from tests.support.tiny import loaded, tiny_model
 
 
 def greedy(target, prompt, n):
@@ -81,7 +80,7 @@ def test_a_head_for_another_model_is_refused(trained):
 def test_train_head_command_writes_a_head_that_the_eagle_strategy_loads(tiny_folder, tmp_path, capsys):
     import json
 
-    from engine.cli import main
+    from specula.engine.cli.main import main
 
     out = tmp_path / "head"
     args = ["train-head", "--model", str(tiny_folder), "--dtype", "fp32", "--tokens", "200", "--epochs", "1",
@@ -177,9 +176,10 @@ def _depth(parents):
 def test_a_session_finds_heads_made_for_its_model(trained, tmp_path, monkeypatch):
     import shutil
 
-    from engine.events import Finished
-    from engine.prompts import Message
-    from engine.session import GenerateRequest, Session
+    from specula.engine.api.events import Finished
+    from specula.engine.api.prompts import Message
+    from specula.engine.api.types import GenerateRequest
+    from specula.engine.serving.session import Session
 
     target, folder, _, _ = trained
     monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path))
@@ -201,7 +201,7 @@ def test_a_session_finds_heads_made_for_its_model(trained, tmp_path, monkeypatch
 def test_an_unreadable_head_is_skipped_with_a_note_that_names_its_file(trained, tmp_path, monkeypatch):
     import shutil
 
-    from engine.session import Session
+    from specula.engine.serving.session import Session
 
     target, folder, _, _ = trained
     monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path))

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import hub
-from engine.errors import ModelNotFoundError, SpeculaError
-from tests.engine.fake_hub import FakeHub
+from specula.engine.api.errors import ModelNotFoundError, SpeculaError
+from specula.engine.remote import hub
+from tests.support.fake_hub import FakeHub
 
 REPO = "tiny-org/tiny-llama"
 GGUF_REPO = "tiny-org/tiny-llama-GGUF"
@@ -39,7 +39,7 @@ def _gguf_bytes(tmp_path, file_type: int) -> bytes:
 def repos(tmp_path_factory):
     """The served repositories: a tiny random Llama saved with save_pretrained (plus a README a snapshot skips),
     and a GGUF repository with two quantizations."""
-    from tests.engine.tiny import tiny_model
+    from tests.support.tiny import tiny_model
 
     folder = tmp_path_factory.mktemp("served")
     tiny_model(vocab=64, layers=4, max_pos=512).save_pretrained(folder)

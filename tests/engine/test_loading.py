@@ -1,9 +1,10 @@
 import pytest
 import torch
 
-from engine import loading
-from engine.errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError
-from engine.loading import ModelSpec, check_same_vocabulary, load_model, resolve_device, resolve_dtype
+from specula.engine.api.errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError
+from specula.engine.api.types import ModelSpec
+from specula.engine.models import loading
+from specula.engine.models.loading import check_same_vocabulary, load_model, resolve_device, resolve_dtype
 
 
 def test_local_folder_loads_with_the_lean_forward(tiny_folder):
@@ -26,7 +27,7 @@ def test_lean_forward_matches_transformers_on_the_bundled_model(bundled_fp32):
 
 @pytest.mark.parametrize("lean", [True, False])
 def test_rollback_then_new_tokens_equals_a_fresh_pass(lean):
-    from .tiny import loaded, tiny_model
+    from tests.support.tiny import loaded, tiny_model
 
     model = loaded(tiny_model(vocab=64, seed=4), lean=lean)
     ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(0))
@@ -43,7 +44,7 @@ def test_rollback_then_new_tokens_equals_a_fresh_pass(lean):
 
 
 def test_cache_grows_past_its_first_allocation():
-    from .tiny import loaded, tiny_model
+    from tests.support.tiny import loaded, tiny_model
 
     model = loaded(tiny_model(vocab=64, seed=4, max_pos=1024))
     ids = torch.randint(0, 64, (700,), generator=torch.Generator().manual_seed(2))
@@ -94,7 +95,7 @@ def test_vocabulary_check_names_the_difference(bundled_fp32, other_vocab_folder)
 
 
 def test_the_torch_free_option_names_match_the_loader():
-    from engine.paths import DEVICE_NAMES, DTYPE_NAMES, WEIGHT_NAMES
+    from specula.engine.api.paths import DEVICE_NAMES, DTYPE_NAMES, WEIGHT_NAMES
 
     assert DEVICE_NAMES == loading.DEVICES
     assert DTYPE_NAMES == ("auto", *loading.DTYPES)
@@ -104,7 +105,7 @@ def test_the_torch_free_option_names_match_the_loader():
 def test_lean_forward_follows_a_model_converted_after_its_first_runner():
     import copy
 
-    from .tiny import loaded, tiny_model
+    from tests.support.tiny import loaded, tiny_model
 
     model = tiny_model(vocab=64, seed=5)
     ids = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(0))

@@ -3,12 +3,11 @@
 import pytest
 import torch
 
-from engine.decoder import DecodeConfig, generate
-from engine.drafters import DRAFTERS, build_drafter
-from engine.events import Finished, Origin, Step
-from engine.sampling import SamplingParams
-
-from .tiny import loaded, perturbed, quick_head, tiny_model
+from specula.engine.api.events import Finished, Origin, Step
+from specula.engine.api.types import DecodeConfig, SamplingParams
+from specula.engine.decoding.loop import generate
+from specula.engine.drafters import DRAFTERS, build_drafter
+from tests.support.tiny import loaded, perturbed, quick_head, tiny_model
 
 HEADS: dict[int, dict[str, str]] = {}  # id of a loaded target -> kind -> folder of a head trained for it
 
@@ -156,7 +155,7 @@ def test_other_architectures_run_through_the_transformers_forward():
 
 def test_the_fused_attention_path_used_off_the_cpu_is_lossless_too(models, monkeypatch):
     """GPUs take the fused attention kernel over a cache in the model's dtype; run that path here."""
-    import engine.llama as llama
+    import specula.engine.models.llama as llama
 
     original = llama.LlamaRunner.__init__
 
@@ -178,7 +177,7 @@ def test_the_fused_attention_path_used_off_the_cpu_is_lossless_too(models, monke
 
 
 def test_a_drafting_strategy_takes_plain_steps_to_measure_its_speedup_and_stays_lossless(models):
-    from engine.metrics import MIN_PLAIN, PROBE_EVERY
+    from specula.engine.decoding.speedup import MIN_PLAIN, PROBE_EVERY
 
     target, draft = models
     base = run(target, None, "none", [5, 6, 7], max_new_tokens=120)

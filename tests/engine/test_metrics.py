@@ -1,7 +1,8 @@
 import pytest
 
-from engine.events import Origin, Step, Token
-from engine.metrics import BaselineCost, LiveMetrics, measure_baseline
+from specula.engine.api.events import BaselineCost, Origin, Step, Token
+from specula.engine.api.metrics import LiveMetrics
+from specula.engine.decoding.speedup import measure_baseline
 
 
 def step(i, drafted, accepted, n_tokens, elapsed, context=10):
@@ -30,7 +31,7 @@ def test_live_metrics_definitions():
 
 
 def test_measured_baseline_grows_with_context():
-    from .tiny import loaded, tiny_model
+    from tests.support.tiny import loaded, tiny_model
 
     runner = loaded(tiny_model(vocab=64)).new_runner()
     cost = measure_baseline(runner, lengths=(8, 256), repeats=2)
@@ -46,7 +47,7 @@ def feed(meter, steps):
 
 
 def test_plain_decoding_measures_a_speedup_of_exactly_one():
-    from engine.metrics import SpeedupMeter
+    from specula.engine.decoding.speedup import SpeedupMeter
 
     m = SpeedupMeter()
     feed(m, [(1, 0.010 + 0.001 * (i % 3), True) for i in range(50)])
@@ -54,7 +55,7 @@ def test_plain_decoding_measures_a_speedup_of_exactly_one():
 
 
 def test_speedup_is_plain_time_for_the_tokens_over_the_time_spent():
-    from engine.metrics import SpeedupMeter
+    from specula.engine.decoding.speedup import SpeedupMeter
 
     m = SpeedupMeter()
     # plain steps cost 10 ms; a speculative step 15 ms for 3 tokens: 30 ms of plain decoding
@@ -67,7 +68,7 @@ def test_speedup_is_plain_time_for_the_tokens_over_the_time_spent():
 def test_a_machine_that_slows_down_mid_answer_slows_both_sides_of_the_ratio():
     """Another program takes half the machine after 60 steps: every step, plain or speculative, takes
     twice as long from then on. The true speedup is unchanged, and the meter still says it."""
-    from engine.metrics import PROBE_EVERY, SpeedupMeter, probe_due
+    from specula.engine.decoding.speedup import PROBE_EVERY, SpeedupMeter, probe_due
 
     m, truth = SpeedupMeter(), 3 * 0.010 / 0.016
     for i in range(240):
@@ -85,7 +86,8 @@ def test_a_machine_that_slows_down_mid_answer_slows_both_sides_of_the_ratio():
 
 
 def test_the_uncertainty_shrinks_with_more_plain_samples_and_is_shown_while_large():
-    from engine.metrics import SpeedupMeter, speedup_text
+    from specula.engine.api.metrics import speedup_text
+    from specula.engine.decoding.speedup import SpeedupMeter
 
     m = SpeedupMeter()
     feed(m, [(1, 0.010, True), (3, 0.015, False)])
@@ -99,7 +101,7 @@ def test_the_uncertainty_shrinks_with_more_plain_samples_and_is_shown_while_larg
 
 
 def test_a_new_answer_starts_from_recent_plain_samples_instead_of_probing_at_once():
-    from engine.metrics import MIN_PLAIN, PlainHistory, SpeedupMeter, probe_due
+    from specula.engine.decoding.speedup import MIN_PLAIN, PlainHistory, SpeedupMeter, probe_due
 
     history = PlainHistory()
     for _ in range(MIN_PLAIN):
@@ -121,7 +123,7 @@ def test_live_metrics_show_the_engines_speedup_when_the_steps_carry_it():
 
 
 def test_a_cold_first_step_counts_for_itself_only():
-    from engine.metrics import SpeedupMeter
+    from specula.engine.decoding.speedup import SpeedupMeter
 
     m = SpeedupMeter()
     m.add(1, 0.050, 0.050, sample=False)  # plain, but cold: five times the others
@@ -145,7 +147,7 @@ def train_lengths(lengths, steps, keep_rate, cost):
 
 
 def test_drafts_that_are_seldom_kept_and_cost_rows_give_way_to_plain_steps():
-    from engine.metrics import DraftLength
+    from specula.engine.decoding.length import DraftLength
 
     lengths = DraftLength(8)
     train_lengths(lengths, 20, keep_rate=0.15, cost=lambda n: 0.010 * (1 + 0.25 * n))  # 8 rows: 3 plain steps
@@ -155,7 +157,7 @@ def test_drafts_that_are_seldom_kept_and_cost_rows_give_way_to_plain_steps():
 
 
 def test_drafts_that_are_kept_and_rows_that_are_cheap_draft_long():
-    from engine.metrics import DraftLength
+    from specula.engine.decoding.length import DraftLength
 
     lengths = DraftLength(8)
     train_lengths(lengths, 20, keep_rate=0.9, cost=lambda n: 0.010 * (1 + 0.02 * n))  # a GPU-like flat cost
@@ -163,7 +165,7 @@ def test_drafts_that_are_kept_and_rows_that_are_cheap_draft_long():
 
 
 def test_the_choice_waits_for_measurements():
-    from engine.metrics import DraftLength
+    from specula.engine.decoding.length import DraftLength
 
     lengths = DraftLength(6)
     assert lengths.choose(plain_s=0.010) == 6  # nothing measured yet: the strategy's own length

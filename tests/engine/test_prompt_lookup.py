@@ -1,6 +1,6 @@
 import torch
 
-from engine.drafters.prompt_lookup import find_continuation
+from specula.engine.drafters.prompt_lookup import find_continuation
 
 
 def t(*ids):
@@ -42,7 +42,7 @@ def test_draft_length_follows_the_match_length():
 
 
 def test_match_search_agrees_with_brute_force():
-    from engine.drafters.prompt_lookup import longest_match
+    from specula.engine.drafters.prompt_lookup import longest_match
 
     gen = torch.Generator().manual_seed(0)
     for trial in range(300):

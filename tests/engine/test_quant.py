@@ -5,12 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.drafters import DRAFTERS
-from engine.errors import SpeculaError
-from engine.gguf_native import _llama_row_order, check_against
-from engine.quant import Dense, Int4, can_prepack, in_rows, q4_from_gguf, q4_quantize, stable_rows_of
-
-from .tiny import assert_greedy_identity, head_options, native, perturbed, tiny_model
+from specula.engine.api.errors import SpeculaError
+from specula.engine.cpu.products import Dense, Int4, can_prepack, in_rows, q4_from_gguf, q4_quantize, stable_rows_of
+from specula.engine.drafters import DRAFTERS
+from specula.engine.models.gguf import _llama_row_order, check_against
+from tests.support.tiny import assert_greedy_identity, head_options, native, perturbed, tiny_model
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
@@ -38,7 +37,7 @@ def _random_q4k(out: int, inp: int, seed: int) -> np.ndarray:
 def test_q4_k_super_blocks_give_ggufs_own_dequantized_weights():
     from gguf import GGMLQuantizationType, dequantize
 
-    from engine.quant import q4k_from_gguf
+    from specula.engine.cpu.products import q4k_from_gguf
 
     raw = _random_q4k(32, 512, seed=0)
     blocks = q4k_from_gguf(raw, (32, 512))
@@ -112,8 +111,8 @@ def test_the_probe_finds_that_a_lone_row_needs_a_second_one_where_it_does():
 
 
 def test_prompt_chunks_run_dense_and_verify_passes_never_do():
-    from engine.decoder import K_MAX
-    from engine.quant import PROMPT_ROWS
+    from specula.engine.api.types import K_MAX
+    from specula.engine.cpu.products import PROMPT_ROWS
 
     assert K_MAX + 1 < PROMPT_ROWS  # every verify pass meets the int4 kernel, as single steps do
     weight = torch.randn(64, 64, generator=torch.Generator().manual_seed(6)) * 0.1
@@ -134,11 +133,11 @@ def test_llama_row_order_undoes_llama_cpps_permutation():
 
 
 def test_a_weight_the_int4_kernel_cannot_take_stays_dense(monkeypatch):
-    import engine.llama
-    from engine.quant import int4_fits
+    import specula.engine.models.llama
+    from specula.engine.cpu.products import int4_fits
 
     assert int4_fits((960, 576)) and not int4_fits((24, 576)) and not int4_fits((32, 48))
-    monkeypatch.setattr(engine.llama, "int4_fits", lambda shape: shape[0] != 128)  # as if q/k/v could not
+    monkeypatch.setattr(specula.engine.models.llama, "int4_fits", lambda shape: shape[0] != 128)  # as if q/k/v could not
     layer = native(tiny_model(vocab=64, layers=1, seed=3)).new_runner().layers[0]
     assert layer.qkv.kind != "int4" and layer.o_proj.kind == "int4"
 
@@ -173,7 +172,8 @@ def test_greedy_speculation_over_native_weights_is_identical_to_plain_decoding(s
 
 
 def test_native_weights_need_a_gguf(tiny_folder):
-    from engine.loading import ModelSpec, load_model
+    from specula.engine.api.types import ModelSpec
+    from specula.engine.models.loading import load_model
 
     with pytest.raises(SpeculaError, match="native weights need a GGUF file"):
         load_model(ModelSpec(str(tiny_folder), device="cpu", dtype="fp32", weights="native"))
@@ -184,8 +184,8 @@ def test_native_weights_need_a_gguf(tiny_folder):
 
 @pytest.mark.e2e
 def test_the_bundled_gguf_runs_natively_and_exactly(tmp_path):
-    from engine.decoder import K_MAX
-    from engine.loading import ModelSpec, load_model
+    from specula.engine.api.types import K_MAX, ModelSpec
+    from specula.engine.models.loading import load_model
 
     with pytest.raises(SpeculaError, match="compute in bf16"):
         load_model(ModelSpec("bundled", device="cpu", dtype="fp32", weights="native"))
@@ -203,9 +203,8 @@ def test_the_bundled_gguf_runs_natively_and_exactly(tmp_path):
         singles = torch.cat([one.forward(draft[j : j + 1]) for j in range(draft.shape[0])])
         assert torch.equal(singles, many.forward(draft, last=draft.shape[0])), trial
     # a second load reads the blocks from the conversion folder's cache, and a damaged cache is rebuilt
-    from engine.gguf_native import CACHE_NAME
-
-    from engine.loading import _converted_gguf, bundled_gguf_path
+    from specula.engine.models.gguf import CACHE_NAME
+    from specula.engine.models.loading import _converted_gguf, bundled_gguf_path
 
     folder = _converted_gguf(bundled_gguf_path(), lambda text: None)
     cache = folder / CACHE_NAME
@@ -214,7 +213,7 @@ def test_the_bundled_gguf_runs_natively_and_exactly(tmp_path):
     assert again.native.blocks.keys() == model.native.blocks.keys()
     assert all(torch.equal(again.native.blocks[k].codes, b.codes) and torch.equal(again.native.blocks[k].zero, b.zero)
                for k, b in model.native.blocks.items())
-    from engine.export_cmd import export
+    from specula.engine.cli.export import export
 
     out = export("bundled", tmp_path / "export")  # what a serving engine gets: the model's weights only
     assert [f.name for f in out.glob("*.safetensors")] == ["model.safetensors"]

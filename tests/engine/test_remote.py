@@ -9,18 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from engine.decoder import DecodeConfig
-from engine.errors import ContextTooLongError
-from engine.events import Failed, Finished, Loaded, Origin, ServerStats, Started, Step
-from engine.metrics import LiveMetrics
-from engine.prompts import Message
-from engine.remote.backend import RemoteBackend, RemoteLoadRequest, probe, server_for
-from engine.remote.chunks import ChunkReader, chunk_tokens, reconcile
-from engine.remote.http import AuthError, RemoteError, Server, get_json, http_error, normalize_url, parse_event
-from engine.remote.keys import resolve_api_key
-from engine.remote.telemetry import SpecCounters, parse_metrics
-from engine.session import GenerateRequest
-from tests.engine.fake_server import FakeServer
+from specula.engine.api.errors import ContextTooLongError
+from specula.engine.api.events import Failed, Finished, Loaded, Origin, ServerStats, Started, Step
+from specula.engine.api.metrics import LiveMetrics
+from specula.engine.api.prompts import Message
+from specula.engine.api.types import DecodeConfig, GenerateRequest, RemoteLoadRequest
+from specula.engine.remote.backend import RemoteBackend, probe, server_for
+from specula.engine.remote.chunks import ChunkReader, chunk_tokens, reconcile
+from specula.engine.remote.http import AuthError, RemoteError, Server, get_json, http_error, normalize_url, parse_event
+from specula.engine.remote.keys import resolve_api_key
+from specula.engine.remote.telemetry import SpecCounters, parse_metrics
+from tests.support.fake_server import FakeServer
 
 DATA = Path(__file__).parent / "data"
 ASK = GenerateRequest((Message("user", "hi"),), config=DecodeConfig(max_new_tokens=50))
@@ -114,7 +113,7 @@ def test_a_key_goes_unencrypted_only_to_this_machine_or_when_the_user_allows_it(
 
 
 def test_a_key_for_plain_http_elsewhere_stops_the_command_line_unless_allowed(capsys, monkeypatch):
-    from engine.cli import main
+    from specula.engine.cli.main import main
 
     monkeypatch.setenv("SPECULA_TEST_KEY", "sk-1")
     args = ["generate", "--backend", "remote", "--server", "http://192.0.2.1:9", "--api-key-env", "SPECULA_TEST_KEY",
@@ -285,10 +284,11 @@ def test_a_baseline_server_gives_a_measured_speedup():
 
 # -- through the runner ----------------------------------------------------------------------------------
 def test_the_runner_switches_backends_and_keeps_the_old_one_when_a_connect_fails():
-    from engine.runner import Runner
-    from engine.session import Session, TrainRequest
+    from specula.engine.api.types import TrainRequest
+    from specula.engine.serving.runner import Runner
+    from specula.engine.serving.session import Session
     from tests.engine.test_runner import FakeTokenizer
-    from tests.engine.tiny import loaded, tiny_model
+    from tests.support.tiny import loaded, tiny_model
 
     session = Session()
     target = loaded(tiny_model(vocab=64, seed=2))
@@ -320,7 +320,7 @@ def test_the_runner_switches_backends_and_keeps_the_old_one_when_a_connect_fails
 
 # -- command line ------------------------------------------------------------------------------------------
 def test_generate_with_the_remote_backend(capsys):
-    from engine.cli import main
+    from specula.engine.cli.main import main
 
     with FakeServer(steps=[["Hel", "lo"], ["!"]]) as fake:
         assert main(["generate", "--backend", "remote", "--server", fake.url, "--prompt", "hi"]) == 0
@@ -334,8 +334,8 @@ def test_generate_with_the_remote_backend(capsys):
 
 
 def test_escape_sequences_from_a_server_never_reach_the_terminal(capsys):
-    from engine.cli import main
-    from engine.errors import terminal_safe
+    from specula.engine.api.errors import terminal_safe
+    from specula.engine.cli.main import main
 
     with FakeServer(steps=[["\x1b]0;pwned\x07\x1b[2JHel", "lo\x1b[31m"], ["!\r\x9b"]]) as fake:
         assert main(["generate", "--backend", "remote", "--server", fake.url, "--prompt", "hi"]) == 0
@@ -345,7 +345,7 @@ def test_escape_sequences_from_a_server_never_reach_the_terminal(capsys):
 
 
 def test_terminal_chat_through_a_server_keeps_the_conversation(capsys, monkeypatch):
-    from engine.cli import main
+    from specula.engine.cli.main import main
 
     lines = iter(["hi", "and again", "/quit"])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
@@ -359,7 +359,7 @@ def test_terminal_chat_through_a_server_keeps_the_conversation(capsys, monkeypat
 
 
 def test_ctrl_c_at_the_terminal_prompt_does_not_end_the_chat(capsys, monkeypatch):
-    from engine.cli import main
+    from specula.engine.cli.main import main
 
     def ctrl_c():
         raise KeyboardInterrupt
@@ -374,7 +374,7 @@ def test_ctrl_c_at_the_terminal_prompt_does_not_end_the_chat(capsys, monkeypatch
 
 
 def test_an_unknown_strategy_in_the_terminal_chat_says_so_and_keeps_the_current_one(capsys, monkeypatch):
-    from engine.cli import main
+    from specula.engine.cli.main import main
 
     lines = iter(["/strategy eagel\x1b[2J", "/strategy server", "/quit"])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
@@ -425,7 +425,7 @@ def test_a_malformed_chunk_names_the_field(choice, field):
     ({"choices": 5}, "'choices'"),
 ])
 def test_a_malformed_chunk_is_one_line_and_exit_2(capsys, event, field):
-    from engine.cli import main
+    from specula.engine.cli.main import main
 
     with FakeServer(raw_events=[event]) as fake:
         code = main(["generate", "--backend", "remote", "--server", fake.url, "--prompt", "hi"])
@@ -444,7 +444,7 @@ def test_a_huge_draft_position_on_the_metrics_page_is_ignored():
 
 
 def test_names_a_server_gives_reach_the_terminal_without_escapes(capsys, monkeypatch):
-    from engine.cli import main
+    from specula.engine.cli.main import main
 
     lines = iter(["/quit"])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
@@ -458,7 +458,7 @@ def test_names_a_server_gives_reach_the_terminal_without_escapes(capsys, monkeyp
 
 @pytest.mark.parametrize("url", ["http://alice:s3cret@127.0.0.1:1", "https://:s3cret@h/v1", "http://alice@h:2"])
 def test_a_url_with_credentials_is_refused_without_echoing_them(capsys, url):
-    from engine.cli import main
+    from specula.engine.cli.main import main
 
     with pytest.raises(RemoteError, match="must not contain a user name or password") as refused:
         normalize_url(url)
@@ -490,7 +490,7 @@ def test_an_answer_that_is_not_streamed_is_read_as_one_chunk():
 
 
 def test_closing_a_stream_from_another_thread_while_it_is_read_ends_it_quietly():
-    from engine.remote.http import EventStream
+    from specula.engine.remote.http import EventStream
 
     with FakeServer(steps=[["a"], ["b"], ["c"]], stall_after=1) as fake:
         server = Server(fake.url)

@@ -8,12 +8,11 @@ import threading
 
 import pytest
 
-from engine.decoder import DecodeConfig
-from engine.events import Finished, ServerStats, Step
-from engine.prompts import Message
-from engine.remote.backend import RemoteBackend, RemoteLoadRequest
-from engine.remote.http import RemoteError
-from engine.session import GenerateRequest
+from specula.engine.api.events import Finished, ServerStats, Step
+from specula.engine.api.prompts import Message
+from specula.engine.api.types import DecodeConfig, GenerateRequest, RemoteLoadRequest
+from specula.engine.remote.backend import RemoteBackend
+from specula.engine.remote.http import RemoteError
 
 COPY = ("Copy this text exactly, twice: The quick brown fox jumps over the lazy dog. "
         "The quick brown fox jumps over the lazy dog.")
@@ -65,7 +64,7 @@ def test_stopping_mid_stream_ends_the_reply_and_the_server_carries_on(backend):
 
 
 def test_generate_command_reports_the_servers_acceptance(vllm_server, capsys):
-    from engine.cli import main
+    from specula.engine.cli.main import main
 
     code = main(["generate", "--backend", "remote", "--server", vllm_server.url, "--chat", "--prompt", COPY,
                  "--max-new-tokens", "48"])
@@ -75,7 +74,7 @@ def test_generate_command_reports_the_servers_acceptance(vllm_server, capsys):
 
 
 def test_bench_runs_the_server_as_a_peer(vllm_server, tmp_path, capsys):
-    from engine.cli import main
+    from specula.engine.cli.main import main
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"question_id": 1, "category": "copy", "turns": ["%s"]}\n' % COPY)
@@ -92,7 +91,7 @@ def test_bench_runs_the_server_as_a_peer(vllm_server, tmp_path, capsys):
 
 def test_a_plain_baseline_server_gives_a_speedup_and_its_death_is_a_clear_error(vllm_server, tmp_path):
     """Its own server (SPEC=none, the plain baseline), so the shared one lives on."""
-    from tests.vllm_server import Unavailable, start_server
+    from tests.support.vllm_server import Unavailable, start_server
 
     try:
         plain = start_server("none", tmp_path)

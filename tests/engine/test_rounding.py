@@ -4,11 +4,10 @@ verify pass, so greedy speculation reproduces plain decoding in bf16 too, not on
 import pytest
 import torch
 
-from engine.decoder import K_MAX, DecodeConfig
-from engine.events import Finished
-from engine.loading import LoadedModel
-
-from .tiny import assert_greedy_identity, perturbed, random_medusa_head, tiny_model
+from specula.engine.api.events import Finished
+from specula.engine.api.types import K_MAX, DecodeConfig
+from specula.engine.models.loading import LoadedModel
+from tests.support.tiny import assert_greedy_identity, perturbed, random_medusa_head, tiny_model
 
 
 def bf16(model) -> LoadedModel:
@@ -19,7 +18,8 @@ _BUNDLED: dict[tuple[str, str], LoadedModel] = {}
 
 
 def bundled(weights: str = "auto", dtype: str = "bf16") -> LoadedModel:
-    from engine.loading import ModelSpec, load_model
+    from specula.engine.api.types import ModelSpec
+    from specula.engine.models.loading import load_model
 
     if (weights, dtype) not in _BUNDLED:
         _BUNDLED[weights, dtype] = load_model(ModelSpec("bundled", device="cpu", dtype=dtype, weights=weights))
@@ -52,7 +52,7 @@ def test_single_steps_and_a_verify_pass_give_the_same_bits(bundled_bf16, weights
     model = bundled(weights, dtype)
     assert model.new_runner().consistent  # the default on the CPU
     if step == "compiled":
-        from engine import compiled
+        from specula.engine.cpu import step as compiled
 
         compiled.prepare(wait=True)
         if compiled.ops() is None:
@@ -98,8 +98,9 @@ def test_greedy_speculation_is_identical_to_plain_decoding_in_bf16(strategy, tmp
     "Translate to French: The weather is nice today and we are going to the beach with our friends.",
 ])
 def test_prompt_lookup_gives_the_plain_answer_on_the_bundled_model_in_bf16(bundled_bf16, prompt):
-    from engine.prompts import conversation
-    from engine.session import GenerateRequest, Session
+    from specula.engine.api.prompts import conversation
+    from specula.engine.api.types import GenerateRequest
+    from specula.engine.serving.session import Session
 
     session = Session()
     session.use(bundled_bf16)

@@ -5,14 +5,12 @@ import threading
 
 import pytest
 
-from engine.decoder import DecodeConfig
-from engine.events import Failed, Finished, Loaded, Started, Step
-from engine.prompts import Message
-from engine.runner import Runner
-from engine.loading import ModelSpec
-from engine.session import GenerateRequest, LoadRequest, Session
-
-from .tiny import loaded, perturbed, tiny_model
+from specula.engine.api.events import Failed, Finished, Loaded, Started, Step
+from specula.engine.api.prompts import Message
+from specula.engine.api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
+from specula.engine.serving.runner import Runner
+from specula.engine.serving.session import Session
+from tests.support.tiny import loaded, perturbed, tiny_model
 
 
 class FakeTokenizer:
@@ -139,7 +137,7 @@ def test_cancel_all_drops_queued_requests(runner):
 
 
 def _training_runner(tiny_folder):
-    from engine.loading import load_model
+    from specula.engine.models.loading import load_model
 
     session = Session()
     session.use(load_model(ModelSpec(str(tiny_folder), "cpu", "fp32")))
@@ -147,8 +145,8 @@ def _training_runner(tiny_folder):
 
 
 def test_a_training_request_trains_a_head_and_offers_its_strategy(tiny_folder):
-    from engine.events import Trained, Training
-    from engine.session import TrainRequest
+    from specula.engine.api.events import Trained, Training
+    from specula.engine.api.types import TrainRequest
 
     r = _training_runner(tiny_folder)
     try:
@@ -165,9 +163,9 @@ def test_a_training_request_trains_a_head_and_offers_its_strategy(tiny_folder):
 
 
 def test_a_cancelled_training_run_says_so_and_keeps_its_answers(tiny_folder):
-    from engine.events import Training
-    from engine.heads.train import default_out
-    from engine.session import TrainRequest
+    from specula.engine.api.events import Training
+    from specula.engine.api.types import TrainRequest
+    from specula.engine.heads.train import default_out
 
     r = _training_runner(tiny_folder)
     try:

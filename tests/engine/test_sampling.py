@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from engine.errors import SpeculaError
-from engine.sampling import SamplingParams, choose, process_logits
+from specula.engine.api.errors import SpeculaError
+from specula.engine.api.types import SamplingParams
+from specula.engine.decoding.sampling import choose, process_logits
 
 
 def test_greedy_is_one_hot_on_the_argmax():
@@ -39,7 +40,7 @@ def test_top_p_keeps_the_smallest_set_covering_p():
 
 def test_seeded_draws_repeat():
     probs = torch.full((50,), 1 / 50)
-    from engine.sampling import sample
+    from specula.engine.decoding.sampling import sample
 
     a = [int(sample(probs, torch.Generator().manual_seed(3))) for _ in range(3)]
     b = [int(sample(probs, torch.Generator().manual_seed(3))) for _ in range(3)]

@@ -13,11 +13,11 @@ import itertools
 import pytest
 import torch
 
-from engine.decoder import DecodeConfig, generate
-from engine.drafters import build_drafter
-from engine.sampling import SamplingParams, process_logits
-
-from .tiny import loaded, perturbed, tiny_model
+from specula.engine.api.types import DecodeConfig, SamplingParams
+from specula.engine.decoding.loop import generate
+from specula.engine.decoding.sampling import process_logits
+from specula.engine.drafters import build_drafter
+from tests.support.tiny import loaded, perturbed, tiny_model
 
 VOCAB = 4
 PROMPT = [0, 1, 2, 3, 1, 2]
@@ -101,9 +101,11 @@ def test_speculative_sampling_matches_the_target_distribution(models, strategy, 
     if strategy == "eagle-tree":  # an EAGLE-2 tree, verified by recursive rejection over siblings
         strategy, options["tree"] = "eagle", 1
     if strategy in ("eagle", "medusa", "auto"):  # untrained heads: draft distributions far from the target's
-        from engine.heads.eagle import EagleHead, HeadConfig, save_head
-        from engine.heads.medusa import MedusaHead
-        from engine.heads.train import head_info
+        from specula.engine.heads.config import HeadConfig
+        from specula.engine.heads.eagle import EagleHead
+        from specula.engine.heads.medusa import MedusaHead
+        from specula.engine.heads.store import save_head
+        from specula.engine.heads.train import head_info
 
         torch.manual_seed(0)
         config = HeadConfig.for_target(target.model.config)

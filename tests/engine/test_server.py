@@ -12,26 +12,26 @@ import time
 
 import pytest
 
-from engine.decoder import DecodeConfig
-from engine.events import Origin, Token
-from engine.loading import ModelSpec
-from engine.prompts import Message
-from engine.remote.telemetry import parse_metrics
-from engine.session import GenerateRequest, LoadRequest, Session
+from specula.engine.api.events import Origin, Token
+from specula.engine.api.prompts import Message
+from specula.engine.api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
+from specula.engine.remote.telemetry import parse_metrics
+from specula.engine.serving.session import Session
 
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from engine.serve_cmd import ServerThread, is_loopback  # noqa: E402
-from engine.server.api import TextStream  # noqa: E402
+from specula.engine.cli.serve import is_loopback  # noqa: E402
+from specula.engine.serving.openai import TextStream  # noqa: E402
+from tests.support.engines import ServerThread  # noqa: E402
 
 
 class Served:
     """`specula serve`'s app on a free port, in a thread."""
 
     def __init__(self, folder, api_key: str | None = None) -> None:
-        from engine.server.app import create_app
-        from engine.server.service import EngineService
+        from specula.engine.serving.routes import create_app
+        from specula.engine.serving.service import EngineService
 
         self.service = EngineService()
         initial = LoadRequest(ModelSpec(str(folder), "cpu", "fp32"), measure_baseline=False)
@@ -261,7 +261,8 @@ def test_the_control_endpoints_list_load_and_cancel(served, tiny_folder):
 
 
 def test_the_remote_backend_reads_a_specula_servers_own_events(served, session):
-    from engine.remote.backend import RemoteBackend, RemoteLoadRequest
+    from specula.engine.api.types import RemoteLoadRequest
+    from specula.engine.remote.backend import RemoteBackend
 
     backend = RemoteBackend()
     loaded = backend.load(RemoteLoadRequest(served.url, use_keyring=False))
@@ -285,7 +286,7 @@ def test_an_api_key_is_required_when_set(tiny_folder):
 
 
 def test_serve_refuses_another_address_without_a_key():
-    from engine.cli import main
+    from specula.engine.cli.main import main
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0")
@@ -311,9 +312,9 @@ def test_text_stream_holds_back_what_may_begin_a_stop_sequence_and_cuts_tokens_a
 
 
 def test_the_client_reads_a_server_without_a_model_as_starting():
-    from engine.client import EngineClient
-    from engine.server.app import create_app
-    from engine.server.service import EngineService
+    from specula.engine.remote.client import EngineClient
+    from specula.engine.serving.routes import create_app
+    from specula.engine.serving.service import EngineService
 
     empty = ServerThread(create_app(EngineService(), strategy="none"))
     try:
@@ -325,8 +326,8 @@ def test_the_client_reads_a_server_without_a_model_as_starting():
 
 
 def test_loaded_events_carry_their_capabilities_over_the_wire():
-    from engine.events import REMOTE, Capabilities, Loaded
-    from engine.wire import loaded_from, loaded_json
+    from specula.engine.api.events import REMOTE, Capabilities, Loaded
+    from specula.engine.api.wire import loaded_from, loaded_json
 
     for can in (Capabilities(), REMOTE):
         event = Loaded(3, "m", None, "cpu", "bf16", 128, ("none",), capabilities=can)

@@ -5,10 +5,9 @@ import time
 import pytest
 import torch
 
-from engine import decoder, threads
-from engine.threads import MIN_SAMPLES, WINDOW, ThreadGovernor, same_bits
-
-from .tiny import assert_greedy_identity, loaded, perturbed, tiny_model
+from specula.engine.cpu import governor as threads
+from specula.engine.cpu.governor import MIN_SAMPLES, WINDOW, ThreadGovernor, same_bits
+from tests.support.tiny import assert_greedy_identity, loaded, perturbed, tiny_model
 
 
 @pytest.fixture(autouse=True)
@@ -136,11 +135,10 @@ def test_greedy_answers_stay_the_targets_own_while_the_thread_count_flips(target
         counts.append(original(runner))
         return counts[-1]
 
-    monkeypatch.setattr(gov, "tick", tick)
-    monkeypatch.setattr(decoder, "governor", lambda: gov)
     draft = loaded(perturbed(tiny_model(vocab=64, layers=2, seed=3), scale=0.05))
     for strategy in ("prompt-lookup", "draft-model"):
-        assert_greedy_identity(target, draft, strategy, {}, trials=4, longest_prompt=40, max_new_tokens=40)
+        assert_greedy_identity(target, draft, strategy, {}, trials=4, longest_prompt=40, max_new_tokens=40,
+                               between=lambda runner: lambda: tick(runner))
     assert {1, 2} <= set(counts)
 
 
@@ -165,3 +163,29 @@ def test_our_own_threads_are_not_counted_as_other_programs(monkeypatch):
     assert threads.others_running() == 0
     monkeypatch.setattr(threads, "procs_running", lambda: None)  # no /proc: unknown
     assert threads.others_running() is None
+
+
+def test_a_session_on_the_cpu_consults_the_governor_before_every_decode_step(target, monkeypatch):
+    import specula.engine.serving.session as session_module
+    from specula.engine.api.events import Finished
+    from specula.engine.api.prompts import Message
+    from specula.engine.api.types import DecodeConfig, GenerateRequest
+    from specula.engine.serving.session import Session
+
+    class Counting:
+        def __init__(self):
+            self.runners = []
+
+        def tick(self, runner=None):
+            self.runners.append(runner)
+            return 2
+
+    gov = Counting()
+    monkeypatch.setattr(session_module, "governor", lambda: gov)
+    session = Session()
+    session.use(target)
+    request = GenerateRequest((Message("user", "hi"),), "none", DecodeConfig(max_new_tokens=6), chat=False)
+    events = list(session.generate(request, prompt_ids=[1, 2, 3]))
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.totals.steps == len(gov.runners) >= 5
+    assert all(r is gov.runners[0] and r is not None for r in gov.runners)

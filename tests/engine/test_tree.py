@@ -4,7 +4,7 @@ keeping one path leaves the cache as if only that path had been fed."""
 import pytest
 import torch
 
-from .tiny import loaded, tiny_model
+from tests.support.tiny import loaded, tiny_model
 
 # row 0 continues the cache; rows 1-2 are children of row 0, 3-4 of row 1, 5 of row 3, 6 of row 2
 PARENTS = [-1, 0, 0, 1, 1, 3, 2]
@@ -90,7 +90,7 @@ class TreeOracle:
         pass
 
     def propose(self, ctx, k):
-        from engine.drafters.base import Draft
+        from specula.engine.decoding.drafter import Draft
 
         done = ctx.tokens.shape[0] - self.prompt_len
         tokens, parents, parent = [], [], -1
@@ -112,9 +112,10 @@ class TreeOracle:
 
 
 def test_the_decoder_keeps_the_agreeing_path_of_a_tree(model):
-    from engine.decoder import DecodeConfig, generate
-    from engine.drafters import build_drafter
-    from engine.events import Step
+    from specula.engine.api.events import Step
+    from specula.engine.api.types import DecodeConfig
+    from specula.engine.decoding.loop import generate
+    from specula.engine.drafters import build_drafter
 
     gen = torch.Generator().manual_seed(4)
     accepted = 0

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from engine.sampling import SamplingParams
-from engine.verify import verify_greedy, verify_sampling
+from specula.engine.api.types import SamplingParams
+from specula.engine.decoding.verify import verify_greedy, verify_sampling
 
 
 def one_hot_logits(ids, vocab=6):
@@ -76,7 +76,7 @@ def test_sampling_rule_with_a_point_guess():
 def test_greedy_verification_gives_probabilities_only_when_asked():
     import torch
 
-    from engine.verify import verify_greedy
+    from specula.engine.decoding.verify import verify_greedy
 
     logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [0.0, 0.0, 1.0]])
     draft = torch.tensor([0, 2])

@@ -1,0 +1,219 @@
+"""What generation yields: frozen dataclasses of plain Python values (never tensors).
+
+A generation is `Started`, then one `Step` per target forward (the prefill included), then exactly one
+of `Finished` or `Failed`. The runner adds `Loading`/`Loaded` around model loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Origin(str, Enum):
+    DRAFT = "draft"  # a draft token the target accepted
+    CORRECTION = "correction"  # the target's token where a draft token was rejected
+    BONUS = "bonus"  # the target's extra token after every draft token was accepted
+    TARGET = "target"  # the target's token when nothing was drafted (plain decoding, prefill)
+    REJECTED = "rejected"  # a draft token the target rejected (not part of the output)
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str
+    origin: Origin
+    step: int
+    draft_pos: int | None = None  # 0-based position in the step's draft, for draft tokens
+    p: float | None = None  # target probability of a draft token (sampling with a distribution)
+    q: float | None = None  # drafter probability of a draft token
+    branch: str | None = None  # a token-tree step: which branch won, e.g. "tree of 14 nodes, kept path 1·2·1"
+
+
+@dataclass(frozen=True)
+class Started:
+    request_id: int
+    strategy: str
+    prompt_tokens: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Step:
+    request_id: int
+    step: int  # 0 is the prefill
+    drafted: int  # draft tokens proposed
+    accepted: int  # of those, kept
+    tokens: tuple[Token, ...]  # emitted, in order: accepted drafts then the target's token
+    rejected: tuple[Token, ...]  # draft tokens after the first rejection, shown as ghost text
+    draft_s: float
+    verify_s: float
+    context_len: int  # tokens in context before this step
+    k: int  # draft length asked of the drafter this step
+    elapsed_s: float  # since the generation started
+    inferred: bool = False  # a remote server's step: origins inferred from the chunk, drafted unknown
+    # the answer's live speedup so far, its standard error, and the plain step's measured cost now
+    # (specula.engine.api.metrics.SpeedupMeter); None until measured
+    speedup: float | None = None
+    speedup_err: float | None = None
+    plain_step_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Totals:
+    new_tokens: int
+    steps: int  # decode steps (target forwards after the prefill)
+    target_forwards: int  # prefill + steps
+    drafted: int
+    accepted: int
+    wall_s: float
+    prefill_s: float
+    draft_s: float
+    verify_s: float
+    accepted_lengths: tuple[int, ...] = ()  # per decode step: accepted draft tokens
+    position_drafted: tuple[int, ...] = ()  # per draft position: times a token was proposed there
+    position_accepted: tuple[int, ...] = ()  # ... and accepted
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """New tokens per target forward (1.0 for plain decoding)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def decode_s(self) -> float:
+        """Wall time after the first token (the prefill's), i.e. spent producing the rest."""
+        return max(0.0, self.wall_s - self.prefill_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generation speed after the first token: (new tokens - 1) / decode time, as chat apps show it;
+        the prompt's processing time is reported separately (prefill_s, the time to first token)."""
+        return decode_rate(self.new_tokens, self.decode_s)
+
+
+def decode_rate(new_tokens: int, decode_s: float) -> float:
+    return (new_tokens - 1) / decode_s if new_tokens > 1 and decode_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Finished:
+    request_id: int
+    reason: str  # "eos", "length" or "cancelled"
+    text: str
+    token_ids: tuple[int, ...]
+    totals: Totals
+    speedup: float | None = None  # the live speedup at the end (metrics.SpeedupMeter); None when unknown
+    speedup_err: float | None = None  # its standard error; None with fewer than two plain samples
+
+
+@dataclass(frozen=True)
+class Failed:
+    request_id: int
+    message: str  # one line a user can act on
+    kind: str = "error"  # the exception type name, for the GUI to pick an icon or hint
+
+
+@dataclass(frozen=True)
+class Loading:
+    request_id: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a loaded backend offers. The window and the clients ask these, never the backend's name."""
+
+    exact_colours: bool = True  # every token's origin comes from the engine (else inferred from stream chunks)
+    strategies: bool = True  # the user picks the strategy and its draft length (else the server's own: "server")
+    training: bool = True  # draft heads can be trained for the loaded model
+    compare: bool = True  # Compare can run several strategies on the same prompt
+    acceptance: str = "steps"  # where acceptance comes from: "steps" (each step's own) or "counters" (server-wide)
+    precision: bool = True  # the device, dtype and weights shown are the engine's own (a server's are its business)
+
+
+REMOTE = Capabilities(exact_colours=False, strategies=False, training=False, compare=False, acceptance="counters",
+                      precision=False)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    request_id: int
+    target: str
+    draft: str | None
+    device: str
+    dtype: str
+    context_window: int
+    strategies: tuple[str, ...] = field(default_factory=tuple)
+    baseline: BaselineCost | None = None  # measured plain decoding cost, for live speedup and plots
+    backend: str = "local"  # or "remote": an OpenAI-compatible server
+    notes: tuple[str, ...] = ()  # what a user should know about this backend's numbers
+    warnings: tuple[str, ...] = ()  # what went wrong but did not stop the load (e.g. an unreadable head)
+    weights: str = ""  # what the products run on, e.g. "Q4_1 4-bit (native)"; "" when it is `dtype`
+    capabilities: Capabilities = field(default_factory=Capabilities)
+
+
+@dataclass(frozen=True)
+class BaselineCost:
+    """Seconds per plain decoding step at context length L: a + b * L (see metrics.measure_baseline)."""
+
+    a: float
+    b: float
+
+    def per_token(self, context_len: int) -> float:
+        return self.a + self.b * context_len
+
+    def expected(self, context_start: int, n_tokens: int) -> float:
+        """Plain decoding time for n tokens produced at context lengths start .. start+n-1."""
+        n = n_tokens
+        return n * self.a + self.b * (n * context_start + n * (n - 1) / 2)
+
+    def speedup(self, prompt_tokens: int, totals: Totals) -> float | None:
+        """A finished generation's speedup: what plain decoding would have spent on the tokens after the
+        first (the prefill's) / the time they took. None when nothing was decoded."""
+        decoded = totals.new_tokens - 1
+        if decoded <= 0 or totals.decode_s <= 0:
+            return None
+        return self.expected(prompt_tokens + 1, decoded) / totals.decode_s
+
+
+@dataclass(frozen=True)
+class ServerStats:
+    """A remote server's speculative decoding counters since this request started (server-wide: other
+    clients' requests running at the same time count too)."""
+
+    request_id: int
+    elapsed_s: float
+    drafts: int  # steps with a draft
+    draft_tokens: int
+    accepted: int
+    position_accepted: tuple[int, ...] = ()  # accepted at draft position 0, 1, ...
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.draft_tokens if self.draft_tokens else None
+
+
+Event = Started | Step | Finished | Failed | Loading | Loaded | ServerStats
+
+
+@dataclass(frozen=True)
+class Training:
+    """Progress of a draft-head training run (TrainRequest)."""
+
+    request_id: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A draft head was trained and saved; a Loaded event with the new strategy list follows."""
+
+    request_id: int
+    kind: str
+    folder: str
+    accepted: float  # held-out mean accepted length
+    summary: str

@@ -1,0 +1,124 @@
+"""The engine's public types, without torch: what a client (the app, `specula serve`'s callers, the CLI)
+builds and reads. The engine's modules re-export them where they are used (`session.GenerateRequest`,
+`decoder.DecodeConfig`, ...); the app imports them from here so that its process never loads torch.
+
+Events are in `events.py` (also torch-free), errors in `errors.py`, the strategy catalogue in
+`strategies.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import SpeculaError
+from .prompts import Message
+from .strategies import default_k
+
+BUNDLED = "bundled"
+VERIFY_ROWS_MAX = 32  # the most rows a verify pass may hold and still round as single steps do (quant.py)
+K_MAX = VERIFY_ROWS_MAX - 1  # 31 draft tokens
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy; top_k 0 and top_p 1 mean no truncation."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.temperature < float("inf"):
+            raise SpeculaError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise SpeculaError(f"top-k must be >= 0 (0 turns it off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise SpeculaError(f"top-p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    k: int = 4  # draft length (the starting length when adaptive)
+    adaptive_k: bool = False
+    k_max: int = 16  # bound for adaptive k
+    max_new_tokens: int = 256
+    params: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None  # None: a fresh random seed per request
+    token_probs: bool = False  # greedy too: each draft token's probability (the app's hover; one softmax a step)
+
+    @classmethod
+    def for_strategy(cls, strategy: str, k: int | None = None, *, temperature: float = 0.0, top_k: int = 0,
+                     top_p: float = 1.0, **fields) -> "DecodeConfig":
+        """How every entry point (the window, the command line, the server) makes a request's settings:
+        k from the user, else the strategy's own draft length; the sampling settings as SamplingParams."""
+        return cls(k=default_k(strategy) if k is None else k,
+                   params=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p), **fields)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= K_MAX:
+            raise SpeculaError(f"draft length k must be between 1 and {K_MAX}, got {self.k}")
+        if not 1 <= self.k_max <= K_MAX:
+            raise SpeculaError(f"maximum draft length must be between 1 and {K_MAX}, got {self.k_max}")
+        if self.max_new_tokens < 1:
+            raise SpeculaError(f"max new tokens must be at least 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str = BUNDLED
+    device: str = "auto"
+    dtype: str = "auto"
+    # How a GGUF's 4-bit weights run: "native" keeps its Q4_0/Q4_1/Q4_K blocks and runs them through int4
+    # products (CPU, bf16), "dequantized" expands them to `dtype` as transformers reads them, "auto"
+    # is native where it applies. Other sources are always dense.
+    weights: str = "auto"
+    # The decoding step: "compiled" (engine/compiled.py: built once per machine, waited for), "auto" (used
+    # once built; the build runs in the background), "eager" (never). CPU, Llama family.
+    step: str = "auto"
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    target: ModelSpec = field(default_factory=ModelSpec)
+    draft: str | None = None  # a model source; loaded on the target's device and dtype
+    measure_baseline: bool = True
+
+
+@dataclass(frozen=True)
+class RemoteLoadRequest:
+    """Connect to a server (the remote counterpart of LoadRequest)."""
+
+    server: str
+    model: str = ""  # empty: the server's first model
+    api_key_env: str = ""  # the environment variable holding the key; empty: the OS keyring, else none
+    baseline_server: str = ""  # the same model served without speculation, for a measured speedup
+    verify_tls: bool = True
+    use_keyring: bool = True
+    allow_http_key: bool = False  # the user allowed sending the key unencrypted to a host that is not this one
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    messages: tuple[Message, ...]
+    strategy: str = "none"
+    config: DecodeConfig = field(default_factory=DecodeConfig)
+    chat: bool = True
+    options: tuple[tuple[str, object], ...] = ()  # strategy options, e.g. (("max_n", 3),)
+
+    @property
+    def option_dict(self) -> dict:
+        return dict(self.options)
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """Train a draft head for the loaded target on its own answers (see heads.train.run_training)."""
+
+    kind: str = "eagle"
+    tokens: int = 20000
+    epochs: int = 3
+    batch: int = 16  # small batches: a cancel takes effect within one batch

@@ -1,0 +1,232 @@
+"""Bench results -> per-category and overall figures, a Markdown table, JSON and a per-prompt trace."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from ...api.metrics import merge_positions
+from .charts import write_charts
+from .run import PEERS, Run
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def _figures(pairs: list, base: list | None, hf: list | None) -> dict:
+    runs: list[Run] = [r for _, r in pairs]
+    wall = sum(r.wall_s for r in runs)
+    tokens = sum(r.new_tokens for r in runs)
+    forwards = sum(r.forwards for r in runs)
+    drafted = sum(r.drafted for r in runs)
+    accepted = sum(r.accepted for r in runs)
+    pos_d: list[int] = []
+    pos_a: list[int] = []
+    for r in runs:
+        merge_positions(pos_d, pos_a, r.position_drafted, r.position_accepted)
+    same = sum(r.token_ids == b.token_ids for r, (_, b) in zip(runs, base)) if base else None
+    rate = _ratio(sum(r.decoded for r in runs), sum(r.decode_s for r in runs))
+    base_rate = _ratio(sum(b.decoded for _, b in base), sum(b.decode_s for _, b in base)) if base else None
+    return {
+        "n": len(runs),
+        "speedup": _ratio(sum(b.wall_s for _, b in base), wall) if base else None,
+        # after the first token, as the live speedup counts: measured here (decode rates against none's
+        # runs) and as the engine measured it inside each answer (docs/ENGINE.md)
+        "decode_speedup": _ratio(rate, base_rate) if rate and base_rate else None,
+        "live_speedup": _ratio(sum(r.live.plain_s for r in runs), sum(r.live.spent_s for r in runs)),
+        "speedup_vs_hf": _ratio(sum(h.wall_s for _, h in hf), wall) if hf else None,
+        "tokens_per_s": _ratio(tokens, wall),
+        "mean_accepted_length": _ratio(tokens, forwards) if forwards else None,
+        "acceptance_rate": _ratio(accepted, drafted) if drafted else None,
+        "per_position_acceptance": [a / d for a, d in zip(pos_a, pos_d) if d],
+        "identical": f"{same}/{len(runs)}" if same is not None else None,
+        "new_tokens": tokens,
+        "wall_s": wall,
+    }
+
+
+def length_histogram(runs: list[Run]) -> list[int]:
+    """counts[i] = verify steps that kept i draft tokens (steps whose drafter proposed nothing are not
+    verify steps and are not counted; the target's own next token is not a draft token)."""
+    counts: list[int] = []
+    for r in runs:
+        for kept in r.accepted_lengths:
+            counts.extend([0] * (kept + 1 - len(counts)))
+            counts[kept] += 1
+    return counts
+
+
+def _pick(items: list | None, indices: list[int]) -> list | None:
+    return [items[i] for i in indices] if items else None
+
+
+# Spec-Bench reports six categories: MT-bench's eight count as one, "multi-turn conversation"
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+SPEC_BENCH = ("multi-turn conversation", "translation", "summarization", "qa", "math_reasoning", "rag")
+
+
+def spec_bench_group(category: str | None) -> str | None:
+    if category in MT_BENCH:
+        return SPEC_BENCH[0]
+    return category if category in SPEC_BENCH else None
+
+
+def spec_bench_view(results: dict[str, list]) -> dict:
+    """Speedup over none in Spec-Bench's six categories (those present), and their mean, per strategy;
+    empty when the prompts have none of them."""
+    base_all = results.get("none")
+    if not base_all:
+        return {}
+    view = {}
+    for name, pairs in results.items():
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, (item, _) in enumerate(pairs):
+            group = spec_bench_group(item.category)
+            if group:
+                groups[group].append(i)
+        if not groups:
+            return {}
+        cats = {g: _figures(_pick(pairs, groups[g]), _pick(base_all, groups[g]), None)["speedup"]
+                for g in SPEC_BENCH if g in groups}
+        view[name] = {"categories": cats, "speedup": statistics.mean(cats.values())}
+    return view
+
+
+def summarize(results: dict[str, list], model: str, device: str, dtype: str, max_new_tokens: int,
+              servers: set[str] = frozenset()) -> dict:
+    base_all = results.get("none")
+    hf_all = results.get("hf")
+    rows = []
+    overall = {}
+    for name, pairs in results.items():
+        by_cat: dict[str, list[int]] = defaultdict(list)
+        for i, (item, _) in enumerate(pairs):
+            by_cat[item.category or "all"].append(i)
+        cat_rows = []
+        for cat, idx in by_cat.items():
+            figures = _figures(_pick(pairs, idx), _pick(base_all, idx), _pick(hf_all, idx))
+            cat_rows.append({"strategy": name, "category": cat, **figures})
+        rows += cat_rows
+        whole = _figures(pairs, base_all, hf_all)
+        speedups = [r["speedup"] for r in cat_rows if r["speedup"] is not None]
+        vs_hf = [r["speedup_vs_hf"] for r in cat_rows if r["speedup_vs_hf"] is not None]
+        overall[name] = {
+            "speedup": statistics.mean(speedups) if speedups else None,
+            "speedup_vs_hf": statistics.mean(vs_hf) if vs_hf else None,
+            "tokens_per_s": whole["tokens_per_s"],
+            "decode_speedup": whole["decode_speedup"],
+            "live_speedup": whole["live_speedup"],
+            "mean_accepted_length": whole["mean_accepted_length"],
+            "acceptance_rate": whole["acceptance_rate"],
+            "per_position_acceptance": whole["per_position_acceptance"],
+            "accepted_length_histogram": length_histogram([r for _, r in pairs]),
+            "identical": whole["identical"],
+            "kind": "server" if name in servers else "peer" if name in PEERS else "strategy",
+        }
+    return {"model": model, "device": device, "dtype": dtype, "max_new_tokens": max_new_tokens,
+            "rows": rows, "overall": overall, "spec_bench": spec_bench_view(results)}
+
+
+def _fmt(value, pattern="{:.2f}") -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def to_markdown(summary: dict) -> str:
+    weights = summary.get("weights")
+    head = (f"Model: {summary['model']} | device {summary['device']} | dtype {summary['dtype']} | "
+            + (f"weights {weights} | " if weights and weights != summary["dtype"] else "")
+            + (f"step {summary['step']} | " if summary.get("step") else "")
+            + f"max new tokens {summary['max_new_tokens']}")
+    if summary.get("k"):
+        head += " | longest draft k: " + ", ".join(f"{n} {k}" for n, k in summary["k"].items() if n != "none")
+    for name, where in summary.get("servers", {}).items():
+        head += (f"\n\nServer peer {name}: {where}. Its acceptance comes from the server's spec-decode counters; "
+                 "its identity is against this process's `none`, which runs another build of the model")
+    head += "\n\n"
+    lines = ["| strategy | category | n | speedup vs none | vs hf | tokens/s | accepted length | acceptance | identical |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        lines.append(
+            f"| {r['strategy']} | {r['category']} | {r['n']} | {_fmt(r['speedup'], '{:.2f}x')} | "
+            f"{_fmt(r['speedup_vs_hf'], '{:.2f}x')} | {_fmt(r['tokens_per_s'], '{:.1f}')} | "
+            f"{_fmt(r['mean_accepted_length'])} | {_fmt(r['acceptance_rate'], '{:.0%}')} | {r['identical'] or '-'} |"
+        )
+    lines += ["", "| strategy | overall speedup vs none | vs hf | tokens/s | accepted length | identical | "
+                  "after the first token: measured | live (in the answers) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, o in summary["overall"].items():
+        lines.append(
+            f"| {name} | {_fmt(o['speedup'], '{:.2f}x')} | {_fmt(o['speedup_vs_hf'], '{:.2f}x')} | "
+            f"{_fmt(o['tokens_per_s'], '{:.1f}')} | {_fmt(o['mean_accepted_length'])} | {o['identical'] or '-'} | "
+            f"{_fmt(o.get('decode_speedup'), '{:.2f}x')} | {_fmt(o.get('live_speedup'), '{:.2f}x')} |"
+        )
+    view = summary.get("spec_bench")
+    if view:
+        cats = [c for c in SPEC_BENCH if c in next(iter(view.values()))["categories"]]
+        lines += ["", "Spec-Bench's categories (MT-bench's eight as one multi-turn conversation), speedup vs none:", "",
+                  "| strategy | " + " | ".join(cats) + " | mean |", "|---" * (len(cats) + 2) + "|"]
+        for name, v in view.items():
+            lines.append(f"| {name} | " + " | ".join(_fmt(v["categories"].get(c), "{:.2f}x") for c in cats)
+                         + f" | {_fmt(v['speedup'], '{:.2f}x')} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def public_json(summary: dict) -> dict:
+    """The stable --json contract."""
+    keys = ("strategy", "category", "n", "speedup", "speedup_vs_hf", "tokens_per_s", "mean_accepted_length",
+            "acceptance_rate", "identical")
+    overall_keys = ("speedup", "speedup_vs_hf", "tokens_per_s", "mean_accepted_length", "identical", "decode_speedup",
+                    "live_speedup")
+    return {
+        **{k: summary[k] for k in ("model", "device", "dtype", "max_new_tokens")},
+        "weights": summary.get("weights", summary["dtype"]),
+        "step": summary.get("step", "eager"),
+        "rows": [{k: r[k] for k in keys} for r in summary["rows"]],
+        "overall": {n: {k: o[k] for k in overall_keys} for n, o in summary["overall"].items()},
+    }
+
+
+def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
+    """Index of the first token where two outputs differ (None when identical)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def write_out(folder: Path, summary: dict, results: dict[str, list]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "bench.md").write_text(to_markdown(summary), encoding="utf-8")
+    (folder / "bench.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    with (folder / "trace.jsonl").open("w", encoding="utf-8") as f:
+        for name, pairs in results.items():
+            base = dict((id(item), run) for item, run in results.get("none", []))
+            for item, run in pairs:
+                b = base.get(id(item))
+                f.write(json.dumps({
+                    "strategy": name, "question_id": item.question_id, "category": item.category,
+                    "new_tokens": run.new_tokens, "wall_s": run.wall_s, "target_forwards": run.forwards,
+                    "drafted": run.drafted, "accepted": run.accepted, "accepted_lengths": run.accepted_lengths,
+                    "identical_to_none": (run.token_ids == b.token_ids) if b else None,
+                    "first_difference": first_difference(run.token_ids, b.token_ids) if b else None,
+                }) + "\n")
+    with (folder / "steps.jsonl").open("w", encoding="utf-8") as f:  # every decoding step of every run
+        for name, pairs in results.items():
+            for item, run in pairs:
+                for step in run.steps:
+                    f.write(json.dumps({"strategy": name, "question_id": item.question_id, "category": item.category,
+                                        **step}) + "\n")
+    _write_charts(folder, summary)
+
+
+def _write_charts(folder: Path, summary: dict) -> None:
+    try:
+        write_charts(folder, summary)
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("matplotlib"):
+            raise
+        print("charts skipped: matplotlib is not installed (pip install 'matplotlib>=3.8')", file=sys.stderr)

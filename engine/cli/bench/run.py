@@ -1,0 +1,214 @@
+"""`specula bench`: every strategy and peer on the same prompts, in one process, interleaved.
+
+For each prompt, every strategy (and transformers peer) runs back to back, so drift in machine speed
+hits all alike; `--repeat` runs the round several times and keeps each run's median wall time. Ratios,
+not absolute times, are the result: speedup = total wall time of `none` / total wall time of the
+strategy on the same prompts (per category; overall = mean of the category speedups).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ...api.errors import SpeculaError
+from ...api.events import Finished, Step
+from ...api.metrics import SpeedupSum, merge_positions
+from ...api.prompts import Message, conversation
+from ...api.strategies import default_k
+from ...api.types import DecodeConfig, GenerateRequest
+from ...serving.session import Session
+from ..common import PromptItem, read_prompts
+
+PEERS = ("hf", "hf-prompt-lookup", "hf-assisted")
+HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
+
+
+@dataclass
+class Run:
+    """One strategy on one prompt (all turns)."""
+
+    token_ids: tuple[int, ...]
+    new_tokens: int
+    wall_s: float
+    forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    position_drafted: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)  # one entry per decoding step, for steps.jsonl
+    decoded: int = 0  # tokens after each turn's first (the prefill's)
+    decode_s: float = 0.0  # the time they took
+    live: SpeedupSum = field(default_factory=SpeedupSum)  # the live speedup the turns measured
+
+
+class Bench:
+    def __init__(self, session: Session, config: DecodeConfig, chat: bool, k: int | None = None,
+                 options: tuple = (), remotes: dict | None = None) -> None:
+        self.session = session
+        self.config = config
+        self.chat = chat
+        self.k = k  # None: each strategy's own default draft length
+        self.options = options  # strategy options, e.g. (("head", DIR),)
+        self.remotes = remotes or {}  # peer name -> a connected remote.backend.RemoteBackend
+
+    def config_for(self, strategy: str) -> DecodeConfig:
+        return replace(self.config, k=default_k(strategy) if self.k is None else self.k)
+
+    def run_strategy(self, name: str, item: PromptItem) -> Run:
+        strategy, flags = split_variant(name)
+        options = self.options + tuple((flag, 1) for flag in flags)
+        return self._run_turns(self.session, strategy, options, item)
+
+    def run_remote(self, name: str, item: PromptItem) -> Run:
+        """A server peer: the same prompts through its chat API (its own speculation, its counters)."""
+        return self._run_turns(self.remotes[name], "server", (), item)
+
+    def _run_turns(self, backend, strategy: str, options: tuple, item: PromptItem) -> Run:
+        history: tuple[Message, ...] = ()
+        run = Run((), 0, 0.0)
+        for turn, text in enumerate(item.turns):
+            messages = conversation(text, None, history)
+            request = GenerateRequest(messages, strategy, self.config_for(strategy), self.chat, options)
+            events = list(backend.generate(request))
+            f = [e for e in events if isinstance(e, Finished)][0]
+            run.steps += [{"turn": turn, "step": e.step, "context": e.context_len, "k": e.k, "drafted": e.drafted,
+                           "accepted": e.accepted, "new_tokens": len(e.tokens),
+                           "draft_ms": round(1000 * e.draft_s, 3), "verify_ms": round(1000 * e.verify_s, 3)}
+                          for e in events if isinstance(e, Step)]
+            t = f.totals
+            run.token_ids += f.token_ids
+            run.new_tokens += t.new_tokens
+            run.wall_s += t.wall_s
+            run.decoded += max(0, t.new_tokens - 1)
+            run.decode_s += t.decode_s
+            run.live.add(f.speedup, f.speedup_err, t.decode_s)
+            run.forwards += t.target_forwards
+            run.drafted += t.drafted
+            run.accepted += t.accepted
+            run.accepted_lengths += list(t.accepted_lengths)
+            merge_positions(run.position_drafted, run.position_accepted, t.position_drafted, t.position_accepted)
+            history = messages + (Message("assistant", f.text),)
+        return run
+
+    def run_peer(self, peer: str, item: PromptItem) -> Run:
+        target = self.session.target
+        history: tuple[Message, ...] = ()
+        run = Run((), 0, 0.0)
+        kwargs = dict(do_sample=False, max_new_tokens=self.config.max_new_tokens, eos_token_id=sorted(target.eos_ids))
+        if peer == "hf-prompt-lookup":
+            kwargs["prompt_lookup_num_tokens"] = HF_LOOKUP_TOKENS
+        elif peer == "hf-assisted":
+            if self.session.draft is None:
+                raise SpeculaError("peer 'hf-assisted' needs --draft-model")
+            kwargs["assistant_model"] = self.session.draft.model
+        for text in item.turns:
+            messages = conversation(text, None, history)
+            ids = torch.tensor([self.session.encode(GenerateRequest(messages, chat=self.chat))], device=target.device)
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = target.model.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=kwargs["eos_token_id"][0], **kwargs)
+            wall = time.perf_counter() - t0
+            new = out[0, ids.shape[1] :].tolist()
+            while new and new[-1] in target.eos_ids:  # the stop token is not part of the answer
+                new.pop()
+            run.token_ids += tuple(new)
+            run.new_tokens += len(new)
+            run.wall_s += wall
+            text_out = target.tokenizer.decode(new, skip_special_tokens=False)
+            history = messages + (Message("assistant", text_out),)
+        return run
+
+    def run(self, name: str, item: PromptItem) -> Run:
+        if name in self.remotes:
+            return self.run_remote(name, item)
+        return self.run_peer(name, item) if name in PEERS else self.run_strategy(name, item)
+
+
+def parse_peers(text: str) -> tuple[list[str], dict[str, str]]:
+    """'hf,vllm=http://h:8011,vllm-plain=http://h:8012' -> (['hf'], {'vllm': URL, 'vllm-plain': URL}):
+    transformers peers by name, servers as NAME=URL."""
+    local, remote = [], {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, url = part.partition("=")
+        name = name.strip()
+        if sep:
+            if not name or not url.strip():
+                raise SpeculaError(f"peer '{part}': write a server peer as NAME=URL, e.g. vllm=http://127.0.0.1:8011")
+            if name in PEERS or name in remote:
+                raise SpeculaError(f"peer name '{name}' is taken: choose another name for {url.strip()}")
+            remote[name] = url.strip()
+        elif name in PEERS:
+            local.append(name)
+        else:
+            raise SpeculaError(f"unknown peer '{name}': choose from {', '.join(PEERS)}, or NAME=URL for a server")
+    return local, remote
+
+
+def split_variant(name: str) -> tuple[str, tuple[str, ...]]:
+    """'eagle+tree' -> ('eagle', ('tree',)): a strategy with on/off options set, benched under its own name."""
+    strategy, *flags = name.split("+")
+    return strategy, tuple(flags)
+
+
+def median_run(runs: list[Run]) -> Run:
+    best = sorted(runs, key=lambda r: r.wall_s)[len(runs) // 2]
+    best.wall_s = statistics.median(r.wall_s for r in runs)
+    return best
+
+
+def select(items: list[PromptItem], categories: list[str] | None, limit: int | None) -> list[PromptItem]:
+    picked: dict[str, list[PromptItem]] = defaultdict(list)
+    for item in items:
+        cat = item.category or "all"
+        if categories and cat not in categories:
+            continue
+        if limit is None or len(picked[cat]) < limit:
+            picked[cat].append(item)
+    if not picked:
+        raise SpeculaError(f"no prompts in the categories {', '.join(categories or [])}")
+    return [i for cat in picked for i in picked[cat]]
+
+
+def run_bench(session: Session, items: list[PromptItem], names: list[str], config: DecodeConfig,
+              chat: bool, repeat: int, k: int | None = None, options: tuple = (),
+              remotes: dict | None = None) -> dict[str, list[tuple[PromptItem, Run]]]:
+    bench = Bench(session, config, chat, k, options, remotes)
+    warm = PromptItem(("Say hello.",), "warm-up", "warm-up")
+    for name in names:
+        bench.run(name, warm)
+    results: dict[str, list[tuple[PromptItem, Run]]] = {n: [] for n in names}
+    total = len(items) * len(names) * repeat
+    done = 0
+    for item in items:
+        runs: dict[str, list[Run]] = defaultdict(list)
+        for _ in range(repeat):
+            for name in names:  # interleaved: every strategy on this prompt, back to back
+                runs[name].append(bench.run(name, item))
+                done += 1
+                _progress(done, total, item, name)
+        for name in names:
+            results[name].append((item, median_run(runs[name])))
+    print(file=sys.stderr)
+    return results
+
+
+def _progress(done: int, total: int, item: PromptItem, name: str) -> None:
+    width = 30
+    filled = width * done // total
+    bar = "#" * filled + "-" * (width - filled)
+    sys.stderr.write(f"\r[{bar}] {done}/{total} {item.category or ''} {name:<18}")
+    sys.stderr.flush()
+
+
+def load_items(path, categories: str | None, limit: int | None) -> list[PromptItem]:
+    cats = [c.strip() for c in categories.split(",")] if categories else None
+    return select(read_prompts(path), cats, limit)

@@ -1,0 +1,116 @@
+"""`specula chat`: a terminal chat that colours each token by where it came from.
+
+Commands: /strategy NAME, /k N, /reset, /help, /quit. Ctrl-C stops the current answer.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import replace
+
+from ..api.errors import SpeculaError, terminal_safe
+from ..api.events import Finished, Origin, Step
+from ..api.metrics import speedup_text
+from ..api.prompts import Message, conversation
+from ..api.types import GenerateRequest
+from ..serving.session import Session
+from .common import decode_config, open_backend, strategy_options
+
+COLOURS = {
+    Origin.DRAFT: "\033[32m",  # green: accepted draft token
+    Origin.CORRECTION: "\033[33m",  # yellow: the target's correction
+    Origin.BONUS: "\033[36m",  # cyan: the target's bonus token
+    Origin.TARGET: "",
+}
+RESET = "\033[0m"
+HELP = "/strategy NAME  /k N  /reset  /quit   (Ctrl-C stops an answer)"
+
+
+def _paint(step: Step, colour: bool) -> str:
+    if not colour:
+        return terminal_safe("".join(t.text for t in step.tokens))
+    return "".join(f"{COLOURS[t.origin]}{terminal_safe(t.text)}{RESET}" if COLOURS[t.origin] else terminal_safe(t.text)
+                   for t in step.tokens)
+
+
+def run_chat(args) -> int:
+    config = decode_config(args)
+    colour = sys.stdout.isatty()
+    say = lambda text: print(f"[{text}]", file=sys.stderr)  # noqa: E731
+    session, loaded = open_backend(args, say)
+    strategy = args.strategy
+    print(f"{loaded.target} on {loaded.device} ({loaded.weights or loaded.dtype}). Strategy: {strategy}. {HELP}")
+    if colour:
+        print(f"Colours: {COLOURS[Origin.DRAFT]}accepted draft{RESET}, {COLOURS[Origin.CORRECTION]}correction"
+              f"{RESET}, {COLOURS[Origin.BONUS]}bonus{RESET}, plain target.")
+    history: tuple[Message, ...] = ()
+    while True:
+        try:
+            line = input("\n> ").strip()
+        except EOFError:
+            print()
+            return 0
+        except KeyboardInterrupt:  # as in a shell: Ctrl-C clears the line, it does not end the chat
+            print("\n[Ctrl-C stops an answer; /quit or Ctrl-D leaves]")
+            continue
+        if not line:
+            continue
+        if line.startswith("/"):
+            name, _, value = line[1:].partition(" ")
+            if name in ("quit", "exit", "q"):
+                return 0
+            if name == "reset":
+                history = ()
+                print("[conversation cleared]")
+            elif name == "strategy" and value.strip():
+                if value.strip() in loaded.strategies:
+                    strategy = value.strip()
+                    print(f"[strategy: {strategy}]")
+                else:
+                    print(f"[unknown strategy '{terminal_safe(value.strip())}' for this model; it can use: "
+                          f"{', '.join(loaded.strategies)}]")
+            elif name == "k" and value.strip().isdigit():
+                try:
+                    config = replace(config, k=int(value))
+                    print(f"[k = {config.k}]")
+                except SpeculaError as exc:
+                    print(f"[{exc}]")
+            else:
+                print(f"[{HELP}; strategies: {', '.join(loaded.strategies)}]")
+            continue
+        messages = conversation(line, args.system, history)
+        request = GenerateRequest(messages, strategy, config, True, strategy_options(args))
+        finished = _reply(session, request, colour)
+        if finished is not None:
+            history = messages[1 if args.system else 0 :] + (Message("assistant", finished.text),)
+
+
+def _reply(session: Session, request: GenerateRequest, colour: bool) -> Finished | None:
+    stop = [False]
+
+    def on_interrupt(signum, frame) -> None:
+        stop[0] = True  # the loop ends before its next step and still reports what it made
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    finished = None
+    try:
+        for event in session.generate(request, should_stop=lambda: stop[0]):
+            if isinstance(event, Step):
+                sys.stdout.write(_paint(event, colour))
+                sys.stdout.flush()
+            elif isinstance(event, Finished):
+                finished = event
+    except SpeculaError as exc:
+        print(f"\n[error: {terminal_safe(str(exc))}]")
+        return None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    t = finished.totals
+    rate = f"{t.acceptance_rate:.0%}" if t.acceptance_rate is not None else "n/a"
+    if request.strategy == "server" and t.acceptance_rate is not None:
+        rate += " (server-wide counters)"
+    speed = f", {speedup_text(finished.speedup, finished.speedup_err)} vs plain" if finished.speedup else ""
+    print(f"\n[{request.strategy}: {t.new_tokens} tokens, {t.tokens_per_s:.1f} tok/s, acceptance {rate}"
+          f"{speed}, {finished.reason}]")
+    return finished

@@ -1,0 +1,117 @@
+"""What the commands share: the backend a command talks to (the local engine, or a server: the same
+`Backend` the engine's worker drives for the window and `specula serve`), the decoding settings from the
+flags, prompt files and JSON lines."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..api.errors import SpeculaError
+from ..api.events import Loaded
+from ..api.strategies import STRATEGIES
+from ..api.types import DecodeConfig, LoadRequest, ModelSpec, RemoteLoadRequest
+from ..remote.backend import RemoteBackend
+from ..serving.session import Session
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    turns: tuple[str, ...]
+    question_id: object = None
+    category: str | None = None
+
+
+def json_line(obj: dict) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def model_spec(args) -> ModelSpec:
+    return ModelSpec(args.model, args.device, args.dtype, args.weights, args.step)
+
+
+def decode_config(args) -> DecodeConfig:
+    if args.strategy is None:  # the default: auto here; a server speculates as it was started to
+        args.strategy = "server" if args.backend == "remote" else "auto"
+    return DecodeConfig.for_strategy(args.strategy, args.k, temperature=args.temperature, top_k=args.top_k,
+                                     top_p=args.top_p, adaptive_k=args.adaptive_k, max_new_tokens=args.max_new_tokens,
+                                     seed=args.seed)
+
+
+def strategy_options(args) -> tuple[tuple[str, object], ...]:
+    names = ("min_n", "max_n", "exit_layer", "head", "tree")
+    return tuple((n, getattr(args, n)) for n in names if getattr(args, n, None) is not None)
+
+
+def check_strategy(args) -> None:
+    if args.strategy not in STRATEGIES:
+        raise SpeculaError(f"unknown strategy '{args.strategy}': choose one of {', '.join(STRATEGIES)}")
+    if STRATEGIES[args.strategy].needs_draft_model and not args.draft_model:
+        raise SpeculaError(f"strategy '{args.strategy}' needs --draft-model")
+
+
+def read_prompts(path: Path) -> list[PromptItem]:
+    """JSON Lines with either "prompt" (one turn) or Spec-Bench's "turns" (several)."""
+    if not path.is_file():
+        raise SpeculaError(f"prompts file not found: {path}")
+    try:
+        text = path.read_bytes().decode("utf-8-sig")  # a byte-order mark from an editor is fine
+    except UnicodeDecodeError as exc:
+        raise SpeculaError(f"{path} is not UTF-8 text (byte {exc.start}): JSON Lines, one prompt per line") from None
+    except OSError as exc:
+        raise SpeculaError(f"cannot read the prompts file {path}: {exc.strerror or exc}") from None
+    items = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpeculaError(f"{path} line {number}: not valid JSON ({exc.msg})") from None
+        turns = row.get("turns") if isinstance(row, dict) else None
+        if isinstance(row, dict) and isinstance(row.get("prompt"), str):
+            turns = [row["prompt"]]
+        if not turns or not all(isinstance(t, str) for t in turns):
+            raise SpeculaError(f'{path} line {number}: needs a "prompt" string or a "turns" list of strings')
+        if not all(t.strip() for t in turns):
+            raise SpeculaError(f"{path} line {number}: the prompt is empty")
+        items.append(PromptItem(tuple(turns), row.get("question_id"), row.get("category")))
+    if not items:
+        raise SpeculaError(f"{path} holds no prompts")
+    return items
+
+
+def open_backend(args, progress, measure_baseline: bool = True) -> tuple[Session | RemoteBackend, Loaded]:
+    """The backend the flags ask for, loaded: a server (--backend remote) or the local engine with the
+    model, whose strategy is built once here so that an unusable one fails before any answer."""
+    if args.backend == "remote":
+        backend = connect_remote(args, progress)
+        args.strategy = "server"  # the server speculates as it was started to
+        return backend, backend.describe()
+    check_strategy(args)
+    session = Session()
+    loaded = session.load(LoadRequest(model_spec(args), args.draft_model, measure_baseline=measure_baseline), progress)
+    for warning in loaded.warnings:
+        print(f"specula: note: {warning}", file=sys.stderr)
+    session.drafter(args.strategy, dict(strategy_options(args)))
+    return session, loaded
+
+
+def connect_remote(args, progress):
+    """A RemoteBackend connected as the command line says (--server, --server-model, --api-key-env, ...)."""
+    if not args.server:
+        raise SpeculaError("--backend remote needs --server URL (e.g. http://127.0.0.1:8011)")
+    if args.strategy not in ("none", "server") or args.draft_model or args.model != "bundled":
+        raise SpeculaError("with --backend remote the server chooses the model's speculation: use --server-model "
+                           "instead of --model, and drop --strategy and --draft-model")
+    backend = RemoteBackend()
+    request = RemoteLoadRequest(args.server, args.server_model or "", args.api_key_env or "",
+                                args.baseline_server or "", verify_tls=not args.insecure,
+                                allow_http_key=args.allow_http_key)
+    loaded = backend.load(request, progress)
+    if progress is not None:
+        for note in loaded.notes:
+            progress(note)
+    return backend

@@ -1,0 +1,122 @@
+"""`specula generate`: one model load, then every prompt (and every turn) in one process."""
+
+from __future__ import annotations
+
+import sys
+
+from ..api.errors import SpeculaError, terminal_safe
+from ..api.events import Finished, Step
+from ..api.metrics import SpeedupSum, speedup_text
+from ..api.prompts import Message, conversation
+from ..api.types import DecodeConfig, GenerateRequest
+from ..serving.session import Session
+from .common import PromptItem, decode_config, json_line, open_backend, read_prompts, strategy_options
+
+
+def run_generate(args) -> int:
+    config = decode_config(args)  # bad numbers fail before any model loads
+    items = [PromptItem((args.prompt,))] if args.prompt is not None else read_prompts(args.prompts)
+    session, _ = open_backend(args, _progress(args), measure_baseline=False)
+    if args.backend == "remote":
+        args.chat = True  # the server speaks chat
+    failures = 0
+    for item in items:
+        try:
+            record = answer(session, item, args, config)
+        except SpeculaError as exc:
+            failures += 1
+            where = f"prompt {item.question_id}: " if item.question_id is not None else ""
+            print(f"specula: error: {where}{terminal_safe(str(exc))}", file=sys.stderr)
+            continue
+        if args.json:
+            print(json_line(record), flush=True)
+    return 2 if failures else 0
+
+
+def _progress(args):
+    if args.json:
+        return None
+    return lambda text: print(f"[{text}]", file=sys.stderr, flush=True)
+
+
+def answer(session: Session, item: PromptItem, args, config: DecodeConfig) -> dict:
+    """Run every turn of one prompt; each later turn follows the model's own previous answer."""
+    history: tuple[Message, ...] = ()
+    turns: list[Finished] = []
+    for text in item.turns:
+        messages = conversation(text, args.system, history)
+        request = GenerateRequest(messages, args.strategy, config, args.chat, strategy_options(args))
+        finished = _run_turn(session, request, stream=not args.json)
+        turns.append(finished)
+        history = messages[1 if args.system else 0 :] + (Message("assistant", finished.text),)
+    return _record(item, args.strategy, turns)
+
+
+def _run_turn(session: Session, request: GenerateRequest, stream: bool) -> Finished:
+    finished = None
+    for event in session.generate(request):
+        if stream and isinstance(event, Step):
+            sys.stdout.write(terminal_safe("".join(t.text for t in event.tokens)))
+            sys.stdout.flush()
+        elif isinstance(event, Finished):
+            finished = event
+    assert finished is not None
+    if stream:
+        t = finished.totals
+        rate = f"{t.acceptance_rate:.0%}" if t.acceptance_rate is not None else "n/a"
+        remote = request.strategy == "server"
+        where = " (server-wide counters)" if remote else ""
+        per = "tokens/step (from chunks)" if remote else "tokens/forward"
+        speed = f", {speedup_text(finished.speedup, finished.speedup_err)} vs plain" if finished.speedup else ""
+        print(file=sys.stdout)
+        print(
+            f"[{request.strategy}: {t.new_tokens} tokens, {t.tokens_per_s:.1f} tok/s, acceptance {rate}{where}, "
+            f"{t.mean_accepted_length:.2f} {per}{speed}, {finished.reason}]",
+            file=sys.stderr,
+        )
+    return finished
+
+
+def _speedup(fs: list[Finished]) -> dict:
+    """The live speedup over a conversation's answers, each weighted by its decode time."""
+    total = SpeedupSum()
+    for f in fs:
+        total.add(f.speedup, f.speedup_err, f.totals.decode_s)
+    return {"speedup": total.value, "speedup_err": total.error}
+
+
+def _record(item: PromptItem, strategy: str, turns: list[Finished]) -> dict:
+    def stats(fs: list[Finished]) -> dict:
+        new = sum(f.totals.new_tokens for f in fs)
+        forwards = sum(f.totals.target_forwards for f in fs)
+        drafted = sum(f.totals.drafted for f in fs)
+        accepted = sum(f.totals.accepted for f in fs)
+        wall = sum(f.totals.wall_s for f in fs)
+        prefill = sum(f.totals.prefill_s for f in fs)
+        # each turn's first token comes from its prefill; the rate counts the tokens after it
+        decode_tokens = new - sum(1 for f in fs if f.totals.new_tokens)
+        return {
+            "new_tokens": new,
+            "steps": sum(f.totals.steps for f in fs),
+            "target_forwards": forwards,
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_accepted_length": new / forwards if forwards else 0.0,
+            "wall_s": wall,
+            "prefill_s": prefill,
+            "tokens_per_s": decode_tokens / (wall - prefill) if wall > prefill and decode_tokens > 0 else 0.0,
+            **_speedup(fs),
+            "finish_reason": fs[-1].reason,
+        }
+
+    last = turns[-1]
+    record: dict = {}
+    if item.question_id is not None:
+        record["question_id"] = item.question_id
+    if item.category is not None:
+        record["category"] = item.category
+    record.update(text=last.text, token_ids=list(last.token_ids), strategy=strategy, **stats(turns))
+    if len(turns) > 1:
+        record["turns"] = [{"text": f.text, "token_ids": list(f.token_ids), **stats([f])} for f in turns]
+    return record

@@ -1,0 +1,109 @@
+"""`specula serve`: the engine behind an OpenAI-compatible server (docs/SERVER.md)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+from ..api.errors import SpeculaError
+from ..api.strategies import STRATEGIES
+from ..api.types import LoadRequest, ModelSpec
+
+LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def api_key_from(env_name: str | None) -> str | None:
+    """The key in environment variable `env_name` (a one-line error when it is named but unset)."""
+    if not env_name:
+        return None
+    key = os.environ.get(env_name, "").strip()
+    if not key:
+        raise SpeculaError(f"--api-key-env {env_name}: that environment variable is not set or empty")
+    return key
+
+
+def check_host(host: str) -> None:
+    """A one-line error for a --host that is not an address or a name that resolves."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) and exc.strerror else "not a valid host name"
+        raise SpeculaError(f"--host {host!r} cannot be resolved to an address ({reason})") from None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: any free port), with a clear error when the address is taken."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        raise SpeculaError(f"--host {host}: not an address of this machine") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise SpeculaError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    return sock
+
+
+def watch_parent(poll_s: float = 0.5) -> None:
+    """End this process when its parent ends (the app that started it was closed or killed): the
+    parent's id changes when it dies, on every platform."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="specula-parent-watch", daemon=True).start()
+
+
+def run_serve(args) -> int:
+    import uvicorn
+
+    from ..serving.routes import create_app
+    from ..serving.service import EngineService
+
+    if args.strategy not in STRATEGIES and args.strategy != "server":
+        raise SpeculaError(f"--strategy {args.strategy}: unknown strategy; choose one of {', '.join(STRATEGIES)}")
+    check_host(args.host)
+    key = api_key_from(args.api_key_env)
+    if not is_loopback(args.host) and key is None:
+        raise SpeculaError(f"--host {args.host} lets other machines in: set an API key with --api-key-env VAR")
+    if args.k is not None and not 1 <= args.k:
+        raise SpeculaError("--k must be at least 1")
+    sock = bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    initial = None if args.no_model else LoadRequest(ModelSpec(args.model, args.device, args.dtype, args.weights, args.step),
+                                                      args.draft_model, measure_baseline=not args.no_baseline)
+    service = EngineService()
+    app = create_app(service, model_aliases=(args.model,), strategy=args.strategy, k=args.k, api_key=key,
+                     initial=initial)
+    if args.exit_with_parent:
+        watch_parent()
+    what = "no model yet" if initial is None else f"loading {args.model}; GET /health says when it is ready"
+    print(f"specula serve: http://{shown}:{port}/v1 ({what})", file=sys.stderr, flush=True)
+    if args.announce:
+        print(json.dumps({"url": f"http://{shown}:{port}"}), flush=True)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0

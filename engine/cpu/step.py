@@ -1,0 +1,219 @@
+"""The decoding step compiled: `native/step.cpp` (the lean Llama forward's layer loop with its small
+operations fused) built once per machine with the system's C++ compiler against the installed torch.
+
+On the CPU a decoding step of a small model is mostly small operations (norms, rotary, cache writes,
+attention over a few rows, SiLU), about a thousand of them, each a few microseconds of dispatch; the
+compiled step runs them as a handful of loops between the products, which stay torch's.
+
+How it is used (`ModelSpec.step`):
+- "auto" (the default): a library already built for this machine, torch and source is loaded at once;
+  otherwise it is built in a background thread and answers started after it is ready use it (the first
+  ones run eager). Where no compiler works, it says why once and stays eager.
+- "compiled": the build runs (or is found in the cache) before the model is ready; where it cannot be
+  built, the same warning, eager.
+- "eager": never.
+SPECULA_STEP overrides "auto" (the tests run eager unless they ask).
+
+Built libraries live in the cache dir, named by a key of the source, torch's version, the compiler and
+the CPU's features, so a new torch, a new compiler or another machine builds its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+from ..api.errors import first_line
+from ..api.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+STEP_MODES = ("auto", "compiled", "eager")
+SOURCE = Path(__file__).parent / "native" / "step.cpp"
+BUILD_TIMEOUT_S = 600
+
+_lock = threading.Lock()
+_ops = None  # torch.ops.specula_step once loaded
+_error: str | None = None  # why it cannot be built here
+_thread: threading.Thread | None = None
+
+
+class Unavailable(Exception):
+    """The compiled step cannot be built or loaded here; the message says why, in one line."""
+
+
+def step_mode(requested: str) -> str:
+    """The mode to use: SPECULA_STEP replaces "auto"."""
+    if requested not in STEP_MODES:
+        raise ValueError(f"unknown step '{requested}': choose one of {', '.join(STEP_MODES)}")
+    env = os.environ.get("SPECULA_STEP", "").strip()
+    if requested == "auto" and env in STEP_MODES:
+        return env
+    return requested
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_features() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _compiler_version(cxx: str) -> str:
+    try:
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return ""
+
+
+def library_path(cxx: str) -> Path:
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), torch.__version__.encode(), _compiler_version(cxx).encode(),
+                 _cpu_features().encode(), sys.version.encode()):
+        key.update(part)
+        key.update(b"\0")
+    return cache_dir() / "compiled" / f"step-{key.hexdigest()[:20]}.so"
+
+
+def _command(cxx: str, out: Path) -> list[str]:
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    torch_lib = library_paths()[0]
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [cxx, "-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp", "-std=c++20", "-fPIC", "-shared", "-DNDEBUG",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in include_paths()), str(SOURCE), "-o", str(out),
+            f"-L{torch_lib}", "-ltorch", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_lib}"]
+
+
+def build() -> Path:
+    """Build the library (or find it built) and return its path; raises Unavailable with the reason."""
+    if sys.platform != "linux":
+        raise Unavailable(f"the compiled step is built on Linux only (this is {sys.platform})")
+    cxx = _compiler()
+    if cxx is None:
+        raise Unavailable("no C++ compiler found (set CXX, or install g++)")
+    path = library_path(cxx)
+    if path.is_file():
+        return path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Unavailable(f"the cache folder {path.parent} cannot be created: {exc.strerror or exc}") from None
+    for stale in path.parent.glob(f"{path.name}.tmp-*"):  # a build killed part-way
+        stale.unlink(missing_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        done = subprocess.run(_command(cxx, tmp), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        tmp.unlink(missing_ok=True)
+        raise Unavailable(f"building the compiled step took over {BUILD_TIMEOUT_S} s") from None
+    except OSError as exc:
+        raise Unavailable(f"the C++ compiler {cxx} did not run: {exc}") from None
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()[-1:]
+        raise Unavailable(f"the C++ compiler {cxx} failed: {errors[0].strip() if errors else 'no message'}")
+    os.replace(tmp, path)
+    return path
+
+
+def _load(path: Path):
+    global _ops
+    torch.ops.load_library(str(path))
+    _ops = torch.ops.specula_step
+    return _ops
+
+
+def ops():
+    """The loaded library's operations, or None."""
+    return _ops
+
+
+def error() -> str | None:
+    """Why the compiled step is not available here, once a build failed."""
+    return _error
+
+
+def _fail(reason: str) -> None:
+    global _error
+    if _error is None:
+        log.warning("the decoding step stays eager: %s", reason)
+    _error = reason
+
+
+def _build_and_load() -> None:
+    for attempt in range(2):
+        try:
+            path = build()
+            with _lock:
+                if _ops is None:
+                    _load(path)
+            return
+        except Unavailable as exc:
+            _fail(str(exc))
+            return
+        except (OSError, RuntimeError) as exc:  # a library that does not load: a damaged file in the cache
+            reason = first_line(exc)
+            if attempt == 0:
+                log.info("the cached compiled step did not load (%s): building it again", reason)
+                path.unlink(missing_ok=True)
+                continue
+            _fail(f"the compiled step did not load: {reason}")
+
+
+def prepare(wait: bool) -> None:
+    """Make the compiled step available: load it now if built; otherwise build it, in the background
+    unless `wait`."""
+    global _thread
+    if _ops is not None or _error is not None:
+        return
+    cxx = _compiler()
+    if cxx is not None and sys.platform == "linux":
+        path = library_path(cxx)
+        if path.is_file():
+            _build_and_load()
+            return
+    if wait:
+        _build_and_load()
+        return
+    with _lock:
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_build_and_load, name="specula-compile-step", daemon=True)
+            _thread.start()
+
+
+def wait(timeout: float | None = None) -> None:
+    """Wait for a background build (tests, the bench)."""
+    thread = _thread
+    if thread is not None:
+        thread.join(timeout)
+
+
+def status() -> str:
+    """"compiled", "compiling" or "eager: <why>" (for status lines and the server's status)."""
+    if _ops is not None:
+        return "compiled"
+    if _error is not None:
+        return f"eager: {_error}"
+    if _thread is not None and _thread.is_alive():
+        return "compiling"
+    return "eager"

@@ -1,0 +1,62 @@
+"""The drafter interface: propose up to k tokens for the context, then hear what the target kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import torch
+
+from ..api.types import SamplingParams
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    tokens: torch.Tensor  # (L,) int64 on the CPU: the whole conversation so far, last = newest token
+    prompt_len: int
+    params: SamplingParams
+    generator: torch.Generator | None
+    target: object | None = None  # the target's runner: its last pass's hidden states, for feature drafters
+    # for drafters that choose their own lengths (chooses_length): the answer's live plain-step cost, and
+    # whether timings may shape the steps (not when sampling with a seed: it must repeat its answer)
+    plain_s: float | None = None
+    timed: bool = True
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: torch.Tensor  # (n,) int64, n <= k (n = 0: nothing to propose this step)
+    q: torch.Tensor | None = None  # (n, V) drafter probabilities, or None for a point guess (one-hot)
+    # a token tree instead of a chain: parent of each token, -1 for the newest context token, else the
+    # index of an earlier draft token (parents before children). Under sampling a tree's tokens count as
+    # point guesses (q is not used): verify.walk_tree_sampling
+    parents: torch.Tensor | None = None
+
+
+class Drafter(Protocol):
+    name: ClassVar[str]
+    # tree drafters that learn from every scored node (lookahead) declare it and get observe_tree(best):
+    # before observe(), the target's argmax after each scored draft node (key: its index in Draft.tokens)
+    learns_from_tree: ClassVar[bool]
+    # drafters that choose each step's draft length themselves (auto; none has nothing to choose) declare it;
+    # the decoder then calls observe_step(drafted, accepted, seconds) after each step they proposed for.
+    # For the others the decoder chooses the length (metrics.DraftLength)
+    chooses_length: ClassVar[bool]
+
+    def reset(self) -> None:
+        """Forget everything: a new generation starts."""
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft: ...
+
+    def observe(self, accepted: int, next_token: int) -> None:
+        """The target kept `accepted` draft tokens, then produced `next_token`."""
+
+
+def empty_draft() -> Draft:
+    return Draft(torch.empty(0, dtype=torch.long))
+
+
+def sends_tree(force: bool | None, runner) -> bool:
+    """Whether a tree drafter sends a tree this step: as forced by its `tree` option, else only where
+    the target's tree passes decide as a chain pass would (runner.exact_trees)."""
+    return force if force is not None else runner is not None and runner.exact_trees

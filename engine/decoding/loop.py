@@ -1,0 +1,320 @@
+"""The speculative loop: token ids in, events out.
+
+    prefill(prompt)                      -> the target's first token (step 0)
+    repeat until eos, length or cancel:
+        draft   = drafter.propose(context, k)              up to k guesses
+        logits  = target.forward([last, *draft])           one pass scores them all
+        verdict = verify(logits, draft)                    how many survive + the target's next token
+        rollback: target cache keeps [last, accepted drafts]; the next token is fed next step
+        emit accepted drafts, then the correction / bonus
+
+With no draft (strategy `none`) each step is exactly one plain decoding step, so the baseline runs
+through the same code. Rollback is a truncation of the cache; nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from ..api.errors import ContextTooLongError, SpeculaError
+from ..api.events import Finished, Origin, Started, Step, Token
+from ..api.metrics import StepTotals
+from ..api.types import K_MAX, DecodeConfig
+from .detok import Detokenizer
+from .drafter import DraftContext, Drafter
+from .length import DraftLength, next_k
+from .sampling import choose
+from .speedup import PlainHistory, SpeedupMeter, probe_due
+from .target import ModelRunner
+from .verify import Verdict, tree_children, verify, walk_tree, walk_tree_sampling
+
+
+def make_generator(device: torch.device, seed: int | None) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed if seed is not None else random.SystemRandom().randrange(2**63))
+    return gen
+
+
+class _Budget:
+    """Cuts the emitted tokens at the first stop token or when the token budget runs out."""
+
+    def __init__(self, limit: int, stop_ids: frozenset[int]) -> None:
+        self.limit = limit
+        self.stop_ids = stop_ids
+        self.used = 0
+        self.reason: str | None = None
+
+    def take(self, ids: list[int]) -> int:
+        """How many of `ids` are emitted; sets `reason` when the generation ends here."""
+        n = 0
+        for token in ids:
+            if token in self.stop_ids:
+                self.reason = "eos"
+                break
+            if self.used + n >= self.limit:
+                break
+            n += 1
+        self.used += n
+        if self.reason is None and self.used >= self.limit:
+            self.reason = "length"
+        return n
+
+
+def _branch(parents: list[int], rows: list[int], children: dict[int, list[int]]) -> str:
+    """Which branch of a token tree the target kept: the rank of each kept node among its siblings (1 =
+    the drafter's first choice), e.g. "tree of 14 nodes, kept path 1·2·1"."""
+    ranks = [str(children[parents[row]].index(row) + 1) for row in rows[1:]]
+    return f"tree of {len(parents) - 1} nodes, kept path {'·'.join(ranks) or 'none (all rejected)'}"
+
+
+def _origin_of_target_token(drafted: int, accepted: int) -> Origin:
+    if drafted == 0:
+        return Origin.TARGET
+    return Origin.BONUS if accepted == drafted else Origin.CORRECTION
+
+
+def generate(
+    target: ModelRunner,
+    drafter: Drafter,
+    prompt_ids: list[int],
+    config: DecodeConfig,
+    *,
+    stop_ids: frozenset[int] = frozenset(),
+    tokenizer=None,
+    request_id: int = 0,
+    strategy: str = "",
+    should_stop: Callable[[], bool] = lambda: False,
+    plain: PlainHistory | None = None,
+    between_steps: Callable[[], None] | None = None,
+) -> Iterator[Started | Step | Finished]:
+    """Generate from `prompt_ids`; the events carry text when a tokenizer is given. `plain` holds the
+    model's recent plain-step samples (the live speedup's, across answers); `between_steps` runs before
+    every decode step (the machine's policy, e.g. the CPU's thread count: it must change no bits)."""
+    loop = _Loop(target, drafter, prompt_ids, config, stop_ids, tokenizer, request_id, plain or PlainHistory())
+    yield Started(request_id, strategy, len(prompt_ids), config.k)
+    yield loop.prefill()
+    k = config.k
+    # the draft length of each step, from measured costs and acceptance (a drafter that chooses its own
+    # lengths, auto, gets the step times instead; --adaptive-k keeps the older grow/shrink rule). Sampling
+    # with a seed, every choice that shapes the steps depends on step counts only, never on timings: the
+    # same seed gives the same answer
+    seeded = not loop.timed
+    own = drafter.chooses_length
+    lengths = DraftLength(k) if k > 0 and not seeded and not config.adaptive_k and not own else None
+    while loop.budget.reason is None:
+        if should_stop():
+            loop.budget.reason = "cancelled"
+            break
+        if between_steps is not None:
+            between_steps()
+        meter = loop.meter
+        if seeded:  # this answer's own samples and a fixed gap: the same steps every time
+            probe = k > 0 and probe_due(len(meter.samples), meter.since_plain)
+        else:
+            probe = k > 0 and probe_due(len(meter.pool), meter.since_plain, meter.relative_error)
+        n = 0 if probe else lengths.choose(meter.plain_step_s) if lengths is not None else k
+        step = loop.step(n)
+        yield step
+        if lengths is not None:
+            lengths.observe(step.drafted, step.accepted, loop.step_seconds)
+        elif own and step.k:  # it proposed for this step
+            drafter.observe_step(step.drafted, step.accepted, loop.step_seconds)
+        if config.adaptive_k and not probe:
+            k = next_k(k, step.drafted, step.accepted, config.k_max)
+    yield loop.finish()
+
+
+class _Loop:
+    """The state of one generation: the context buffer, the caches' length, the counters."""
+
+    def __init__(self, target, drafter, prompt_ids, config, stop_ids, tokenizer, request_id, plain) -> None:
+        n_prompt = len(prompt_ids)
+        if n_prompt == 0:
+            raise SpeculaError("the prompt is empty")
+        if n_prompt >= target.max_len:
+            raise ContextTooLongError(
+                f"prompt is {n_prompt} tokens but the model's context window is {target.max_len}: shorten it"
+            )
+        self.target, self.drafter, self.config = target, drafter, config
+        self.params = config.params
+        self.request_id = request_id
+        self.tokenizer = tokenizer
+        self.detok = Detokenizer(tokenizer) if tokenizer is not None else None
+        self.budget = _Budget(min(config.max_new_tokens, target.max_len - n_prompt), stop_ids)
+        self.gen = make_generator(target.device, config.seed)
+        self.n_prompt = n_prompt
+        self.ctx = torch.empty(n_prompt + self.budget.limit + K_MAX + 2, dtype=torch.long)  # (L_max,)
+        self.ctx[:n_prompt] = torch.tensor(prompt_ids, dtype=torch.long)
+        self.length = n_prompt  # tokens in the conversation; the target's cache holds length - 1
+        self.out_ids: list[int] = []
+        self.stats = StepTotals()
+        self.plain = plain
+        self.meter = SpeedupMeter(plain.seeds())
+        self.last_elapsed = 0.0  # when the previous step ended (since t_start)
+        self.step_seconds = 0.0  # the last decode step's wall time (DraftLength learns from it)
+        # whether timings may shape the steps: not when sampling with a seed (a greedy answer is the target's
+        # own whatever the steps)
+        self.timed = config.seed is None or config.params.greedy
+        self.t_start = time.perf_counter()
+
+    def _append(self, ids: list[int]) -> int:
+        """Add the step's tokens to the context; return how many are emitted (eos / budget cut)."""
+        self.ctx[self.length : self.length + len(ids)] = torch.tensor(ids, dtype=torch.long)
+        self.length += len(ids)
+        kept = self.budget.take(ids)
+        self.out_ids += ids[:kept]
+        return kept
+
+    def _text(self, token: int) -> str:
+        return self.detok.add(token) if self.detok else ""
+
+    def prefill(self) -> Step:
+        """The target reads the prompt and chooses the first token."""
+        self.target.truncate(0)
+        self.drafter.reset()
+        logits = self.target.forward(self.ctx[: self.length])  # (1, V)
+        first = int(choose(logits[-1], self.params, self.gen))
+        self.stats.prefill_s = time.perf_counter() - self.t_start
+        kept = self._append([first])
+        tokens = tuple(Token(first, self._text(first), Origin.TARGET, 0) for _ in range(kept))
+        s = self.last_elapsed = self.stats.prefill_s
+        return Step(self.request_id, 0, 0, 0, tokens, (), 0.0, s, self.n_prompt, 0, s)
+
+    def _measured(self, drafted: int, emitted: int, draft_s: float) -> tuple[float, dict]:
+        """The step's end (since t_start) and the live speedup's fields for its event. A step that drafted
+        nothing is a plain decoding step: its time, its drafting excluded, is a sample of plain cost."""
+        elapsed = time.perf_counter() - self.t_start
+        seconds, self.last_elapsed = elapsed - self.last_elapsed, elapsed
+        self.step_seconds = seconds
+        plain_s = max(1e-9, seconds - draft_s) if drafted == 0 else None
+        # the first step after the prompt runs cold (about 1.5 plain steps here): if plain, it counts for
+        # itself only, not as a sample of the others
+        sample = self.stats.steps > 1
+        self.meter.add(emitted, seconds, plain_s, sample)
+        if plain_s is not None and sample:
+            self.plain.add(plain_s)
+        m = self.meter
+        return elapsed, {"speedup": m.value, "speedup_err": m.error, "plain_step_s": m.plain_step_s}
+
+    def step(self, k: int) -> Step:
+        """Draft, verify in one target pass, roll back to the accepted prefix, emit."""
+        length, target = self.length, self.target
+        room = min(self.budget.limit - self.budget.used - 1, target.max_len - length)
+        k = max(0, min(k, room))
+        # the context is bookkeeping a plain step pays too: only the proposal counts as drafting time
+        ctx = DraftContext(self.ctx[:length], self.n_prompt, self.params, self.gen, target, self.meter.plain_step_s,
+                           self.timed) if k else None
+        t0 = time.perf_counter()
+        draft = self.drafter.propose(ctx, k) if k else None
+        d = draft.tokens[:k] if draft is not None else self.ctx[:0]  # (n,)
+        q = draft.q[: d.shape[0]] if draft is not None and draft.q is not None else None  # (n, V)
+        t1 = time.perf_counter()
+        if draft is not None and draft.parents is not None and d.shape[0]:
+            return self._tree_step(draft, length, k, t0, t1)
+        feed = torch.cat([self.ctx[length - 1 : length], d])  # the newest token, then the draft
+        logits = target.forward(feed, last=feed.shape[0])  # (n+1, V)
+        verdict: Verdict = verify(logits, d.to(logits.device), q, self.params, self.gen, self.config.token_probs)
+        if d.shape[0] and self.drafter.learns_from_tree:  # the target's argmax after each draft token
+            best = logits[1:].argmax(-1).tolist()
+            self.drafter.observe_tree(dict(enumerate(best)))
+        t2 = time.perf_counter()
+        n, acc = d.shape[0], verdict.accepted
+        target.truncate(length + acc)  # keep the fed token and the accepted drafts
+        self.drafter.observe(acc, verdict.next_token)
+        new = d[:acc].tolist() + [verdict.next_token]
+        kept = self._append(new)
+        self.stats.add_step(n, acc, t1 - t0, t2 - t1)
+        step = self.stats.steps
+        probs = _DraftProbs(verdict, q is not None)
+        emitted = tuple(
+            Token(t, self._text(t), Origin.DRAFT, step, i, *probs.at(i)) if i < acc
+            else Token(t, self._text(t), _origin_of_target_token(n, acc), step)
+            for i, t in enumerate(new[:kept])
+        )
+        rejected = tuple(
+            Token(t, self._ghost(t), Origin.REJECTED, step, acc + j, *probs.at(acc + j))
+            for j, t in enumerate(d[acc:].tolist())
+        )
+        elapsed, live = self._measured(n, len(emitted), t1 - t0)
+        return Step(self.request_id, step, n, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed, **live)
+
+    def _tree_step(self, draft, length: int, k: int, t0: float, t1: float) -> Step:
+        """One pass over a token tree; keep the longest path the target agrees with."""
+        target = self.target
+        parents, keep = [-1], []  # rows: 0 = the newest token, then the draft nodes no deeper than k
+        row_of = {-1: 0}
+        depth_of = {-1: 0}
+        for i, p in enumerate(draft.parents.tolist()):
+            if p in row_of and depth_of[p] + 1 <= k:
+                depth_of[i] = depth_of[p] + 1
+                row_of[i] = len(parents)
+                parents.append(row_of[p])
+                keep.append(i)
+        d = draft.tokens[keep]
+        feed = torch.cat([self.ctx[length - 1 : length], d])
+        tokens = feed.tolist()
+        logits = target.forward(feed, last=feed.shape[0], parents=parents)
+        learns = self.drafter.learns_from_tree
+        best = logits.argmax(-1).tolist() if self.params.greedy or learns else None
+        if self.params.greedy:
+            rows, next_token = walk_tree(best, tokens, parents)
+        else:
+            rows, next_token = walk_tree_sampling(logits, tokens, parents, self.params, self.gen)
+        if learns:  # drafters that learn from every node's output (lookahead)
+            self.drafter.observe_tree({i: best[row_of[i]] for i in keep})
+        t2 = time.perf_counter()
+        target.keep(length - 1, rows)
+        acc = len(rows) - 1
+        self.drafter.observe(acc, next_token)
+        new = [tokens[r] for r in rows[1:]] + [next_token]
+        kept = self._append(new)
+        drafted = max(depth_of.values())  # the tree's depth: the longest chain it could have kept
+        self.stats.add_step(drafted, acc, t1 - t0, t2 - t1)
+        step = self.stats.steps
+        children = tree_children(parents)
+        branch = _branch(parents, rows, children)
+        emitted = tuple(
+            Token(t, self._text(t), Origin.DRAFT, step, i, branch=branch) if i < acc
+            else Token(t, self._text(t), _origin_of_target_token(drafted, acc), step, branch=branch)
+            for i, t in enumerate(new[:kept])
+        )
+        # the ghost text: the tree's first-choice continuation below the last kept node
+        ghost, row = [], rows[-1]
+        while children.get(row):
+            row = children[row][0]
+            ghost.append(tokens[row])
+        rejected = tuple(Token(t, self._ghost(t), Origin.REJECTED, step, acc + j) for j, t in enumerate(ghost))
+        elapsed, live = self._measured(drafted, len(emitted), t1 - t0)
+        return Step(self.request_id, step, drafted, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed,
+                    **live)
+
+    def _ghost(self, token: int) -> str:
+        """A rejected draft token's text; a special token (e.g. <|im_end|>) is not text and shows as nothing."""
+        return self.tokenizer.decode([token], skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    def finish(self) -> Finished:
+        wall = time.perf_counter() - self.t_start
+        if self.detok:
+            self.detok.flush()
+        totals = self.stats.totals(len(self.out_ids), wall)
+        text = self.detok.text if self.detok else ""
+        return Finished(self.request_id, self.budget.reason or "length", text, tuple(self.out_ids), totals,
+                        self.meter.value, self.meter.error)
+
+
+@dataclass(frozen=True)
+class _DraftProbs:
+    verdict: Verdict
+    has_q: bool
+
+    def at(self, i: int) -> tuple[float | None, float | None]:
+        """(p, q) of draft position i, where the verification computed them."""
+        v = self.verdict
+        p = v.p_of_draft[i] if i < len(v.p_of_draft) else None
+        q = v.q_of_draft[i] if self.has_q and i < len(v.q_of_draft) else None
+        return p, q

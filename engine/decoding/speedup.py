@@ -1,0 +1,151 @@
+"""The live speedup, measured inside each answer, and the plain-decoding baseline.
+
+speedup = P / T over the answer's decode steps (the prefill excluded): T is the wall time they took, P
+what plain decoding would have taken for the same tokens, measured in the same answer: every step that
+drafted nothing is a plain decoding step, and its time (its drafting excluded) is a sample of the plain
+step's cost now. The decoder makes such a step now and then when the strategy makes none of its own
+(`probe_due`). A speculative step's tokens are costed at the mean of the plain samples on either side of
+it in time, so a machine that slows down (another program) slows both sides of the ratio alike. Its
+uncertainty is the standard error of those samples.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+
+from ..api.events import BaselineCost
+
+
+def measure_baseline(runner, lengths=(32, 512), repeats: int = 5) -> BaselineCost:
+    """Time single-token forwards at a few context lengths and fit c(L) = a + b*L. Leaves the cache empty."""
+    import torch
+
+    lengths = sorted({min(max(1, L), runner.max_len - 1) for L in lengths})
+    runner.truncate(0)
+    filler = torch.randint(0, runner.vocab_size, (lengths[-1] + 1,))
+    runner.forward(filler[: lengths[-1]])
+    probe = filler[-1:]
+    points = []
+    for length in lengths:
+        times = []
+        for _ in range(repeats + 1):
+            runner.truncate(length)
+            t0 = time.perf_counter()
+            runner.forward(probe).argmax().item()  # .item() waits for the device
+            times.append(time.perf_counter() - t0)
+        points.append((length, statistics.median(times[1:])))
+    runner.truncate(0)
+    if len(points) == 1:
+        return BaselineCost(points[0][1], 0.0)
+    (l0, t0), (l1, t1) = points[0], points[-1]
+    b = max(0.0, (t1 - t0) / (l1 - l0))
+    return BaselineCost(max(1e-6, t0 - b * l0), b)
+
+
+MIN_PLAIN = 3  # plain samples an answer needs before its speedup is more than a guess
+PROBE_EVERY = 24  # then, at most this many decode steps between plain steps
+NOISY_GAP = 8  # ... or this many while the plain samples scatter (the machine is busy with other work)
+NOISY = 0.05  # relative standard error above which the samples scatter
+EARLY_GAP = 2  # until it has MIN_PLAIN: a plain step after this many speculative ones
+RECENT_S = 30.0  # plain samples from earlier answers younger than this count for a new answer
+
+
+def probe_due(samples: int, since_plain: int, relative_error: float | None = None) -> bool:
+    """Whether the next decode step should be a plain one (no draft) to measure plain decoding's cost:
+    a few early in an answer that has no recent samples, then one every PROBE_EVERY steps that a
+    strategy spends drafting, or every NOISY_GAP while the samples scatter. A plain step is lossless
+    (it is what `none` does); it costs the answer the tokens a draft would have added, a few percent."""
+    if samples < MIN_PLAIN:
+        return since_plain >= EARLY_GAP
+    noisy = relative_error is not None and relative_error > NOISY
+    return since_plain >= (NOISY_GAP if noisy else PROBE_EVERY)
+
+
+class SpeedupMeter:
+    """The live speedup of one answer (see the module's definition): fed each decode step's tokens,
+    wall time and, for a plain step, its plain time. `seeds` are recent plain samples of earlier answers
+    on the same model: they stand at the start of this one until its own arrive."""
+
+    def __init__(self, seeds=()) -> None:
+        self.seeds = [float(x) for x in seeds]
+        self.samples: list[float] = []  # this answer's plain step times, in order
+        self.plain_s = 0.0  # what plain decoding would have taken for the tokens of closed stretches
+        self.spent_s = 0.0  # what the decode steps took
+        self.tokens = 0
+        self.since_plain = 0  # decode steps since the last plain one
+        self._open = 0  # tokens of speculative steps since the last plain sample
+
+    @property
+    def _last(self) -> float | None:
+        pool = self.samples or self.seeds
+        return pool[-1] if pool else None
+
+    def add(self, tokens: int, seconds: float, plain_s: float | None = None, sample: bool = True) -> None:
+        """A decode step: its tokens and wall time; for a plain step, its plain time, a sample of plain
+        decoding's cost unless `sample` is False (it counts only for itself: the first step, cold)."""
+        self.tokens += tokens
+        self.spent_s += seconds
+        if plain_s is not None and not sample:
+            self.plain_s += tokens * plain_s
+            return
+        if plain_s is None:
+            self._open += tokens
+            self.since_plain += 1
+            return
+        last = self._last
+        self.plain_s += self._open * (plain_s if last is None else (last + plain_s) / 2)
+        self.plain_s += tokens * plain_s
+        self._open = self.since_plain = 0
+        self.samples.append(plain_s)
+
+    @property
+    def pool(self) -> list[float]:
+        """The samples the current estimate rests on: this answer's, else the seeds."""
+        return self.samples if len(self.samples) >= MIN_PLAIN or not self.seeds else self.seeds + self.samples
+
+    @property
+    def plain_step_s(self) -> float | None:
+        """The cost of a plain decoding step now (the latest samples' mean)."""
+        pool = self.pool[-MIN_PLAIN:]
+        return statistics.fmean(pool) if pool else None
+
+    @property
+    def value(self) -> float | None:
+        last = self._last
+        if last is None or self.spent_s <= 0 or self.tokens <= 0:
+            return None
+        return (self.plain_s + self._open * last) / self.spent_s
+
+    @property
+    def relative_error(self) -> float | None:
+        """The standard error of the plain samples' mean over the mean: `value`'s relative error (the
+        time spent is measured, not estimated). None with fewer than two samples."""
+        pool = self.pool
+        if len(pool) < 2:
+            return None
+        mean = statistics.fmean(pool)
+        return statistics.stdev(pool) / (mean * math.sqrt(len(pool))) if mean > 0 else None
+
+    @property
+    def error(self) -> float | None:
+        """One standard error of `value`; None with fewer than two plain samples."""
+        value, relative = self.value, self.relative_error
+        return value * relative if value is not None and relative is not None else None
+
+
+class PlainHistory:
+    """A model's recent plain-step samples across answers (a Session keeps one): a new answer starts
+    from those younger than RECENT_S instead of probing at once."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[float, float]] = deque(maxlen=4 * MIN_PLAIN)
+
+    def add(self, seconds: float) -> None:
+        self._items.append((time.monotonic(), seconds))
+
+    def seeds(self) -> list[float]:
+        now = time.monotonic()
+        return [s for t, s in self._items if now - t <= RECENT_S][-MIN_PLAIN:]

@@ -1,0 +1,34 @@
+"""What the loop needs of a model: its own KV cache, tokens in at the next positions, logits out,
+rollback by truncating.
+
+`ModelRunner` is the only thing the decoder and the model drafters call. Two implementations live in
+`models/`: `llama.LlamaRunner` (a lean forward over a static cache for the Llama family) and
+`hf.HFRunner` (any transformers causal LM, through its own cache, as the fallback).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class ModelRunner(Protocol):
+    vocab_size: int
+    max_len: int  # positions the model can attend over
+    device: torch.device
+    keeps_features: bool  # features(start, end) gives the last layer's hidden states (feature drafters)
+    exact_trees: bool  # a token-tree pass decides as the chain pass of each path would
+
+    @property
+    def length(self) -> int:
+        """Tokens currently held in the cache."""
+        ...
+
+    def forward(self, tokens: torch.Tensor, last: int = 1) -> torch.Tensor:
+        """tokens (T,) at positions length .. length+T-1 -> fp32 logits (last, V) of the last rows."""
+        ...
+
+    def truncate(self, length: int) -> None:
+        """Forget everything after the first `length` tokens."""
+        ...

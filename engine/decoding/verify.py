@@ -1,0 +1,152 @@
+"""One target pass over the draft: how many draft tokens survive, and the target's next token.
+
+The target scored [last committed token, d_1 .. d_k] in one forward, giving k+1 rows of logits: row i
+is the target's distribution p_i for the token after d_i (row 0: after the committed token).
+
+Greedy: d_{i+1} survives while it equals argmax p_i; the first mismatch is replaced by argmax p_i (a
+correction); when all k survive, argmax p_k is a free bonus token.
+
+Sampling (Leviathan et al. 2023; Chen et al. 2023): accept d_{i+1} with probability
+min(1, p_i(d)/q_i(d)); at the first rejection draw the replacement from normalize(max(0, p_i - q_i));
+when all survive draw the bonus from p_k. Each emitted token is then distributed exactly as under p.
+A drafter with no distribution (n-gram lookup) has q_i = one-hot(d_{i+1}), so the residual is p_i
+with d_{i+1} removed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..api.types import SamplingParams
+from .sampling import process_logits, sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: int  # leading draft tokens kept
+    next_token: int  # correction (accepted < k) or bonus (accepted == k)
+    p_of_draft: tuple[float, ...] = ()  # target probability of each draft token (sampling, or asked for)
+    q_of_draft: tuple[float, ...] = ()  # drafter probability of each draft token (where the drafter gave them)
+
+
+def verify_greedy(logits: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None = None,
+                  probs: bool = False) -> Verdict:
+    """logits (k+1, V), draft (k,) -> the longest agreeing prefix and the target's next token; with `probs`,
+    the model's (and, given q, the drafter's) probability of each draft token too (for the app's hover)."""
+    k = draft.shape[0]
+    best = logits.argmax(-1)  # (k+1,)
+    agree = (best[:k] == draft).long()
+    accepted = int(agree.cumprod(0).sum()) if k else 0
+    if not probs or not k:
+        return Verdict(accepted=accepted, next_token=int(best[accepted]))
+    rows, d = torch.arange(k, device=logits.device), draft.to(logits.device)
+    p = torch.softmax(logits[:k].float(), -1)[rows, d]
+    q_of = tuple(q.to(logits.device).float()[rows, d].tolist()) if q is not None else ()
+    return Verdict(accepted, int(best[accepted]), tuple(p.tolist()), q_of)
+
+
+def verify_sampling(
+    logits: torch.Tensor,
+    draft: torch.Tensor,
+    q: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """logits (k+1, V), draft (k,), q (k, V) or None for one-hot -> Verdict by the exact rule."""
+    k = draft.shape[0]
+    p = process_logits(logits, params)  # (k+1, V)
+    q = q.to(p.device) if q is not None else None
+    rows = torch.arange(k, device=p.device)
+    p_d = p[rows, draft]  # (k,)
+    q_d = q[rows, draft] if q is not None else torch.ones_like(p_d)
+    u = torch.rand(k, generator=generator, device=p.device)
+    # u < p/q  <=>  u * q < p, which avoids dividing by q (q(d) > 0 for any token the drafter drew)
+    keep = (u * q_d < p_d).long()
+    accepted = int(keep.cumprod(0).sum()) if k else 0
+    if accepted < k:
+        if q is not None:
+            residual = (p[accepted] - q[accepted]).clamp_min(0)
+        else:
+            residual = p[accepted].clone()
+            residual[draft[accepted]] = 0
+        if not float(residual.sum()) > 0:  # p == q up to rounding: rejection had probability ~0
+            residual = p[accepted]
+        next_token = int(sample(residual / residual.sum(), generator))
+    else:
+        next_token = int(sample(p[k], generator))
+    return Verdict(accepted, next_token, tuple(p_d.tolist()), tuple(q_d.tolist()))
+
+
+def verify(
+    logits: torch.Tensor,
+    draft: torch.Tensor,
+    q: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    probs: bool = False,
+) -> Verdict:
+    if params.greedy:
+        return verify_greedy(logits, draft, q, probs)
+    return verify_sampling(logits, draft, q, params, generator)
+
+
+def tree_children(parents: list[int]) -> dict[int, list[int]]:
+    """parents (row 0: -1) -> the children of each row, in row order."""
+    children: dict[int, list[int]] = {}
+    for row, parent in enumerate(parents):
+        if parent >= 0:
+            children.setdefault(parent, []).append(row)
+    return children
+
+
+def walk_tree(best: list[int], tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
+    """Greedy verification of a token tree scored in one pass. best[i]: the target's argmax after row
+    i's path. From the root (row 0), follow the child holding the target's argmax while there is one
+    -> (the rows of the kept path, root first; the target's next token)."""
+    children = tree_children(parents)
+    path = [0]
+    while True:
+        want = best[path[-1]]
+        step = next((c for c in children.get(path[-1], ()) if tokens[c] == want), None)
+        if step is None:
+            return path, want
+        path.append(step)
+
+
+def walk_tree_sampling(
+    logits: torch.Tensor,
+    tokens: list[int],
+    parents: list[int],
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[list[int], int]:
+    """Verification of a token tree under sampling, by recursive rejection over siblings. Each draft
+    token counts as a point guess (q = one-hot): at a node with target distribution p, its children are
+    tried in order; child c is accepted with probability p(c), and on rejection p loses c and is
+    renormalised before the next sibling. A node whose children are all rejected emits a token drawn
+    from what is left of p; an accepted leaf emits one drawn from its own row. Every emitted token is
+    then distributed exactly as under p, whatever tree the drafter built."""
+    children = tree_children(parents)
+    path = [0]
+    while True:
+        node = path[-1]
+        p = process_logits(logits[node], params).clone()  # (V,)
+        kids = children.get(node, [])
+        u = torch.rand(len(kids), generator=generator, device=p.device) if kids else None
+        chosen = None
+        for j, child in enumerate(kids):
+            token = tokens[child]
+            total = float(p.sum())
+            if total <= 0:
+                break
+            if float(u[j]) * total < float(p[token]):
+                chosen = child
+                break
+            p[token] = 0  # rejected: the next sibling is judged against what is left
+        if chosen is None:
+            if not float(p.sum()) > 0:
+                p = process_logits(logits[node], params)
+            return path, int(sample(p / p.sum(), generator))
+        path.append(chosen)

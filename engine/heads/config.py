@@ -1,0 +1,79 @@
+"""What a draft head is and whom it is for: its dimensions (`HeadConfig`), its head.json (`HeadInfo`), and
+the fingerprints that tie it to one target's weights and vocabulary."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    rope_theta: float = 10000.0
+    eps: float = 1e-5
+    medusa_heads: int = 4  # medusa: how many tokens ahead the heads guess
+
+    @classmethod
+    def for_target(cls, config) -> "HeadConfig":
+        heads = config.num_attention_heads
+        return cls(
+            hidden=config.hidden_size,
+            heads=heads,
+            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            intermediate=config.intermediate_size,
+            rope_theta=float(getattr(config, "rope_theta", None) or 10000.0),
+            eps=float(getattr(config, "rms_norm_eps", 1e-5)),
+        )
+
+
+@dataclass
+class HeadInfo:
+    """What head.json says: enough to refuse a head made for another model."""
+
+    kind: str
+    config: HeadConfig
+    target: str  # fingerprint of the target's configuration and weights
+    vocabulary: str  # fingerprint of the tokenizer's vocabulary
+    target_name: str = ""
+    training: dict = field(default_factory=dict)
+    format: int = FORMAT
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps(data, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "HeadInfo":
+        data = json.loads(text)
+        data["config"] = HeadConfig(**data["config"])
+        return cls(**data)
+
+
+def target_fingerprint(model) -> str:
+    """The architecture and a sample of the weights: two models with the same shapes still differ."""
+    cfg = model.config
+    digest = hashlib.sha256()
+    shape = (cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.intermediate_size)
+    digest.update(repr(shape).encode())
+    with torch.no_grad():
+        parts = (model.get_input_embeddings().weight[:16, :64], model.get_output_embeddings().weight[-16:, :64])
+        # through bf16, then rounded: the same weights loaded in fp32, fp16 or bf16 give the same values
+        sample = torch.cat([p.detach().to(torch.bfloat16).float().cpu().flatten() for p in parts])
+    digest.update(sample.numpy().round(3).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def vocabulary_fingerprint(tokenizer) -> str:
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]

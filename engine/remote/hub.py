@@ -1,0 +1,611 @@
+"""Models on this machine and on the Hugging Face Hub, without torch: what the app lists, describes,
+downloads (resumably, with progress and cancel) and removes.
+
+Downloads go into the normal Hugging Face cache (blobs named by ETag, snapshots of symlinks, refs/main), so
+`huggingface_hub` and transformers find them. Each file is fetched into `blobs/<etag>.incomplete`, which a later
+download resumes with a Range request after a cancel, a crash or a dropped connection. HF_ENDPOINT, HF_HOME,
+HF_HUB_CACHE and HF_HUB_OFFLINE are read on every call, not once at import.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import importlib
+import json
+import mmap
+import os
+import re
+import shutil
+import struct
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..api.errors import ModelNotFoundError, SpeculaError, first_line
+from ..api.paths import bundled_gguf_path
+from ..api.types import BUNDLED
+
+BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# what a snapshot download fetches: the files the app loads (as engine/loading.py asks the Hub for), the
+# PyTorch .bin weights only where a repository has no safetensors
+_SNAPSHOT_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja")
+_CHUNK = 64 * 1024  # progress and should_stop() come at least this often
+_RETRIES = 4  # a dropped connection is resumed this many times in a row before the download fails
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model the app can load, with what is known about it without loading it."""
+
+    source: str  # what the app loads: "bundled", a folder path, a .gguf file path, or a Hub id "org/name"
+    name: str
+    where: str  # "bundled" | "local" | "cache"
+    path: str  # folder or file on disk ("" if unknown)
+    size_bytes: int
+    architecture: str  # "LlamaForCausalLM", or a GGUF's general.architecture; "" unknown
+    context_length: int  # 0 unknown
+    quantization: str  # "bf16"/"fp16"/"fp32", a GGUF file type such as "Q4_1", a method such as "gptq"; "" unknown
+    vocab_key: str  # fingerprint of the vocabulary: equal and non-empty means one can draft for the other
+    heads: tuple[str, ...] = ()  # kinds of trained draft heads found for it (filled in by the app)
+
+
+@dataclass(frozen=True)
+class Recommended:
+    """A chat model worth downloading, with the smaller model that drafts for it ("" if none)."""
+
+    repo_id: str
+    size_text: str
+    draft_repo_id: str = ""
+    note: str = ""
+
+
+RECOMMENDED: tuple[Recommended, ...] = (
+    Recommended("HuggingFaceTB/SmolLM2-360M-Instruct", "0.7 GB", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                "small and quick; the 135M model drafts for it"),
+    Recommended("HuggingFaceTB/SmolLM2-1.7B-Instruct", "3.4 GB", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                "the best SmolLM2; the 135M model drafts for it"),
+    Recommended("Qwen/Qwen2.5-1.5B-Instruct", "3.1 GB", "Qwen/Qwen2.5-0.5B-Instruct",
+                "strong for its size; the 0.5B model drafts for it"),
+    Recommended("Qwen/Qwen2.5-0.5B-Instruct", "1.0 GB", "", "a good draft for the larger Qwen2.5 models"),
+    Recommended("meta-llama/Llama-3.2-3B-Instruct", "6.4 GB", "meta-llama/Llama-3.2-1B-Instruct",
+                "gated: accept the licence on the Hub and log in with `hf auth login` first"),
+    Recommended("bartowski/SmolLM2-1.7B-Instruct-GGUF", "1.0 GB (Q4_K_M)", "",
+                "GGUF quantizations: choose one file (Q4_0/Q4_1/Q4_K run natively on the CPU)"),
+)
+
+
+class Cancelled(SpeculaError):
+    """A download stopped by the user; what it fetched so far is kept and the next download resumes it."""
+
+
+# -- where things are ------------------------------------------------------------------------------------
+
+
+def hub_cache() -> Path:
+    """The Hugging Face hub cache folder, from the environment as it is now."""
+    env = os.environ
+    explicit = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(os.path.expandvars(os.path.expanduser(explicit)))
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                              "huggingface")
+    return Path(os.path.expandvars(os.path.expanduser(home))) / "hub"
+
+
+def hub_endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def describe(source: str) -> ModelEntry:
+    """What `source` is ("bundled", a folder, a .gguf file, or a Hub id in the local cache), without loading it."""
+    source = source.strip()
+    if source == BUNDLED:
+        return _describe_gguf(bundled_gguf_path(), BUNDLED, BUNDLED_NAME, "bundled")
+    path = Path(source).expanduser()
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ModelNotFoundError(f"model file not found: {path}")
+        return _describe_gguf(path, str(path), path.name, "local")
+    if path.is_dir():
+        return _describe_folder(path, str(path), path.name, "local")
+    if _HUB_ID.match(source) and not path.exists() and not source.startswith((".", "~")):
+        for entry in _cache_entries(source):
+            return entry
+        raise ModelNotFoundError(f"model '{source}' is not in the local Hugging Face cache: download it first")
+    raise ModelNotFoundError(f"model not found: '{source}' is not a file, a folder or a Hub id")
+
+
+def list_models(extra_sources: Iterable[str] = ()) -> list[ModelEntry]:
+    """The bundled model, then each of `extra_sources` still readable, then the models in the Hugging Face cache."""
+    entries: list[ModelEntry] = []
+    seen: set[str] = set()
+
+    def add(entry: ModelEntry) -> None:
+        keys = {f"source:{entry.source}"} | ({f"path:{os.path.realpath(entry.path)}"} if entry.path else set())
+        if not keys & seen:
+            seen.update(keys)
+            entries.append(entry)
+
+    for source in (BUNDLED, *extra_sources):
+        try:
+            add(describe(source))
+        except (SpeculaError, OSError):
+            continue
+    for entry in _cache_entries():
+        add(entry)
+    return entries
+
+
+def remove_from_cache(entry: ModelEntry) -> int:
+    """Delete a cached model from the Hugging Face cache; the bytes freed. One .gguf of a repository holding
+    several is removed alone, anything else takes the repository's revisions with it."""
+    if entry.where != "cache":
+        raise SpeculaError(f"'{entry.name}' is not in the Hugging Face cache: only downloaded models can be removed")
+    info = _scan_cache()
+    # the snapshot's entry itself, not the blob its link points at
+    target = os.path.join(os.path.realpath(os.path.dirname(entry.path)), os.path.basename(entry.path))
+    for repo in info.repos if info else ():
+        if repo.repo_type != "model":
+            continue
+        for revision in repo.revisions:
+            snapshot = os.path.realpath(revision.snapshot_path)
+            if repo.repo_id == entry.source or (target and (target + os.sep).startswith(snapshot + os.sep)):
+                if entry.path.lower().endswith(".gguf") and len(_gguf_names(repo)) > 1:
+                    return _remove_gguf(repo, Path(entry.path).name)
+                strategy = info.delete_revisions(*(r.commit_hash for r in repo.revisions))
+                freed = int(strategy.expected_freed_size)
+                try:
+                    strategy.execute()
+                except OSError as exc:
+                    raise SpeculaError(f"cannot remove {repo.repo_id} from the cache: {first_line(exc)}") from None
+                if repo.repo_path.exists():
+                    shutil.rmtree(repo.repo_path, ignore_errors=True)  # unfinished downloads
+                return freed
+    raise SpeculaError(f"'{entry.name}' is no longer in the Hugging Face cache at {hub_cache()}")
+
+
+def _gguf_names(repo) -> set[str]:
+    return {f.file_name for r in repo.revisions for f in r.files if f.file_name.lower().endswith(".gguf")}
+
+
+def _remove_gguf(repo, name: str) -> int:
+    """Remove one .gguf (its snapshot links and, when nothing else uses it, its blob); the bytes freed."""
+    blobs = {f.blob_path for r in repo.revisions for f in r.files if f.file_name == name}
+    for r in repo.revisions:
+        for f in r.files:
+            if f.file_name == name:
+                f.file_path.unlink(missing_ok=True)
+    kept = {f.blob_path for r in repo.revisions for f in r.files if f.file_name != name}
+    freed = 0
+    for blob in blobs - kept:
+        if blob.exists():
+            freed += blob.stat().st_size
+            blob.unlink()
+    return freed
+
+
+def _scan_cache():
+    """huggingface_hub's scan of the cache, or None where there is no cache folder yet."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        return scan_cache_dir(hub_cache())
+    except CacheNotFound:
+        return None
+    except (OSError, ValueError) as exc:
+        raise SpeculaError(f"cannot read the Hugging Face cache at {hub_cache()}: {first_line(exc)}") from None
+
+
+def _cache_entries(repo_id: str | None = None) -> list[ModelEntry]:
+    """The loadable models in the cache (all of them, or one repository's), sorted by name."""
+    info = _scan_cache()
+    entries = []
+    repos = sorted((r for r in info.repos if r.repo_type == "model") if info else (), key=lambda r: r.repo_id.lower())
+    for repo in repos:
+        if repo_id is not None and repo.repo_id != repo_id:
+            continue
+        revision = _current_revision(repo)
+        if revision is None:
+            continue
+        folder = Path(revision.snapshot_path)
+        try:
+            if (folder / "config.json").is_file():
+                entry = _describe_folder(folder, repo.repo_id, repo.repo_id, "cache")
+                entries.append(replace(entry, size_bytes=int(repo.size_on_disk)))
+                continue
+            for gguf, size in _gguf_models(folder):
+                entry = _describe_gguf(gguf, str(gguf), f"{repo.repo_id}/{gguf.name}", "cache")
+                entries.append(replace(entry, size_bytes=size))
+        except (SpeculaError, OSError):
+            continue
+    return entries
+
+
+def _current_revision(repo):
+    """The revision refs/main points at, else the newest one; None for a repository with no files yet."""
+    revisions = [r for r in repo.revisions if r.files]
+    main = [r for r in revisions if "main" in r.refs]
+    return (main or sorted(revisions, key=lambda r: r.last_modified, reverse=True) or [None])[0]
+
+
+def _gguf_models(folder: Path) -> list[tuple[Path, int]]:
+    """The .gguf models in a snapshot: one per file, split files as their first part with the parts' total size."""
+    found = []
+    for file in sorted(p for p in folder.rglob("*") if p.name.lower().endswith(".gguf") and p.is_file()):
+        split = _SPLIT.search(file.name)
+        if split and int(split.group(1)) != 1:
+            continue
+        if split:
+            pattern = file.name[: split.start()] + "-*-of-" + split.group(2) + ".gguf"
+            size = sum(p.stat().st_size for p in file.parent.glob(pattern))
+        else:
+            size = file.stat().st_size
+        found.append((file, size))
+    return found
+
+
+def _describe_folder(folder: Path, source: str, name: str, where: str) -> ModelEntry:
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelNotFoundError(f"folder {folder} has no config.json: not a transformers model folder") from None
+    except (OSError, ValueError) as exc:
+        raise SpeculaError(f"cannot read {folder / 'config.json'}: {first_line(exc)}") from None
+    if not isinstance(config, dict):
+        raise SpeculaError(f"cannot read {folder / 'config.json'}: it is not a JSON object")
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    architectures = config.get("architectures") or [""]
+    context = 0
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
+        value = config.get(key, text.get(key))
+        if isinstance(value, int) and value > 0:
+            context = value
+            break
+    return ModelEntry(
+        source=source, name=name, where=where, path=str(folder), size_bytes=_folder_size(folder),
+        architecture=str(architectures[0]) if isinstance(architectures, list) else "", context_length=context,
+        quantization=_config_quantization(config), vocab_key=_cached_vocab_key(folder),
+    )
+
+
+def _config_quantization(config: dict) -> str:
+    quant = config.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method"):
+        bits = quant.get("bits")
+        return f"{quant['quant_method']}" + (f" {bits}-bit" if isinstance(bits, int) else "")
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "").replace("torch.", "")
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16", "float": "fp32"}.get(dtype, "")
+
+
+def _folder_size(folder: Path) -> int:
+    total = 0
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for name in files:
+            if not name.endswith(".incomplete"):
+                try:
+                    total += os.stat(os.path.join(root, name)).st_size
+                except OSError:
+                    pass
+    return total
+
+
+# -- vocabulary fingerprints -----------------------------------------------------------------------------
+
+_VOCAB_KEYS: dict[tuple, str] = {}
+
+
+def _vocab_digest(pairs: Iterable[tuple[str, int]]) -> str:
+    """sha256 of the sorted (token, id) pairs: equal exactly when two vocabularies map the same tokens to the same
+    ids, whether they come from a tokenizer.json, a vocab.json or a GGUF."""
+    items = sorted(set(pairs))
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest()
+
+
+def _cached_vocab_key(folder: Path) -> str:
+    for name in ("tokenizer.json", "vocab.json"):
+        file = folder / name
+        if file.is_file():
+            added = folder / "added_tokens.json"
+            stamp = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in (file, added) if f.is_file())
+            if stamp not in _VOCAB_KEYS:
+                _VOCAB_KEYS[stamp] = _folder_vocab_key(file, added)
+            return _VOCAB_KEYS[stamp]
+    return ""
+
+
+def _folder_vocab_key(file: Path, added: Path) -> str:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+        pairs: list[tuple[str, int]] = []
+        if file.name == "tokenizer.json":
+            vocab = (data.get("model") or {}).get("vocab")
+            if isinstance(vocab, dict):
+                pairs += [(str(t), int(i)) for t, i in vocab.items()]
+            elif isinstance(vocab, list):  # Unigram: [piece, score] in id order
+                pairs += [(str(item[0]), i) for i, item in enumerate(vocab)]
+            pairs += [(str(t["content"]), int(t["id"])) for t in data.get("added_tokens") or ()]
+        else:
+            pairs += [(str(t), int(i)) for t, i in data.items()]
+            if added.is_file():
+                pairs += [(str(t), int(i)) for t, i in json.loads(added.read_text(encoding="utf-8")).items()]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError):
+        return ""
+    return _vocab_digest(pairs) if pairs else ""
+
+
+# -- GGUF metadata ---------------------------------------------------------------------------------------
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+               12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
+               30: "IQ4_XS", 32: "BF16"}
+
+
+def gguf_metadata(path: Path, keep: Callable[[str], bool]) -> dict:
+    """The key/value metadata of a GGUF file whose keys `keep` accepts (arrays as lists); the tensors are not read."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise SpeculaError("it does not start with the GGUF magic bytes")
+        version = struct.unpack_from("<I", buf, 4)[0]
+        count_fmt = "<I" if version == 1 else "<Q"
+        at = 8 + struct.calcsize(count_fmt)  # past the tensor count
+        (kv_count,) = struct.unpack_from(count_fmt, buf, at)
+        at += struct.calcsize(count_fmt)
+
+        def string(at: int) -> tuple[str, int]:
+            (n,) = struct.unpack_from(count_fmt, buf, at)
+            at += struct.calcsize(count_fmt)
+            return bytes(buf[at:at + n]).decode("utf-8", "replace"), at + n
+
+        def value(kind: int, at: int, wanted: bool):
+            if kind == 8:
+                return string(at)
+            if kind == 9:
+                inner = struct.unpack_from("<I", buf, at)[0]
+                (n,) = struct.unpack_from(count_fmt, buf, at + 4)
+                at += 4 + struct.calcsize(count_fmt)
+                if inner in _SCALARS and not wanted:
+                    return None, at + n * struct.calcsize(_SCALARS[inner])
+                items = []
+                for _ in range(n):
+                    item, at = value(inner, at, wanted)
+                    if wanted:
+                        items.append(item)
+                return items, at
+            if kind not in _SCALARS:
+                raise SpeculaError(f"{path} has GGUF metadata of unknown type {kind}")
+            return struct.unpack_from(_SCALARS[kind], buf, at)[0], at + struct.calcsize(_SCALARS[kind])
+
+        found = {}
+        for _ in range(kv_count):
+            key, at = string(at)
+            (kind,) = struct.unpack_from("<I", buf, at)
+            wanted = keep(key)
+            item, at = value(kind, at + 4, wanted)
+            if wanted:
+                found[key] = item
+        return found
+
+
+def _describe_gguf(path: Path, source: str, name: str, where: str) -> ModelEntry:
+    stat = path.stat()
+    stamp = ("gguf", str(path), stat.st_mtime_ns, stat.st_size)
+    try:
+        meta = gguf_metadata(path, lambda key: key.startswith("general.") or key.endswith(".context_length")
+                             or key == "tokenizer.ggml.tokens")
+    except (struct.error, ValueError, OSError, IndexError) as exc:
+        raise SpeculaError(f"cannot read GGUF file {path}: {first_line(exc)}") from None
+    arch = str(meta.get("general.architecture", ""))
+    context = meta.get(f"{arch}.context_length", 0)
+    file_type = meta.get("general.file_type")
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    if stamp not in _VOCAB_KEYS:
+        _VOCAB_KEYS[stamp] = _vocab_digest((str(t), i) for i, t in enumerate(tokens)) if tokens else ""
+    return ModelEntry(
+        source=source, name=name, where=where, path=str(path), size_bytes=stat.st_size, architecture=arch,
+        context_length=int(context) if isinstance(context, int) else 0,
+        quantization=_FILE_TYPES.get(file_type, "") if isinstance(file_type, int) else "",
+        vocab_key=_VOCAB_KEYS[stamp],
+    )
+
+
+# -- the Hub ---------------------------------------------------------------------------------------------
+
+
+def _repo_info(repo_id: str):
+    """The repository's model info with file sizes and blob ids, or a one-line SpeculaError naming it."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if not _HUB_ID.match(repo_id):
+        raise SpeculaError(f"'{repo_id}' is not a Hub id: expected org/name")
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise SpeculaError(f"cannot reach the Hub for '{repo_id}': HF_HUB_OFFLINE is set")
+    endpoint = hub_endpoint()
+    try:
+        return HfApi(endpoint=endpoint).model_info(repo_id, files_metadata=True, timeout=20)
+    except GatedRepoError:
+        raise SpeculaError(f"'{repo_id}' is gated: accept its licence on the Hub, then log in with "
+                           "`hf auth login`") from None
+    except RepositoryNotFoundError:
+        raise SpeculaError(f"'{repo_id}' is not on the Hub at {endpoint} (or it is private: log in with "
+                           "`hf auth login`)") from None
+    except Exception as exc:  # the HTTP client's and huggingface_hub's errors, of several types
+        raise SpeculaError(f"cannot reach the Hub at {endpoint} for '{repo_id}': {first_line(exc)}") from None
+
+
+def gguf_files(repo_id: str) -> list[tuple[str, int]]:
+    """The (filename, size) of each .gguf file in a Hub repository, by name."""
+    info = _repo_info(repo_id)
+    return sorted((s.rfilename, int(s.size or 0)) for s in info.siblings or () if s.rfilename.lower().endswith(".gguf"))
+
+
+def _snapshot_files(siblings: list) -> list:
+    names = [s.rfilename for s in siblings]
+    patterns = _SNAPSHOT_FILES
+    if not any(n.endswith(".safetensors") for n in names):
+        patterns = patterns + ("*.bin",)
+    chosen = [s for s in siblings if any(fnmatch.fnmatch(s.rfilename, p) for p in patterns)]
+    # config.json last: a snapshot with a config is a complete one (list_models shows only those)
+    return sorted(chosen, key=lambda s: (s.rfilename == "config.json", s.rfilename))
+
+
+def download(repo_id: str, filename: str | None = None, on_progress: Callable[[int, int], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> str:
+    """Download a model snapshot (the files the app loads) or one file of it into the Hugging Face cache and return
+    its local path. `on_progress(done, total)` in bytes and `should_stop()` (True raises Cancelled) are called
+    from this thread every 64 KB; an interrupted download resumes where it stopped."""
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    info = _repo_info(repo_id)
+    siblings = list(info.siblings or ())
+    if filename is None:
+        files = _snapshot_files(siblings)
+        if not files:
+            raise SpeculaError(f"'{repo_id}' holds no model files to download")
+    else:
+        files = [s for s in siblings if s.rfilename == filename]
+        if not files:
+            raise SpeculaError(f"'{repo_id}' has no file '{filename}'")
+    commit = info.sha
+    if not commit:
+        raise SpeculaError(f"the Hub at {hub_endpoint()} gave no commit for '{repo_id}'")
+    storage = hub_cache() / f"models--{repo_id.replace('/', '--')}"
+    snapshot = storage / "snapshots" / commit
+    total = sum(int(s.size or 0) for s in files)
+    done = 0
+    report = on_progress or (lambda done, total: None)
+    stop = should_stop or (lambda: False)
+    session = get_session()
+    http = importlib.import_module(type(session).__module__.split(".")[0])  # httpx or httpx2
+    try:
+        (storage / "refs").mkdir(parents=True, exist_ok=True)
+        (storage / "refs" / "main").write_text(commit)
+        headers = build_hf_headers()
+        for sibling in files:
+            if stop():
+                raise Cancelled(f"download of {repo_id} cancelled")
+            size = int(sibling.size or 0)
+            etag = sibling.lfs.sha256 if sibling.lfs else sibling.blob_id
+            if not etag:
+                raise SpeculaError(f"the Hub at {hub_endpoint()} gave no blob id for {repo_id}/{sibling.rfilename}")
+            pointer = snapshot / sibling.rfilename
+            blob = storage / "blobs" / etag
+            if not pointer.exists():
+                if not blob.exists():
+                    url = f"{hub_endpoint()}/{repo_id}/resolve/{commit}/{_quote(sibling.rfilename)}"
+                    _fetch_blob(session, http, url, headers, blob, size, bool(sibling.lfs),
+                                lambda n: report(done + n, total), stop, f"{repo_id}/{sibling.rfilename}")
+                _link(blob, pointer)
+            done += size
+            report(done, total)
+    except (Cancelled, SpeculaError):
+        raise
+    except OSError as exc:
+        raise SpeculaError(f"cannot write the download of '{repo_id}' to {storage}: {first_line(exc)}") from None
+    return str(snapshot if filename is None else snapshot / filename)
+
+
+def _quote(filename: str) -> str:
+    from urllib.parse import quote
+
+    return quote(filename, safe="/")
+
+
+def _fetch_blob(session, http, url: str, headers: dict, blob: Path, size: int, is_lfs: bool,
+                report: Callable[[int], None], stop: Callable[[], bool], what: str) -> None:
+    """Fetch one file into `blob`, appending to `blob.incomplete` from where an earlier attempt left it."""
+    from filelock import FileLock, Timeout
+
+    part = blob.with_name(blob.name + ".incomplete")
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    lock = blob.parents[2] / ".locks" / blob.parents[1].name / f"{blob.name}.lock"  # where huggingface_hub locks
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(str(lock), timeout=0):
+            _fetch_part(session, http, url, headers, part, size, report, stop, what)
+            if is_lfs and _sha256(part, stop, what) != blob.name:
+                part.unlink()
+                raise SpeculaError(f"the download of {what} was corrupted (checksum mismatch): run it again")
+            os.replace(part, blob)
+    except Timeout:
+        raise SpeculaError(f"{what} is already being downloaded") from None
+
+
+def _fetch_part(session, http, url: str, headers: dict, part: Path, size: int, report: Callable[[int], None],
+                stop: Callable[[], bool], what: str) -> None:
+    """Append to `part` until it holds `size` bytes, resuming with Range requests after a dropped connection."""
+    from huggingface_hub.errors import GatedRepoError
+    from huggingface_hub.utils import hf_raise_for_status
+
+    part.touch()
+    failures = 0
+    while True:
+        have = part.stat().st_size
+        if have > size:
+            part.write_bytes(b"")
+            have = 0
+        report(have)
+        if have == size:
+            break
+        request = dict(headers, **({"Range": f"bytes={have}-"} if have else {}))
+        start = have
+        try:
+            with session.stream("GET", url, headers=request, follow_redirects=True,
+                                timeout=http.Timeout(30.0, read=60.0)) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    hf_raise_for_status(response)
+                with open(part, "ab" if have and response.status_code == 206 else "wb") as out:
+                    if response.status_code != 206:
+                        have = 0
+                    for chunk in response.iter_bytes(_CHUNK):
+                        out.write(chunk)
+                        have += len(chunk)
+                        report(have)
+                        if stop():
+                            raise Cancelled(f"download of {what} cancelled")
+            if have > size:
+                raise SpeculaError(f"cannot download {what}: the Hub sent {have} bytes, {size} expected")
+            if have < size:
+                raise http.RemoteProtocolError(f"the connection closed after {have} of {size} bytes")
+        except http.TransportError as exc:
+            failures = 1 if have > start else failures + 1
+            if failures > _RETRIES:
+                raise SpeculaError(f"cannot download {what}: {first_line(exc)} (run the download again to "
+                                   "resume it)") from None
+            time.sleep(0.2 * failures)
+        except (Cancelled, SpeculaError):
+            raise
+        except GatedRepoError:
+            raise SpeculaError(f"{what} is gated: accept its licence on the Hub, then log in with "
+                               "`hf auth login`") from None
+        except Exception as exc:  # HTTP errors from the Hub
+            raise SpeculaError(f"cannot download {what}: {first_line(exc)}") from None
+
+
+def _sha256(path: Path, stop: Callable[[], bool], what: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+            if stop():
+                raise Cancelled(f"download of {what} cancelled")
+    return digest.hexdigest()
+
+
+def _link(blob: Path, pointer: Path) -> None:
+    """The snapshot's entry for a blob: a relative symlink, or the blob moved there where links are not allowed."""
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.symlink(os.path.relpath(blob, pointer.parent), pointer)
+    except FileExistsError:
+        pass
+    except OSError:
+        shutil.copyfile(blob, pointer)

@@ -1,0 +1,328 @@
+"""The HTTP routes of `specula serve` (Starlette under uvicorn).
+
+    GET  /health                        200 once a model is loaded, else 503 (with the state)
+    GET  /v1/models                     OpenAI's model list
+    POST /v1/chat/completions           OpenAI's chat completions, streamed or not, with the extension
+    POST /v1/completions                OpenAI's (legacy) completions on a raw prompt
+    GET  /metrics                       Prometheus text (prom.py)
+    GET  /specula/v1/status             the loaded model, the engine's state, the queue
+    GET  /specula/v1/strategies         every strategy, and whether the loaded model can use it
+    POST /specula/v1/load               load or switch the model; streams progress (server-sent events)
+    POST /specula/v1/train              train a draft head; streams progress; closing the stream cancels
+    POST /specula/v1/requests/{id}/cancel   cancel a queued or running request
+
+With an API key set, every route but /health needs `Authorization: Bearer KEY`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from typing import AsyncIterator, Callable
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..api import wire
+from ..api.errors import SpeculaError
+from ..api.events import Failed, Finished, Loaded, Loading, ServerStats, Started, Step, Trained, Training
+from ..api.strategies import STRATEGIES
+from ..api.types import LoadRequest
+from . import openai as api
+from . import prometheus as prom
+from .service import EngineService
+
+log = logging.getLogger(__name__)
+CONTROL = "/specula/v1"
+DISCONNECT_POLL_S = 0.2
+
+
+class ClientGone(Exception):
+    """The client closed the connection while its request waited or ran."""
+
+
+class _ApiKey:
+    """Every route but /health needs the key (compared in constant time)."""
+
+    def __init__(self, app: ASGIApp, key: str | None) -> None:
+        self.app, self.key = app, key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.key and scope["path"] != "/health":
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+            if not hmac.compare_digest(token.encode(), self.key.encode()):
+                error = api.ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                                     "authentication_error", code="invalid_api_key")
+                await JSONResponse(error.body(), status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _error(exc: api.ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def _sse(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _body(request: Request) -> object:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise api.ApiError(400, "the request body is not valid JSON") from None
+
+
+async def _next_event(queue: asyncio.Queue, request: Request):
+    """The request's next event; ClientGone when the client disconnects while waiting for it."""
+    while True:
+        try:
+            return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                raise ClientGone from None
+
+
+def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), strategy: str = "auto",
+               k: int | None = None, api_key: str | None = None, initial: LoadRequest | None = None) -> Starlette:
+    """The ASGI app. `initial` is loaded when the server starts (requests queue behind it)."""
+
+    def defaults() -> api.Defaults:
+        loaded = service.loaded
+        if loaded is None:
+            raise api.ApiError(503, f"no model is loaded yet ({service.state}: {service.message or 'starting'})",
+                               "server_error", code="model_not_loaded")
+        names = (loaded.target, *(a for a in model_aliases if a and a != loaded.target))
+        chosen = strategy if strategy in loaded.strategies else (
+            "none" if "none" in loaded.strategies else loaded.strategies[0])  # "server" when relaying a server
+        return api.Defaults(names, loaded.strategies, chosen, k, loaded.context_window)
+
+    # ---- OpenAI ------------------------------------------------------------------------------------
+
+    async def models(request: Request) -> Response:
+        loaded = service.loaded
+        data = [] if loaded is None else [{
+            "id": loaded.target, "object": "model", "created": int(service.started_at), "owned_by": "specula",
+            "max_model_len": loaded.context_window,
+        }]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def chat(request: Request) -> Response:
+        return await _generate(request, api.parse_chat)
+
+    async def completions(request: Request) -> Response:
+        return await _generate(request, api.parse_completion)
+
+    async def _generate(request: Request, parse: Callable) -> Response:
+        try:
+            body = await _body(request)
+            while service.state == "loading":  # a request that comes during a load waits for the model
+                if await request.is_disconnected():
+                    return Response(status_code=499)
+                await asyncio.sleep(0.05)
+            parsed = parse(body, defaults())
+        except api.ApiError as exc:
+            return _error(exc)
+        rid, queue = service.submit(parsed.request)
+        early: list = []  # events before Started (a relayed server's counters), sent after it
+        try:
+            first = await _next_event(queue, request)
+            while not isinstance(first, (Started, Failed, Finished)):
+                early.append(first)
+                first = await _next_event(queue, request)
+            if isinstance(first, Failed):
+                service.release(rid)
+                return _error(api.failure(first.kind, first.message))
+            if isinstance(first, Finished):  # cancelled while it waited in the queue
+                early.append(first)
+                config = parsed.request.config
+                first = Started(rid, parsed.request.strategy, 0, config.k)
+
+        except ClientGone:
+            service.release(rid)
+            return Response(status_code=499)  # nobody reads it: the client closed the connection
+        except asyncio.CancelledError:
+            service.release(rid)
+            raise
+        headers = {"X-Specula-Request-Id": str(rid)}
+        if parsed.stream:
+            return StreamingResponse(_stream(parsed, rid, queue, first, early), media_type="text/event-stream",
+                                     headers={**headers, "Cache-Control": "no-cache"})
+        try:
+            return JSONResponse(await _whole(parsed, rid, queue, first, early, request), headers=headers)
+        except api.ApiError as exc:
+            return _error(exc)
+        except ClientGone:
+            return Response(status_code=499)
+        finally:
+            service.release(rid)
+
+    async def _stream(parsed: api.Parsed, rid: int, queue: asyncio.Queue, started: Started,
+                      early: list) -> AsyncIterator[str]:
+        answer = api.Answer(parsed, started, lambda: service.cancel(rid))
+        try:
+            yield _sse(api.chunk(parsed, "", role=True, extension=wire.started_json(started)))
+            while True:
+                event = early.pop(0) if early else await queue.get()
+                match event:
+                    case Step():
+                        released = answer.step(event)
+                        if released is not None:
+                            piece, tokens = released
+                            yield _sse(api.chunk(parsed, piece, extension=wire.step_json(event, tokens)))
+                    case ServerStats():
+                        stats = {"server_stats": wire.stats_json(event)}
+                        yield _sse(api.chunk(parsed, None, choices=False, extension=stats))
+                    case Finished():
+                        piece, tokens, reason, usage = answer.finish(event)
+                        extension = wire.finished_json(event, tokens)
+                        yield _sse(api.chunk(parsed, piece, reason, extension=extension, usage=usage))
+                        if parsed.include_usage:
+                            yield _sse(api.chunk(parsed, None, usage=usage, choices=False))
+                        yield _sse("[DONE]")
+                        return
+                    case Failed():
+                        yield _sse(api.failure(event.kind, event.message).body())
+                        yield _sse("[DONE]")
+                        return
+        finally:
+            service.release(rid)  # a client that went away cancels its request before the next step
+
+    async def _whole(parsed: api.Parsed, rid: int, queue: asyncio.Queue, started: Started, early: list,
+                     request: Request) -> dict:
+        answer = api.Answer(parsed, started, lambda: service.cancel(rid))
+        tokens: list = []
+        while True:
+            event = early.pop(0) if early else await _next_event(queue, request)
+            match event:
+                case Step():
+                    tokens += (answer.step(event) or ("", []))[1]
+                case Finished():
+                    _, last, reason, usage = answer.finish(event)
+                    extension = {**wire.started_json(started), **wire.finished_json(event, tokens + last)}
+                    return api.response(parsed, answer.text.text, reason, usage, extension)
+                case Failed():
+                    raise api.failure(event.kind, event.message)
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(prom.render(service), media_type="text/plain; version=0.0.4")
+
+    async def health(request: Request) -> Response:
+        ready = service.state == "ready"
+        return JSONResponse({"status": service.state, "message": service.message}, status_code=200 if ready else 503)
+
+    # ---- control -----------------------------------------------------------------------------------
+
+    def _loaded_json(loaded: Loaded | None) -> dict | None:
+        return None if loaded is None else wire.loaded_json(loaded)
+
+    async def status(request: Request) -> Response:
+        target = service.runner.session.target
+        local = service.runner.backend is service.runner.session and target is not None
+        return JSONResponse({"state": service.state, "message": service.message, "model": _loaded_json(service.loaded),
+                             "default_strategy": strategy, "running": service.running,
+                             "queue_depth": service.queue_depth,
+                             "step": target.step_status if local and service.loaded is not None else None})
+
+    async def strategies(request: Request) -> Response:
+        usable = service.loaded.strategies if service.loaded is not None else ()
+        rows = []
+        for name, card in STRATEGIES.items():
+            rows.append({"name": name, "description": card.description, "available": name in usable,
+                         "needs": card.needs, "default_k": card.default_k})
+        return JSONResponse({"model": service.loaded.target if service.loaded else None, "strategies": rows})
+
+    async def _progress(request: Request, rid: int, queue: asyncio.Queue) -> AsyncIterator[str]:
+        """Load and train progress as server-sent events, until the request's Loaded or Failed; the first
+        names the request (for the cancel endpoint)."""
+        try:
+            yield _sse({"type": "queued", "request_id": rid})
+            while True:
+                event = await queue.get()
+                if isinstance(event, (Loading, Training)):
+                    yield _sse({"type": "progress", "message": event.message})
+                elif isinstance(event, Trained):
+                    yield _sse({"type": "trained", "kind": event.kind, "folder": event.folder,
+                                "accepted": event.accepted, "summary": event.summary})
+                elif isinstance(event, Loaded):
+                    yield _sse({"type": "loaded", "model": _loaded_json(event)})
+                    yield _sse("[DONE]")
+                    return
+                elif isinstance(event, Failed):
+                    yield _sse({"type": "error", **api.failure(event.kind, event.message).body()})
+                    yield _sse("[DONE]")
+                    return
+        finally:
+            service.release(rid)
+
+    def _start(request: Request, engine_request) -> Response:
+        """Queue a load or a training; its progress streams as server-sent events."""
+        rid, queue = service.submit(engine_request)
+        return StreamingResponse(_progress(request, rid, queue), media_type="text/event-stream",
+                                 headers={"X-Specula-Request-Id": str(rid)})
+
+    async def load(request: Request) -> Response:
+        try:
+            return _start(request, api.parse_load(await _body(request)))
+        except api.ApiError as exc:
+            return _error(exc)
+
+    async def train(request: Request) -> Response:
+        try:
+            train_request = api.parse_train(await _body(request))
+        except api.ApiError as exc:
+            return _error(exc)
+        if service.loaded is None:
+            return _error(api.ApiError(503, "no model is loaded yet", "server_error", code="model_not_loaded"))
+        return _start(request, train_request)
+
+    async def cancel(request: Request) -> Response:
+        try:
+            rid = int(request.path_params["rid"])
+        except ValueError:
+            return _error(api.ApiError(400, "a request id is a number"))
+        if not service.cancel(rid):
+            return _error(api.ApiError(404, f"no queued or running request {rid}", code="not_found"))
+        return JSONResponse({"id": rid, "cancelled": True})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        service.start(asyncio.get_running_loop())
+        if initial is not None:
+            service.submit(initial)
+        try:
+            yield
+        finally:
+            service.stop()
+
+    routes = [
+        Route("/health", health), Route("/metrics", metrics),
+        Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route(f"{CONTROL}/status", status), Route(f"{CONTROL}/strategies", strategies),
+        Route(f"{CONTROL}/load", load, methods=["POST"]), Route(f"{CONTROL}/train", train, methods=["POST"]),
+        Route(f"{CONTROL}/requests/{{rid}}/cancel", cancel, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(_ApiKey, key=api_key)], lifespan=lifespan,
+                     exception_handlers={404: _not_found, 405: _not_allowed, SpeculaError: _engine_error})
+
+
+async def _not_found(request: Request, exc) -> Response:
+    return _error(api.ApiError(404, f"no route {request.url.path}", code="not_found"))
+
+
+async def _not_allowed(request: Request, exc) -> Response:
+    return _error(api.ApiError(405, f"{request.method} is not allowed on {request.url.path}"))
+
+
+async def _engine_error(request: Request, exc: SpeculaError) -> Response:
+    return _error(api.failure(type(exc).__name__, str(exc)))

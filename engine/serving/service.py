@@ -1,0 +1,164 @@
+"""The engine's worker thread (`runner.Runner`) seen from asyncio.
+
+The runner serves requests one at a time, in arrival order; its events come back on its thread and are
+handed to the event loop, into one queue per request. The counters for /metrics are kept here, on the
+event loop's thread, from the same events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from ..api.events import Failed, Finished, Loaded, Loading, Origin, Started, Step
+from ..api.metrics import SpeedupSum, count_step
+from ..api.types import GenerateRequest, LoadRequest, RemoteLoadRequest, TrainRequest
+from .runner import Runner
+
+
+@dataclass
+class Counters:
+    """Since the server started; vLLM's spec-decode counters count the same things (see prom.py)."""
+
+    requests: dict[str, int] = field(default_factory=dict)  # finished, by reason
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    steps: int = 0  # decode steps (target forwards after the prefill)
+    drafts: int = 0  # steps with a draft
+    draft_tokens: int = 0
+    accepted: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    tokens_by_origin: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Origin if o != Origin.REJECTED})
+    rejected_tokens: int = 0
+    decode_s: float = 0.0  # wall time after the first token, over finished requests
+    decoded_tokens: int = 0  # tokens after the first, over finished requests
+    # the live speedup (docs/ENGINE.md) summed over finished requests: plain decoding's time for their
+    # tokens and the time they took; the ratio of two increases is the speedup over that interval
+    speedup: SpeedupSum = field(default_factory=SpeedupSum)
+    plain_step_s: float | None = None  # the latest measured cost of a plain step
+
+    def add_step(self, step: Step) -> None:
+        for token in step.tokens:
+            self.tokens_by_origin[token.origin.value] = self.tokens_by_origin.get(token.origin.value, 0) + 1
+        self.generation_tokens += len(step.tokens)
+        self.rejected_tokens += len(step.rejected)
+        if step.step == 0:
+            return
+        self.steps += 1
+        if step.plain_step_s is not None:
+            self.plain_step_s = step.plain_step_s
+        if step.drafted:
+            self.drafts += 1
+            self.draft_tokens += step.drafted
+            self.accepted += step.accepted
+            count_step(self.drafted_per_position, self.accepted_per_position, step.drafted, step.accepted)
+
+    def add_finished(self, finished: Finished) -> None:
+        self.requests[finished.reason] = self.requests.get(finished.reason, 0) + 1
+        self.decode_s += finished.totals.decode_s
+        self.decoded_tokens += max(0, finished.totals.new_tokens - 1)
+        self.speedup.add(finished.speedup, finished.speedup_err, finished.totals.decode_s)
+
+
+class EngineService:
+    """Submit engine requests from the event loop and read their events from per-request queues."""
+
+    def __init__(self, runner: Runner | None = None) -> None:
+        self.runner = runner or Runner(sink=self._from_worker)
+        if runner is not None:
+            runner._sink = self._from_worker
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loaded: Loaded | None = None
+        self.state = "empty"  # empty (no model asked for yet), loading, ready, failed
+        self.message = ""
+        self.counters = Counters()
+        self.waiting: set[int] = set()  # generation requests submitted, not yet started
+        self.running: int | None = None
+        self.started_at = time.time()
+        self._queues: dict[int, asyncio.Queue] = {}
+        self._ended: set[int] = set()  # requests whose last event came (Finished, Failed or Loaded)
+        self._load_id: int | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.runner.start()
+
+    def stop(self) -> None:
+        self.runner.stop(timeout=5.0)
+
+    # ---- the worker's side ---------------------------------------------------------------------------
+
+    def _from_worker(self, event) -> None:
+        """Called on the worker thread: hand the event to the event loop."""
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._deliver, event)
+
+    def _deliver(self, event) -> None:
+        rid = event.request_id
+        if isinstance(event, Started):
+            self.waiting.discard(rid)
+            self.running = rid
+            self.counters.prompt_tokens += event.prompt_tokens
+        elif isinstance(event, Step):
+            self.counters.add_step(event)
+        elif isinstance(event, Finished):
+            self.counters.add_finished(event)
+            self._done(rid)
+        elif isinstance(event, Failed):
+            self._done(rid)
+            if rid == self._load_id:
+                self.state, self.message = ("failed" if self.loaded is None else "ready"), event.message
+        elif isinstance(event, Loading) and rid == self._load_id:
+            self.state, self.message = "loading", event.message
+        elif isinstance(event, Loaded):
+            self.loaded = event
+            if rid == self._load_id or self.state != "loading":
+                self.state, self.message = "ready", ""
+        if isinstance(event, (Finished, Failed, Loaded)) and rid in self._queues:
+            self._ended.add(rid)
+        queue = self._queues.get(rid)
+        if queue is not None:
+            queue.put_nowait(event)
+
+    def _done(self, rid: int) -> None:
+        self.waiting.discard(rid)
+        if self.running == rid:
+            self.running = None
+
+    # ---- the event loop's side -----------------------------------------------------------------------
+
+    def submit(self, request: GenerateRequest | LoadRequest | RemoteLoadRequest | TrainRequest) -> tuple[int, asyncio.Queue]:
+        """Queue a request; its events arrive in the returned queue. Call on the event loop's thread (so
+        the queue exists before the first event is delivered)."""
+        rid = self.runner.submit(request)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = queue
+        if isinstance(request, GenerateRequest):
+            self.waiting.add(rid)
+        elif isinstance(request, (LoadRequest, RemoteLoadRequest)):
+            self._load_id = rid
+            self.state, self.message = "loading", "queued"
+        return rid, queue
+
+    def release(self, rid: int) -> None:
+        """The caller reads no more of this request's events: cancel it if it has not ended (a client
+        that went away), before the engine's next step."""
+        if self._queues.pop(rid, None) is not None and rid not in self._ended:
+            self.runner.cancel(rid)
+        self._ended.discard(rid)
+
+    def cancel(self, rid: int) -> bool:
+        """Cancel a queued or running request (a generation or a training run); False when there is
+        none with that id. Its stream still ends with its last event (Finished "cancelled" or Failed)."""
+        if rid in self._queues and rid not in self._ended:
+            self.runner.cancel(rid)
+            return True
+        return False
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.waiting)
+

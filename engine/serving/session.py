@@ -1,0 +1,153 @@
+"""The loaded models and the strategies built for them: requests in, events out, synchronously.
+
+`Session` is what the worker thread (`runner.py`) drives and what the CLI uses directly. It keeps the
+loaded model's recent plain-step samples for the live speedup (metrics.SpeedupMeter); changing strategy
+between requests builds (or reuses) a drafter and never reloads the target.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from ..api import prompts
+from ..api.errors import SpeculaError
+from ..api.events import BaselineCost, Finished, Loaded, Started, Step, Trained
+from ..api.types import GenerateRequest, LoadRequest, ModelSpec, TrainRequest
+from ..cpu.governor import governor
+from ..decoding.loop import generate
+from ..decoding.speedup import PlainHistory, measure_baseline
+from ..drafters import DRAFTERS, build_drafter
+from ..models.loading import LoadedModel, check_same_vocabulary, load_model
+
+
+class Session:
+    def __init__(self) -> None:
+        self.target: LoadedModel | None = None
+        self.draft: LoadedModel | None = None
+        self.baseline: BaselineCost | None = None  # measured at load when asked (not the live speedup's)
+        self.plain = PlainHistory()  # the loaded model's recent plain-step samples: the live speedup's
+        self._runner = None
+        self._drafters: dict = {}
+        self.heads: dict = {}  # kind -> draft head folders made for the target, found when it loads
+        self.head_warnings: list[str] = []  # heads found but unreadable (left out)
+
+    def load(self, request: LoadRequest, progress: Callable[[str], None] | None = None) -> Loaded:
+        say = progress or (lambda text: None)
+        target = load_model(request.target, say)
+        draft = None
+        if request.draft and request.draft.strip() == request.target.source.strip():
+            draft = target  # the same weights; the drafter still keeps a cache of its own
+        elif request.draft:
+            weights = "dequantized" if request.target.weights == "dequantized" else "auto"
+            spec = ModelSpec(request.draft, device=str(target.device), dtype=target.dtype_name, weights=weights)
+            draft = load_model(spec, say)
+            check_same_vocabulary(target.tokenizer, draft.tokenizer)
+        self.use(target, draft)
+        if request.measure_baseline:
+            say("measuring plain decoding speed")
+            self.baseline = measure_baseline(self._runner)
+        return self.describe()
+
+    def use(self, target: LoadedModel, draft: LoadedModel | None = None) -> None:
+        """Adopt already loaded models (tests build tiny ones in memory)."""
+        self.target, self.draft = target, draft
+        self._find_heads(target)
+        self._runner = target.new_runner()
+        self._drafters = {}
+        self.baseline = None
+        self.plain = PlainHistory()
+
+    def unload(self) -> None:
+        """Let go of the models (their memory), e.g. when chat moves to a server; `load` brings them back."""
+        self.target = self.draft = self.baseline = self._runner = None
+        self._drafters = {}
+        self.heads = {}
+
+    def train(self, request: TrainRequest, request_id: int, say: Callable[[str], None],
+              should_stop: Callable[[], bool]) -> Trained:
+        """Train and save a head in the user's heads folder, then offer it: the strategies change."""
+        from ..heads.train import TrainOptions, default_out, run_training
+
+        target = self._need_target()
+        out = default_out(target.name, request.kind)
+        options = TrainOptions(kind=request.kind, tokens=request.tokens, epochs=request.epochs, batch=request.batch,
+                               out=out, overwrite=True)
+        result = run_training(target, options, say=say, should_stop=should_stop)
+        self._find_heads(target)
+        self._drafters = {key: d for key, d in self._drafters.items() if key[0] not in (request.kind, "auto")}
+        return Trained(request_id, result.kind, str(result.out), result.accepted, result.summary())
+
+    def _find_heads(self, target: LoadedModel) -> None:
+        """The heads made for this target, and a warning for each one found but unreadable."""
+        from ..heads.store import find_heads
+
+        self.head_warnings = []
+        self.heads = find_heads(target, self.head_warnings)
+
+    def describe(self, request_id: int = 0) -> Loaded:
+        t = self._need_target()
+        return Loaded(
+            request_id,
+            t.name,
+            self.draft.name if self.draft else None,
+            str(t.device),
+            t.dtype_name,
+            t.context_window,
+            tuple(name for name, info in DRAFTERS.items()
+                  if (self.draft or not info.needs_draft_model) and (not info.needs_head or info.needs_head in self.heads)),
+            self.baseline,
+            weights=t.weights,
+            warnings=tuple(self.head_warnings),
+        )
+
+    def _need_target(self) -> LoadedModel:
+        if self.target is None:
+            raise SpeculaError("no model is loaded yet")
+        return self.target
+
+    def drafter(self, strategy: str, options: dict):
+        info = DRAFTERS.get(strategy)
+        if info is not None and info.needs_head and not options.get("head") and self.heads.get(info.needs_head):
+            options = {**options, "head": str(self.heads[info.needs_head][0])}
+        if info is not None and info.uses_heads and "heads" not in options:  # the first head of each kind
+            options = {**options, "heads": tuple(str(folders[0]) for folders in self.heads.values())}
+        key = (strategy, tuple(sorted(options.items())))
+        if key not in self._drafters:
+            self._drafters[key] = build_drafter(strategy, self._need_target(), self.draft, **options)
+        return self._drafters[key]
+
+    def encode(self, request: GenerateRequest) -> list[int]:
+        return prompts.encode(self._need_target().tokenizer, request.messages, request.chat)
+
+    def generate(
+        self,
+        request: GenerateRequest,
+        request_id: int = 0,
+        should_stop: Callable[[], bool] = lambda: False,
+        prompt_ids: list[int] | None = None,
+    ) -> Iterator[Started | Step | Finished]:
+        target = self._need_target()
+        drafter = self.drafter(request.strategy, request.option_dict)
+        ids = prompt_ids if prompt_ids is not None else self.encode(request)
+        return generate(
+            self._runner,
+            drafter,
+            ids,
+            request.config,
+            stop_ids=target.eos_ids,
+            tokenizer=target.tokenizer,
+            request_id=request_id,
+            strategy=request.strategy,
+            should_stop=should_stop,
+            plain=self.plain,
+            between_steps=self._between_steps(),
+        )
+
+    def _between_steps(self) -> Callable[[], None] | None:
+        """Fewer threads while other programs keep the CPU's cores busy (a count is used only once it is
+        checked to change no bits: cpu/governor.py)."""
+        runner = self._runner
+        if runner is None or runner.device.type != "cpu":
+            return None
+        threads = governor()
+        return lambda: threads.tick(runner)

@@ -1,0 +1,148 @@
+"""Tiny random-weight models built from a config, for fast CPU tests (no downloads)."""
+
+from __future__ import annotations
+
+import torch
+
+from specula.engine.models.loading import LoadedModel
+
+
+def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "llama", max_pos: int = 512):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    }[family]
+    config = config_cls(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    # sharper distributions than the default init, so greedy text has structure and drafts get accepted
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def loaded(model, lean: bool = True, eos: frozenset[int] = frozenset()) -> LoadedModel:
+    return LoadedModel(model, None, "tiny", torch.device("cpu"), torch.float32, lean=lean, eos_ids=eos)
+
+
+def native(model) -> LoadedModel:
+    """`model` in bf16 with its projections as Q4_1 blocks, the way a GGUF file holds them: the model's
+    own weights become the blocks' dequantized values (as transformers reads a GGUF), and the lean
+    forward runs the blocks through int4 products."""
+    from specula.engine.cpu.products import q4_quantize
+    from specula.engine.models.gguf import NativeWeights
+
+    weights = NativeWeights()
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name.startswith("model.layers.") and isinstance(module, torch.nn.Linear):
+                blocks = q4_quantize(module.weight, "Q4_1")
+                module.weight.copy_(blocks.dequantize())
+                weights.blocks[name] = blocks
+                weights.file_types["Q4_1"] += 1
+    model = model.to(torch.bfloat16)
+    return LoadedModel(model, None, "tiny-q4", torch.device("cpu"), torch.bfloat16, lean=True, native=weights)
+
+
+def perturbed(model, scale: float = 0.02, seed: int = 1):
+    """A copy of `model` with noise added: a draft model that agrees with it often, not always."""
+    import copy
+
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.abs().mean())
+    return draft
+
+
+def quick_head(target: LoadedModel, folder, sequences: int = 16, length: int = 40, epochs: int = 5, seed: int = 0,
+               kind: str = "eagle"):
+    """A draft head of this kind trained for a few seconds on the target's own greedy continuations of random
+    prompts; returns the folder it was saved to."""
+    from specula.engine.api.types import DecodeConfig
+    from specula.engine.decoding.loop import generate
+    from specula.engine.drafters import build_drafter
+    from specula.engine.heads.store import save_head
+    from specula.engine.heads.train import _with_features, head_info, train_head
+
+    gen = torch.Generator().manual_seed(seed)
+    vocab = min(target.model.config.vocab_size, 1000)
+    seqs = []
+    for _ in range(sequences):
+        prompt = torch.randint(0, vocab, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
+        events = list(generate(target.new_runner(), build_drafter("none", target), prompt, DecodeConfig(max_new_tokens=length)))
+        seqs.append(_with_features(target, prompt, list(events[-1].token_ids)))
+    head = train_head(target, seqs, epochs=epochs, lr=3e-3, seed=seed, kind=kind, batch=1)
+    save_head(head.to(target.dtype), head_info(target, kind, sequences * length, epochs, None), folder)
+    return folder
+
+
+def random_medusa_head(target: LoadedModel, folder):
+    """An untrained (randomly initialised) Medusa head for `target`, saved in `folder`."""
+    from specula.engine.heads.config import HeadConfig
+    from specula.engine.heads.medusa import MedusaHead
+    from specula.engine.heads.store import save_head
+    from specula.engine.heads.train import head_info
+
+    torch.manual_seed(0)
+    head = MedusaHead(HeadConfig.for_target(target.model.config))
+    for block in head.blocks:
+        torch.nn.init.normal_(block.weight, std=0.02)
+    save_head(head.to(target.dtype), head_info(target, "medusa", 0, 0, None), folder)
+    return folder
+
+
+def assert_greedy_identity(target: LoadedModel, draft, strategy: str, options: dict, trials: int,
+                           longest_prompt: int, max_new_tokens: int, between=None) -> None:
+    """`strategy`'s greedy answers are `none`'s token for token on random prompts, with draft lengths
+    1-8, fixed and adaptive, and some drafts were accepted. `between(runner)`: what runs between steps."""
+    from specula.engine.api.events import Finished
+    from specula.engine.api.types import DecodeConfig
+    from specula.engine.decoding.loop import generate
+    from specula.engine.drafters import build_drafter
+
+    gen = torch.Generator().manual_seed(1)
+    vocab = target.model.config.vocab_size
+    accepted = 0
+    for trial in range(trials):
+        prompt = torch.randint(0, vocab, (int(torch.randint(2, longest_prompt, (1,), generator=gen)),),
+                               generator=gen).tolist()
+        outs = []
+        for name in ("none", strategy):
+            drafter = build_drafter(name, target, draft, **(options if name == strategy else {}))
+            config = DecodeConfig(k=1 + trial % 8, adaptive_k=trial % 2 == 0, max_new_tokens=max_new_tokens)
+            runner = target.new_runner()
+            hook = between(runner) if between is not None else None
+            finished = list(generate(runner, drafter, prompt, config, between_steps=hook))[-1]
+            assert isinstance(finished, Finished)
+            outs.append(finished)
+        assert outs[1].token_ids == outs[0].token_ids, (strategy, trial)
+        accepted += outs[1].totals.accepted
+    assert accepted > 0
+
+
+def head_options(target: LoadedModel, strategy: str, folder) -> dict:
+    """The options `strategy` needs on `target`: a quickly trained EAGLE head or a random Medusa head,
+    written under `folder`; none for strategies without heads."""
+    from specula.engine.drafters import DRAFTERS
+
+    info = DRAFTERS[strategy]
+    if info.needs_head == "eagle":
+        return {"head": str(quick_head(target, folder / "eagle", sequences=4, length=24, epochs=2))}
+    if info.needs_head or info.uses_heads:
+        medusa = str(random_medusa_head(target, folder / "medusa"))
+        return {"head": medusa} if info.needs_head else {"heads": (medusa,)}
+    return {}

@@ -1,0 +1,105 @@
+"""The house's layout (docs/ENGINE.md): the engine's rooms stand in layers, each importing only the rooms
+below it, no module imports itself back through others, and the window imports the torch-free rooms
+only. Imports inside functions count as much as those at the top of a module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# from the ground up: a room may import rooms of a lower layer (and itself)
+LAYERS = ("api", "remote", "cpu", "decoding", "models", "heads", "drafters", "serving", "cli")
+APP_MAY_IMPORT = {"api", "remote"}  # the window's process never loads torch
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return "specula." + ".".join(parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """specula.* module -> the specula.* modules it imports, anywhere in its code."""
+    files = {_module(p): p for folder in ("engine", "app") for p in (ROOT / folder).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in files else source for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            edges |= {t for t in targets if t in files and t != name}
+        graph[name] = edges
+    return graph
+
+
+def room(module: str) -> str:
+    """specula.engine.decoding.loop -> decoding; specula.app.window -> app; the engine's root -> ''."""
+    parts = module.split(".")
+    if parts[1] == "app":
+        return "app"
+    return parts[2] if len(parts) > 3 or (len(parts) == 3 and parts[2] in LAYERS) else ""
+
+
+def test_the_import_graph_has_no_circles():
+    graph = import_graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    circles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not circles, "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_every_room_imports_only_the_rooms_below_it():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    wrong = []
+    for module, targets in import_graph().items():
+        here = room(module)
+        for target in targets:
+            there = room(target)
+            if here == "app":
+                ok = there == "app" or there in APP_MAY_IMPORT
+            elif here in rank:
+                ok = there == here or there in rank and rank[there] < rank[here]
+            else:
+                ok = True  # the engine's root (its version) stands above nothing
+            if not ok:
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_engines_root_holds_only_its_rooms():
+    loose = sorted(p.name for p in (ROOT / "engine").glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules outside the engine's rooms: {loose}"
+    rooms = sorted(p.name for p in (ROOT / "engine").iterdir() if (p / "__init__.py").is_file())
+    assert rooms == sorted(LAYERS)
+
+
+def test_the_graph_reader_sees_deferred_and_relative_imports():
+    graph = import_graph()
+    # serving.session imports heads.train inside a function, and decoding's loop its sibling verify
+    assert "specula.engine.heads.train" in graph["specula.engine.serving.session"]
+    assert "specula.engine.decoding.verify" in graph["specula.engine.decoding.loop"]
+    assert room("specula.engine.decoding.loop") == "decoding" and room("specula.app.window") == "app"
