@@ -17,7 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SETUP_TIMEOUT_S = 900
 START_TIMEOUT_S = 420  # a busy 2-core machine
 
