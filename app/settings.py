@@ -69,9 +69,10 @@ class Settings:
 
     def strategy_options(self) -> tuple[tuple[str, object], ...]:
         """The engine's GenerateRequest.options: only the ones set (each drafter takes the ones it knows)."""
-        named = (("min_n", self.lookup_min_n), ("max_n", self.lookup_max_n), ("exit_layer", self.exit_layer),
-                 ("skip", self.auto_skip if self.strategy == "auto" else None))
-        return tuple((name, value) for name, value in named if value is not None and value != "")
+        from specula.engine.api.strategies import request_options
+
+        return request_options({"min_n": self.lookup_min_n, "max_n": self.lookup_max_n, "exit_layer": self.exit_layer,
+                                "skip": self.auto_skip if self.strategy == "auto" else None})
 
     @classmethod
     def from_dict(cls, data: dict) -> tuple["Settings", list[str]]:

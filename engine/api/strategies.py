@@ -1,5 +1,7 @@
 """The catalogue of draft strategies, without torch: names, what each does, what it needs, its default
-draft length. `drafters.DRAFTERS` adds the code that builds each; the app and clients read this one.
+draft length, and the options they take (one schema for the command line's flags, the server's
+`specula.options`, the app's settings and the drafters' builders). `drafters.DRAFTERS` adds the code that
+builds each; the app and clients read this one.
 """
 
 from __future__ import annotations
@@ -50,3 +52,43 @@ STRATEGIES: dict[str, StrategyCard] = {
 def default_k(strategy: str) -> int:
     card = STRATEGIES.get(strategy)
     return card.default_k if card else 4
+
+
+@dataclass(frozen=True)
+class StrategyOption:
+    """An option a request may carry for its strategy (GenerateRequest.options)."""
+
+    name: str  # as requests carry it, and the drafters' builders take it
+    kinds: tuple[type, ...]  # the JSON types a request may give it in
+    strategies: tuple[str, ...]  # the strategies that read it (auto passes some on to its members)
+    help: str
+    on_command_line: bool = True  # `specula generate/chat --NAME`
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def accepts(self, value: object) -> bool:
+        return type(value) in self.kinds
+
+
+STRATEGY_OPTIONS: dict[str, StrategyOption] = {
+    option.name: option
+    for option in (
+        StrategyOption("min_n", (int,), ("prompt-lookup",), "prompt-lookup: shortest n-gram to match"),
+        StrategyOption("max_n", (int,), ("prompt-lookup",), "prompt-lookup: longest n-gram to match"),
+        StrategyOption("exit_layer", (int,), ("layer-skip",), "layer-skip: layers used for drafting"),
+        StrategyOption("head", (str,), ("eagle", "medusa", "auto"), "eagle: a folder written by `specula train-head`"),
+        StrategyOption("tree", (bool, int), ("eagle", "medusa", "lookahead"),
+                       "token trees: eagle drafts an EAGLE-2 dynamic tree; medusa and lookahead send trees even in "
+                       "bf16 on a CPU, where tree passes can part from plain decoding at near ties (fp32 is exact)"),
+        StrategyOption("skip", (str,), ("auto",), "auto: comma-separated strategies it must not use",
+                       on_command_line=False),
+    )
+}
+
+
+def request_options(values: dict[str, object]) -> tuple[tuple[str, object], ...]:
+    """GenerateRequest.options from named values: the known options that are set, in the schema's order."""
+    return tuple((name, values[name]) for name in STRATEGY_OPTIONS
+                 if values.get(name) is not None and values.get(name) != "")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..api.errors import SpeculaError
 from ..api.events import Loaded
-from ..api.strategies import STRATEGIES
+from ..api.strategies import STRATEGIES, STRATEGY_OPTIONS, request_options
 from ..api.types import DecodeConfig, LoadRequest, ModelSpec, RemoteLoadRequest
 from ..remote.backend import RemoteBackend
 from ..serving.session import Session
@@ -41,8 +41,7 @@ def decode_config(args) -> DecodeConfig:
 
 
 def strategy_options(args) -> tuple[tuple[str, object], ...]:
-    names = ("min_n", "max_n", "exit_layer", "head", "tree")
-    return tuple((n, getattr(args, n)) for n in names if getattr(args, n, None) is not None)
+    return request_options({name: getattr(args, name, None) for name in STRATEGY_OPTIONS})
 
 
 def check_strategy(args) -> None:

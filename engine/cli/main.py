@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 from ..api.errors import SpeculaError, terminal_safe
+from ..api.strategies import STRATEGY_OPTIONS
 
 EXIT_BAD_INPUT = 2
 SEED_MAX = 2**63 - 1  # torch's generators take a signed 64-bit seed
@@ -93,13 +94,13 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--system", default=None, help="system prompt (with --chat)")
-    p.add_argument("--min-n", type=int, default=None, help="prompt-lookup: shortest n-gram to match")
-    p.add_argument("--max-n", type=int, default=None, help="prompt-lookup: longest n-gram to match")
-    p.add_argument("--exit-layer", type=int, default=None, help="layer-skip: layers used for drafting")
-    p.add_argument("--head", default=None, help="eagle: a folder written by `specula train-head`")
-    p.add_argument("--tree", action="store_const", const=1, default=None,
-                   help="token trees: eagle drafts an EAGLE-2 dynamic tree; medusa and lookahead send trees even in "
-                        "bf16 on a CPU, where tree passes can part from plain decoding at near ties (fp32 is exact)")
+    for option in STRATEGY_OPTIONS.values():  # the strategies' options, from their one schema
+        if not option.on_command_line:
+            continue
+        if bool in option.kinds:
+            p.add_argument(option.flag, action="store_const", const=1, default=None, help=option.help)
+        else:
+            p.add_argument(option.flag, type=option.kinds[0], default=None, help=option.help)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -21,11 +21,10 @@ from ..api.errors import SpeculaError
 from ..api.events import Finished, Started, Step, Token
 from ..api.paths import WEIGHT_NAMES
 from ..api.prompts import Message
-from ..api.strategies import STRATEGIES, default_k
+from ..api.strategies import STRATEGIES, STRATEGY_OPTIONS, default_k
 from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec, RemoteLoadRequest, TrainRequest
 
 MAX_STOPS = 4
-STRATEGY_OPTIONS = {"min_n": int, "max_n": int, "exit_layer": int, "head": str, "tree": (bool, int), "skip": str}
 EXTENSION_FIELDS = {"strategy", "k", "adaptive_k", "k_max", "options", "token_probs"}
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
            "n", "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "specula"}
@@ -191,8 +190,8 @@ def _extension(body: dict, defaults: Defaults) -> tuple[str, dict, tuple]:
         config["k_max"] = _number(ext, "k_max", None, integer=True, low=1)
     options = _check_fields(ext.get("options") or {}, set(STRATEGY_OPTIONS), "'specula.options' object")
     for name, value in options.items():
-        kinds = STRATEGY_OPTIONS[name] if isinstance(STRATEGY_OPTIONS[name], tuple) else (STRATEGY_OPTIONS[name],)
-        if type(value) not in kinds:
+        kinds = STRATEGY_OPTIONS[name].kinds
+        if not STRATEGY_OPTIONS[name].accepts(value):
             raise _bad(f"'specula.options.{name}' must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}",
                        f"specula.options.{name}")
     return strategy, config, tuple(sorted((n, int(v) if isinstance(v, bool) else v) for n, v in options.items()))
