@@ -1,9 +1,12 @@
 """OpenAI's request and response shapes, and the `specula` extension, for `specula serve`.
 
-Request bodies become engine `GenerateRequest`s here, checked field by field; anything wrong is an
-`ApiError` with OpenAI's error shape and the right HTTP status. Fields OpenAI defines that the engine
-cannot honour (n > 1, penalties, tools, logprobs) are refused rather than ignored, so a client never gets
-an answer to a question it did not ask. Unknown fields are refused too.
+Request bodies are pydantic models here, as vLLM's protocol module has them (ChatCompletionRequest,
+CompletionRequest), with the `specula` extension and the control endpoints' bodies beside them; a validated
+body becomes an engine `GenerateRequest`. JSON types are taken exactly (1 is not true, 2.0 is not an
+integer); anything wrong is an `ApiError` with OpenAI's error shape, the right HTTP status and a one-line
+message. Fields OpenAI defines that the engine cannot honour (n > 1, penalties, tools, logprobs) are
+refused rather than ignored, so a client never gets an answer to a question it did not ask. Unknown fields
+are refused too.
 
 The extension object, in a request: `"specula": {"strategy": "eagle", "k": 6, "adaptive_k": true,
 "k_max": 12, "options": {"max_n": 3}}`. In a streamed chunk: the step's tokens with their origin
@@ -12,26 +15,27 @@ The extension object, in a request: `"specula": {"strategy": "eagle", "k": 6, "a
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints,
+                      ValidationError, ValidationInfo, WrapValidator, create_model, field_validator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
 from ..api.errors import SpeculaError
 from ..api.events import Finished, Started, Step, Token
 from ..api.paths import WEIGHT_NAMES
 from ..api.prompts import Message
-from ..api.strategies import STRATEGIES, STRATEGY_OPTIONS, default_k
+from ..api.strategies import STRATEGIES, STRATEGY_OPTIONS, StrategyOption, default_k
 from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec, RemoteLoadRequest, TrainRequest
 
 MAX_STOPS = 4
-EXTENSION_FIELDS = {"strategy", "k", "adaptive_k", "k_max", "options", "token_probs"}
-_COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-           "n", "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "specula"}
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
-                         "tool_choice", "parallel_tool_calls"}
-COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+TRAIN_KINDS = ("eagle", "medusa")
 
 
 class ApiError(Exception):
@@ -70,7 +74,7 @@ class Defaults:
 
     model_ids: tuple[str, ...]  # names a request's "model" may use (the first is the one listed)
     strategies: tuple[str, ...]  # what the loaded model can use
-    strategy: str = "none"
+    strategy: str = "none"  # one of `strategies`
     k: int | None = None  # None: the strategy's own default
     context_window: int = 0
 
@@ -95,180 +99,381 @@ def _bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def _number(body: dict, name: str, default, *, integer: bool = False, low=None, high=None, low_open: bool = False):
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise _bad(f"'{name}' must be {'an integer' if integer else 'a number'}, got {value!r}", name)
-    if not math.isfinite(value):
-        raise _bad(f"'{name}' must be finite, got {value!r}", name)
-    if low is not None and (value <= low if low_open else value < low):
-        raise _bad(f"'{name}' must be {'>' if low_open else '>='} {low}, got {value!r}", name)
-    if high is not None and value > high:
-        raise _bad(f"'{name}' must be <= {high}, got {value!r}", name)
-    return value
+# ---- from pydantic's errors to the API's ---------------------------------------------------------------
+
+_WORDED = "specula"  # the type of a pydantic error that already carries the API's wording (_fault)
+
+# pydantic's own faults, worded: {name} is the field, {input!r} the value given, {ge}/{gt}/{le} the bound
+_WORDING = {
+    "int_type": "'{name}' must be an integer, got {input!r}",
+    "float_type": "'{name}' must be a number, got {input!r}",
+    "bool_type": "'{name}' must be true or false, got {input!r}",
+    "finite_number": "'{name}' must be finite, got {input!r}",
+    "greater_than_equal": "'{name}' must be >= {ge}, got {input!r}",
+    "greater_than": "'{name}' must be > {gt}, got {input!r}",
+    "less_than_equal": "'{name}' must be <= {le}, got {input!r}",
+}
+_OBJECTS = {(): "request", ("specula",): "'specula' extension"}
 
 
-def _flag(body: dict, name: str, default: bool = False) -> bool:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise _bad(f"'{name}' must be true or false, got {value!r}", name)
-    return value
+def _fault(message: str, param: str | None = None, status: int = 400, code: str | None = None,
+           **values: object) -> PydanticCustomError:
+    """A fault in the API's words. `message` and `param` may say {i} (the list index in the fault's path, as
+    in messages[{i}]), {input!r} (the value given) and any of `values`; `_api_error` fills them in."""
+    return PydanticCustomError(_WORDED, message, {"param": param, "status": status, "code": code, "values": values,
+                                                 "message": message})
 
 
-def _check_fields(body: object, allowed: set[str], what: str) -> dict:
-    if not isinstance(body, dict):
-        raise _bad(f"the {what} must be a JSON object")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise _bad(f"unknown field '{unknown[0]}' in the {what}", unknown[0])
-    return body
+def _first(errors: list[dict]) -> dict:
+    """The fault a body reports: the first in field order, except that unknown fields come before everything
+    else in their object (pydantic lists them last), an outer object's before an inner's, and by name."""
+
+    def rank(item: tuple[int, dict]) -> tuple:
+        index, error = item
+        if error["type"] != "extra_forbidden":
+            return index, 1, 0, ""
+        parent = error["loc"][:-1]
+        start = next(j for j, other in enumerate(errors) if other["loc"][: len(parent)] == parent)
+        return start, 0, len(parent), str(error["loc"][-1])
+
+    return min(enumerate(errors), key=rank)[1]
 
 
-def _refuse_unsupported(body: dict) -> None:
-    """OpenAI fields the engine cannot honour, refused unless they ask for the default."""
-    if _number(body, "n", 1, integer=True) != 1:
-        raise _bad("'n' must be 1: one answer per request", "n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, 0) != 0:
-            raise _bad(f"'{name}' is not supported (it would change the model's own distribution)", name)
-    if body.get("logit_bias"):
-        raise _bad("'logit_bias' is not supported", "logit_bias")
-    if body.get("logprobs") not in (None, False, 0):
-        raise _bad("'logprobs' is not supported; the 'specula' extension of each chunk carries the tokens", "logprobs")
-    if body.get("tools"):
-        raise _bad("'tools' are not supported", "tools")
-    fmt = body.get("response_format")
-    if fmt not in (None, {"type": "text"}):
-        raise _bad("only the text 'response_format' is supported", "response_format")
-    if body.get("echo") or body.get("suffix") or body.get("best_of") not in (None, 1):
-        raise _bad("'echo', 'suffix' and 'best_of' are not supported")
-    if body.get("user") is not None and not isinstance(body["user"], str):
-        raise _bad("'user' must be a string", "user")
+def _api_error(exc: ValidationError) -> ApiError:
+    """A body's first fault as the API words it: the one place pydantic's errors become ApiErrors."""
+    error = _first(exc.errors(include_url=False))
+    loc, kind, given = error["loc"], error["type"], error.get("input")
+    if kind == _WORDED:
+        ctx = error["ctx"]
+        words = {"i": next((p for p in loc if isinstance(p, int)), None), "input": given, **ctx["values"]}
+        param = ctx["param"] and ctx["param"].format(**words)
+        return ApiError(ctx["status"], ctx["message"].format(**words), param=param, code=ctx["code"])
+    name = str(loc[-1]) if loc else ""
+    if kind == "extra_forbidden":
+        return _bad(f"unknown field '{name}' in the {_object(loc[:-1])}", name)
+    if kind == "model_type":
+        return _bad(f"the {_object(loc)} must be a JSON object")
+    bounds = {key: format(value, "g") for key, value in error.get("ctx", {}).items() if key in ("ge", "gt", "le")}
+    message = _WORDING.get(kind, "'{name}' is not valid, got {input!r}")
+    return _bad(message.format(name=name, input=given, **bounds), name)
 
 
-def _model(body: dict, defaults: Defaults) -> str:
-    model = body.get("model")
-    if model in (None, ""):
-        return defaults.model_ids[0]
-    if not isinstance(model, str):
-        raise _bad("'model' must be a string", "model")
-    if model not in defaults.model_ids:
-        raise ApiError(404, f"the model '{model}' does not exist here; this server serves '{defaults.model_ids[0]}'",
-                       param="model", code="model_not_found")
-    return defaults.model_ids[0]
+def _object(loc: tuple) -> str:
+    """What a message calls the object at `loc`: the request, the 'specula' extension, the 'server' object."""
+    return _OBJECTS.get(loc) or "'" + ".".join(map(str, loc)) + "' object"
 
 
-def _stops(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise _bad("'stop' must be a string or a list of strings", "stop")
-    if len(stops) > MAX_STOPS:
-        raise _bad(f"'stop' takes at most {MAX_STOPS} sequences", "stop")
-    return tuple(s for s in stops if s)
-
-
-def _extension(body: dict, defaults: Defaults) -> tuple[str, dict, tuple]:
-    """The `specula` object -> (strategy, DecodeConfig keyword arguments, strategy options)."""
-    ext = _check_fields(body.get("specula") or {}, EXTENSION_FIELDS, "'specula' extension")
-    strategy = ext.get("strategy", defaults.strategy)
-    if not isinstance(strategy, str) or (strategy not in STRATEGIES and strategy not in defaults.strategies):
-        raise _bad(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}", "specula.strategy")
-    if strategy not in defaults.strategies:
-        raise _bad(f"the loaded model cannot use '{strategy}' (it needs a draft model or a trained head); "
-                   f"it can use: {', '.join(defaults.strategies)}", "specula.strategy")
-    k_default = defaults.k if defaults.k is not None and strategy == defaults.strategy else default_k(strategy)
-    config = {"k": _number(ext, "k", k_default, integer=True, low=1),
-              "adaptive_k": _flag(ext, "adaptive_k"), "token_probs": _flag(ext, "token_probs")}
-    if "k_max" in ext:
-        config["k_max"] = _number(ext, "k_max", None, integer=True, low=1)
-    options = _check_fields(ext.get("options") or {}, set(STRATEGY_OPTIONS), "'specula.options' object")
-    for name, value in options.items():
-        kinds = STRATEGY_OPTIONS[name].kinds
-        if not STRATEGY_OPTIONS[name].accepts(value):
-            raise _bad(f"'specula.options.{name}' must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}",
-                       f"specula.options.{name}")
-    return strategy, config, tuple(sorted((n, int(v) if isinstance(v, bool) else v) for n, v in options.items()))
-
-
-def _request(body: dict, defaults: Defaults, messages: tuple[Message, ...], chat: bool, max_name: str) -> GenerateRequest:
-    strategy, config, options = _extension(body, defaults)
-    limit = defaults.context_window or 1 << 30
-    max_tokens = _number(body, max_name, limit, integer=True, low=1)
-    sampling = {"temperature": _number(body, "temperature", 1.0, low=0, high=2),
-                "top_p": _number(body, "top_p", 1.0, low=0, high=1, low_open=True),
-                "top_k": _number(body, "top_k", 0, integer=True, low=0)}
-    seed = _number(body, "seed", None, integer=True)
+def _validate(model: type[BaseModel], body: object, context: object = None) -> Any:
+    """`body` as `model`, or the ApiError for its first fault."""
     try:
-        decode = DecodeConfig.for_strategy(strategy, max_new_tokens=max_tokens, seed=seed, **sampling, **config)
+        return model.model_validate(body, context=context)
+    except ValidationError as exc:
+        raise _api_error(exc) from None
+
+
+# ---- what a field may hold, with its own wording where it has one ----------------------------------------
+
+
+def _says(message: str, param: str | None = None, *, only: tuple[str, ...] = (), **values: object) -> WrapValidator:
+    """A field worded as a whole: a fault pydantic finds in it (of the kinds in `only`, if given) is this
+    message; faults worded deeper inside keep their own."""
+
+    def reword(value: object, handler: Callable) -> object:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            first = _first(exc.errors(include_url=False))
+            if first["type"] == _WORDED or (only and first["type"] not in only):
+                raise
+            raise _fault(message, param, **values) from None
+
+    return WrapValidator(reword)
+
+
+def _honoured_if(accepts: Callable[[Any], bool], message: str, param: str | None) -> AfterValidator:
+    """An OpenAI field the engine honours only at its default value: anything else is refused, not ignored."""
+
+    def check(value: object) -> object:
+        if not accepts(value):
+            raise _fault(message, param)
+        return value
+
+    return AfterValidator(check)
+
+
+def _required() -> Any:
+    """A required field validated when missing too, so that a missing one gets the wording of a wrong one."""
+    return Field(None, validate_default=True)
+
+
+def _or_none(value: object) -> object:
+    """An empty or false object is no object: `{}` or null ask for the defaults."""
+    return value or None
+
+
+def _served(model: str | None, info: ValidationInfo) -> str | None:
+    """'model' names this server's model (by any of its names); empty means that one."""
+    served = info.context.model_ids
+    if model not in (None, "") and model not in served:
+        raise _fault("the model '{input}' does not exist here; this server serves '{served}'", "model", 404,
+                     "model_not_found", served=served[0])
+    return model
+
+
+def _usable(strategy: str, info: ValidationInfo) -> str:
+    """A strategy the loaded model can use (one of the catalogue, or the loaded backend's own)."""
+    usable = info.context.strategies
+    if strategy not in STRATEGIES and strategy not in usable:
+        raise _fault(_UNKNOWN_STRATEGY, "specula.strategy", choices=", ".join(STRATEGIES))
+    if strategy not in usable:
+        raise _fault("the loaded model cannot use '{input}' (it needs a draft model or a trained head); "
+                     "it can use: {usable}", "specula.strategy", usable=", ".join(usable))
+    return strategy
+
+
+def _at_most_stops(stop: str | list[str] | None) -> str | list[str] | None:
+    # counted after the shape (not max_length, which pydantic checks first): a bad shape is reported first
+    if isinstance(stop, list) and len(stop) > MAX_STOPS:
+        raise _fault("'stop' takes at most {most} sequences", "stop", most=MAX_STOPS)
+    return stop
+
+
+def _content(value: object, handler: Callable) -> object:
+    """A message's content: a string, or content parts that are all text."""
+    try:
+        return handler(value)
+    except ValidationError:
+        message = ("messages[{i}]: only text content parts are supported" if isinstance(value, list) else
+                   "messages[{i}] needs a 'content' string")
+        raise _fault(message, "messages[{i}].content") from None
+
+
+def _option(option: StrategyOption) -> tuple[Any, None]:
+    """specula.options.NAME: exactly what the strategies' schema accepts for it (StrategyOption.accepts)."""
+
+    def check(value: object) -> object:
+        if not option.accepts(value):
+            raise _fault("'specula.options.{name}' must be {kinds}, got {input!r}", "specula.options.{name}",
+                         name=option.name, kinds=" or ".join(kind.__name__ for kind in option.kinds))
+        return value
+
+    return Annotated[Any, AfterValidator(check)], None
+
+
+_UNKNOWN_STRATEGY = "unknown strategy {input!r}: choose one of {choices}"
+_PENALTY = "'{0}' is not supported (it would change the model's own distribution)"
+_NO_ECHO = "'echo', 'suffix' and 'best_of' are not supported"
+
+# What the fields hold; a request's null is the field's default, unless a field says otherwise.
+Flag = bool | None
+Count = Annotated[int | None, Field(ge=1)]
+Temperature = Annotated[float | None, Field(ge=0, le=2)]
+TopP = Annotated[float | None, Field(gt=0, le=1)]
+TopK = Annotated[int | None, Field(ge=0)]
+Seed = int | None
+User = Annotated[str | None, _says("'user' must be a string", "user")]
+ModelName = Annotated[str | None, _says("'model' must be a string", "model"), AfterValidator(_served)]
+Stop = Annotated[str | list[str] | None, _says("'stop' must be a string or a list of strings", "stop"),
+                 AfterValidator(_at_most_stops)]
+Role = Literal[tuple(ROLES)]
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+# OpenAI's fields the engine honours only at their defaults
+OneChoice = Annotated[int | None, _honoured_if(lambda n: n in (None, 1), "'n' must be 1: one answer per request", "n")]
+PresencePenalty = Annotated[float | None, _honoured_if(lambda penalty: penalty in (None, 0),
+                                                       _PENALTY.format("presence_penalty"), "presence_penalty")]
+FrequencyPenalty = Annotated[float | None, _honoured_if(lambda penalty: penalty in (None, 0),
+                                                        _PENALTY.format("frequency_penalty"), "frequency_penalty")]
+LogitBias = Annotated[Any, _honoured_if(lambda bias: not bias, "'logit_bias' is not supported", "logit_bias")]
+Logprobs = Annotated[Any, _honoured_if(lambda logprobs: logprobs in (None, False, 0), "'logprobs' is not supported; "
+                                       "the 'specula' extension of each chunk carries the tokens", "logprobs")]
+TopLogprobs = Annotated[Any, _honoured_if(lambda top: top is None, "'top_logprobs' is not supported", "top_logprobs")]
+Tools = Annotated[Any, _honoured_if(lambda tools: not tools, "'tools' are not supported", "tools")]
+ResponseFormat = Annotated[Any, _honoured_if(lambda fmt: fmt in (None, {"type": "text"}),
+                                             "only the text 'response_format' is supported", "response_format")]
+Echo = Annotated[Any, _honoured_if(lambda echo: not echo, _NO_ECHO, None)]
+BestOf = Annotated[Any, _honoured_if(lambda best_of: best_of in (None, 1), _NO_ECHO, None)]
+
+
+class _Body(BaseModel):
+    """A JSON object of a request body: exact JSON types, finite numbers, no unknown fields. Fields are
+    declared in the order they are checked, so that a body with several faults reports the first."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+StrategyOptions = create_model(
+    "StrategyOptions", __base__=_Body, __doc__="`specula.options`: a field for each of the strategies' options.",
+    **{name: _option(option) for name, option in STRATEGY_OPTIONS.items()})
+
+
+class SpeculaExtension(_Body):
+    """The `specula` object of a request: the strategy, its draft length and its options."""
+
+    strategy: Annotated[str, _says(_UNKNOWN_STRATEGY, "specula.strategy", choices=", ".join(STRATEGIES)),
+                        AfterValidator(_usable)] = None  # absent: the server's; null is refused
+    k: Count = None
+    adaptive_k: Flag = None
+    token_probs: Flag = None
+    k_max: Count = None
+    options: Annotated[StrategyOptions | None, BeforeValidator(_or_none)] = None
+
+
+class StreamOptions(_Body):
+    """`stream_options`: whether the last chunk carries the usage."""
+
+    include_usage: Flag = None
+    continuous_usage_stats: Any = None  # vLLM's; accepted, not read
+
+
+Extension = Annotated[SpeculaExtension | None, BeforeValidator(_or_none)]
+Streaming = Annotated[StreamOptions | None, _says("'stream_options' takes only 'include_usage'", "stream_options",
+                                                  only=("model_type", "extra_forbidden"))]
+
+
+class TextPart(BaseModel):
+    """A content part of a message: text only (other fields of a part are ignored)."""
+
+    model_config = ConfigDict(strict=True)
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """A message: its role and its text. Other fields (name, ...) are ignored."""
+
+    model_config = ConfigDict(strict=True)
+    role: Annotated[Role, _says("messages[{i}] has role {input!r}: use system, user or assistant",
+                                "messages[{i}].role")] = _required()
+    content: Annotated[str | list[TextPart], WrapValidator(_content)] = _required()
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+Messages = Annotated[list[Annotated[ChatMessage, _says("messages[{i}] must be an object", "messages[{i}]")]],
+                     Field(min_length=1), _says("'messages' must be a non-empty list", "messages")]
+Prompt = Annotated[NonEmpty | Annotated[list[NonEmpty], Field(min_length=1, max_length=1)],
+                   _says("'prompt' must be a non-empty string (one prompt per request)", "prompt")]
+
+
+class ChatCompletionRequest(_Body):
+    """POST /v1/chat/completions."""
+
+    n: OneChoice = None
+    presence_penalty: PresencePenalty = None
+    frequency_penalty: FrequencyPenalty = None
+    logit_bias: LogitBias = None
+    logprobs: Logprobs = None
+    tools: Tools = None
+    response_format: ResponseFormat = None
+    user: User = None
+    top_logprobs: TopLogprobs = None
+    messages: Messages = _required()
+    stream: Flag = None
+    stream_options: Streaming = None
+    specula: Extension = None
+    max_completion_tokens: Count = None
+    max_tokens: Count = None
+    temperature: Temperature = None
+    top_p: TopP = None
+    top_k: TopK = None
+    seed: Seed = None
+    model: ModelName = None
+    stop: Stop = None
+    tool_choice: Any = None  # accepted, not read: no tools are
+    parallel_tool_calls: Any = None
+
+    @field_validator("max_tokens", mode="wrap")
+    @classmethod
+    def _unread(cls, value: object, handler: Callable, info: ValidationInfo) -> object:
+        """max_completion_tokens replaces max_tokens: when it is given, max_tokens is neither read nor checked."""
+        return None if info.data.get("max_completion_tokens") is not None else handler(value)
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
+
+
+class CompletionRequest(_Body):
+    """POST /v1/completions: one prompt."""
+
+    n: OneChoice = None
+    presence_penalty: PresencePenalty = None
+    frequency_penalty: FrequencyPenalty = None
+    logit_bias: LogitBias = None
+    logprobs: Logprobs = None
+    echo: Echo = None
+    suffix: Echo = None
+    best_of: BestOf = None
+    user: User = None
+    prompt: Prompt = _required()
+    stream: Flag = None
+    stream_options: Streaming = None
+    specula: Extension = None
+    max_tokens: Count = None
+    temperature: Temperature = None
+    top_p: TopP = None
+    top_k: TopK = None
+    seed: Seed = None
+    model: ModelName = None
+    stop: Stop = None
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+# ---- a validated body -> the engine's request --------------------------------------------------------------
+
+
+def _options(options: StrategyOptions | None) -> tuple[tuple[str, object], ...]:
+    """GenerateRequest.options: the options given, by name, booleans as 0 or 1."""
+    given = options.model_dump(exclude_unset=True) if options is not None else {}
+    return tuple(sorted((name, int(value) if isinstance(value, bool) else value) for name, value in given.items()))
+
+
+def _decode(body: ChatCompletionRequest | CompletionRequest, ext: SpeculaExtension, strategy: str,
+            defaults: Defaults) -> DecodeConfig:
+    """The request's decoding settings: what the body gives, else OpenAI's defaults and the server's k."""
+    server_k = defaults.k if defaults.k is not None and strategy == defaults.strategy else default_k(strategy)
+    k_max = {} if ext.k_max is None else {"k_max": ext.k_max}
+    sampling = {"temperature": 1.0 if body.temperature is None else body.temperature,
+                "top_p": 1.0 if body.top_p is None else body.top_p, "top_k": body.top_k or 0}
+    try:
+        return DecodeConfig.for_strategy(
+            strategy, server_k if ext.k is None else ext.k, adaptive_k=bool(ext.adaptive_k),
+            token_probs=bool(ext.token_probs), max_new_tokens=body.max_new_tokens or defaults.context_window or 1 << 30,
+            seed=body.seed, **sampling, **k_max)
     except SpeculaError as exc:
         raise _bad(str(exc), "specula") from None
-    return GenerateRequest(messages, strategy, decode, chat=chat, options=options)
 
 
-def _stream_flags(body: dict) -> tuple[bool, bool]:
-    stream = _flag(body, "stream")
-    options = body.get("stream_options")
-    if options is None:
-        return stream, False
-    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
-        raise _bad("'stream_options' takes only 'include_usage'", "stream_options")
-    return stream, _flag(options, "include_usage")
-
-
-def _content(message: dict, index: int) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: text only
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _bad(f"messages[{index}]: only text content parts are supported", f"messages[{index}].content")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise _bad(f"messages[{index}] needs a 'content' string", f"messages[{index}].content")
+def _parsed(body: ChatCompletionRequest | CompletionRequest, defaults: Defaults,
+            messages: tuple[Message, ...], kind: str) -> Parsed:
+    """A validated body as the engine's request and how to answer it; what it leaves out, the server's."""
+    ext = body.specula or SpeculaExtension()
+    strategy = defaults.strategy if ext.strategy is None else ext.strategy
+    request = GenerateRequest(messages, strategy, _decode(body, ext, strategy, defaults), chat=kind == "chat",
+                              options=_options(ext.options))
+    stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
+    include_usage = body.stream_options is not None and bool(body.stream_options.include_usage)
+    return Parsed(request, kind, defaults.model_ids[0], bool(body.stream), include_usage, tuple(s for s in stops if s))
 
 
 def parse_chat(body: object, defaults: Defaults) -> Parsed:
-    body = _check_fields(body, CHAT_FIELDS, "request")
-    _refuse_unsupported(body)
-    if body.get("top_logprobs") is not None:
-        raise _bad("'top_logprobs' is not supported", "top_logprobs")
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise _bad("'messages' must be a non-empty list", "messages")
-    messages = []
-    for i, message in enumerate(raw):
-        if not isinstance(message, dict):
-            raise _bad(f"messages[{i}] must be an object", f"messages[{i}]")
-        role = message.get("role")
-        if role not in ROLES:
-            raise _bad(f"messages[{i}] has role {role!r}: use system, user or assistant", f"messages[{i}].role")
-        messages.append(Message(ROLES[role], _content(message, i)))
-    max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    stream, usage = _stream_flags(body)
-    return Parsed(_request(body, defaults, tuple(messages), True, max_name), "chat", _model(body, defaults),
-                  stream, usage, _stops(body))
+    chat = _validate(ChatCompletionRequest, body, defaults)
+    return _parsed(chat, defaults, tuple(Message(ROLES[m.role], m.text) for m in chat.messages), "chat")
 
 
 def parse_completion(body: object, defaults: Defaults) -> Parsed:
-    body = _check_fields(body, COMPLETION_FIELDS, "request")
-    _refuse_unsupported(body)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt:
-        raise _bad("'prompt' must be a non-empty string (one prompt per request)", "prompt")
-    stream, usage = _stream_flags(body)
-    return Parsed(_request(body, defaults, (Message("user", prompt),), False, "max_tokens"), "completion",
-                  _model(body, defaults), stream, usage, _stops(body))
+    completion = _validate(CompletionRequest, body, defaults)
+    return _parsed(completion, defaults, (Message("user", completion.text),), "completion")
 
 
 # ---- responses ---------------------------------------------------------------------------------------
@@ -396,51 +601,89 @@ class Answer:
         count = self.sent_tokens if self.text.stopped else event.totals.new_tokens
         return piece, tokens, finish_reason(event, self.text.stopped), usage_json(self.started.prompt_tokens, count)
 
-
 # ---- the control endpoints' bodies ---------------------------------------------------------------------
 
-LOAD_FIELDS = {"model", "draft", "device", "dtype", "weights", "measure_baseline", "server"}
-SERVER_FIELDS = {"url": str, "model": str, "api_key_env": str, "baseline_url": str, "verify_tls": bool}
-TRAIN_KINDS = ("eagle", "medusa")
+
+def _typed(name: str, kind: type) -> Any:
+    """A field of the `server` object: exactly of `kind` (null too is refused)."""
+    return Annotated[kind, _says(f"'server.{name}' must be {kind.__name__}", f"server.{name}")]
+
+
+_TEXTS = _says("'device', 'dtype' and 'weights' must be strings (weights: {weights})", weights=", ".join(WEIGHT_NAMES))
+Source = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1),
+                   _says("'model' must name a model: bundled, a folder, a .gguf file or a Hub id", "model")]
+TrainKind = Annotated[Literal[TRAIN_KINDS], _says("'kind' must be {kinds}", "kind", kinds=" or ".join(TRAIN_KINDS))]
+
+
+class ServerBody(_Body):
+    """`server` in POST /specula/v1/load: another OpenAI-compatible server (vLLM) to relay."""
+
+    url: _typed("url", str) = ""
+    model: _typed("model", str) = ""
+    api_key_env: _typed("api_key_env", str) = ""
+    baseline_url: _typed("baseline_url", str) = ""
+    verify_tls: _typed("verify_tls", bool) = True
+
+    @model_validator(mode="after")
+    def _has_url(self) -> ServerBody:
+        # a model validator, not the field's own: every field's type is reported before a missing url
+        if not self.url:
+            raise _fault("'server.url' is required", "server.url")
+        return self
+
+
+class _LoadFields(_Body):
+    """The fields POST /specula/v1/load may hold."""
+
+    server: Any = None
+    model: Any = None
+    device: Any = None
+    dtype: Any = None
+    weights: Any = None
+    draft: Any = None
+    measure_baseline: Any = None
+
+
+class RemoteLoadBody(_LoadFields):
+    """A load with `server`: that server is relayed, and the other fields are not read."""
+
+    server: ServerBody
+
+
+class LoadBody(_LoadFields):
+    """A load without `server`: a model to load here."""
+
+    server: None = None
+    model: Source = _required()
+    device: Annotated[str, _TEXTS] = "auto"
+    dtype: Annotated[str, _TEXTS] = "auto"
+    weights: Annotated[Literal[WEIGHT_NAMES], _TEXTS] = "auto"
+    draft: Annotated[str | None, _says("'draft' must be a model source", "draft")] = None
+    measure_baseline: Flag = None
+
+
+class TrainBody(_Body):
+    """POST /specula/v1/train: which head to train, and how long."""
+
+    kind: TrainKind = "eagle"
+    tokens: Count = None
+    epochs: Count = None
+    batch: Count = None
 
 
 def parse_load(body: object) -> LoadRequest | RemoteLoadRequest:
     """POST /specula/v1/load: a model to load here, or (with "server") a server to relay."""
-    body = _check_fields(body, LOAD_FIELDS, "request")
-    if body.get("server") is not None:
-        return _parse_server(body["server"])
-    source = body.get("model")
-    if not isinstance(source, str) or not source.strip():
-        raise _bad("'model' must name a model: bundled, a folder, a .gguf file or a Hub id", "model")
-    texts = {name: body.get(name, "auto") for name in ("device", "dtype", "weights")}
-    if not all(isinstance(v, str) for v in texts.values()) or texts["weights"] not in WEIGHT_NAMES:
-        raise _bad(f"'device', 'dtype' and 'weights' must be strings (weights: {', '.join(WEIGHT_NAMES)})")
-    draft = body.get("draft")
-    if draft is not None and not isinstance(draft, str):
-        raise _bad("'draft' must be a model source", "draft")
-    measure = _flag(body, "measure_baseline", True)
-    spec = ModelSpec(source.strip(), texts["device"], texts["dtype"], texts["weights"])
-    return LoadRequest(spec, draft or None, measure_baseline=measure)
-
-
-def _parse_server(server: object) -> RemoteLoadRequest:
-    """Chat through another OpenAI-compatible server (vLLM), the engine relaying its answers."""
-    server = _check_fields(server, set(SERVER_FIELDS), "'server' object")
-    for name, kind in SERVER_FIELDS.items():
-        if name in server and type(server[name]) is not kind:
-            raise _bad(f"'server.{name}' must be {kind.__name__}", f"server.{name}")
-    if not server.get("url"):
-        raise _bad("'server.url' is required", "server.url")
-    return RemoteLoadRequest(server["url"], server.get("model", ""), server.get("api_key_env", ""),
-                             server.get("baseline_url", ""), server.get("verify_tls", True))
+    # chosen here, not by a pydantic union: a union's tag would enter the path of every fault it reports
+    if isinstance(body, dict) and body.get("server") is not None:
+        server = _validate(RemoteLoadBody, body).server
+        return RemoteLoadRequest(server.url, server.model, server.api_key_env, server.baseline_url, server.verify_tls)
+    load = _validate(LoadBody, body)
+    spec = ModelSpec(load.model, load.device, load.dtype, load.weights)
+    return LoadRequest(spec, load.draft or None, measure_baseline=load.measure_baseline is not False)
 
 
 def parse_train(body: object) -> TrainRequest:
     """POST /specula/v1/train: which head to train, and how long."""
-    body = _check_fields(body, {"kind", "tokens", "epochs", "batch"}, "request")
-    kind = body.get("kind", "eagle")
-    if kind not in TRAIN_KINDS:
-        raise _bad(f"'kind' must be {' or '.join(TRAIN_KINDS)}", "kind")
-    numbers = {n: _number(body, n, getattr(TrainRequest, n), integer=True, low=1) for n in ("tokens", "epochs", "batch")}
-    return TrainRequest(kind, **numbers)
-
+    train = _validate(TrainBody, body)
+    numbers = {name: getattr(train, name) for name in ("tokens", "epochs", "batch") if getattr(train, name) is not None}
+    return TrainRequest(train.kind, **numbers)
