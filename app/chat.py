@@ -16,12 +16,12 @@ few seconds and with the next save, until it works (`store_recovered`).
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from specula.app import background
 from specula.app.fit import drop_oldest, dropped_note, is_context_error
 from specula.app.history import Conversation, TokenRecord, Turn, chat_messages, new_id
 from specula.app.history_db import ConversationDB, StoreError
@@ -57,7 +57,6 @@ class ChatController(QObject):
     reply_finished = Signal(bool, object)  # ok, the Finished or Failed event
     store_failed = Signal(str)  # a save failed: what and where (it is retried)
     store_recovered = Signal()  # every conversation is saved again
-    _read = Signal(object)  # a conversation read in the background (or the StoreError), to the GUI thread
 
     RETRY_MS = 5000
     BACKGROUND_TURNS = 400  # a chat with more turns than this (about 2 MB) is read off the GUI thread when it opens
@@ -78,7 +77,6 @@ class ChatController(QObject):
         self._retry.timeout.connect(self._save_unsaved)
         self.turn_counts: dict[str, int] = {}  # turns per stored conversation (what reading it costs)
         self.opening: str | None = None  # a conversation being read in the background
-        self._read.connect(self._on_read)
 
     # -- conversations ------------------------------------------------------------------------------
     def load(self) -> list[str]:
@@ -159,22 +157,18 @@ class ChatController(QObject):
             return
         self.opening = conversation_id
         path = self.store.path
+        background.run(self, lambda: ConversationDB(path).load(conversation_id),  # a connection of its own
+                       done=lambda result: self._on_read(conversation_id, result),
+                       failed=self._on_read_failed, name="specula-open-chat")
 
-        def read() -> None:
-            try:
-                result = ConversationDB(path).load(conversation_id)  # a connection of this thread's own
-            except StoreError as exc:
-                result = exc
-            self._read.emit((conversation_id, result))
-
-        threading.Thread(target=read, name="specula-open-chat", daemon=True).start()
-
-    def _on_read(self, item) -> None:
-        conversation_id, result = item
+    def _on_read_failed(self, exc: Exception) -> None:
+        """A chat could not be read: the banner says why (opening it again tries again)."""
         self.opening = None
-        if isinstance(result, StoreError):
-            self.store_failed.emit(str(result))
-            return
+        self.store_failed.emit(str(exc))
+
+    def _on_read(self, conversation_id: str, result: Conversation) -> None:
+        """A chat read in the background: kept, and shown if it is still the one selected."""
+        self.opening = None
         if conversation_id not in self.conversations:
             return  # deleted meanwhile
         self.store.adopt(result)

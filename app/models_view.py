@@ -8,8 +8,9 @@
 - Download by Hub id or from the recommended list (a GGUF repository asks which file, i.e. which
   quantization), with bytes, speed and time left, Cancel, and resume after a cancel or a crash.
 
-Listing reads configs and tokenizers, and downloads talk to the network: both run on threads and report
-through signals, so the window never waits for them. `specula.engine.remote.hub` does the work (torch-free).
+Listing reads configs and tokenizers, and downloads talk to the network: both run on threads
+(`background.run`) that report to the GUI thread, so the window never waits for them.
+`specula.engine.remote.hub` does the work (torch-free).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -38,19 +39,11 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from specula.app import background
 from specula.app.theme import mute
 
 COLUMNS = ("Model", "Where", "Size", "Architecture", "Context", "Precision", "For the loaded model")
 WHERE = {"bundled": "bundled", "local": "added", "cache": "Hugging Face cache"}
-
-
-class _Relay(QObject):
-    """Carries results from the worker threads to the GUI thread."""
-
-    listed = Signal(object)  # list[ModelEntry] or an error message
-    progress = Signal(int, int)  # bytes done, total
-    downloaded = Signal(object, str)  # the local path or an error message (str), and the repo id
-    files = Signal(str, object)  # repo id, [(filename, size)] or an error message
 
 
 class ModelsView(QDialog):
@@ -60,11 +53,6 @@ class ModelsView(QDialog):
         self.setWindowTitle("Models")
         self.resize(900, 560)
         self.entries: list = []
-        self._relay = _Relay(self)
-        self._relay.listed.connect(self._show_list)
-        self._relay.progress.connect(self._show_progress)
-        self._relay.downloaded.connect(self._downloaded)
-        self._relay.files.connect(self._choose_file)
         self._stop = threading.Event()
         self._downloading: str | None = None
         self._first: tuple[float, int] | None = None  # (when, bytes) of a download's first report: its speed
@@ -149,22 +137,15 @@ class ModelsView(QDialog):
         """Read the models again (on a thread)."""
         extra = [line for line in self.window.settings.added_models.splitlines() if line.strip()]
         current = self.window.settings.model_source
+        sources = [*extra, current] if current not in extra else extra
+        background.run(self, lambda: _list_models(sources), done=self._show_list, failed=self._list_failed,
+                       name="specula-models")
 
-        def work() -> None:
-            from specula.engine.remote.hub import list_models
-
-            try:
-                found = list_models([*extra, current] if current not in extra else extra)
-            except ValueError as exc:  # SpeculaError: one line
-                found = str(exc)
-            self._emit(self._relay.listed, found)
-
-        threading.Thread(target=work, name="specula-models", daemon=True).start()
+    def _list_failed(self, exc: Exception) -> None:
+        self.status.setText(f"The models could not be listed: {exc}")
 
     def _show_list(self, found) -> None:
-        if isinstance(found, str):
-            self.status.setText(f"The models could not be listed: {found}")
-            return
+        """A list of ModelEntry read: the table, which of them draft for the loaded model, the selection."""
         self.entries = list(found)
         loaded = self._loaded_entry()
         self.table.setRowCount(len(self.entries))
@@ -290,26 +271,20 @@ class ModelsView(QDialog):
             return
         if filename is None and "gguf" in repo.lower():
             self._set_busy(repo, "Looking up the repository's GGUF files…")
-
-            def look() -> None:
-                from specula.engine.remote.hub import gguf_files
-
-                try:
-                    found = gguf_files(repo)
-                except ValueError as exc:
-                    found = str(exc)
-                self._emit(self._relay.files, repo, found)
-
-            threading.Thread(target=look, name="specula-hub-files", daemon=True).start()
+            background.run(self, lambda: _gguf_files(repo), done=lambda found: self._choose_file(repo, found),
+                           failed=self._files_failed, name="specula-hub-files")
             return
         self._download(repo, filename)
 
-    def _choose_file(self, repo: str, found) -> None:
+    def _files_failed(self, exc: Exception) -> None:
         self._downloading = None
         self._set_idle()
-        if isinstance(found, str):
-            self.progress_text.setText(found)
-            return
+        self.progress_text.setText(str(exc))
+
+    def _choose_file(self, repo: str, found: list) -> None:
+        """The repository's GGUF files, [(filename, size)]: the user picks one (none: the whole snapshot)."""
+        self._downloading = None
+        self._set_idle()
         if not found:
             self._download(repo, None)
             return
@@ -325,28 +300,23 @@ class ModelsView(QDialog):
         self.progress.setRange(0, 0)
         self.progress.setVisible(True)
         self._first = None
+        stop = self._stop.is_set
 
-        def work() -> None:
-            from specula.engine.remote.hub import Cancelled, download
+        def work(report) -> Path:
+            from specula.engine.remote.hub import download
 
-            try:
-                path = download(repo, filename, lambda done, total: self._emit(self._relay.progress, done, total),
-                                self._stop.is_set)
-            except Cancelled:
-                path = "cancelled"
-            except ValueError as exc:  # SpeculaError: one line
-                path = str(exc) or "the download failed"
-            else:
-                path = Path(path)
-            self._emit(self._relay.downloaded, path, repo)
+            return Path(download(repo, filename, report, stop))
 
-        threading.Thread(target=work, name="specula-download", daemon=True).start()
+        background.run(self, work, done=lambda path: self._downloaded(path, repo),
+                       failed=lambda exc: self._download_failed(exc, repo), progress=self._show_progress,
+                       name="specula-download")
 
     def cancel_download(self) -> None:
         self._stop.set()
         self.progress_text.setText("Cancelling… (what was downloaded is kept: Download resumes from there)")
 
     def _show_progress(self, done: int, total: int) -> None:
+        """Bytes done of the total, with the speed and the time left."""
         now = time.monotonic()
         if self._first is None:
             self._first = (now, done)  # a resumed download starts past 0: speed counts from here
@@ -360,18 +330,27 @@ class ModelsView(QDialog):
         of = f" of {_size(total)}" if total > 0 else ""
         self.progress_text.setText(f"{_size(done)}{of}{rate}{left}")
 
-    def _downloaded(self, result, repo: str) -> None:
+    def _downloaded(self, path: Path, repo: str) -> None:
+        """A download finished: the list is read again and shows it selected."""
+        self._download_ended()
+        self.progress_text.setText(f"Downloaded {repo} to {path}.")
+        self._select_next = str(path) if path.suffix == ".gguf" else repo
+        self.refresh()
+
+    def _download_failed(self, exc: Exception, repo: str) -> None:
+        """A download cancelled (what it fetched is kept) or failed: says which."""
+        from specula.engine.remote.hub import Cancelled
+
+        self._download_ended()
+        if isinstance(exc, Cancelled):
+            self.progress_text.setText(f"Download of {repo} cancelled; Download resumes it.")
+        else:
+            self.progress_text.setText(f"Download failed: {str(exc) or 'the download failed'}")
+
+    def _download_ended(self) -> None:
         self._downloading = None
         self._set_idle()
         self.progress.setVisible(False)
-        if isinstance(result, Path):
-            self.progress_text.setText(f"Downloaded {repo} to {result}.")
-            self._select_next = str(result) if result.suffix == ".gguf" else repo
-            self.refresh()
-        elif result == "cancelled":
-            self.progress_text.setText(f"Download of {repo} cancelled; Download resumes it.")
-        else:
-            self.progress_text.setText(f"Download failed: {result}")
 
     def _set_busy(self, repo: str, text: str) -> None:
         self._downloading = repo
@@ -383,11 +362,19 @@ class ModelsView(QDialog):
         self.download_button.setEnabled(True)
         self.cancel_button.setEnabled(False)
 
-    def _emit(self, signal, *args) -> None:
-        try:
-            signal.emit(*args)
-        except RuntimeError:  # the view was closed with the app meanwhile
-            pass
+
+def _list_models(sources: list[str]) -> list:
+    """The models on this machine, ModelEntry each (on a worker thread: it reads configs and tokenizers)."""
+    from specula.engine.remote.hub import list_models
+
+    return list_models(sources)
+
+
+def _gguf_files(repo: str) -> list[tuple[str, int]]:
+    """A repository's GGUF files and their sizes (on a worker thread: it asks the Hub)."""
+    from specula.engine.remote.hub import gguf_files
+
+    return gguf_files(repo)
 
 
 def _size(n: int) -> str:

@@ -3,14 +3,13 @@ key, an optional baseline server and a "Test connection" button.
 
 The key itself is never a setting: the field stores it in the OS keyring when the dialog is accepted
 (or the user names an environment variable that holds it). The connection test runs on a short-lived
-thread, so a slow or dead server never blocks the window; its answer comes back through a signal.
+thread (`background.run`), so a slow or dead server never blocks the window; its answer comes back to the
+GUI thread.
 """
 
 from __future__ import annotations
 
-import threading
-
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -23,18 +22,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from specula.app import background
 from specula.app.settings import Settings
 
 BASELINE_TIP = ("Optional: the same model served without speculation, for a measured speedup (timed when "
                 "connecting)")
 KEY_ENV_TIP = "The name of an environment variable that holds the API key (it is read, never saved)"
 NO_KEYRING_TIP = "No OS keyring is available here: put the key in an environment variable and name it above"
-
-
-class _Answer(QObject):
-    """Carries a connection test's result from its thread to the GUI thread."""
-
-    done = Signal(int, object)  # the test's number, a ServerInfo or the error's message
 
 
 class RemoteSection(QWidget):
@@ -79,8 +73,6 @@ class RemoteSection(QWidget):
         self.result.setWordWrap(True)
         self.key_stored = False  # a key went to the keyring (the connection should be made again)
         self._tests = 0  # numbers the tests, so only the latest one's answer is shown
-        self._answer = _Answer(self)
-        self._answer.done.connect(self._show_answer)
         self.test_button.clicked.connect(self.test_connection)
         self.allow_http_key.clicked.connect(self._confirm_http_key)
         self._layout()
@@ -141,28 +133,14 @@ class RemoteSection(QWidget):
         self.test_button.setEnabled(False)
         self.result.setText("Connecting…")
         v, typed_key = self.values(), self.key.text().strip() if self.key.isEnabled() else ""
-        args = (self._tests, v["server_url"], v["server_model"], v["api_key_env"], v["verify_tls"], typed_key,
-                v["allow_http_key"])
-        threading.Thread(target=self._probe, args=args, name="specula-probe", daemon=True).start()
-
-    def _probe(self, number: int, url: str, model: str, key_env: str, verify_tls: bool, typed_key: str,
-               allow_http_key: bool) -> None:
-        from specula.engine.remote.backend import probe, server_for
-        from specula.engine.remote.http import Server
-
-        try:
-            server = server_for(url, key_env, verify_tls, allow_http_key=allow_http_key)
-            if typed_key and not key_env:  # a key typed but not stored yet: test with it
-                server = Server(server.url, typed_key, verify_tls, allow_http_key=allow_http_key)
-            answer = probe(server, model)
-        except ValueError as exc:  # RemoteError: one line a user can act on
-            answer = str(exc) or type(exc).__name__
-        try:
-            self._answer.done.emit(number, answer)
-        except RuntimeError:  # the dialog was closed meanwhile
-            pass
+        args = (v["server_url"], v["server_model"], v["api_key_env"], v["verify_tls"], typed_key, v["allow_http_key"])
+        number = self._tests
+        background.run(self, lambda: _probe(*args), done=lambda info: self._show_answer(number, info),
+                       failed=lambda exc: self._show_answer(number, str(exc) or type(exc).__name__),
+                       name="specula-probe")
 
     def _show_answer(self, number: int, answer) -> None:
+        """A test's answer, a ServerInfo or the error's message; only the latest test's is shown."""
         if number != self._tests:
             return
         self.test_button.setEnabled(True)
@@ -176,6 +154,17 @@ class RemoteSection(QWidget):
         self.model.setEditText(typed or answer.model)
         self.result.setText(connected_text(answer))
         self.tested.emit(True)
+
+
+def _probe(url: str, model: str, key_env: str, verify_tls: bool, typed_key: str, allow_http_key: bool):
+    """Ask the server what it is and serves (on a worker thread); a ServerInfo, or RemoteError (a ValueError)."""
+    from specula.engine.remote.backend import probe, server_for
+    from specula.engine.remote.http import Server
+
+    server = server_for(url, key_env, verify_tls, allow_http_key=allow_http_key)
+    if typed_key and not key_env:  # a key typed but not stored yet: test with it
+        server = Server(server.url, typed_key, verify_tls, allow_http_key=allow_http_key)
+    return probe(server, model)
 
 
 def confirm_http_key(parent: QWidget, host: str) -> bool:

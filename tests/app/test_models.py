@@ -25,6 +25,17 @@ def listed(view, qtbot, after: int = 0):
     return [e.source for e in view.entries]
 
 
+def after_progress(view, also) -> None:
+    """`also(done, total)` runs after the view showed each progress report of the downloads that follow."""
+    view._show_progress = lambda done, total: (type(view)._show_progress(view, done, total), also(done, total))
+
+
+def download(view, qtbot) -> None:
+    """Click Download and wait until it ended (for a GGUF repository: the file chosen, then its download)."""
+    view.download_button.click()
+    qtbot.waitUntil(view.download_button.isEnabled, timeout=30_000)
+
+
 def test_download_with_progress_cancel_resume_then_use_the_model(make_window, qtbot, hub, tmp_path):
     w = make_window()
     w.open_models()
@@ -39,18 +50,16 @@ def test_download_with_progress_cancel_resume_then_use_the_model(make_window, qt
         if done > total // 3 and not view._stop.is_set():
             view.cancel_download()  # a third of the way: inside the weights file
 
-    view._relay.progress.connect(cancel_early)
-    with qtbot.waitSignal(view._relay.downloaded, timeout=30_000):
-        view.download_button.click()
-        assert not view.download_button.isEnabled() and view.cancel_button.isEnabled()
+    after_progress(view, cancel_early)
+    view.download_button.click()
+    assert not view.download_button.isEnabled() and view.cancel_button.isEnabled()
+    qtbot.waitUntil(view.download_button.isEnabled, timeout=30_000)
     assert "cancelled" in view.progress_text.text() and view.download_button.isEnabled()
     assert progress and progress[0][1] > 0 and progress[-1][0] < progress[-1][1]  # stopped part-way
-    view._relay.progress.disconnect(cancel_early)
     hub.pause_s = 0.0
     shown = []
-    view._relay.progress.connect(lambda done, total: shown.append(view.progress_text.text()))
-    with qtbot.waitSignal(view._relay.downloaded, timeout=30_000):
-        view.download_button.click()
+    after_progress(view, lambda done, total: shown.append(view.progress_text.text()))
+    download(view, qtbot)
     before = view.listings
     assert "Downloaded" in view.progress_text.text()
     assert hub.ranges(WEIGHTS) and hub.ranges(WEIGHTS)[-1] > 0  # resumed where the cancel left it
@@ -77,8 +86,7 @@ def test_a_gguf_repository_asks_which_quantization(make_window, qtbot, hub, monk
     view = w.models_view
     listed(view, qtbot)
     view.hub_id.setText(GGUF_REPO)
-    with qtbot.waitSignal(view._relay.downloaded, timeout=30_000):
-        view.download_button.click()
+    download(view, qtbot)
     listed(view, qtbot, view.listings)
     assert asked and [label.split(" ")[0] for label in asked[0]] == ["tiny-Q4_1.gguf", "tiny-Q8_0.gguf"]
     assert "Downloaded" in view.progress_text.text() and view.selected().source.endswith("tiny-Q8_0.gguf")
