@@ -4,7 +4,7 @@
     GET  /v1/models                     OpenAI's model list
     POST /v1/chat/completions           OpenAI's chat completions, streamed or not, with the extension
     POST /v1/completions                OpenAI's (legacy) completions on a raw prompt
-    GET  /metrics                       Prometheus text (prom.py)
+    GET  /metrics                       Prometheus text (prometheus.py)
     GET  /specula/v1/status             the loaded model, the engine's state, the queue
     GET  /specula/v1/strategies         every strategy, and whether the loaded model can use it
     POST /specula/v1/load               load or switch the model; streams progress (server-sent events)
@@ -35,8 +35,7 @@ from ..api.errors import SpeculaError
 from ..api.events import Failed, Finished, Loaded, Loading, ServerStats, Started, Step, Trained, Training
 from ..api.strategies import STRATEGIES
 from ..api.types import LoadRequest
-from . import openai as api
-from . import prometheus as prom
+from . import openai, prometheus
 from .service import EngineService
 
 log = logging.getLogger(__name__)
@@ -60,14 +59,14 @@ class _ApiKey:
             given = headers.get(b"authorization", b"").decode("latin-1")
             token = given[7:].strip() if given[:7].lower() == "bearer " else ""
             if not hmac.compare_digest(token.encode(), self.key.encode()):
-                error = api.ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                error = openai.ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                                      "authentication_error", code="invalid_api_key")
                 await JSONResponse(error.body(), status_code=401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-def _error(exc: api.ApiError) -> JSONResponse:
+def _error(exc: openai.ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
@@ -79,7 +78,7 @@ async def _body(request: Request) -> object:
     try:
         return await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise api.ApiError(400, "the request body is not valid JSON") from None
+        raise openai.ApiError(400, "the request body is not valid JSON") from None
 
 
 async def _next_event(queue: asyncio.Queue, request: Request):
@@ -96,15 +95,15 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                k: int | None = None, api_key: str | None = None, initial: LoadRequest | None = None) -> Starlette:
     """The ASGI app. `initial` is loaded when the server starts (requests queue behind it)."""
 
-    def defaults() -> api.Defaults:
+    def defaults() -> openai.Defaults:
         loaded = service.loaded
         if loaded is None:
-            raise api.ApiError(503, f"no model is loaded yet ({service.state}: {service.message or 'starting'})",
+            raise openai.ApiError(503, f"no model is loaded yet ({service.state}: {service.message or 'starting'})",
                                "server_error", code="model_not_loaded")
         names = (loaded.target, *(a for a in model_aliases if a and a != loaded.target))
         chosen = strategy if strategy in loaded.strategies else (
             "none" if "none" in loaded.strategies else loaded.strategies[0])  # "server" when relaying a server
-        return api.Defaults(names, loaded.strategies, chosen, k, loaded.context_window)
+        return openai.Defaults(names, loaded.strategies, chosen, k, loaded.context_window)
 
     # ---- OpenAI ------------------------------------------------------------------------------------
 
@@ -117,10 +116,10 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         return JSONResponse({"object": "list", "data": data})
 
     async def chat(request: Request) -> Response:
-        return await _generate(request, api.parse_chat)
+        return await _generate(request, openai.parse_chat)
 
     async def completions(request: Request) -> Response:
-        return await _generate(request, api.parse_completion)
+        return await _generate(request, openai.parse_completion)
 
     async def _generate(request: Request, parse: Callable) -> Response:
         try:
@@ -130,7 +129,7 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                     return Response(status_code=499)
                 await asyncio.sleep(0.05)
             parsed = parse(body, defaults())
-        except api.ApiError as exc:
+        except openai.ApiError as exc:
             return _error(exc)
         rid, queue = service.submit(parsed.request)
         early: list = []  # events before Started (a relayed server's counters), sent after it
@@ -141,7 +140,7 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                 first = await _next_event(queue, request)
             if isinstance(first, Failed):
                 service.release(rid)
-                return _error(api.failure(first.kind, first.message))
+                return _error(openai.failure(first.kind, first.message))
             if isinstance(first, Finished):  # cancelled while it waited in the queue
                 early.append(first)
                 config = parsed.request.config
@@ -159,18 +158,18 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                                      headers={**headers, "Cache-Control": "no-cache"})
         try:
             return JSONResponse(await _whole(parsed, rid, queue, first, early, request), headers=headers)
-        except api.ApiError as exc:
+        except openai.ApiError as exc:
             return _error(exc)
         except ClientGone:
             return Response(status_code=499)
         finally:
             service.release(rid)
 
-    async def _stream(parsed: api.Parsed, rid: int, queue: asyncio.Queue, started: Started,
+    async def _stream(parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started,
                       early: list) -> AsyncIterator[str]:
-        answer = api.Answer(parsed, started, lambda: service.cancel(rid))
+        answer = openai.Answer(parsed, started, lambda: service.cancel(rid))
         try:
-            yield _sse(api.chunk(parsed, "", role=True, extension=wire.started_json(started)))
+            yield _sse(openai.chunk(parsed, "", role=True, extension=wire.started_json(started)))
             while True:
                 event = early.pop(0) if early else await queue.get()
                 match event:
@@ -178,28 +177,28 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                         released = answer.step(event)
                         if released is not None:
                             piece, tokens = released
-                            yield _sse(api.chunk(parsed, piece, extension=wire.step_json(event, tokens)))
+                            yield _sse(openai.chunk(parsed, piece, extension=wire.step_json(event, tokens)))
                     case ServerStats():
                         stats = {"server_stats": wire.stats_json(event)}
-                        yield _sse(api.chunk(parsed, None, choices=False, extension=stats))
+                        yield _sse(openai.chunk(parsed, None, choices=False, extension=stats))
                     case Finished():
                         piece, tokens, reason, usage = answer.finish(event)
                         extension = wire.finished_json(event, tokens)
-                        yield _sse(api.chunk(parsed, piece, reason, extension=extension, usage=usage))
+                        yield _sse(openai.chunk(parsed, piece, reason, extension=extension, usage=usage))
                         if parsed.include_usage:
-                            yield _sse(api.chunk(parsed, None, usage=usage, choices=False))
+                            yield _sse(openai.chunk(parsed, None, usage=usage, choices=False))
                         yield _sse("[DONE]")
                         return
                     case Failed():
-                        yield _sse(api.failure(event.kind, event.message).body())
+                        yield _sse(openai.failure(event.kind, event.message).body())
                         yield _sse("[DONE]")
                         return
         finally:
             service.release(rid)  # a client that went away cancels its request before the next step
 
-    async def _whole(parsed: api.Parsed, rid: int, queue: asyncio.Queue, started: Started, early: list,
+    async def _whole(parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started, early: list,
                      request: Request) -> dict:
-        answer = api.Answer(parsed, started, lambda: service.cancel(rid))
+        answer = openai.Answer(parsed, started, lambda: service.cancel(rid))
         tokens: list = []
         while True:
             event = early.pop(0) if early else await _next_event(queue, request)
@@ -209,12 +208,12 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                 case Finished():
                     _, last, reason, usage = answer.finish(event)
                     extension = {**wire.started_json(started), **wire.finished_json(event, tokens + last)}
-                    return api.response(parsed, answer.text.text, reason, usage, extension)
+                    return openai.response(parsed, answer.text.text, reason, usage, extension)
                 case Failed():
-                    raise api.failure(event.kind, event.message)
+                    raise openai.failure(event.kind, event.message)
 
     async def metrics(request: Request) -> Response:
-        return PlainTextResponse(prom.render(service), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(prometheus.render(service), media_type="text/plain; version=0.0.4")
 
     async def health(request: Request) -> Response:
         ready = service.state == "ready"
@@ -258,7 +257,7 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                     yield _sse("[DONE]")
                     return
                 elif isinstance(event, Failed):
-                    yield _sse({"type": "error", **api.failure(event.kind, event.message).body()})
+                    yield _sse({"type": "error", **openai.failure(event.kind, event.message).body()})
                     yield _sse("[DONE]")
                     return
         finally:
@@ -272,26 +271,26 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
 
     async def load(request: Request) -> Response:
         try:
-            return _start(request, api.parse_load(await _body(request)))
-        except api.ApiError as exc:
+            return _start(request, openai.parse_load(await _body(request)))
+        except openai.ApiError as exc:
             return _error(exc)
 
     async def train(request: Request) -> Response:
         try:
-            train_request = api.parse_train(await _body(request))
-        except api.ApiError as exc:
+            train_request = openai.parse_train(await _body(request))
+        except openai.ApiError as exc:
             return _error(exc)
         if service.loaded is None:
-            return _error(api.ApiError(503, "no model is loaded yet", "server_error", code="model_not_loaded"))
+            return _error(openai.ApiError(503, "no model is loaded yet", "server_error", code="model_not_loaded"))
         return _start(request, train_request)
 
     async def cancel(request: Request) -> Response:
         try:
             rid = int(request.path_params["rid"])
         except ValueError:
-            return _error(api.ApiError(400, "a request id is a number"))
+            return _error(openai.ApiError(400, "a request id is a number"))
         if not service.cancel(rid):
-            return _error(api.ApiError(404, f"no queued or running request {rid}", code="not_found"))
+            return _error(openai.ApiError(404, f"no queued or running request {rid}", code="not_found"))
         return JSONResponse({"id": rid, "cancelled": True})
 
     @contextlib.asynccontextmanager
@@ -317,12 +316,12 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
 
 
 async def _not_found(request: Request, exc) -> Response:
-    return _error(api.ApiError(404, f"no route {request.url.path}", code="not_found"))
+    return _error(openai.ApiError(404, f"no route {request.url.path}", code="not_found"))
 
 
 async def _not_allowed(request: Request, exc) -> Response:
-    return _error(api.ApiError(405, f"{request.method} is not allowed on {request.url.path}"))
+    return _error(openai.ApiError(405, f"{request.method} is not allowed on {request.url.path}"))
 
 
 async def _engine_error(request: Request, exc: SpeculaError) -> Response:
-    return _error(api.failure(type(exc).__name__, str(exc)))
+    return _error(openai.failure(type(exc).__name__, str(exc)))

@@ -19,7 +19,7 @@ from .runner import Runner
 
 @dataclass
 class Counters:
-    """Since the server started; vLLM's spec-decode counters count the same things (see prom.py)."""
+    """Since the server started; vLLM's spec-decode counters count the same things (see prometheus.py)."""
 
     requests: dict[str, int] = field(default_factory=dict)  # finished, by reason
     prompt_tokens: int = 0
