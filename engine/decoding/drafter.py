@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import torch
 
@@ -33,23 +33,38 @@ class Draft:
     parents: torch.Tensor | None = None
 
 
-class Drafter(Protocol):
+class Drafter:
+    """What every strategy is: `propose` drafts, `observe` hears what the target kept. The other hooks
+    are declared here with what they do by default, and a strategy overrides the ones it needs:
+
+    - `reset`: a new generation starts (default: nothing to forget);
+    - `observe_tree(best)`, for drafters that learn from every scored node (`learns_from_tree`, lookahead):
+      before observe(), the target's argmax after each scored draft token (key: its index in Draft.tokens);
+    - `observe_step(drafted, accepted, seconds)`, for drafters that choose each step's draft length
+      themselves (`chooses_length`, auto): the step's counts and wall time after each step they proposed
+      for. For the others the loop chooses the length (decoding.length.DraftLength).
+    """
+
     name: ClassVar[str]
-    # tree drafters that learn from every scored node (lookahead) declare it and get observe_tree(best):
-    # before observe(), the target's argmax after each scored draft node (key: its index in Draft.tokens)
-    learns_from_tree: ClassVar[bool]
-    # drafters that choose each step's draft length themselves (auto; none has nothing to choose) declare it;
-    # the decoder then calls observe_step(drafted, accepted, seconds) after each step they proposed for.
-    # For the others the decoder chooses the length (metrics.DraftLength)
-    chooses_length: ClassVar[bool]
+    description: ClassVar[str] = ""
+    learns_from_tree: ClassVar[bool] = False
+    chooses_length: ClassVar[bool] = False
 
     def reset(self) -> None:
         """Forget everything: a new generation starts."""
 
-    def propose(self, ctx: DraftContext, k: int) -> Draft: ...
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        """Up to k tokens (a chain, or a tree through Draft.parents) to continue ctx.tokens."""
+        raise NotImplementedError
 
     def observe(self, accepted: int, next_token: int) -> None:
         """The target kept `accepted` draft tokens, then produced `next_token`."""
+
+    def observe_tree(self, best: dict[int, int]) -> None:
+        """The target's argmax after each scored draft token (learns_from_tree drafters)."""
+
+    def observe_step(self, drafted: int, accepted: int, seconds: float) -> None:
+        """A step this drafter proposed for: its counts and wall time (chooses_length drafters)."""
 
 
 def empty_draft() -> Draft:

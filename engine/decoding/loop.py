@@ -31,7 +31,8 @@ from .length import DraftLength, next_k
 from .sampling import choose
 from .speedup import PlainHistory, SpeedupMeter, probe_due
 from .target import ModelRunner
-from .verify import Verdict, tree_children, verify, walk_tree, walk_tree_sampling
+from .tree import TokenTree
+from .verify import Verdict, verify, walk_tree, walk_tree_sampling
 
 
 def make_generator(device: torch.device, seed: int | None) -> torch.Generator:
@@ -63,13 +64,6 @@ class _Budget:
         if self.reason is None and self.used >= self.limit:
             self.reason = "length"
         return n
-
-
-def _branch(parents: list[int], rows: list[int], children: dict[int, list[int]]) -> str:
-    """Which branch of a token tree the target kept: the rank of each kept node among its siblings (1 =
-    the drafter's first choice), e.g. "tree of 14 nodes, kept path 1·2·1"."""
-    ranks = [str(children[parents[row]].index(row) + 1) for row in rows[1:]]
-    return f"tree of {len(parents) - 1} nodes, kept path {'·'.join(ranks) or 'none (all rejected)'}"
 
 
 def _origin_of_target_token(drafted: int, accepted: int) -> Origin:
@@ -202,7 +196,7 @@ class _Loop:
         return elapsed, {"speedup": m.value, "speedup_err": m.error, "plain_step_s": m.plain_step_s}
 
     def step(self, k: int) -> Step:
-        """Draft, verify in one target pass, roll back to the accepted prefix, emit."""
+        """Draft, verify in one target pass, roll back to the kept path, emit."""
         length, target = self.length, self.target
         room = min(self.budget.limit - self.budget.used - 1, target.max_len - length)
         k = max(0, min(k, room))
@@ -211,84 +205,65 @@ class _Loop:
                            self.timed) if k else None
         t0 = time.perf_counter()
         draft = self.drafter.propose(ctx, k) if k else None
-        d = draft.tokens[:k] if draft is not None else self.ctx[:0]  # (n,)
-        q = draft.q[: d.shape[0]] if draft is not None and draft.q is not None else None  # (n, V)
         t1 = time.perf_counter()
-        if draft is not None and draft.parents is not None and d.shape[0]:
-            return self._tree_step(draft, length, k, t0, t1)
-        feed = torch.cat([self.ctx[length - 1 : length], d])  # the newest token, then the draft
-        logits = target.forward(feed, last=feed.shape[0])  # (n+1, V)
-        verdict: Verdict = verify(logits, d.to(logits.device), q, self.params, self.gen, self.config.token_probs)
-        if d.shape[0] and self.drafter.learns_from_tree:  # the target's argmax after each draft token
-            best = logits[1:].argmax(-1).tolist()
-            self.drafter.observe_tree(dict(enumerate(best)))
+        if draft is not None and draft.parents is not None and draft.tokens.shape[0]:
+            tree, kept = TokenTree.from_draft(draft.parents.tolist(), k)
+            checked = self._verify_tree(tree, draft.tokens[kept], kept)
+        else:
+            d = draft.tokens[:k] if draft is not None else self.ctx[:0]  # (n,)
+            q = draft.q[: d.shape[0]] if draft is not None and draft.q is not None else None  # (n, V)
+            checked = self._verify_chain(d, q)
         t2 = time.perf_counter()
-        n, acc = d.shape[0], verdict.accepted
-        target.truncate(length + acc)  # keep the fed token and the accepted drafts
-        self.drafter.observe(acc, verdict.next_token)
-        new = d[:acc].tolist() + [verdict.next_token]
-        kept = self._append(new)
-        self.stats.add_step(n, acc, t1 - t0, t2 - t1)
-        step = self.stats.steps
-        probs = _DraftProbs(verdict, q is not None)
-        emitted = tuple(
-            Token(t, self._text(t), Origin.DRAFT, step, i, *probs.at(i)) if i < acc
-            else Token(t, self._text(t), _origin_of_target_token(n, acc), step)
-            for i, t in enumerate(new[:kept])
-        )
-        rejected = tuple(
-            Token(t, self._ghost(t), Origin.REJECTED, step, acc + j, *probs.at(acc + j))
-            for j, t in enumerate(d[acc:].tolist())
-        )
-        elapsed, live = self._measured(n, len(emitted), t1 - t0)
-        return Step(self.request_id, step, n, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed, **live)
+        return self._commit(checked, k, t0, t1, t2)
 
-    def _tree_step(self, draft, length: int, k: int, t0: float, t1: float) -> Step:
-        """One pass over a token tree; keep the longest path the target agrees with."""
-        target = self.target
-        parents, keep = [-1], []  # rows: 0 = the newest token, then the draft nodes no deeper than k
-        row_of = {-1: 0}
-        depth_of = {-1: 0}
-        for i, p in enumerate(draft.parents.tolist()):
-            if p in row_of and depth_of[p] + 1 <= k:
-                depth_of[i] = depth_of[p] + 1
-                row_of[i] = len(parents)
-                parents.append(row_of[p])
-                keep.append(i)
-        d = draft.tokens[keep]
-        feed = torch.cat([self.ctx[length - 1 : length], d])
+    def _verify_chain(self, d: torch.Tensor, q: torch.Tensor | None) -> _Checked:
+        """One pass over [newest token, *draft]: the surviving prefix and the target's next token."""
+        n = d.shape[0]
+        feed = torch.cat([self.ctx[self.length - 1 : self.length], d])  # the newest token, then the draft
+        logits = self.target.forward(feed, last=n + 1)  # (n+1, V)
+        verdict = verify(logits, d.to(logits.device), q, self.params, self.gen, self.config.token_probs)
+        if n and self.drafter.learns_from_tree:  # the target's argmax after each draft token
+            self.drafter.observe_tree(dict(enumerate(logits[1:].argmax(-1).tolist())))
+        rows = list(range(verdict.accepted + 1))
+        probs = _DraftProbs(verdict, q is not None)
+        return _Checked(TokenTree.chain(n), feed.tolist(), rows, verdict.next_token, probs)
+
+    def _verify_tree(self, tree: TokenTree, d: torch.Tensor, kept: list[int]) -> _Checked:
+        """One pass over a token tree: the longest path the target agrees with and its next token."""
+        feed = torch.cat([self.ctx[self.length - 1 : self.length], d])
         tokens = feed.tolist()
-        logits = target.forward(feed, last=feed.shape[0], parents=parents)
+        logits = self.target.forward(feed, last=len(tree), tree=tree)  # (T, V)
         learns = self.drafter.learns_from_tree
         best = logits.argmax(-1).tolist() if self.params.greedy or learns else None
         if self.params.greedy:
-            rows, next_token = walk_tree(best, tokens, parents)
+            rows, next_token = walk_tree(best, tokens, tree)
         else:
-            rows, next_token = walk_tree_sampling(logits, tokens, parents, self.params, self.gen)
+            rows, next_token = walk_tree_sampling(logits, tokens, tree, self.params, self.gen)
         if learns:  # drafters that learn from every node's output (lookahead)
-            self.drafter.observe_tree({i: best[row_of[i]] for i in keep})
-        t2 = time.perf_counter()
-        target.keep(length - 1, rows)
-        acc = len(rows) - 1
-        self.drafter.observe(acc, next_token)
-        new = [tokens[r] for r in rows[1:]] + [next_token]
+            self.drafter.observe_tree({i: best[row] for row, i in enumerate(kept, 1)})
+        return _Checked(tree, tokens, rows, next_token, _NoProbs())
+
+    def _commit(self, checked: _Checked, k: int, t0: float, t1: float, t2: float) -> Step:
+        """Keep the checked path in the caches, tell the drafter, count the step and make its event."""
+        tree, tokens, rows = checked.tree, checked.tokens, checked.rows
+        length = self.length
+        self.target.keep(length - 1, rows)  # the fed token and the kept drafts
+        acc, drafted = len(rows) - 1, tree.height  # a tree's height: the longest chain it could have kept
+        self.drafter.observe(acc, checked.next_token)
+        new = [tokens[r] for r in rows[1:]] + [checked.next_token]
         kept = self._append(new)
-        drafted = max(depth_of.values())  # the tree's depth: the longest chain it could have kept
         self.stats.add_step(drafted, acc, t1 - t0, t2 - t1)
         step = self.stats.steps
-        children = tree_children(parents)
-        branch = _branch(parents, rows, children)
+        branch = None if tree.is_chain else tree.branch(rows)
+        probs = checked.probs
         emitted = tuple(
-            Token(t, self._text(t), Origin.DRAFT, step, i, branch=branch) if i < acc
+            Token(t, self._text(t), Origin.DRAFT, step, i, *probs.at(i), branch=branch) if i < acc
             else Token(t, self._text(t), _origin_of_target_token(drafted, acc), step, branch=branch)
             for i, t in enumerate(new[:kept])
         )
-        # the ghost text: the tree's first-choice continuation below the last kept node
-        ghost, row = [], rows[-1]
-        while children.get(row):
-            row = children[row][0]
-            ghost.append(tokens[row])
-        rejected = tuple(Token(t, self._ghost(t), Origin.REJECTED, step, acc + j) for j, t in enumerate(ghost))
+        # the ghost text: the drafter's first-choice continuation below the last kept node
+        rejected = tuple(Token(tokens[r], self._ghost(tokens[r]), Origin.REJECTED, step, acc + j, *probs.at(acc + j))
+                         for j, r in enumerate(tree.first_choices_below(rows[-1])))
         elapsed, live = self._measured(drafted, len(emitted), t1 - t0)
         return Step(self.request_id, step, drafted, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed,
                     **live)
@@ -318,3 +293,23 @@ class _DraftProbs:
         p = v.p_of_draft[i] if i < len(v.p_of_draft) else None
         q = v.q_of_draft[i] if self.has_q and i < len(v.q_of_draft) else None
         return p, q
+
+
+class _NoProbs:
+    """A tree pass's nodes carry no probabilities (they count as point guesses)."""
+
+    @staticmethod
+    def at(i: int) -> tuple[None, None]:
+        return None, None
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What one verify pass decided: the pass's tree and tokens (row 0: the newest context token), the rows
+    of the path the target kept, its next token, and the draft tokens' probabilities where computed."""
+
+    tree: TokenTree
+    tokens: list[int]
+    rows: list[int]
+    next_token: int
+    probs: _DraftProbs | _NoProbs | None

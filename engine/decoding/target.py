@@ -12,6 +12,8 @@ from typing import Protocol
 
 import torch
 
+from .tree import TokenTree
+
 
 class ModelRunner(Protocol):
     vocab_size: int
@@ -25,10 +27,16 @@ class ModelRunner(Protocol):
         """Tokens currently held in the cache."""
         ...
 
-    def forward(self, tokens: torch.Tensor, last: int = 1) -> torch.Tensor:
-        """tokens (T,) at positions length .. length+T-1 -> fp32 logits (last, V) of the last rows."""
+    def forward(self, tokens: torch.Tensor, last: int = 1, tree: TokenTree | None = None) -> torch.Tensor:
+        """tokens (T,) at positions length .. length+T-1 -> fp32 logits (last, V) of the last rows; with a
+        `tree` (runners whose `exact_trees` is set, or that take trees at all) the tokens are its rows."""
         ...
 
     def truncate(self, length: int) -> None:
         """Forget everything after the first `length` tokens."""
+        ...
+
+    def keep(self, start: int, rows: list[int]) -> None:
+        """After a pass that began at `start`: keep its rows `rows` (a root-to-node path, row 0 first) as
+        positions start, start+1, ...; drop the rest. For a chain's rows this is a truncation."""
         ...

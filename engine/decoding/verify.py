@@ -21,6 +21,7 @@ import torch
 
 from ..api.types import SamplingParams
 from .sampling import process_logits, sample
+from .tree import TokenTree
 
 
 @dataclass(frozen=True)
@@ -92,24 +93,14 @@ def verify(
     return verify_sampling(logits, draft, q, params, generator)
 
 
-def tree_children(parents: list[int]) -> dict[int, list[int]]:
-    """parents (row 0: -1) -> the children of each row, in row order."""
-    children: dict[int, list[int]] = {}
-    for row, parent in enumerate(parents):
-        if parent >= 0:
-            children.setdefault(parent, []).append(row)
-    return children
-
-
-def walk_tree(best: list[int], tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
+def walk_tree(best: list[int], tokens: list[int], tree: TokenTree) -> tuple[list[int], int]:
     """Greedy verification of a token tree scored in one pass. best[i]: the target's argmax after row
     i's path. From the root (row 0), follow the child holding the target's argmax while there is one
     -> (the rows of the kept path, root first; the target's next token)."""
-    children = tree_children(parents)
     path = [0]
     while True:
         want = best[path[-1]]
-        step = next((c for c in children.get(path[-1], ()) if tokens[c] == want), None)
+        step = next((c for c in tree.children.get(path[-1], ()) if tokens[c] == want), None)
         if step is None:
             return path, want
         path.append(step)
@@ -118,7 +109,7 @@ def walk_tree(best: list[int], tokens: list[int], parents: list[int]) -> tuple[l
 def walk_tree_sampling(
     logits: torch.Tensor,
     tokens: list[int],
-    parents: list[int],
+    tree: TokenTree,
     params: SamplingParams,
     generator: torch.Generator | None,
 ) -> tuple[list[int], int]:
@@ -128,12 +119,11 @@ def walk_tree_sampling(
     renormalised before the next sibling. A node whose children are all rejected emits a token drawn
     from what is left of p; an accepted leaf emits one drawn from its own row. Every emitted token is
     then distributed exactly as under p, whatever tree the drafter built."""
-    children = tree_children(parents)
     path = [0]
     while True:
         node = path[-1]
         p = process_logits(logits[node], params).clone()  # (V,)
-        kids = children.get(node, [])
+        kids = tree.children.get(node, ())
         u = torch.rand(len(kids), generator=generator, device=p.device) if kids else None
         chosen = None
         for j, child in enumerate(kids):

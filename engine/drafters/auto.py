@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..api.strategies import STRATEGIES, default_k
-from ..decoding.drafter import Draft, DraftContext, empty_draft
+from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
 from ..decoding.length import DraftLength
 from ..heads.store import read_info
 from .eagle import Eagle
@@ -45,7 +45,7 @@ def _lookup_bucket(n: int) -> str:
     return "prompt-lookup:1" if n <= 1 else "prompt-lookup:2-3" if n <= 3 else "prompt-lookup:4+"
 
 
-class Auto:
+class Auto(Drafter):
     name = "auto"
     description = STRATEGIES[name].description
     chooses_length = True  # the decoder gives it k and the step times (observe_step); it picks the length

@@ -15,7 +15,7 @@ import time
 import torch
 
 from ..api.strategies import STRATEGIES
-from ..decoding.drafter import Draft, DraftContext, empty_draft
+from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
 from ..decoding.sampling import process_logits, sample
 from ..heads.store import head_for_strategy
 
@@ -27,10 +27,8 @@ DEFAULT_NODE_COST = 0.035  # a tree node's share of a plain pass's time on a CPU
 COST_DECAY = 0.95
 
 
-class Eagle:
+class Eagle(Drafter):
     name = "eagle"
-    learns_from_tree = False
-    chooses_length = False
     description = STRATEGIES[name].description
 
     def __init__(self, head, target, stop_below: float = 0.3, tree: bool = False) -> None:

@@ -27,14 +27,13 @@ import torch
 
 from ..api.errors import SpeculaError
 from ..api.strategies import STRATEGIES
-from ..decoding.drafter import Draft, DraftContext, empty_draft, sends_tree
+from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft, sends_tree
 
 POOL_PER_KEY = 8  # n-grams kept per first token, newest last
 
 
-class Lookahead:
+class Lookahead(Drafter):
     name = "lookahead"
-    chooses_length = False
     learns_from_tree = True  # observe_tree: every scored node's argmax feeds its n-gram pool
     description = STRATEGIES[name].description
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..api.strategies import STRATEGIES
-from ..decoding.drafter import Draft, DraftContext, empty_draft, sends_tree
+from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft, sends_tree
 from ..heads.store import head_for_strategy
 
 # paths of guess ranks, e.g. (0, 1): head 0's best guess, then head 1's second best below it; parents
@@ -21,10 +21,8 @@ from ..heads.store import head_for_strategy
 TREE = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 0, 0, 0), (2,))
 
 
-class Medusa:
+class Medusa(Drafter):
     name = "medusa"
-    learns_from_tree = False
-    chooses_length = False
     description = STRATEGIES[name].description
 
     def __init__(self, head, target, tree=TREE, force_tree: bool | None = None) -> None:
@@ -39,15 +37,13 @@ class Medusa:
         self.tree = tuple(path for path in tree if len(path) <= len(head.blocks))
         self.width = 1 + max(rank for path in self.tree for rank in path)
         self.force_tree = force_tree  # None: a tree where the target decides trees exactly, else the top chain
+        self._shapes: dict[int, tuple[list[tuple[int, ...]], torch.Tensor]] = {}
 
     @classmethod
     def build(cls, target, draft=None, head=None, tree=None, **options) -> "Medusa":
         module = head_for_strategy(target, head, "medusa",
                                    "trained heads (--head DIR; make them with `specula train-head --kind medusa`)")
         return cls(module, target, force_tree=None if tree is None else bool(tree))
-
-    def reset(self) -> None:
-        pass
 
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
         """feature (D,) -> each head's logits over the draft vocabulary (heads, V'), fp32."""
@@ -67,15 +63,20 @@ class Medusa:
         if not sends_tree(self.force_tree, runner):
             return Draft(self._full(logits[:depth].argmax(-1)).cpu())  # the top guesses as a chain
         top = self._full(logits[:depth].topk(self.width, dim=-1).indices).tolist()  # (depth, width)
-        index: dict[tuple[int, ...], int] = {}
-        drafted, parents = [], []
-        for path in self.tree:
-            if len(path) > depth or path[:-1] not in index and len(path) > 1:
-                continue
-            index[path] = len(drafted)
-            drafted.append(top[len(path) - 1][path[-1]])
-            parents.append(index[path[:-1]] if len(path) > 1 else -1)
-        return Draft(torch.tensor(drafted, dtype=torch.long), None, torch.tensor(parents))
+        paths, parents = self._shape(depth)
+        return Draft(torch.tensor([top[len(path) - 1][path[-1]] for path in paths], dtype=torch.long), None, parents)
 
-    def observe(self, accepted: int, next_token: int) -> None:
-        pass
+    def _shape(self, depth: int) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+        """The tree's paths no deeper than `depth` and each one's parent (a draft index, -1 for the newest
+        token): the same every step, so built once per depth."""
+        if depth not in self._shapes:
+            index: dict[tuple[int, ...], int] = {}
+            paths, parents = [], []
+            for path in self.tree:
+                if len(path) > depth or len(path) > 1 and path[:-1] not in index:
+                    continue
+                index[path] = len(paths)
+                paths.append(path)
+                parents.append(index[path[:-1]] if len(path) > 1 else -1)
+            self._shapes[depth] = (paths, torch.tensor(parents))
+        return self._shapes[depth]

@@ -7,15 +7,13 @@ from __future__ import annotations
 import torch
 
 from ..api.types import SamplingParams
-from ..decoding.drafter import Draft, DraftContext
+from ..decoding.drafter import Draft, DraftContext, Drafter
 from ..decoding.sampling import process_logits, sample
 from ..decoding.target import ModelRunner
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     name = "model"
-    learns_from_tree = False
-    chooses_length = False
 
     def __init__(self, runner: ModelRunner, target_vocab: int) -> None:
         self.runner = runner

@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 from ..api.strategies import STRATEGIES
-from ..decoding.drafter import Draft, DraftContext, empty_draft
+from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
 
 
-class NoDraft:
+class NoDraft(Drafter):
     name = "none"
-    learns_from_tree = False
     chooses_length = True  # it drafts nothing: no length to choose
     description = STRATEGIES[name].description
 
-    def reset(self) -> None:
-        pass
-
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         return empty_draft()
-
-    def observe(self, accepted: int, next_token: int) -> None:
-        pass
-
-    def observe_step(self, drafted: int, accepted: int, seconds: float) -> None:
-        pass

@@ -11,7 +11,7 @@ import torch
 
 from ..api.errors import SpeculaError
 from ..api.strategies import STRATEGIES
-from ..decoding.drafter import Draft, DraftContext, empty_draft
+from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
 
 DRAFT_PER_MATCHED_TOKEN = 2  # measured with the bench's prompts: longer drafts on weak matches cost more than they win
 
@@ -43,10 +43,8 @@ def find_continuation(tokens: torch.Tensor, k: int, min_n: int, max_n: int) -> t
     return tokens[start : start + min(k, DRAFT_PER_MATCHED_TOKEN * n)]
 
 
-class PromptLookup:
+class PromptLookup(Drafter):
     name = "prompt-lookup"
-    learns_from_tree = False
-    chooses_length = False
     description = STRATEGIES[name].description
 
     def __init__(self, min_n: int = 1, max_n: int = 16) -> None:
@@ -54,12 +52,6 @@ class PromptLookup:
             raise SpeculaError(f"prompt lookup needs 1 <= min n <= max n, got {min_n} and {max_n}")
         self.min_n, self.max_n = min_n, max_n
 
-    def reset(self) -> None:
-        pass
-
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         found = find_continuation(ctx.tokens, k, self.min_n, self.max_n)
         return Draft(found.clone()) if found.numel() else empty_draft()
-
-    def observe(self, accepted: int, next_token: int) -> None:
-        pass

@@ -7,6 +7,8 @@ import inspect
 
 import torch
 
+from ..api.errors import UnsupportedModelError
+
 
 class HFRunner:
     """Fallback for architectures without a lean forward: transformers' model and DynamicCache."""
@@ -32,7 +34,9 @@ class HFRunner:
         return self._length
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, last: int = 1) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, last: int = 1, tree=None) -> torch.Tensor:
+        if tree is not None and not tree.is_chain:
+            raise UnsupportedModelError("token trees need the lean forward (the Llama family); this model takes chains")
         t = tokens.shape[0]
         positions = torch.arange(self._length, self._length + t, device=self.device)
         out = self.model(
@@ -53,3 +57,9 @@ class HFRunner:
         else:
             self._cache.crop(length - self._length)  # negative: tokens to drop
         self._length = length
+
+    def keep(self, start: int, rows: list[int]) -> None:
+        """A chain's kept rows (it takes no trees): the first len(rows) tokens from `start`."""
+        if rows != list(range(len(rows))):
+            raise UnsupportedModelError("token trees need the lean forward (the Llama family); this model takes chains")
+        self.truncate(start + len(rows))

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ..api.errors import ContextTooLongError
 from ..cpu.products import Dense, Int4, Q4Blocks, can_prepack, in_rows, int4_fits, stable_rows_of
+from ..decoding.tree import TokenTree
 from .gguf import NativeWeights
 
 log = logging.getLogger(__name__)
@@ -31,8 +33,8 @@ _MIN_ROWS = 4  # fewer query rows than this take another matrix kernel on the CP
 PREPACK_LIMIT_BYTES = 4 << 30  # larger models keep one copy of their dense weights (unpacked)
 _PRODUCT_KINDS = {"dense": 0, "prepacked": 1, "int4": 2}  # as native/step.cpp numbers them
 # per model, beside it rather than on it (a copy of the model must not carry oneDNN's opaque weights,
-# which cannot be copied): (native, layers, LM head) from _fused_layers, and the compiled step's handle
-_FUSED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+# which cannot be copied): its products from _fused_layers, and the compiled step's handle
+_FUSED: "weakref.WeakKeyDictionary[torch.nn.Module, _Fused]" = weakref.WeakKeyDictionary()
 _STEPS: "weakref.WeakKeyDictionary[torch.nn.Module, _StepHandle]" = weakref.WeakKeyDictionary()
 
 
@@ -156,15 +158,24 @@ def _fused_layers(model: torch.nn.Module, native: NativeWeights | None) -> tuple
     """Build the products once per model and weight source: runners for the same model (the target,
     layer skip, a draft that is the target itself) share them."""
     cached = _FUSED.get(model)
-    if cached is None or cached[0] is not native or not _still_fused(cached[1], model):
+    if cached is None or cached.native is not native or not _still_fused(cached.layers, model):
         prepack = _prepack(model)
         layers = [_Layer(layer, f"model.layers.{i}", native, prepack) for i, layer in enumerate(model.model.layers)]
         head = model.lm_head
         lm_head = Dense(head.weight.detach(), None if head.bias is None else head.bias.detach(), prepack)
         _probe(layers, lm_head, head.weight.dtype, head.weight.device)
-        cached = (native, layers, lm_head)
+        cached = _Fused(native, layers, lm_head)
         _FUSED[model] = cached
-    return cached[1], cached[2]
+    return cached.layers, cached.lm_head
+
+
+@dataclass(frozen=True)
+class _Fused:
+    """A model's products, built once per weight source (`native`: the GGUF's blocks, or None)."""
+
+    native: NativeWeights | None
+    layers: list[_Layer]
+    lm_head: Dense
 
 
 class _StepHandle:
@@ -195,21 +206,6 @@ class _StepHandle:
             pass
 
 
-def _tree(parents: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """parents (row 0: -1) -> ancestors (T, T) with [i, j] true when row j is row i or an ancestor of it,
-    and the depth of every row."""
-    t = len(parents)
-    ancestors = torch.eye(t, dtype=torch.bool)
-    depth = [0] * t
-    for i in range(1, t):
-        p = parents[i]
-        if not 0 <= p < i:
-            raise ValueError(f"row {i} has parent {p}: parents come before their children")
-        ancestors[i] |= ancestors[p]
-        depth[i] = depth[p] + 1
-    return ancestors.to(device), torch.tensor(depth, device=device)
-
-
 def _whole_blocks(n: int) -> int:
     """n rounded up to whole key blocks."""
     return -(-n // _BLOCK) * _BLOCK
@@ -223,6 +219,33 @@ def _block_mask(allowed: torch.Tensor) -> tuple[int, torch.Tensor]:
         allowed = torch.cat([allowed, allowed[:1].expand(_MIN_ROWS - rows, -1)])
     mask = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device)
     return rows, mask.masked_fill_(~allowed, float("-inf"))
+
+
+@dataclass(frozen=True)
+class FusedPlan:
+    """Attention through the fused kernel (GPUs): the allowed keys of each query row, or None for one
+    row that sees the whole cache."""
+
+    mask: torch.Tensor | None  # (groups*T, keys) bool
+
+
+@dataclass(frozen=True)
+class KeyBlock:
+    """Query rows first_row..end_row-1 of a pass attend over n_keys keys (whole blocks), with an additive
+    mask padded to `rows` or more rows (_block_mask)."""
+
+    first_row: int
+    end_row: int
+    n_keys: int
+    rows: int
+    mask: torch.Tensor  # (groups*rows', n_keys) fp32
+
+
+@dataclass(frozen=True)
+class BlockedPlan:
+    """Attention on the CPU: fp32 over whole key blocks, one call per group of rows (_attend_blocked)."""
+
+    blocks: tuple[KeyBlock, ...]
 
 
 def _call(product, x: torch.Tensor) -> torch.Tensor:
@@ -365,32 +388,32 @@ class LlamaRunner:
         self._sin32 = torch.cat((-sin32[:, :half], sin32[:, half:]), dim=-1).contiguous()
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, last: int = 1, parents: list[int] | None = None) -> torch.Tensor:
-        """tokens (T,) -> fp32 logits (last, V). With `parents` the tokens are a tree: row 0 continues
-        the cache, row i > 0 continues row parents[i] < i; each row sees the cache and its own ancestors,
-        at the position of its depth. Afterwards `keep()` keeps one root-to-node path."""
+    def forward(self, tokens: torch.Tensor, last: int = 1, tree: TokenTree | None = None) -> torch.Tensor:
+        """tokens (T,) -> fp32 logits (last, V). With a `tree` the tokens are its rows: row 0 continues the
+        cache, every other row its parent row; each row sees the cache and its own ancestors, at the
+        position of its depth. Afterwards `keep()` keeps one root-to-node path."""
         t = tokens.shape[0]
         start = self._length
         end = start + t
         self._reserve(end)
         if start == 0:  # a new answer: it runs in one mode throughout
             self._fast = self._compiled_step()
+        if tree is not None and (start == 0 or len(tree) != t):
+            raise ValueError("a tree continues a non-empty cache, one row per token")
         if self._fast is not None and (start > 0 or t == 1):
-            return self._forward_compiled(tokens, last, parents, start, t)
+            return self._forward_compiled(tokens, last, tree, start, t)
         self._kt_len = min(self._kt_len, start)  # the eager pass writes _k only
         run = in_rows if self.consistent else _call
         x = self.embed(tokens.to(self.device))  # (rows, D)
-        if parents is None:
+        if tree is None:
             cos = self._cos[start:end]  # (T, hd)
             sin = self._sin[start:end]
             plan = self._plan(start, t)
         else:
-            if start == 0 or len(parents) != t:
-                raise ValueError("a tree continues a non-empty cache, one parent per row")
-            ancestors, depth = _tree(parents, self.device)
-            cos = self._cos[start + depth]
-            sin = self._sin[start + depth]
-            plan = self._tree_plan(start, ancestors)
+            positions = start + tree.depths(self.device)  # (T,)
+            cos = self._cos[positions]
+            sin = self._sin[positions]
+            plan = self._tree_plan(start, tree.ancestors(self.device))
         for i, layer in enumerate(self.layers):
             x = x + self._attention(i, layer, _rms_norm(x, layer.in_norm), cos, sin, start, t, plan, run)
             h = _rms_norm(x, layer.post_norm)
@@ -400,18 +423,15 @@ class LlamaRunner:
         self._feat[start:end] = x
         return run(self.lm_head, _rms_norm(x[-last:], self.norm)).float()  # (last, V)
 
-    def _forward_compiled(self, tokens: torch.Tensor, last: int, parents: list[int] | None, start: int, t: int):
+    def _forward_compiled(self, tokens: torch.Tensor, last: int, tree: TokenTree | None, start: int, t: int):
         """The layer loop in one call of the compiled step (a prompt of several tokens stays eager: one
         causal attention kernel over the whole prompt, and dense products for long ones)."""
         end = start + t
         x = self.embed(tokens.to(self.device))
-        if parents is None:
+        if tree is None:
             pos, ancestors = torch.arange(start, end), None
         else:
-            if start == 0 or len(parents) != t:
-                raise ValueError("a tree continues a non-empty cache, one parent per row")
-            ancestors, depth = _tree(parents, self.device)
-            pos = start + depth
+            pos, ancestors = start + tree.depths(self.device), tree.ancestors(self.device)
         fast = self._fast
         if self._kt.numel() != self._k.numel():  # the cache grew: transpose it again from _k
             layers, kv, cap, hd = self._k.shape
@@ -456,23 +476,23 @@ class LlamaRunner:
         allowed[:, start : start + t] = ancestors
         allowed = allowed.repeat(self.groups, 1)  # (groups*T, n_keys)
         if not self.blocked:
-            return ("fused", allowed)
+            return FusedPlan(allowed)
         rows, mask = _block_mask(allowed)
-        return ("blocked", [(0, t, n_keys, rows, mask)])
+        return BlockedPlan((KeyBlock(0, t, n_keys, rows, mask),))
 
-    def _plan(self, start: int, t: int):
-        """How this pass attends: None for the prefill's causal kernel; otherwise, on the CPU, the
-        (first row, end row, key count, mask) of each block group; elsewhere a mask for the fused kernel."""
+    def _plan(self, start: int, t: int) -> FusedPlan | BlockedPlan | None:
+        """How this pass attends: None for the prefill's causal kernel; otherwise, on the CPU, the key
+        blocks of its row groups; elsewhere a mask for the fused kernel."""
         end = start + t
         if start == 0 and t > 1:
             return None
         dev = self.device
         if not self.blocked:
             if t == 1:
-                return ("fused", None)
+                return FusedPlan(None)
             keys = torch.arange(end, device=dev)
             queries = torch.arange(start, end, device=dev)
-            return ("fused", (keys[None, :] <= queries[:, None]).repeat(self.groups, 1))  # (groups*T, end)
+            return FusedPlan((keys[None, :] <= queries[:, None]).repeat(self.groups, 1))  # (groups*T, end)
         groups = []
         r0 = 0
         while r0 < t:  # rows whose own key count rounds up to the same block count form one group
@@ -482,9 +502,9 @@ class LlamaRunner:
             queries = torch.arange(start + r0, start + r1, device=dev)
             allowed = (keys[None, :] <= queries[:, None]).repeat(self.groups, 1)  # (groups*Tg, n_keys)
             rows, mask = _block_mask(allowed)
-            groups.append((r0, r1, n_keys, rows, mask))
+            groups.append(KeyBlock(r0, r1, n_keys, rows, mask))
             r0 = r1
-        return ("blocked", groups)
+        return BlockedPlan(tuple(groups))
 
     def _attention(self, i: int, layer: _Layer, x, cos, sin, start: int, t: int, plan, run):
         end = start + t
@@ -502,23 +522,23 @@ class LlamaRunner:
         if plan is None:  # prefill: plain causal attention, the fused kernel applies
             out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=self.scale, enable_gqa=True)
             return run(layer.o_proj, out[0].transpose(0, 1).reshape(t, -1))
-        kind, detail = plan
-        if kind == "blocked":
-            out = torch.cat([self._attend_blocked(i, q[:, r0:r1], group) for r0, r1, *group in detail], dim=1)
+        if isinstance(plan, BlockedPlan):
+            out = torch.cat([self._attend_blocked(i, q[:, b.first_row:b.end_row], b) for b in plan.blocks], dim=1)
         else:
             # grouped-query attention without copying K/V: the query heads that share a KV head
             # become extra query rows of that head, (H, T, hd) -> (KV, groups*T, hd)
             out = F.scaled_dot_product_attention(
-                q.reshape(kv, self.groups * t, hd), self._k[i, :, :end], self._v[i, :, :end], attn_mask=detail, scale=self.scale
+                q.reshape(kv, self.groups * t, hd), self._k[i, :, :end], self._v[i, :, :end], attn_mask=plan.mask,
+                scale=self.scale
             ).view(h, t, hd)
         out = out.transpose(0, 1).reshape(t, -1)  # (H, T, hd) -> (T, H*hd)
         return run(layer.o_proj, out)
 
-    def _attend_blocked(self, i: int, q: torch.Tensor, group) -> torch.Tensor:
+    def _attend_blocked(self, i: int, q: torch.Tensor, block: KeyBlock) -> torch.Tensor:
         """Query rows (H, Tg, hd) over whole key blocks in fp32, later keys masked -> (H, Tg, hd).
         A row's result depends only on its own key count (rounded up to a block) and not on the other
         rows in the call, so a verify pass and single steps produce the same bits."""
-        n_keys, rows, mask = group
+        n_keys, rows, mask = block.n_keys, block.rows, block.mask
         tg = q.shape[1]
         q = (q.float() * self.scale).reshape(self.n_kv, rows, self.head_dim)
         if mask.shape[0] > rows:

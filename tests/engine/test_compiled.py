@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specula.engine.cpu import step as compiled
+from specula.engine.decoding.tree import TokenTree
 from specula.engine.drafters import DRAFTERS
 from specula.engine.models.loading import LoadedModel
 from tests.support.tiny import assert_greedy_identity, head_options, native, perturbed, tiny_model
@@ -59,14 +60,14 @@ def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form):
     # a tree: rows 1 and 2 continue row 0 side by side, row 3 continues row 2; the path 0-2-3 is the chain
     runner.truncate(40)
     branch = torch.tensor([int(ids[40]), 7, int(ids[41]), int(ids[42])])
-    tree = runner.forward(branch, last=4, parents=[-1, 0, 0, 2])
+    tree = runner.forward(branch, last=4, tree=TokenTree((-1, 0, 0, 2)))
     assert runner.compiled
     assert torch.equal(tree[[0, 2, 3]], alone[:3])
     runner.keep(40, [0, 2, 3])
     assert torch.equal(runner.forward(ids[43:44]), alone[3:4])  # the kept path's cache is the chain's
     # a kept path of the first rows (nothing moves) and a longer step after it
     runner.truncate(40)
-    runner.forward(torch.tensor([int(ids[40]), int(ids[41]), 9]), last=3, parents=[-1, 0, 0])
+    runner.forward(torch.tensor([int(ids[40]), int(ids[41]), 9]), last=3, tree=TokenTree((-1, 0, 0)))
     runner.keep(40, [0, 1])
     assert torch.equal(runner.forward(ids[42:45], last=3), alone[2:5])
 

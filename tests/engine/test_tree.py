@@ -4,6 +4,7 @@ keeping one path leaves the cache as if only that path had been fed."""
 import pytest
 import torch
 
+from specula.engine.decoding.tree import TokenTree
 from tests.support.tiny import loaded, tiny_model
 
 # row 0 continues the cache; rows 1-2 are children of row 0, 3-4 of row 1, 5 of row 3, 6 of row 2
@@ -37,7 +38,7 @@ def test_each_node_gets_the_logits_of_its_own_path(model):
     tree = torch.randint(0, 64, (len(PARENTS),), generator=gen)
     r = runner(model)
     r.forward(prompt)
-    logits = r.forward(tree, last=len(PARENTS), parents=PARENTS)
+    logits = r.forward(tree, last=len(PARENTS), tree=TokenTree(tuple(PARENTS)))
     for row in range(len(PARENTS)):
         chain = runner(model)
         chain.forward(prompt)
@@ -53,7 +54,7 @@ def test_keeping_a_path_equals_feeding_only_that_path(model):
     path = path_to(5)  # rows 0, 1, 3, 5
     r = runner(model)
     r.forward(prompt)
-    r.forward(tree, last=len(PARENTS), parents=PARENTS)
+    r.forward(tree, last=len(PARENTS), tree=TokenTree(tuple(PARENTS)))
     r.keep(20, path)
     assert r.length == 20 + len(path)
     got = r.forward(after, last=3)
@@ -68,7 +69,7 @@ def test_a_child_before_its_parent_is_refused(model):
     r = runner(model)
     r.forward(torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError):
-        r.forward(torch.tensor([4, 5, 6]), last=3, parents=[-1, 2, 0])
+        r.forward(torch.tensor([4, 5, 6]), last=3, tree=TokenTree((-1, 2, 0)))
 
 
 class TreeOracle:
@@ -130,3 +131,28 @@ def test_the_decoder_keeps_the_agreeing_path_of_a_tree(model):
         assert tuple(streamed) == base.token_ids
         accepted += events[-1].totals.accepted
     assert accepted > 20
+
+
+def test_a_tree_knows_its_depths_children_and_what_each_row_sees():
+    tree = TokenTree(tuple(PARENTS))
+    assert tree.depth == (0, 1, 1, 2, 2, 3, 2) and tree.height == 3 and not tree.is_chain
+    assert tree.children == {0: (1, 2), 1: (3, 4), 2: (6,), 3: (5,)}
+    seen = tree.ancestors()
+    for row in range(len(PARENTS)):
+        assert seen[row].nonzero().flatten().tolist() == sorted(path_to(row))
+    assert tree.branch([0, 1, 4]) == "tree of 6 nodes, kept path 1·2" and tree.branch([0]).endswith("none (all rejected)")
+    assert tree.first_choices_below(0) == [1, 3, 5] and tree.first_choices_below(4) == []
+
+
+def test_a_chain_is_the_tree_whose_rows_continue_each_other():
+    chain = TokenTree.chain(4)
+    assert chain.parents == (-1, 0, 1, 2, 3) and chain.is_chain and chain.height == 4
+    assert chain.first_choices_below(1) == [2, 3, 4] and TokenTree.chain(0).height == 0
+
+
+def test_a_drafters_tree_is_cut_at_the_draft_length_with_its_draft_indices():
+    # draft tokens 0..5: 0 and 1 under the newest token, 2 under 0, 3 under 2, 4 under 3, 5 under 1
+    tree, kept = TokenTree.from_draft([-1, -1, 0, 2, 3, 1], max_depth=2)
+    assert kept == [0, 1, 2, 5] and tree.parents == (-1, 0, 0, 1, 2)
+    whole, every = TokenTree.from_draft([-1, -1, 0, 2, 3, 1], max_depth=9)
+    assert every == list(range(6)) and whole.height == 4
