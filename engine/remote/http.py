@@ -1,25 +1,29 @@
-"""HTTP for the remote backend, on the standard library: JSON GETs, text GETs and a server-sent-events
-stream that another thread can stop at once.
+"""HTTP for the remote backend, on httpx2: JSON GETs, text GETs and a server-sent-events stream that
+another thread can stop at once.
 
 Every failure becomes a `RemoteError` with one line a user can act on: the server is not running, did
 not answer in time, refused the key, has no such model, answered with an HTTP error, or closed the
 stream early. Only http and https URLs are accepted; TLS certificates are verified unless the user
-turned that off for this server.
+turned that off for this server. What httpx2 lacks: a way to stop a read that waits on the server from
+another thread (closing a response or client there leaves the read waiting until its timeout), so the
+stream keeps the socket it is carried on and shuts that down.
 """
 
 from __future__ import annotations
 
+import functools
 import html
-import http.client
 import ipaddress
 import json
 import re
 import socket
 import ssl
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Iterator
 from urllib.parse import urlsplit
+
+import httpx2
 
 from ..api.errors import ContextTooLongError, SpeculaError, first_line
 
@@ -111,16 +115,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _connection(server: Server, url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
-    parts = urlsplit(url)
-    path = parts.path or "/"
-    if parts.scheme == "https":
-        context = ssl.create_default_context()
-        if not server.verify_tls:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout, context=context), path
-    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), path
+_FAILURES = (httpx2.HTTPError, httpx2.StreamError, httpx2.InvalidURL, OSError)  # what a request can raise
+
+
+@functools.cache
+def _client(verify_tls: bool) -> httpx2.Client:
+    """The client shared by all threads for servers with (or without) TLS verification: a new connection
+    for each request (a stream's socket is its own to shut down), no proxy or credentials from the
+    environment (the engine on this machine is reached directly), no redirects."""
+    verify = httpx2.create_ssl_context() if verify_tls else False  # honours SSL_CERT_FILE and SSL_CERT_DIR
+    return httpx2.Client(verify=verify, trust_env=False, limits=httpx2.Limits(max_keepalive_connections=0))
 
 
 def _headers(server: Server, body: bool) -> dict[str, str]:
@@ -132,49 +136,76 @@ def _headers(server: Server, body: bool) -> dict[str, str]:
     return headers
 
 
-def _request(server: Server, method: str, url: str, payload: dict | None, timeout: float, on_connect=None):
-    """Send a request; returns (connection, response) with a 2xx status, or raises RemoteError.
-    `on_connect(conn)` is called once connected, before the answer is awaited."""
-    conn, path = _connection(server, url, timeout)
+def open_response(server: Server, method: str, url: str, payload: dict | None, timeout: float,
+                  on_socket: Callable[[socket.socket], None] | None = None) -> httpx2.Response:
+    """Send a request; returns the response with a 2xx status, its body not read yet, or raises RemoteError.
+    `timeout` bounds connecting and each wait for the server. `on_socket(sock)` gets each socket once
+    connected (the TCP one, then for https the TLS one), before the answer is awaited."""
+    def trace(name: str, info: dict) -> None:  # httpx2's hook for the stages of a request
+        if name in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            on_socket(info["return_value"].get_extra_info("socket"))
+
+    client = _client(server.verify_tls)
     body = json.dumps(payload).encode() if payload is not None else None
-    waited = "accept a connection"
     try:
-        conn.connect()
-        conn.sock.settimeout(timeout)
-        if on_connect is not None:
-            on_connect(conn)
-        waited = "answer"
-        conn.request(method, path, body=body, headers=_headers(server, body is not None))
-        response = conn.getresponse()
+        request = client.build_request(method, url, content=body, headers=_headers(server, body is not None),
+                                       timeout=timeout, extensions={"trace": trace} if on_socket else None)
+        response = client.send(request, stream=True)
     except BaseException as exc:
-        conn.close()
-        raise _network_error(server, url, exc, f"did not {waited} within {timeout:.0f} s") from None
-    if not 200 <= response.status < 300:
+        waited = "accept a connection" if isinstance(exc, httpx2.ConnectTimeout) else "answer"
+        raise _network_error(server, exc, f"did not {waited} within {timeout:.0f} s") from None
+    if not response.is_success:
         try:
-            text = response.read(64 * 1024).decode("utf-8", "replace")
-        except (OSError, http.client.HTTPException):
+            text = _read_upto(response, 64 * 1024).decode("utf-8", "replace")
+        except _FAILURES:
             text = ""
         finally:
-            conn.close()
-        raise http_error(url, response.status, response.reason, text)
-    return conn, response
+            response.close()
+        raise http_error(url, response.status_code, response.reason_phrase, text)
+    return response
 
 
-def _network_error(server: Server, url: str, exc: BaseException, timed_out: str) -> BaseException:
+def _read_upto(response: httpx2.Response, limit: int) -> bytes:
+    """The first `limit` bytes of a response's body (all of it when shorter)."""
+    data = bytearray()
+    for piece in response.iter_bytes():
+        data += piece
+        if len(data) >= limit:
+            break
+    return bytes(data[:limit])
+
+
+def _network_error(server: Server, exc: BaseException, timed_out: str) -> BaseException:
     """One line for a failure to reach or hear from the server; `timed_out` says what a timeout means."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return RemoteError(f"the TLS certificate of {server.root} could not be verified ({exc.verify_message}); "
+    root = exc
+    for _ in range(8):  # httpx2 raises each of its errors from (or while handling) the one it wraps
+        if (root.__cause__ or root.__context__) is None:
+            break
+        root = root.__cause__ or root.__context__
+    if isinstance(root, ssl.SSLCertVerificationError):
+        return RemoteError(f"the TLS certificate of {server.root} could not be verified ({root.verify_message}); "
                            "use a trusted certificate, or turn off verification for this server")
-    if isinstance(exc, ConnectionRefusedError):
+    if isinstance(root, ConnectionRefusedError):
         return RemoteError(f"cannot reach the server at {server.root}: connection refused (is it running?)")
-    if isinstance(exc, (socket.timeout, TimeoutError)):
+    if isinstance(exc, httpx2.TimeoutException) or isinstance(root, TimeoutError):
         return RemoteError(f"the server at {server.root} {timed_out}")
-    if isinstance(exc, socket.gaierror):
-        return RemoteError(f"cannot find the server's host in {server.root} ({exc.strerror})")
-    if isinstance(exc, (OSError, http.client.HTTPException)):
-        detail = str(exc).strip() or type(exc).__name__
+    if isinstance(root, socket.gaierror):
+        return RemoteError(f"cannot find the server's host in {server.root} ({root.strerror})")
+    if isinstance(exc, _FAILURES):
+        detail = str(root).strip() or type(exc).__name__
         return RemoteError(f"cannot talk to the server at {server.root}: {detail}")
     return exc
+
+
+def _shutdown(sock: socket.socket | None) -> None:
+    """Shut `sock` down, so that a read waiting on it in another thread returns at once. The plain socket's
+    shutdown, also for TLS: an SSLSocket's own would drop its TLS state under the reading thread."""
+    if sock is None:
+        return
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed, by the server or by the reading thread
 
 
 class EngineError(RemoteError):
@@ -250,14 +281,20 @@ def _error_message(body: str) -> str:
     return ""
 
 
-def get_text(server: Server, path: str, timeout: float = CONNECT_TIMEOUT_S) -> str:
-    conn, response = _request(server, "GET", server.root + path, None, timeout)
+def request_text(server: Server, method: str, url: str, payload: dict | None = None,
+                 timeout: float = CONNECT_TIMEOUT_S) -> str:
+    """Send a request and read its whole answer as text; RemoteError on any failure."""
+    response = open_response(server, method, url, payload, timeout)
     try:
         return response.read().decode("utf-8", "replace")
-    except (OSError, http.client.HTTPException) as exc:
-        raise _network_error(server, server.root + path, exc, f"stopped answering for {timeout:.0f} s") from None
+    except _FAILURES as exc:
+        raise _network_error(server, exc, f"stopped answering for {timeout:.0f} s") from None
     finally:
-        conn.close()
+        response.close()
+
+
+def get_text(server: Server, path: str, timeout: float = CONNECT_TIMEOUT_S) -> str:
+    return request_text(server, "GET", server.root + path, None, timeout)
 
 
 def get_json(server: Server, path: str, timeout: float = CONNECT_TIMEOUT_S):
@@ -283,109 +320,99 @@ class EventStream:
         self.closed = False
         self.done = False  # the server sent [DONE]
         self._lock = threading.Lock()
-        self._conn = None
-        self._sock = None
-        self._response = None
-        self._reading = False  # a thread iterates: it closes the connection itself (http.client is not thread-safe)
+        self._sock: socket.socket | None = None
+        self._response: httpx2.Response | None = None
+        self._busy = True  # a thread opens or reads it: that thread closes it, never another under it
+        response = None
         try:
-            self._conn, self._response = _request(server, "POST", (server.root if root else server.api) + path,
-                                                  payload, server.timeout_s, self._connected)
+            response = open_response(server, "POST", (server.root if root else server.api) + path, payload,
+                                     server.timeout_s, self._connected)
         except RemoteError:
             if not self.closed:
                 raise
-        self._sock = self._conn.sock if self._conn is not None else self._sock
+        finally:
+            with self._lock:
+                self._response, self._busy, closed = response, False, self.closed
+        if closed and response is not None:
+            response.close()
 
-    def _connected(self, conn) -> None:
+    def _connected(self, sock: socket.socket) -> None:
         with self._lock:
-            self._conn, self._sock, closed = conn, conn.sock, self.closed
+            self._sock, closed = sock, self.closed
         if closed:
-            self.close(force=True)
+            _shutdown(sock)
 
-    def close(self, force: bool = False) -> None:
-        """Shut the socket down (a waiting read returns); the connection itself is closed here only when
-        no thread reads it, else by the reading thread, so the two never close it at once."""
-        with self._lock:
-            if self.closed and not force:
-                return
-            self.closed = True
-            sock, conn, reading = self._sock, self._conn, self._reading
-        try:
-            if sock is not None:
-                sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # already closed by the server
-        if conn is not None and not reading:
-            conn.close()
-
-    def __iter__(self) -> Iterator[dict]:
+    def close(self) -> None:
+        """Shut the socket down (a waiting read returns); the response itself is closed here only when no
+        thread opens or reads it, else by that thread, so the two never close it at once."""
         with self._lock:
             if self.closed:
                 return
-            self._reading = True
+            self.closed = True
+            sock, busy, response = self._sock, self._busy, self._response
+        _shutdown(sock)
+        if response is not None and not busy:
+            response.close()
+
+    def __iter__(self) -> Iterator[dict]:
+        with self._lock:
+            if self.closed or self._response is None:
+                return
+            self._busy = True
         try:
             yield from self._events()
         finally:
             with self._lock:
-                self._reading, self.closed, conn = False, True, self._conn
-            if conn is not None:
-                conn.close()
+                self._busy, self.closed = False, True
+            self._response.close()
 
     def _events(self) -> Iterator[dict]:
-        data: list[str] = []
-        if self._response is None:  # closed before the server answered
-            return
-        kind = (self._response.getheader("Content-Type") or "").lower()
+        kind = self._response.headers.get("Content-Type", "").lower()
         if "json" in kind and "event-stream" not in kind:
             yield from self._whole_answer()
             return
-        while True:
-            try:
-                raw = self._response.readline()
-            except (OSError, http.client.HTTPException, ValueError) as exc:
+        if kind.partition(";")[0].strip() != "text/event-stream":
+            raise RemoteError(f"the server answered with {kind or 'no content type'!r} instead of a stream of "
+                              f"events (is {self.server.root} an OpenAI-compatible server?)")
+        try:
+            for sse in httpx2.EventSource(self._response, max_event_size=MAX_ANSWER_BYTES):
                 if self.closed:
                     return
-                if isinstance(exc, (socket.timeout, TimeoutError)):
-                    raise RemoteError(f"the server at {self.server.root} sent nothing for "
-                                      f"{self.server.timeout_s:.0f} s") from None
-                raise RemoteError(f"the connection to the server broke during the answer ({first_line(exc)})") from None
-            if self.closed:
-                return
-            if not raw:  # end of the response
-                if data:
-                    yield parse_event("\n".join(data))
-                if not self.done:
-                    raise RemoteError("the server closed the stream before the answer ended")
-                return
-            line = raw.decode("utf-8", "replace").rstrip("\r\n")
-            if line == "":
-                if data:
-                    payload = "\n".join(data)
-                    data = []
-                    if payload.strip() == "[DONE]":
-                        self.done = True
-                        return
-                    event = parse_event(payload)
-                    choices = event.get("choices")
-                    if isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason")
-                                                         for c in choices):
-                        self.done = True  # the answer is complete even if no [DONE] follows
-                    yield event
-                continue
-            if line.startswith(":"):
-                continue  # a comment (keep-alive)
-            field, _, value = line.partition(":")
-            if field == "data":
-                data.append(value[1:] if value.startswith(" ") else value)
+                if not sse.data:
+                    continue  # an event without data (a name or id alone)
+                if sse.data.strip() == "[DONE]":
+                    self.done = True
+                    return
+                event = parse_event(sse.data)
+                choices = event.get("choices")
+                if isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason")
+                                                     for c in choices):
+                    self.done = True  # the answer is complete even if no [DONE] follows
+                yield event
+        except httpx2.SSEError as exc:
+            if not self.closed:
+                raise RemoteError(f"the server sent a malformed stream: {first_line(exc)}") from None
+        except _FAILURES as exc:
+            if not self.closed:
+                raise self._broken(exc) from None
+        if not self.closed and not self.done:
+            raise RemoteError("the server closed the stream before the answer ended")
+
+    def _broken(self, exc: BaseException) -> RemoteError:
+        """One line for a stream that failed after the server began to answer."""
+        if isinstance(exc, httpx2.TimeoutException):
+            return RemoteError(f"the server at {self.server.root} sent nothing for {self.server.timeout_s:.0f} s")
+        return RemoteError(f"the connection to the server broke during the answer ({first_line(exc)})")
 
     def _whole_answer(self) -> Iterator[dict]:
         """A server that answered with one JSON completion instead of a stream: its choices' messages
         become one chunk's deltas."""
         try:
-            text = self._response.read(MAX_ANSWER_BYTES).decode("utf-8", "replace")
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+            text = _read_upto(self._response, MAX_ANSWER_BYTES).decode("utf-8", "replace")
+        except _FAILURES as exc:
             if self.closed:
                 return
-            raise RemoteError(f"the connection to the server broke during the answer ({first_line(exc)})") from None
+            raise self._broken(exc) from None
         if self.closed:
             return
         event = parse_event(text)
