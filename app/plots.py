@@ -396,7 +396,8 @@ def _steps_of(records) -> list:
     return [SimpleNamespace(step=n, drafted=sum(r.origin in ("draft", "rejected") for r in recs),
                             accepted=sum(r.origin == "draft" for r in recs),
                             tokens=[r for r in recs if r.origin != "rejected"], elapsed_s=0.0, context_len=0,
-                            speedup=None, speedup_err=None, plain_step_s=None, inferred=any(r.inferred for r in recs))
+                            speedup=None, speedup_err=None, plain_step_s=None, draft_s=0.0, verify_s=0.0,
+                            inferred=any(r.inferred for r in recs))
             for n, recs in steps.items()]
 
 

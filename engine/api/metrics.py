@@ -71,8 +71,10 @@ def count_step(drafted: list[int], accepted: list[int], n_drafted: int, n_accept
 
 
 class StepTotals:
-    """Counters for the Totals of one generation, step by step: the decoder's, and a client's for a stream
-    that was cut short (engine/client.py)."""
+    """The one accumulator of step counts: steps, drafted and accepted tokens, per draft position, each
+    drafting step's accepted length, and the time spent drafting and verifying. The decoder counts a
+    generation's Totals with it, a client a stream cut short, the server its /metrics counters since it
+    started, the window an answer's running figures."""
 
     def __init__(self) -> None:
         self.steps = self.drafted = self.accepted = 0
@@ -90,6 +92,22 @@ class StepTotals:
         if drafted:
             self.accepted_lengths.append(accepted)
         count_step(self.pos_drafted, self.pos_accepted, drafted, accepted)
+
+    def add(self, step: Step) -> None:
+        """A step event: the prefill (step 0) gives its time, a decode step its counts and times."""
+        if step.step == 0:
+            self.prefill_s = step.elapsed_s
+        else:
+            self.add_step(step.drafted, step.accepted, step.draft_s, step.verify_s)
+
+    @property
+    def drafts(self) -> int:
+        """Steps that drafted something."""
+        return len(self.accepted_lengths)
+
+    def per_position(self) -> list[float]:
+        """Acceptance at each draft position."""
+        return [a / d if d else 0.0 for a, d in zip(self.pos_accepted, self.pos_drafted)]
 
     def totals(self, new_tokens: int, wall_s: float) -> Totals:
         return Totals(
@@ -119,11 +137,7 @@ class LiveMetrics:
     def reset(self) -> None:
         self.new_tokens = 0
         self.forwards = 0
-        self.drafted = 0
-        self.accepted = 0
-        self.position_drafted: list[int] = []
-        self.position_accepted: list[int] = []
-        self.accepted_lengths: list[int] = []
+        self.counts = StepTotals()
         self.decode_start_s: float | None = None  # elapsed time when the prefill ended
         self.decode_start_len = 0
         self.last_elapsed_s = 0.0
@@ -143,20 +157,28 @@ class LiveMetrics:
             return
         if step.inferred:  # a remote server's step: its length is known, its draft only from the counters
             if step.accepted > 0 or len(step.tokens) == 1:  # not a chunk that merged several steps
-                self.accepted_lengths.append(step.accepted)
+                self.counts.accepted_lengths.append(step.accepted)
             return
-        self.drafted += step.drafted
-        self.accepted += step.accepted
-        if step.drafted:
-            self.accepted_lengths.append(step.accepted)
-        count_step(self.position_drafted, self.position_accepted, step.drafted, step.accepted)
+        self.counts.add(step)
 
     def add_server(self, stats) -> None:
         """A remote server's counters since the request started (events.ServerStats): they replace the
         drafted/accepted figures, which the stream itself does not carry."""
-        self.drafted, self.accepted = stats.draft_tokens, stats.accepted
-        self.position_accepted = list(stats.position_accepted)
-        self.position_drafted = [stats.drafts for _ in stats.position_accepted]
+        self.counts.drafted, self.counts.accepted = stats.draft_tokens, stats.accepted
+        self.counts.pos_accepted = list(stats.position_accepted)
+        self.counts.pos_drafted = [stats.drafts for _ in stats.position_accepted]
+
+    @property
+    def drafted(self) -> int:
+        return self.counts.drafted
+
+    @property
+    def accepted(self) -> int:
+        return self.counts.accepted
+
+    @property
+    def accepted_lengths(self) -> list[int]:
+        return self.counts.accepted_lengths
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -168,7 +190,7 @@ class LiveMetrics:
 
     @property
     def per_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted)]
+        return self.counts.per_position()
 
     @property
     def tokens_per_s(self) -> float:

@@ -24,7 +24,7 @@ from ..api import wire
 from ..api.events import Failed, Finished, Loading, Started, Step, Trained, Training
 from ..api.metrics import StepTotals
 from ..api.types import GenerateRequest, LoadRequest, RemoteLoadRequest, TrainRequest
-from .http import EngineError, EventStream, RemoteError, Server, _request
+from .http import EngineError, EventStream, RemoteError, Server, request_text
 
 CONTROL = "/specula/v1"
 
@@ -65,17 +65,15 @@ class EngineClient:
     def health(self, timeout: float = 2.0) -> dict | None:
         """The server's state ({"status": ..., "message": ...}); None when it does not answer."""
         try:
-            conn, response = _request(self.server, "GET", self.server.root + "/health", None, timeout)
+            text = request_text(self.server, "GET", self.server.root + "/health", None, timeout)
         except EngineError:
             return None
         except RemoteError as exc:
             return {"status": "starting" if exc.status == 503 else "unreachable", "message": str(exc)}
         try:
-            return json.loads(response.read().decode())
-        except (OSError, ValueError):
+            return json.loads(text)
+        except ValueError:
             return None
-        finally:
-            conn.close()
 
     def call(self, request, request_id: int) -> "Call":
         return Call(self, request, request_id)
@@ -83,8 +81,7 @@ class EngineClient:
     def cancel(self, server_id: int) -> None:
         """Ask the server to cancel one of its requests (best effort)."""
         try:
-            conn, _ = _request(self.server, "POST", f"{self.server.root}{CONTROL}/requests/{server_id}/cancel", {}, 5.0)
-            conn.close()
+            request_text(self.server, "POST", f"{self.server.root}{CONTROL}/requests/{server_id}/cancel", {}, 5.0)
         except RemoteError:
             pass  # it ended meanwhile
 
@@ -207,10 +204,7 @@ class _Seen:
         self.speedup: tuple[float | None, float | None] = (None, None)  # the last step's live speedup and error
 
     def add(self, step: Step) -> None:
-        if step.step == 0:
-            self.stats.prefill_s = step.elapsed_s
-        else:
-            self.stats.add_step(step.drafted, step.accepted, step.draft_s, step.verify_s)
+        self.stats.add(step)
         self.text += "".join(t.text for t in step.tokens)
         self.ids += tuple(t.id for t in step.tokens)
         self.last_step = step.step

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..api.events import Failed, Finished, Loaded, Loading, Origin, Started, Step
-from ..api.metrics import SpeedupSum, count_step
+from ..api.metrics import SpeedupSum, StepTotals
 from ..api.types import GenerateRequest, LoadRequest, RemoteLoadRequest, TrainRequest
 from .runner import Runner
 
@@ -24,12 +24,7 @@ class Counters:
     requests: dict[str, int] = field(default_factory=dict)  # finished, by reason
     prompt_tokens: int = 0
     generation_tokens: int = 0
-    steps: int = 0  # decode steps (target forwards after the prefill)
-    drafts: int = 0  # steps with a draft
-    draft_tokens: int = 0
-    accepted: int = 0
-    drafted_per_position: list[int] = field(default_factory=list)
-    accepted_per_position: list[int] = field(default_factory=list)
+    counts: StepTotals = field(default_factory=StepTotals)  # decode steps (target forwards after the prefill)
     tokens_by_origin: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Origin if o != Origin.REJECTED})
     rejected_tokens: int = 0
     decode_s: float = 0.0  # wall time after the first token, over finished requests
@@ -46,14 +41,33 @@ class Counters:
         self.rejected_tokens += len(step.rejected)
         if step.step == 0:
             return
-        self.steps += 1
+        self.counts.add(step)
         if step.plain_step_s is not None:
             self.plain_step_s = step.plain_step_s
-        if step.drafted:
-            self.drafts += 1
-            self.draft_tokens += step.drafted
-            self.accepted += step.accepted
-            count_step(self.drafted_per_position, self.accepted_per_position, step.drafted, step.accepted)
+
+    @property
+    def steps(self) -> int:
+        return self.counts.steps
+
+    @property
+    def drafts(self) -> int:
+        return self.counts.drafts
+
+    @property
+    def draft_tokens(self) -> int:
+        return self.counts.drafted
+
+    @property
+    def accepted(self) -> int:
+        return self.counts.accepted
+
+    @property
+    def drafted_per_position(self) -> list[int]:
+        return self.counts.pos_drafted
+
+    @property
+    def accepted_per_position(self) -> list[int]:
+        return self.counts.pos_accepted
 
     def add_finished(self, finished: Finished) -> None:
         self.requests[finished.reason] = self.requests.get(finished.reason, 0) + 1
