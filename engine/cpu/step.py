@@ -41,12 +41,6 @@ STEP_MODES = ("auto", "compiled", "eager")
 SOURCE = Path(__file__).parent / "native" / "step.cpp"
 BUILD_TIMEOUT_S = 600
 
-_lock = threading.Lock()
-_ops = None  # torch.ops.specula_step once loaded
-_error: str | None = None  # why it cannot be built here
-_thread: threading.Thread | None = None
-
-
 class Unavailable(Exception):
     """The compiled step cannot be built or loaded here; the message says why, in one line."""
 
@@ -137,83 +131,100 @@ def build() -> Path:
 
 
 def _load(path: Path):
-    global _ops
+    """Load a built library into this process; its operations."""
     torch.ops.load_library(str(path))
-    _ops = torch.ops.specula_step
-    return _ops
+    return torch.ops.specula_step
+
+
+class StepLibrary:
+    """The compiled step of this process: loaded once (torch's operator registry is the process's), or
+    the reason it cannot be, with the background build in between."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.ops = None  # torch.ops.specula_step once loaded
+        self.error: str | None = None  # why it cannot be built here
+        self._thread: threading.Thread | None = None
+
+    def _fail(self, reason: str) -> None:
+        if self.error is None:
+            log.warning("the decoding step stays eager: %s", reason)
+        self.error = reason
+
+    def _build_and_load(self) -> None:
+        for attempt in range(2):
+            try:
+                path = build()
+                with self._lock:
+                    if self.ops is None:
+                        self.ops = _load(path)
+                return
+            except Unavailable as exc:
+                self._fail(str(exc))
+                return
+            except (OSError, RuntimeError) as exc:  # a library that does not load: a damaged file in the cache
+                reason = first_line(exc)
+                if attempt == 0:
+                    log.info("the cached compiled step did not load (%s): building it again", reason)
+                    path.unlink(missing_ok=True)
+                    continue
+                self._fail(f"the compiled step did not load: {reason}")
+
+    def prepare(self, wait: bool) -> None:
+        """Load it now if built; otherwise build it, in the background unless `wait`."""
+        if self.ops is not None or self.error is not None:
+            return
+        cxx = _compiler()
+        if cxx is not None and sys.platform == "linux" and library_path(cxx).is_file():
+            self._build_and_load()
+            return
+        if wait:
+            self._build_and_load()
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._build_and_load, name="specula-compile-step", daemon=True)
+                self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> None:
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def status(self) -> str:
+        if self.ops is not None:
+            return "compiled"
+        if self.error is not None:
+            return f"eager: {self.error}"
+        if self._thread is not None and self._thread.is_alive():
+            return "compiling"
+        return "eager"
+
+
+LIBRARY = StepLibrary()
 
 
 def ops():
     """The loaded library's operations, or None."""
-    return _ops
+    return LIBRARY.ops
 
 
 def error() -> str | None:
     """Why the compiled step is not available here, once a build failed."""
-    return _error
-
-
-def _fail(reason: str) -> None:
-    global _error
-    if _error is None:
-        log.warning("the decoding step stays eager: %s", reason)
-    _error = reason
-
-
-def _build_and_load() -> None:
-    for attempt in range(2):
-        try:
-            path = build()
-            with _lock:
-                if _ops is None:
-                    _load(path)
-            return
-        except Unavailable as exc:
-            _fail(str(exc))
-            return
-        except (OSError, RuntimeError) as exc:  # a library that does not load: a damaged file in the cache
-            reason = first_line(exc)
-            if attempt == 0:
-                log.info("the cached compiled step did not load (%s): building it again", reason)
-                path.unlink(missing_ok=True)
-                continue
-            _fail(f"the compiled step did not load: {reason}")
+    return LIBRARY.error
 
 
 def prepare(wait: bool) -> None:
     """Make the compiled step available: load it now if built; otherwise build it, in the background
     unless `wait`."""
-    global _thread
-    if _ops is not None or _error is not None:
-        return
-    cxx = _compiler()
-    if cxx is not None and sys.platform == "linux":
-        path = library_path(cxx)
-        if path.is_file():
-            _build_and_load()
-            return
-    if wait:
-        _build_and_load()
-        return
-    with _lock:
-        if _thread is None or not _thread.is_alive():
-            _thread = threading.Thread(target=_build_and_load, name="specula-compile-step", daemon=True)
-            _thread.start()
+    LIBRARY.prepare(wait)
 
 
 def wait(timeout: float | None = None) -> None:
     """Wait for a background build (tests, the bench)."""
-    thread = _thread
-    if thread is not None:
-        thread.join(timeout)
+    LIBRARY.wait(timeout)
 
 
 def status() -> str:
     """"compiled", "compiling" or "eager: <why>" (for status lines and the server's status)."""
-    if _ops is not None:
-        return "compiled"
-    if _error is not None:
-        return f"eager: {_error}"
-    if _thread is not None and _thread.is_alive():
-        return "compiling"
-    return "eager"
+    return LIBRARY.status()

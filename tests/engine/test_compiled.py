@@ -104,9 +104,7 @@ def test_the_mode_is_chosen_per_answer_and_eager_stays_eager(ops):
 
 
 def test_without_a_compiler_it_says_why_once_and_stays_eager(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(compiled, "_ops", None)
-    monkeypatch.setattr(compiled, "_error", None)
-    monkeypatch.setattr(compiled, "_thread", None)
+    monkeypatch.setattr(compiled, "LIBRARY", compiled.StepLibrary())  # nothing loaded or tried yet
     monkeypatch.setenv("CXX", "")
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler on it
     with pytest.raises(compiled.Unavailable, match="no C\\+\\+ compiler found"):
@@ -174,9 +172,7 @@ def test_a_damaged_library_in_the_cache_is_built_again(monkeypatch, tmp_path):
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip("no C++ compiler here")
     monkeypatch.setenv("SPECULA_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(compiled, "_ops", None)
-    monkeypatch.setattr(compiled, "_error", None)
-    monkeypatch.setattr(compiled, "_thread", None)
+    monkeypatch.setattr(compiled, "LIBRARY", compiled.StepLibrary())  # nothing loaded or tried yet
 
     def load(path):  # as torch.ops.load_library reads a file (this process has the real library already)
         if not path.read_bytes().startswith(b"\x7fELF"):
