@@ -9,12 +9,12 @@ import signal
 import sys
 from dataclasses import replace
 
+from ..api.backend import Backend
 from ..api.errors import SpeculaError, terminal_safe
 from ..api.events import Finished, Origin, Step
 from ..api.metrics import speedup_text
 from ..api.prompts import Message, conversation
 from ..api.types import GenerateRequest
-from ..serving.session import Session
 from .common import decode_config, open_backend, strategy_options
 
 COLOURS = {
@@ -38,7 +38,7 @@ def run_chat(args) -> int:
     config = decode_config(args)
     colour = sys.stdout.isatty()
     say = lambda text: print(f"[{text}]", file=sys.stderr)  # noqa: E731
-    session, loaded = open_backend(args, say)
+    backend, loaded = open_backend(args, say)
     strategy = args.strategy
     print(f"{loaded.target} on {loaded.device} ({loaded.weights or loaded.dtype}). Strategy: {strategy}. {HELP}")
     if colour:
@@ -81,12 +81,12 @@ def run_chat(args) -> int:
             continue
         messages = conversation(line, args.system, history)
         request = GenerateRequest(messages, strategy, config, True, strategy_options(args))
-        finished = _reply(session, request, colour)
+        finished = _reply(backend, request, colour)
         if finished is not None:
             history = messages[1 if args.system else 0 :] + (Message("assistant", finished.text),)
 
 
-def _reply(session: Session, request: GenerateRequest, colour: bool) -> Finished | None:
+def _reply(backend: Backend, request: GenerateRequest, colour: bool) -> Finished | None:
     stop = [False]
 
     def on_interrupt(signum, frame) -> None:
@@ -95,7 +95,7 @@ def _reply(session: Session, request: GenerateRequest, colour: bool) -> Finished
     previous = signal.signal(signal.SIGINT, on_interrupt)
     finished = None
     try:
-        for event in session.generate(request, should_stop=lambda: stop[0]):
+        for event in backend.generate(request, should_stop=lambda: stop[0]):
             if isinstance(event, Step):
                 sys.stdout.write(_paint(event, colour))
                 sys.stdout.flush()

@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..api.backend import Backend
 from ..api.errors import SpeculaError
 from ..api.events import Loaded
 from ..api.strategies import STRATEGIES, STRATEGY_OPTIONS, request_options
@@ -82,7 +83,7 @@ def read_prompts(path: Path) -> list[PromptItem]:
     return items
 
 
-def open_backend(args, progress, measure_baseline: bool = True) -> tuple[Session | RemoteBackend, Loaded]:
+def open_backend(args, progress, measure_baseline: bool = True) -> tuple[Backend, Loaded]:
     """The backend the flags ask for, loaded: a server (--backend remote) or the local engine with the
     model, whose strategy is built once here so that an unusable one fails before any answer."""
     if args.backend == "remote":

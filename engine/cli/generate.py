@@ -4,25 +4,25 @@ from __future__ import annotations
 
 import sys
 
+from ..api.backend import Backend
 from ..api.errors import SpeculaError, terminal_safe
 from ..api.events import Finished, Step
 from ..api.metrics import SpeedupSum, speedup_text
 from ..api.prompts import Message, conversation
 from ..api.types import DecodeConfig, GenerateRequest
-from ..serving.session import Session
 from .common import PromptItem, decode_config, json_line, open_backend, read_prompts, strategy_options
 
 
 def run_generate(args) -> int:
     config = decode_config(args)  # bad numbers fail before any model loads
     items = [PromptItem((args.prompt,))] if args.prompt is not None else read_prompts(args.prompts)
-    session, _ = open_backend(args, _progress(args), measure_baseline=False)
+    backend, _ = open_backend(args, _progress(args), measure_baseline=False)
     if args.backend == "remote":
         args.chat = True  # the server speaks chat
     failures = 0
     for item in items:
         try:
-            record = answer(session, item, args, config)
+            record = answer(backend, item, args, config)
         except SpeculaError as exc:
             failures += 1
             where = f"prompt {item.question_id}: " if item.question_id is not None else ""
@@ -39,22 +39,22 @@ def _progress(args):
     return lambda text: print(f"[{text}]", file=sys.stderr, flush=True)
 
 
-def answer(session: Session, item: PromptItem, args, config: DecodeConfig) -> dict:
+def answer(backend: Backend, item: PromptItem, args, config: DecodeConfig) -> dict:
     """Run every turn of one prompt; each later turn follows the model's own previous answer."""
     history: tuple[Message, ...] = ()
     turns: list[Finished] = []
     for text in item.turns:
         messages = conversation(text, args.system, history)
         request = GenerateRequest(messages, args.strategy, config, args.chat, strategy_options(args))
-        finished = _run_turn(session, request, stream=not args.json)
+        finished = _run_turn(backend, request, stream=not args.json)
         turns.append(finished)
         history = messages[1 if args.system else 0 :] + (Message("assistant", finished.text),)
     return _record(item, args.strategy, turns)
 
 
-def _run_turn(session: Session, request: GenerateRequest, stream: bool) -> Finished:
+def _run_turn(backend: Backend, request: GenerateRequest, stream: bool) -> Finished:
     finished = None
-    for event in session.generate(request):
+    for event in backend.generate(request):
         if stream and isinstance(event, Step):
             sys.stdout.write(terminal_safe("".join(t.text for t in event.tokens)))
             sys.stdout.flush()

@@ -21,6 +21,7 @@ import threading
 from dataclasses import replace
 from typing import Callable
 
+from ..api.backend import Backend
 from ..api.errors import SpeculaError
 from ..api.events import Failed, Finished, Loading, Totals, Training
 from ..api.types import GenerateRequest, LoadRequest, RemoteLoadRequest, TrainRequest
@@ -46,7 +47,7 @@ def describe_error(exc: BaseException) -> str:
 class Runner:
     def __init__(self, sink: Callable[[object], None] | None = None, session: Session | None = None) -> None:
         self.session = session or Session()  # the local engine
-        self.backend = self.session  # what generates: the local session or a remote server (RemoteBackend)
+        self.backend: Backend = self.session  # what generates: the local session or a remote server
         self.events: queue.Queue = queue.Queue()
         self._sink = sink or self.events.put
         self._jobs: queue.Queue = queue.Queue()
@@ -139,7 +140,7 @@ class Runner:
         """Load a local model or connect to a server; a failure keeps the backend in use before it."""
         say = lambda text: self._sink(Loading(rid, text))  # noqa: E731
         if isinstance(request, RemoteLoadRequest):
-            backend = RemoteBackend()
+            backend: Backend = RemoteBackend()
             loaded = backend.load(request, say)
             self.session.unload()  # the local model's memory is given back; loading it again reloads
         else:
