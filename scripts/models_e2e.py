@@ -49,6 +49,10 @@ state = {"phase": "start"}
 def shot(name, widget=None):
     (widget or w).grab().save(str(SHOTS / f"{name}.png"), "PNG")
     print("shot", SHOTS / f"{name}.png", flush=True)
+def also_after(view, name, also):
+    """`also(*args)` runs after the view's method `name` ran with them (the view reports on the GUI thread)."""
+    method = getattr(type(view), name)
+    setattr(view, name, lambda *args: (method(view, *args), also(*args)))
 def on_ready():
     if state["phase"] == "start":
         state["phase"] = "download"
@@ -57,8 +61,9 @@ def on_ready():
         def progress(done, total):
             if state["phase"] == "download" and done > total // 3:
                 state["phase"] = "cancelling"; shot("progress", v); v.cancel_download()
-        v._relay.progress.connect(progress)
-        v._relay.downloaded.connect(downloaded)
+        also_after(v, "_show_progress", progress)
+        also_after(v, "_downloaded", downloaded)
+        also_after(v, "_download_failed", downloaded)  # a cancel ends here
         QTimer.singleShot(500, lambda: v.download_button.click())
     elif state["phase"] == "using":
         state["phase"] = "chat"

@@ -1,24 +1,21 @@
 """Models on this machine and on the Hugging Face Hub, without torch: what the app lists, describes,
 downloads (resumably, with progress and cancel) and removes.
 
-Downloads go into the normal Hugging Face cache (blobs named by ETag, snapshots of symlinks, refs/main), so
-`huggingface_hub` and transformers find them. Each file is fetched into `blobs/<etag>.incomplete`, which a later
-download resumes with a Range request after a cancel, a crash or a dropped connection. HF_ENDPOINT, HF_HOME,
-HF_HUB_CACHE and HF_HUB_OFFLINE are read on every call, not once at import.
+Downloads go through huggingface_hub into its cache, laid out as it lays it out, so it and transformers find them.
+A cancelled or broken download keeps its bytes in `blobs/<etag>.incomplete` and the next one resumes them with a
+Range request. HF_ENDPOINT, HF_HOME, HF_HUB_CACHE and HF_HUB_OFFLINE are read on every call, not once at import.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
-import importlib
 import json
 import mmap
 import os
 import re
 import shutil
 import struct
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable
@@ -33,7 +30,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # PyTorch .bin weights only where a repository has no safetensors
 _SNAPSHOT_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja")
 _CHUNK = 64 * 1024  # progress and should_stop() come at least this often
-_RETRIES = 4  # a dropped connection is resumed this many times in a row before the download fails
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
 
@@ -340,11 +336,10 @@ def _folder_vocab_key(file: Path, added: Path) -> str:
 
 
 # -- GGUF metadata ---------------------------------------------------------------------------------------
+# Read here, not with gguf.GGUFReader: that builds every field, the tokenizer's merges included, before answering
+# (about 4 s for the bundled model's header against 0.14 s here), and a listing reads every cached GGUF.
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
-               12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
-               30: "IQ4_XS", 32: "BF16"}
 
 
 def gguf_metadata(path: Path, keep: Callable[[str], bool]) -> dict:
@@ -410,12 +405,24 @@ def _describe_gguf(path: Path, source: str, name: str, where: str) -> ModelEntry
     return ModelEntry(
         source=source, name=name, where=where, path=str(path), size_bytes=stat.st_size, architecture=arch,
         context_length=int(context) if isinstance(context, int) else 0,
-        quantization=_FILE_TYPES.get(file_type, "") if isinstance(file_type, int) else "",
+        quantization=_file_type_name(file_type),
         vocab_key=_VOCAB_KEYS[stamp],
     )
 
 
+def _file_type_name(file_type) -> str:
+    """A GGUF's general.file_type by its llama.cpp name ("Q4_1", "Q4_K_M", "F16"); "" for an unknown one."""
+    from gguf import LlamaFileType
+
+    try:
+        return LlamaFileType(file_type).name.split("_", 1)[1] if isinstance(file_type, int) else ""
+    except (ValueError, IndexError):  # a type newer than the gguf package, or GUESSED
+        return ""
+
+
 # -- the Hub ---------------------------------------------------------------------------------------------
+# What huggingface_hub lacks: hf_hub_download deletes a stopped download's partial file, so a cancel starts it over;
+# each file's bytes go through its http_get into a kept blobs/<etag>.incomplete, then hf_hub_download places the blob.
 
 
 def _repo_info(repo_id: str):
@@ -431,13 +438,16 @@ def _repo_info(repo_id: str):
     try:
         return HfApi(endpoint=endpoint).model_info(repo_id, files_metadata=True, timeout=20)
     except GatedRepoError:
-        raise SpeculaError(f"'{repo_id}' is gated: accept its licence on the Hub, then log in with "
-                           "`hf auth login`") from None
+        raise SpeculaError(_gated(repo_id)) from None
     except RepositoryNotFoundError:
         raise SpeculaError(f"'{repo_id}' is not on the Hub at {endpoint} (or it is private: log in with "
                            "`hf auth login`)") from None
     except Exception as exc:  # the HTTP client's and huggingface_hub's errors, of several types
         raise SpeculaError(f"cannot reach the Hub at {endpoint} for '{repo_id}': {first_line(exc)}") from None
+
+
+def _gated(repo_id: str) -> str:
+    return f"'{repo_id}' is gated: accept its licence on the Hub, then log in with `hf auth login`"
 
 
 def gguf_files(repo_id: str) -> list[tuple[str, int]]:
@@ -446,13 +456,20 @@ def gguf_files(repo_id: str) -> list[tuple[str, int]]:
     return sorted((s.rfilename, int(s.size or 0)) for s in info.siblings or () if s.rfilename.lower().endswith(".gguf"))
 
 
-def _snapshot_files(siblings: list) -> list:
-    names = [s.rfilename for s in siblings]
+def _files_to_fetch(repo_id: str, siblings: list, filename: str | None) -> list:
+    """The repository files a download fetches: `filename` alone, or the files the app loads with config.json last
+    (a snapshot with a config is a complete one: list_models shows only those)."""
+    if filename is not None:
+        chosen = [s for s in siblings if s.rfilename == filename]
+        if not chosen:
+            raise SpeculaError(f"'{repo_id}' has no file '{filename}'")
+        return chosen
     patterns = _SNAPSHOT_FILES
-    if not any(n.endswith(".safetensors") for n in names):
+    if not any(s.rfilename.endswith(".safetensors") for s in siblings):
         patterns = patterns + ("*.bin",)
     chosen = [s for s in siblings if any(fnmatch.fnmatch(s.rfilename, p) for p in patterns)]
-    # config.json last: a snapshot with a config is a complete one (list_models shows only those)
+    if not chosen:
+        raise SpeculaError(f"'{repo_id}' holds no model files to download")
     return sorted(chosen, key=lambda s: (s.rfilename == "config.json", s.rfilename))
 
 
@@ -461,76 +478,75 @@ def download(repo_id: str, filename: str | None = None, on_progress: Callable[[i
     """Download a model snapshot (the files the app loads) or one file of it into the Hugging Face cache and return
     its local path. `on_progress(done, total)` in bytes and `should_stop()` (True raises Cancelled) are called
     from this thread every 64 KB; an interrupted download resumes where it stopped."""
-    from huggingface_hub.utils import build_hf_headers, get_session
+    from huggingface_hub import constants
 
     info = _repo_info(repo_id)
-    siblings = list(info.siblings or ())
-    if filename is None:
-        files = _snapshot_files(siblings)
-        if not files:
-            raise SpeculaError(f"'{repo_id}' holds no model files to download")
-    else:
-        files = [s for s in siblings if s.rfilename == filename]
-        if not files:
-            raise SpeculaError(f"'{repo_id}' has no file '{filename}'")
-    commit = info.sha
-    if not commit:
-        raise SpeculaError(f"the Hub at {hub_endpoint()} gave no commit for '{repo_id}'")
-    storage = hub_cache() / f"models--{repo_id.replace('/', '--')}"
-    snapshot = storage / "snapshots" / commit
-    total = sum(int(s.size or 0) for s in files)
-    done = 0
-    report = on_progress or (lambda done, total: None)
-    stop = should_stop or (lambda: False)
-    session = get_session()
-    http = importlib.import_module(type(session).__module__.split(".")[0])  # httpx or httpx2
+    files = _files_to_fetch(repo_id, list(info.siblings or ()), filename)
+    progress = _Progress(sum(int(s.size or 0) for s in files), on_progress, should_stop, repo_id)
+    # huggingface_hub hands its progress bar one piece of DOWNLOAD_CHUNK_SIZE (10 MB): too seldom to cancel promptly
+    constants.DOWNLOAD_CHUNK_SIZE = _CHUNK
     try:
-        (storage / "refs").mkdir(parents=True, exist_ok=True)
-        (storage / "refs" / "main").write_text(commit)
-        headers = build_hf_headers()
         for sibling in files:
-            if stop():
-                raise Cancelled(f"download of {repo_id} cancelled")
-            size = int(sibling.size or 0)
-            etag = sibling.lfs.sha256 if sibling.lfs else sibling.blob_id
-            if not etag:
-                raise SpeculaError(f"the Hub at {hub_endpoint()} gave no blob id for {repo_id}/{sibling.rfilename}")
-            pointer = snapshot / sibling.rfilename
-            blob = storage / "blobs" / etag
-            if not pointer.exists():
-                if not blob.exists():
-                    url = f"{hub_endpoint()}/{repo_id}/resolve/{commit}/{_quote(sibling.rfilename)}"
-                    _fetch_blob(session, http, url, headers, blob, size, bool(sibling.lfs),
-                                lambda n: report(done + n, total), stop, f"{repo_id}/{sibling.rfilename}")
-                _link(blob, pointer)
-            done += size
-            report(done, total)
+            progress.check()
+            path = _fetch(repo_id, sibling.rfilename, progress)
+            progress.finished(int(sibling.size or 0))
     except (Cancelled, SpeculaError):
         raise
-    except OSError as exc:
-        raise SpeculaError(f"cannot write the download of '{repo_id}' to {storage}: {first_line(exc)}") from None
-    return str(snapshot if filename is None else snapshot / filename)
+    except Exception as exc:  # huggingface_hub's, the HTTP client's and the disk's errors, of several types
+        raise _failure(repo_id, exc) from None
+    if filename is not None:
+        return path
+    return str(Path(path).parents[files[-1].rfilename.count("/")])  # the snapshot folder the last file went into
 
 
-def _quote(filename: str) -> str:
-    from urllib.parse import quote
+def _failure(repo_id: str, exc: Exception) -> SpeculaError:
+    """The one-line error for a download that failed: the repository is gated, the disk failed, or the Hub did."""
+    from huggingface_hub import errors
 
-    return quote(filename, safe="/")
+    if isinstance(exc, errors.GatedRepoError):
+        return SpeculaError(_gated(repo_id))
+    remote = (errors.HfHubHTTPError, errors.EntryNotFoundError, ConnectionError)  # OSErrors that are not the disk's
+    if isinstance(exc, OSError) and not isinstance(exc, remote):
+        return SpeculaError(f"cannot write the download of '{repo_id}' to {hub_cache()}: {first_line(exc)}")
+    return SpeculaError(f"cannot download '{repo_id}' from {hub_endpoint()}: {first_line(exc)} (run the download "
+                        "again to resume it)")
 
 
-def _fetch_blob(session, http, url: str, headers: dict, blob: Path, size: int, is_lfs: bool,
-                report: Callable[[int], None], stop: Callable[[], bool], what: str) -> None:
-    """Fetch one file into `blob`, appending to `blob.incomplete` from where an earlier attempt left it."""
-    from filelock import FileLock, Timeout
+def _fetch(repo_id: str, name: str, progress: _Progress) -> str:
+    """One file of the repository into the cache (resumed where an earlier try stopped); its snapshot path."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.file_download import repo_folder_name
 
+    cache, endpoint = hub_cache(), hub_endpoint()
+    meta = get_hf_file_metadata(hf_hub_url(repo_id, name, endpoint=endpoint))
+    storage = cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+    if meta.etag and meta.commit_hash and not (storage / "snapshots" / meta.commit_hash / name).exists():
+        _fetch_blob(meta, storage, f"{repo_id}/{name}", progress.bar)
+    return hf_hub_download(repo_id, name, cache_dir=cache, endpoint=endpoint, tqdm_class=progress.bar)
+
+
+def _fetch_blob(meta, storage: Path, what: str, bar: type) -> None:
+    """The file's bytes into blobs/<etag>, appended to blobs/<etag>.incomplete from where an earlier try left it; that
+    partial file outlives a cancel, a crash or a dropped connection."""
+    from filelock import Timeout
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import WeakFileLock, build_hf_headers
+
+    blob = storage / "blobs" / meta.etag
     part = blob.with_name(blob.name + ".incomplete")
+    lock = storage.parent / ".locks" / storage.name / f"{meta.etag}.lock"  # where hf_hub_download locks this blob
     blob.parent.mkdir(parents=True, exist_ok=True)
-    lock = blob.parents[2] / ".locks" / blob.parents[1].name / f"{blob.name}.lock"  # where huggingface_hub locks
     lock.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with FileLock(str(lock), timeout=0):
-            _fetch_part(session, http, url, headers, part, size, report, stop, what)
-            if is_lfs and _sha256(part, stop, what) != blob.name:
+        with WeakFileLock(lock, timeout=1):
+            if blob.exists():
+                return
+            if meta.size is not None and part.exists() and part.stat().st_size > meta.size:
+                part.unlink()
+            with open(part, "ab") as out:
+                http_get(meta.location, out, resume_size=out.tell(), headers=build_hf_headers(),
+                         expected_size=meta.size, displayed_filename=what, tqdm_class=bar)
+            if len(meta.etag) == 64 and _sha256(part) != meta.etag:  # an LFS file's etag is its sha256
                 part.unlink()
                 raise SpeculaError(f"the download of {what} was corrupted (checksum mismatch): run it again")
             os.replace(part, blob)
@@ -538,74 +554,49 @@ def _fetch_blob(session, http, url: str, headers: dict, blob: Path, size: int, i
         raise SpeculaError(f"{what} is already being downloaded") from None
 
 
-def _fetch_part(session, http, url: str, headers: dict, part: Path, size: int, report: Callable[[int], None],
-                stop: Callable[[], bool], what: str) -> None:
-    """Append to `part` until it holds `size` bytes, resuming with Range requests after a dropped connection."""
-    from huggingface_hub.errors import GatedRepoError
-    from huggingface_hub.utils import hf_raise_for_status
-
-    part.touch()
-    failures = 0
-    while True:
-        have = part.stat().st_size
-        if have > size:
-            part.write_bytes(b"")
-            have = 0
-        report(have)
-        if have == size:
-            break
-        request = dict(headers, **({"Range": f"bytes={have}-"} if have else {}))
-        start = have
-        try:
-            with session.stream("GET", url, headers=request, follow_redirects=True,
-                                timeout=http.Timeout(30.0, read=60.0)) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    hf_raise_for_status(response)
-                with open(part, "ab" if have and response.status_code == 206 else "wb") as out:
-                    if response.status_code != 206:
-                        have = 0
-                    for chunk in response.iter_bytes(_CHUNK):
-                        out.write(chunk)
-                        have += len(chunk)
-                        report(have)
-                        if stop():
-                            raise Cancelled(f"download of {what} cancelled")
-            if have > size:
-                raise SpeculaError(f"cannot download {what}: the Hub sent {have} bytes, {size} expected")
-            if have < size:
-                raise http.RemoteProtocolError(f"the connection closed after {have} of {size} bytes")
-        except http.TransportError as exc:
-            failures = 1 if have > start else failures + 1
-            if failures > _RETRIES:
-                raise SpeculaError(f"cannot download {what}: {first_line(exc)} (run the download again to "
-                                   "resume it)") from None
-            time.sleep(0.2 * failures)
-        except (Cancelled, SpeculaError):
-            raise
-        except GatedRepoError:
-            raise SpeculaError(f"{what} is gated: accept its licence on the Hub, then log in with "
-                               "`hf auth login`") from None
-        except Exception as exc:  # HTTP errors from the Hub
-            raise SpeculaError(f"cannot download {what}: {first_line(exc)}") from None
-
-
-def _sha256(path: Path, stop: Callable[[], bool], what: str) -> str:
-    digest = hashlib.sha256()
+def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-            if stop():
-                raise Cancelled(f"download of {what} cancelled")
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _link(blob: Path, pointer: Path) -> None:
-    """The snapshot's entry for a blob: a relative symlink, or the blob moved there where links are not allowed."""
-    pointer.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.symlink(os.path.relpath(blob, pointer.parent), pointer)
-    except FileExistsError:
-        pass
-    except OSError:
-        shutil.copyfile(blob, pointer)
+class _Progress:
+    """One download's bytes, done of its total across its files, for on_progress; should_stop() raises Cancelled.
+    `bar` is the tqdm class huggingface_hub reports each file's bytes to (and so where a cancel interrupts it)."""
+
+    def __init__(self, total: int, on_progress: Callable[[int, int], None] | None,
+                 should_stop: Callable[[], bool] | None, what: str):
+        self.total = total
+        self.done = 0  # the bytes of the files finished
+        self.report = on_progress or (lambda done, total: None)
+        self.stop = should_stop or (lambda: False)
+        self.what = what
+        self.bar = _bar_class(self)
+
+    def check(self) -> None:
+        if self.stop():
+            raise Cancelled(f"download of {self.what} cancelled")
+
+    def show(self, file_done: int) -> None:
+        self.report(self.done + file_done, self.total)
+
+    def finished(self, size: int) -> None:
+        self.done += size
+        self.report(self.done, self.total)
+
+
+def _bar_class(progress: _Progress) -> type:
+    """A silent tqdm for huggingface_hub. Its update(n) comes before the n bytes are written, so it checks for a
+    cancel first: what it showed last is then what is on disk, and the next download resumes from there."""
+    from tqdm import tqdm
+
+    class Bar(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": True})
+            progress.show(self.n)
+
+        def update(self, n: float | None = 1) -> None:
+            progress.check()
+            self.n += int(n or 0)
+            progress.show(self.n)
+
+    return Bar
