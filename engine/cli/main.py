@@ -197,30 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "strategies":
             return _strategies(args)
-        if args.command == "generate":
-            from .generate import run_generate
-
-            return run_generate(args)
-        if args.command == "bench":
-            from .bench.command import run_bench_cmd
-
-            return run_bench_cmd(args)
-        if args.command == "chat":
-            from .chat import run_chat
-
-            return run_chat(args)
-        if args.command == "export":
-            from .export import run_export
-
-            return run_export(args)
-        if args.command == "serve":
-            from .serve import run_serve
-
-            return run_serve(args)
-        if args.command == "train-head":
-            from .train import run_train_cmd
-
-            return run_train_cmd(args)
+        return _subcommand(args.command)(args)
     except SpeculaError as exc:
         print(f"specula: error: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -235,6 +212,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specula: error: {terminal_safe(describe_error(exc))}", file=sys.stderr)
         return 1
     return 0
+
+
+def _subcommand(name: str):
+    """The function that runs a subcommand; its module is imported only then, so that `specula --help` and
+    `specula strategies` load no torch."""
+    if name == "generate":
+        from .generate import run_generate as run
+    elif name == "bench":
+        from .bench.command import run_bench_cmd as run
+    elif name == "chat":
+        from .chat import run_chat as run
+    elif name == "export":
+        from .export import run_export as run
+    elif name == "serve":
+        from .serve import run_serve as run
+    else:
+        from .train import run_train_cmd as run
+    return run
 
 
 def _strategies(args) -> int:

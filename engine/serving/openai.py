@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints,
-                      ValidationError, ValidationInfo, WrapValidator, create_model, field_validator,
-                      model_validator)
+                      ValidationError, ValidationInfo, WrapValidator, create_model, model_validator)
 from pydantic_core import PydanticCustomError
 
 from ..api.errors import SpeculaError
@@ -358,57 +357,16 @@ Prompt = Annotated[NonEmpty | Annotated[list[NonEmpty], Field(min_length=1, max_
                    _says("'prompt' must be a non-empty string (one prompt per request)", "prompt")]
 
 
-class ChatCompletionRequest(_Body):
-    """POST /v1/chat/completions."""
+class _Generation(_Body):
+    """What the chat and completion endpoints share: the OpenAI fields refused, then the sampling and
+    streaming settings. (Fields are checked in this order, the endpoint's own after these.)"""
 
     n: OneChoice = None
     presence_penalty: PresencePenalty = None
     frequency_penalty: FrequencyPenalty = None
     logit_bias: LogitBias = None
     logprobs: Logprobs = None
-    tools: Tools = None
-    response_format: ResponseFormat = None
     user: User = None
-    top_logprobs: TopLogprobs = None
-    messages: Messages = _required()
-    stream: Flag = None
-    stream_options: Streaming = None
-    specula: Extension = None
-    max_completion_tokens: Count = None
-    max_tokens: Count = None
-    temperature: Temperature = None
-    top_p: TopP = None
-    top_k: TopK = None
-    seed: Seed = None
-    model: ModelName = None
-    stop: Stop = None
-    tool_choice: Any = None  # accepted, not read: no tools are
-    parallel_tool_calls: Any = None
-
-    @field_validator("max_tokens", mode="wrap")
-    @classmethod
-    def _unread(cls, value: object, handler: Callable, info: ValidationInfo) -> object:
-        """max_completion_tokens replaces max_tokens: when it is given, max_tokens is neither read nor checked."""
-        return None if info.data.get("max_completion_tokens") is not None else handler(value)
-
-    @property
-    def max_new_tokens(self) -> int | None:
-        return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
-
-
-class CompletionRequest(_Body):
-    """POST /v1/completions: one prompt."""
-
-    n: OneChoice = None
-    presence_penalty: PresencePenalty = None
-    frequency_penalty: FrequencyPenalty = None
-    logit_bias: LogitBias = None
-    logprobs: Logprobs = None
-    echo: Echo = None
-    suffix: Echo = None
-    best_of: BestOf = None
-    user: User = None
-    prompt: Prompt = _required()
     stream: Flag = None
     stream_options: Streaming = None
     specula: Extension = None
@@ -423,6 +381,39 @@ class CompletionRequest(_Body):
     @property
     def max_new_tokens(self) -> int | None:
         return self.max_tokens
+
+
+class ChatCompletionRequest(_Generation):
+    """POST /v1/chat/completions."""
+
+    tools: Tools = None
+    response_format: ResponseFormat = None
+    top_logprobs: TopLogprobs = None
+    messages: Messages = _required()
+    max_completion_tokens: Count = None
+    tool_choice: Any = None  # accepted, not read: no tools are
+    parallel_tool_calls: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unread(cls, body: object) -> object:
+        """max_completion_tokens replaces max_tokens: when it is given, max_tokens is neither read nor checked."""
+        if isinstance(body, dict) and body.get("max_completion_tokens") is not None and "max_tokens" in body:
+            return {name: value for name, value in body.items() if name != "max_tokens"}
+        return body
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
+
+
+class CompletionRequest(_Generation):
+    """POST /v1/completions: one prompt."""
+
+    echo: Echo = None
+    suffix: Echo = None
+    best_of: BestOf = None
+    prompt: Prompt = _required()
 
     @property
     def text(self) -> str:

@@ -52,18 +52,18 @@ def _vllm_families(service: EngineService, model: str) -> Iterator[Metric]:
     yield _one("counter", "vllm:generation_tokens", "Tokens generated.", model, c.generation_tokens)
     yield _by("counter", "vllm:request_success", "Requests finished, by reason.", model, "finished_reason",
               dict(sorted(c.requests.items())))
-    yield _one("counter", "vllm:spec_decode_num_drafts", "Decode steps with a draft.", model, c.drafts)
-    yield _one("counter", "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", model, c.draft_tokens)
-    yield _one("counter", "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", model, c.accepted)
+    yield _one("counter", "vllm:spec_decode_num_drafts", "Decode steps with a draft.", model, c.counts.drafts)
+    yield _one("counter", "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", model, c.counts.drafted)
+    yield _one("counter", "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", model, c.counts.accepted)
     yield _by("counter", "vllm:spec_decode_num_accepted_tokens_per_pos",
               "Draft tokens accepted at each draft position.", model, "position",
-              dict(enumerate(c.accepted_per_position)))
+              dict(enumerate(c.counts.pos_accepted)))
 
 
 def _specula_families(service: EngineService, model: str) -> Iterator[Metric]:
     """Specula's own series: origins, rejections, decoding time and the live speedup."""
     c = service.counters
-    yield _one("counter", "specula_steps", "Decode steps (target forwards after the prefill).", model, c.steps)
+    yield _one("counter", "specula_steps", "Decode steps (target forwards after the prefill).", model, c.counts.steps)
     yield _by("counter", "specula_tokens", "Tokens generated, by origin.", model, "origin",
               dict(sorted(c.tokens_by_origin.items())))
     yield _one("counter", "specula_rejected_tokens", "Draft tokens shown as rejected.", model, c.rejected_tokens)

@@ -45,30 +45,6 @@ class Counters:
         if step.plain_step_s is not None:
             self.plain_step_s = step.plain_step_s
 
-    @property
-    def steps(self) -> int:
-        return self.counts.steps
-
-    @property
-    def drafts(self) -> int:
-        return self.counts.drafts
-
-    @property
-    def draft_tokens(self) -> int:
-        return self.counts.drafted
-
-    @property
-    def accepted(self) -> int:
-        return self.counts.accepted
-
-    @property
-    def drafted_per_position(self) -> list[int]:
-        return self.counts.pos_drafted
-
-    @property
-    def accepted_per_position(self) -> list[int]:
-        return self.counts.pos_accepted
-
     def add_finished(self, finished: Finished) -> None:
         self.requests[finished.reason] = self.requests.get(finished.reason, 0) + 1
         self.decode_s += finished.totals.decode_s
