@@ -1,5 +1,7 @@
-"""Engine events as JSON and back: the `specula` extension of `specula serve`'s streams, written by the
-server (`server/api.py`) and read by its client (`client.py`). Torch-free.
+"""Requests and engine events as JSON: a GenerateRequest as an OpenAI request body (`request_body`, sent
+by Specula's own client and by the remote backend to any server), and the events in the `specula`
+extension of `specula serve`'s streams, written by the server (`serving/routes.py`) and read by its
+client (`remote/client.py`). Torch-free.
 
 A stream's first chunk carries `Started`, each step's chunk a `Step` (its tokens with their origin, the
 rejected drafts, the draft and verify times), the last chunk `Finished` (the engine's own reason, the
@@ -12,8 +14,35 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 
 from .events import BaselineCost, Capabilities, Finished, Loaded, Origin, ServerStats, Started, Step, Token, Totals
+from .types import GenerateRequest
 
 _TOTALS = tuple(f.name for f in fields(Totals))
+
+
+def request_body(request: GenerateRequest) -> dict:
+    """The OpenAI body every server reads for a request: the chat's messages (or, without the chat
+    template, the turns as one prompt, as prompts.encode joins them), the length and sampling settings,
+    streamed. Each sender adds what its server takes beyond that."""
+    config, params = request.config, request.config.params
+    body: dict = {"max_tokens": config.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+                  "stream": True}
+    if config.seed is not None:
+        body["seed"] = config.seed
+    if request.chat:
+        body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+    else:
+        body["prompt"] = "\n\n".join(m.content for m in request.messages)
+    return body
+
+
+def extension_json(request: GenerateRequest) -> dict:
+    """The `specula` object of a request to Specula's own server: the strategy, its draft length and options."""
+    config = request.config
+    ext = {"strategy": request.strategy, "k": config.k, "adaptive_k": config.adaptive_k, "k_max": config.k_max,
+           "options": dict(request.options)}
+    if config.token_probs:
+        ext["token_probs"] = True
+    return ext
 
 
 def token_json(token: Token) -> dict:

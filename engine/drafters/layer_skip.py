@@ -15,11 +15,7 @@ class LayerSkip(ModelDrafter):
 
     @classmethod
     def build(cls, target, draft=None, exit_layer: int | None = None, **options) -> "LayerSkip":
-        if not target.uses_lean_forward:
-            raise UnsupportedModelError(
-                f"layer-skip supports the Llama family (Llama, Qwen2/3, Mistral, SmolLM), "
-                f"not '{target.model.config.model_type}'"
-            )
+        target.require_lean("layer-skip")
         n = target.model.config.num_hidden_layers
         exit_layer = exit_layer or max(1, n // 2)
         if not 1 <= exit_layer < n:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch.nn as nn
 
-from ..api.errors import SpeculaError, UnsupportedModelError, first_line
+from ..api.errors import SpeculaError, first_line
 from ..api.paths import data_dir
 from .config import FORMAT, HeadInfo, target_fingerprint, vocabulary_fingerprint
 from .eagle import EagleHead
@@ -74,10 +74,7 @@ def head_folders() -> list[Path]:
 def head_for_strategy(target, head, kind: str, make: str) -> nn.Module:
     """The `kind` head in folder `head` for a strategy of that name, with the messages a user can act on
     when the model is not Llama-family or no head was given (`make`: how to train one)."""
-    if not target.uses_lean_forward:
-        raise UnsupportedModelError(
-            f"{kind} supports the Llama family (Llama, Qwen2/3, Mistral, SmolLM), not '{target.model.config.model_type}'"
-        )
+    target.require_lean(kind)
     if head is None:
         raise SpeculaError(f"strategy '{kind}' needs {make}")
     return load_head(Path(head), target, kind=kind)[0]

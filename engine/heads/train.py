@@ -553,8 +553,7 @@ def run_training(target, o: TrainOptions, say: Callable[[str], None] = lambda s:
     # answers at most half the window long, so prompts fit beside them
     o = TrainOptions(**{**o.__dict__, "out": out, "max_new_tokens": min(o.max_new_tokens, target.context_window // 2)})
     check_options(o)
-    if not target.uses_lean_forward:
-        raise SpeculaError(f"draft heads need a Llama-family model (Llama, Qwen2/3, Mistral, SmolLM), not '{target.model.config.model_type}'")
+    target.require_lean("training a draft head")
 
     def report(text: str) -> None:
         if should_stop():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..api.errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError, first_line
+from ..api.errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError, UnsupportedModelError, first_line
 from ..api.paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_folder
 from ..api.types import BUNDLED, ModelSpec
 from ..cpu import step as compiled
@@ -79,7 +79,15 @@ class LoadedModel:
 
     @property
     def uses_lean_forward(self) -> bool:
+        """Whether it runs the lean forward (llama.LlamaRunner): token trees, features for draft heads, the
+        compiled step, the first layers as a drafter."""
         return self.lean and llama.supports(self.model)
+
+    def require_lean(self, what: str) -> None:
+        """A one-line error unless the lean forward runs this model: `what` needs it."""
+        if not self.uses_lean_forward:
+            raise UnsupportedModelError(f"{what} supports the Llama family (Llama, Qwen2/3, Mistral, SmolLM), "
+                                        f"not '{self.model.config.model_type}'")
 
     def new_runner(self) -> ModelRunner:
         """A fresh KV cache over this model's weights (weights are shared, never copied)."""

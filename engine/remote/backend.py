@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
+from ..api import wire
 from ..api.errors import SpeculaError, terminal_safe
 from ..api.events import REMOTE, BaselineCost, Finished, Loaded, ServerStats, Started, Step, Totals
 from ..api.prompts import Message
@@ -106,17 +107,7 @@ def chat_payload(info: ServerInfo, request) -> dict:
     if not request.chat:
         raise SpeculaError("the remote backend speaks chat: drop --no-chat / use --chat")
     params = request.config.params
-    payload: dict = {
-        "model": info.model,
-        "messages": [{"role": m.role, "content": m.content} for m in request.messages],
-        "stream": True,
-        "max_tokens": request.config.max_new_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "stream_options": {"include_usage": True},
-    }
-    if request.config.seed is not None:
-        payload["seed"] = request.config.seed
+    payload = {"model": info.model, **wire.request_body(request), "stream_options": {"include_usage": True}}
     if info.kind == "vllm":
         payload["return_token_ids"] = True  # token ids per chunk: exact counts and the bench's identity check
         payload["logprobs"] = True  # each token's bytes: per-token text for the colours

@@ -31,21 +31,10 @@ CONTROL = "/specula/v1"
 
 def generation_payload(request: GenerateRequest) -> tuple[str, dict]:
     """The path and body for a GenerateRequest (stream, with the extension)."""
-    config, params = request.config, request.config.params
-    body: dict = {"max_tokens": config.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
-                  "top_k": params.top_k, "stream": True}
+    body = {**wire.request_body(request), "top_k": request.config.params.top_k}
     if request.strategy != "server":  # "server": whatever the server uses by default
-        body["specula"] = {"strategy": request.strategy, "k": config.k, "adaptive_k": config.adaptive_k,
-                           "k_max": config.k_max, "options": dict(request.options)}
-        if config.token_probs:
-            body["specula"]["token_probs"] = True
-    if config.seed is not None:
-        body["seed"] = config.seed
-    if request.chat:
-        body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
-        return "/chat/completions", body
-    body["prompt"] = "\n\n".join(m.content for m in request.messages)  # as prompts.encode joins raw turns
-    return "/completions", body
+        body["specula"] = wire.extension_json(request)
+    return ("/chat/completions" if request.chat else "/completions"), body
 
 
 def load_payload(request: LoadRequest | RemoteLoadRequest) -> dict:
