@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", default="auto", choices=["auto", "native", "dequantized"],
                         help="a GGUF's 4-bit weights: native (int4 products) or dequantized to --dtype")
     parser.add_argument("--step", default="auto", choices=["auto", "compiled", "eager"],
-                        help="the decoding step (engine/compiled.py); auto: compiled where it is built")
+                        help="the decoding step (engine/cpu/step.py); auto: compiled where it is built")
     parser.add_argument("--context", type=int, default=512, help="tokens already in the cache")
     parser.add_argument("--tokens", default="1,2,4,8,16,32", help="comma-separated new-token counts")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per count (the median is kept)")

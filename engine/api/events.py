@@ -53,7 +53,7 @@ class Step:
     elapsed_s: float  # since the generation started
     inferred: bool = False  # a remote server's step: origins inferred from the chunk, drafted unknown
     # the answer's live speedup so far, its standard error, and the plain step's measured cost now
-    # (specula.engine.api.metrics.SpeedupMeter); None until measured
+    # (decoding.speedup.SpeedupMeter); None until measured
     speedup: float | None = None
     speedup_err: float | None = None
     plain_step_s: float | None = None
@@ -106,7 +106,7 @@ class Finished:
     text: str
     token_ids: tuple[int, ...]
     totals: Totals
-    speedup: float | None = None  # the live speedup at the end (metrics.SpeedupMeter); None when unknown
+    speedup: float | None = None  # the live speedup at the end (decoding.speedup.SpeedupMeter); None when unknown
     speedup_err: float | None = None  # its standard error; None with fewer than two plain samples
 
 
@@ -158,7 +158,7 @@ class Loaded:
 
 @dataclass(frozen=True)
 class BaselineCost:
-    """Seconds per plain decoding step at context length L: a + b * L (see metrics.measure_baseline)."""
+    """Seconds per plain decoding step at context length L: a + b * L (see decoding.speedup.measure_baseline)."""
 
     a: float
     b: float

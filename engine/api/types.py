@@ -15,7 +15,7 @@ from .prompts import Message
 from .strategies import default_k
 
 BUNDLED = "bundled"
-VERIFY_ROWS_MAX = 32  # the most rows a verify pass may hold and still round as single steps do (quant.py)
+VERIFY_ROWS_MAX = 32  # the most rows a verify pass may hold and still round as single steps do (cpu/products.py)
 K_MAX = VERIFY_ROWS_MAX - 1  # 31 draft tokens
 
 
@@ -76,7 +76,7 @@ class ModelSpec:
     # products (CPU, bf16), "dequantized" expands them to `dtype` as transformers reads them, "auto"
     # is native where it applies. Other sources are always dense.
     weights: str = "auto"
-    # The decoding step: "compiled" (engine/compiled.py: built once per machine, waited for), "auto" (used
+    # The decoding step: "compiled" (cpu/step.py: built once per machine, waited for), "auto" (used
     # once built; the build runs in the background), "eager" (never). CPU, Llama family.
     step: str = "auto"
 

@@ -179,7 +179,7 @@ class _Fused:
 
 
 class _StepHandle:
-    """A model's products registered with the compiled step (engine/compiled.py); released with the model."""
+    """A model's products registered with the compiled step (cpu/step.py); released with the model."""
 
     def __init__(self, ops, layers: list[_Layer], cfg, scale: float) -> None:
         a, b, bias, kinds, norms, min_rows = [], [], [], [], [], []
@@ -267,7 +267,7 @@ class LlamaRunner:
         cfg = model.config
         self.model = model
         self.native = native
-        # "eager", or "auto"/"compiled": the compiled step (engine/compiled.py) where it applies and is
+        # "eager", or "auto"/"compiled": the compiled step (cpu/step.py) where it applies and is
         # loaded, chosen at each prefill, so one answer runs in one mode from its first token to its last
         self.step = step
         self._fast: _StepHandle | None = None

@@ -50,7 +50,7 @@ class LoadedModel:
     lean: bool = True  # use the lean Llama-family forward where it applies
     eos_ids: frozenset[int] = field(default_factory=frozenset)
     native: NativeWeights | None = None  # a GGUF's 4-bit blocks, run as they are by the lean forward
-    step: str = "eager"  # the lean forward's decoding step: "eager", or "auto"/"compiled" (engine/compiled.py)
+    step: str = "eager"  # the lean forward's decoding step: "eager", or "auto"/"compiled" (cpu/step.py)
 
     @property
     def weights(self) -> str:

@@ -118,7 +118,7 @@ def chat_payload(info: ServerInfo, request) -> dict:
 
 
 class RemoteBackend:
-    """The remote counterpart of session.Session: load (connect), describe, generate."""
+    """The remote counterpart of serving.session.Session (an api.backend.Backend): load (connect), describe, generate."""
 
     def __init__(self) -> None:
         self.info: ServerInfo | None = None
@@ -195,7 +195,7 @@ def measure_plain(info: ServerInfo) -> BaselineCost:
     """Plain decoding speed of a server without speculation: the fastest of three timed answers of
     PROBE_TOKENS tokens (the first also warms the server up). Seconds per token, independent of the
     context length (b = 0)."""
-    request = GenerateRequest((Message("user", PROBE_PROMPT),), config=DecodeConfig(max_new_tokens=PROBE_TOKENS))
+    request = GenerateRequest((Message("user", PROBE_PROMPT),), config=DecodeConfig.for_strategy("none", max_new_tokens=PROBE_TOKENS))
     payload = chat_payload(info, request)
     if info.kind == "vllm":
         payload["ignore_eos"] = True

@@ -26,7 +26,7 @@ from ..api.types import BUNDLED
 
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# what a snapshot download fetches: the files the app loads (as engine/loading.py asks the Hub for), the
+# what a snapshot download fetches: the files the app loads (as models/loading.py asks the Hub for), the
 # PyTorch .bin weights only where a repository has no safetensors
 _SNAPSHOT_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja")
 _CHUNK = 64 * 1024  # progress and should_stop() come at least this often

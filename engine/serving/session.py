@@ -1,7 +1,7 @@
 """The loaded models and the strategies built for them: requests in, events out, synchronously.
 
 `Session` is what the worker thread (`runner.py`) drives and what the CLI uses directly. It keeps the
-loaded model's recent plain-step samples for the live speedup (metrics.SpeedupMeter); changing strategy
+loaded model's recent plain-step samples for the live speedup (decoding.speedup.SpeedupMeter); changing strategy
 between requests builds (or reuses) a drafter and never reloads the target.
 """
 

@@ -1,4 +1,4 @@
-"""The compiled decoding step (engine/compiled.py, engine/native/step.cpp): it computes the model's
+"""The compiled decoding step (engine/cpu/step.py, engine/cpu/native/step.cpp): it computes the model's
 forward, a position gets the same bits alone and in a verify pass (and a tree node the chain's), every
 strategy's greedy answers are plain decoding's, and without a compiler everything stays eager."""
 

@@ -1,4 +1,4 @@
-"""`specula bench` argument handling; the measuring is in bench.py, the reporting in bench_report.py."""
+"""`specula bench` argument handling; the measuring is in run.py, the reporting in report.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from ...api.errors import SpeculaError
 from ...api.paths import make_folder
 from ...api.strategies import default_k
-from ...api.types import DecodeConfig, LoadRequest, ModelSpec, SamplingParams
+from ...api.types import DecodeConfig, LoadRequest, ModelSpec
 from ...cpu.step import step_mode
 from ...drafters import DRAFTERS
 from ...serving.session import Session
@@ -29,8 +29,9 @@ def run_bench_cmd(args) -> int:
         raise SpeculaError(f"--repeat must be at least 1, got {args.repeat}")
     if args.temperature != 0:
         raise SpeculaError("the bench compares greedy outputs: use --temperature 0")
-    config = DecodeConfig(k=4 if args.k is None else args.k, adaptive_k=args.adaptive_k, max_new_tokens=args.max_new_tokens,
-                          params=SamplingParams(), seed=0)
+    # greedy, seeded; each strategy takes its own k unless --k (run_bench), the baseline's is none's
+    config = DecodeConfig.for_strategy("none", args.k, adaptive_k=args.adaptive_k, max_new_tokens=args.max_new_tokens,
+                                       seed=0)
     items = load_items(args.prompts, args.categories, args.limit_per_category)
     if args.out:
         make_folder(args.out, "--out")  # before the bench runs, so its results have somewhere to go
