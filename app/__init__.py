@@ -1,9 +1,10 @@
 """Specula's desktop app (PySide6 + pyqtgraph).
 
 Its engine runs in a process of its own (`specula serve`, started and owned by `bridge.EngineBridge`);
-the app talks to it only through `specula.engine.remote.client` and reads the frozen events of `specula.engine.api.events`. The
-app's process never imports torch: what it uses of the engine (`types`, `events`, `strategies`,
-`client`, `remote`, `paths`) is plain Python. The window paints first; the engine starts beside it.
+the app talks to it only through `specula.engine.remote.client` and reads the frozen events of
+`specula.engine.api.events`. The app's process never imports torch: it imports the engine's `api` (the
+contract) and `remote` (the client, servers, the Hub) only, both plain Python (tests/test_layout.py).
+The window paints first; the engine starts beside it.
 
     main.py        `specula-chat`: command line;  autopilot.py  --send / --screenshot / --exit-after-reply
     window.py      the main window: layout, menus, status bar, event routing, message actions
@@ -22,4 +23,5 @@ app's process never imports torch: what it uses of the engine (`types`, `events`
     settings.py    the versioned settings file;  history.py  conversations, turns, their JSON and Markdown
     history_db.py  conversations in SQLite: appended saves, interrupted answers, search, the JSON import
     storage.py     atomic JSON writes and setting corrupt files aside
+    background.py  slow work on a worker thread, its result and progress delivered on the GUI thread
 """

@@ -1,7 +1,8 @@
 """The only door to the engine: a QObject that runs the engine in a process of its own (`specula serve`
 on a loopback port, with a random key) and turns what its client streams into a signal.
 
-Each request runs on a short-lived thread that reads its stream (`specula.engine.remote.client`) and emits `event`;
+Each request runs on a short-lived thread that reads its stream (`specula.engine.remote.client`) and emits
+`event`;
 Qt queues the emission to the GUI thread (the bridge lives there), so slots run on the GUI thread and
 the GUI never waits on the engine. The window's process never imports torch: the engine's events and
 request types are plain dataclasses (`specula.engine.api.events`, `specula.engine.api.types`).
@@ -11,7 +12,8 @@ a `Failed` event that says so, the engine is started again in the background and
 loaded again; the conversation is the window's and is kept. The engine process ends with the window,
 also when the window is killed (`specula serve --exit-with-parent`).
 
-Tests pass a `session` (tiny models): the same server then runs on a thread of this process around it.
+Tests pass an `engine` of their own (tests/support/engines.py: the same server on a thread of this process,
+around a Session of tiny models).
 """
 
 from __future__ import annotations
