@@ -1,10 +1,9 @@
 """The only door to the engine: a QObject that runs the engine in a process of its own (`specula serve`
 on a loopback port, with a random key) and turns what its client streams into a signal.
 
-Each request runs on a short-lived thread that reads its stream (`specula.engine.remote.client`) and emits
-`event`;
-Qt queues the emission to the GUI thread (the bridge lives there), so slots run on the GUI thread and
-the GUI never waits on the engine. The window's process never imports torch: the engine's events and
+Each request runs on a short-lived thread that reads its stream (`specula.engine.remote.client`) and
+emits `event`; Qt queues the emission to the GUI thread (the bridge lives there), so slots run on the GUI
+thread and the GUI never waits on the engine. The window's process never imports torch: the engine's events and
 request types are plain dataclasses (`specula.engine.api.events`, `specula.engine.api.types`).
 
 If the engine process dies (killed, out of memory, a crash in a kernel) the running request ends with
