@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from enum import Enum
 from pathlib import Path
 
 import torch
@@ -37,7 +38,15 @@ from ..api.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
-STEP_MODES = ("auto", "compiled", "eager")
+class StepMode(str, Enum):
+    """How the lean forward decodes (`ModelSpec.step`, `--step`); compares equal to its name."""
+
+    AUTO = "auto"  # compiled once built (built in the background), eager until then
+    COMPILED = "compiled"  # built (or found) before the model is ready, then compiled
+    EAGER = "eager"  # never compiled
+
+
+STEP_MODES = tuple(mode.value for mode in StepMode)
 SOURCE = Path(__file__).parent / "native" / "step.cpp"
 BUILD_TIMEOUT_S = 600
 
@@ -45,14 +54,14 @@ class Unavailable(Exception):
     """The compiled step cannot be built or loaded here; the message says why, in one line."""
 
 
-def step_mode(requested: str) -> str:
+def step_mode(requested: str) -> StepMode:
     """The mode to use: SPECULA_STEP replaces "auto"."""
     if requested not in STEP_MODES:
         raise ValueError(f"unknown step '{requested}': choose one of {', '.join(STEP_MODES)}")
     env = os.environ.get("SPECULA_STEP", "").strip()
-    if requested == "auto" and env in STEP_MODES:
-        return env
-    return requested
+    if requested == StepMode.AUTO and env in STEP_MODES:
+        return StepMode(env)
+    return StepMode(requested)
 
 
 def _compiler() -> str | None:

@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from ..api.errors import ContextTooLongError
+from ..cpu import step as cpu_step
 from ..cpu.products import Dense, Int4, Q4Blocks, can_prepack, in_rows, int4_fits, stable_rows_of
+from ..cpu.step import StepMode
 from ..decoding.tree import TokenTree
 from .gguf import NativeWeights
 
@@ -263,11 +265,11 @@ class LlamaRunner:
     keeps_features = True  # features(): the last layer's hidden states of the positions held
 
     def __init__(self, model: torch.nn.Module, n_layers: int | None = None, native: NativeWeights | None = None,
-                 step: str = "eager") -> None:
+                 step: StepMode = StepMode.EAGER) -> None:
         cfg = model.config
         self.model = model
         self.native = native
-        # "eager", or "auto"/"compiled": the compiled step (cpu/step.py) where it applies and is
+        # EAGER, or AUTO/COMPILED: the compiled step (cpu/step.py) where it applies and is
         # loaded, chosen at each prefill, so one answer runs in one mode from its first token to its last
         self.step = step
         self._fast: _StepHandle | None = None
@@ -330,13 +332,11 @@ class LlamaRunner:
         """The compiled step for this model, where it is loaded and reproduces what this runner needs:
         the CPU's blocked attention with consistent rounding, no per-head norms (Qwen3). Products that
         round a lone row differently run a single step as two rows there too."""
-        if self.step == "eager" or not (self.blocked and self.consistent):
+        if self.step == StepMode.EAGER or not (self.blocked and self.consistent):
             return None
         if self.layers and self.layers[0].q_norm is not None:
             return None
-        from ..cpu import step as compiled
-
-        ops = compiled.ops()
+        ops = cpu_step.ops()
         if ops is None:
             return None
         layers, _ = _fused_layers(self.model, self.native)

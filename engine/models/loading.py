@@ -25,6 +25,7 @@ from ..api.errors import IncompatibleDraftError, ModelNotFoundError, SpeculaErro
 from ..api.paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_folder
 from ..api.types import BUNDLED, ModelSpec
 from ..cpu import step as compiled
+from ..cpu.step import StepMode
 from ..decoding.target import ModelRunner
 from . import llama
 from .gguf import NativeWeights, cached_native_weights, check_against
@@ -50,7 +51,7 @@ class LoadedModel:
     lean: bool = True  # use the lean Llama-family forward where it applies
     eos_ids: frozenset[int] = field(default_factory=frozenset)
     native: NativeWeights | None = None  # a GGUF's 4-bit blocks, run as they are by the lean forward
-    step: str = "eager"  # the lean forward's decoding step: "eager", or "auto"/"compiled" (cpu/step.py)
+    step: StepMode = StepMode.EAGER  # the lean forward's decoding step (cpu/step.py)
 
     @property
     def weights(self) -> str:
@@ -73,7 +74,7 @@ class LoadedModel:
     def step_status(self) -> str:
         """The decoding step new answers take: "compiled", "compiling" or "eager" (with why, where the
         compiled step was wanted and cannot be built)."""
-        if self.step == "eager" or self.device.type != "cpu" or not self.uses_lean_forward:
+        if self.step == StepMode.EAGER or self.device.type != "cpu" or not self.uses_lean_forward:
             return "eager"
         return compiled.status()
 
@@ -160,10 +161,10 @@ def load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     if gguf is not None and spec.weights != "dequantized":
         loaded.native = _native_weights(gguf, folder, loaded, explicit=spec.weights == "native", say=say)
     loaded.step = compiled.step_mode(spec.step)
-    if loaded.step != "eager" and device.type == "cpu" and loaded.uses_lean_forward:
-        if loaded.step == "compiled":
+    if loaded.step != StepMode.EAGER and device.type == "cpu" and loaded.uses_lean_forward:
+        if loaded.step == StepMode.COMPILED:
             say("compiling the decoding step (once per machine)")
-        compiled.prepare(wait=loaded.step == "compiled")
+        compiled.prepare(wait=loaded.step == StepMode.COMPILED)
     return loaded
 
 
