@@ -80,8 +80,8 @@ STRATEGY_OPTIONS: dict[str, StrategyOption] = {
         StrategyOption("exit_layer", (int,), ("layer-skip",), "layer-skip: layers used for drafting"),
         StrategyOption("head", (str,), ("eagle", "medusa", "auto"), "eagle: a folder written by `specula train-head`"),
         StrategyOption("tree", (bool, int), ("eagle", "medusa", "lookahead"),
-                       "token trees: eagle drafts an EAGLE-2 dynamic tree; medusa and lookahead send trees even in "
-                       "bf16 on a CPU, where tree passes can part from plain decoding at near ties (fp32 is exact)"),
+                       "token trees: eagle drafts an EAGLE-2 dynamic tree; medusa and lookahead send trees even on a "
+                       "CPU, where tree passes can part from plain decoding at near ties"),
         StrategyOption("skip", (str,), ("auto",), "auto: comma-separated strategies it must not use",
                        on_command_line=False),
     )

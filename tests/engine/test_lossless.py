@@ -1,5 +1,7 @@
 """Greedy speculation must reproduce the target's own greedy tokens, for every registered drafter."""
 
+import zlib
+
 import pytest
 import torch
 
@@ -49,7 +51,7 @@ def test_none_matches_the_models_own_greedy_decoding(models):
 @pytest.mark.parametrize("strategy", sorted(DRAFTERS))
 def test_greedy_matches_plain_decoding(models, strategy):
     target, draft = models
-    gen = torch.Generator().manual_seed(hash(strategy) % 1000)
+    gen = torch.Generator().manual_seed(zlib.crc32(strategy.encode()) % 1000)  # the same prompts every run
     drafted = accepted = 0
     for trial in range(12):
         length = int(torch.randint(1, 30, (1,), generator=gen))
@@ -189,3 +191,15 @@ def test_a_drafting_strategy_takes_plain_steps_to_measure_its_speedup_and_stays_
     assert events[-1].token_ids == base[-1].token_ids  # a plain step is what `none` does: nothing changes
     assert events[-1].speedup is not None and steps[-1].speedup == events[-1].speedup
     assert base[-1].speedup == pytest.approx(1.0, abs=0.02)  # every step of `none` is a plain one
+
+
+def test_a_near_tie_in_fp32_does_not_part_medusa_from_plain_decoding(models):
+    """On this prompt the target's two best logits at token 42 are 5 ulps apart in fp32: a tree pass
+    tipped it the other way, so on a CPU tree drafters send chains (bit-exact) unless told otherwise."""
+    target, draft = models
+    prompt = [20, 61, 47, 58, 38, 35, 29, 48, 7, 14, 26, 6, 34]
+    assert not target.new_runner().exact_trees
+    base = run(target, draft, "none", prompt, max_new_tokens=50)[-1]
+    for _ in range(3):
+        spec = run(target, draft, "medusa", prompt, k=2, max_new_tokens=50, seed=8)[-1]
+        assert spec.token_ids == base.token_ids
