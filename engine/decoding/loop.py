@@ -241,7 +241,8 @@ class _Loop:
             rows, next_token = walk_tree_sampling(logits, tokens, tree, self.params, self.gen)
         if learns:  # drafters that learn from every node's output (lookahead)
             self.drafter.observe_tree({i: best[row] for row, i in enumerate(kept, 1)})
-        return _Checked(tree, tokens, rows, next_token, _NoProbs())
+        # a tree's nodes count as point guesses: no probabilities to show
+        return _Checked(tree, tokens, rows, next_token, _DraftProbs(Verdict(len(rows) - 1, next_token), False))
 
     def _commit(self, checked: _Checked, k: int, t0: float, t1: float, t2: float) -> Step:
         """Keep the checked path in the caches, tell the drafter, count the step and make its event."""
@@ -295,14 +296,6 @@ class _DraftProbs:
         return p, q
 
 
-class _NoProbs:
-    """A tree pass's nodes carry no probabilities (they count as point guesses)."""
-
-    @staticmethod
-    def at(i: int) -> tuple[None, None]:
-        return None, None
-
-
 @dataclass(frozen=True)
 class _Checked:
     """What one verify pass decided: the pass's tree and tokens (row 0: the newest context token), the rows
@@ -312,4 +305,4 @@ class _Checked:
     tokens: list[int]
     rows: list[int]
     next_token: int
-    probs: _DraftProbs | _NoProbs | None
+    probs: _DraftProbs
