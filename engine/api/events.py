@@ -152,7 +152,7 @@ class Loaded:
     backend: str = "local"  # or "remote": an OpenAI-compatible server
     notes: tuple[str, ...] = ()  # what a user should know about this backend's numbers
     warnings: tuple[str, ...] = ()  # what went wrong but did not stop the load (e.g. an unreadable head)
-    weights: str = ""  # what the products run on, e.g. "Q4_1 4-bit (native)"; "" when it is `dtype`
+    weights: str = ""  # what the products run on, e.g. "Q4_1 (native)"; "" when it is `dtype`
     capabilities: Capabilities = field(default_factory=Capabilities)
 
 

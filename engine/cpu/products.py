@@ -1,11 +1,15 @@
 """Matrix products with a fixed weight, in the form that is fastest for it: y = x @ W^T (+ b).
 
-Two forms, one call signature (`product(x)`, x (rows, in) -> (rows, out)):
+Three forms, one call signature (`product(x)`, x (rows, in) -> (rows, out)):
 - `Dense`: a bf16/fp16/fp32 weight through F.linear; on a CPU in bf16 the weight is prepacked once
   for oneDNN (about twice as fast as F.linear for the few rows a decoding step has).
 - `Int4`: 4-bit codes in groups of 32 along the input, each group with a scale and an offset, through
   torch's weight-only int4 kernel. GGUF's Q4_0, Q4_1 and Q4_K blocks are exactly this shape, so their
   codes are used as they are (see `Q4Blocks`).
+- `Blocks`: the file's own Q4_0, Q4_1 and Q8_0 blocks (`FileBlocks`) through the compiled step's
+  products (native/blocks.h): the weights are read once for all the rows of a call, activations are
+  quantized to int8 per block of 32, and a row's bits never depend on the other rows (by construction,
+  in every code path). The compiled step uses them where the library is built (`cpu/step.py`).
 
 Every form gives a row the same bits whatever the other rows of the call are, from `stable_rows` rows on:
 1 row for the int4 products and most prepacked ones on this machine's CPU, 2 for F.linear, which has a
@@ -211,12 +215,87 @@ def q4k_from_gguf(raw: np.ndarray, shape: tuple[int, int]) -> Q4Blocks:
 
 
 def q4_quantize(weight: torch.Tensor, type_name: str = "Q4_1") -> Q4Blocks:
-    """Quantize a dense weight to Q4 blocks the way llama.cpp does (through the gguf package's
-    reference quantizer): the tests' stand-in for a GGUF file's blocks."""
-    from gguf import GGMLQuantizationType, quantize
+    """Quantize a dense weight to Q4 blocks the way llama.cpp does: the tests' stand-in for a file's blocks."""
+    return FileBlocks.quantize(weight, type_name).q4()
 
-    raw = quantize(weight.detach().float().cpu().numpy(), GGMLQuantizationType[type_name])
-    return q4_from_gguf(raw, type_name, tuple(weight.shape))
+
+BLOCK_FORMATS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # the file types `Blocks` runs, by GGML's type number
+_FILE_BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144)}  # weights, bytes
+
+
+@dataclass(frozen=True)
+class FileBlocks:
+    """One weight (out, in) as a GGUF file stores it: `data` (out, bytes per row) uint8, each row its
+    blocks in input order, the rows in transformers' order."""
+
+    type_name: str  # "Q4_0", "Q4_1", "Q8_0" or "Q4_K"
+    data: torch.Tensor
+    shape: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        weights, size = _FILE_BLOCK[self.type_name]
+        out, inp = self.shape
+        if inp % weights or tuple(self.data.shape) != (out, inp // weights * size):
+            raise ValueError(f"{self.type_name} bytes of shape {tuple(self.data.shape)} do not hold a weight {self.shape}")
+
+    def rows(self, order: torch.Tensor) -> "FileBlocks":
+        """The same weight with its output rows reordered (GGUF permutes Llama's q/k rows)."""
+        return FileBlocks(self.type_name, self.data[order].contiguous(), self.shape)
+
+    def q4(self) -> Q4Blocks | None:
+        """The 4-bit groups torch's int4 kernel takes (None for Q8_0)."""
+        raw = self.data.numpy()
+        if self.type_name == "Q4_K":
+            return q4k_from_gguf(raw, self.shape)
+        if self.type_name in ("Q4_0", "Q4_1"):
+            return q4_from_gguf(raw, self.type_name, self.shape)
+        return None
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 weights (out, in) the file's blocks stand for (the gguf package's reference)."""
+        from gguf import GGMLQuantizationType, dequantize
+
+        values = dequantize(self.data.numpy(), GGMLQuantizationType[self.type_name])
+        return torch.from_numpy(values.reshape(self.shape).astype(np.float32))
+
+    @staticmethod
+    def quantize(weight: torch.Tensor, type_name: str) -> "FileBlocks":
+        """A dense weight quantized the way llama.cpp does (the gguf package's reference quantizer): the
+        tests' stand-in for a file's blocks."""
+        from gguf import GGMLQuantizationType, quantize
+
+        raw = quantize(weight.detach().float().cpu().numpy(), GGMLQuantizationType[type_name])
+        return FileBlocks(type_name, torch.from_numpy(raw.view(np.uint8).reshape(weight.shape[0], -1)), tuple(weight.shape))
+
+
+class Blocks:
+    """y = x @ W^T + b with W as a file's blocks (several stacked along the output, each in its own format:
+    fused q/k/v), through the compiled step's products; `ops` is the loaded library. `out_float`: fp32
+    results (the LM head's logits), otherwise x's dtype."""
+
+    kind = "blocks"
+
+    def __init__(self, ops, parts: list[FileBlocks], bias: torch.Tensor | None, out_float: bool = False) -> None:
+        if not parts or any(p.type_name not in BLOCK_FORMATS for p in parts) or len({p.shape[1] for p in parts}) != 1:
+            raise ValueError("blocks of Q4_0, Q4_1 or Q8_0 over one input size")
+        self.ops = ops
+        self.in_features = parts[0].shape[1]
+        self.out_features = sum(p.shape[0] for p in parts)
+        self.source_type = "+".join(sorted({p.type_name for p in parts}))
+        packed, table, at = [], [], 0
+        for p in parts:
+            data = ops.blocks_pack(p.data, BLOCK_FORMATS[p.type_name])
+            table.append([BLOCK_FORMATS[p.type_name], p.shape[0], at])
+            packed.append(data)
+            at += data.numel()
+        self.packed = torch.cat(packed)
+        self.parts = torch.tensor(table, dtype=torch.int64)
+        self.bias = bias
+        self.out_float = out_float
+        self.stable_rows = 1  # a row's bits never depend on the call's other rows (tested)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.blocks_mm(x, self.packed, self.parts, self.bias, self.out_float)
 
 
 def int4_fits(shape: tuple[int, int]) -> bool:

@@ -90,7 +90,8 @@ def _compiler_version(cxx: str) -> str:
 
 def library_path(cxx: str) -> Path:
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), _compiler_version(cxx).encode(),
+    sources = [f.read_bytes() for f in sorted(SOURCE.parent.iterdir()) if f.suffix in (".cpp", ".h")]
+    for part in (*sources, torch.__version__.encode(), _compiler_version(cxx).encode(),
                  _cpu_features().encode(), sys.version.encode()):
         key.update(part)
         key.update(b"\0")

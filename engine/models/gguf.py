@@ -1,12 +1,14 @@
-"""A GGUF file's 4-bit projection weights as they are, for the lean forward's int4 products.
+"""A GGUF file's quantized weights as they are, for the lean forward's products.
 
 transformers reads a GGUF by dequantizing every tensor (loading.py caches that as safetensors); the
-model it builds stays the reference for names, shapes and everything that is not a 4-bit projection.
-This module reads the same file's Q4_0/Q4_1/Q4_K blocks of the Llama family's seven projections per
-layer, undoes llama.cpp's row order for q and k, and checks the result against the dequantized model:
-the blocks must give the weights transformers loaded (to the last bit of the model's dtype), or they are
-not used. Other tensor types (Q8_0, Q5/Q6_K, fp16) stay dequantized, with the count reported: in a
-Q4_K_M file, the Q6_K projections run dense and the Q4_K ones as int4.
+model it builds stays the reference for names, shapes and everything the file does not hold in a
+format Specula runs. This module reads the same file's Q4_0/Q4_1/Q8_0/Q4_K blocks of the Llama family's
+seven projections per layer and of the LM head (`output`, or the token embedding a tied model shares),
+undoes llama.cpp's row order for q and k, and checks the result against the dequantized model: the
+blocks must give the weights transformers loaded (to the last bit of the model's dtype), or they are not
+used. The compiled step runs Q4_0/Q4_1/Q8_0 through its own products; eager answers run the 4-bit ones
+(Q4_K too) through torch's int4 kernel. Other tensor types (Q5/Q6_K, fp16) stay dequantized, with the
+count reported.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from pathlib import Path
 
 import torch
 
-from ..cpu.products import Q4Blocks, q4_from_gguf, q4k_from_gguf
+from ..cpu.products import FileBlocks, Q4Blocks
 
 log = logging.getLogger(__name__)
 
-NATIVE_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
+LM_HEAD = "lm_head"  # the name the LM head's blocks go by
 _PROJECTIONS = {  # GGUF name in block i -> the transformers module under model.layers[i]
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -38,17 +41,27 @@ _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
 
 @dataclass
 class NativeWeights:
-    """4-bit blocks by transformers module name ("model.layers.0.self_attn.q_proj"), and what the file held."""
+    """The file's blocks by transformers module name ("model.layers.0.self_attn.q_proj", "lm_head"), and
+    what the file held."""
 
-    blocks: dict[str, Q4Blocks] = field(default_factory=dict)
+    tensors: dict[str, FileBlocks] = field(default_factory=dict)
     file_types: Counter = field(default_factory=Counter)  # GGUF tensor type -> tensors of that type
+    _q4: dict[str, Q4Blocks] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def blocks(self) -> dict[str, Q4Blocks]:
+        """The 4-bit projections as torch's int4 kernel takes them (built once)."""
+        if self._q4 is None:
+            self._q4 = {name: t.q4() for name, t in self.tensors.items()
+                        if name != LM_HEAD and t.type_name != "Q8_0"}
+        return self._q4
 
     @property
     def summary(self) -> str:
-        """e.g. "Q4_1 native (210 tensors); Q8_0 x1, F32 x61 dequantized"."""
+        """e.g. "Q4_1 native (210 tensors), Q8_0 native (1 tensors); F32 x61 dequantized"."""
         native = Counter()
-        for b in self.blocks.values():
-            native[b.source_type] += 1
+        for b in self.tensors.values():
+            native[b.type_name] += 1
         rest = self.file_types - native
         parts = ", ".join(f"{t} native ({n} tensors)" for t, n in sorted(native.items()))
         others = ", ".join(f"{t} x{n}" for t, n in sorted(rest.items()))
@@ -63,7 +76,9 @@ def _llama_row_order(rows: int, n_head: int) -> torch.Tensor:
 
 
 def read_native_weights(path: Path, config) -> NativeWeights:
-    """The 4-bit projection blocks of a Llama-family GGUF, in transformers' names and row order."""
+    """The quantized projection blocks and LM head of a Llama-family GGUF, in transformers' names and row
+    order."""
+    import numpy as np
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
@@ -72,28 +87,34 @@ def read_native_weights(path: Path, config) -> NativeWeights:
     n_head = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_head
     out = NativeWeights()
+    names = {t.name for t in reader.tensors}
+    head = "output.weight" if "output.weight" in names else "token_embd.weight"  # a tied model shares it
     for tensor in reader.tensors:
         type_name = tensor.tensor_type.name
         out.file_types[type_name] += 1
         match = _BLOCK_NAME.match(tensor.name)
-        if type_name not in NATIVE_TYPES or match is None or match.group(2) not in _PROJECTIONS:
+        if type_name not in NATIVE_TYPES:
+            continue
+        if tensor.name == head:
+            name, kind = LM_HEAD, "output"
+        elif match is not None and match.group(2) in _PROJECTIONS:
+            kind = match.group(2)
+            name = f"model.layers.{match.group(1)}.{_PROJECTIONS[kind]}"
+        else:
             continue
         shape = (int(tensor.shape[1]), int(tensor.shape[0]))  # GGUF lists dimensions innermost first
-        if type_name == "Q4_K":
-            blocks = q4k_from_gguf(tensor.data, shape)
-        else:
-            blocks = q4_from_gguf(tensor.data, type_name, shape)
-        kind = match.group(2)
+        data = torch.from_numpy(np.ascontiguousarray(tensor.data).view(np.uint8).reshape(shape[0], -1).copy())
+        blocks = FileBlocks(type_name, data, shape)
         if arch == "llama" and kind in ("attn_q", "attn_k"):
             blocks = blocks.rows(_llama_row_order(shape[0], n_head if kind == "attn_q" else n_kv))
-        out.blocks[f"model.layers.{match.group(1)}.{_PROJECTIONS[kind]}"] = blocks
+        out.tensors[name] = blocks
     return out
 
 
 # inside the conversion folder, one level down: `specula export` copies that folder's files to serving
 # engines, which would take any top-level *.safetensors for model weights
-CACHE_NAME = "native/q4.safetensors"
-CACHE_FORMAT = "1"  # bump when what read_native_weights produces changes: older caches are rebuilt
+CACHE_NAME = "native/blocks.safetensors"
+CACHE_FORMAT = "2"  # bump when what read_native_weights produces changes: older caches are rebuilt
 
 
 def cached_native_weights(path: Path, config, folder: Path) -> NativeWeights:
@@ -123,11 +144,9 @@ def _write_cache(native: NativeWeights, cache: Path) -> None:
     from safetensors.torch import save_file
 
     tensors, kinds = {}, {}
-    for name, b in native.blocks.items():
-        tensors[f"{name}.codes"] = (b.codes[:, 0::2] | (b.codes[:, 1::2] << 4)).contiguous()  # two codes a byte
-        tensors[f"{name}.scale"] = b.scale.contiguous()
-        tensors[f"{name}.zero"] = b.zero.contiguous()
-        kinds[name] = b.source_type
+    for name, b in native.tensors.items():
+        tensors[name] = b.data.contiguous()
+        kinds[name] = [b.type_name, *b.shape]
     meta = {"format": CACHE_FORMAT, "kinds": json.dumps(kinds), "file_types": json.dumps(dict(native.file_types))}
     fd, tmp = tempfile.mkstemp(prefix=".native-", dir=cache.parent)
     os.close(fd)
@@ -150,26 +169,28 @@ def _read_cache(cache: Path) -> NativeWeights:
         if meta.get("format") != CACHE_FORMAT:
             raise ValueError(f"cache format {meta.get('format')!r}, not {CACHE_FORMAT}")
         out.file_types = Counter(json.loads(meta["file_types"]))
-        for name, kind in json.loads(meta["kinds"]).items():
-            packed = f.get_tensor(f"{name}.codes")  # (out, in / 2)
-            codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
-            out.blocks[name] = Q4Blocks(codes, f.get_tensor(f"{name}.scale"), f.get_tensor(f"{name}.zero"), kind)
+        for name, (type_name, rows, cols) in json.loads(meta["kinds"]).items():
+            out.tensors[name] = FileBlocks(type_name, f.get_tensor(name), (rows, cols))
     return out
 
 
 def check_against(native: NativeWeights, model: torch.nn.Module, layers: tuple[int, ...] = (0,)) -> str | None:
-    """None when the blocks of `layers` give the model's own (dequantized) weights, to the last bit of
-    the model's dtype; otherwise what differs. One layer catches a wrong row order or layout."""
+    """None when the blocks of `layers` (and the LM head's) give the model's own (dequantized) weights, to
+    the last bit of the model's dtype; otherwise what differs. One layer catches a wrong row order or
+    layout."""
     modules = dict(model.named_modules())
-    for name, blocks in native.blocks.items():
-        if int(name.split(".")[2]) not in layers:
+    for name, blocks in native.tensors.items():
+        if name != LM_HEAD and int(name.split(".")[2]) not in layers:
             continue
         weight = modules[name].weight
         if tuple(weight.shape) != blocks.shape:
             return f"{name}: the file's shape {blocks.shape} is not the model's {tuple(weight.shape)}"
-        # equal to the last bit of the dtype: our (q - 8) * scale + zero and the reference's
-        # d * s * q - dmin * m may round once differently in fp32 (Q4_K); a wrong layout is far off
+        if name == LM_HEAD:  # every 16th row of a vocabulary's: a wrong layout shows in any of them
+            every = torch.arange(0, blocks.shape[0], 16)
+            blocks = FileBlocks(blocks.type_name, blocks.data[every], (len(every), blocks.shape[1]))
+            weight = weight[every]
+        # equal to the last bit of the dtype (the reference may round a Q4_K weight once differently)
         ours, theirs = blocks.dequantize().to(weight.dtype).float(), weight.detach().cpu().float()
         if not torch.allclose(ours, theirs, rtol=torch.finfo(weight.dtype).eps, atol=0.0):
-            return f"{name}: the file's 4-bit blocks do not give the weights transformers loaded"
+            return f"{name}: the file's blocks do not give the weights transformers loaded"
     return None

@@ -21,10 +21,11 @@ import torch.nn.functional as F
 
 from ..api.errors import ContextTooLongError
 from ..cpu import step as cpu_step
-from ..cpu.products import Dense, Int4, Q4Blocks, can_prepack, in_rows, int4_fits, stable_rows_of
+from ..cpu.products import (BLOCK_FORMATS, Blocks, Dense, FileBlocks, Int4, Q4Blocks, can_prepack, in_rows, int4_fits,
+                             stable_rows_of)
 from ..cpu.step import StepMode
 from ..decoding.tree import TokenTree
-from .gguf import NativeWeights
+from .gguf import LM_HEAD, NativeWeights
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ _GROW = 256  # cache capacity grows in steps of this many positions
 _BLOCK = 32  # CPU attention reads keys in whole blocks of this many positions, the rest masked
 _MIN_ROWS = 4  # fewer query rows than this take another matrix kernel on the CPU, so pad up to it
 PREPACK_LIMIT_BYTES = 4 << 30  # larger models keep one copy of their dense weights (unpacked)
-_PRODUCT_KINDS = {"dense": 0, "prepacked": 1, "int4": 2}  # as native/step.cpp numbers them
+_PRODUCT_KINDS = {"dense": 0, "prepacked": 1, "int4": 2, "blocks": 3}  # as native/step.cpp numbers them
 # per model, beside it rather than on it (a copy of the model must not carry oneDNN's opaque weights,
 # which cannot be copied): its products from _fused_layers, and the compiled step's handle
 _FUSED: "weakref.WeakKeyDictionary[torch.nn.Module, _Fused]" = weakref.WeakKeyDictionary()
@@ -91,7 +92,13 @@ class _Layer:
         if any(lin.bias is not None for lin in linears) and not all(lin.bias is not None for lin in linears):
             raise ValueError("mixed projection biases")
         blocks = native.blocks if native is not None else {}
+        tensors = native.tensors if native is not None else {}
         dtype = attn.q_proj.weight.dtype
+        self.file_parts: list[list[FileBlocks] | None] = []  # per product: the file's blocks the compiled step runs
+
+        def file_parts(names: tuple[str, ...]) -> list[FileBlocks] | None:
+            parts = [tensors.get(f"{prefix}.{n}") for n in names]
+            return parts if all(p is not None and p.type_name in BLOCK_FORMATS for p in parts) else None
 
         def product(names: tuple[str, ...], mods: tuple[torch.nn.Linear, ...]):
             if len(mods) == 1:
@@ -99,6 +106,7 @@ class _Layer:
             else:
                 weight, bias = _fuse_rows(*mods)
             keys = [f"{prefix}.{n}" for n in names]
+            self.file_parts.append(file_parts(names))
             if all(k in blocks for k in keys) and int4_fits(tuple(weight.shape)):
                 # the file's 4-bit blocks as they are; prompts run dense
                 return Int4(Q4Blocks.cat([blocks[k] for k in keys]), bias, dtype, dense=Dense(weight, bias))
@@ -181,21 +189,33 @@ class _Fused:
 
 
 class _StepHandle:
-    """A model's products registered with the compiled step (cpu/step.py); released with the model."""
+    """A model's products registered with the compiled step (cpu/step.py); released with the model. Where
+    the file's blocks are Q4_0, Q4_1 or Q8_0, the step runs its own products over them (`Blocks`), the LM
+    head's too; other weights keep the products the eager forward uses."""
 
-    def __init__(self, ops, layers: list[_Layer], cfg, scale: float) -> None:
+    def __init__(self, ops, layers: list[_Layer], cfg, scale: float, native: NativeWeights | None) -> None:
         a, b, bias, kinds, norms, min_rows = [], [], [], [], [], []
         empty = torch.empty(0)
         for layer in layers:
-            for p in layer.products:
+            for p, parts in zip(layer.products, layer.file_parts):
+                if parts is not None:
+                    p = Blocks(ops, parts, p.bias)
                 kinds.append(_PRODUCT_KINDS[p.kind])
-                a.append(p.packed if p.kind == "int4" else p.weight)
-                b.append(p.scale_zero if p.kind == "int4" else empty)
+                if p.kind == "int4":
+                    a.append(p.packed), b.append(p.scale_zero)
+                elif p.kind == "blocks":
+                    a.append(p.packed), b.append(p.parts)
+                else:
+                    a.append(p.weight), b.append(empty)
                 bias.append(p.bias)
                 min_rows.append(p.stable_rows)
             norms += [layer.in_norm[0], layer.post_norm[0]]
+        head = native.tensors.get(LM_HEAD) if native is not None else None
+        usable = head is not None and head.type_name in BLOCK_FORMATS
+        self.lm_head = Blocks(ops, [head], None, out_float=True) if usable else None
         self.ops = ops
         self.layers = layers
+        self.kinds = [name for number in kinds for name, n in _PRODUCT_KINDS.items() if n == number]
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.handle = ops.prepare(a, b, bias, kinds, norms, cfg.num_attention_heads,
                                   getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, head_dim,
@@ -343,7 +363,7 @@ class LlamaRunner:
         layers, _ = _fused_layers(self.model, self.native)
         cached = _STEPS.get(self.model)
         if cached is None or cached.layers is not layers or cached.ops is not ops:
-            cached = _StepHandle(ops, layers, self.model.config, self.scale)
+            cached = _StepHandle(ops, layers, self.model.config, self.scale, self.native)
             _STEPS[self.model] = cached
         return cached
 
@@ -445,7 +465,7 @@ class LlamaRunner:
         self._feat[start:end] = x
         weight, eps = self.norm
         h = fast.ops.rms_norm(x[-last:], weight, float(eps))
-        return in_rows(self.lm_head, h).float()
+        return in_rows(self.lm_head if fast.lm_head is None else fast.lm_head, h).float()
 
     def features(self, start: int, end: int) -> torch.Tensor:
         """The final hidden states (before the final norm) of cached positions start..end-1, (end-start, D)."""

@@ -28,7 +28,7 @@ from ..cpu import step as compiled
 from ..cpu.step import StepMode
 from ..decoding.target import ModelRunner
 from . import llama
-from .gguf import NativeWeights, cached_native_weights, check_against
+from .gguf import LM_HEAD, NativeWeights, cached_native_weights, check_against
 from .hf import HFRunner
 
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
@@ -50,15 +50,15 @@ class LoadedModel:
     dtype: torch.dtype
     lean: bool = True  # use the lean Llama-family forward where it applies
     eos_ids: frozenset[int] = field(default_factory=frozenset)
-    native: NativeWeights | None = None  # a GGUF's 4-bit blocks, run as they are by the lean forward
+    native: NativeWeights | None = None  # a GGUF's quantized blocks, run as they are by the lean forward
     step: StepMode = StepMode.EAGER  # the lean forward's decoding step (cpu/step.py)
 
     @property
     def weights(self) -> str:
-        """What the products run on, for a status line: e.g. "Q4_1 4-bit (native)" or "bf16"."""
-        if self.native is not None and self.native.blocks and self.uses_lean_forward:
-            kinds = sorted({b.source_type for b in self.native.blocks.values()})
-            return f"{'/'.join(kinds)} 4-bit (native)"
+        """What the products run on, for a status line: e.g. "Q4_1 (native)" or "bf16"."""
+        if self.native is not None and self.native.tensors and self.uses_lean_forward:
+            kinds = sorted({b.type_name for name, b in self.native.tensors.items() if name != LM_HEAD})
+            return f"{'/'.join(kinds)} (native)"
         return self.dtype_name
 
     @property
@@ -189,8 +189,8 @@ def _native_weights(path: Path, folder: Path, loaded: LoadedModel, explicit: boo
         native = cached_native_weights(path, loaded.model.config, Path(folder))
     except (ValueError, KeyError) as exc:
         return cannot(f"unreadable 4-bit blocks ({first_line(exc)})")
-    if not native.blocks:
-        return cannot(f"the file holds no Q4_0/Q4_1/Q4_K projections ({', '.join(sorted(native.file_types))})")
+    if not native.tensors:
+        return cannot(f"the file holds no Q4_0/Q4_1/Q8_0/Q4_K projections ({', '.join(sorted(native.file_types))})")
     mismatch = check_against(native, loaded.model)
     if mismatch:
         return cannot(mismatch)

@@ -41,11 +41,13 @@ def test_the_compiled_forward_is_the_models_forward_in_fp32(ops):
     assert torch.allclose(ours, ref, atol=1e-4, rtol=1e-4), (ours - ref).abs().max()
 
 
-@pytest.mark.parametrize("form", ["native", "bf16"])
+@pytest.mark.parametrize("form", ["native", "mixed blocks", "bf16"])
 def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form):
     model = tiny_model(vocab=64, layers=3, seed=6)
     if form == "native":
         target = native(model)
+    elif form == "mixed blocks":  # fused parts of several formats, and the LM head in Q8_0
+        target = native(model, formats=("Q4_1", "Q8_0", "Q4_0"), head="Q8_0")
     else:
         target = LoadedModel(model.to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16)
     target = _with_step(target)
@@ -72,9 +74,20 @@ def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form):
     assert torch.equal(runner.forward(ids[42:45], last=3), alone[2:5])
 
 
+def test_the_compiled_step_runs_the_files_blocks_and_the_eager_one_torchs(ops):
+    target = _with_step(native(tiny_model(vocab=64, layers=2, seed=6), formats=("Q4_1", "Q8_0", "Q4_0"), head="Q8_0"))
+    runner = target.new_runner()
+    runner.forward(torch.tensor([1]))
+    assert runner.compiled and runner._fast.lm_head is not None
+    assert runner._fast.lm_head.source_type == "Q8_0"
+    assert runner._fast.kinds == ["blocks"] * 8  # every product of the compiled step
+    kinds = {p.kind for layer in runner.layers for p in layer.products}  # the eager forward's: torch's
+    assert "int4" in kinds and kinds <= {"int4", "prepacked", "dense"}
+
+
 @pytest.mark.parametrize("strategy", sorted(set(DRAFTERS) - {"none"}))
 def test_greedy_speculation_through_the_compiled_step_is_plain_decoding(ops, strategy, tmp_path):
-    target = _with_step(native(tiny_model(vocab=64, layers=4, seed=7)))
+    target = _with_step(native(tiny_model(vocab=64, layers=4, seed=7), formats=("Q4_1", "Q4_0", "Q8_0"), head="Q8_0"))
     draft = _with_step(native(perturbed(tiny_model(vocab=64, layers=4, seed=7), scale=0.05)))
     options = head_options(target, strategy, tmp_path)
     assert_greedy_identity(target, draft, strategy, options, trials=4, longest_prompt=40, max_new_tokens=48)

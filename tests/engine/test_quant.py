@@ -146,7 +146,7 @@ def test_check_against_catches_a_wrong_row_order():
     target = native(tiny_model(vocab=64, layers=2, seed=5))
     assert check_against(target.native, target.model) is None
     name = "model.layers.0.self_attn.q_proj"
-    target.native.blocks[name] = target.native.blocks[name].rows(torch.arange(63, -1, -1))
+    target.native.tensors[name] = target.native.tensors[name].rows(torch.arange(63, -1, -1))
     assert "do not give the weights" in check_against(target.native, target.model)
 
 
@@ -190,7 +190,7 @@ def test_the_bundled_gguf_runs_natively_and_exactly(tmp_path):
     with pytest.raises(SpeculaError, match="compute in bf16"):
         load_model(ModelSpec("bundled", device="cpu", dtype="fp32", weights="native"))
     model = load_model(ModelSpec("bundled", device="cpu", dtype="bf16"))  # auto: native
-    assert model.weights == "Q4_1 4-bit (native)"
+    assert model.weights == "Q4_1 (native)"
     assert len(model.native.blocks) == 30 * 7
     assert check_against(model.native, model.model, layers=tuple(range(30))) is None  # every layer, bit for bit
     gen = torch.Generator().manual_seed(0)
@@ -210,15 +210,16 @@ def test_the_bundled_gguf_runs_natively_and_exactly(tmp_path):
     cache = folder / CACHE_NAME
     assert cache.is_file() and not list(folder.glob("*.safetensors"))[1:]  # export copies only model.safetensors
     again = load_model(ModelSpec("bundled", device="cpu", dtype="bf16"))
-    assert again.native.blocks.keys() == model.native.blocks.keys()
-    assert all(torch.equal(again.native.blocks[k].codes, b.codes) and torch.equal(again.native.blocks[k].zero, b.zero)
-               for k, b in model.native.blocks.items())
+    assert again.native.tensors.keys() == model.native.tensors.keys()
+    assert all(torch.equal(again.native.tensors[k].data, b.data) and again.native.tensors[k].shape == b.shape
+               for k, b in model.native.tensors.items())
+    assert model.native.tensors["lm_head"].type_name == "Q8_0"  # the tied embedding, as the file stores it
     from specula.engine.cli.export import export
 
     out = export("bundled", tmp_path / "export")  # what a serving engine gets: the model's weights only
     assert [f.name for f in out.glob("*.safetensors")] == ["model.safetensors"]
     cache.write_bytes(b"not safetensors")
-    assert load_model(ModelSpec("bundled", device="cpu", dtype="bf16")).weights == "Q4_1 4-bit (native)"
+    assert load_model(ModelSpec("bundled", device="cpu", dtype="bf16")).weights == "Q4_1 (native)"
     assert cache.stat().st_size > 1000
     dense = load_model(ModelSpec("bundled", device="cpu", dtype="bf16", weights="dequantized"))
     assert dense.native is None and dense.weights == "bf16"

@@ -37,21 +37,26 @@ def loaded(model, lean: bool = True, eos: frozenset[int] = frozenset()) -> Loade
     return LoadedModel(model, None, "tiny", torch.device("cpu"), torch.float32, lean=lean, eos_ids=eos)
 
 
-def native(model) -> LoadedModel:
-    """`model` in bf16 with its projections as Q4_1 blocks, the way a GGUF file holds them: the model's
-    own weights become the blocks' dequantized values (as transformers reads a GGUF), and the lean
-    forward runs the blocks through int4 products."""
-    from specula.engine.cpu.products import q4_quantize
-    from specula.engine.models.gguf import NativeWeights
+def native(model, formats: tuple[str, ...] = ("Q4_1",), head: str | None = None) -> LoadedModel:
+    """`model` in bf16 with its projections as a GGUF file's blocks (the formats taken in turn; "Q4_1",
+    "Q4_0", "Q8_0"), and with `head` its LM head too: the model's own weights become the blocks'
+    dequantized values (as transformers reads a GGUF), and the lean forward runs the blocks as they are
+    (torch's int4 kernel in eager answers, the compiled step's own products in compiled ones)."""
+    from specula.engine.cpu.products import FileBlocks
+    from specula.engine.models.gguf import LM_HEAD, NativeWeights
 
     weights = NativeWeights()
+    linears = [(name, module) for name, module in model.named_modules()
+               if name.startswith("model.layers.") and isinstance(module, torch.nn.Linear)]
+    if head is not None:
+        linears.append((LM_HEAD, model.lm_head))
     with torch.no_grad():
-        for name, module in model.named_modules():
-            if name.startswith("model.layers.") and isinstance(module, torch.nn.Linear):
-                blocks = q4_quantize(module.weight, "Q4_1")
-                module.weight.copy_(blocks.dequantize())
-                weights.blocks[name] = blocks
-                weights.file_types["Q4_1"] += 1
+        for i, (name, module) in enumerate(linears):
+            type_name = head if name == LM_HEAD else formats[i % len(formats)]
+            blocks = FileBlocks.quantize(module.weight, type_name)
+            module.weight.copy_(blocks.dequantize())
+            weights.tensors[name] = blocks
+            weights.file_types[type_name] += 1
     model = model.to(torch.bfloat16)
     return LoadedModel(model, None, "tiny-q4", torch.device("cpu"), torch.bfloat16, lean=True, native=weights)
 

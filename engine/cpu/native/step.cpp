@@ -17,6 +17,8 @@
 #include <mutex>
 #include <vector>
 
+#include "blocks.h"
+
 using at::Tensor;
 
 namespace {
@@ -80,10 +82,10 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
   return out;
 }
 
-// A product y = x @ W^T (+ b) in one of the engine's forms (engine/quant.py).
+// A product y = x @ W^T (+ b) in one of the engine's forms (cpu/products.py).
 struct Product {
-  int64_t kind;  // 0: F.linear, 1: oneDNN prepacked, 2: int4 kernel
-  Tensor a, b;   // weight | packed weight | int4 codes, and (int4) scale-and-zero
+  int64_t kind;  // 0: F.linear, 1: oneDNN prepacked, 2: torch's int4 kernel, 3: the file's blocks (blocks.h)
+  Tensor a, b;   // weight | packed weight | int4 codes and scale-and-zero | tiled blocks and their parts
   c10::optional<Tensor> bias;
   // A call of fewer rows than `min_rows` runs as that many, the first row repeated: products whose one-row
   // kernel rounds differently from their multi-row one (F.linear, oneDNN's longer sums) then give a lone
@@ -104,6 +106,7 @@ struct Product {
         op.callBoxed(&stack);
         return stack[0].toTensor();
       }
+      case 3: return blocks::mm(x, a, b, bias, false);
       default: {
         Tensor y = at::_weight_int4pack_mm_for_cpu(x, a, 32, b);
         return bias ? y.add_(*bias) : y;
@@ -360,4 +363,7 @@ TORCH_LIBRARY(specula_step, lib) {
           "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers) -> Tensor", &forward);
   lib.def("release(int handle) -> ()", &release);
   lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
+  lib.def("blocks_pack(Tensor raw, int format) -> Tensor", &blocks::pack_op);
+  lib.def("blocks_mm(Tensor x, Tensor packed, Tensor parts, Tensor? bias, bool out_float) -> Tensor", &blocks::mm);
+  lib.def("blocks_path(int path) -> int", &blocks::set_path);
 }

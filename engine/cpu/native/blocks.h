@@ -1,0 +1,405 @@
+// Matrix products over a GGUF file's quantized blocks: y = x @ W^T (+ b), W in Q4_0, Q4_1 or Q8_0 blocks of
+// 32 weights with the file's fp16 scales (and Q4_1's fp16 minimums) as they are.
+//
+// Arithmetic (ggml's): each row of x is quantized once per product, per block of 32 inputs, to int8 with
+// one fp32 scale dx = max|x| / 127 (q = round-to-nearest-even(x * (1 / dx))); a block's products are then
+// exact integer sums v = sum_j (c_j - offset) * q_j of the weight codes c_j and the row's codes, and each
+// output column adds up its blocks in order in fp32:
+//   Q4_0 (offset 8), Q8_0 (offset 0):  acc = fma(v, d * dx, acc)
+//   Q4_1 (offset 0):                   acc = fma(v, d * dx, acc); acc = fma(m, dx * sum_j q_j, acc)
+// then y = acc (+ b) rounded once to the output's dtype. Every operation on a column's float sum is the
+// same in every code path (portable, AVX2, AVX-512 VNNI) and the integer sums are exact, so all paths
+// give the same bits, and a row's result depends on that row only, whatever the number of rows.
+//
+// Weights are reordered once at load into tiles of 16 output columns: for each tile, its blocks in input
+// order, each block 64-byte chunks where byte 4c + i holds column c's code for input 4r + i (r the chunk,
+// or for 4-bit codes the low nibble for chunk r and the high one for chunk r + 4), then the 16 columns' fp16
+// scales (and minimums). A vector register of one chunk meets the row's 4 int8 inputs broadcast to all
+// lanes: 16 columns times 4 products per instruction, the block unpacked once for every row of the call.
+
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace blocks {
+
+// GGML's type numbers
+enum Format : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
+enum Path : int64_t { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512 = 3 };
+
+constexpr int64_t QK = 32;     // inputs per block
+constexpr int64_t COLS = 16;   // output columns per tile
+constexpr int64_t ROWS = 8;    // rows of x per register tile (AVX-512; AVX2 takes 4)
+constexpr int64_t CHUNK = 64;  // bytes per chunk of codes
+
+constexpr bool known(int64_t fmt) { return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0; }
+constexpr bool four_bit(int64_t fmt) { return fmt != Q8_0; }
+constexpr int64_t code_bytes(int64_t fmt) { return four_bit(fmt) ? 4 * CHUNK : 8 * CHUNK; }
+// one block of one tile: codes, then 16 fp16 scales, then (Q4_1) 16 fp16 minimums
+constexpr int64_t block_bytes(int64_t fmt) { return code_bytes(fmt) + COLS * 2 * (fmt == Q4_1 ? 2 : 1); }
+// one block of one row in the file
+constexpr int64_t file_block_bytes(int64_t fmt) { return fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : 34; }
+constexpr int64_t offset(int64_t fmt) { return fmt == Q4_0 ? 8 : 0; }
+inline int64_t tiles(int64_t n) { return (n + COLS - 1) / COLS; }
+
+inline float half(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
+
+// The file's rows (n, blocks * file_block_bytes) -> the tiled layout (tiles(n) * blocks * block_bytes),
+// columns past n zero.
+inline void pack(const uint8_t* raw, int64_t n, int64_t nb, int64_t fmt, uint8_t* out) {
+  const int64_t fb = file_block_bytes(fmt), bb = block_bytes(fmt), cb = code_bytes(fmt);
+  std::memset(out, 0, tiles(n) * nb * bb);
+  for (int64_t col = 0; col < n; ++col) {
+    int64_t t = col / COLS, c = col % COLS;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* src = raw + col * nb * fb + b * fb;
+      uint8_t* dst = out + (t * nb + b) * bb;
+      uint16_t* scales = reinterpret_cast<uint16_t*>(dst + cb);
+      std::memcpy(&scales[c], src, 2);
+      if (fmt == Q4_1) std::memcpy(&scales[COLS + c], src + 2, 2);
+      if (four_bit(fmt)) {
+        const uint8_t* nib = src + (fmt == Q4_1 ? 4 : 2);  // byte i: q_i low, q_{i+16} high
+        for (int r = 0; r < 4; ++r)
+          for (int i = 0; i < 4; ++i) dst[r * CHUNK + 4 * c + i] = nib[4 * r + i];
+      } else {
+        const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
+        for (int r = 0; r < 8; ++r)
+          for (int i = 0; i < 4; ++i) dst[r * CHUNK + 4 * c + i] = static_cast<uint8_t>(q[4 * r + i] + 128);
+      }
+    }
+  }
+}
+
+// x's rows quantized per block of 32: codes, scale dx, the codes' sum and dx times that sum
+struct Acts {
+  int64_t rows = 0, nb = 0;
+  std::vector<int8_t> q;
+  std::vector<float> d, dsum;
+  std::vector<int32_t> sum;
+  const int8_t* codes(int64_t r, int64_t b) const { return q.data() + (r * nb + b) * QK; }
+};
+
+template <typename T>
+void quantize(const T* x, int64_t rows, int64_t k, Acts& a) {
+  a.rows = rows;
+  a.nb = k / QK;
+  a.q.resize(rows * k);
+  a.d.resize(rows * a.nb);
+  a.dsum.resize(rows * a.nb);
+  a.sum.resize(rows * a.nb);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < a.nb; ++b) {
+      const T* xb = x + r * k + b * QK;
+      float v[QK], amax = 0.0f;
+      for (int j = 0; j < QK; ++j) {
+        v[j] = static_cast<float>(xb[j]);
+        amax = std::max(amax, std::fabs(v[j]));
+      }
+      float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      int8_t* q = a.q.data() + (r * a.nb + b) * QK;
+      int32_t s = 0;
+      for (int j = 0; j < QK; ++j) {
+        q[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
+        s += q[j];
+      }
+      a.d[r * a.nb + b] = d;
+      a.sum[r * a.nb + b] = s;
+      a.dsum[r * a.nb + b] = d * static_cast<float>(s);
+    }
+}
+
+// The code of column c, input i of a block (portable path and tests).
+inline int32_t code(const uint8_t* blk, int64_t fmt, int c, int i) {
+  int r = i / 4, k = i % 4;
+  if (four_bit(fmt)) {
+    uint8_t byte = blk[(r % 4) * CHUNK + 4 * c + k];
+    return r < 4 ? (byte & 0x0F) : (byte >> 4);
+  }
+  return static_cast<int32_t>(blk[r * CHUNK + 4 * c + k]) - 128;  // Q8_0: stored as q + 128
+}
+
+// acc (rows x 16) for one tile over all its blocks, rows r0..r0+R-1: the portable path
+inline void tile_portable(const uint8_t* tile, int64_t nb, int64_t fmt, const Acts& a, int64_t r0, int64_t R, float* acc) {
+  const int64_t bb = block_bytes(fmt), cb = code_bytes(fmt), off = offset(fmt);
+  std::fill(acc, acc + R * COLS, 0.0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = tile + b * bb;
+    const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk + cb);
+    for (int64_t r = 0; r < R; ++r) {
+      const int8_t* q = a.codes(r0 + r, b);
+      float dx = a.d[(r0 + r) * nb + b];
+      for (int c = 0; c < COLS; ++c) {
+        int32_t v = 0;
+        for (int i = 0; i < QK; ++i) v += (code(blk, fmt, c, i) - static_cast<int32_t>(off)) * q[i];
+        float& s = acc[r * COLS + c];
+        s = std::fma(static_cast<float>(v), half(scales[c]) * dx, s);
+        if (fmt == Q4_1) s = std::fma(half(scales[COLS + c]), a.dsum[(r0 + r) * nb + b], s);
+      }
+    }
+  }
+}
+
+#define SPECULA_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define SPECULA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
+
+// AVX2: a tile as two halves of 8 columns, up to 4 rows at a time
+template <int R, int64_t fmt>
+SPECULA_AVX2 void tile_avx2(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, float* acc) {
+  const int64_t bb = block_bytes(fmt), cb = code_bytes(fmt);
+  const __m256i low = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; ++h) {
+    __m256 s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = tile + b * bb;
+      __m256i u[8];
+      if constexpr (four_bit(fmt)) {
+        for (int c = 0; c < 4; ++c) {
+          __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + c * CHUNK + 32 * h));
+          u[c] = _mm256_and_si256(v, low);
+          u[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+      } else {
+        for (int c = 0; c < 8; ++c)  // signed codes
+          u[c] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + c * CHUNK + 32 * h)), flip);
+      }
+      const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk + cb) + 8 * h;
+      __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+      __m256 mw = fmt == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + COLS)))
+                              : _mm256_setzero_ps();
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = a.codes(r0 + r, b);
+        __m256i v = _mm256_setzero_si256();
+        for (int c = 0; c < 8; ++c) {
+          int32_t four;
+          std::memcpy(&four, q + 4 * c, 4);
+          __m256i x = _mm256_set1_epi32(four);
+          __m256i pairs = four_bit(fmt) ? _mm256_maddubs_epi16(u[c], x)
+                                        : _mm256_maddubs_epi16(_mm256_abs_epi8(u[c]), _mm256_sign_epi8(x, u[c]));
+          v = _mm256_add_epi32(v, _mm256_madd_epi16(pairs, ones));
+        }
+        int64_t i = (r0 + r) * nb + b;
+        if (fmt == Q4_0) v = _mm256_sub_epi32(v, _mm256_set1_epi32(8 * a.sum[i]));
+        s[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[i])), s[r]);
+        if (fmt == Q4_1) s[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.dsum[i]), s[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc + r * COLS + 8 * h, s[r]);
+  }
+}
+
+// AVX-512 with VNNI: 16 columns a register, up to 8 rows at a time
+template <int R, int64_t fmt>
+SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, float* acc) {
+  const int64_t bb = block_bytes(fmt), cb = code_bytes(fmt);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 s[R];
+  for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = tile + b * bb;
+    __m512i u[8];  // unsigned codes: 4-bit ones, or Q8_0's q + 128
+    if constexpr (four_bit(fmt)) {
+      for (int c = 0; c < 4; ++c) {
+        __m512i v = _mm512_loadu_si512(blk + c * CHUNK);
+        u[c] = _mm512_and_si512(v, low);
+        u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+    } else {
+      for (int c = 0; c < 8; ++c) u[c] = _mm512_loadu_si512(blk + c * CHUNK);
+    }
+    const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk + cb);
+    __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+    __m512 mw = fmt == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + COLS)))
+                            : _mm512_setzero_ps();
+    const int32_t shift = fmt == Q4_0 ? 8 : fmt == Q8_0 ? 128 : 0;
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a.codes(r0 + r, b);
+      __m512i v0 = _mm512_setzero_si512(), v1 = _mm512_setzero_si512();  // two chains; integer sums
+      for (int c = 0; c < 8; c += 2) {
+        int32_t f0, f1;
+        std::memcpy(&f0, q + 4 * c, 4);
+        std::memcpy(&f1, q + 4 * c + 4, 4);
+        v0 = _mm512_dpbusd_epi32(v0, u[c], _mm512_set1_epi32(f0));
+        v1 = _mm512_dpbusd_epi32(v1, u[c + 1], _mm512_set1_epi32(f1));
+      }
+      int64_t i = (r0 + r) * nb + b;
+      __m512i v = _mm512_add_epi32(v0, v1);
+      if (shift) v = _mm512_sub_epi32(v, _mm512_set1_epi32(shift * a.sum[i]));
+      s[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[i])), s[r]);
+      if (fmt == Q4_1) s[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * COLS, s[r]);
+}
+
+inline Path best_path() {
+  static const Path best = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512vnni"))
+      return AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return AVX2;
+    return PORTABLE;
+  }();
+  return best;
+}
+
+inline Path& forced() {
+  static Path p = AUTO;
+  return p;
+}
+
+// The path products take: the best this CPU has, or a slower one forced (tests); a path the CPU lacks
+// is refused.
+inline Path path() { return forced() == AUTO ? best_path() : forced(); }
+
+inline int64_t set_path(int64_t p) {
+  TORCH_CHECK(p >= AUTO && p <= AVX512, "unknown kernel path ", p);
+  TORCH_CHECK(p == AUTO || p <= best_path(), "this CPU cannot run kernel path ", p);
+  forced() = static_cast<Path>(p);
+  return path();
+}
+
+template <int R, int64_t fmt>
+void run_tile(Path p, const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, float* acc) {
+  if (p == AVX512) tile_avx512<R, fmt>(tile, nb, a, r0, acc);
+  else if (p == AVX2) {
+    if constexpr (R <= 4) tile_avx2<R, fmt>(tile, nb, a, r0, acc);
+    else {
+      tile_avx2<4, fmt>(tile, nb, a, r0, acc);
+      run_tile<R - 4, fmt>(p, tile, nb, a, r0 + 4, acc + 4 * COLS);
+    }
+  } else tile_portable(tile, nb, fmt, a, r0, R, acc);
+}
+
+template <int R>
+void run_tile(Path p, const uint8_t* tile, int64_t nb, int64_t fmt, const Acts& a, int64_t r0, float* acc) {
+  switch (fmt) {
+    case Q4_0: return run_tile<R, Q4_0>(p, tile, nb, a, r0, acc);
+    case Q4_1: return run_tile<R, Q4_1>(p, tile, nb, a, r0, acc);
+    default: return run_tile<R, Q8_0>(p, tile, nb, a, r0, acc);
+  }
+}
+
+inline void rows_of_tile(Path p, const uint8_t* tile, int64_t nb, int64_t fmt, const Acts& a, int64_t r0, int64_t n, float* acc) {
+  switch (n) {
+    case 1: return run_tile<1>(p, tile, nb, fmt, a, r0, acc);
+    case 2: return run_tile<2>(p, tile, nb, fmt, a, r0, acc);
+    case 3: return run_tile<3>(p, tile, nb, fmt, a, r0, acc);
+    case 4: return run_tile<4>(p, tile, nb, fmt, a, r0, acc);
+    case 5: return run_tile<5>(p, tile, nb, fmt, a, r0, acc);
+    case 6: return run_tile<6>(p, tile, nb, fmt, a, r0, acc);
+    case 7: return run_tile<7>(p, tile, nb, fmt, a, r0, acc);
+    default: return run_tile<8>(p, tile, nb, fmt, a, r0, acc);
+  }
+}
+
+// One weight of several parts stacked along the output (fused q/k/v), each in its own format:
+// parts (P, 3) int64 rows of (format, output columns, byte offset into `packed`).
+struct Parts {
+  std::vector<int64_t> fmt, cols, at, first_tile, first_col;
+  int64_t total_tiles = 0, total_cols = 0;
+};
+
+inline Parts read_parts(const at::Tensor& parts, int64_t k, int64_t packed_bytes) {
+  TORCH_CHECK(parts.dim() == 2 && parts.size(1) == 3 && parts.scalar_type() == at::kLong, "parts: (P, 3) int64");
+  TORCH_CHECK(k % QK == 0, "the input size ", k, " is not a multiple of ", QK);
+  auto pc = parts.contiguous();
+  const int64_t* p = pc.data_ptr<int64_t>();
+  Parts out;
+  for (int64_t i = 0; i < pc.size(0); ++i) {
+    int64_t fmt = p[3 * i], cols = p[3 * i + 1], at = p[3 * i + 2];
+    TORCH_CHECK(known(fmt), "unknown block format ", fmt);
+    TORCH_CHECK(at >= 0 && at + tiles(cols) * (k / QK) * block_bytes(fmt) <= packed_bytes, "a part past the packed weight");
+    out.fmt.push_back(fmt);
+    out.cols.push_back(cols);
+    out.at.push_back(at);
+    out.first_tile.push_back(out.total_tiles);
+    out.first_col.push_back(out.total_cols);
+    out.total_tiles += tiles(cols);
+    out.total_cols += cols;
+  }
+  return out;
+}
+
+constexpr int64_t ROW_CHUNK = 64;  // rows a thread takes through its tiles before the next rows (prompts)
+
+template <typename T, typename O>
+void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const Parts& parts, const float* bias, O* y) {
+  Acts a;
+  quantize(x, rows, k, a);
+  const int64_t nb = k / QK, n = parts.total_cols;
+  const Path p = path();
+  at::parallel_for(0, parts.total_tiles, 1, [&](int64_t begin, int64_t end) {
+    float acc[ROWS * COLS];
+    for (int64_t c0 = 0; c0 < rows; c0 += ROW_CHUNK) {
+      int64_t c1 = std::min(rows, c0 + ROW_CHUNK);
+      for (int64_t gt = begin; gt < end; ++gt) {
+        size_t part = std::upper_bound(parts.first_tile.begin(), parts.first_tile.end(), gt) - parts.first_tile.begin() - 1;
+        int64_t fmt = parts.fmt[part], t = gt - parts.first_tile[part];
+        const uint8_t* tile = packed + parts.at[part] + t * nb * block_bytes(fmt);
+        int64_t cols = std::min(COLS, parts.cols[part] - t * COLS), col0 = parts.first_col[part] + t * COLS;
+        for (int64_t r0 = c0; r0 < c1; r0 += ROWS) {
+          int64_t m = std::min(ROWS, c1 - r0);
+          rows_of_tile(p, tile, nb, fmt, a, r0, m, acc);
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t c = 0; c < cols; ++c) {
+              float v = acc[r * COLS + c];
+              if (bias) v += bias[col0 + c];
+              y[(r0 + r) * n + col0 + c] = static_cast<O>(v);
+            }
+        }
+      }
+    }
+  });
+}
+
+// y = x @ W^T (+ bias): x (rows, k) in bf16, fp16 or fp32; y in x's dtype, or fp32 when `out_float`.
+inline at::Tensor mm(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& parts_t,
+                     const c10::optional<at::Tensor>& bias, bool out_float) {
+  TORCH_CHECK(x_in.dim() == 2, "x: (rows, inputs)");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed: contiguous uint8");
+  auto x = x_in.contiguous();
+  int64_t rows = x.size(0), k = x.size(1);
+  Parts parts = read_parts(parts_t, k, packed.numel());
+  at::Tensor b32;
+  if (bias) {
+    TORCH_CHECK(bias->numel() == parts.total_cols, "a bias per output");
+    b32 = bias->to(at::kFloat).contiguous();
+  }
+  auto y = at::empty({rows, parts.total_cols}, x.options().dtype(out_float ? at::kFloat : x.scalar_type()));
+  if (rows == 0) return y;
+  const float* bp = bias ? b32.data_ptr<float>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "blocks_mm", [&] {
+    if (out_float)
+      product<scalar_t, float>(x.data_ptr<scalar_t>(), rows, k, packed.data_ptr<uint8_t>(), parts, bp, y.data_ptr<float>());
+    else
+      product<scalar_t, scalar_t>(x.data_ptr<scalar_t>(), rows, k, packed.data_ptr<uint8_t>(), parts, bp, y.data_ptr<scalar_t>());
+  });
+  return y;
+}
+
+// raw (n, blocks * file_block_bytes) uint8 -> the tiled layout
+inline at::Tensor pack_op(const at::Tensor& raw, int64_t fmt) {
+  TORCH_CHECK(known(fmt), "unknown block format ", fmt);
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == at::kByte, "raw: (rows, bytes) uint8");
+  auto r = raw.contiguous();
+  int64_t n = r.size(0), fb = file_block_bytes(fmt);
+  TORCH_CHECK(r.size(1) % fb == 0, "a row of ", r.size(1), " bytes is not whole blocks of ", fb);
+  int64_t nb = r.size(1) / fb;
+  auto out = at::empty({tiles(n) * nb * block_bytes(fmt)}, r.options());
+  pack(r.data_ptr<uint8_t>(), n, nb, fmt, out.data_ptr<uint8_t>());
+  return out;
+}
+
+}  // namespace blocks
