@@ -16,6 +16,7 @@ much less on a given machine, model size and dtype.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a GGUF's 4-bit weights: native (int4 products) or dequantized to --dtype")
     parser.add_argument("--step", default="auto", choices=["auto", "compiled", "eager"],
                         help="the decoding step (engine/cpu/step.py); auto: compiled where it is built")
+    parser.add_argument("--products", default="own", choices=["own", "torch"],
+                        help="the compiled step's products over a GGUF's blocks: Specula's own or torch's (to compare)")
     parser.add_argument("--context", type=int, default=512, help="tokens already in the cache")
     parser.add_argument("--tokens", default="1,2,4,8,16,32", help="comma-separated new-token counts")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per count (the median is kept)")
@@ -68,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if counts[0] < 1 or args.context < 1 or args.repeats < 1:
         parser.error("--tokens, --context and --repeats must be positive")
 
+    os.environ["SPECULA_PRODUCTS"] = args.products
     loaded = load_model(ModelSpec(args.model, args.device, args.dtype, args.weights, args.step),
                         progress=lambda text: print(text, file=sys.stderr))
     runner = loaded.new_runner()
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = str(loaded.dtype).removeprefix("torch.")
     print(f"Model: {loaded.name} | device {loaded.device} | dtype {dtype} | weights {loaded.weights} | {forward} "
           f"| step {'compiled' if getattr(runner, 'compiled', False) else 'eager'} "
-          f"| context {args.context} "
+          f"| products {args.products if getattr(runner, 'compiled', False) else 'torch'} | context {args.context} "
           f"| median of {args.repeats}\n")
     print("| tokens | ms | relative to 1 token | ms per token |")
     print("|---|---|---|---|")

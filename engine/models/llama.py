@@ -13,6 +13,7 @@ the products (early-exit self-speculation).
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from dataclasses import dataclass
 
@@ -191,14 +192,16 @@ class _Fused:
 class _StepHandle:
     """A model's products registered with the compiled step (cpu/step.py); released with the model. Where
     the file's blocks are Q4_0, Q4_1 or Q8_0, the step runs its own products over them (`Blocks`), the LM
-    head's too; other weights keep the products the eager forward uses."""
+    head's too; other weights keep the products the eager forward uses. SPECULA_PRODUCTS=torch keeps
+    torch's everywhere (to compare)."""
 
     def __init__(self, ops, layers: list[_Layer], cfg, scale: float, native: NativeWeights | None) -> None:
         a, b, bias, kinds, norms, min_rows = [], [], [], [], [], []
         empty = torch.empty(0)
+        own = os.environ.get("SPECULA_PRODUCTS", "own").strip().lower() != "torch"
         for layer in layers:
             for p, parts in zip(layer.products, layer.file_parts):
-                if parts is not None:
+                if parts is not None and own:
                     p = Blocks(ops, parts, p.bias)
                 kinds.append(_PRODUCT_KINDS[p.kind])
                 if p.kind == "int4":
@@ -211,7 +214,7 @@ class _StepHandle:
                 min_rows.append(p.stable_rows)
             norms += [layer.in_norm[0], layer.post_norm[0]]
         head = native.tensors.get(LM_HEAD) if native is not None else None
-        usable = head is not None and head.type_name in BLOCK_FORMATS
+        usable = own and head is not None and head.type_name in BLOCK_FORMATS
         self.lm_head = Blocks(ops, [head], None, out_float=True) if usable else None
         self.ops = ops
         self.layers = layers

@@ -9,7 +9,7 @@ import torch
 from specula.engine.cpu import step as compiled
 from specula.engine.cpu.products import BLOCK_FORMATS, Blocks, FileBlocks
 
-PATHS = {"portable": 1, "avx2": 2, "avx512": 3}
+PATHS = {"portable": 1, "avx2": 2, "avx512": 3, "amx": 4}
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,10 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -34,12 +37,16 @@ namespace blocks {
 
 // GGML's type numbers
 enum Format : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
-enum Path : int64_t { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512 = 3 };
+// AMX: calls of AMX_FROM rows or more on CPUs with AMX-INT8 (Intel Xeon since Sapphire Rapids); fewer
+// rows take AVX-512 there, faster for them (the same bits)
+enum Path : int64_t { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512 = 3, AMX = 4 };
 
 constexpr int64_t QK = 32;     // inputs per block
 constexpr int64_t COLS = 16;   // output columns per tile
 constexpr int64_t ROWS = 8;    // rows of x per register tile (AVX-512; AVX2 takes 4)
 constexpr int64_t CHUNK = 64;  // bytes per chunk of codes
+constexpr int64_t AMX_ROWS = 16;  // rows of x per AMX tile
+constexpr int64_t AMX_FROM = 16;  // the fewest rows of a call that AMX takes (measured: below, AVX-512 is faster)
 
 constexpr bool known(int64_t fmt) { return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0; }
 constexpr bool four_bit(int64_t fmt) { return fmt != Q8_0; }
@@ -177,6 +184,7 @@ SPECULA_AVX2 void tile_avx2(const uint8_t* tile, int64_t nb, const Acts& a, int6
       __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
       __m256 mw = fmt == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + COLS)))
                               : _mm256_setzero_ps();
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const int8_t* q = a.codes(r0 + r, b);
         __m256i v = _mm256_setzero_si256();
@@ -222,6 +230,7 @@ SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, 
     __m512 mw = fmt == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + COLS)))
                             : _mm512_setzero_ps();
     const int32_t shift = fmt == Q4_0 ? 8 : fmt == Q8_0 ? 128 : 0;
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int8_t* q = a.codes(r0 + r, b);
       __m512i v0 = _mm512_setzero_si512(), v1 = _mm512_setzero_si512();  // two chains; integer sums
@@ -242,9 +251,130 @@ SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, 
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * COLS, s[r]);
 }
 
+#define SPECULA_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c,amx-tile,amx-int8")))
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {0};
+  uint16_t colsb[16] = {0};
+  uint8_t rows[16] = {0};
+};
+
+// tmm0-3: 16 int32 sums of four blocks per row; tmm4-5: a block's 32 int8 inputs per row; tmm6-7: a
+// block's codes, 8 rows of 16 columns x 4 inputs (a chunk each)
+// of `rows` rows (up to 16)
+SPECULA_AMX inline void amx_configure(int64_t rows) {
+  TileConfig cfg;
+  for (int t = 0; t < 4; ++t) cfg.rows[t] = rows, cfg.colsb[t] = COLS * 4;
+  for (int t = 4; t < 6; ++t) cfg.rows[t] = rows, cfg.colsb[t] = QK;
+  for (int t = 6; t < 8; ++t) cfg.rows[t] = QK / 4, cfg.colsb[t] = CHUNK;
+  // the whole configuration as the instruction's operand (GCC 12's _tile_loadconfig names only its first
+  // 8 bytes, so the stores of the rest may be dropped)
+  asm volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+SPECULA_AMX inline void amx_release() { _tile_release(); }
+
+// The integer sums of G blocks b0.. (G <= 4) for rows r0..r0+15 into sums (G x 16 x 16), each block its
+// own tile instruction.
+template <int64_t fmt, int G>
+SPECULA_AMX void amx_sums(const uint8_t* tile, int64_t b0, int64_t nb, const Acts& a, int64_t r0, int32_t* sums) {
+  const int64_t bb = block_bytes(fmt);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  alignas(64) uint8_t codes[4][8 * CHUNK];
+  const uint8_t* src[4];
+  for (int g = 0; g < G; ++g) {
+    const uint8_t* blk = tile + (b0 + g) * bb;
+    src[g] = blk;  // Q8_0's q + 128 as stored
+    if constexpr (four_bit(fmt)) {
+      for (int c = 0; c < 4; ++c) {
+        __m512i v = _mm512_loadu_si512(blk + c * CHUNK);
+        _mm512_store_si512(codes[g] + c * CHUNK, _mm512_and_si512(v, low));
+        _mm512_store_si512(codes[g] + (c + 4) * CHUNK, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+      }
+      src[g] = codes[g];
+    }
+  }
+  const int64_t stride = a.nb * QK;
+  _tile_zero(0);
+  _tile_loadd(4, a.codes(r0, b0), stride);
+  _tile_loadd(6, src[0], CHUNK);
+  _tile_dpbsud(0, 4, 6);
+  if constexpr (G > 1) {
+    _tile_zero(1);
+    _tile_loadd(5, a.codes(r0, b0 + 1), stride);
+    _tile_loadd(7, src[1], CHUNK);
+    _tile_dpbsud(1, 5, 7);
+  }
+  if constexpr (G > 2) {
+    _tile_zero(2);
+    _tile_loadd(4, a.codes(r0, b0 + 2), stride);
+    _tile_loadd(6, src[2], CHUNK);
+    _tile_dpbsud(2, 4, 6);
+  }
+  if constexpr (G > 3) {
+    _tile_zero(3);
+    _tile_loadd(5, a.codes(r0, b0 + 3), stride);
+    _tile_loadd(7, src[3], CHUNK);
+    _tile_dpbsud(3, 5, 7);
+  }
+  _tile_stored(0, sums, COLS * 4);
+  if constexpr (G > 1) _tile_stored(1, sums + AMX_ROWS * COLS, COLS * 4);
+  if constexpr (G > 2) _tile_stored(2, sums + 2 * AMX_ROWS * COLS, COLS * 4);
+  if constexpr (G > 3) _tile_stored(3, sums + 3 * AMX_ROWS * COLS, COLS * 4);
+}
+
+// AMX: up to 16 rows, four blocks at a time; then, row by row and block by block in order, the same float
+// arithmetic as AVX-512
+template <int64_t fmt>
+SPECULA_AMX void tile_amx(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, int64_t R, float* acc) {
+  const int64_t bb = block_bytes(fmt), cb = code_bytes(fmt);
+  alignas(64) int32_t sums[4 * AMX_ROWS * COLS];
+  for (int64_t r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * COLS, _mm512_setzero_ps());
+  const int32_t shift = fmt == Q4_0 ? 8 : fmt == Q8_0 ? 128 : 0;
+  for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+    const int64_t G = std::min<int64_t>(4, nb - b0);
+    if (G == 4) amx_sums<fmt, 4>(tile, b0, nb, a, r0, sums);
+    else if (G == 3) amx_sums<fmt, 3>(tile, b0, nb, a, r0, sums);
+    else if (G == 2) amx_sums<fmt, 2>(tile, b0, nb, a, r0, sums);
+    else amx_sums<fmt, 1>(tile, b0, nb, a, r0, sums);
+    __m512 dw[4], mw[4];
+    for (int64_t g = 0; g < G; ++g) {
+      const uint16_t* scales = reinterpret_cast<const uint16_t*>(tile + (b0 + g) * bb + cb);
+      dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+      mw[g] = fmt == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + COLS)))
+                          : _mm512_setzero_ps();
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      __m512 s = _mm512_loadu_ps(acc + r * COLS);
+      for (int64_t g = 0; g < G; ++g) {
+        int64_t i = (r0 + r) * nb + b0 + g;
+        __m512i v = _mm512_load_si512(sums + (g * AMX_ROWS + r) * COLS);
+        if (shift) v = _mm512_sub_epi32(v, _mm512_set1_epi32(shift * a.sum[i]));
+        s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dw[g], _mm512_set1_ps(a.d[i])), s);
+        if (fmt == Q4_1) s = _mm512_fmadd_ps(mw[g], _mm512_set1_ps(a.dsum[i]), s);
+      }
+      _mm512_storeu_ps(acc + r * COLS, s);
+    }
+  }
+}
+
+// Whether this CPU has AMX-INT8 and Linux lets this process use the tile registers.
+inline bool amx_usable() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool tile = edx & (1u << 24), int8 = edx & (1u << 25);
+  if (!tile || !int8) return false;
+#ifdef SYS_arch_prctl
+  return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+  return false;
+#endif
+}
+
 inline Path best_path() {
   static const Path best = [] {
     __builtin_cpu_init();
+    if (amx_usable() && __builtin_cpu_supports("avx512vnni")) return AMX;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512vnni"))
       return AVX512;
@@ -264,7 +394,7 @@ inline Path& forced() {
 inline Path path() { return forced() == AUTO ? best_path() : forced(); }
 
 inline int64_t set_path(int64_t p) {
-  TORCH_CHECK(p >= AUTO && p <= AVX512, "unknown kernel path ", p);
+  TORCH_CHECK(p >= AUTO && p <= AMX, "unknown kernel path ", p);
   TORCH_CHECK(p == AUTO || p <= best_path(), "this CPU cannot run kernel path ", p);
   forced() = static_cast<Path>(p);
   return path();
@@ -272,7 +402,7 @@ inline int64_t set_path(int64_t p) {
 
 template <int R, int64_t fmt>
 void run_tile(Path p, const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, float* acc) {
-  if (p == AVX512) tile_avx512<R, fmt>(tile, nb, a, r0, acc);
+  if (p >= AVX512) tile_avx512<R, fmt>(tile, nb, a, r0, acc);
   else if (p == AVX2) {
     if constexpr (R <= 4) tile_avx2<R, fmt>(tile, nb, a, r0, acc);
     else {
@@ -340,8 +470,11 @@ void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const P
   quantize(x, rows, k, a);
   const int64_t nb = k / QK, n = parts.total_cols;
   const Path p = path();
+  const bool amx = p == AMX && rows >= AMX_FROM;
+  const int64_t step = amx ? AMX_ROWS : ROWS;
   at::parallel_for(0, parts.total_tiles, 1, [&](int64_t begin, int64_t end) {
-    float acc[ROWS * COLS];
+    alignas(64) float acc[AMX_ROWS * COLS];
+    int64_t configured = 0;  // the rows the tiles are configured for (tile registers are each thread's own)
     for (int64_t c0 = 0; c0 < rows; c0 += ROW_CHUNK) {
       int64_t c1 = std::min(rows, c0 + ROW_CHUNK);
       for (int64_t gt = begin; gt < end; ++gt) {
@@ -349,9 +482,16 @@ void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const P
         int64_t fmt = parts.fmt[part], t = gt - parts.first_tile[part];
         const uint8_t* tile = packed + parts.at[part] + t * nb * block_bytes(fmt);
         int64_t cols = std::min(COLS, parts.cols[part] - t * COLS), col0 = parts.first_col[part] + t * COLS;
-        for (int64_t r0 = c0; r0 < c1; r0 += ROWS) {
-          int64_t m = std::min(ROWS, c1 - r0);
-          rows_of_tile(p, tile, nb, fmt, a, r0, m, acc);
+        for (int64_t r0 = c0; r0 < c1; r0 += step) {
+          int64_t m = std::min(step, c1 - r0);
+          if (amx) {
+            if (m != configured) amx_configure(configured = m);
+            if (fmt == Q4_0) tile_amx<Q4_0>(tile, nb, a, r0, m, acc);
+            else if (fmt == Q4_1) tile_amx<Q4_1>(tile, nb, a, r0, m, acc);
+            else tile_amx<Q8_0>(tile, nb, a, r0, m, acc);
+          } else {
+            rows_of_tile(p, tile, nb, fmt, a, r0, m, acc);
+          }
           for (int64_t r = 0; r < m; ++r)
             for (int64_t c = 0; c < cols; ++c) {
               float v = acc[r * COLS + c];
@@ -361,6 +501,7 @@ void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const P
         }
       }
     }
+    if (configured) amx_release();
   });
 }
 
