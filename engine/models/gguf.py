@@ -2,13 +2,13 @@
 
 transformers reads a GGUF by dequantizing every tensor (loading.py caches that as safetensors); the
 model it builds stays the reference for names, shapes and everything the file does not hold in a
-format Specula runs. This module reads the same file's Q4_0/Q4_1/Q8_0/Q4_K blocks of the Llama family's
+format Specula runs. This module reads the same file's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K blocks of the Llama family's
 seven projections per layer and of the LM head (`output`, or the token embedding a tied model shares),
 undoes llama.cpp's row order for q and k, and checks the result against the dequantized model: the
 blocks must give the weights transformers loaded (to the last bit of the model's dtype), or they are not
-used. The compiled step runs Q4_0/Q4_1/Q8_0 through its own products; eager answers run the 4-bit ones
-(Q4_K too) through torch's int4 kernel. Other tensor types (Q5/Q6_K, fp16) stay dequantized, with the
-count reported.
+used. The compiled step runs them all through its own products; eager answers run the 4-bit ones
+through torch's int4 kernel and the rest dense. Other tensor types (Q5_0/Q5_K, fp16) stay dequantized,
+with the count reported.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..cpu.products import FileBlocks, Q4Blocks
 
 log = logging.getLogger(__name__)
 
-NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
+NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
 LM_HEAD = "lm_head"  # the name the LM head's blocks go by
 _PROJECTIONS = {  # GGUF name in block i -> the transformers module under model.layers[i]
     "attn_q": "self_attn.q_proj",
@@ -53,7 +53,7 @@ class NativeWeights:
         """The 4-bit projections as torch's int4 kernel takes them (built once)."""
         if self._q4 is None:
             self._q4 = {name: t.q4() for name, t in self.tensors.items()
-                        if name != LM_HEAD and t.type_name != "Q8_0"}
+                        if name != LM_HEAD and t.type_name in ("Q4_0", "Q4_1", "Q4_K")}
         return self._q4
 
     @property

@@ -41,8 +41,22 @@ def _call(ops, path: str, product: Blocks, x: torch.Tensor) -> torch.Tensor:
         ops.blocks_path(0)
 
 
+K_QUANTS = {"Q4_K": (144, (0, 2)), "Q6_K": (210, (208,))}  # bytes per 256 weights, offsets of fp16 scales
+
+
 def _weight(out: int, inp: int, seed: int, type_name: str) -> FileBlocks:
+    """A weight in `type_name`: quantized from random weights (gguf's quantizer), or for the K-quants (which
+    it cannot quantize) random super-blocks with small positive fp16 scales."""
     gen = torch.Generator().manual_seed(seed)
+    if type_name in K_QUANTS:
+        size, scales = K_QUANTS[type_name]
+        raw = torch.randint(0, 256, (out, inp // 256, size), generator=gen, dtype=torch.uint8)
+        for at in scales:
+            d = (torch.rand(out, inp // 256, generator=gen) * 0.01 + 1e-4).half()
+            raw[..., at : at + 2] = d.view(torch.uint8).reshape(out, inp // 256, 2)
+        if out > 3:
+            raw[3, :, scales[0] : scales[0] + 2] = 0  # a column whose scales are zero
+        return FileBlocks(type_name, raw.reshape(out, -1), (out, inp))
     w = torch.randn(out, inp, generator=gen) * 0.05
     w[:, :32] *= 40  # blocks of very different scales
     if out > 3:
@@ -51,31 +65,19 @@ def _weight(out: int, inp: int, seed: int, type_name: str) -> FileBlocks:
 
 
 def reference(x: torch.Tensor, parts: list[FileBlocks], bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The block arithmetic written plainly in float64: x quantized per block of 32 as the kernels do,
-    integer sums, each block's contribution scaled and added in order."""
+    """The block arithmetic written plainly in float64: x quantized per block of 32 as the kernels do, each
+    block's sum over the file's weights (the gguf package's dequantizer) times the block's scale dx."""
     x = x.float().numpy()
     rows, k = x.shape
     xb = x.reshape(rows, k // 32, 32)
     amax = np.abs(xb).max(-1)
     d = (amax / np.float32(127)).astype(np.float32)
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
-    q = np.rint(xb * inv[..., None]).astype(np.int64)  # round half to even, as the kernels
+    q = np.rint(xb * inv[..., None]).astype(np.float64)  # round half to even, as the kernels
     outs = []
     for p in parts:
-        raw = p.data.numpy().reshape(p.shape[0], k // 32, -1)
-        scale = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)  # (out, blocks)
-        if p.type_name == "Q8_0":
-            codes, off = raw[..., 2:].view(np.int8).astype(np.int64), 0
-        else:
-            nib = raw[..., 4:] if p.type_name == "Q4_1" else raw[..., 2:]
-            codes = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64)
-            off = 8 if p.type_name == "Q4_0" else 0
-        v = np.einsum("obj,rbj->rob", codes - off, q)  # (rows, out, blocks) exact
-        y = (v * scale[None] * d[:, None, :].astype(np.float64)).sum(-1)
-        if p.type_name == "Q4_1":
-            m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
-            y += (m[None] * (d * q.sum(-1))[:, None, :]).sum(-1)
-        outs.append(y)
+        w = p.dequantize().double().numpy().reshape(p.shape[0], k // 32, 32)
+        outs.append(np.einsum("obj,rbj,rb->ro", w, q, d.astype(np.float64)))
     y = np.concatenate(outs, axis=1)
     if bias is not None:
         y += bias.float().numpy()
@@ -85,9 +87,10 @@ def reference(x: torch.Tensor, parts: list[FileBlocks], bias: torch.Tensor | Non
 @pytest.mark.parametrize("type_name", sorted(BLOCK_FORMATS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_every_path_and_row_count_gives_a_row_its_own_bits(ops, type_name, dtype):
-    weight = _weight(200, 576, seed=1, type_name=type_name)  # 200 columns: a part-filled last tile
+    k = 512 if type_name in K_QUANTS else 576
+    weight = _weight(200, k, seed=1, type_name=type_name)  # 200 columns: a part-filled last tile
     product = Blocks(ops, [weight], None, out_float=True)
-    x = (torch.randn(32, 576, generator=torch.Generator().manual_seed(2)) * 3).to(dtype)
+    x = (torch.randn(32, k, generator=torch.Generator().manual_seed(2)) * 3).to(dtype)
     x[5, 64:96] = 0  # a block of zeros
     paths = _paths(ops)
     assert "portable" in paths
@@ -100,16 +103,19 @@ def test_every_path_and_row_count_gives_a_row_its_own_bits(ops, type_name, dtype
             assert torch.equal(_call(ops, path, product, x[:rows]), alone[:rows]), (path, rows)
     ref = reference(x, [weight])
     assert torch.allclose(results["portable"].double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max())
-    dense = x.float() @ weight.dequantize().T  # the activations' int8 rounding: about 1 part in 200
-    assert ((results["portable"] - dense).norm() / dense.norm()) < 0.02
+    if type_name not in K_QUANTS:  # random super-blocks are no weights; quantized ones are
+        dense = x.float() @ weight.dequantize().T  # the activations' int8 rounding: about 1 part in 200
+        assert ((results["portable"] - dense).norm() / dense.norm()) < 0.02
 
 
 def test_fuzzed_shapes_formats_and_rows(ops):
     gen = torch.Generator().manual_seed(3)
     paths = _paths(ops)
     for trial in range(12):
-        k = 32 * int(torch.randint(1, 40, (1,), generator=gen))
-        kinds = [sorted(BLOCK_FORMATS)[int(i)] for i in torch.randint(0, 3, (int(torch.randint(1, 4, (1,), generator=gen)),), generator=gen)]
+        k = 256 * int(torch.randint(1, 6, (1,), generator=gen)) if trial % 3 == 0 else 32 * int(torch.randint(1, 40, (1,), generator=gen))
+        formats = sorted(BLOCK_FORMATS) if k % 256 == 0 else sorted(set(BLOCK_FORMATS) - set(K_QUANTS))
+        count = int(torch.randint(1, 4, (1,), generator=gen))
+        kinds = [formats[int(i)] for i in torch.randint(0, len(formats), (count,), generator=gen)]
         parts = [_weight(int(torch.randint(1, 70, (1,), generator=gen)), k, seed=100 + trial * 4 + i, type_name=t)
                  for i, t in enumerate(kinds)]
         bias = torch.randn(sum(p.shape[0] for p in parts), generator=gen) if trial % 2 else None
@@ -130,9 +136,10 @@ def test_fuzzed_shapes_formats_and_rows(ops):
 
 
 def test_stacked_parts_are_the_parts_side_by_side(ops):
-    parts = [_weight(40, 128, 7, "Q4_0"), _weight(24, 128, 8, "Q8_0"), _weight(33, 128, 9, "Q4_1")]
-    bias = torch.randn(97)
-    x = torch.randn(9, 128).bfloat16()
+    parts = [_weight(40, 256, 7, "Q4_0"), _weight(24, 256, 8, "Q8_0"), _weight(33, 256, 9, "Q4_1"),
+             _weight(16, 256, 10, "Q4_K"), _weight(20, 256, 11, "Q6_K")]
+    bias = torch.randn(sum(p.shape[0] for p in parts))
+    x = torch.randn(9, 256).bfloat16()
     whole = Blocks(ops, parts, bias, out_float=True)(x)
     split, at = [], 0
     for p in parts:
@@ -149,10 +156,12 @@ def test_bad_inputs_are_refused_with_a_reason(ops):
     with pytest.raises(RuntimeError, match="past the packed weight"):
         ops.blocks_mm(torch.randn(2, 128), product.packed, product.parts, None, False)
     with pytest.raises(RuntimeError, match="unknown block format"):
-        ops.blocks_pack(weight.data, 12)
+        ops.blocks_pack(weight.data, 13)  # Q5_K
     with pytest.raises(RuntimeError, match="unknown kernel path"):
         ops.blocks_path(9)
-    with pytest.raises(ValueError, match="Q4_0, Q4_1 or Q8_0"):
+    with pytest.raises(RuntimeError, match="not a multiple of 256"):
+        ops.blocks_mm(torch.randn(2, 96), product.packed, torch.tensor([[12, 16, 0]]), None, False)
+    with pytest.raises(ValueError, match="Q4_K or Q6_K over one input size"):
         Blocks(ops, [_weight(16, 64, 1, "Q4_1"), _weight(16, 96, 1, "Q4_1")], None)
     with pytest.raises(ValueError, match="do not hold a weight"):
         FileBlocks("Q4_1", weight.data[:, :-1], weight.shape)

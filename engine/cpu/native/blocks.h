@@ -1,21 +1,25 @@
-// Matrix products over a GGUF file's quantized blocks: y = x @ W^T (+ b), W in Q4_0, Q4_1 or Q8_0 blocks of
-// 32 weights with the file's fp16 scales (and Q4_1's fp16 minimums) as they are.
+// Matrix products over a GGUF file's quantized blocks: y = x @ W^T (+ b), W in Q4_0, Q4_1, Q8_0, Q4_K or
+// Q6_K with the file's scales and minimums as they are (fp16, and the K-quants' 6-bit and 8-bit ones).
 //
 // Arithmetic (ggml's): each row of x is quantized once per product, per block of 32 inputs, to int8 with
 // one fp32 scale dx = max|x| / 127 (q = round-to-nearest-even(x * (1 / dx))); a block's products are then
-// exact integer sums v = sum_j (c_j - offset) * q_j of the weight codes c_j and the row's codes, and each
-// output column adds up its blocks in order in fp32:
-//   Q4_0 (offset 8), Q8_0 (offset 0):  acc = fma(v, d * dx, acc)
-//   Q4_1 (offset 0):                   acc = fma(v, d * dx, acc); acc = fma(m, dx * sum_j q_j, acc)
+// exact integer sums of the weight codes c_j times the row's codes q_j, and each output column adds up its
+// blocks in order in fp32 (d, m: the block's scale and minimum, exact in fp32; S = sum_j q_j):
+//   Q4_0, Q8_0:  v = sum_j (c_j - 8 or 0) q_j               acc = fma(v, d * dx, acc)
+//   Q4_1:        v = sum_j c_j q_j                          acc = fma(v, d * dx, acc); acc = fma(m, dx * S, acc)
+//   Q4_K:        v = sum_j c_j q_j, d = D s, m = Dmin mm    acc = fma(v, d * dx, acc); acc = fma(-m, dx * S, acc)
+//   Q6_K:        v = s0 sum_{j<16} (c_j - 32) q_j + s1 sum_{j>=16} (c_j - 32) q_j (|v| < 2^24)
+//                                                           acc = fma(v, D * dx, acc)
 // then y = acc (+ b) rounded once to the output's dtype. Every operation on a column's float sum is the
-// same in every code path (portable, AVX2, AVX-512 VNNI) and the integer sums are exact, so all paths
+// same in every code path (portable, AVX2, AVX-512 VNNI, AMX) and the integer sums are exact, so all paths
 // give the same bits, and a row's result depends on that row only, whatever the number of rows.
 //
-// Weights are reordered once at load into tiles of 16 output columns: for each tile, its blocks in input
-// order, each block 64-byte chunks where byte 4c + i holds column c's code for input 4r + i (r the chunk,
-// or for 4-bit codes the low nibble for chunk r and the high one for chunk r + 4), then the 16 columns' fp16
-// scales (and minimums). A vector register of one chunk meets the row's 4 int8 inputs broadcast to all
-// lanes: 16 columns times 4 products per instruction, the block unpacked once for every row of the call.
+// Weights are reordered once at load into tiles of 16 output columns: for each tile, its blocks of 32
+// inputs in order, then (K-quants) the super-blocks' scales. A block holds its codes as 64-byte chunks
+// where byte 4c + i is column c's code for input 4r + i (r the chunk; 4-bit codes hold chunk r in the low
+// nibble and chunk r + 4 in the high one; Q6_K adds two chunks of the codes' top 2 bits), then its 16
+// columns' scales. A vector register of one chunk meets the row's 4 int8 inputs broadcast to all lanes:
+// 16 columns times 4 products per instruction, a block unpacked once for every row of the call.
 
 #pragma once
 
@@ -36,62 +40,138 @@
 namespace blocks {
 
 // GGML's type numbers
-enum Format : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
+enum Format : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 // AMX: calls of AMX_FROM rows or more on CPUs with AMX-INT8 (Intel Xeon since Sapphire Rapids); fewer
 // rows take AVX-512 there, faster for them (the same bits)
 enum Path : int64_t { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512 = 3, AMX = 4 };
 
 constexpr int64_t QK = 32;     // inputs per block
+constexpr int64_t QK_K = 256;  // inputs per K-quant super-block
 constexpr int64_t COLS = 16;   // output columns per tile
 constexpr int64_t ROWS = 8;    // rows of x per register tile (AVX-512; AVX2 takes 4)
 constexpr int64_t CHUNK = 64;  // bytes per chunk of codes
 constexpr int64_t AMX_ROWS = 16;  // rows of x per AMX tile
 constexpr int64_t AMX_FROM = 16;  // the fewest rows of a call that AMX takes (measured: below, AVX-512 is faster)
 
-constexpr bool known(int64_t fmt) { return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0; }
-constexpr bool four_bit(int64_t fmt) { return fmt != Q8_0; }
-constexpr int64_t code_bytes(int64_t fmt) { return four_bit(fmt) ? 4 * CHUNK : 8 * CHUNK; }
-// one block of one tile: codes, then 16 fp16 scales, then (Q4_1) 16 fp16 minimums
-constexpr int64_t block_bytes(int64_t fmt) { return code_bytes(fmt) + COLS * 2 * (fmt == Q4_1 ? 2 : 1); }
-// one block of one row in the file
-constexpr int64_t file_block_bytes(int64_t fmt) { return fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : 34; }
-constexpr int64_t offset(int64_t fmt) { return fmt == Q4_0 ? 8 : 0; }
+constexpr bool known(int64_t fmt) { return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0 || fmt == Q4_K || fmt == Q6_K; }
+constexpr bool k_quant(int64_t fmt) { return fmt == Q4_K || fmt == Q6_K; }
+constexpr bool nibbles(int64_t fmt) { return fmt != Q8_0; }  // codes held as 4-bit chunks (Q6_K: plus 2 bits)
+constexpr int64_t code_bytes(int64_t fmt) {
+  return fmt == Q8_0 ? 8 * CHUNK : fmt == Q6_K ? 6 * CHUNK : 4 * CHUNK;
+}
+// one block of one tile: codes, then per column: fp16 d (Q4_0, Q8_0), fp16 d and m (Q4_1), 6-bit s and
+// m as bytes (Q4_K), or int8 s0 and s1 (Q6_K)
+constexpr int64_t block_bytes(int64_t fmt) { return code_bytes(fmt) + COLS * (fmt == Q4_1 ? 4 : 2); }
+// one super-block's header of one tile (K-quants): fp16 D and Dmin (Q4_K) or D (Q6_K) per column
+constexpr int64_t super_bytes(int64_t fmt) { return fmt == Q4_K ? 4 * COLS : fmt == Q6_K ? 2 * COLS : 0; }
+inline int64_t tile_bytes(int64_t fmt, int64_t nb) { return nb * block_bytes(fmt) + (nb * QK / QK_K) * super_bytes(fmt); }
+// inputs and bytes of one block (or super-block) of one row in the file
+constexpr int64_t file_inputs(int64_t fmt) { return k_quant(fmt) ? QK_K : QK; }
+constexpr int64_t file_bytes(int64_t fmt) {
+  return fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : fmt == Q8_0 ? 34 : fmt == Q4_K ? 144 : 210;
+}
+// what the integer sums subtract per code: the code's zero (Q8_0 codes are held as q + 128)
+constexpr int32_t code_zero(int64_t fmt) { return fmt == Q4_0 ? 8 : fmt == Q8_0 ? 128 : fmt == Q6_K ? 32 : 0; }
 inline int64_t tiles(int64_t n) { return (n + COLS - 1) / COLS; }
 
 inline float half(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
 
-// The file's rows (n, blocks * file_block_bytes) -> the tiled layout (tiles(n) * blocks * block_bytes),
-// columns past n zero.
+// One row's block of 32 weights as the file gives it: codes (unsigned, before the zero), and the scales.
+struct FileBlock {
+  uint8_t codes[QK];
+  uint16_t d = 0, m = 0;  // fp16: Q4_0/Q4_1/Q8_0's d (and Q4_1's m); K-quants' D (and Q4_K's Dmin)
+  uint8_t s0 = 0, s1 = 0;  // Q4_K: the 6-bit scale and minimum; Q6_K: the int8 scales of inputs 0-15, 16-31
+};
+
+// Block b of a row (`row`: the row's bytes in the file).
+inline FileBlock read_block(const uint8_t* row, int64_t fmt, int64_t b) {
+  FileBlock out;
+  if (!k_quant(fmt)) {
+    const uint8_t* src = row + b * file_bytes(fmt);
+    std::memcpy(&out.d, src, 2);
+    if (fmt == Q8_0) {
+      for (int j = 0; j < QK; ++j) out.codes[j] = static_cast<uint8_t>(static_cast<int8_t>(src[2 + j]) + 128);
+      return out;
+    }
+    if (fmt == Q4_1) std::memcpy(&out.m, src + 2, 2);
+    const uint8_t* nib = src + (fmt == Q4_1 ? 4 : 2);  // byte i: q_i low, q_{i+16} high
+    for (int j = 0; j < 16; ++j) out.codes[j] = nib[j] & 15, out.codes[j + 16] = nib[j] >> 4;
+    return out;
+  }
+  const uint8_t* sb = row + (b * QK / QK_K) * file_bytes(fmt);
+  const int g = static_cast<int>(b % (QK_K / QK));  // the block within its super-block
+  if (fmt == Q4_K) {  // D, Dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of nibbles
+    std::memcpy(&out.d, sb, 2);
+    std::memcpy(&out.m, sb + 2, 2);
+    const uint8_t* q = sb + 4;
+    if (g < 4) {
+      out.s0 = q[g] & 63, out.s1 = q[g + 4] & 63;
+    } else {
+      out.s0 = (q[g + 4] & 15) | ((q[g - 4] >> 6) << 4);
+      out.s1 = (q[g + 4] >> 4) | ((q[g] >> 6) << 4);
+    }
+    const uint8_t* nib = sb + 16 + 32 * (g / 2);  // groups 2c and 2c + 1 share 32 bytes: low, high nibbles
+    for (int j = 0; j < QK; ++j) out.codes[j] = g % 2 ? nib[j] >> 4 : nib[j] & 15;
+    return out;
+  }
+  // Q6_K: 128 bytes of low nibbles, 64 of top 2 bits, 16 int8 scales (one per 16 inputs), D
+  std::memcpy(&out.d, sb + 208, 2);
+  const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 192);
+  out.s0 = static_cast<uint8_t>(sc[2 * g]), out.s1 = static_cast<uint8_t>(sc[2 * g + 1]);
+  const int half_ = g / 4, quarter = g % 4;  // inputs 128 * half_ + 32 * quarter + l
+  const uint8_t* ql = sb + 64 * half_;
+  const uint8_t* qh = sb + 128 + 32 * half_;
+  for (int l = 0; l < QK; ++l) {
+    uint8_t low = quarter % 2 ? ql[l + 32] : ql[l];
+    low = quarter < 2 ? low & 15 : low >> 4;
+    out.codes[l] = low | (((qh[l] >> (2 * quarter)) & 3) << 4);
+  }
+  return out;
+}
+
+// The file's rows (n, bytes per row) -> the tiled layout (tiles(n) * tile_bytes), columns past n zero.
 inline void pack(const uint8_t* raw, int64_t n, int64_t nb, int64_t fmt, uint8_t* out) {
-  const int64_t fb = file_block_bytes(fmt), bb = block_bytes(fmt), cb = code_bytes(fmt);
-  std::memset(out, 0, tiles(n) * nb * bb);
+  const int64_t bb = block_bytes(fmt), cb = code_bytes(fmt), tb = tile_bytes(fmt, nb);
+  const int64_t row_bytes = nb * QK / file_inputs(fmt) * file_bytes(fmt);
+  std::memset(out, 0, tiles(n) * tb);
   for (int64_t col = 0; col < n; ++col) {
     int64_t t = col / COLS, c = col % COLS;
+    uint8_t* tile = out + t * tb;
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* src = raw + col * nb * fb + b * fb;
-      uint8_t* dst = out + (t * nb + b) * bb;
-      uint16_t* scales = reinterpret_cast<uint16_t*>(dst + cb);
-      std::memcpy(&scales[c], src, 2);
-      if (fmt == Q4_1) std::memcpy(&scales[COLS + c], src + 2, 2);
-      if (four_bit(fmt)) {
-        const uint8_t* nib = src + (fmt == Q4_1 ? 4 : 2);  // byte i: q_i low, q_{i+16} high
-        for (int r = 0; r < 4; ++r)
-          for (int i = 0; i < 4; ++i) dst[r * CHUNK + 4 * c + i] = nib[4 * r + i];
+      FileBlock fb = read_block(raw + col * row_bytes, fmt, b);
+      uint8_t* dst = tile + b * bb;
+      for (int r = 0; r < 8; ++r)
+        for (int i = 0; i < 4; ++i) {
+          uint8_t code = fb.codes[4 * r + i];
+          if (fmt == Q8_0) {
+            dst[r * CHUNK + 4 * c + i] = code;
+            continue;
+          }
+          dst[(r % 4) * CHUNK + 4 * c + i] |= (code & 15) << (r < 4 ? 0 : 4);
+          if (fmt == Q6_K) dst[(4 + r / 4) * CHUNK + 4 * c + i] |= (code >> 4) << (2 * (r % 4));
+        }
+      uint8_t* scales = dst + cb;
+      if (k_quant(fmt)) {
+        scales[c] = fb.s0, scales[COLS + c] = fb.s1;
+        if (b % (QK_K / QK) == 0) {
+          uint16_t* super = reinterpret_cast<uint16_t*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt));
+          super[c] = fb.d;
+          if (fmt == Q4_K) super[COLS + c] = fb.m;
+        }
       } else {
-        const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
-        for (int r = 0; r < 8; ++r)
-          for (int i = 0; i < 4; ++i) dst[r * CHUNK + 4 * c + i] = static_cast<uint8_t>(q[4 * r + i] + 128);
+        reinterpret_cast<uint16_t*>(scales)[c] = fb.d;
+        if (fmt == Q4_1) reinterpret_cast<uint16_t*>(scales)[COLS + c] = fb.m;
       }
     }
   }
 }
 
-// x's rows quantized per block of 32: codes, scale dx, the codes' sum and dx times that sum
+// x's rows quantized per block of 32: codes, scale dx, the codes' sum S (and of each half of 16), dx * S
 struct Acts {
   int64_t rows = 0, nb = 0;
   std::vector<int8_t> q;
   std::vector<float> d, dsum;
-  std::vector<int32_t> sum;
+  std::vector<int32_t> sum, halves;
   const int8_t* codes(int64_t r, int64_t b) const { return q.data() + (r * nb + b) * QK; }
 };
 
@@ -103,6 +183,7 @@ void quantize(const T* x, int64_t rows, int64_t k, Acts& a) {
   a.d.resize(rows * a.nb);
   a.dsum.resize(rows * a.nb);
   a.sum.resize(rows * a.nb);
+  a.halves.resize(2 * rows * a.nb);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < a.nb; ++b) {
       const T* xb = x + r * k + b * QK;
@@ -113,43 +194,73 @@ void quantize(const T* x, int64_t rows, int64_t k, Acts& a) {
       }
       float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
       int8_t* q = a.q.data() + (r * a.nb + b) * QK;
-      int32_t s = 0;
+      int32_t h[2] = {0, 0};
       for (int j = 0; j < QK; ++j) {
         q[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
-        s += q[j];
+        h[j / 16] += q[j];
       }
-      a.d[r * a.nb + b] = d;
-      a.sum[r * a.nb + b] = s;
-      a.dsum[r * a.nb + b] = d * static_cast<float>(s);
+      int64_t i = r * a.nb + b;
+      a.d[i] = d;
+      a.sum[i] = h[0] + h[1];
+      a.halves[2 * i] = h[0], a.halves[2 * i + 1] = h[1];
+      a.dsum[i] = d * static_cast<float>(h[0] + h[1]);
     }
 }
 
-// The code of column c, input i of a block (portable path and tests).
+// The code of column c, input i of a block as stored (portable path).
 inline int32_t code(const uint8_t* blk, int64_t fmt, int c, int i) {
   int r = i / 4, k = i % 4;
-  if (four_bit(fmt)) {
-    uint8_t byte = blk[(r % 4) * CHUNK + 4 * c + k];
-    return r < 4 ? (byte & 0x0F) : (byte >> 4);
+  if (fmt == Q8_0) return blk[r * CHUNK + 4 * c + k];
+  uint8_t byte = blk[(r % 4) * CHUNK + 4 * c + k];
+  int32_t low = r < 4 ? (byte & 15) : (byte >> 4);
+  if (fmt != Q6_K) return low;
+  return low | (((blk[(4 + r / 4) * CHUNK + 4 * c + k] >> (2 * (r % 4))) & 3) << 4);
+}
+
+// Column c's scale d and minimum m of block b (exact in fp32), and Q6_K's integer scales.
+struct ColumnScales {
+  float d = 0.0f, m = 0.0f;
+  int32_t s0 = 0, s1 = 0;
+};
+
+inline ColumnScales column_scales(const uint8_t* tile, int64_t nb, int64_t fmt, int64_t b, int c) {
+  const int64_t bb = block_bytes(fmt);
+  const uint8_t* sc = tile + b * bb + code_bytes(fmt);
+  const uint16_t* super = reinterpret_cast<const uint16_t*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt));
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(sc);
+  ColumnScales out;
+  if (fmt == Q4_K) {
+    out.d = static_cast<float>(sc[c]) * half(super[c]);
+    out.m = static_cast<float>(sc[COLS + c]) * half(super[COLS + c]);
+  } else if (fmt == Q6_K) {
+    out.d = half(super[c]);
+    out.s0 = static_cast<int8_t>(sc[c]), out.s1 = static_cast<int8_t>(sc[COLS + c]);
+  } else {
+    out.d = half(h[c]);
+    if (fmt == Q4_1) out.m = half(h[COLS + c]);
   }
-  return static_cast<int32_t>(blk[r * CHUNK + 4 * c + k]) - 128;  // Q8_0: stored as q + 128
+  return out;
 }
 
 // acc (rows x 16) for one tile over all its blocks, rows r0..r0+R-1: the portable path
 inline void tile_portable(const uint8_t* tile, int64_t nb, int64_t fmt, const Acts& a, int64_t r0, int64_t R, float* acc) {
-  const int64_t bb = block_bytes(fmt), cb = code_bytes(fmt), off = offset(fmt);
+  const int64_t bb = block_bytes(fmt);
+  const int32_t zero = code_zero(fmt);
   std::fill(acc, acc + R * COLS, 0.0f);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = tile + b * bb;
-    const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk + cb);
-    for (int64_t r = 0; r < R; ++r) {
-      const int8_t* q = a.codes(r0 + r, b);
-      float dx = a.d[(r0 + r) * nb + b];
-      for (int c = 0; c < COLS; ++c) {
-        int32_t v = 0;
-        for (int i = 0; i < QK; ++i) v += (code(blk, fmt, c, i) - static_cast<int32_t>(off)) * q[i];
+    for (int c = 0; c < COLS; ++c) {
+      ColumnScales cs = column_scales(tile, nb, fmt, b, c);
+      for (int64_t r = 0; r < R; ++r) {
+        const int8_t* q = a.codes(r0 + r, b);
+        int64_t i = (r0 + r) * nb + b;
+        int32_t h[2] = {0, 0};
+        for (int j = 0; j < QK; ++j) h[j / 16] += (code(blk, fmt, c, j) - zero) * q[j];
+        int32_t v = fmt == Q6_K ? cs.s0 * h[0] + cs.s1 * h[1] : h[0] + h[1];
         float& s = acc[r * COLS + c];
-        s = std::fma(static_cast<float>(v), half(scales[c]) * dx, s);
-        if (fmt == Q4_1) s = std::fma(half(scales[COLS + c]), a.dsum[(r0 + r) * nb + b], s);
+        s = std::fma(static_cast<float>(v), cs.d * a.d[i], s);
+        if (fmt == Q4_1) s = std::fma(cs.m, a.dsum[i], s);
+        if (fmt == Q4_K) s = std::fma(-cs.m, a.dsum[i], s);
       }
     }
   }
@@ -158,48 +269,134 @@ inline void tile_portable(const uint8_t* tile, int64_t nb, int64_t fmt, const Ac
 #define SPECULA_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SPECULA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
 
+// A block's codes as 8 registers of unsigned bytes (chunks; `half_` of 32 bytes for AVX2)
+SPECULA_AVX2 inline void unpack_avx2(const uint8_t* blk, int64_t fmt, int h, __m256i* u) {
+  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+  auto load = [&](int chunk) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + chunk * CHUNK + 32 * h)); };
+  if (fmt == Q8_0) {
+    for (int c = 0; c < 8; ++c) u[c] = load(c);
+    return;
+  }
+  for (int c = 0; c < 4; ++c) {
+    __m256i v = load(c);
+    u[c] = _mm256_and_si256(v, low);
+    u[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+  }
+  if (fmt == Q6_K)
+    for (int hb = 0; hb < 2; ++hb) {
+      __m256i v = load(4 + hb);
+      u[4 * hb + 0] = _mm256_or_si256(u[4 * hb + 0], _mm256_and_si256(_mm256_slli_epi16(v, 4), top));
+      u[4 * hb + 1] = _mm256_or_si256(u[4 * hb + 1], _mm256_and_si256(_mm256_slli_epi16(v, 2), top));
+      u[4 * hb + 2] = _mm256_or_si256(u[4 * hb + 2], _mm256_and_si256(v, top));
+      u[4 * hb + 3] = _mm256_or_si256(u[4 * hb + 3], _mm256_and_si256(_mm256_srli_epi16(v, 2), top));
+    }
+}
+
+SPECULA_AVX512 inline void unpack_avx512(const uint8_t* blk, int64_t fmt, __m512i* u) {
+  const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  if (fmt == Q8_0) {
+    for (int c = 0; c < 8; ++c) u[c] = _mm512_loadu_si512(blk + c * CHUNK);
+    return;
+  }
+  for (int c = 0; c < 4; ++c) {
+    __m512i v = _mm512_loadu_si512(blk + c * CHUNK);
+    u[c] = _mm512_and_si512(v, low);
+    u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+  }
+  if (fmt == Q6_K)
+    for (int hb = 0; hb < 2; ++hb) {
+      __m512i v = _mm512_loadu_si512(blk + (4 + hb) * CHUNK);
+      u[4 * hb + 0] = _mm512_or_si512(u[4 * hb + 0], _mm512_and_si512(_mm512_slli_epi16(v, 4), top));
+      u[4 * hb + 1] = _mm512_or_si512(u[4 * hb + 1], _mm512_and_si512(_mm512_slli_epi16(v, 2), top));
+      u[4 * hb + 2] = _mm512_or_si512(u[4 * hb + 2], _mm512_and_si512(v, top));
+      u[4 * hb + 3] = _mm512_or_si512(u[4 * hb + 3], _mm512_and_si512(_mm512_srli_epi16(v, 2), top));
+    }
+}
+
+// A block's scales d and minimums m for 8 columns (AVX2, half h) or 16 (AVX-512), and Q6_K's s0, s1
+SPECULA_AVX2 inline void scales_avx2(const uint8_t* tile, int64_t nb, int64_t fmt, int64_t b, int h, __m256& d,
+                                     __m256& m, __m256i& s0, __m256i& s1) {
+  const int64_t bb = block_bytes(fmt);
+  const uint8_t* sc = tile + b * bb + code_bytes(fmt);
+  const uint16_t* super = reinterpret_cast<const uint16_t*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt)) + 8 * h;
+  auto halfs = [](const void* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+  auto bytes = [](const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); };
+  m = _mm256_setzero_ps();
+  if (fmt == Q4_K) {
+    d = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(sc + 8 * h))), halfs(super));
+    m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(sc + COLS + 8 * h))), halfs(super + COLS));
+  } else if (fmt == Q6_K) {
+    d = halfs(super);
+    s0 = _mm256_cvtepi8_epi32(bytes(sc + 8 * h));
+    s1 = _mm256_cvtepi8_epi32(bytes(sc + COLS + 8 * h));
+  } else {
+    d = halfs(sc + 16 * h);
+    if (fmt == Q4_1) m = halfs(sc + 2 * COLS + 16 * h);
+  }
+}
+
+SPECULA_AVX512 inline void scales_avx512(const uint8_t* tile, int64_t nb, int64_t fmt, int64_t b, __m512& d, __m512& m,
+                                         __m512i& s0, __m512i& s1) {
+  const int64_t bb = block_bytes(fmt);
+  const uint8_t* sc = tile + b * bb + code_bytes(fmt);
+  const uint16_t* super = reinterpret_cast<const uint16_t*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt));
+  auto halfs = [](const void* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); };
+  auto bytes = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  m = _mm512_setzero_ps();
+  if (fmt == Q4_K) {
+    d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes(sc))), halfs(super));
+    m = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes(sc + COLS))), halfs(super + COLS));
+  } else if (fmt == Q6_K) {
+    d = halfs(super);
+    s0 = _mm512_cvtepi8_epi32(bytes(sc));
+    s1 = _mm512_cvtepi8_epi32(bytes(sc + COLS));
+  } else {
+    d = halfs(sc);
+    if (fmt == Q4_1) m = halfs(sc + 2 * COLS);
+  }
+}
+
 // AVX2: a tile as two halves of 8 columns, up to 4 rows at a time
 template <int R, int64_t fmt>
 SPECULA_AVX2 void tile_avx2(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, float* acc) {
-  const int64_t bb = block_bytes(fmt), cb = code_bytes(fmt);
-  const __m256i low = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t bb = block_bytes(fmt);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
   for (int h = 0; h < 2; ++h) {
     __m256 s[R];
     for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = tile + b * bb;
       __m256i u[8];
-      if constexpr (four_bit(fmt)) {
-        for (int c = 0; c < 4; ++c) {
-          __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + c * CHUNK + 32 * h));
-          u[c] = _mm256_and_si256(v, low);
-          u[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        }
-      } else {
-        for (int c = 0; c < 8; ++c)  // signed codes
-          u[c] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + c * CHUNK + 32 * h)), flip);
-      }
-      const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk + cb) + 8 * h;
-      __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
-      __m256 mw = fmt == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + COLS)))
-                              : _mm256_setzero_ps();
+      unpack_avx2(tile + b * bb, fmt, h, u);
+      if constexpr (fmt == Q8_0)  // signed codes: |q| * sign(x, q), no byte pair overflows int16
+        for (int c = 0; c < 8; ++c) u[c] = _mm256_xor_si256(u[c], flip);
+      __m256 dw, mw;
+      __m256i s0, s1;
+      scales_avx2(tile, nb, fmt, b, h, dw, mw, s0, s1);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const int8_t* q = a.codes(r0 + r, b);
-        __m256i v = _mm256_setzero_si256();
+        __m256i v[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};  // inputs 0-15, 16-31
         for (int c = 0; c < 8; ++c) {
           int32_t four;
           std::memcpy(&four, q + 4 * c, 4);
           __m256i x = _mm256_set1_epi32(four);
-          __m256i pairs = four_bit(fmt) ? _mm256_maddubs_epi16(u[c], x)
-                                        : _mm256_maddubs_epi16(_mm256_abs_epi8(u[c]), _mm256_sign_epi8(x, u[c]));
-          v = _mm256_add_epi32(v, _mm256_madd_epi16(pairs, ones));
+          __m256i pairs = fmt == Q8_0 ? _mm256_maddubs_epi16(_mm256_abs_epi8(u[c]), _mm256_sign_epi8(x, u[c]))
+                                      : _mm256_maddubs_epi16(u[c], x);
+          v[c / 4] = _mm256_add_epi32(v[c / 4], _mm256_madd_epi16(pairs, ones));
         }
         int64_t i = (r0 + r) * nb + b;
-        if (fmt == Q4_0) v = _mm256_sub_epi32(v, _mm256_set1_epi32(8 * a.sum[i]));
-        s[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[i])), s[r]);
-        if (fmt == Q4_1) s[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.dsum[i]), s[r]);
+        __m256i t;
+        if constexpr (fmt == Q6_K) {
+          __m256i h0 = _mm256_sub_epi32(v[0], _mm256_set1_epi32(32 * a.halves[2 * i]));
+          __m256i h1 = _mm256_sub_epi32(v[1], _mm256_set1_epi32(32 * a.halves[2 * i + 1]));
+          t = _mm256_add_epi32(_mm256_mullo_epi32(h0, s0), _mm256_mullo_epi32(h1, s1));
+        } else {
+          t = _mm256_add_epi32(v[0], v[1]);
+          if constexpr (fmt == Q4_0) t = _mm256_sub_epi32(t, _mm256_set1_epi32(8 * a.sum[i]));
+        }
+        s[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[i])), s[r]);
+        if constexpr (fmt == Q4_1) s[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.dsum[i]), s[r]);
+        if constexpr (fmt == Q4_K) s[r] = _mm256_fnmadd_ps(mw, _mm256_set1_ps(a.dsum[i]), s[r]);
       }
     }
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc + r * COLS + 8 * h, s[r]);
@@ -209,43 +406,40 @@ SPECULA_AVX2 void tile_avx2(const uint8_t* tile, int64_t nb, const Acts& a, int6
 // AVX-512 with VNNI: 16 columns a register, up to 8 rows at a time
 template <int R, int64_t fmt>
 SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, float* acc) {
-  const int64_t bb = block_bytes(fmt), cb = code_bytes(fmt);
-  const __m512i low = _mm512_set1_epi8(0x0F);
+  const int64_t bb = block_bytes(fmt);
+  constexpr int32_t zero = code_zero(fmt);
   __m512 s[R];
   for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = tile + b * bb;
-    __m512i u[8];  // unsigned codes: 4-bit ones, or Q8_0's q + 128
-    if constexpr (four_bit(fmt)) {
-      for (int c = 0; c < 4; ++c) {
-        __m512i v = _mm512_loadu_si512(blk + c * CHUNK);
-        u[c] = _mm512_and_si512(v, low);
-        u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-      }
-    } else {
-      for (int c = 0; c < 8; ++c) u[c] = _mm512_loadu_si512(blk + c * CHUNK);
-    }
-    const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk + cb);
-    __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
-    __m512 mw = fmt == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + COLS)))
-                            : _mm512_setzero_ps();
-    const int32_t shift = fmt == Q4_0 ? 8 : fmt == Q8_0 ? 128 : 0;
+    __m512i u[8];  // unsigned codes (Q8_0's q + 128)
+    unpack_avx512(tile + b * bb, fmt, u);
+    __m512 dw, mw;
+    __m512i s0, s1;
+    scales_avx512(tile, nb, fmt, b, dw, mw, s0, s1);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int8_t* q = a.codes(r0 + r, b);
-      __m512i v0 = _mm512_setzero_si512(), v1 = _mm512_setzero_si512();  // two chains; integer sums
-      for (int c = 0; c < 8; c += 2) {
+      __m512i v0 = _mm512_setzero_si512(), v1 = _mm512_setzero_si512();  // inputs 0-15, 16-31
+      for (int c = 0; c < 4; ++c) {
         int32_t f0, f1;
         std::memcpy(&f0, q + 4 * c, 4);
-        std::memcpy(&f1, q + 4 * c + 4, 4);
+        std::memcpy(&f1, q + 16 + 4 * c, 4);
         v0 = _mm512_dpbusd_epi32(v0, u[c], _mm512_set1_epi32(f0));
-        v1 = _mm512_dpbusd_epi32(v1, u[c + 1], _mm512_set1_epi32(f1));
+        v1 = _mm512_dpbusd_epi32(v1, u[c + 4], _mm512_set1_epi32(f1));
       }
       int64_t i = (r0 + r) * nb + b;
-      __m512i v = _mm512_add_epi32(v0, v1);
-      if (shift) v = _mm512_sub_epi32(v, _mm512_set1_epi32(shift * a.sum[i]));
-      s[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[i])), s[r]);
-      if (fmt == Q4_1) s[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
+      __m512i t;
+      if constexpr (fmt == Q6_K) {
+        __m512i h0 = _mm512_sub_epi32(v0, _mm512_set1_epi32(zero * a.halves[2 * i]));
+        __m512i h1 = _mm512_sub_epi32(v1, _mm512_set1_epi32(zero * a.halves[2 * i + 1]));
+        t = _mm512_add_epi32(_mm512_mullo_epi32(h0, s0), _mm512_mullo_epi32(h1, s1));
+      } else {
+        t = _mm512_add_epi32(v0, v1);
+        if constexpr (zero != 0) t = _mm512_sub_epi32(t, _mm512_set1_epi32(zero * a.sum[i]));
+      }
+      s[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[i])), s[r]);
+      if constexpr (fmt == Q4_1) s[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
+      if constexpr (fmt == Q4_K) s[r] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * COLS, s[r]);
@@ -260,8 +454,7 @@ struct alignas(64) TileConfig {
 };
 
 // tmm0-3: 16 int32 sums of four blocks per row; tmm4-5: a block's 32 int8 inputs per row; tmm6-7: a
-// block's codes, 8 rows of 16 columns x 4 inputs (a chunk each)
-// of `rows` rows (up to 16)
+// block's codes, 8 rows of 16 columns x 4 inputs (a chunk each); of `rows` rows (up to 16)
 SPECULA_AMX inline void amx_configure(int64_t rows) {
   TileConfig cfg;
   for (int t = 0; t < 4; ++t) cfg.rows[t] = rows, cfg.colsb[t] = COLS * 4;
@@ -274,23 +467,22 @@ SPECULA_AMX inline void amx_configure(int64_t rows) {
 
 SPECULA_AMX inline void amx_release() { _tile_release(); }
 
-// The integer sums of G blocks b0.. (G <= 4) for rows r0..r0+15 into sums (G x 16 x 16), each block its
-// own tile instruction.
+constexpr bool amx_takes(int64_t fmt) { return fmt != Q6_K; }  // Q6_K's halves have their own scales
+
+// The integer sums of G blocks b0.. (G <= 4) for the configured rows from r0 into sums (G x 16 x 16), each
+// block its own tile instruction.
 template <int64_t fmt, int G>
-SPECULA_AMX void amx_sums(const uint8_t* tile, int64_t b0, int64_t nb, const Acts& a, int64_t r0, int32_t* sums) {
+SPECULA_AMX void amx_sums(const uint8_t* tile, int64_t b0, const Acts& a, int64_t r0, int32_t* sums) {
   const int64_t bb = block_bytes(fmt);
-  const __m512i low = _mm512_set1_epi8(0x0F);
   alignas(64) uint8_t codes[4][8 * CHUNK];
   const uint8_t* src[4];
   for (int g = 0; g < G; ++g) {
     const uint8_t* blk = tile + (b0 + g) * bb;
     src[g] = blk;  // Q8_0's q + 128 as stored
-    if constexpr (four_bit(fmt)) {
-      for (int c = 0; c < 4; ++c) {
-        __m512i v = _mm512_loadu_si512(blk + c * CHUNK);
-        _mm512_store_si512(codes[g] + c * CHUNK, _mm512_and_si512(v, low));
-        _mm512_store_si512(codes[g] + (c + 4) * CHUNK, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
-      }
+    if constexpr (fmt != Q8_0) {
+      __m512i u[8];
+      unpack_avx512(blk, fmt, u);
+      for (int c = 0; c < 8; ++c) _mm512_store_si512(codes[g] + c * CHUNK, u[c]);
       src[g] = codes[g];
     }
   }
@@ -327,31 +519,27 @@ SPECULA_AMX void amx_sums(const uint8_t* tile, int64_t b0, int64_t nb, const Act
 // arithmetic as AVX-512
 template <int64_t fmt>
 SPECULA_AMX void tile_amx(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, int64_t R, float* acc) {
-  const int64_t bb = block_bytes(fmt), cb = code_bytes(fmt);
+  constexpr int32_t zero = code_zero(fmt);
   alignas(64) int32_t sums[4 * AMX_ROWS * COLS];
   for (int64_t r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * COLS, _mm512_setzero_ps());
-  const int32_t shift = fmt == Q4_0 ? 8 : fmt == Q8_0 ? 128 : 0;
   for (int64_t b0 = 0; b0 < nb; b0 += 4) {
     const int64_t G = std::min<int64_t>(4, nb - b0);
-    if (G == 4) amx_sums<fmt, 4>(tile, b0, nb, a, r0, sums);
-    else if (G == 3) amx_sums<fmt, 3>(tile, b0, nb, a, r0, sums);
-    else if (G == 2) amx_sums<fmt, 2>(tile, b0, nb, a, r0, sums);
-    else amx_sums<fmt, 1>(tile, b0, nb, a, r0, sums);
+    if (G == 4) amx_sums<fmt, 4>(tile, b0, a, r0, sums);
+    else if (G == 3) amx_sums<fmt, 3>(tile, b0, a, r0, sums);
+    else if (G == 2) amx_sums<fmt, 2>(tile, b0, a, r0, sums);
+    else amx_sums<fmt, 1>(tile, b0, a, r0, sums);
     __m512 dw[4], mw[4];
-    for (int64_t g = 0; g < G; ++g) {
-      const uint16_t* scales = reinterpret_cast<const uint16_t*>(tile + (b0 + g) * bb + cb);
-      dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
-      mw[g] = fmt == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + COLS)))
-                          : _mm512_setzero_ps();
-    }
+    __m512i s0, s1;
+    for (int64_t g = 0; g < G; ++g) scales_avx512(tile, nb, fmt, b0 + g, dw[g], mw[g], s0, s1);
     for (int64_t r = 0; r < R; ++r) {
       __m512 s = _mm512_loadu_ps(acc + r * COLS);
       for (int64_t g = 0; g < G; ++g) {
         int64_t i = (r0 + r) * nb + b0 + g;
         __m512i v = _mm512_load_si512(sums + (g * AMX_ROWS + r) * COLS);
-        if (shift) v = _mm512_sub_epi32(v, _mm512_set1_epi32(shift * a.sum[i]));
+        if constexpr (zero != 0) v = _mm512_sub_epi32(v, _mm512_set1_epi32(zero * a.sum[i]));
         s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dw[g], _mm512_set1_ps(a.d[i])), s);
-        if (fmt == Q4_1) s = _mm512_fmadd_ps(mw[g], _mm512_set1_ps(a.dsum[i]), s);
+        if constexpr (fmt == Q4_1) s = _mm512_fmadd_ps(mw[g], _mm512_set1_ps(a.dsum[i]), s);
+        if constexpr (fmt == Q4_K) s = _mm512_fnmadd_ps(mw[g], _mm512_set1_ps(a.dsum[i]), s);
       }
       _mm512_storeu_ps(acc + r * COLS, s);
     }
@@ -417,7 +605,9 @@ void run_tile(Path p, const uint8_t* tile, int64_t nb, int64_t fmt, const Acts& 
   switch (fmt) {
     case Q4_0: return run_tile<R, Q4_0>(p, tile, nb, a, r0, acc);
     case Q4_1: return run_tile<R, Q4_1>(p, tile, nb, a, r0, acc);
-    default: return run_tile<R, Q8_0>(p, tile, nb, a, r0, acc);
+    case Q8_0: return run_tile<R, Q8_0>(p, tile, nb, a, r0, acc);
+    case Q4_K: return run_tile<R, Q4_K>(p, tile, nb, a, r0, acc);
+    default: return run_tile<R, Q6_K>(p, tile, nb, a, r0, acc);
   }
 }
 
@@ -450,7 +640,8 @@ inline Parts read_parts(const at::Tensor& parts, int64_t k, int64_t packed_bytes
   for (int64_t i = 0; i < pc.size(0); ++i) {
     int64_t fmt = p[3 * i], cols = p[3 * i + 1], at = p[3 * i + 2];
     TORCH_CHECK(known(fmt), "unknown block format ", fmt);
-    TORCH_CHECK(at >= 0 && at + tiles(cols) * (k / QK) * block_bytes(fmt) <= packed_bytes, "a part past the packed weight");
+    TORCH_CHECK(!k_quant(fmt) || k % QK_K == 0, "a K-quant's input size ", k, " is not a multiple of ", QK_K);
+    TORCH_CHECK(at >= 0 && at + tiles(cols) * tile_bytes(fmt, k / QK) <= packed_bytes, "a part past the packed weight");
     out.fmt.push_back(fmt);
     out.cols.push_back(cols);
     out.at.push_back(at);
@@ -480,17 +671,19 @@ void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const P
       for (int64_t gt = begin; gt < end; ++gt) {
         size_t part = std::upper_bound(parts.first_tile.begin(), parts.first_tile.end(), gt) - parts.first_tile.begin() - 1;
         int64_t fmt = parts.fmt[part], t = gt - parts.first_tile[part];
-        const uint8_t* tile = packed + parts.at[part] + t * nb * block_bytes(fmt);
+        const uint8_t* tile = packed + parts.at[part] + t * tile_bytes(fmt, nb);
         int64_t cols = std::min(COLS, parts.cols[part] - t * COLS), col0 = parts.first_col[part] + t * COLS;
         for (int64_t r0 = c0; r0 < c1; r0 += step) {
           int64_t m = std::min(step, c1 - r0);
-          if (amx) {
+          if (amx && amx_takes(fmt)) {
             if (m != configured) amx_configure(configured = m);
             if (fmt == Q4_0) tile_amx<Q4_0>(tile, nb, a, r0, m, acc);
             else if (fmt == Q4_1) tile_amx<Q4_1>(tile, nb, a, r0, m, acc);
-            else tile_amx<Q8_0>(tile, nb, a, r0, m, acc);
+            else if (fmt == Q8_0) tile_amx<Q8_0>(tile, nb, a, r0, m, acc);
+            else tile_amx<Q4_K>(tile, nb, a, r0, m, acc);
           } else {
-            rows_of_tile(p, tile, nb, fmt, a, r0, m, acc);
+            for (int64_t r1 = r0; r1 < r0 + m; r1 += ROWS)  // AVX-512 takes 8 rows at a time
+              rows_of_tile(p, tile, nb, fmt, a, r1, std::min(ROWS, r0 + m - r1), acc + (r1 - r0) * COLS);
           }
           for (int64_t r = 0; r < m; ++r)
             for (int64_t c = 0; c < cols; ++c) {
@@ -530,15 +723,15 @@ inline at::Tensor mm(const at::Tensor& x_in, const at::Tensor& packed, const at:
   return y;
 }
 
-// raw (n, blocks * file_block_bytes) uint8 -> the tiled layout
+// raw (n, bytes per row) uint8, the file's rows -> the tiled layout
 inline at::Tensor pack_op(const at::Tensor& raw, int64_t fmt) {
   TORCH_CHECK(known(fmt), "unknown block format ", fmt);
   TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == at::kByte, "raw: (rows, bytes) uint8");
   auto r = raw.contiguous();
-  int64_t n = r.size(0), fb = file_block_bytes(fmt);
+  int64_t n = r.size(0), fb = file_bytes(fmt);
   TORCH_CHECK(r.size(1) % fb == 0, "a row of ", r.size(1), " bytes is not whole blocks of ", fb);
-  int64_t nb = r.size(1) / fb;
-  auto out = at::empty({tiles(n) * nb * block_bytes(fmt)}, r.options());
+  int64_t nb = r.size(1) / fb * file_inputs(fmt) / QK;
+  auto out = at::empty({tiles(n) * tile_bytes(fmt, nb)}, r.options());
   pack(r.data_ptr<uint8_t>(), n, nb, fmt, out.data_ptr<uint8_t>());
   return out;
 }
