@@ -81,9 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--context {args.context} + {counts[-1]} tokens exceeds the model's window of {runner.max_len}")
     gen = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, runner.vocab_size, (args.context + counts[-1],), generator=gen)
-    runner.truncate(0)
-    runner.forward(ids[: args.context])
-    synchronize(runner.device)
+    prompt_times = []
+    for _ in range(3):  # the prompt read as an answer reads it (from an empty cache, one pass)
+        runner.truncate(0)
+        synchronize(runner.device)
+        t0 = time.perf_counter()
+        runner.forward(ids[: args.context])
+        synchronize(runner.device)
+        prompt_times.append(time.perf_counter() - t0)
 
     times = {t: time_forward(runner, args.context, ids[args.context : args.context + t], args.repeats) for t in counts}
     one = times[1]
@@ -93,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
           f"| step {'compiled' if getattr(runner, 'compiled', False) else 'eager'} "
           f"| products {args.products if getattr(runner, 'compiled', False) else 'torch'} | context {args.context} "
           f"| median of {args.repeats}\n")
+    prompt_s = statistics.median(prompt_times)
+    print(f"Prompt of {args.context} tokens read in {prompt_s * 1e3:.0f} ms ({args.context / prompt_s:.0f} tokens/s, "
+          f"median of 3)\n")
     print("| tokens | ms | relative to 1 token | ms per token |")
     print("|---|---|---|---|")
     for t in counts:
