@@ -165,3 +165,20 @@ def test_bad_inputs_are_refused_with_a_reason(ops):
         Blocks(ops, [_weight(16, 64, 1, "Q4_1"), _weight(16, 96, 1, "Q4_1")], None)
     with pytest.raises(ValueError, match="do not hold a weight"):
         FileBlocks("Q4_1", weight.data[:, :-1], weight.shape)
+
+
+def test_the_source_builds_for_a_cpu_without_avx2_or_avx512(tmp_path):
+    """The library is built with -march=native; on a CPU without AVX-512 (or AVX2) the vector paths must
+    still compile (each carries its own target attribute) and simply not be chosen."""
+    import shutil
+    import subprocess
+
+    from torch.utils.cpp_extension import include_paths
+
+    cxx = compiled._compiler()
+    if cxx is None or shutil.which(cxx) is None:
+        pytest.skip("no C++ compiler")
+    command = [cxx, "-O0", "-march=x86-64", "-std=c++20", "-fopenmp", "-fPIC", "-c",
+               *(f"-I{p}" for p in include_paths()), str(compiled.SOURCE), "-o", str(tmp_path / "step.o")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -277,9 +277,16 @@ inline void prefetch(const uint8_t* p, int64_t bytes) {
 #define SPECULA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
 
 // A block's codes as 8 registers of unsigned bytes (chunks; `half_` of 32 bytes for AVX2)
+// (small helpers rather than lambdas: a lambda does not take its function's target attribute)
+SPECULA_AVX2 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+SPECULA_AVX2 inline __m256 halfs8(const void* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+SPECULA_AVX2 inline __m128i bytes8(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
+SPECULA_AVX512 inline __m512 halfs16(const void* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+SPECULA_AVX512 inline __m128i bytes16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+
 SPECULA_AVX2 inline void unpack_avx2(const uint8_t* blk, int64_t fmt, int h, __m256i* u) {
   const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
-  auto load = [&](int chunk) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + chunk * CHUNK + 32 * h)); };
+#define load(chunk) load32(blk + (chunk) * CHUNK + 32 * h)
   if (fmt == Q8_0) {
     for (int c = 0; c < 8; ++c) u[c] = load(c);
     return;
@@ -297,6 +304,7 @@ SPECULA_AVX2 inline void unpack_avx2(const uint8_t* blk, int64_t fmt, int h, __m
       u[4 * hb + 2] = _mm256_or_si256(u[4 * hb + 2], _mm256_and_si256(v, top));
       u[4 * hb + 3] = _mm256_or_si256(u[4 * hb + 3], _mm256_and_si256(_mm256_srli_epi16(v, 2), top));
     }
+#undef load
 }
 
 SPECULA_AVX512 inline void unpack_avx512(const uint8_t* blk, int64_t fmt, __m512i* u) {
@@ -326,19 +334,17 @@ SPECULA_AVX2 inline void scales_avx2(const uint8_t* tile, int64_t nb, int64_t fm
   const int64_t bb = block_bytes(fmt);
   const uint8_t* sc = tile + b * bb + code_bytes(fmt);
   const uint16_t* super = reinterpret_cast<const uint16_t*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt)) + 8 * h;
-  auto halfs = [](const void* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
-  auto bytes = [](const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); };
   m = _mm256_setzero_ps();
   if (fmt == Q4_K) {
-    d = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(sc + 8 * h))), halfs(super));
-    m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(sc + COLS + 8 * h))), halfs(super + COLS));
+    d = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8(sc + 8 * h))), halfs8(super));
+    m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8(sc + COLS + 8 * h))), halfs8(super + COLS));
   } else if (fmt == Q6_K) {
-    d = halfs(super);
-    s0 = _mm256_cvtepi8_epi32(bytes(sc + 8 * h));
-    s1 = _mm256_cvtepi8_epi32(bytes(sc + COLS + 8 * h));
+    d = halfs8(super);
+    s0 = _mm256_cvtepi8_epi32(bytes8(sc + 8 * h));
+    s1 = _mm256_cvtepi8_epi32(bytes8(sc + COLS + 8 * h));
   } else {
-    d = halfs(sc + 16 * h);
-    if (fmt == Q4_1) m = halfs(sc + 2 * COLS + 16 * h);
+    d = halfs8(sc + 16 * h);
+    if (fmt == Q4_1) m = halfs8(sc + 2 * COLS + 16 * h);
   }
 }
 
@@ -347,19 +353,17 @@ SPECULA_AVX512 inline void scales_avx512(const uint8_t* tile, int64_t nb, int64_
   const int64_t bb = block_bytes(fmt);
   const uint8_t* sc = tile + b * bb + code_bytes(fmt);
   const uint16_t* super = reinterpret_cast<const uint16_t*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt));
-  auto halfs = [](const void* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); };
-  auto bytes = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
   m = _mm512_setzero_ps();
   if (fmt == Q4_K) {
-    d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes(sc))), halfs(super));
-    m = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes(sc + COLS))), halfs(super + COLS));
+    d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes16(sc))), halfs16(super));
+    m = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes16(sc + COLS))), halfs16(super + COLS));
   } else if (fmt == Q6_K) {
-    d = halfs(super);
-    s0 = _mm512_cvtepi8_epi32(bytes(sc));
-    s1 = _mm512_cvtepi8_epi32(bytes(sc + COLS));
+    d = halfs16(super);
+    s0 = _mm512_cvtepi8_epi32(bytes16(sc));
+    s1 = _mm512_cvtepi8_epi32(bytes16(sc + COLS));
   } else {
-    d = halfs(sc);
-    if (fmt == Q4_1) m = halfs(sc + 2 * COLS);
+    d = halfs16(sc);
+    if (fmt == Q4_1) m = halfs16(sc + 2 * COLS);
   }
 }
 
@@ -454,6 +458,9 @@ SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, 
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * COLS, s[r]);
 }
 
+// AMX needs a compiler that knows its instructions (GCC 11, clang 12); with an older one the path is left out
+#if __has_include(<amxtileintrin.h>) || __has_include(<amxintrin.h>)
+#define SPECULA_HAS_AMX 1
 #define SPECULA_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c,amx-tile,amx-int8")))
 
 struct alignas(64) TileConfig {
@@ -555,8 +562,18 @@ SPECULA_AMX void tile_amx(const uint8_t* tile, int64_t nb, const Acts& a, int64_
   }
 }
 
+#else
+#define SPECULA_HAS_AMX 0
+inline void amx_configure(int64_t) {}
+inline void amx_release() {}
+constexpr bool amx_takes(int64_t) { return false; }
+template <int64_t fmt>
+void tile_amx(const uint8_t*, int64_t, const Acts&, int64_t, int64_t, float*) {}
+#endif
+
 // Whether this CPU has AMX-INT8 and Linux lets this process use the tile registers.
 inline bool amx_usable() {
+  if (!SPECULA_HAS_AMX) return false;
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
   const bool tile = edx & (1u << 24), int8 = edx & (1u << 25);
