@@ -167,9 +167,11 @@ def test_bad_inputs_are_refused_with_a_reason(ops):
         FileBlocks("Q4_1", weight.data[:, :-1], weight.shape)
 
 
-def test_the_source_builds_for_a_cpu_without_avx2_or_avx512(tmp_path):
+@pytest.mark.parametrize("flags", [["-march=x86-64"], ["-march=x86-64", "-DSPECULA_NO_X86"]])
+def test_the_source_builds_for_a_cpu_without_avx2_or_avx512(tmp_path, flags):
     """The library is built with -march=native; on a CPU without AVX-512 (or AVX2) the vector paths must
-    still compile (each carries its own target attribute) and simply not be chosen."""
+    still compile (each carries its own target attribute) and simply not be chosen, and off x86 (ARM;
+    SPECULA_NO_X86 stands in for it here) the portable path alone."""
     import shutil
     import subprocess
 
@@ -178,7 +180,7 @@ def test_the_source_builds_for_a_cpu_without_avx2_or_avx512(tmp_path):
     cxx = compiled._compiler()
     if cxx is None or shutil.which(cxx) is None:
         pytest.skip("no C++ compiler")
-    command = [cxx, "-O0", "-march=x86-64", "-std=c++20", "-fopenmp", "-fPIC", "-c",
+    command = [cxx, "-O0", *flags, "-std=c++20", "-fopenmp", "-fPIC", "-c",
                *(f"-I{p}" for p in include_paths()), str(compiled.SOURCE), "-o", str(tmp_path / "step.o")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -26,10 +26,17 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
+
+// x86-64: the vector paths; elsewhere (ARM) the portable one only
+#if defined(__x86_64__) && !defined(SPECULA_NO_X86)
+#define SPECULA_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#else
+#define SPECULA_X86 0
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -273,6 +280,7 @@ inline void prefetch(const uint8_t* p, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(p + line, 0, 3);
 }
 
+#if SPECULA_X86
 #define SPECULA_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SPECULA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
 
@@ -597,6 +605,21 @@ inline Path best_path() {
   }();
   return best;
 }
+
+#else  // not x86-64: the portable path only
+
+template <int R, int64_t fmt>
+void tile_avx2(const uint8_t*, int64_t, const Acts&, int64_t, float*) {}
+template <int R, int64_t fmt>
+void tile_avx512(const uint8_t*, int64_t, const Acts&, int64_t, float*) {}
+inline void amx_configure(int64_t) {}
+inline void amx_release() {}
+constexpr bool amx_takes(int64_t) { return false; }
+template <int64_t fmt>
+void tile_amx(const uint8_t*, int64_t, const Acts&, int64_t, int64_t, float*) {}
+inline Path best_path() { return PORTABLE; }
+
+#endif
 
 inline Path& forced() {
   static Path p = AUTO;
