@@ -192,13 +192,14 @@ class _Fused:
 class _StepHandle:
     """A model's products registered with the compiled step (cpu/step.py); released with the model. Where
     the file's blocks are Q4_0, Q4_1 or Q8_0, the step runs its own products over them (`Blocks`), the LM
-    head's too; other weights keep the products the eager forward uses. SPECULA_PRODUCTS=torch keeps
-    torch's everywhere (to compare)."""
+    head's too; other weights keep the products the eager forward uses. Where only the portable path
+    applies (not x86-64), or SPECULA_PRODUCTS=torch asks (to compare), torch's products stay."""
 
     def __init__(self, ops, layers: list[_Layer], cfg, scale: float, native: NativeWeights | None) -> None:
         a, b, bias, kinds, norms, min_rows = [], [], [], [], [], []
         empty = torch.empty(0)
-        own = os.environ.get("SPECULA_PRODUCTS", "own").strip().lower() != "torch"
+        # the own products where this CPU has a vector path for them (x86-64 with AVX2 or better)
+        own = os.environ.get("SPECULA_PRODUCTS", "own").strip().lower() != "torch" and ops.blocks_path(-1) >= 2
         for layer in layers:
             for p, parts in zip(layer.products, layer.file_parts):
                 if parts is not None and own:

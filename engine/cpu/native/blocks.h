@@ -630,7 +630,9 @@ inline Path& forced() {
 // is refused.
 inline Path path() { return forced() == AUTO ? best_path() : forced(); }
 
+// p: a path to force, AUTO for the best, -1 to ask which is in use
 inline int64_t set_path(int64_t p) {
+  if (p == -1) return path();
   TORCH_CHECK(p >= AUTO && p <= AMX, "unknown kernel path ", p);
   TORCH_CHECK(p == AUTO || p <= best_path(), "this CPU cannot run kernel path ", p);
   forced() = static_cast<Path>(p);
