@@ -440,23 +440,25 @@ SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, 
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int8_t* q = a.codes(r0 + r, b);
-      __m512i v0 = _mm512_setzero_si512(), v1 = _mm512_setzero_si512();  // inputs 0-15, 16-31
-      for (int c = 0; c < 4; ++c) {
-        int32_t f0, f1;
-        std::memcpy(&f0, q + 4 * c, 4);
-        std::memcpy(&f1, q + 16 + 4 * c, 4);
-        v0 = _mm512_dpbusd_epi32(v0, u[c], _mm512_set1_epi32(f0));
-        v1 = _mm512_dpbusd_epi32(v1, u[c + 4], _mm512_set1_epi32(f1));
-      }
       int64_t i = (r0 + r) * nb + b;
       __m512i t;
-      if constexpr (fmt == Q6_K) {
-        __m512i h0 = _mm512_sub_epi32(v0, _mm512_set1_epi32(zero * a.halves[2 * i]));
-        __m512i h1 = _mm512_sub_epi32(v1, _mm512_set1_epi32(zero * a.halves[2 * i + 1]));
-        t = _mm512_add_epi32(_mm512_mullo_epi32(h0, s0), _mm512_mullo_epi32(h1, s1));
-      } else {
-        t = _mm512_add_epi32(v0, v1);
-        if constexpr (zero != 0) t = _mm512_sub_epi32(t, _mm512_set1_epi32(zero * a.sum[i]));
+      if constexpr (fmt == Q6_K) {  // the two halves have their own scales
+        __m512i v0 = _mm512_set1_epi32(-zero * a.halves[2 * i]), v1 = _mm512_set1_epi32(-zero * a.halves[2 * i + 1]);
+        for (int c = 0; c < 4; ++c) {
+          int32_t f0, f1;
+          std::memcpy(&f0, q + 4 * c, 4);
+          std::memcpy(&f1, q + 16 + 4 * c, 4);
+          v0 = _mm512_dpbusd_epi32(v0, u[c], _mm512_set1_epi32(f0));
+          v1 = _mm512_dpbusd_epi32(v1, u[c + 4], _mm512_set1_epi32(f1));
+        }
+        t = _mm512_add_epi32(_mm512_mullo_epi32(v0, s0), _mm512_mullo_epi32(v1, s1));
+      } else {  // one chain from the codes' zero times the row's sum: v = sum (c - zero) q
+        t = _mm512_set1_epi32(-zero * a.sum[i]);
+        for (int c = 0; c < 8; ++c) {
+          int32_t f;
+          std::memcpy(&f, q + 4 * c, 4);
+          t = _mm512_dpbusd_epi32(t, u[c], _mm512_set1_epi32(f));
+        }
       }
       s[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[i])), s[r]);
       if constexpr (fmt == Q4_1) s[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
