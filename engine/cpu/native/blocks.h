@@ -1,12 +1,12 @@
-// Matrix products over a GGUF file's quantized blocks: y = x @ W^T (+ b), W in Q4_0, Q4_1, Q8_0, Q4_K or
-// Q6_K with the file's scales and minimums as they are (fp16, and the K-quants' 6-bit and 8-bit ones).
+// Matrix products over a GGUF file's quantized blocks: y = x @ W^T (+ b), W in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// Q4_K or Q6_K with the file's scales and minimums as they are (fp16, and the K-quants' 6-bit and 8-bit ones).
 //
 // Arithmetic (ggml's): each row of x is quantized once per product, per block of 32 inputs, to int8 with
 // one fp32 scale dx = max|x| / 127 (q = round-to-nearest-even(x * (1 / dx))); a block's products are then
 // exact integer sums of the weight codes c_j times the row's codes q_j, and each output column adds up its
 // blocks in order in fp32 (d, m: the block's scale and minimum, exact in fp32; S = sum_j q_j):
-//   Q4_0, Q8_0:  v = sum_j (c_j - 8 or 0) q_j               acc = fma(v, d * dx, acc)
-//   Q4_1:        v = sum_j c_j q_j                          acc = fma(v, d * dx, acc); acc = fma(m, dx * S, acc)
+//   Q4_0, Q5_0, Q8_0: v = sum_j (c_j - 8, 16 or 0) q_j      acc = fma(v, d * dx, acc)
+//   Q4_1, Q5_1:  v = sum_j c_j q_j                          acc = fma(v, d * dx, acc); acc = fma(m, dx * S, acc)
 //   Q4_K:        v = sum_j c_j q_j, d = D s, m = Dmin mm    acc = fma(v, d * dx, acc); acc = fma(-m, dx * S, acc)
 //   Q6_K:        v = s0 sum_{j<16} (c_j - 32) q_j + s1 sum_{j>=16} (c_j - 32) q_j (|v| < 2^24)
 //                                                           acc = fma(v, D * dx, acc)
@@ -17,7 +17,8 @@
 // Weights are reordered once at load into tiles of 16 output columns: for each tile, its blocks of 32
 // inputs in order, then (K-quants) the super-blocks' scales. A block holds its codes as 64-byte chunks
 // where byte 4c + i is column c's code for input 4r + i (r the chunk; 4-bit codes hold chunk r in the low
-// nibble and chunk r + 4 in the high one; Q6_K adds two chunks of the codes' top 2 bits), then its 16
+// nibble and chunk r + 4 in the high one; Q5_0/Q5_1 add a chunk of the codes' fifth bits, Q6_K two of their
+// top 2 bits), then its 16
 // columns' scales. A vector register of one chunk meets the row's 4 int8 inputs broadcast to all lanes:
 // 16 columns times 4 products per instruction, a block unpacked once for every row of the call.
 
@@ -47,7 +48,7 @@
 namespace blocks {
 
 // GGML's type numbers
-enum Format : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+enum Format : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 // AMX: calls of AMX_FROM rows or more on CPUs with AMX-INT8 (Intel Xeon since Sapphire Rapids); fewer
 // rows take AVX-512 there, faster for them (the same bits)
 enum Path : int64_t { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512 = 3, AMX = 4 };
@@ -61,25 +62,31 @@ constexpr int64_t AMX_ROWS = 16;  // rows of x per AMX tile
 constexpr int64_t PREFETCH = 12;  // blocks ahead (8-16 time alike on the bundled model)
 constexpr int64_t AMX_FROM = 16;  // the fewest rows of a call that AMX takes (measured: below, AVX-512 is faster)
 
-constexpr bool known(int64_t fmt) { return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0 || fmt == Q4_K || fmt == Q6_K; }
+constexpr bool known(int64_t fmt) {
+  return fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q8_0 || fmt == Q4_K || fmt == Q6_K;
+}
+constexpr bool five_bit(int64_t fmt) { return fmt == Q5_0 || fmt == Q5_1; }
+constexpr bool with_min(int64_t fmt) { return fmt == Q4_1 || fmt == Q5_1; }  // fp16 m per block
 constexpr bool k_quant(int64_t fmt) { return fmt == Q4_K || fmt == Q6_K; }
 constexpr bool nibbles(int64_t fmt) { return fmt != Q8_0; }  // codes held as 4-bit chunks (Q6_K: plus 2 bits)
 constexpr int64_t code_bytes(int64_t fmt) {
-  return fmt == Q8_0 ? 8 * CHUNK : fmt == Q6_K ? 6 * CHUNK : 4 * CHUNK;
+  return fmt == Q8_0 ? 8 * CHUNK : fmt == Q6_K ? 6 * CHUNK : five_bit(fmt) ? 5 * CHUNK : 4 * CHUNK;
 }
-// one block of one tile: codes, then per column: fp16 d (Q4_0, Q8_0), fp16 d and m (Q4_1), 6-bit s and
-// m as bytes (Q4_K), or int8 s0 and s1 (Q6_K)
-constexpr int64_t block_bytes(int64_t fmt) { return code_bytes(fmt) + COLS * (fmt == Q4_1 ? 4 : 2); }
+// one block of one tile: codes, then per column: fp16 d (Q4_0, Q5_0, Q8_0), fp16 d and m (Q4_1, Q5_1),
+// 6-bit s and m as bytes (Q4_K), or int8 s0 and s1 (Q6_K)
+constexpr int64_t block_bytes(int64_t fmt) { return code_bytes(fmt) + COLS * (with_min(fmt) ? 4 : 2); }
 // one super-block's header of one tile (K-quants): fp16 D and Dmin (Q4_K) or D (Q6_K) per column
 constexpr int64_t super_bytes(int64_t fmt) { return fmt == Q4_K ? 4 * COLS : fmt == Q6_K ? 2 * COLS : 0; }
 inline int64_t tile_bytes(int64_t fmt, int64_t nb) { return nb * block_bytes(fmt) + (nb * QK / QK_K) * super_bytes(fmt); }
 // inputs and bytes of one block (or super-block) of one row in the file
 constexpr int64_t file_inputs(int64_t fmt) { return k_quant(fmt) ? QK_K : QK; }
 constexpr int64_t file_bytes(int64_t fmt) {
-  return fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : fmt == Q8_0 ? 34 : fmt == Q4_K ? 144 : 210;
+  return fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : fmt == Q5_0 ? 22 : fmt == Q5_1 ? 24 : fmt == Q8_0 ? 34 : fmt == Q4_K ? 144 : 210;
 }
 // what the integer sums subtract per code: the code's zero (Q8_0 codes are held as q + 128)
-constexpr int32_t code_zero(int64_t fmt) { return fmt == Q4_0 ? 8 : fmt == Q8_0 ? 128 : fmt == Q6_K ? 32 : 0; }
+constexpr int32_t code_zero(int64_t fmt) {
+  return fmt == Q4_0 ? 8 : fmt == Q5_0 ? 16 : fmt == Q8_0 ? 128 : fmt == Q6_K ? 32 : 0;
+}
 inline int64_t tiles(int64_t n) { return (n + COLS - 1) / COLS; }
 
 inline float half(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
@@ -101,9 +108,17 @@ inline FileBlock read_block(const uint8_t* row, int64_t fmt, int64_t b) {
       for (int j = 0; j < QK; ++j) out.codes[j] = static_cast<uint8_t>(static_cast<int8_t>(src[2 + j]) + 128);
       return out;
     }
-    if (fmt == Q4_1) std::memcpy(&out.m, src + 2, 2);
-    const uint8_t* nib = src + (fmt == Q4_1 ? 4 : 2);  // byte i: q_i low, q_{i+16} high
-    for (int j = 0; j < 16; ++j) out.codes[j] = nib[j] & 15, out.codes[j + 16] = nib[j] >> 4;
+    if (with_min(fmt)) std::memcpy(&out.m, src + 2, 2);
+    const uint8_t* nib = src + (with_min(fmt) ? 4 : 2);
+    uint32_t high = 0;  // Q5_0/Q5_1: bit j is q_j's fifth bit, before the nibbles
+    if (five_bit(fmt)) {
+      std::memcpy(&high, nib, 4);
+      nib += 4;
+    }
+    for (int j = 0; j < 16; ++j) {  // byte j: q_j low, q_{j+16} high
+      out.codes[j] = (nib[j] & 15) | (((high >> j) & 1) << 4);
+      out.codes[j + 16] = (nib[j] >> 4) | (((high >> (j + 16)) & 1) << 4);
+    }
     return out;
   }
   const uint8_t* sb = row + (b * QK / QK_K) * file_bytes(fmt);
@@ -157,6 +172,7 @@ inline void pack(const uint8_t* raw, int64_t n, int64_t nb, int64_t fmt, uint8_t
           }
           dst[(r % 4) * CHUNK + 4 * c + i] |= (code & 15) << (r < 4 ? 0 : 4);
           if (fmt == Q6_K) dst[(4 + r / 4) * CHUNK + 4 * c + i] |= (code >> 4) << (2 * (r % 4));
+          if (five_bit(fmt)) dst[4 * CHUNK + 4 * c + i] |= (code >> 4) << r;
         }
       uint8_t* scales = dst + cb;
       if (k_quant(fmt)) {
@@ -168,7 +184,7 @@ inline void pack(const uint8_t* raw, int64_t n, int64_t nb, int64_t fmt, uint8_t
         }
       } else {
         reinterpret_cast<uint16_t*>(scales)[c] = fb.d;
-        if (fmt == Q4_1) reinterpret_cast<uint16_t*>(scales)[COLS + c] = fb.m;
+        if (with_min(fmt)) reinterpret_cast<uint16_t*>(scales)[COLS + c] = fb.m;
       }
     }
   }
@@ -221,6 +237,7 @@ inline int32_t code(const uint8_t* blk, int64_t fmt, int c, int i) {
   if (fmt == Q8_0) return blk[r * CHUNK + 4 * c + k];
   uint8_t byte = blk[(r % 4) * CHUNK + 4 * c + k];
   int32_t low = r < 4 ? (byte & 15) : (byte >> 4);
+  if (five_bit(fmt)) return low | (((blk[4 * CHUNK + 4 * c + k] >> r) & 1) << 4);
   if (fmt != Q6_K) return low;
   return low | (((blk[(4 + r / 4) * CHUNK + 4 * c + k] >> (2 * (r % 4))) & 3) << 4);
 }
@@ -245,7 +262,7 @@ inline ColumnScales column_scales(const uint8_t* tile, int64_t nb, int64_t fmt, 
     out.s0 = static_cast<int8_t>(sc[c]), out.s1 = static_cast<int8_t>(sc[COLS + c]);
   } else {
     out.d = half(h[c]);
-    if (fmt == Q4_1) out.m = half(h[COLS + c]);
+    if (with_min(fmt)) out.m = half(h[COLS + c]);
   }
   return out;
 }
@@ -267,7 +284,7 @@ inline void tile_portable(const uint8_t* tile, int64_t nb, int64_t fmt, const Ac
         int32_t v = fmt == Q6_K ? cs.s0 * h[0] + cs.s1 * h[1] : h[0] + h[1];
         float& s = acc[r * COLS + c];
         s = std::fma(static_cast<float>(v), cs.d * a.d[i], s);
-        if (fmt == Q4_1) s = std::fma(cs.m, a.dsum[i], s);
+        if (with_min(fmt)) s = std::fma(cs.m, a.dsum[i], s);
         if (fmt == Q4_K) s = std::fma(-cs.m, a.dsum[i], s);
       }
     }
@@ -304,6 +321,18 @@ SPECULA_AVX2 inline void unpack_avx2(const uint8_t* blk, int64_t fmt, int h, __m
     u[c] = _mm256_and_si256(v, low);
     u[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
   }
+  if (five_bit(fmt)) {  // chunk r's fifth bits: bit r of the fifth chunk's bytes
+    const __m256i bit = _mm256_set1_epi8(0x10);
+    __m256i v = load(4);
+    u[0] = _mm256_or_si256(u[0], _mm256_and_si256(_mm256_slli_epi16(v, 4), bit));
+    u[1] = _mm256_or_si256(u[1], _mm256_and_si256(_mm256_slli_epi16(v, 3), bit));
+    u[2] = _mm256_or_si256(u[2], _mm256_and_si256(_mm256_slli_epi16(v, 2), bit));
+    u[3] = _mm256_or_si256(u[3], _mm256_and_si256(_mm256_slli_epi16(v, 1), bit));
+    u[4] = _mm256_or_si256(u[4], _mm256_and_si256(v, bit));
+    u[5] = _mm256_or_si256(u[5], _mm256_and_si256(_mm256_srli_epi16(v, 1), bit));
+    u[6] = _mm256_or_si256(u[6], _mm256_and_si256(_mm256_srli_epi16(v, 2), bit));
+    u[7] = _mm256_or_si256(u[7], _mm256_and_si256(_mm256_srli_epi16(v, 3), bit));
+  }
   if (fmt == Q6_K)
     for (int hb = 0; hb < 2; ++hb) {
       __m256i v = load(4 + hb);
@@ -325,6 +354,18 @@ SPECULA_AVX512 inline void unpack_avx512(const uint8_t* blk, int64_t fmt, __m512
     __m512i v = _mm512_loadu_si512(blk + c * CHUNK);
     u[c] = _mm512_and_si512(v, low);
     u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+  }
+  if (five_bit(fmt)) {  // chunk r's fifth bits: bit r of the fifth chunk's bytes
+    const __m512i bit = _mm512_set1_epi8(0x10);
+    __m512i v = _mm512_loadu_si512(blk + 4 * CHUNK);
+    u[0] = _mm512_or_si512(u[0], _mm512_and_si512(_mm512_slli_epi16(v, 4), bit));
+    u[1] = _mm512_or_si512(u[1], _mm512_and_si512(_mm512_slli_epi16(v, 3), bit));
+    u[2] = _mm512_or_si512(u[2], _mm512_and_si512(_mm512_slli_epi16(v, 2), bit));
+    u[3] = _mm512_or_si512(u[3], _mm512_and_si512(_mm512_slli_epi16(v, 1), bit));
+    u[4] = _mm512_or_si512(u[4], _mm512_and_si512(v, bit));
+    u[5] = _mm512_or_si512(u[5], _mm512_and_si512(_mm512_srli_epi16(v, 1), bit));
+    u[6] = _mm512_or_si512(u[6], _mm512_and_si512(_mm512_srli_epi16(v, 2), bit));
+    u[7] = _mm512_or_si512(u[7], _mm512_and_si512(_mm512_srli_epi16(v, 3), bit));
   }
   if (fmt == Q6_K)
     for (int hb = 0; hb < 2; ++hb) {
@@ -352,7 +393,7 @@ SPECULA_AVX2 inline void scales_avx2(const uint8_t* tile, int64_t nb, int64_t fm
     s1 = _mm256_cvtepi8_epi32(bytes8(sc + COLS + 8 * h));
   } else {
     d = halfs8(sc + 16 * h);
-    if (fmt == Q4_1) m = halfs8(sc + 2 * COLS + 16 * h);
+    if (with_min(fmt)) m = halfs8(sc + 2 * COLS + 16 * h);
   }
 }
 
@@ -371,7 +412,7 @@ SPECULA_AVX512 inline void scales_avx512(const uint8_t* tile, int64_t nb, int64_
     s1 = _mm512_cvtepi8_epi32(bytes16(sc + COLS));
   } else {
     d = halfs16(sc);
-    if (fmt == Q4_1) m = halfs16(sc + 2 * COLS);
+    if (with_min(fmt)) m = halfs16(sc + 2 * COLS);
   }
 }
 
@@ -412,10 +453,11 @@ SPECULA_AVX2 void tile_avx2(const uint8_t* tile, int64_t nb, const Acts& a, int6
           t = _mm256_add_epi32(_mm256_mullo_epi32(h0, s0), _mm256_mullo_epi32(h1, s1));
         } else {
           t = _mm256_add_epi32(v[0], v[1]);
-          if constexpr (fmt == Q4_0) t = _mm256_sub_epi32(t, _mm256_set1_epi32(8 * a.sum[i]));
+          constexpr int32_t zero = fmt == Q8_0 ? 0 : code_zero(fmt);  // Q8_0: signed codes here
+          if constexpr (zero != 0) t = _mm256_sub_epi32(t, _mm256_set1_epi32(zero * a.sum[i]));
         }
         s[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[i])), s[r]);
-        if constexpr (fmt == Q4_1) s[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.dsum[i]), s[r]);
+        if constexpr (with_min(fmt)) s[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.dsum[i]), s[r]);
         if constexpr (fmt == Q4_K) s[r] = _mm256_fnmadd_ps(mw, _mm256_set1_ps(a.dsum[i]), s[r]);
       }
     }
@@ -461,7 +503,7 @@ SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, 
         }
       }
       s[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[i])), s[r]);
-      if constexpr (fmt == Q4_1) s[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
+      if constexpr (with_min(fmt)) s[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
       if constexpr (fmt == Q4_K) s[r] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
     }
   }
@@ -564,7 +606,7 @@ SPECULA_AMX void tile_amx(const uint8_t* tile, int64_t nb, const Acts& a, int64_
         __m512i v = _mm512_load_si512(sums + (g * AMX_ROWS + r) * COLS);
         if constexpr (zero != 0) v = _mm512_sub_epi32(v, _mm512_set1_epi32(zero * a.sum[i]));
         s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dw[g], _mm512_set1_ps(a.d[i])), s);
-        if constexpr (fmt == Q4_1) s = _mm512_fmadd_ps(mw[g], _mm512_set1_ps(a.dsum[i]), s);
+        if constexpr (with_min(fmt)) s = _mm512_fmadd_ps(mw[g], _mm512_set1_ps(a.dsum[i]), s);
         if constexpr (fmt == Q4_K) s = _mm512_fnmadd_ps(mw[g], _mm512_set1_ps(a.dsum[i]), s);
       }
       _mm512_storeu_ps(acc + r * COLS, s);
@@ -658,6 +700,8 @@ void run_tile(Path p, const uint8_t* tile, int64_t nb, int64_t fmt, const Acts& 
   switch (fmt) {
     case Q4_0: return run_tile<R, Q4_0>(p, tile, nb, a, r0, acc);
     case Q4_1: return run_tile<R, Q4_1>(p, tile, nb, a, r0, acc);
+    case Q5_0: return run_tile<R, Q5_0>(p, tile, nb, a, r0, acc);
+    case Q5_1: return run_tile<R, Q5_1>(p, tile, nb, a, r0, acc);
     case Q8_0: return run_tile<R, Q8_0>(p, tile, nb, a, r0, acc);
     case Q4_K: return run_tile<R, Q4_K>(p, tile, nb, a, r0, acc);
     default: return run_tile<R, Q6_K>(p, tile, nb, a, r0, acc);
@@ -733,6 +777,8 @@ void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const P
             if (m != configured) amx_configure(configured = m);
             if (fmt == Q4_0) tile_amx<Q4_0>(tile, nb, a, r0, m, acc);
             else if (fmt == Q4_1) tile_amx<Q4_1>(tile, nb, a, r0, m, acc);
+            else if (fmt == Q5_0) tile_amx<Q5_0>(tile, nb, a, r0, m, acc);
+            else if (fmt == Q5_1) tile_amx<Q5_1>(tile, nb, a, r0, m, acc);
             else if (fmt == Q8_0) tile_amx<Q8_0>(tile, nb, a, r0, m, acc);
             else tile_amx<Q4_K>(tile, nb, a, r0, m, acc);
           } else {
