@@ -6,7 +6,7 @@ Three forms, one call signature (`product(x)`, x (rows, in) -> (rows, out)):
 - `Int4`: 4-bit codes in groups of 32 along the input, each group with a scale and an offset, through
   torch's weight-only int4 kernel. GGUF's Q4_0, Q4_1 and Q4_K blocks are exactly this shape, so their
   codes are used as they are (see `Q4Blocks`).
-- `Blocks`: the file's own Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K blocks (`FileBlocks`) through the compiled step's
+- `Blocks`: the file's own Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K blocks (`FileBlocks`) through the compiled step's
   products (native/blocks.h): the weights are read once for all the rows of a call, activations are
   quantized to int8 per block of 32, and a row's bits never depend on the other rows (by construction,
   in every code path). The compiled step uses them where the library is built (`cpu/step.py`).
@@ -220,9 +220,9 @@ def q4_quantize(weight: torch.Tensor, type_name: str = "Q4_1") -> Q4Blocks:
 
 
 # `Blocks`' file types, by GGML's number; the weights and bytes of one of their blocks
-BLOCK_FORMATS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+BLOCK_FORMATS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 _FILE_BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
-               "Q4_K": (256, 144), "Q6_K": (256, 210)}
+               "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ class FileBlocks:
     """One weight (out, in) as a GGUF file stores it: `data` (out, bytes per row) uint8, each row its
     blocks in input order, the rows in transformers' order."""
 
-    type_name: str  # "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K" or "Q6_K"
+    type_name: str  # one of BLOCK_FORMATS
     data: torch.Tensor
     shape: tuple[int, int]
 

@@ -2,12 +2,12 @@
 
 transformers reads a GGUF by dequantizing every tensor (loading.py caches that as safetensors); the
 model it builds stays the reference for names, shapes and everything the file does not hold in a
-format Specula runs. This module reads the same file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K blocks of the Llama family's
+format Specula runs. This module reads the same file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks of the Llama family's
 seven projections per layer and of the LM head (`output`, or the token embedding a tied model shares),
 undoes llama.cpp's row order for q and k, and checks the result against the dequantized model: the
 blocks must give the weights transformers loaded (to the last bit of the model's dtype), or they are not
 used. The compiled step runs them all through its own products; eager answers run the 4-bit ones
-through torch's int4 kernel and the rest dense. Other tensor types (Q5_K, Q2_K/Q3_K, IQ types, fp16) stay
+through torch's int4 kernel and the rest dense. Other tensor types (Q2_K/Q3_K, IQ types, fp16) stay
 dequantized, with the count reported.
 """
 
@@ -25,7 +25,7 @@ from ..cpu.products import FileBlocks, Q4Blocks
 
 log = logging.getLogger(__name__)
 
-NATIVE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")
+NATIVE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 LM_HEAD = "lm_head"  # the name the LM head's blocks go by
 _PROJECTIONS = {  # GGUF name in block i -> the transformers module under model.layers[i]
     "attn_q": "self_attn.q_proj",

@@ -190,7 +190,7 @@ def _native_weights(path: Path, folder: Path, loaded: LoadedModel, explicit: boo
     except (ValueError, KeyError) as exc:
         return cannot(f"unreadable 4-bit blocks ({first_line(exc)})")
     if not native.tensors:
-        return cannot(f"the file holds no Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K projections ({', '.join(sorted(native.file_types))})")
+        return cannot(f"the file holds no Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K projections ({', '.join(sorted(native.file_types))})")
     mismatch = check_against(native, loaded.model)
     if mismatch:
         return cannot(mismatch)

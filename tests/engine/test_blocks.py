@@ -41,7 +41,7 @@ def _call(ops, path: str, product: Blocks, x: torch.Tensor) -> torch.Tensor:
         ops.blocks_path(0)
 
 
-K_QUANTS = {"Q4_K": (144, (0, 2)), "Q6_K": (210, (208,))}  # bytes per 256 weights, offsets of fp16 scales
+K_QUANTS = {"Q4_K": (144, (0, 2)), "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}  # bytes per 256 weights, offsets of fp16 scales
 
 
 def _weight(out: int, inp: int, seed: int, type_name: str) -> FileBlocks:
@@ -156,7 +156,7 @@ def test_bad_inputs_are_refused_with_a_reason(ops):
     with pytest.raises(RuntimeError, match="past the packed weight"):
         ops.blocks_mm(torch.randn(2, 128), product.packed, product.parts, None, False)
     with pytest.raises(RuntimeError, match="unknown block format"):
-        ops.blocks_pack(weight.data, 13)  # Q5_K
+        ops.blocks_pack(weight.data, 10)  # Q2_K
     with pytest.raises(RuntimeError, match="unknown kernel path"):
         ops.blocks_path(9)
     with pytest.raises(RuntimeError, match="not a multiple of 256"):

@@ -1,5 +1,5 @@
 // Matrix products over a GGUF file's quantized blocks: y = x @ W^T (+ b), W in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-// Q4_K or Q6_K with the file's scales and minimums as they are (fp16, and the K-quants' 6-bit and 8-bit ones).
+// Q4_K, Q5_K or Q6_K with the file's scales and minimums as they are (fp16, and the K-quants' 6-bit and 8-bit ones).
 //
 // Arithmetic (ggml's): each row of x is quantized once per product, per block of 32 inputs, to int8 with
 // one fp32 scale dx = max|x| / 127 (q = round-to-nearest-even(x * (1 / dx))); a block's products are then
@@ -7,7 +7,7 @@
 // blocks in order in fp32 (d, m: the block's scale and minimum, exact in fp32; S = sum_j q_j):
 //   Q4_0, Q5_0, Q8_0: v = sum_j (c_j - 8, 16 or 0) q_j      acc = fma(v, d * dx, acc)
 //   Q4_1, Q5_1:  v = sum_j c_j q_j                          acc = fma(v, d * dx, acc); acc = fma(m, dx * S, acc)
-//   Q4_K:        v = sum_j c_j q_j, d = D s, m = Dmin mm    acc = fma(v, d * dx, acc); acc = fma(-m, dx * S, acc)
+//   Q4_K, Q5_K:  v = sum_j c_j q_j, d = D s, m = Dmin mm    acc = fma(v, d * dx, acc); acc = fma(-m, dx * S, acc)
 //   Q6_K:        v = s0 sum_{j<16} (c_j - 32) q_j + s1 sum_{j>=16} (c_j - 32) q_j (|v| < 2^24)
 //                                                           acc = fma(v, D * dx, acc)
 // then y = acc (+ b) rounded once to the output's dtype. Every operation on a column's float sum is the
@@ -48,7 +48,7 @@
 namespace blocks {
 
 // GGML's type numbers
-enum Format : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+enum Format : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 // AMX: calls of AMX_FROM rows or more on CPUs with AMX-INT8 (Intel Xeon since Sapphire Rapids); fewer
 // rows take AVX-512 there, faster for them (the same bits)
 enum Path : int64_t { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512 = 3, AMX = 4 };
@@ -63,25 +63,28 @@ constexpr int64_t PREFETCH = 12;  // blocks ahead (8-16 time alike on the bundle
 constexpr int64_t AMX_FROM = 16;  // the fewest rows of a call that AMX takes (measured: below, AVX-512 is faster)
 
 constexpr bool known(int64_t fmt) {
-  return fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q8_0 || fmt == Q4_K || fmt == Q6_K;
+  return fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q8_0 || fmt == Q4_K || fmt == Q5_K ||
+         fmt == Q6_K;
 }
-constexpr bool five_bit(int64_t fmt) { return fmt == Q5_0 || fmt == Q5_1; }
+constexpr bool five_bit(int64_t fmt) { return fmt == Q5_0 || fmt == Q5_1 || fmt == Q5_K; }
+constexpr bool k_min(int64_t fmt) { return fmt == Q4_K || fmt == Q5_K; }  // 6-bit scales and minimums
 constexpr bool with_min(int64_t fmt) { return fmt == Q4_1 || fmt == Q5_1; }  // fp16 m per block
-constexpr bool k_quant(int64_t fmt) { return fmt == Q4_K || fmt == Q6_K; }
+constexpr bool k_quant(int64_t fmt) { return fmt == Q4_K || fmt == Q5_K || fmt == Q6_K; }
 constexpr bool nibbles(int64_t fmt) { return fmt != Q8_0; }  // codes held as 4-bit chunks (Q6_K: plus 2 bits)
 constexpr int64_t code_bytes(int64_t fmt) {
   return fmt == Q8_0 ? 8 * CHUNK : fmt == Q6_K ? 6 * CHUNK : five_bit(fmt) ? 5 * CHUNK : 4 * CHUNK;
 }
 // one block of one tile: codes, then per column: fp16 d (Q4_0, Q5_0, Q8_0), fp16 d and m (Q4_1, Q5_1),
-// 6-bit s and m as bytes (Q4_K), or int8 s0 and s1 (Q6_K)
+// 6-bit s and m as bytes (Q4_K, Q5_K), or int8 s0 and s1 (Q6_K)
 constexpr int64_t block_bytes(int64_t fmt) { return code_bytes(fmt) + COLS * (with_min(fmt) ? 4 : 2); }
-// one super-block's header of one tile (K-quants): fp16 D and Dmin (Q4_K) or D (Q6_K) per column
-constexpr int64_t super_bytes(int64_t fmt) { return fmt == Q4_K ? 4 * COLS : fmt == Q6_K ? 2 * COLS : 0; }
+// one super-block's header of one tile (K-quants): fp16 D and Dmin (Q4_K, Q5_K) or D (Q6_K) per column
+constexpr int64_t super_bytes(int64_t fmt) { return k_min(fmt) ? 4 * COLS : fmt == Q6_K ? 2 * COLS : 0; }
 inline int64_t tile_bytes(int64_t fmt, int64_t nb) { return nb * block_bytes(fmt) + (nb * QK / QK_K) * super_bytes(fmt); }
 // inputs and bytes of one block (or super-block) of one row in the file
 constexpr int64_t file_inputs(int64_t fmt) { return k_quant(fmt) ? QK_K : QK; }
 constexpr int64_t file_bytes(int64_t fmt) {
-  return fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : fmt == Q5_0 ? 22 : fmt == Q5_1 ? 24 : fmt == Q8_0 ? 34 : fmt == Q4_K ? 144 : 210;
+  return fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : fmt == Q5_0 ? 22 : fmt == Q5_1 ? 24 : fmt == Q8_0 ? 34 : fmt == Q4_K ? 144
+         : fmt == Q5_K ? 176 : 210;
 }
 // what the integer sums subtract per code: the code's zero (Q8_0 codes are held as q + 128)
 constexpr int32_t code_zero(int64_t fmt) {
@@ -94,8 +97,8 @@ inline float half(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); 
 // One row's block of 32 weights as the file gives it: codes (unsigned, before the zero), and the scales.
 struct FileBlock {
   uint8_t codes[QK];
-  uint16_t d = 0, m = 0;  // fp16: Q4_0/Q4_1/Q8_0's d (and Q4_1's m); K-quants' D (and Q4_K's Dmin)
-  uint8_t s0 = 0, s1 = 0;  // Q4_K: the 6-bit scale and minimum; Q6_K: the int8 scales of inputs 0-15, 16-31
+  uint16_t d = 0, m = 0;  // fp16: the block's d (and Q4_1/Q5_1's m); K-quants' D (and Q4_K/Q5_K's Dmin)
+  uint8_t s0 = 0, s1 = 0;  // Q4_K/Q5_K: the 6-bit scale and minimum; Q6_K: the int8 scales of inputs 0-15, 16-31
 };
 
 // Block b of a row (`row`: the row's bytes in the file).
@@ -123,7 +126,7 @@ inline FileBlock read_block(const uint8_t* row, int64_t fmt, int64_t b) {
   }
   const uint8_t* sb = row + (b * QK / QK_K) * file_bytes(fmt);
   const int g = static_cast<int>(b % (QK_K / QK));  // the block within its super-block
-  if (fmt == Q4_K) {  // D, Dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of nibbles
+  if (k_min(fmt)) {  // D, Dmin, 12 bytes of 6-bit scales and minimums, (Q5_K: 32 bytes of fifth bits,) nibbles
     std::memcpy(&out.d, sb, 2);
     std::memcpy(&out.m, sb + 2, 2);
     const uint8_t* q = sb + 4;
@@ -133,8 +136,12 @@ inline FileBlock read_block(const uint8_t* row, int64_t fmt, int64_t b) {
       out.s0 = (q[g + 4] & 15) | ((q[g - 4] >> 6) << 4);
       out.s1 = (q[g + 4] >> 4) | ((q[g] >> 6) << 4);
     }
-    const uint8_t* nib = sb + 16 + 32 * (g / 2);  // groups 2c and 2c + 1 share 32 bytes: low, high nibbles
-    for (int j = 0; j < QK; ++j) out.codes[j] = g % 2 ? nib[j] >> 4 : nib[j] & 15;
+    const uint8_t* high = sb + 16;  // Q5_K: bit g of byte j is group g's input j's fifth bit
+    const uint8_t* nib = sb + (fmt == Q5_K ? 48 : 16) + 32 * (g / 2);  // groups 2c, 2c + 1: low, high nibbles
+    for (int j = 0; j < QK; ++j) {
+      out.codes[j] = g % 2 ? nib[j] >> 4 : nib[j] & 15;
+      if (fmt == Q5_K) out.codes[j] |= ((high[j] >> g) & 1) << 4;
+    }
     return out;
   }
   // Q6_K: 128 bytes of low nibbles, 64 of top 2 bits, 16 int8 scales (one per 16 inputs), D
@@ -180,7 +187,7 @@ inline void pack(const uint8_t* raw, int64_t n, int64_t nb, int64_t fmt, uint8_t
         if (b % (QK_K / QK) == 0) {
           uint16_t* super = reinterpret_cast<uint16_t*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt));
           super[c] = fb.d;
-          if (fmt == Q4_K) super[COLS + c] = fb.m;
+          if (k_min(fmt)) super[COLS + c] = fb.m;
         }
       } else {
         reinterpret_cast<uint16_t*>(scales)[c] = fb.d;
@@ -254,7 +261,7 @@ inline ColumnScales column_scales(const uint8_t* tile, int64_t nb, int64_t fmt, 
   const uint16_t* super = reinterpret_cast<const uint16_t*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt));
   const uint16_t* h = reinterpret_cast<const uint16_t*>(sc);
   ColumnScales out;
-  if (fmt == Q4_K) {
+  if (k_min(fmt)) {
     out.d = static_cast<float>(sc[c]) * half(super[c]);
     out.m = static_cast<float>(sc[COLS + c]) * half(super[COLS + c]);
   } else if (fmt == Q6_K) {
@@ -285,7 +292,7 @@ inline void tile_portable(const uint8_t* tile, int64_t nb, int64_t fmt, const Ac
         float& s = acc[r * COLS + c];
         s = std::fma(static_cast<float>(v), cs.d * a.d[i], s);
         if (with_min(fmt)) s = std::fma(cs.m, a.dsum[i], s);
-        if (fmt == Q4_K) s = std::fma(-cs.m, a.dsum[i], s);
+        if (k_min(fmt)) s = std::fma(-cs.m, a.dsum[i], s);
       }
     }
   }
@@ -384,7 +391,7 @@ SPECULA_AVX2 inline void scales_avx2(const uint8_t* tile, int64_t nb, int64_t fm
   const uint8_t* sc = tile + b * bb + code_bytes(fmt);
   const uint16_t* super = reinterpret_cast<const uint16_t*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt)) + 8 * h;
   m = _mm256_setzero_ps();
-  if (fmt == Q4_K) {
+  if (k_min(fmt)) {
     d = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8(sc + 8 * h))), halfs8(super));
     m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8(sc + COLS + 8 * h))), halfs8(super + COLS));
   } else if (fmt == Q6_K) {
@@ -403,7 +410,7 @@ SPECULA_AVX512 inline void scales_avx512(const uint8_t* tile, int64_t nb, int64_
   const uint8_t* sc = tile + b * bb + code_bytes(fmt);
   const uint16_t* super = reinterpret_cast<const uint16_t*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt));
   m = _mm512_setzero_ps();
-  if (fmt == Q4_K) {
+  if (k_min(fmt)) {
     d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes16(sc))), halfs16(super));
     m = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes16(sc + COLS))), halfs16(super + COLS));
   } else if (fmt == Q6_K) {
@@ -458,7 +465,7 @@ SPECULA_AVX2 void tile_avx2(const uint8_t* tile, int64_t nb, const Acts& a, int6
         }
         s[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[i])), s[r]);
         if constexpr (with_min(fmt)) s[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.dsum[i]), s[r]);
-        if constexpr (fmt == Q4_K) s[r] = _mm256_fnmadd_ps(mw, _mm256_set1_ps(a.dsum[i]), s[r]);
+        if constexpr (k_min(fmt)) s[r] = _mm256_fnmadd_ps(mw, _mm256_set1_ps(a.dsum[i]), s[r]);
       }
     }
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc + r * COLS + 8 * h, s[r]);
@@ -504,7 +511,7 @@ SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, 
       }
       s[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[i])), s[r]);
       if constexpr (with_min(fmt)) s[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
-      if constexpr (fmt == Q4_K) s[r] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
+      if constexpr (k_min(fmt)) s[r] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * COLS, s[r]);
@@ -607,7 +614,7 @@ SPECULA_AMX void tile_amx(const uint8_t* tile, int64_t nb, const Acts& a, int64_
         if constexpr (zero != 0) v = _mm512_sub_epi32(v, _mm512_set1_epi32(zero * a.sum[i]));
         s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dw[g], _mm512_set1_ps(a.d[i])), s);
         if constexpr (with_min(fmt)) s = _mm512_fmadd_ps(mw[g], _mm512_set1_ps(a.dsum[i]), s);
-        if constexpr (fmt == Q4_K) s = _mm512_fnmadd_ps(mw[g], _mm512_set1_ps(a.dsum[i]), s);
+        if constexpr (k_min(fmt)) s = _mm512_fnmadd_ps(mw[g], _mm512_set1_ps(a.dsum[i]), s);
       }
       _mm512_storeu_ps(acc + r * COLS, s);
     }
@@ -704,6 +711,7 @@ void run_tile(Path p, const uint8_t* tile, int64_t nb, int64_t fmt, const Acts& 
     case Q5_1: return run_tile<R, Q5_1>(p, tile, nb, a, r0, acc);
     case Q8_0: return run_tile<R, Q8_0>(p, tile, nb, a, r0, acc);
     case Q4_K: return run_tile<R, Q4_K>(p, tile, nb, a, r0, acc);
+    case Q5_K: return run_tile<R, Q5_K>(p, tile, nb, a, r0, acc);
     default: return run_tile<R, Q6_K>(p, tile, nb, a, r0, acc);
   }
 }
@@ -780,7 +788,8 @@ void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const P
             else if (fmt == Q5_0) tile_amx<Q5_0>(tile, nb, a, r0, m, acc);
             else if (fmt == Q5_1) tile_amx<Q5_1>(tile, nb, a, r0, m, acc);
             else if (fmt == Q8_0) tile_amx<Q8_0>(tile, nb, a, r0, m, acc);
-            else tile_amx<Q4_K>(tile, nb, a, r0, m, acc);
+            else if (fmt == Q4_K) tile_amx<Q4_K>(tile, nb, a, r0, m, acc);
+            else tile_amx<Q5_K>(tile, nb, a, r0, m, acc);
           } else {
             for (int64_t r1 = r0; r1 < r0 + m; r1 += ROWS)  // AVX-512 takes 8 rows at a time
               rows_of_tile(p, tile, nb, fmt, a, r1, std::min(ROWS, r0 + m - r1), acc + (r1 - r0) * COLS);
