@@ -22,8 +22,18 @@ import torch.nn.functional as F
 
 from ..api.errors import ContextTooLongError
 from ..cpu import step as cpu_step
-from ..cpu.products import (BLOCK_FORMATS, Blocks, Dense, FileBlocks, Int4, Q4Blocks, can_prepack, in_rows, int4_fits,
-                             stable_rows_of)
+from ..cpu.products import (
+    BLOCK_FORMATS,
+    Blocks,
+    Dense,
+    FileBlocks,
+    Int4,
+    Q4Blocks,
+    can_prepack,
+    in_rows,
+    int4_fits,
+    stable_rows_of,
+)
 from ..cpu.step import StepMode
 from ..decoding.tree import TokenTree
 from .gguf import LM_HEAD, NativeWeights
