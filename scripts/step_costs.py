@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = str(loaded.dtype).removeprefix("torch.")
     print(f"Model: {loaded.name} | device {loaded.device} | dtype {dtype} | weights {loaded.weights} | {forward} "
           f"| step {'compiled' if getattr(runner, 'compiled', False) else 'eager'} "
-          f"| products {args.products if getattr(runner, 'compiled', False) else 'torch'} | context {args.context} "
+          f"| products {'own' if getattr(runner, 'own_products', False) else 'torch'} | context {args.context} "
           f"| median of {args.repeats}\n")
     prompt_s = statistics.median(prompt_times)
     print(f"Prompt of {args.context} tokens read in {prompt_s * 1e3:.0f} ms ({args.context / prompt_s:.0f} tokens/s, "

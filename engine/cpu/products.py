@@ -241,8 +241,8 @@ class FileBlocks:
             raise ValueError(f"{self.type_name} bytes of shape {tuple(self.data.shape)} do not hold a weight {self.shape}")
 
     def rows(self, order: torch.Tensor) -> "FileBlocks":
-        """The same weight with its output rows reordered (GGUF permutes Llama's q/k rows)."""
-        return FileBlocks(self.type_name, self.data[order].contiguous(), self.shape)
+        """The weight's output rows `order` (GGUF permutes Llama's q/k rows; a check reads a few)."""
+        return FileBlocks(self.type_name, self.data[order].contiguous(), (len(order), self.shape[1]))
 
     def q4(self) -> Q4Blocks | None:
         """The 4-bit groups torch's int4 kernel takes (None for the other formats)."""

@@ -52,8 +52,7 @@ class NativeWeights:
     def blocks(self) -> dict[str, Q4Blocks]:
         """The 4-bit projections as torch's int4 kernel takes them (built once)."""
         if self._q4 is None:
-            self._q4 = {name: t.q4() for name, t in self.tensors.items()
-                        if name != LM_HEAD and t.type_name in ("Q4_0", "Q4_1", "Q4_K")}
+            self._q4 = {name: q for name, t in self.tensors.items() if name != LM_HEAD and (q := t.q4()) is not None}
         return self._q4
 
     @property
@@ -187,8 +186,7 @@ def check_against(native: NativeWeights, model: torch.nn.Module, layers: tuple[i
             return f"{name}: the file's shape {blocks.shape} is not the model's {tuple(weight.shape)}"
         if name == LM_HEAD:  # every 16th row of a vocabulary's: a wrong layout shows in any of them
             every = torch.arange(0, blocks.shape[0], 16)
-            blocks = FileBlocks(blocks.type_name, blocks.data[every], (len(every), blocks.shape[1]))
-            weight = weight[every]
+            blocks, weight = blocks.rows(every), weight[every]
         # equal to the last bit of the dtype (the reference may round a Q4_K weight once differently)
         ours, theirs = blocks.dequantize().to(weight.dtype).float(), weight.detach().cpu().float()
         if not torch.allclose(ours, theirs, rtol=torch.finfo(weight.dtype).eps, atol=0.0):

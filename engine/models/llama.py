@@ -201,12 +201,12 @@ class _Fused:
 
 class _StepHandle:
     """A model's products registered with the compiled step (cpu/step.py); released with the model. Where
-    the file's blocks are Q4_0, Q4_1 or Q8_0, the step runs its own products over them (`Blocks`), the LM
-    head's too; other weights keep the products the eager forward uses. Where only the portable path
+    the file's blocks are in one of BLOCK_FORMATS, the step runs its own products over them (`Blocks`), the
+    LM head's too; other weights keep the products the eager forward uses. Where only the portable path
     applies (not x86-64), or SPECULA_PRODUCTS=torch asks (to compare), torch's products stay."""
 
     def __init__(self, ops, layers: list[_Layer], cfg, scale: float, native: NativeWeights | None) -> None:
-        a, b, bias, kinds, norms, min_rows = [], [], [], [], [], []
+        a, b, bias, names, norms, min_rows = [], [], [], [], [], []
         empty = torch.empty(0)
         # the own products where this CPU has a vector path for them (x86-64 with AVX2 or better)
         own = os.environ.get("SPECULA_PRODUCTS", "own").strip().lower() != "torch" and ops.blocks_path(-1) >= 2
@@ -214,7 +214,7 @@ class _StepHandle:
             for p, parts in zip(layer.products, layer.file_parts):
                 if parts is not None and own:
                     p = Blocks(ops, parts, p.bias)
-                kinds.append(_PRODUCT_KINDS[p.kind])
+                names.append(p.kind)
                 if p.kind == "int4":
                     a.append(p.packed), b.append(p.scale_zero)
                 elif p.kind == "blocks":
@@ -229,9 +229,9 @@ class _StepHandle:
         self.lm_head = Blocks(ops, [head], None, out_float=True) if usable else None
         self.ops = ops
         self.layers = layers
-        self.kinds = [name for number in kinds for name, n in _PRODUCT_KINDS.items() if n == number]
+        self.kinds = names  # each product's kind, as `products` names it
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.handle = ops.prepare(a, b, bias, kinds, norms, cfg.num_attention_heads,
+        self.handle = ops.prepare(a, b, bias, [_PRODUCT_KINDS[k] for k in names], norms, cfg.num_attention_heads,
                                   getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, head_dim,
                                   layers[0].inter, min_rows, float(layers[0].in_norm[1]), float(scale))
 
@@ -362,6 +362,11 @@ class LlamaRunner:
     def compiled(self) -> bool:
         """Whether the current answer runs through the compiled step."""
         return self._fast is not None
+
+    @property
+    def own_products(self) -> bool:
+        """Whether the current answer's step runs the own products over the file's blocks."""
+        return self._fast is not None and (self._fast.lm_head is not None or "blocks" in self._fast.kinds)
 
     def _compiled_step(self) -> _StepHandle | None:
         """The compiled step for this model, where it is loaded and reproduces what this runner needs:

@@ -28,7 +28,7 @@ from ..cpu import step as compiled
 from ..cpu.step import StepMode
 from ..decoding.target import ModelRunner
 from . import llama
-from .gguf import LM_HEAD, NativeWeights, cached_native_weights, check_against
+from .gguf import LM_HEAD, NATIVE_TYPES, NativeWeights, cached_native_weights, check_against
 from .hf import HFRunner
 
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
@@ -190,7 +190,7 @@ def _native_weights(path: Path, folder: Path, loaded: LoadedModel, explicit: boo
     except (ValueError, KeyError) as exc:
         return cannot(f"unreadable 4-bit blocks ({first_line(exc)})")
     if not native.tensors:
-        return cannot(f"the file holds no Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K projections ({', '.join(sorted(native.file_types))})")
+        return cannot(f"the file holds no {'/'.join(NATIVE_TYPES)} projections ({', '.join(sorted(native.file_types))})")
     mismatch = check_against(native, loaded.model)
     if mismatch:
         return cannot(mismatch)

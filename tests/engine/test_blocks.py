@@ -12,14 +12,6 @@ from specula.engine.cpu.products import BLOCK_FORMATS, Blocks, FileBlocks
 PATHS = {"portable": 1, "avx2": 2, "avx512": 3, "amx": 4}
 
 
-@pytest.fixture(scope="module")
-def ops():
-    compiled.prepare(wait=True)
-    if compiled.ops() is None:
-        pytest.skip(f"the compiled step cannot be built here: {compiled.error()}")
-    return compiled.ops()
-
-
 def _paths(ops) -> list[str]:
     """The code paths this CPU can run (a path it lacks is refused)."""
     usable = []

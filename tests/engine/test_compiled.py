@@ -12,14 +12,6 @@ from specula.engine.models.loading import LoadedModel
 from tests.support.tiny import assert_greedy_identity, head_options, native, perturbed, tiny_model
 
 
-@pytest.fixture(scope="module")
-def ops():
-    compiled.prepare(wait=True)
-    if compiled.ops() is None:
-        pytest.skip(f"the compiled step cannot be built here: {compiled.error()}")
-    return compiled.ops()
-
-
 def _with_step(model: LoadedModel, step: str = "compiled") -> LoadedModel:
     model.step = step
     return model

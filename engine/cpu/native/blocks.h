@@ -331,14 +331,10 @@ SPECULA_AVX2 inline void unpack_avx2(const uint8_t* blk, int64_t fmt, int h, __m
   if (five_bit(fmt)) {  // chunk r's fifth bits: bit r of the fifth chunk's bytes
     const __m256i bit = _mm256_set1_epi8(0x10);
     __m256i v = load(4);
-    u[0] = _mm256_or_si256(u[0], _mm256_and_si256(_mm256_slli_epi16(v, 4), bit));
-    u[1] = _mm256_or_si256(u[1], _mm256_and_si256(_mm256_slli_epi16(v, 3), bit));
-    u[2] = _mm256_or_si256(u[2], _mm256_and_si256(_mm256_slli_epi16(v, 2), bit));
-    u[3] = _mm256_or_si256(u[3], _mm256_and_si256(_mm256_slli_epi16(v, 1), bit));
-    u[4] = _mm256_or_si256(u[4], _mm256_and_si256(v, bit));
-    u[5] = _mm256_or_si256(u[5], _mm256_and_si256(_mm256_srli_epi16(v, 1), bit));
-    u[6] = _mm256_or_si256(u[6], _mm256_and_si256(_mm256_srli_epi16(v, 2), bit));
-    u[7] = _mm256_or_si256(u[7], _mm256_and_si256(_mm256_srli_epi16(v, 3), bit));
+    for (int r = 0; r < 8; ++r) {  // bit r to bit 4
+      __m256i moved = r <= 4 ? _mm256_slli_epi16(v, 4 - r) : _mm256_srli_epi16(v, r - 4);
+      u[r] = _mm256_or_si256(u[r], _mm256_and_si256(moved, bit));
+    }
   }
   if (fmt == Q6_K)
     for (int hb = 0; hb < 2; ++hb) {
@@ -365,14 +361,10 @@ SPECULA_AVX512 inline void unpack_avx512(const uint8_t* blk, int64_t fmt, __m512
   if (five_bit(fmt)) {  // chunk r's fifth bits: bit r of the fifth chunk's bytes
     const __m512i bit = _mm512_set1_epi8(0x10);
     __m512i v = _mm512_loadu_si512(blk + 4 * CHUNK);
-    u[0] = _mm512_or_si512(u[0], _mm512_and_si512(_mm512_slli_epi16(v, 4), bit));
-    u[1] = _mm512_or_si512(u[1], _mm512_and_si512(_mm512_slli_epi16(v, 3), bit));
-    u[2] = _mm512_or_si512(u[2], _mm512_and_si512(_mm512_slli_epi16(v, 2), bit));
-    u[3] = _mm512_or_si512(u[3], _mm512_and_si512(_mm512_slli_epi16(v, 1), bit));
-    u[4] = _mm512_or_si512(u[4], _mm512_and_si512(v, bit));
-    u[5] = _mm512_or_si512(u[5], _mm512_and_si512(_mm512_srli_epi16(v, 1), bit));
-    u[6] = _mm512_or_si512(u[6], _mm512_and_si512(_mm512_srli_epi16(v, 2), bit));
-    u[7] = _mm512_or_si512(u[7], _mm512_and_si512(_mm512_srli_epi16(v, 3), bit));
+    for (int r = 0; r < 8; ++r) {  // bit r to bit 4
+      __m512i moved = r <= 4 ? _mm512_slli_epi16(v, 4 - r) : _mm512_srli_epi16(v, r - 4);
+      u[r] = _mm512_or_si512(u[r], _mm512_and_si512(moved, bit));
+    }
   }
   if (fmt == Q6_K)
     for (int hb = 0; hb < 2; ++hb) {
