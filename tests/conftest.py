@@ -61,14 +61,28 @@ def other_vocab_folder(tmp_path_factory, tiny_folder):
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory):
-    """A real vLLM server with n-gram speculation serving the bundled model (see tests/vllm_server.py);
-    the test is skipped, with the reason, where one cannot be set up."""
-    from tests.support.vllm_server import Unavailable, start_server
+def vllm_servers(tmp_path_factory):
+    """Real vLLM servers serving the bundled model (see tests/support/vllm_server.py), started together:
+    one with n-gram speculation and a plain one; the tests are skipped, with the reason, where they cannot
+    be set up."""
+    from tests.support.vllm_server import Unavailable, start_servers
 
     try:
-        server = start_server("ngram", tmp_path_factory.mktemp("vllm"))
+        servers = start_servers(["ngram", "none"], tmp_path_factory.mktemp("vllm"))
     except Unavailable as exc:
         pytest.skip(f"no vLLM server: {exc}")
-    yield server
-    server.kill()
+    yield servers
+    for server in servers:
+        server.kill()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_servers):
+    """The vLLM server with n-gram speculation."""
+    return vllm_servers[0]
+
+
+@pytest.fixture(scope="session")
+def vllm_plain_server(vllm_servers):
+    """The plain vLLM server (SPEC=none); the test that uses it kills it."""
+    return vllm_servers[1]

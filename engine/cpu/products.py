@@ -119,6 +119,7 @@ class Dense:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, prepack: bool = False) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
+        self.source = weight  # as given (a fused weight is the base of its modules' own: no copy)
         self.packed = prepack and can_prepack(weight)
         self.kind = "prepacked" if self.packed else "dense"
         self.stable_rows = 2  # until `probe_stable_rows` measures it: F.linear has a one-row kernel of its own
@@ -298,6 +299,34 @@ class Blocks:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.ops.blocks_mm(x, self.packed, self.parts, self.bias, self.out_float)
+
+
+class Tiles:
+    """y = x @ W^T + b with a bf16 weight through the compiled step's own products (native/tiles.h): the
+    weight reordered once into tiles of 16 outputs, read once for every row of a call, each output one fp32
+    sum over the inputs in order. Calls of PROMPT_ROWS rows or more (prompts) take oneDNN's product of the
+    prepacked `dense` they were made from (as native/step.cpp does). `out_float`: fp32 results (the LM
+    head's logits), otherwise x's dtype."""
+
+    kind = "tiles"
+
+    def __init__(self, ops, dense: Dense, out_float: bool = False) -> None:
+        if not dense.packed or dense.source.dtype != torch.bfloat16:
+            raise ValueError("tiles are made from a bf16 weight prepacked for oneDNN")
+        self.ops = ops
+        self.dense = dense
+        self.out_features, self.in_features = dense.out_features, dense.in_features
+        self.packed = ops.tiles_pack(dense.source.contiguous())
+        self.weight = dense.weight  # oneDNN's layout, for prompts
+        self.bias = dense.bias
+        self.out_float = out_float
+        self.stable_rows = 1  # a row's bits never depend on the call's other rows (tested)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= PROMPT_ROWS:
+            y = self.dense(x)
+            return y.float() if self.out_float else y
+        return self.ops.tiles_mm(x, self.packed, self.out_features, self.bias, self.out_float)
 
 
 def int4_fits(shape: tuple[int, int]) -> bool:

@@ -29,6 +29,7 @@ from ..cpu.products import (
     FileBlocks,
     Int4,
     Q4Blocks,
+    Tiles,
     can_prepack,
     in_rows,
     int4_fits,
@@ -45,7 +46,7 @@ _GROW = 256  # cache capacity grows in steps of this many positions
 _BLOCK = 32  # CPU attention reads keys in whole blocks of this many positions, the rest masked
 _MIN_ROWS = 4  # fewer query rows than this take another matrix kernel on the CPU, so pad up to it
 PREPACK_LIMIT_BYTES = 4 << 30  # larger models keep one copy of their dense weights (unpacked)
-_PRODUCT_KINDS = {"dense": 0, "prepacked": 1, "int4": 2, "blocks": 3}  # as native/step.cpp numbers them
+_PRODUCT_KINDS = {"dense": 0, "prepacked": 1, "int4": 2, "blocks": 3, "tiles": 4}  # as native/step.cpp numbers them
 # per model, beside it rather than on it (a copy of the model must not carry oneDNN's opaque weights,
 # which cannot be copied): its products from _fused_layers, and the compiled step's handle
 _FUSED: "weakref.WeakKeyDictionary[torch.nn.Module, _Fused]" = weakref.WeakKeyDictionary()
@@ -205,28 +206,40 @@ class _StepHandle:
     LM head's too; other weights keep the products the eager forward uses. Where only the portable path
     applies (not x86-64), or SPECULA_PRODUCTS=torch asks (to compare), torch's products stay."""
 
-    def __init__(self, ops, layers: list[_Layer], cfg, scale: float, native: NativeWeights | None) -> None:
+    def __init__(self, ops, layers: list[_Layer], lm_head, cfg, scale: float, native: NativeWeights | None) -> None:
         a, b, bias, names, norms, min_rows = [], [], [], [], [], []
         empty = torch.empty(0)
         # the own products where this CPU has a vector path for them (x86-64 with AVX2 or better)
         own = os.environ.get("SPECULA_PRODUCTS", "own").strip().lower() != "torch" and ops.blocks_path(-1) >= 2
+
+        def tiles_apply(p) -> bool:  # bf16 weights prepacked for oneDNN
+            return own and p.kind == "prepacked" and p.source.dtype == torch.bfloat16
+
         for layer in layers:
             for p, parts in zip(layer.products, layer.file_parts):
                 if parts is not None and own:
                     p = Blocks(ops, parts, p.bias)
+                elif tiles_apply(p):
+                    p = Tiles(ops, p)
                 names.append(p.kind)
                 if p.kind == "int4":
                     a.append(p.packed), b.append(p.scale_zero)
                 elif p.kind == "blocks":
                     a.append(p.packed), b.append(p.parts)
+                elif p.kind == "tiles":
+                    a.append(p.packed), b.append(p.weight)
                 else:
                     a.append(p.weight), b.append(empty)
                 bias.append(p.bias)
                 min_rows.append(p.stable_rows)
             norms += [layer.in_norm[0], layer.post_norm[0]]
         head = native.tensors.get(LM_HEAD) if native is not None else None
-        usable = own and head is not None and head.type_name in BLOCK_FORMATS
-        self.lm_head = Blocks(ops, [head], None, out_float=True) if usable else None
+        if own and head is not None and head.type_name in BLOCK_FORMATS:
+            self.lm_head = Blocks(ops, [head], None, out_float=True)
+        elif tiles_apply(lm_head):
+            self.lm_head = Tiles(ops, lm_head, out_float=True)
+        else:
+            self.lm_head = None
         self.ops = ops
         self.layers = layers
         self.kinds = names  # each product's kind, as `products` names it
@@ -365,8 +378,8 @@ class LlamaRunner:
 
     @property
     def own_products(self) -> bool:
-        """Whether the current answer's step runs the own products over the file's blocks."""
-        return self._fast is not None and (self._fast.lm_head is not None or "blocks" in self._fast.kinds)
+        """Whether the current answer's step runs the own products (over the file's blocks or bf16 weights)."""
+        return self._fast is not None and (self._fast.lm_head is not None or bool({"blocks", "tiles"} & set(self._fast.kinds)))
 
     def _compiled_step(self) -> _StepHandle | None:
         """The compiled step for this model, where it is loaded and reproduces what this runner needs:
@@ -382,7 +395,7 @@ class LlamaRunner:
         layers, _ = _fused_layers(self.model, self.native)
         cached = _STEPS.get(self.model)
         if cached is None or cached.layers is not layers or cached.ops is not ops:
-            cached = _StepHandle(ops, layers, self.model.config, self.scale, self.native)
+            cached = _StepHandle(ops, layers, self.lm_head, self.model.config, self.scale, self.native)
             _STEPS[self.model] = cached
         return cached
 

@@ -178,6 +178,10 @@ def test_a_damaged_library_in_the_cache_is_built_again(monkeypatch, tmp_path):
         pytest.skip("no C++ compiler here")
     monkeypatch.setenv("SPECULA_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(compiled, "LIBRARY", compiled.StepLibrary())  # nothing loaded or tried yet
+    source = tmp_path / "native" / "step.cpp"  # a small source: the rebuild, not the step, is under test
+    source.parent.mkdir()
+    source.write_text('extern "C" int specula_step_probe() { return 1; }\n')
+    monkeypatch.setattr(compiled, "SOURCE", source)
 
     def load(path):  # as torch.ops.load_library reads a file (this process has the real library already)
         if not path.read_bytes().startswith(b"\x7fELF"):

@@ -89,14 +89,9 @@ def test_bench_runs_the_server_as_a_peer(vllm_server, tmp_path, capsys):
     assert summary["overall"]["vllm"]["mean_accepted_length"] > 1.0
 
 
-def test_a_plain_baseline_server_gives_a_speedup_and_its_death_is_a_clear_error(vllm_server, tmp_path):
-    """Its own server (SPEC=none, the plain baseline), so the shared one lives on."""
-    from tests.support.vllm_server import Unavailable, start_server
-
-    try:
-        plain = start_server("none", tmp_path)
-    except Unavailable as exc:
-        pytest.skip(f"no vLLM server: {exc}")
+def test_a_plain_baseline_server_gives_a_speedup_and_its_death_is_a_clear_error(vllm_server, vllm_plain_server):
+    """The plain server (SPEC=none) as the baseline; then killed, while the shared one lives on."""
+    plain = vllm_plain_server
     try:
         fast = RemoteBackend()
         fast.load(RemoteLoadRequest(vllm_server.url, baseline_server=plain.url))

@@ -1,7 +1,7 @@
 """A real vLLM (CPU) server for the remote backend's integration tests, run as `make vllm-server` runs it.
 
-`start_server(spec)` sets up the server's environment when it is missing (a few minutes, once), starts
-`scripts/vllm-server.sh` on a free loopback port and waits until it answers. Where that is impossible
+`start_servers(specs)` sets up the servers' environment when it is missing (a few minutes, once), starts
+`scripts/vllm-server.sh` on a free loopback port per server and waits until they answer. Where that is impossible
 (no package index, an unsupported machine), it raises `Unavailable` with the reason, and the tests skip
 with that reason printed (pytest -rs), never passing silently.
 """
@@ -118,8 +118,16 @@ class ServerProcess:
         self._out.close()
 
 
-def start_server(spec: str, log_dir: Path) -> ServerProcess:
+def start_servers(specs: list[str], log_dir: Path) -> list[ServerProcess]:
+    """Servers of these speculation settings, started side by side (a start is mostly waiting on imports
+    and loading, so two take little longer than one)."""
     setup(log_dir / "vllm-setup.log")
-    server = ServerProcess(spec, log_dir / f"vllm-{spec}.log")
-    server.wait_ready()
-    return server
+    servers = [ServerProcess(spec, log_dir / f"vllm-{spec}.log") for spec in specs]
+    try:
+        for server in servers:
+            server.wait_ready()
+    except Unavailable:
+        for server in servers:
+            server.kill()
+        raise
+    return servers

@@ -478,30 +478,36 @@ SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, 
     __m512 dw, mw;
     __m512i s0, s1;
     scales_avx512(tile, nb, fmt, b, dw, mw, s0, s1);
+    // the rows' integer sums side by side, chunk by chunk (independent chains in flight together); with
+    // few rows each sum as two chains of four (exact: integers), so that the chains' latency is hidden
+    constexpr bool SPLIT = R <= 4;
+    __m512i t[R], t1[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const int8_t* q = a.codes(r0 + r, b);
-      int64_t i = (r0 + r) * nb + b;
-      __m512i t;
+      const int64_t i = (r0 + r) * nb + b;
       if constexpr (fmt == Q6_K) {  // the two halves have their own scales
-        __m512i v0 = _mm512_set1_epi32(-zero * a.halves[2 * i]), v1 = _mm512_set1_epi32(-zero * a.halves[2 * i + 1]);
-        for (int c = 0; c < 4; ++c) {
-          int32_t f0, f1;
-          std::memcpy(&f0, q + 4 * c, 4);
-          std::memcpy(&f1, q + 16 + 4 * c, 4);
-          v0 = _mm512_dpbusd_epi32(v0, u[c], _mm512_set1_epi32(f0));
-          v1 = _mm512_dpbusd_epi32(v1, u[c + 4], _mm512_set1_epi32(f1));
-        }
-        t = _mm512_add_epi32(_mm512_mullo_epi32(v0, s0), _mm512_mullo_epi32(v1, s1));
-      } else {  // one chain from the codes' zero times the row's sum: v = sum (c - zero) q
-        t = _mm512_set1_epi32(-zero * a.sum[i]);
-        for (int c = 0; c < 8; ++c) {
-          int32_t f;
-          std::memcpy(&f, q + 4 * c, 4);
-          t = _mm512_dpbusd_epi32(t, u[c], _mm512_set1_epi32(f));
-        }
+        t[r] = _mm512_set1_epi32(-zero * a.halves[2 * i]);
+        t1[r] = _mm512_set1_epi32(-zero * a.halves[2 * i + 1]);
+      } else {  // from the codes' zero times the row's sum: v = sum (c - zero) q
+        t[r] = _mm512_set1_epi32(-zero * a.sum[i]);
+        t1[r] = _mm512_setzero_si512();
       }
-      s[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[i])), s[r]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        int32_t f;
+        std::memcpy(&f, a.codes(r0 + r, b) + 4 * c, 4);
+        if ((fmt == Q6_K || SPLIT) && c >= 4) t1[r] = _mm512_dpbusd_epi32(t1[r], u[c], _mm512_set1_epi32(f));
+        else t[r] = _mm512_dpbusd_epi32(t[r], u[c], _mm512_set1_epi32(f));
+      }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = (r0 + r) * nb + b;
+      if constexpr (fmt == Q6_K) t[r] = _mm512_add_epi32(_mm512_mullo_epi32(t[r], s0), _mm512_mullo_epi32(t1[r], s1));
+      else if constexpr (SPLIT) t[r] = _mm512_add_epi32(t[r], t1[r]);
+      s[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[r]), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[i])), s[r]);
       if constexpr (with_min(fmt)) s[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
       if constexpr (k_min(fmt)) s[r] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
     }

@@ -1,6 +1,6 @@
 // The lean Llama forward's decoding step in one call: the layer loop, with the small operations between
-// the products (RMS norms, rotary, cache writes, attention, SiLU) as fused loops. The products stay
-// torch's (the int4 kernel, oneDNN's prepacked bf16 product, F.linear).
+// the products (RMS norms, rotary, cache writes, attention, SiLU) as fused loops. The products are the
+// engine's own over a file's blocks (blocks.h) and bf16 weights (tiles.h), or torch's.
 //
 // Every row's arithmetic depends only on that row and the cache before it, in a fixed order (no
 // reduction is split by the number of rows, no thread splits a sum), so a position gets the same bits
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "blocks.h"
+#include "tiles.h"
 
 using at::Tensor;
 
@@ -82,10 +83,14 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
   return out;
 }
 
+constexpr int64_t PROMPT_ROWS = 64;  // as cpu/products.py's: calls of this many rows are prompts, not steps
+
 // A product y = x @ W^T (+ b) in one of the engine's forms (cpu/products.py).
 struct Product {
-  int64_t kind;  // 0: F.linear, 1: oneDNN prepacked, 2: torch's int4 kernel, 3: the file's blocks (blocks.h)
-  Tensor a, b;   // weight | packed weight | int4 codes and scale-and-zero | tiled blocks and their parts
+  // 0: F.linear, 1: oneDNN prepacked, 2: torch's int4 kernel, 3: the file's blocks (blocks.h), 4: bf16 tiles (tiles.h)
+  int64_t kind;
+  // weight | packed weight | int4 codes and scale-and-zero | tiled blocks and their parts | tiles and the packed weight
+  Tensor a, b;
   c10::optional<Tensor> bias;
   // A call of fewer rows than `min_rows` runs as that many, the first row repeated: products whose one-row
   // kernel rounds differently from their multi-row one (F.linear, oneDNN's longer sums) then give a lone
@@ -96,17 +101,20 @@ struct Product {
     if (t >= min_rows) return run(x);
     return run(at::cat({x, x.narrow(0, 0, 1).expand({min_rows - t, x.size(1)})})).narrow(0, 0, t);
   }
+  Tensor prepacked(const Tensor& x, const Tensor& w) const {  // oneDNN's product over its own layout of w
+    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+    std::vector<c10::IValue> stack{x, w, bias ? c10::IValue(*bias) : c10::IValue(), c10::IValue("none"),
+                                   c10::IValue(c10::List<c10::optional<at::Scalar>>()), c10::IValue("")};
+    op.callBoxed(&stack);
+    return stack[0].toTensor();
+  }
   Tensor run(const Tensor& x) const {
     switch (kind) {
       case 0: return at::linear(x, a, bias);
-      case 1: {
-        static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-        std::vector<c10::IValue> stack{x, a, bias ? c10::IValue(*bias) : c10::IValue(), c10::IValue("none"),
-                                       c10::IValue(c10::List<c10::optional<at::Scalar>>()), c10::IValue("")};
-        op.callBoxed(&stack);
-        return stack[0].toTensor();
-      }
+      case 1: return prepacked(x, a);
       case 3: return blocks::mm(x, a, b, bias, false);
+      case 4:  // a prompt's many rows: oneDNN's product, faster there (products.PROMPT_ROWS)
+        return x.size(0) >= PROMPT_ROWS ? prepacked(x, b) : tiles::mm(x, a, b.size(0), bias, false);
       default: {
         Tensor y = at::_weight_int4pack_mm_for_cpu(x, a, 32, b);
         return bias ? y.add_(*bias) : y;
@@ -366,4 +374,6 @@ TORCH_LIBRARY(specula_step, lib) {
   lib.def("blocks_pack(Tensor raw, int format) -> Tensor", &blocks::pack_op);
   lib.def("blocks_mm(Tensor x, Tensor packed, Tensor parts, Tensor? bias, bool out_float) -> Tensor", &blocks::mm);
   lib.def("blocks_path(int path) -> int", &blocks::set_path);
+  lib.def("tiles_pack(Tensor w) -> Tensor", &tiles::pack_op);
+  lib.def("tiles_mm(Tensor x, Tensor packed, int n, Tensor? bias, bool out_float) -> Tensor", &tiles::mm);
 }
