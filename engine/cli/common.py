@@ -92,7 +92,8 @@ def open_backend(args, progress, measure_baseline: bool = True) -> tuple[Backend
         return backend, backend.describe()
     check_strategy(args)
     session = Session()
-    loaded = session.load(LoadRequest(model_spec(args), args.draft_model, measure_baseline=measure_baseline), progress)
+    loaded = session.load(LoadRequest(model_spec(args), args.draft_model, measure_baseline=measure_baseline,
+                                      draft_head=getattr(args, "draft_head", None)), progress)
     for warning in loaded.warnings:
         print(f"specula: note: {warning}", file=sys.stderr)
     session.drafter(args.strategy, dict(strategy_options(args)))

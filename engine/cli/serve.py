@@ -94,7 +94,8 @@ def run_serve(args) -> int:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     initial = None if args.no_model else LoadRequest(ModelSpec(args.model, args.device, args.dtype, args.weights, args.step),
-                                                      args.draft_model, measure_baseline=not args.no_baseline)
+                                                      args.draft_model, measure_baseline=not args.no_baseline,
+                                                      draft_head=args.draft_head)
     service = EngineService()
     app = create_app(service, model_aliases=(args.model,), strategy=args.strategy, k=args.k, api_key=key,
                      initial=initial)

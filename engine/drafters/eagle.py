@@ -34,7 +34,12 @@ class Eagle(Drafter):
     def __init__(self, head, target, stop_below: float = 0.3, tree: bool = False) -> None:
         model = target.model
         self.head = head
-        self.embed_layer = model.get_input_embeddings()
+        # a published head's own copy of the embeddings where its file has one
+        own = getattr(head, "embed", None)
+        self.embed_layer = own if own is not None else model.get_input_embeddings()
+        # Specula's heads read and predict final hidden states before the target's final norm; published
+        # EAGLE heads after it (the norm goes on the features read, not on the predictions)
+        self.normed = bool(getattr(head, "reads_normed", False))
         norm = model.model.norm
         self.lm_head = model.get_output_embeddings()
         self.vocab = self.lm_head.weight.shape[0]
@@ -158,9 +163,11 @@ class Eagle(Drafter):
         if runner is None or not runner.keeps_features or length - 1 > runner.length or self.synced >= length - 1:
             return None
         self.head.truncate(self.synced)
-        feats = runner.features(self.synced, length - 1)
+        feats = runner.features(self.synced, length - 1).to(self.dtype)
+        if self.normed:
+            feats = self._norm(feats)
         tokens = ctx.tokens[self.synced + 1 : length].to(feats.device)
-        out = self.head(feats[None].to(self.dtype), self.embed(tokens)[None], start=self.synced, use_cache=True)[0, -1]
+        out = self.head(feats[None], self.embed(tokens)[None], start=self.synced, use_cache=True)[0, -1]
         self.synced = length - 1
         return out
 
@@ -170,17 +177,21 @@ class Eagle(Drafter):
     def _norm(self, h: torch.Tensor) -> torch.Tensor:
         return self.norm_w * torch.nn.functional.rms_norm(h, (h.shape[-1],), eps=self.eps)
 
+    def _out(self, outs: torch.Tensor) -> torch.Tensor:
+        """Predicted features -> what the LM head reads."""
+        return outs if self.normed else self._norm(outs)
+
     def _logits(self, out: torch.Tensor) -> torch.Tensor:
         """(D,) -> (V,) fp32 logits, -inf outside the draft vocabulary."""
         if self.ids is None:
-            return self.lm_head(self._norm(out[None]).to(self.lm_head.weight.dtype))[0].float()[: self.vocab]
+            return self.lm_head(self._out(out[None]).to(self.lm_head.weight.dtype))[0].float()[: self.vocab]
         full = torch.full((self.vocab,), float("-inf"), device=out.device)
         full[self.ids] = self._draft_logits(out[None])[0]
         return full
 
     def _draft_logits(self, outs: torch.Tensor) -> torch.Tensor:
         """(n, D) predicted features -> (n, V') fp32 logits over the draft vocabulary (all of it if none)."""
-        h = self._norm(outs)
+        h = self._out(outs)
         if self.ids is None:
             return self.lm_head(h.to(self.lm_head.weight.dtype)).float()[:, : self.vocab]
         return torch.nn.functional.linear(h, self.sub_weight).float()

@@ -47,6 +47,8 @@ class Medusa(Drafter):
 
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
         """feature (D,) -> each head's logits over the draft vocabulary (heads, V'), fp32."""
+        if getattr(self.head, "reads_normed", False):  # published heads: the normed feature, their own LM heads
+            return self.head.head_logits(self.norm(feature[None]), self.lm_head)
         h = self.norm(self.head(feature[None]))[:, 0]  # (heads, D)
         return torch.nn.functional.linear(h, self.weight).float()
 

@@ -29,6 +29,11 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class EagleHead(nn.Module):
+    # what the head reads and predicts: the target's final hidden states before its final norm (Specula's
+    # heads; the drafter puts predictions through the target's norm and LM head), or after it (published
+    # EAGLE heads: predictions go to the LM head as they are)
+    reads_normed = False
+
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         c = self.config = config
@@ -57,7 +62,7 @@ class EagleHead(nn.Module):
         values go to the drafting cache at positions start.. and attention sees the cache before them."""
         c = self.config
         b, t, _ = features.shape
-        h = self.fc(torch.cat((self.feature_norm(features), self.embed_norm(next_embeds)), dim=-1))
+        h = self.combine(features, next_embeds)
         x = self.attn_norm(h)
         q = self.q(x).view(b, t, c.heads, c.head_dim).transpose(1, 2)
         k = self.k(x).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
@@ -84,7 +89,7 @@ class EagleHead(nn.Module):
         itself) -> predicted features (n, D)."""
         c = self.config
         n = features.shape[0]
-        h = self.fc(torch.cat((self.feature_norm(features), self.embed_norm(next_embeds)), dim=-1))
+        h = self.combine(features, next_embeds)
         x = self.attn_norm(h)
         q = self.q(x).view(n, c.heads, c.head_dim).transpose(0, 1)
         k = self.k(x).view(n, c.kv_heads, c.head_dim).transpose(0, 1)
@@ -97,6 +102,10 @@ class EagleHead(nn.Module):
         h = h + self.o(out.transpose(0, 1).reshape(n, -1))
         x = self.mlp_norm(h)
         return h + self.down(F.silu(self.gate(x)) * self.up(x))
+
+    def combine(self, features: torch.Tensor, next_embeds: torch.Tensor) -> torch.Tensor:
+        """A position's input to the layer, from its feature and the embedding of the token after it."""
+        return self.fc(torch.cat((self.feature_norm(features), self.embed_norm(next_embeds)), dim=-1))
 
     def _rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotary tables at these positions, from a table kept between calls (drafting calls this per token)."""

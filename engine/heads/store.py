@@ -34,10 +34,15 @@ def read_info(folder: Path) -> HeadInfo:
 
 
 def load_head(folder: Path, target, dtype=None, kind: str | None = None) -> tuple[nn.Module, HeadInfo]:
-    """The head in `folder` for this loaded target; refuses a head trained for another model."""
+    """The head in `folder` for this loaded target; refuses a head trained for another model. A folder
+    with a published head's config.json instead of head.json is read as published (`published.py`)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
+    if not (folder / "head.json").is_file() and (folder / "config.json").is_file():
+        from .published import load_published  # a head as EAGLE's or Medusa's project publishes it
+
+        return load_published(folder, target, dtype, kind)
     info = read_info(folder)
     if kind is not None and info.kind != kind:
         raise SpeculaError(f"{folder} holds a {info.kind} head, not the {kind} head this strategy needs")

@@ -473,6 +473,23 @@ def _files_to_fetch(repo_id: str, siblings: list, filename: str | None) -> list:
     return sorted(chosen, key=lambda s: (s.rfilename == "config.json", s.rfilename))
 
 
+HEAD_FILES = ("config.json", "head.json", "head.safetensors", "model.safetensors", "pytorch_model.bin",
+              "medusa_lm_head.safetensors", "medusa_lm_head.pt")
+
+
+def download_head(repo_id: str, on_progress: Callable[[int, int], None] | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> str:
+    """Download a draft head's files (Specula's, or a published EAGLE or Medusa head's) and return their folder."""
+    names = {s.rfilename for s in _repo_info(repo_id).siblings or ()}
+    wanted = [n for n in HEAD_FILES if n in names]
+    if not any(n not in ("config.json", "head.json") for n in wanted):
+        raise SpeculaError(f"'{repo_id}' holds no draft head (none of {', '.join(HEAD_FILES[2:])})")
+    path = ""
+    for name in wanted:
+        path = download(repo_id, name, on_progress, should_stop)
+    return str(Path(path).parent)
+
+
 def download(repo_id: str, filename: str | None = None, on_progress: Callable[[int, int], None] | None = None,
              should_stop: Callable[[], bool] | None = None) -> str:
     """Download a model snapshot (the files the app loads) or one file of it into the Hugging Face cache and return

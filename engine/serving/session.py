@@ -43,6 +43,8 @@ class Session:
             draft = load_model(spec, say)
             check_same_vocabulary(target.tokenizer, draft.tokenizer)
         self.use(target, draft)
+        if request.draft_head:
+            self.add_head(request.draft_head, say)
         if request.measure_baseline:
             say("measuring plain decoding speed")
             self.baseline = measure_baseline(self._runner)
@@ -76,6 +78,20 @@ class Session:
         self._find_heads(target)
         self._drafters = {key: d for key, d in self._drafters.items() if key[0] not in (request.kind, "auto")}
         return Trained(request_id, result.kind, str(result.out), result.accepted, result.summary())
+
+    def add_head(self, source: str, say: Callable[[str], None] = lambda text: None) -> str:
+        """Offer a head (a folder or a Hub id) first among the heads of its kind, once it has loaded for this
+        target (a head for another model is refused here, with the reason); its kind."""
+        from ..heads.published import head_folder
+        from ..heads.store import load_head
+
+        target = self._need_target()
+        folder = head_folder(source, say)
+        _, info = load_head(folder, target)
+        self.heads[info.kind] = [folder] + [f for f in self.heads.get(info.kind, []) if f != folder]
+        self._drafters = {}
+        say(f"draft head: {info.kind} from {folder}")
+        return info.kind
 
     def _find_heads(self, target: LoadedModel) -> None:
         """The heads made for this target, and a warning for each one found but unreadable."""

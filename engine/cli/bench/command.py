@@ -41,7 +41,7 @@ def run_bench_cmd(args) -> int:
     # every row measures the same step: with "auto" the bench waits for the compiled one (or its reason)
     step = step_mode(args.step)
     spec = ModelSpec(args.model, args.device, args.dtype, args.weights, "compiled" if step == "auto" else step)
-    loaded = session.load(LoadRequest(spec, args.draft_model, measure_baseline=False))
+    loaded = session.load(LoadRequest(spec, args.draft_model, measure_baseline=False, draft_head=args.draft_head))
     options = (("head", args.head),) if args.head else ()
     results = run_bench(session, items, names, config, chat=not args.no_chat, repeat=args.repeat, k=args.k,
                         options=options, remotes=remotes)

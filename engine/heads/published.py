@@ -1,0 +1,277 @@
+"""Draft heads as their projects publish them, read from a folder with the project's config.json:
+
+- EAGLE-1/EAGLE-2 checkpoints (SafeAILab/EAGLE's layout, the one vLLM and SGLang load): `fc` over
+  [token embedding, target hidden state], one Llama layer without an input norm, no final norm; the
+  target's hidden states are read after its final norm and the head's outputs go to the target's LM head
+  as they are. `pytorch_model.bin` or `model.safetensors`; an `embed_tokens.weight` in the file is used.
+- Medusa heads: FasterDecoding's `medusa_lm_head.pt` (or `.safetensors`) with keys `{head}.{layer}.linear.*`
+  and each head's own LM head `{head}.{layers}.weight` (or none: the target's), and vLLM's MedusaModel
+  layout (`blocks.{head}.layers.{layer}.*`, `lm_heads.{head}.weight`, an optional `token_map`). Each layer
+  is x + SiLU(W x + b) over the target's hidden state after its final norm.
+
+`.bin` and `.pt` files are read with torch's weights-only loader, so a file that would run code is
+refused. EAGLE-3 checkpoints (`midlayer.*`, `d2t`) are recognised and refused with a one-line reason: they
+read three of the target's layers, which the runner does not keep yet.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..api.errors import SpeculaError, first_line
+from .config import HeadConfig, HeadInfo
+from .eagle import EagleHead
+
+EAGLE_FILES = ("model.safetensors", "pytorch_model.bin")
+MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors")
+
+
+def _config(folder: Path) -> dict | None:
+    path = folder / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpeculaError(f"the draft head's {path} is unreadable: {first_line(exc)}") from None
+    if not isinstance(data, dict):
+        raise SpeculaError(f"the draft head's {path} is not a JSON object")
+    return data
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated file, a pickle that would run code, not a checkpoint at all
+        raise SpeculaError(f"the draft head {path} is unreadable: {first_line(exc)[:200]}") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise SpeculaError(f"the draft head {path} holds no tensors by name")
+    return state
+
+
+def _first(folder: Path, names: tuple[str, ...]) -> Path | None:
+    return next((folder / n for n in names if (folder / n).is_file()), None)
+
+
+def published_kind(folder: Path) -> str | None:
+    """'eagle', 'eagle3' or 'medusa' for a folder holding a published head, None for anything else."""
+    folder = Path(folder)
+    config = _config(folder)
+    if config is None:
+        return None
+    if any(k.startswith("medusa") for k in config) or config.get("model_type") == "medusa" \
+            or "MedusaModel" in (config.get("architectures") or []):
+        return "medusa" if _first(folder, MEDUSA_FILES) else None
+    if (folder / "medusa_lm_head.pt").is_file() or (folder / "medusa_lm_head.safetensors").is_file():
+        return "medusa"
+    if "draft_vocab_size" in config or any("Eagle3" in a for a in config.get("architectures") or []):
+        return "eagle3"
+    weights = _first(folder, EAGLE_FILES)
+    if weights is None:
+        return None
+    if weights.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(weights), framework="pt") as f:
+                keys = set(f.keys())
+        except Exception as exc:
+            raise SpeculaError(f"the draft head {weights} is unreadable: {first_line(exc)[:200]}") from None
+    else:
+        keys = set(_read_weights(weights))
+    if "d2t" in keys or any(k.startswith("midlayer.") for k in keys):
+        return "eagle3"
+    if "fc.weight" in keys and "layers.0.self_attn.q_proj.weight" in keys:
+        return "eagle"
+    return None
+
+
+def _check_target(folder: Path, target, hidden: int, vocab: int | None, config: dict) -> None:
+    model_cfg = target.model.config
+    t_hidden = model_cfg.hidden_size
+    t_vocab = target.model.get_output_embeddings().weight.shape[0]
+    if hidden != t_hidden or (vocab is not None and vocab != t_vocab):
+        made_for = config.get("base_model_name_or_path") or f"a model of hidden size {hidden}" + (
+            f" and {vocab} tokens" if vocab is not None else "")
+        raise SpeculaError(f"the draft head in {folder} was made for {made_for}, not {target.name} "
+                           f"(hidden size {t_hidden}, {t_vocab} tokens)")
+
+
+class PublishedEagle(EagleHead):
+    """An EAGLE-1/EAGLE-2 head in SafeAILab's layout: fc over [embedding, feature] (with a bias unless the
+    config says "bias": false), one Llama layer without an input norm (q/k/v biases where the file has
+    them: Qwen2), no final norm."""
+
+    reads_normed = True
+
+    def __init__(self, config: HeadConfig, fc_bias: bool, qkv_bias: bool, vocab: int | None) -> None:
+        super().__init__(config)
+        c = config
+        del self.feature_norm, self.embed_norm
+        self.fc = nn.Linear(2 * c.hidden, c.hidden, bias=fc_bias)
+        self.attn_norm = nn.Identity()
+        self.q = nn.Linear(c.hidden, c.heads * c.head_dim, bias=qkv_bias)
+        self.k = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=qkv_bias)
+        self.v = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=qkv_bias)
+        self.embed = nn.Embedding(vocab, c.hidden) if vocab is not None else None  # the file's copy
+
+    def combine(self, features: torch.Tensor, next_embeds: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat((next_embeds, features), dim=-1))
+
+
+EAGLE_KEYS = {  # the file's names -> the module's
+    "fc.weight": "fc.weight", "fc.bias": "fc.bias", "embed_tokens.weight": "embed.weight",
+    "layers.0.post_attention_layernorm.weight": "mlp_norm.weight",
+    **{f"layers.0.self_attn.{n}_proj.{p}": f"{n}.{p}" for n in "qkvo" for p in ("weight", "bias")},
+    **{f"layers.0.mlp.{n}_proj.weight": f"{n}.weight" for n in ("gate", "up", "down")},
+}
+
+
+def load_eagle(folder: Path, target, config: dict) -> tuple[PublishedEagle, HeadInfo]:
+    weights = _first(folder, EAGLE_FILES)
+    state = _read_weights(weights)
+    if "fc.weight" not in state or "layers.0.self_attn.q_proj.weight" not in state:
+        raise SpeculaError(f"{weights} is not an EAGLE head: no fc.weight or layers.0.self_attn.q_proj.weight")
+    hidden = state["fc.weight"].shape[0]
+    heads = int(config.get("num_attention_heads", 0)) or None
+    if heads is None or "intermediate_size" not in config:
+        raise SpeculaError(f"the draft head's config.json in {folder} lacks num_attention_heads or intermediate_size")
+    embed = state.get("embed_tokens.weight")
+    vocab = int(embed.shape[0]) if embed is not None else None
+    _check_target(folder, target, hidden, vocab if vocab is not None else config.get("vocab_size"), config)
+    cfg = HeadConfig(hidden=hidden, heads=heads, kv_heads=int(config.get("num_key_value_heads") or heads),
+                     head_dim=hidden // heads, intermediate=int(config["intermediate_size"]),
+                     rope_theta=float(config.get("rope_theta") or 10000.0), eps=float(config.get("rms_norm_eps", 1e-6)))
+    head = PublishedEagle(cfg, fc_bias="fc.bias" in state, qkv_bias="layers.0.self_attn.q_proj.bias" in state, vocab=vocab)
+    mapped = {EAGLE_KEYS[k]: v for k, v in state.items() if k in EAGLE_KEYS}
+    missing = [k for k in head.state_dict() if k not in mapped and k != "draft_ids"]
+    if missing:
+        raise SpeculaError(f"the EAGLE head {weights} lacks {', '.join(sorted(missing)[:3])}")
+    try:
+        head.load_state_dict(mapped, strict=False)
+    except RuntimeError as exc:  # shapes that do not fit the config
+        raise SpeculaError(f"the EAGLE head {weights} does not fit its config.json: {first_line(exc)[:200]}") from None
+    return head, _info("eagle", cfg, folder, config)
+
+
+class PublishedMedusa(nn.Module):
+    """Medusa heads as published: head i is `layers` residual blocks x + SiLU(W x + b) over the target's
+    hidden state after its final norm, then its own LM head (or the target's), guessing the token i + 2
+    places after the one whose feature it reads."""
+
+    reads_normed = True
+
+    def __init__(self, hidden: int, heads: int, layers: int, bias: bool, vocab: int | None) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.ModuleList(nn.Linear(hidden, hidden, bias=bias) for _ in range(layers)) for _ in range(heads))
+        self.lm_heads = nn.ModuleList(nn.Linear(hidden, vocab, bias=False) for _ in range(heads)) if vocab else None
+        self.register_buffer("draft_ids", torch.empty(0, dtype=torch.long))
+
+    def head_logits(self, x: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """x (1, D), the target's normed feature -> each head's logits (heads, V'), fp32."""
+        out = []
+        for i, block in enumerate(self.blocks):
+            y = x
+            for layer in block:
+                y = y + F.silu(layer(y))
+            proj = self.lm_heads[i] if self.lm_heads is not None else lm_head
+            out.append(proj(y.to(proj.weight.dtype))[0])
+        return torch.stack(out).float()
+
+
+def load_medusa(folder: Path, target, config: dict) -> tuple[PublishedMedusa, HeadInfo]:
+    weights = _first(folder, MEDUSA_FILES)
+    state = _read_weights(weights)
+    state = {k.removeprefix("medusa_heads."): v for k, v in state.items()}
+    blocks: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+    lm: dict[int, torch.Tensor] = {}
+    token_map = state.pop("token_map", None)
+    for key, value in state.items():
+        parts = key.split(".")
+        if parts[0] == "blocks" and len(parts) == 5 and parts[2] == "layers":  # vLLM's layout
+            blocks.setdefault((int(parts[1]), int(parts[3])), {})[parts[4]] = value
+        elif parts[0] == "lm_heads" and len(parts) == 3:
+            lm[int(parts[1])] = value
+        elif parts[0].isdigit() and len(parts) == 4 and parts[2] == "linear":  # FasterDecoding's: h.l.linear.*
+            blocks.setdefault((int(parts[0]), int(parts[1])), {})[parts[3]] = value
+        elif parts[0].isdigit() and len(parts) == 3 and parts[2] == "weight":  # h.L.weight: head h's LM head
+            lm[int(parts[0])] = value
+        else:
+            raise SpeculaError(f"{weights} is not a Medusa head: unexpected tensor {key}")
+    if not blocks:
+        raise SpeculaError(f"{weights} holds no Medusa blocks")
+    heads = 1 + max(h for h, _ in blocks)
+    layers = 1 + max(layer for _, layer in blocks)
+    if any((h, layer) not in blocks for h in range(heads) for layer in range(layers)) or (lm and sorted(lm) != list(range(heads))):
+        raise SpeculaError(f"{weights} does not hold every head's blocks (heads 0-{heads - 1}, layers 0-{layers - 1})")
+    hidden = blocks[(0, 0)]["weight"].shape[0]
+    vocab = lm[0].shape[0] if lm else None
+    full_vocab = vocab if token_map is None else None
+    _check_target(folder, target, hidden, full_vocab, config)
+    bias = "bias" in blocks[(0, 0)]
+    head = PublishedMedusa(hidden, heads, layers, bias, vocab)
+    with torch.no_grad():
+        try:
+            for (h, layer), tensors in blocks.items():
+                head.blocks[h][layer].weight.copy_(tensors["weight"])
+                if bias:
+                    head.blocks[h][layer].bias.copy_(tensors["bias"])
+            for h, w in lm.items():
+                head.lm_heads[h].weight.copy_(w)
+        except (RuntimeError, KeyError) as exc:
+            raise SpeculaError(f"the Medusa head {weights} has tensors of mixed shapes: {first_line(exc)[:200]}") from None
+    if token_map is not None:
+        head.draft_ids = token_map.long()
+    cfg = HeadConfig.for_target(target.model.config)
+    return head, _info("medusa", HeadConfig(**{**cfg.__dict__, "medusa_heads": heads}), folder, config)
+
+
+def head_folder(source: str, say=lambda text: None) -> Path:
+    """A head's folder from what a user names: a folder here, or a Hub id whose head files are downloaded
+    (into the Hugging Face cache; a second time they are found there)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise SpeculaError(f"a draft head is a folder, and {source} is a file")
+    if source.count("/") != 1 or source.startswith((".", "/", "~")):
+        raise SpeculaError(f"draft head not found: {source} is neither a folder nor a Hub id (owner/name)")
+    from ..remote.hub import download_head
+
+    say(f"downloading the draft head {source}")
+    return Path(download_head(source))
+
+
+def _info(kind: str, cfg: HeadConfig, folder: Path, config: dict) -> HeadInfo:
+    return HeadInfo(kind=kind, config=cfg, target="", vocabulary="",
+                    target_name=str(config.get("base_model_name_or_path") or ""), training={"published": str(folder)})
+
+
+def load_published(folder: Path, target, dtype=None, kind: str | None = None) -> tuple[nn.Module, HeadInfo]:
+    """The published head in `folder` for this loaded target, in the target's dtype on its device."""
+    folder = Path(folder)
+    found = published_kind(folder)
+    if found is None:
+        raise SpeculaError(f"no draft head in {folder}: neither Specula's head.json nor a published EAGLE or "
+                           "Medusa head (config.json with its weights)")
+    if found == "eagle3":
+        raise SpeculaError(f"{folder} holds an EAGLE-3 head; this version runs EAGLE-1/EAGLE-2 and Medusa heads "
+                           "(EAGLE-3 reads three of the target's layers, which are not kept yet)")
+    if kind is not None and found != kind:
+        raise SpeculaError(f"{folder} holds a published {found} head, not the {kind} head this strategy needs")
+    config = _config(folder)
+    head, info = (load_eagle if found == "eagle" else load_medusa)(folder, target, config)
+    head = head.to(device=target.device, dtype=dtype or target.dtype).eval()
+    head.requires_grad_(False)
+    return head, info
