@@ -43,12 +43,16 @@ class Drafter:
     - `observe_step(drafted, accepted, seconds)`, for drafters that choose each step's draft length
       themselves (`chooses_length`, auto): the step's counts and wall time after each step they proposed
       for. For the others the loop chooses the length (decoding.length.DraftLength).
+
+    `aux_layers`: the target layers whose entering hidden states the drafter reads (EAGLE-3 heads; the
+    runner keeps them from the prompt on, `aux_features`).
     """
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
     learns_from_tree: ClassVar[bool] = False
     chooses_length: ClassVar[bool] = False
+    aux_layers: tuple[int, ...] = ()
 
     def reset(self) -> None:
         """Forget everything: a new generation starts."""

@@ -170,6 +170,9 @@ class _Loop:
     def prefill(self) -> Step:
         """The target reads the prompt and chooses the first token."""
         self.target.truncate(0)
+        layers = getattr(self.drafter, "aux_layers", ())
+        if layers or getattr(self.target, "aux_layers", ()):  # the layers an EAGLE-3 head reads, or none again
+            self.target.keep_layers(layers)
         self.drafter.reset()
         logits = self.target.forward(self.ctx[: self.length])  # (1, V)
         first = int(choose(logits[-1], self.params, self.gen))

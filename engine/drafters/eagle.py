@@ -40,6 +40,10 @@ class Eagle(Drafter):
         # Specula's heads read and predict final hidden states before the target's final norm; published
         # EAGLE heads after it (the norm goes on the features read, not on the predictions)
         self.normed = bool(getattr(head, "reads_normed", False))
+        # EAGLE-3 heads read the hidden states entering three of the target's layers, and have their own
+        # final norm and LM head over their vocabulary
+        self.aux_layers = tuple(getattr(head, "aux_layers", ()))
+        self.own_logits = getattr(head, "draft_logits", None)
         norm = model.model.norm
         self.lm_head = model.get_output_embeddings()
         self.vocab = self.lm_head.weight.shape[0]
@@ -51,7 +55,8 @@ class Eagle(Drafter):
         self.synced = 0  # positions the head has read with the target's real features
         ids = head.draft_ids
         self.ids = ids.to(self.lm_head.weight.device) if ids.numel() else None
-        self.sub_weight = self.lm_head.weight[self.ids].to(self.dtype).contiguous() if self.ids is not None else None
+        self.sub_weight = (self.lm_head.weight[self.ids].to(self.dtype).contiguous()
+                           if self.ids is not None and self.own_logits is None else None)
         self.id_list = self.ids.tolist() if self.ids is not None else None
         self.stop_below = stop_below  # greedy: no further draft token once the head's top guess is less likely
         self.tree = tree  # greedy: an EAGLE-2 dynamic tree instead of a chain
@@ -163,7 +168,12 @@ class Eagle(Drafter):
         if runner is None or not runner.keeps_features or length - 1 > runner.length or self.synced >= length - 1:
             return None
         self.head.truncate(self.synced)
-        feats = runner.features(self.synced, length - 1).to(self.dtype)
+        if self.aux_layers:
+            if tuple(getattr(runner, "aux_layers", ())) != self.aux_layers:  # the runner keeps other layers
+                return None
+            feats = runner.aux_features(self.synced, length - 1).to(self.dtype)
+        else:
+            feats = runner.features(self.synced, length - 1).to(self.dtype)
         if self.normed:
             feats = self._norm(feats)
         tokens = ctx.tokens[self.synced + 1 : length].to(feats.device)
@@ -184,6 +194,8 @@ class Eagle(Drafter):
     def _logits(self, out: torch.Tensor) -> torch.Tensor:
         """(D,) -> (V,) fp32 logits, -inf outside the draft vocabulary."""
         if self.ids is None:
+            if self.own_logits is not None:
+                return self.own_logits(out[None])[0][: self.vocab]
             return self.lm_head(self._out(out[None]).to(self.lm_head.weight.dtype))[0].float()[: self.vocab]
         full = torch.full((self.vocab,), float("-inf"), device=out.device)
         full[self.ids] = self._draft_logits(out[None])[0]
@@ -191,6 +203,8 @@ class Eagle(Drafter):
 
     def _draft_logits(self, outs: torch.Tensor) -> torch.Tensor:
         """(n, D) predicted features -> (n, V') fp32 logits over the draft vocabulary (all of it if none)."""
+        if self.own_logits is not None:
+            return self.own_logits(outs)
         h = self._out(outs)
         if self.ids is None:
             return self.lm_head(h.to(self.lm_head.weight.dtype)).float()[:, : self.vocab]

@@ -62,8 +62,7 @@ class EagleHead(nn.Module):
         values go to the drafting cache at positions start.. and attention sees the cache before them."""
         c = self.config
         b, t, _ = features.shape
-        h = self.combine(features, next_embeds)
-        x = self.attn_norm(h)
+        h, x = self.inputs(features, next_embeds)
         q = self.q(x).view(b, t, c.heads, c.head_dim).transpose(1, 2)
         k = self.k(x).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
         v = self.v(x).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
@@ -89,8 +88,7 @@ class EagleHead(nn.Module):
         itself) -> predicted features (n, D)."""
         c = self.config
         n = features.shape[0]
-        h = self.combine(features, next_embeds)
-        x = self.attn_norm(h)
+        h, x = self.inputs(features, next_embeds)
         q = self.q(x).view(n, c.heads, c.head_dim).transpose(0, 1)
         k = self.k(x).view(n, c.kv_heads, c.head_dim).transpose(0, 1)
         v = self.v(x).view(n, c.kv_heads, c.head_dim).transpose(0, 1)
@@ -106,6 +104,11 @@ class EagleHead(nn.Module):
     def combine(self, features: torch.Tensor, next_embeds: torch.Tensor) -> torch.Tensor:
         """A position's input to the layer, from its feature and the embedding of the token after it."""
         return self.fc(torch.cat((self.feature_norm(features), self.embed_norm(next_embeds)), dim=-1))
+
+    def inputs(self, features: torch.Tensor, next_embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A position's residual stream entering the layer, and what its attention reads."""
+        h = self.combine(features, next_embeds)
+        return h, self.attn_norm(h)
 
     def _rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotary tables at these positions, from a table kept between calls (drafting calls this per token)."""

@@ -9,9 +9,15 @@
   layout (`blocks.{head}.layers.{layer}.*`, `lm_heads.{head}.weight`, an optional `token_map`). Each layer
   is x + SiLU(W x + b) over the target's hidden state after its final norm.
 
+- EAGLE-3 checkpoints (SafeAILab's and SpecForge's layout, as vLLM and SGLang load them): `fc` over the
+  hidden states entering three target layers (by default 2, L/2 and L-3 of L; a config's
+  `eagle_aux_hidden_state_layer_ids` name layers by output, SpecForge's and SGLang's reading), one layer
+  whose attention reads [input_layernorm(embedding), hidden_norm(h)], its own final norm and LM head over a
+  reduced vocabulary whose token i is target token i + d2t[i]. A draft step feeds its output (before the
+  norm) back in place of the three layers' states.
+
 `.bin` and `.pt` files are read with torch's weights-only loader, so a file that would run code is
-refused. EAGLE-3 checkpoints (`midlayer.*`, `d2t`) are recognised and refused with a one-line reason: they
-read three of the target's layers, which the runner does not keep yet.
+refused.
 """
 
 from __future__ import annotations
@@ -59,6 +65,18 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def _weight_keys(path: Path) -> set[str]:
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return set(f.keys())
+        except Exception as exc:
+            raise SpeculaError(f"the draft head {path} is unreadable: {first_line(exc)[:200]}") from None
+    return set(_read_weights(path))
+
+
 def _first(folder: Path, names: tuple[str, ...]) -> Path | None:
     return next((folder / n for n in names if (folder / n).is_file()), None)
 
@@ -74,21 +92,12 @@ def published_kind(folder: Path) -> str | None:
         return "medusa" if _first(folder, MEDUSA_FILES) else None
     if (folder / "medusa_lm_head.pt").is_file() or (folder / "medusa_lm_head.safetensors").is_file():
         return "medusa"
-    if "draft_vocab_size" in config or any("Eagle3" in a for a in config.get("architectures") or []):
-        return "eagle3"
     weights = _first(folder, EAGLE_FILES)
     if weights is None:
         return None
-    if weights.suffix == ".safetensors":
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(weights), framework="pt") as f:
-                keys = set(f.keys())
-        except Exception as exc:
-            raise SpeculaError(f"the draft head {weights} is unreadable: {first_line(exc)[:200]}") from None
-    else:
-        keys = set(_read_weights(weights))
+    if "draft_vocab_size" in config or any("Eagle3" in a for a in config.get("architectures") or []):
+        return "eagle3"
+    keys = _weight_keys(weights)
     if "d2t" in keys or any(k.startswith("midlayer.") for k in keys):
         return "eagle3"
     if "fc.weight" in keys and "layers.0.self_attn.q_proj.weight" in keys:
@@ -161,6 +170,104 @@ def load_eagle(folder: Path, target, config: dict) -> tuple[PublishedEagle, Head
         head.load_state_dict(mapped, strict=False)
     except RuntimeError as exc:  # shapes that do not fit the config
         raise SpeculaError(f"the EAGLE head {weights} does not fit its config.json: {first_line(exc)[:200]}") from None
+    return head, _info("eagle", cfg, folder, config)
+
+
+class PublishedEagle3(EagleHead):
+    """An EAGLE-3 head: fc (3 x the target's hidden size -> H) over the hidden states entering three target
+    layers; the layer's attention reads [input_layernorm(embedding), hidden_norm(h)] (2H), its residual
+    stream is h; its own final norm and LM head over the draft vocabulary (`draft_ids`: target ids)."""
+
+    def __init__(self, config: HeadConfig, target_hidden: int, draft_vocab: int, aux_layers: tuple[int, ...],
+                 vocab: int | None) -> None:
+        super().__init__(config)
+        c = config
+        del self.feature_norm, self.embed_norm, self.attn_norm
+        self.fc = nn.Linear(len(aux_layers) * target_hidden, c.hidden, bias=False)
+        self.hidden_norm = nn.RMSNorm(c.hidden, eps=c.eps)
+        self.input_norm = nn.RMSNorm(c.hidden, eps=c.eps)
+        self.q = nn.Linear(2 * c.hidden, c.heads * c.head_dim, bias=False)
+        self.k = nn.Linear(2 * c.hidden, c.kv_heads * c.head_dim, bias=False)
+        self.v = nn.Linear(2 * c.hidden, c.kv_heads * c.head_dim, bias=False)
+        self.final_norm = nn.RMSNorm(c.hidden, eps=c.eps)
+        self.lm = nn.Linear(c.hidden, draft_vocab, bias=False)
+        self.embed = nn.Embedding(vocab, c.hidden) if vocab is not None else None
+        self.aux_layers = aux_layers
+
+    def inputs(self, features: torch.Tensor, next_embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # the target's three layers' states (read) or the head's own output (fed back, already H wide)
+        h = self.fc(features) if features.shape[-1] != self.config.hidden else features
+        return h, torch.cat((self.input_norm(next_embeds), self.hidden_norm(h)), dim=-1)
+
+    def draft_logits(self, outs: torch.Tensor) -> torch.Tensor:
+        """(n, H) outputs -> (n, draft vocabulary) fp32 logits."""
+        return self.lm(self.final_norm(outs)).float()
+
+
+EAGLE3_KEYS = {
+    "fc.weight": "fc.weight", "norm.weight": "final_norm.weight", "lm_head.weight": "lm.weight",
+    "embed_tokens.weight": "embed.weight", "midlayer.hidden_norm.weight": "hidden_norm.weight",
+    "midlayer.input_layernorm.weight": "input_norm.weight", "midlayer.post_attention_layernorm.weight": "mlp_norm.weight",
+    **{f"midlayer.self_attn.{n}_proj.weight": f"{n}.weight" for n in "qkvo"},
+    **{f"midlayer.mlp.{n}_proj.weight": f"{n}.weight" for n in ("gate", "up", "down")},
+}
+
+
+def aux_layers_of(config: dict, target_layers: int) -> tuple[int, ...]:
+    """The target layers whose entering hidden states an EAGLE-3 head reads."""
+    eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids") or config.get("eagle_aux_hidden_state_layer_ids")
+    if ids:  # by output, as SpecForge writes them and SGLang reads them: entering the next layer
+        layers = tuple(sorted(int(i) + 1 for i in ids))
+    else:
+        layers = (2, target_layers // 2, target_layers - 3)
+    if len(set(layers)) != len(layers) or any(not 0 <= i < target_layers for i in layers):
+        raise SpeculaError(f"an EAGLE-3 head reading layers {list(layers)} does not fit a model of {target_layers} layers")
+    return layers
+
+
+def load_eagle3(folder: Path, target, config: dict) -> tuple[PublishedEagle3, HeadInfo]:
+    weights = _first(folder, EAGLE_FILES)
+    state = {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: v
+             for k, v in _read_weights(weights).items()}
+    extra = [k for k in state if k.startswith(("fc_norm", "input_norm"))]
+    if extra:
+        raise SpeculaError(f"the EAGLE-3 head {weights} normalises the target's states before fc ({extra[0]}), "
+                           "which this version does not run")
+    if "fc.weight" not in state or "lm_head.weight" not in state:
+        raise SpeculaError(f"{weights} is not an EAGLE-3 head: no fc.weight or lm_head.weight")
+    hidden, wide = state["fc.weight"].shape
+    heads = int(config.get("num_attention_heads", 0)) or None
+    if heads is None or "intermediate_size" not in config:
+        raise SpeculaError(f"the draft head's config.json in {folder} lacks num_attention_heads or intermediate_size")
+    target_layers = target.model.config.num_hidden_layers
+    layers = aux_layers_of(config, target_layers)
+    target_hidden = wide // len(layers)
+    embed = state.get("embed_tokens.weight")
+    _check_target(folder, target, target_hidden, int(config["vocab_size"]) if "vocab_size" in config else None, config)
+    if embed is None and hidden != target.model.config.hidden_size:
+        raise SpeculaError(f"the EAGLE-3 head in {folder} is {hidden} wide and brings no embeddings for {target.name}'s")
+    draft_vocab = state["lm_head.weight"].shape[0]
+    cfg = HeadConfig(hidden=hidden, heads=heads, kv_heads=int(config.get("num_key_value_heads") or heads),
+                     head_dim=int(config.get("head_dim") or hidden // heads), intermediate=int(config["intermediate_size"]),
+                     rope_theta=float(config.get("rope_theta") or 10000.0), eps=float(config.get("rms_norm_eps", 1e-6)))
+    head = PublishedEagle3(cfg, target_hidden, draft_vocab, layers, int(embed.shape[0]) if embed is not None else None)
+    mapped = {EAGLE3_KEYS[k]: v for k, v in state.items() if k in EAGLE3_KEYS}
+    missing = [k for k in head.state_dict() if k not in mapped and k != "draft_ids"]
+    if missing:
+        raise SpeculaError(f"the EAGLE-3 head {weights} lacks {', '.join(sorted(missing)[:3])}")
+    try:
+        head.load_state_dict(mapped, strict=False)
+    except RuntimeError as exc:
+        raise SpeculaError(f"the EAGLE-3 head {weights} does not fit its config.json: {first_line(exc)[:200]}") from None
+    t_vocab = target.model.get_output_embeddings().weight.shape[0]
+    if "d2t" in state:
+        ids = torch.arange(draft_vocab) + state["d2t"].long()
+        if ids.shape != (draft_vocab,) or int(ids.min()) < 0 or int(ids.max()) >= t_vocab:
+            raise SpeculaError(f"the EAGLE-3 head {weights} maps its vocabulary past {target.name}'s {t_vocab} tokens")
+        head.draft_ids = ids
+    elif draft_vocab != t_vocab:
+        raise SpeculaError(f"the EAGLE-3 head {weights} drafts {draft_vocab} tokens without a d2t map to {t_vocab}")
     return head, _info("eagle", cfg, folder, config)
 
 
@@ -265,13 +372,10 @@ def load_published(folder: Path, target, dtype=None, kind: str | None = None) ->
     if found is None:
         raise SpeculaError(f"no draft head in {folder}: neither Specula's head.json nor a published EAGLE or "
                            "Medusa head (config.json with its weights)")
-    if found == "eagle3":
-        raise SpeculaError(f"{folder} holds an EAGLE-3 head; this version runs EAGLE-1/EAGLE-2 and Medusa heads "
-                           "(EAGLE-3 reads three of the target's layers, which are not kept yet)")
-    if kind is not None and found != kind:
+    if kind is not None and found.rstrip("3") != kind:
         raise SpeculaError(f"{folder} holds a published {found} head, not the {kind} head this strategy needs")
     config = _config(folder)
-    head, info = (load_eagle if found == "eagle" else load_medusa)(folder, target, config)
+    head, info = {"eagle": load_eagle, "eagle3": load_eagle3, "medusa": load_medusa}[found](folder, target, config)
     head = head.to(device=target.device, dtype=dtype or target.dtype).eval()
     head.requires_grad_(False)
     return head, info

@@ -359,6 +359,10 @@ class LlamaRunner:
         # the final hidden state (before the final norm) of every cached position, kept and rolled back
         # with the cache: the features that feature-level drafters (EAGLE, Medusa) read
         self._feat = torch.empty(0)
+        # the hidden states entering these layers, kept per position beside the cache (EAGLE-3 heads read a
+        # low, a middle and a high one; `keep_layers`): (capacity, len(aux_layers), D)
+        self.aux_layers: tuple[int, ...] = ()
+        self._aux = torch.empty(0)
 
     @property
     def exact_trees(self) -> bool:
@@ -426,6 +430,10 @@ class LlamaRunner:
         if capacity:
             feat[: self._length] = self._feat[: self._length]
         self._feat = feat
+        aux = torch.zeros((new_cap, len(self.aux_layers), feat.shape[1]), dtype=self.dtype, device=self.device)
+        if capacity and self._aux.shape[1:] == aux.shape[1:]:
+            aux[: self._length] = self._aux[: self._length]
+        self._aux = aux
         # rotary tables for every position the cache can hold, computed in fp32 as transformers does
         pos = torch.arange(new_cap, device=self.device, dtype=torch.float32)
         freqs = torch.outer(pos, self._inv_freq)  # (cap, head_dim/2)
@@ -468,6 +476,8 @@ class LlamaRunner:
             sin = self._sin[positions]
             plan = self._tree_plan(start, tree.ancestors(self.device))
         for i, layer in enumerate(self.layers):
+            if i in self.aux_layers:
+                self._aux[start:end, self.aux_layers.index(i)] = x
             x = x + self._attention(i, layer, _rms_norm(x, layer.in_norm), cos, sin, start, t, plan, run)
             h = _rms_norm(x, layer.post_norm)
             gate, up = run(layer.gate_up, h).split(layer.inter, dim=-1)
@@ -490,14 +500,34 @@ class LlamaRunner:
             layers, kv, cap, hd = self._k.shape
             self._kt = torch.zeros((layers, kv, cap // 16, hd, 16), dtype=torch.float32, device=self.device)
             self._kt_len = 0
+        aux = self._aux[start:end] if self.aux_layers else None
         x = fast.ops.forward(fast.handle, x, self._k, self._v, self._kt, self._kt_len, self._cos32, self._sin32, pos,
-                             start, ancestors, len(self.layers))
+                             start, ancestors, len(self.layers), aux, list(self.aux_layers))
         self._length = end
         self._kt_len = end
         self._feat[start:end] = x
         weight, eps = self.norm
         h = fast.ops.rms_norm(x[-last:], weight, float(eps))
         return in_rows(self.lm_head if fast.lm_head is None else fast.lm_head, h).float()
+
+    def keep_layers(self, layers: tuple[int, ...]) -> None:
+        """From the next prompt on, keep the hidden states entering these layers for every position
+        (`aux_features`); () keeps none."""
+        layers = tuple(sorted(set(int(i) for i in layers)))
+        if any(not 0 <= i < len(self.layers) for i in layers):
+            raise ValueError(f"layers {layers} are not all among the model's {len(self.layers)}")
+        if layers != self.aux_layers:
+            self.aux_layers = layers
+            self._length = self._kt_len = 0  # the cache holds no such states yet: read again from the start
+            self._aux = torch.zeros((self._feat.shape[0], len(layers), self._feat.shape[-1] if self._feat.ndim == 2 else 0),
+                                    dtype=self.dtype, device=self.device)
+
+    def aux_features(self, start: int, end: int) -> torch.Tensor:
+        """The kept layers' hidden states of cached positions start..end-1, side by side in layer order
+        (end-start, len(aux_layers) * D)."""
+        if not 0 <= start <= end <= self._length:
+            raise ValueError(f"positions {start}..{end} are not all in the cache of {self._length}")
+        return self._aux[start:end].reshape(end - start, -1)
 
     def features(self, start: int, end: int) -> torch.Tensor:
         """The final hidden states (before the final norm) of cached positions start..end-1, (end-start, D)."""
@@ -515,6 +545,8 @@ class LlamaRunner:
             self._k[:, :, target] = self._k[:, :, start + index]
             self._v[:, :, target] = self._v[:, :, start + index]
             self._feat[target] = self._feat[start + index]
+            if self.aux_layers:
+                self._aux[target] = self._aux[start + index]
             self._kt_len = min(self._kt_len, start)
         self._length = start + len(rows)
         self._kt_len = min(self._kt_len, self._length)  # the dropped rows' slots are rewritten later

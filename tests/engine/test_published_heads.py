@@ -1,10 +1,11 @@
 """Draft heads as their projects publish them (engine/heads/published.py): small checkpoints written here in
 exactly the published layouts (SafeAILab/EAGLE's EAGLE-1 `pytorch_model.bin` / `model.safetensors` with
-config.json; FasterDecoding's `medusa_lm_head.pt`; vLLM's MedusaModel `model.safetensors`) on tiny random
+config.json; EAGLE-3's `model.safetensors` with `d2t`/`t2d`; FasterDecoding's `medusa_lm_head.pt`; vLLM's MedusaModel `model.safetensors`) on tiny random
 targets. Each loads, drafts what its project's own formula gives (checked against transformers' Llama
 layer as EAGLE's code uses it, and against the Medusa formula written out), and every strategy stays
-greedy-identical to `none`. A head for another model, an EAGLE-3 head and a pickle that would run code are
-refused with one line."""
+greedy-identical to `none`. EAGLE-3 heads (SafeAILab's and SpecForge's layout) read the hidden states
+entering three target layers, which the runner keeps for them. A head for another model or for layers the
+model lacks, and a pickle that would run code, are refused with one line."""
 
 import json
 
@@ -187,19 +188,17 @@ def test_every_published_head_keeps_greedy_identity(target, tmp_path, strategy):
                            max_new_tokens=24)
 
 
-def test_a_head_for_another_model_and_an_eagle3_head_are_refused(target, tmp_path):
+def test_a_head_for_another_model_or_other_layers_is_refused(target, tmp_path):
     other = loaded(tiny_model(vocab=VOCAB + 8, layers=2, seed=3))
     write_eagle1(tmp_path / "eagle", other, embed=True)
     with pytest.raises(SpeculaError, match="made for a model of hidden size 64 and 24 tokens, not tiny") as failure:
         build_drafter("eagle", target, head=str(tmp_path / "eagle"))
     assert "\n" not in str(failure.value)
     e3 = tmp_path / "eagle3"
-    e3.mkdir()
-    (e3 / "config.json").write_text(json.dumps({**_eagle1_config(None), "architectures": ["LlamaForCausalLMEagle3"],
-                                                "draft_vocab_size": 8}))
-    save_file({"fc.weight": torch.zeros(HIDDEN, 3 * HIDDEN), "d2t": torch.zeros(8, dtype=torch.long)},
-              str(e3 / "model.safetensors"))
-    with pytest.raises(SpeculaError, match="EAGLE-3"):
+    _eagle3_files(e3, target, seed=1, draft_vocab=8)
+    (e3 / "config.json").write_text(json.dumps({**json.loads((e3 / "config.json").read_text()),
+                                                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 5]}}))
+    with pytest.raises(SpeculaError, match=r"reading layers \[1, 2, 6\] does not fit a model of 2 layers"):
         build_drafter("eagle", target, head=str(e3))
     with pytest.raises(SpeculaError, match="not the eagle head"):
         write_eagle1(tmp_path / "m", target)
@@ -252,3 +251,120 @@ def test_a_session_takes_a_published_head_from_a_folder_or_the_hub(target, tmp_p
     assert (downloaded / "medusa_lm_head.pt").is_file() and not (downloaded / "README.md").exists()
     with pytest.raises(SpeculaError, match="neither a folder nor a Hub id"):
         session.add_head(str(tmp_path / "missing" / "x" / "y"))
+
+
+@pytest.mark.parametrize("step", ["eager", "compiled"])
+def test_the_runner_keeps_the_states_entering_the_layers_an_eagle3_head_reads(step, request):
+    """runner.keep_layers: the hidden states entering those layers, for the prompt (eager), passes and
+    single steps (compiled where built), as transformers' hidden_states give them."""
+    if step == "compiled":
+        request.getfixturevalue("ops")
+    model = tiny_model(vocab=VOCAB, layers=8, seed=8)
+    target = loaded(model)
+    target.step = step
+    runner = target.new_runner()
+    layers = (2, 4, 5)
+    runner.keep_layers(layers)
+    ids = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(9))
+    runner.forward(ids[:12])
+    runner.forward(ids[12:20], last=8)
+    for i in range(20, 30):
+        runner.forward(ids[i : i + 1])
+    assert runner.compiled == (step == "compiled")
+    with torch.no_grad():
+        states = model(ids[None], output_hidden_states=True).hidden_states
+    want = torch.cat([states[i][0] for i in layers], dim=-1)
+    assert torch.allclose(runner.aux_features(0, 30), want, atol=1e-4), (runner.aux_features(0, 30) - want).abs().max()
+
+
+def _eagle3_files(folder, target, seed: int, draft_vocab: int):
+    """An EAGLE-3 head as SafeAILab's cnets.py and SpecForge name its tensors (model.safetensors + config.json)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def w(*shape):
+        return torch.randn(*shape, generator=gen) * 0.2
+
+    state = {"fc.weight": w(HIDDEN, 3 * HIDDEN), "norm.weight": 1 + w(HIDDEN), "lm_head.weight": w(draft_vocab, HIDDEN)}
+    for name, out in (("q", 64), ("k", 32), ("v", 32)):
+        state[f"midlayer.self_attn.{name}_proj.weight"] = w(out, 2 * HIDDEN)
+    state["midlayer.self_attn.o_proj.weight"] = w(HIDDEN, 64)
+    for name, shape in (("gate", (INTER, HIDDEN)), ("up", (INTER, HIDDEN)), ("down", (HIDDEN, INTER))):
+        state[f"midlayer.mlp.{name}_proj.weight"] = w(*shape)
+    for name in ("hidden_norm", "input_layernorm", "post_attention_layernorm"):
+        state[f"midlayer.{name}.weight"] = 1 + w(HIDDEN)
+    used = torch.randperm(VOCAB, generator=gen)[:draft_vocab].sort().values
+    state["d2t"] = used - torch.arange(draft_vocab)
+    state["t2d"] = torch.zeros(VOCAB, dtype=torch.bool).index_fill_(0, used, True)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / "model.safetensors"))
+    config = {**_eagle1_config(None), "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": draft_vocab,
+              "head_dim": 16}
+    (folder / "config.json").write_text(json.dumps(config))
+    return state
+
+
+def eagle3_reference(state, target, aux, tokens, k):
+    """EAGLE-3's draft chain written from its formula (cnets.py): fc over the three layers' states; the
+    layer's attention reads [input_layernorm(embedding), hidden_norm(h)], residual h; the head's own norm
+    and LM head; token = draft id + d2t; the output before the norm fed back."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    config = LlamaConfig(hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         rope_theta=10000.0, max_position_embeddings=512)
+    rotary = LlamaRotaryEmbedding(config)
+    s = {k_: v.float() for k_, v in state.items()}
+
+    def rms(x, w):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    embed = target.model.get_input_embeddings()
+    hs = [aux[i] @ s["fc.weight"].T for i in range(len(tokens))]
+    embs = [embed(tokens[i : i + 1])[0] for i in range(len(tokens))]
+    drafted = []
+    with torch.no_grad():
+        for _ in range(k):
+            h = torch.stack(hs)
+            x = torch.cat((rms(torch.stack(embs), s["midlayer.input_layernorm.weight"]),
+                           rms(h, s["midlayer.hidden_norm.weight"])), -1)
+            t = h.shape[0]
+            q = (x @ s["midlayer.self_attn.q_proj.weight"].T).view(t, 4, 16).transpose(0, 1)[None]
+            kk = (x @ s["midlayer.self_attn.k_proj.weight"].T).view(t, 2, 16).transpose(0, 1)[None]
+            v = (x @ s["midlayer.self_attn.v_proj.weight"].T).view(t, 2, 16).transpose(0, 1)[None]
+            cos, sin = rotary(x[None], torch.arange(t)[None])
+            q, kk = apply_rotary_pos_emb(q, kk, cos, sin)
+            att = F.scaled_dot_product_attention(q, kk, v, is_causal=True, enable_gqa=True)[0].transpose(0, 1).reshape(t, 64)
+            h2 = h + att @ s["midlayer.self_attn.o_proj.weight"].T
+            m = rms(h2, s["midlayer.post_attention_layernorm.weight"])
+            out = h2 + (F.silu(m @ s["midlayer.mlp.gate_proj.weight"].T) * (m @ s["midlayer.mlp.up_proj.weight"].T)) \
+                @ s["midlayer.mlp.down_proj.weight"].T
+            last = out[-1]
+            draft_id = int((rms(last, s["norm.weight"]) @ s["lm_head.weight"].T).argmax())
+            token = draft_id + int(state["d2t"][draft_id])
+            drafted.append(token)
+            hs.append(last)
+            embs.append(embed(torch.tensor([token]))[0])
+    return drafted
+
+
+def test_an_eagle3_checkpoint_drafts_what_its_formula_gives_and_stays_lossless(tmp_path):
+    model = tiny_model(vocab=VOCAB, layers=8, seed=10)
+    target = loaded(model)
+    state = _eagle3_files(tmp_path / "eagle3", target, seed=11, draft_vocab=10)
+    assert published_kind(tmp_path / "eagle3") == "eagle3"
+    head, info = load_head(tmp_path / "eagle3", target, kind="eagle")
+    assert head.aux_layers == (2, 4, 5) and info.kind == "eagle"
+    prompt = [1, 5, 2, 7, 7, 3, 9, 4, 11, 6]
+    drafter = Eagle(head, target, stop_below=0.0)
+    runner = target.new_runner()
+    runner.keep_layers(drafter.aux_layers)
+    runner.forward(torch.tensor(prompt))
+    ctx = DraftContext(torch.tensor(prompt + [3]), len(prompt), SamplingParams(), None, target=runner)
+    draft = drafter.propose(ctx, 4)
+    with torch.no_grad():
+        states = model(torch.tensor(prompt)[None], output_hidden_states=True).hidden_states
+    aux = torch.cat([states[i][0] for i in (2, 4, 5)], dim=-1)
+    assert draft.tokens.tolist() == eagle3_reference(state, target, aux, ctx.tokens[1:], 4)
+    assert set(draft.tokens.tolist()) <= set((torch.arange(10) + state["d2t"]).tolist())
+    assert_greedy_identity(target, None, "eagle", {"head": str(tmp_path / "eagle3")}, trials=6, longest_prompt=12,
+                           max_new_tokens=24)

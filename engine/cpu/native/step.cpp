@@ -319,7 +319,8 @@ void silu_mul(const T* gu, T* out, int64_t t, int64_t inter) {
 // before `kt_from`; slots kt_from..start-1 (written by the eager prefill) are brought in first.
 Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const Tensor& v_cache, const Tensor& kt_cache,
                int64_t kt_from, const Tensor& cos, const Tensor& sin, const Tensor& pos, int64_t start,
-               const c10::optional<Tensor>& ancestors, int64_t n_layers) {
+               const c10::optional<Tensor>& ancestors, int64_t n_layers, const c10::optional<Tensor>& aux,
+               at::IntArrayRef aux_layers) {
   const Model* m;
   {
     std::lock_guard<std::mutex> g(registry_lock);
@@ -333,6 +334,9 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
   TORCH_CHECK(start + t <= cap, "the cache holds ", cap, " positions");
   TORCH_CHECK(cap % KB == 0 && kt_cache.is_contiguous() && kt_cache.numel() == k_cache.numel(), "a transposed key cache");
   TORCH_CHECK(0 <= kt_from && kt_from <= start, "kt_from within the cache");
+  TORCH_CHECK(!aux || (aux->dim() == 3 && aux->size(0) == t && aux->size(1) == static_cast<int64_t>(aux_layers.size()) &&
+                       aux->size(2) == x.size(1) && aux->scalar_type() == x.scalar_type()),
+              "aux: (rows, layers kept, hidden) in x's dtype");
   Tensor q = at::empty({h, t, hd}, x.options().dtype(at::kFloat));
   Tensor attn = at::empty({t, h * hd}, x.options());
   Tensor act = at::empty({t, m->inter}, x.options());
@@ -341,6 +345,8 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "forward", [&] {
     for (int64_t l = 0; l < n_layers; ++l) {
       const Layer& layer = m->layers[l];
+      for (size_t j = 0; aux && j < aux_layers.size(); ++j)  // the hidden states entering the layers kept (EAGLE-3)
+        if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
       int64_t layer_off = l * kv * cap * hd;
       Tensor h1 = rms_norm(x, layer.in_norm, m->eps);
       Tensor qkv = layer.qkv(h1);
@@ -368,7 +374,8 @@ TORCH_LIBRARY(specula_step, lib) {
   lib.def("prepare(Tensor[] a, Tensor[] b, Tensor?[] bias, int[] kinds, Tensor[] norms, int n_heads, int n_kv, "
           "int head_dim, int inter, int[] min_rows, float eps, float scale) -> int", &prepare);
   lib.def("forward(int handle, Tensor x, Tensor k_cache, Tensor v_cache, Tensor kt_cache, int kt_from, Tensor cos, "
-          "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers) -> Tensor", &forward);
+          "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers, Tensor? aux=None, int[] aux_layers=[]) -> Tensor",
+          &forward);
   lib.def("release(int handle) -> ()", &release);
   lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
   lib.def("blocks_pack(Tensor raw, int format) -> Tensor", &blocks::pack_op);
