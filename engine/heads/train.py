@@ -135,13 +135,27 @@ FOLLOW_UPS = (
 FOLLOW_UP_SHARE = 0.5  # of first answers, how many get a second turn (multi-turn training data)
 
 
-def prompt_conversations(n: int, seed: int = 0) -> list[tuple[Message, ...]]:
+DOCUMENT_SHARE = 0.3  # of first turns, how many paste a long text (documents.py) to summarise, answer from or extract from
+
+
+def prompt_conversations(n: int, seed: int = 0, documents: tuple | list | None = None) -> list[tuple[Message, ...]]:
     """n conversations of one user message: topics x task forms, arithmetic word problems, code, translation,
-    role play and questions about a short made-up text (second turns are added while generating)."""
+    role play, questions about a short made-up text, and (DOCUMENT_SHARE of them) a long text that ships on
+    this machine with a task about it (second turns are added while generating). `documents`: the texts to
+    paste (default: documents.shipped_documents)."""
+    from .documents import document_prompt, shipped_documents
+
     rng = random.Random(seed)
     pairs = [(t, f) for t in TOPICS for f in FORMS]
     rng.shuffle(pairs)
-    return [(Message("user", _conversation(rng, pairs, i)),) for i in range(n)]
+    docs = shipped_documents(seed) if documents is None else documents
+    out = []
+    for i in range(n):
+        if docs and rng.random() < DOCUMENT_SHARE:
+            out.append((Message("user", document_prompt(docs[i % len(docs)], rng)),))
+        else:
+            out.append((Message("user", _conversation(rng, pairs, i)),))
+    return out
 
 
 @dataclass
@@ -154,7 +168,7 @@ class Sequence:
 @dataclass
 class Answer:
     prompt: list[int]  # the conversation's token ids, up to the opened assistant turn
-    answer: list[int]  # the target's greedy answer, without the end token
+    answer: list[int]  # the target's answer (greedy or sampled), without the end token
     index: int = -1  # which generated conversation it answers (-1: a second turn)
 
 
@@ -172,12 +186,15 @@ def _read_answers(path: Path | None) -> list[Answer]:
     return out
 
 
+SAMPLED_SHARE = 0.3  # of batches, how many are answered by sampling (temperature 0.8, top-p 0.95) instead of greedily
+
+
 def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed: int = 0,
                  say: Callable[[str], None] = lambda s: None, store: Path | None = None,
-                 should_stop: Callable[[], bool] = lambda: False) -> list[Answer]:
-    """The target answers generated prompts greedily, batched, until about n_tokens answer tokens exist.
-    With `store` (a .jsonl file) every answer is appended as it is made, and a later run with the same
-    file continues where this one stopped."""
+                 should_stop: Callable[[], bool] = lambda: False, sampled: float = SAMPLED_SHARE) -> list[Answer]:
+    """The target answers generated prompts, batched, until about n_tokens answer tokens exist: greedily, and
+    a `sampled` share of the batches by sampling (a seed per batch). With `store` (a .jsonl file) every
+    answer is appended as it is made, and a later run with the same file continues where this one stopped."""
     tok = target.tokenizer
     model = target.model
     pad = tok.pad_token_id if tok.pad_token_id is not None else sorted(target.eos_ids)[0]
@@ -210,10 +227,14 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
             width = max(len(e) for _, _, e in encoded)
             ids = torch.tensor([[pad] * (width - len(e)) + e for _, _, e in encoded], device=target.device)
             mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for _, _, e in encoded], device=target.device)
+            sampling = {}
+            if random.Random(seed * 1_000_003 + i).random() < sampled:
+                torch.manual_seed(seed * 1_000_003 + i)
+                sampling = {"do_sample": True, "temperature": 0.8, "top_p": 0.95, "top_k": 0}
             with torch.inference_mode():
-                out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                                     pad_token_id=pad, eos_token_id=sorted(target.eos_ids),
-                                     stopping_criteria=[_Stop(should_stop)])
+                out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, pad_token_id=pad,
+                                     eos_token_id=sorted(target.eos_ids), stopping_criteria=[_Stop(should_stop)],
+                                     **(sampling or {"do_sample": False}))
             if should_stop():
                 say("")  # a cut batch is dropped; the caller's say raises
                 break
