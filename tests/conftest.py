@@ -16,6 +16,22 @@ os.environ.setdefault("SPECULA_STEP", "eager")
 
 import pytest  # noqa: E402
 
+VLLM_FIXTURES = {"vllm_server", "vllm_servers", "vllm_plain_server"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests on real vLLM servers run last, and vLLM's environment is set up in the background from the
+    start of the run (minutes of package installs on a fresh machine, while the other tests run)."""
+    late = [item for item in items if VLLM_FIXTURES & set(getattr(item, "fixturenames", ()))]
+    if not late:
+        return
+    items[:] = [item for item in items if item not in late] + late
+    from pathlib import Path
+
+    from tests.support.vllm_server import start_setup
+
+    start_setup(Path(_tmp) / "vllm-setup.log")
+
 
 @pytest.fixture(scope="session")
 def bundled_fp32():

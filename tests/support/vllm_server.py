@@ -40,9 +40,33 @@ def _tail(path: Path, lines: int = 6) -> str:
     return " | ".join(text[-lines:])
 
 
+_background: tuple[subprocess.Popen, Path] | None = None  # a setup started early (start_setup)
+
+
+def start_setup(log: Path) -> None:
+    """Begin setting up in the background, so that the rest of the test run goes on meanwhile; `setup`
+    then waits for it."""
+    global _background
+    if os.environ.get("SPECULA_SKIP_VLLM") or _background is not None:
+        return
+    with open(log, "wb") as out:
+        _background = (popen_owned(["sh", "scripts/vllm-server.sh", "--setup"], cwd=ROOT, stdout=out,
+                                   stderr=subprocess.STDOUT), log)
+
+
 def setup(log: Path) -> None:
     if os.environ.get("SPECULA_SKIP_VLLM"):
         raise Unavailable("SPECULA_SKIP_VLLM is set")
+    if _background is not None:
+        proc, early_log = _background
+        try:
+            code = proc.wait(timeout=SETUP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise Unavailable(f"setting up vLLM took over {SETUP_TIMEOUT_S} s") from None
+        if code != 0:
+            raise Unavailable(f"setting up vLLM failed: {_tail(early_log)}")
+        return
     with open(log, "wb") as out:
         try:
             done = subprocess.run(["sh", "scripts/vllm-server.sh", "--setup"], cwd=ROOT, stdout=out,
