@@ -10,6 +10,7 @@ from ..models.loading import load_model
 
 
 def run_train_cmd(args) -> int:
+    from ..drafters import build_drafter
     from ..heads.train import TrainOptions, check_options, default_out, progress_line, run_training
 
     options = TrainOptions(kind=args.kind, tokens=args.tokens, epochs=args.epochs, lr=args.lr, seed=args.seed,
@@ -17,7 +18,7 @@ def run_train_cmd(args) -> int:
                            draft_vocab=args.draft_vocab, out=args.out or default_out(args.model, args.kind), data=args.data, overwrite=args.overwrite)
     check_options(options)  # bad options fail before the model loads
     target = load_model(ModelSpec(args.model, args.device, args.dtype, args.weights, args.step), progress=lambda s: print(s, file=sys.stderr))
-    result = run_training(target, options, say=progress_line)
+    result = run_training(target, options, say=progress_line, drafter=build_drafter("prompt-lookup", target))
     print(file=sys.stderr)
     print(result.summary())
     return 0

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ..api.errors import SpeculaError, TrainingCancelled, first_line
 from ..api.prompts import Message, encode
+from ..decoding.drafter import Drafter, empty_draft
 from .config import HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
 from .eagle import EagleHead
 from .medusa import MedusaHead
@@ -190,16 +191,24 @@ SAMPLED_SHARE = 0.3  # of batches, how many are answered by sampling (temperatur
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_p": 0.95, "top_k": 0}
 
 
+class _Plain(Drafter):
+    """Drafts nothing: plain decoding, where the caller gives no drafter."""
+
+    name = "none"
+
+    def propose(self, ctx, k: int):
+        return empty_draft()
+
+
 class _EngineAnswers:
-    """Answers through the engine's own decoding loop (the compiled step where it is built, prompt lookup:
-    greedy answers are the model's own, sampled ones follow its distribution), one conversation at a time."""
+    """Answers through the engine's own decoding loop (the compiled step where it is built, and the drafter
+    the caller gives, prompt lookup from the command line and the app: greedy answers are the model's own,
+    sampled ones follow its distribution), one conversation at a time."""
 
-    def __init__(self, target) -> None:
-        from ..drafters import build_drafter
-
+    def __init__(self, target, drafter: Drafter | None) -> None:
         self.target = target
         self.runner = target.new_runner()
-        self.drafter = build_drafter("prompt-lookup", target)
+        self.drafter = drafter or _Plain()
 
     def answer(self, prompts: list[list[int]], max_new: int, sampling: bool, seed: int,
                should_stop: Callable[[], bool]) -> list[list[int]]:
@@ -208,7 +217,7 @@ class _EngineAnswers:
 
         rows = []
         for j, prompt in enumerate(prompts):
-            config = DecodeConfig.for_strategy("prompt-lookup", max_new_tokens=max_new, seed=seed + j,
+            config = DecodeConfig.for_strategy(self.drafter.name, max_new_tokens=max_new, seed=seed + j,
                                                temperature=SAMPLING["temperature"] if sampling else 0.0,
                                                top_p=SAMPLING["top_p"] if sampling else 1.0)
             events = list(generate(self.runner, self.drafter, prompt, config, stop_ids=frozenset(self.target.eos_ids),
@@ -221,16 +230,18 @@ class _EngineAnswers:
 
 def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed: int = 0,
                  say: Callable[[str], None] = lambda s: None, store: Path | None = None,
-                 should_stop: Callable[[], bool] = lambda: False, sampled: float = SAMPLED_SHARE) -> list[Answer]:
+                 should_stop: Callable[[], bool] = lambda: False, sampled: float = SAMPLED_SHARE,
+                 drafter: Drafter | None = None) -> list[Answer]:
     """The target answers generated prompts, batched, until about n_tokens answer tokens exist: greedily, and
     a `sampled` share of the batches by sampling (a seed per batch). With `store` (a .jsonl file) every
-    answer is appended as it is made, and a later run with the same file continues where this one stopped."""
+    answer is appended as it is made, and a later run with the same file continues where this one stopped.
+    `drafter`: the strategy the engine's own decoding uses on a CPU (none: plain steps)."""
     tok = target.tokenizer
     model = target.model
     pad = tok.pad_token_id if tok.pad_token_id is not None else sorted(target.eos_ids)[0]
     # on a CPU the engine's own decoding (compiled step, prompt lookup) answers one conversation at a time
     # about 3x faster than transformers' batched generate(); GPUs batch
-    engine = _EngineAnswers(target) if target.device.type == "cpu" and target.uses_lean_forward else None
+    engine = _EngineAnswers(target, drafter) if target.device.type == "cpu" and target.uses_lean_forward else None
     answers = _read_answers(store)
     made = sum(len(a.answer) for a in answers)
     convs = prompt_conversations(max(1, 4 * n_tokens // max_new + 8), seed)
@@ -601,7 +612,7 @@ def check_options(o: TrainOptions) -> None:
 
 
 def run_training(target, o: TrainOptions, say: Callable[[str], None] = lambda s: None,
-                 should_stop: Callable[[], bool] = lambda: False) -> TrainResult:
+                 should_stop: Callable[[], bool] = lambda: False, drafter: Drafter | None = None) -> TrainResult:
     """Generate answers (or continue an earlier run's), extract features, train, measure, save.
     `should_stop` is checked often; when it says so, TrainingCancelled is raised and the answers and
     the last checkpoint stay for the next run."""
@@ -630,7 +641,7 @@ def run_training(target, o: TrainOptions, say: Callable[[str], None] = lambda s:
         raise SpeculaError(f"{work} holds training data for another model or other settings: choose another data folder")
     (work / "about.json").write_text(json.dumps(about), encoding="utf-8")
     answers = self_distill(target, o.tokens, max_new=o.max_new_tokens, batch=o.batch, seed=o.seed, say=report,
-                           store=work / "answers.jsonl", should_stop=should_stop)
+                           store=work / "answers.jsonl", should_stop=should_stop, drafter=drafter)
     if len(answers) < 2:
         raise SpeculaError("the model gave too few usable answers to train on (each needs at least 4 tokens before its end)")
     seqs = with_features(target, answers, say=report)

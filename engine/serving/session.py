@@ -74,7 +74,8 @@ class Session:
         out = default_out(target.name, request.kind)
         options = TrainOptions(kind=request.kind, tokens=request.tokens, epochs=request.epochs, batch=request.batch,
                                out=out, overwrite=True)
-        result = run_training(target, options, say=say, should_stop=should_stop)
+        result = run_training(target, options, say=say, should_stop=should_stop,
+                              drafter=build_drafter("prompt-lookup", target))
         self._find_heads(target)
         self._drafters = {key: d for key, d in self._drafters.items() if key[0] not in (request.kind, "auto")}
         return Trained(request_id, result.kind, str(result.out), result.accepted, result.summary())

@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 from tests.app.conftest import wait_reply
 
 
-def scripted_training(target, options, say, should_stop):
+def scripted_training(target, options, say, should_stop, drafter=None):
     """Stands in for heads.train.run_training: reports progress, then saves an untrained medusa head."""
     from specula.engine.api.errors import TrainingCancelled
     from specula.engine.heads.config import HeadConfig
