@@ -86,7 +86,7 @@ class LoadRequest:
     target: ModelSpec = field(default_factory=ModelSpec)
     draft: str | None = None  # a model source; loaded on the target's device and dtype
     measure_baseline: bool = True
-    # a draft head: a folder (Specula's, or an EAGLE-1/2 or Medusa head as published) or a Hub id; it comes
+    # a draft head: a folder (Specula's, or an EAGLE-1/2/3 or Medusa head as published) or a Hub id; it comes
     # first among the heads of its kind for this model
     draft_head: str | None = None
 

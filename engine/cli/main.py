@@ -58,7 +58,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="bundled", help="bundled, a Hugging Face Hub id, a folder or a .gguf file")
     p.add_argument("--draft-model", default=None, help="draft model for the draft-model strategy")
     p.add_argument("--draft-head", default=None,
-                   help="a draft head for eagle or medusa: a folder (Specula's, or an EAGLE-1/2 or Medusa head as "
+                   help="a draft head for eagle or medusa: a folder (Specula's, or an EAGLE-1/2/3 or Medusa head as "
                         "published) or a Hub id")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])

@@ -304,7 +304,7 @@ class Blocks:
 class Tiles:
     """y = x @ W^T + b with a bf16 weight through the compiled step's own products (native/tiles.h): the
     weight reordered once into tiles of 16 outputs, read once for every row of a call, each output one fp32
-    sum over the inputs in order. Calls of PROMPT_ROWS rows or more (prompts) take oneDNN's product of the
+    sum over the inputs by pairs (the arithmetic in tiles.h). Calls of PROMPT_ROWS rows or more (prompts) take oneDNN's product of the
     prepacked `dense` they were made from (as native/step.cpp does). `out_float`: fp32 results (the LM
     head's logits), otherwise x's dtype."""
 

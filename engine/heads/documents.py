@@ -3,7 +3,7 @@ from what ships on the machine, never from an evaluation set:
 - Python's own documentation: the docstrings of the standard library's modules, read from their source files
   (parsed, not imported: importing runs code);
 - the documentation of the installed Python packages (their README, from each distribution's metadata);
-- licence texts (Debian's /usr/share/common-licenses, and the LICENSE files packages install);
+- licence texts (Debian's /usr/share/common-licenses);
 - manual pages (/usr/share/man, with the roff markup stripped).
 
 Every source is optional: a machine without manual pages or licences gives the others. Texts are cut at

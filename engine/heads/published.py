@@ -4,17 +4,16 @@
   [token embedding, target hidden state], one Llama layer without an input norm, no final norm; the
   target's hidden states are read after its final norm and the head's outputs go to the target's LM head
   as they are. `pytorch_model.bin` or `model.safetensors`; an `embed_tokens.weight` in the file is used.
-- Medusa heads: FasterDecoding's `medusa_lm_head.pt` (or `.safetensors`) with keys `{head}.{layer}.linear.*`
-  and each head's own LM head `{head}.{layers}.weight` (or none: the target's), and vLLM's MedusaModel
-  layout (`blocks.{head}.layers.{layer}.*`, `lm_heads.{head}.weight`, an optional `token_map`). Each layer
-  is x + SiLU(W x + b) over the target's hidden state after its final norm.
-
 - EAGLE-3 checkpoints (SafeAILab's and SpecForge's layout, as vLLM and SGLang load them): `fc` over the
   hidden states entering three target layers (by default 2, L/2 and L-3 of L; a config's
   `eagle_aux_hidden_state_layer_ids` name layers by output, SpecForge's and SGLang's reading), one layer
   whose attention reads [input_layernorm(embedding), hidden_norm(h)], its own final norm and LM head over a
   reduced vocabulary whose token i is target token i + d2t[i]. A draft step feeds its output (before the
   norm) back in place of the three layers' states.
+- Medusa heads: FasterDecoding's `medusa_lm_head.pt` (or `.safetensors`) with keys `{head}.{layer}.linear.*`
+  and each head's own LM head `{head}.{layers}.weight` (or none: the target's), and vLLM's MedusaModel
+  layout (`blocks.{head}.layers.{layer}.*`, `lm_heads.{head}.weight`, an optional `token_map`). Each layer
+  is x + SiLU(W x + b) over the target's hidden state after its final norm.
 
 `.bin` and `.pt` files are read with torch's weights-only loader, so a file that would run code is
 refused.
@@ -116,6 +115,29 @@ def _check_target(folder: Path, target, hidden: int, vocab: int | None, config: 
                            f"(hidden size {t_hidden}, {t_vocab} tokens)")
 
 
+def _head_config(folder: Path, config: dict, hidden: int, head_dim: int | None = None) -> HeadConfig:
+    """An EAGLE head's dimensions from its config.json (head_dim: hidden / heads unless given)."""
+    heads = int(config.get("num_attention_heads", 0)) or None
+    if heads is None or "intermediate_size" not in config:
+        raise SpeculaError(f"the draft head's config.json in {folder} lacks num_attention_heads or intermediate_size")
+    return HeadConfig(hidden=hidden, heads=heads, kv_heads=int(config.get("num_key_value_heads") or heads),
+                      head_dim=head_dim or hidden // heads, intermediate=int(config["intermediate_size"]),
+                      rope_theta=float(config.get("rope_theta") or 10000.0), eps=float(config.get("rms_norm_eps", 1e-6)))
+
+
+def _load_named(head: nn.Module, state: dict, names: dict[str, str], weights: Path, what: str) -> None:
+    """The file's tensors into `head` by `names` (the file's -> the module's); every tensor the head has
+    must be there, in the shape its config gives."""
+    mapped = {names[k]: v for k, v in state.items() if k in names}
+    missing = [k for k in head.state_dict() if k not in mapped and k != "draft_ids"]
+    if missing:
+        raise SpeculaError(f"the {what} head {weights} lacks {', '.join(sorted(missing)[:3])}")
+    try:
+        head.load_state_dict(mapped, strict=False)
+    except RuntimeError as exc:  # shapes that do not fit the config
+        raise SpeculaError(f"the {what} head {weights} does not fit its config.json: {first_line(exc)[:200]}") from None
+
+
 class PublishedEagle(EagleHead):
     """An EAGLE-1/EAGLE-2 head in SafeAILab's layout: fc over [embedding, feature] (with a bias unless the
     config says "bias": false), one Llama layer without an input norm (q/k/v biases where the file has
@@ -152,24 +174,12 @@ def load_eagle(folder: Path, target, config: dict) -> tuple[PublishedEagle, Head
     if "fc.weight" not in state or "layers.0.self_attn.q_proj.weight" not in state:
         raise SpeculaError(f"{weights} is not an EAGLE head: no fc.weight or layers.0.self_attn.q_proj.weight")
     hidden = state["fc.weight"].shape[0]
-    heads = int(config.get("num_attention_heads", 0)) or None
-    if heads is None or "intermediate_size" not in config:
-        raise SpeculaError(f"the draft head's config.json in {folder} lacks num_attention_heads or intermediate_size")
+    cfg = _head_config(folder, config, hidden)
     embed = state.get("embed_tokens.weight")
     vocab = int(embed.shape[0]) if embed is not None else None
     _check_target(folder, target, hidden, vocab if vocab is not None else config.get("vocab_size"), config)
-    cfg = HeadConfig(hidden=hidden, heads=heads, kv_heads=int(config.get("num_key_value_heads") or heads),
-                     head_dim=hidden // heads, intermediate=int(config["intermediate_size"]),
-                     rope_theta=float(config.get("rope_theta") or 10000.0), eps=float(config.get("rms_norm_eps", 1e-6)))
     head = PublishedEagle(cfg, fc_bias="fc.bias" in state, qkv_bias="layers.0.self_attn.q_proj.bias" in state, vocab=vocab)
-    mapped = {EAGLE_KEYS[k]: v for k, v in state.items() if k in EAGLE_KEYS}
-    missing = [k for k in head.state_dict() if k not in mapped and k != "draft_ids"]
-    if missing:
-        raise SpeculaError(f"the EAGLE head {weights} lacks {', '.join(sorted(missing)[:3])}")
-    try:
-        head.load_state_dict(mapped, strict=False)
-    except RuntimeError as exc:  # shapes that do not fit the config
-        raise SpeculaError(f"the EAGLE head {weights} does not fit its config.json: {first_line(exc)[:200]}") from None
+    _load_named(head, state, EAGLE_KEYS, weights, "EAGLE")
     return head, _info("eagle", cfg, folder, config)
 
 
@@ -237,9 +247,7 @@ def load_eagle3(folder: Path, target, config: dict) -> tuple[PublishedEagle3, He
     if "fc.weight" not in state or "lm_head.weight" not in state:
         raise SpeculaError(f"{weights} is not an EAGLE-3 head: no fc.weight or lm_head.weight")
     hidden, wide = state["fc.weight"].shape
-    heads = int(config.get("num_attention_heads", 0)) or None
-    if heads is None or "intermediate_size" not in config:
-        raise SpeculaError(f"the draft head's config.json in {folder} lacks num_attention_heads or intermediate_size")
+    cfg = _head_config(folder, config, hidden, int(config.get("head_dim") or 0) or None)
     target_layers = target.model.config.num_hidden_layers
     layers = aux_layers_of(config, target_layers)
     target_hidden = wide // len(layers)
@@ -248,18 +256,8 @@ def load_eagle3(folder: Path, target, config: dict) -> tuple[PublishedEagle3, He
     if embed is None and hidden != target.model.config.hidden_size:
         raise SpeculaError(f"the EAGLE-3 head in {folder} is {hidden} wide and brings no embeddings for {target.name}'s")
     draft_vocab = state["lm_head.weight"].shape[0]
-    cfg = HeadConfig(hidden=hidden, heads=heads, kv_heads=int(config.get("num_key_value_heads") or heads),
-                     head_dim=int(config.get("head_dim") or hidden // heads), intermediate=int(config["intermediate_size"]),
-                     rope_theta=float(config.get("rope_theta") or 10000.0), eps=float(config.get("rms_norm_eps", 1e-6)))
     head = PublishedEagle3(cfg, target_hidden, draft_vocab, layers, int(embed.shape[0]) if embed is not None else None)
-    mapped = {EAGLE3_KEYS[k]: v for k, v in state.items() if k in EAGLE3_KEYS}
-    missing = [k for k in head.state_dict() if k not in mapped and k != "draft_ids"]
-    if missing:
-        raise SpeculaError(f"the EAGLE-3 head {weights} lacks {', '.join(sorted(missing)[:3])}")
-    try:
-        head.load_state_dict(mapped, strict=False)
-    except RuntimeError as exc:
-        raise SpeculaError(f"the EAGLE-3 head {weights} does not fit its config.json: {first_line(exc)[:200]}") from None
+    _load_named(head, state, EAGLE3_KEYS, weights, "EAGLE-3")
     t_vocab = target.model.get_output_embeddings().weight.shape[0]
     if "d2t" in state:
         ids = torch.arange(draft_vocab) + state["d2t"].long()

@@ -25,7 +25,8 @@ def _paths(ops) -> list[str]:
     return usable
 
 
-def _call(ops, path: str, product: Blocks, x: torch.Tensor) -> torch.Tensor:
+def _call(ops, path: str, product, x: torch.Tensor) -> torch.Tensor:
+    """product(x) on a forced code path (Blocks and Tiles alike)."""
     ops.blocks_path(PATHS[path])
     try:
         return product(x)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specula.engine.cpu.products import PROMPT_ROWS, Dense, Tiles, can_prepack
-from tests.engine.test_blocks import PATHS, _paths
+from tests.engine.test_blocks import _call, _paths
 
 
 def _weight(out: int, inp: int, seed: int) -> torch.Tensor:
@@ -23,14 +23,6 @@ def _tiles(ops, w: torch.Tensor, bias: torch.Tensor | None = None, out_float: bo
     if not can_prepack(w):
         pytest.skip("oneDNN has no bf16 product on this CPU")
     return Tiles(ops, Dense(w, bias, prepack=True), out_float=out_float)
-
-
-def _call(ops, path: str, product: Tiles, x: torch.Tensor) -> torch.Tensor:
-    ops.blocks_path(PATHS[path])
-    try:
-        return product(x)
-    finally:
-        ops.blocks_path(0)
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> np.ndarray:

@@ -758,6 +758,18 @@ inline Parts read_parts(const at::Tensor& parts, int64_t k, int64_t packed_bytes
 
 constexpr int64_t ROW_CHUNK = 64;  // rows a thread takes through its tiles before the next rows (prompts)
 
+// A tile's sums for m rows (acc: rows of COLS) -> its `cols` outputs from column col0 of y's rows (n wide),
+// each plus its bias, rounded once to y's dtype (the own products' last step, blocks' and tiles' alike)
+template <typename O>
+inline void store_rows(const float* acc, int64_t m, int64_t cols, const float* bias, int64_t col0, O* y, int64_t n) {
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      float v = acc[r * COLS + c];
+      if (bias) v += bias[col0 + c];
+      y[r * n + col0 + c] = static_cast<O>(v);
+    }
+}
+
 template <typename T, typename O>
 void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const Parts& parts, const float* bias, O* y) {
   thread_local Acts kept;  // kept between calls: no allocation once its buffers are large enough
@@ -792,12 +804,7 @@ void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const P
             for (int64_t r1 = r0; r1 < r0 + m; r1 += ROWS)  // AVX-512 takes 8 rows at a time
               rows_of_tile(p, tile, nb, fmt, a, r1, std::min(ROWS, r0 + m - r1), acc + (r1 - r0) * COLS);
           }
-          for (int64_t r = 0; r < m; ++r)
-            for (int64_t c = 0; c < cols; ++c) {
-              float v = acc[r * COLS + c];
-              if (bias) v += bias[col0 + c];
-              y[(r0 + r) * n + col0 + c] = static_cast<O>(v);
-            }
+          store_rows(acc, m, cols, bias, col0, y + r0 * n, n);
         }
       }
     }

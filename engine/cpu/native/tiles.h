@@ -20,15 +20,14 @@ namespace tiles {
 
 using blocks::AVX2;
 using blocks::AVX512;
+using blocks::COLS;  // output columns per tile, as the blocks'
 using blocks::Path;
-using blocks::PORTABLE;
+using blocks::tiles;
 
-constexpr int64_t COLS = 16;   // output columns per tile
 constexpr int64_t ROWS = 8;    // rows of x per register tile (AVX-512 and AVX2 alike)
 constexpr int64_t CHUNK = 64;  // bytes per chunk: 16 columns x 2 inputs
 constexpr int64_t AHEAD = 160;  // chunks prefetched ahead (10 KB: measured best of 16-320)
 
-inline int64_t tiles(int64_t n) { return (n + COLS - 1) / COLS; }
 inline int64_t tile_bytes(int64_t k) { return k / 2 * CHUNK; }
 
 inline float bf16(uint16_t h) {
@@ -150,12 +149,7 @@ void product(const T* x_in, int64_t rows, int64_t k, const uint16_t* packed, int
         for (int64_t r0 = c0; r0 < std::min(rows, c0 + blocks::ROW_CHUNK); r0 += ROWS) {
           const int64_t m = std::min(ROWS, rows - r0);
           rows_of_tile(p, packed + t * per_tile, k, x.data() + r0 * k, m, acc);
-          for (int64_t r = 0; r < m; ++r)
-            for (int64_t c = 0; c < cols; ++c) {
-              float v = acc[r * COLS + c];
-              if (bias) v += bias[col0 + c];
-              y[(r0 + r) * n + col0 + c] = static_cast<O>(v);
-            }
+          blocks::store_rows(acc, m, cols, bias, col0, y + r0 * n, n);
         }
       }
   });
