@@ -496,10 +496,7 @@ class LlamaRunner:
         else:
             pos, ancestors = start + tree.depths(self.device), tree.ancestors(self.device)
         fast = self._fast
-        if self._kt.numel() != self._k.numel():  # the cache grew: transpose it again from _k
-            layers, kv, cap, hd = self._k.shape
-            self._kt = torch.zeros((layers, kv, cap // 16, hd, 16), dtype=torch.float32, device=self.device)
-            self._kt_len = 0
+        self._transposed_keys()
         aux = self._aux[start:end] if self.aux_layers else None
         x = fast.ops.forward(fast.handle, x, self._k, self._v, self._kt, self._kt_len, self._cos32, self._sin32, pos,
                              start, ancestors, len(self.layers), aux, list(self.aux_layers))
@@ -509,6 +506,13 @@ class LlamaRunner:
         weight, eps = self.norm
         h = fast.ops.rms_norm(x[-last:], weight, float(eps))
         return in_rows(self.lm_head if fast.lm_head is None else fast.lm_head, h).float()
+
+    def _transposed_keys(self) -> None:
+        """The compiled step's transposed keys, allocated again (and filled from _k) when the cache grew."""
+        if self._kt.numel() != self._k.numel():
+            layers, kv, cap, hd = self._k.shape
+            self._kt = torch.zeros((layers, kv, cap // 16, hd, 16), dtype=torch.float32, device=self.device)
+            self._kt_len = 0
 
     def keep_layers(self, layers: tuple[int, ...]) -> None:
         """From the next prompt on, keep the hidden states entering these layers for every position
@@ -631,3 +635,33 @@ class LlamaRunner:
         scores = torch.baddbmm(mask, q, self._k[i, :, :n_keys].transpose(1, 2))  # (KV, rows', n_keys)
         out = torch.bmm(scores.softmax(-1), self._v[i, :, :n_keys])[:, :rows]  # (KV, rows, hd)
         return out.to(self.dtype).reshape(self.n_heads, tg, self.head_dim)
+
+
+@torch.inference_mode()
+def step_rows(runners: list[LlamaRunner], tokens: torch.Tensor) -> torch.Tensor:
+    """One decoding step of several independent answers at once (batched plain decoding): token b (B,)
+    continues runners[b]'s sequence, and row b of the fp32 logits (B, V) is what runners[b].forward(tokens[b:b+1])
+    gives. Every runner holds a prompt of the same model and runs its answer through the compiled step; the
+    products run once for all rows (the own products give a row its bits whatever else the call holds), and
+    each row attends over its own cache."""
+    if not runners or len(runners) != tokens.shape[0]:
+        raise ValueError(f"one token per runner: {tokens.shape[0]} tokens for {len(runners)} runners")
+    fast = runners[0]._fast
+    if fast is None or any(r._fast is not fast or r.length == 0 or r.aux_layers for r in runners):
+        raise ValueError("batched steps need runners of one model, each past its prompt, in the compiled step, "
+                         "keeping no layers' states")
+    for r in runners:
+        r._reserve(r._length + 1)
+        r._transposed_keys()
+    first = runners[0]
+    x = first.embed(tokens.to(first.device))
+    x = fast.ops.forward_rows(fast.handle, x, [r._k for r in runners], [r._v for r in runners], [r._kt for r in runners],
+                              [r._kt_len for r in runners], [r._cos32 for r in runners], [r._sin32 for r in runners],
+                              [r._length for r in runners], len(first.layers))
+    for b, r in enumerate(runners):
+        r._feat[r._length] = x[b]
+        r._length += 1
+        r._kt_len = r._length
+    weight, eps = first.norm
+    h = fast.ops.rms_norm(x, weight, float(eps))
+    return in_rows(first.lm_head if fast.lm_head is None else fast.lm_head, h).float()

@@ -8,6 +8,7 @@ import torch
 from specula.engine.cpu import step as compiled
 from specula.engine.decoding.tree import TokenTree
 from specula.engine.drafters import DRAFTERS
+from specula.engine.models.llama import step_rows
 from specula.engine.models.loading import LoadedModel
 from tests.support.tiny import assert_greedy_identity, head_options, native, perturbed, tiny_model
 
@@ -75,6 +76,42 @@ def test_the_compiled_step_runs_the_files_blocks_and_the_eager_one_torchs(ops):
     assert runner._fast.kinds == ["blocks"] * 8  # every product of the compiled step
     kinds = {p.kind for layer in runner.layers for p in layer.products}  # the eager forward's: torch's
     assert "int4" in kinds and kinds <= {"int4", "prepacked", "dense"}
+
+
+@pytest.mark.parametrize("form", ["native", "mixed blocks", "bf16"])
+def test_a_batched_step_gives_each_answer_the_bits_of_its_own_steps(ops, form):
+    """step_rows (batched plain decoding, for training data): rows at other positions, in caches of other
+    sizes, one of them grown mid-way, each get the logits their own single steps give."""
+    model = tiny_model(vocab=64, layers=3, seed=9)
+    if form == "native":
+        target = native(model)
+    elif form == "mixed blocks":
+        target = native(model, formats=("Q4_1", "Q8_0", "Q4_0"), head="Q8_0")
+    else:
+        target = LoadedModel(model.to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16)
+    target = _with_step(target)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 64, (n,), generator=gen) for n in (1, 7, 30, 250)]
+    steps = torch.randint(0, 64, (len(prompts), 12), generator=gen)
+    alone = []
+    for prompt, follow in zip(prompts, steps):
+        runner = target.new_runner()
+        runner.forward(prompt)
+        alone.append(torch.cat([runner.forward(follow[i : i + 1]) for i in range(follow.shape[0])]))
+    runners = [target.new_runner() for _ in prompts]
+    for runner, prompt in zip(runners, prompts):
+        runner.forward(prompt)
+    together = torch.stack([step_rows(runners, steps[:, i]) for i in range(steps.shape[1])], dim=1)
+    for b in range(len(prompts)):
+        assert torch.equal(together[b], alone[b]), b
+    assert all(r.length == p.shape[0] + steps.shape[1] for r, p in zip(runners, prompts))
+    assert runners[3]._k.shape[2] > 256  # the longest one's cache grew during the batched steps
+    with pytest.raises(ValueError, match="one token per runner"):
+        step_rows(runners, steps[:2, 0])
+    eager = _with_step(target, "eager").new_runner()
+    eager.forward(prompts[1])
+    with pytest.raises(ValueError, match="compiled step"):
+        step_rows(runners[:1] + [eager], steps[:2, 0])
 
 
 @pytest.mark.parametrize("strategy", sorted(set(DRAFTERS) - {"none"}))

@@ -368,6 +368,71 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
   return x;
 }
 
+// One decoding step of several independent sequences (batched plain decoding): row b of x continues
+// sequence b, whose caches are k_caches[b], v_caches[b] and kt_caches[b] (each as `forward` takes them) at
+// slot starts[b], with kt_from[b] as there and its own rotary tables. The products run once over all rows
+// (the own products give a row the bits it gets alone); each row attends over its own cache only, as a
+// single step of its sequence would.
+Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor>& k_caches, const std::vector<Tensor>& v_caches,
+                    const std::vector<Tensor>& kt_caches, at::IntArrayRef kt_from, const std::vector<Tensor>& cos,
+                    const std::vector<Tensor>& sin, at::IntArrayRef starts, int64_t n_layers) {
+  const Model* m;
+  {
+    std::lock_guard<std::mutex> g(registry_lock);
+    TORCH_CHECK(handle >= 0 && handle < static_cast<int64_t>(registry.size()), "unknown model handle");
+    m = &registry[handle];
+  }
+  TORCH_CHECK(n_layers >= 0 && n_layers <= static_cast<int64_t>(m->layers.size()), "the model has ", m->layers.size(), " layers");
+  Tensor x = x_in.contiguous().clone();
+  int64_t rows = x.size(0), h = m->n_heads, kv = m->n_kv, hd = m->head_dim;
+  size_t n = static_cast<size_t>(rows);
+  TORCH_CHECK(k_caches.size() == n && v_caches.size() == n && kt_caches.size() == n && kt_from.size() == n &&
+                  cos.size() == n && sin.size() == n && starts.size() == n,
+              "one cache, rotary table and start per row");
+  for (size_t b = 0; b < n; ++b) {
+    const Tensor& k = k_caches[b];
+    TORCH_CHECK(k.scalar_type() == at::kFloat && k.is_contiguous() && v_caches[b].is_contiguous() && k.dim() == 4 &&
+                    k.size(0) >= n_layers && k.size(1) == kv && k.size(3) == hd && v_caches[b].sizes() == k.sizes(),
+                "fp32 contiguous caches (layers, kv, capacity, head_dim)");
+    TORCH_CHECK(k.size(2) % KB == 0 && kt_caches[b].is_contiguous() && kt_caches[b].numel() == k.numel(), "a transposed key cache");
+    TORCH_CHECK(0 <= kt_from[b] && kt_from[b] <= starts[b] && starts[b] < k.size(2), "row ", b, ": its start within its cache");
+    TORCH_CHECK(cos[b].is_contiguous() && sin[b].is_contiguous() && cos[b].size(0) > starts[b] && cos[b].size(1) == hd &&
+                    sin[b].sizes() == cos[b].sizes() && cos[b].scalar_type() == at::kFloat && sin[b].scalar_type() == at::kFloat,
+                "fp32 rotary tables covering each row's position");
+  }
+  Tensor q = at::empty({rows, h, 1, hd}, x.options().dtype(at::kFloat));
+  Tensor attn = at::empty({rows, h * hd}, x.options());
+  Tensor act = at::empty({rows, m->inter}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "forward_rows", [&] {
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const Layer& layer = m->layers[l];
+      Tensor h1 = rms_norm(x, layer.in_norm, m->eps);
+      Tensor qkv = layer.qkv(h1).contiguous();
+      // a thread takes whole rows (attend's own split over heads runs inline inside this one)
+      at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          int64_t cap = k_caches[b].size(2), start = starts[b], layer_off = l * kv * cap * hd;
+          float* kc = k_caches[b].data_ptr<float>() + layer_off;
+          float* kt = kt_caches[b].data_ptr<float>() + layer_off;
+          float* vc = v_caches[b].data_ptr<float>() + layer_off;
+          float* qb = q.data_ptr<float>() + b * h * hd;
+          transpose_keys(kc, kt, kv, hd, cap, kt_from[b], start);
+          rotate_and_store<scalar_t>(qkv.data_ptr<scalar_t>() + b * qkv.size(1), cos[b].data_ptr<float>(), sin[b].data_ptr<float>(),
+                                     &start, qb, kc, vc, 1, h, kv, hd, cap, start, static_cast<float>(m->scale));
+          transpose_keys(kc, kt, kv, hd, cap, start, start + 1);
+          attend<scalar_t>(qb, kt, vc, nullptr, attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start);
+        }
+      });
+      x.add_(layer.o(attn));
+      Tensor h2 = rms_norm(x, layer.post_norm, m->eps);
+      Tensor gu = layer.gate_up(h2).contiguous();
+      silu_mul<scalar_t>(gu.data_ptr<scalar_t>(), act.data_ptr<scalar_t>(), rows, m->inter);
+      x.add_(layer.down(act));
+    }
+  });
+  return x;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specula_step, lib) {
@@ -376,6 +441,9 @@ TORCH_LIBRARY(specula_step, lib) {
   lib.def("forward(int handle, Tensor x, Tensor k_cache, Tensor v_cache, Tensor kt_cache, int kt_from, Tensor cos, "
           "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers, Tensor? aux=None, int[] aux_layers=[]) -> Tensor",
           &forward);
+  lib.def("forward_rows(int handle, Tensor x, Tensor[] k_caches, Tensor[] v_caches, Tensor[] kt_caches, int[] kt_from, "
+          "Tensor[] cos, Tensor[] sin, int[] starts, int n_layers) -> Tensor",
+          &forward_rows);
   lib.def("release(int handle) -> ()", &release);
   lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
   lib.def("blocks_pack(Tensor raw, int format) -> Tensor", &blocks::pack_op);
