@@ -22,6 +22,11 @@ class HeadConfig:
     rope_theta: float = 10000.0
     eps: float = 1e-5
     medusa_heads: int = 4  # medusa: how many tokens ahead the heads guess
+    # EAGLE-3 (eagle3.py): the target layers whose entering hidden states the head reads, the size of its
+    # draft vocabulary, and the target's hidden size where it differs from the head's (0: the same)
+    aux_layers: tuple[int, ...] = ()
+    draft_vocab: int = 0
+    target_hidden: int = 0
 
     @classmethod
     def for_target(cls, config) -> "HeadConfig":
@@ -56,7 +61,9 @@ class HeadInfo:
     @classmethod
     def from_json(cls, text: str) -> "HeadInfo":
         data = json.loads(text)
-        data["config"] = HeadConfig(**data["config"])
+        config = dict(data["config"])
+        config["aux_layers"] = tuple(config.get("aux_layers", ()))
+        data["config"] = HeadConfig(**config)
         return cls(**data)
 
 

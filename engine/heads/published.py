@@ -22,6 +22,7 @@ refused.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from ..api.errors import SpeculaError, first_line
 from .config import HeadConfig, HeadInfo
 from .eagle import EagleHead
+from .eagle3 import Eagle3Head, default_aux_layers
 
 EAGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors")
@@ -183,37 +185,6 @@ def load_eagle(folder: Path, target, config: dict) -> tuple[PublishedEagle, Head
     return head, _info("eagle", cfg, folder, config)
 
 
-class PublishedEagle3(EagleHead):
-    """An EAGLE-3 head: fc (3 x the target's hidden size -> H) over the hidden states entering three target
-    layers; the layer's attention reads [input_layernorm(embedding), hidden_norm(h)] (2H), its residual
-    stream is h; its own final norm and LM head over the draft vocabulary (`draft_ids`: target ids)."""
-
-    def __init__(self, config: HeadConfig, target_hidden: int, draft_vocab: int, aux_layers: tuple[int, ...],
-                 vocab: int | None) -> None:
-        super().__init__(config)
-        c = config
-        del self.feature_norm, self.embed_norm, self.attn_norm
-        self.fc = nn.Linear(len(aux_layers) * target_hidden, c.hidden, bias=False)
-        self.hidden_norm = nn.RMSNorm(c.hidden, eps=c.eps)
-        self.input_norm = nn.RMSNorm(c.hidden, eps=c.eps)
-        self.q = nn.Linear(2 * c.hidden, c.heads * c.head_dim, bias=False)
-        self.k = nn.Linear(2 * c.hidden, c.kv_heads * c.head_dim, bias=False)
-        self.v = nn.Linear(2 * c.hidden, c.kv_heads * c.head_dim, bias=False)
-        self.final_norm = nn.RMSNorm(c.hidden, eps=c.eps)
-        self.lm = nn.Linear(c.hidden, draft_vocab, bias=False)
-        self.embed = nn.Embedding(vocab, c.hidden) if vocab is not None else None
-        self.aux_layers = aux_layers
-
-    def inputs(self, features: torch.Tensor, next_embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # the target's three layers' states (read) or the head's own output (fed back, already H wide)
-        h = self.fc(features) if features.shape[-1] != self.config.hidden else features
-        return h, torch.cat((self.input_norm(next_embeds), self.hidden_norm(h)), dim=-1)
-
-    def draft_logits(self, outs: torch.Tensor) -> torch.Tensor:
-        """(n, H) outputs -> (n, draft vocabulary) fp32 logits."""
-        return self.lm(self.final_norm(outs)).float()
-
-
 EAGLE3_KEYS = {
     "fc.weight": "fc.weight", "norm.weight": "final_norm.weight", "lm_head.weight": "lm.weight",
     "embed_tokens.weight": "embed.weight", "midlayer.hidden_norm.weight": "hidden_norm.weight",
@@ -230,13 +201,13 @@ def aux_layers_of(config: dict, target_layers: int) -> tuple[int, ...]:
     if ids:  # by output, as SpecForge writes them and SGLang reads them: entering the next layer
         layers = tuple(sorted(int(i) + 1 for i in ids))
     else:
-        layers = (2, target_layers // 2, target_layers - 3)
+        layers = default_aux_layers(target_layers)
     if len(set(layers)) != len(layers) or any(not 0 <= i < target_layers for i in layers):
         raise SpeculaError(f"an EAGLE-3 head reading layers {list(layers)} does not fit a model of {target_layers} layers")
     return layers
 
 
-def load_eagle3(folder: Path, target, config: dict) -> tuple[PublishedEagle3, HeadInfo]:
+def load_eagle3(folder: Path, target, config: dict) -> tuple[Eagle3Head, HeadInfo]:
     weights = _first(folder, EAGLE_FILES)
     state = {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: v
              for k, v in _read_weights(weights).items()}
@@ -256,7 +227,8 @@ def load_eagle3(folder: Path, target, config: dict) -> tuple[PublishedEagle3, He
     if embed is None and hidden != target.model.config.hidden_size:
         raise SpeculaError(f"the EAGLE-3 head in {folder} is {hidden} wide and brings no embeddings for {target.name}'s")
     draft_vocab = state["lm_head.weight"].shape[0]
-    head = PublishedEagle3(cfg, target_hidden, draft_vocab, layers, int(embed.shape[0]) if embed is not None else None)
+    cfg = replace(cfg, aux_layers=layers, draft_vocab=draft_vocab, target_hidden=target_hidden)
+    head = Eagle3Head(cfg, int(embed.shape[0]) if embed is not None else None)
     _load_named(head, state, EAGLE3_KEYS, weights, "EAGLE-3")
     t_vocab = target.model.get_output_embeddings().weight.shape[0]
     if "d2t" in state:

@@ -4,13 +4,15 @@ read, checked against the loaded target, and found in the user's heads folder an
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch.nn as nn
 
 from ..api.errors import SpeculaError, first_line
 from ..api.paths import data_dir
-from .config import FORMAT, HeadInfo, target_fingerprint, vocabulary_fingerprint
+from .config import FORMAT, HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
 from .eagle import EagleHead
+from .eagle3 import Eagle3Head
 from .medusa import MedusaHead
 
 
@@ -85,8 +87,13 @@ def head_for_strategy(target, head, kind: str, make: str) -> nn.Module:
     return load_head(Path(head), target, kind=kind)[0]
 
 
-def head_kinds() -> dict[str, type]:
-    return {"eagle": EagleHead, "medusa": MedusaHead}
+def _eagle(config: HeadConfig) -> EagleHead:
+    """An eagle head of the form its config gives: EAGLE-3 where it reads target layers, else EAGLE-1."""
+    return Eagle3Head(config) if config.aux_layers else EagleHead(config)
+
+
+def head_kinds() -> dict[str, Callable[[HeadConfig], nn.Module]]:
+    return {"eagle": _eagle, "medusa": MedusaHead}
 
 
 def readable(folder: Path) -> str | None:

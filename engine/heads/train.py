@@ -9,7 +9,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +21,7 @@ from ..api.prompts import Message, encode
 from ..decoding.drafter import Drafter, empty_draft
 from .config import HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
 from .eagle import EagleHead
+from .eagle3 import Eagle3Head, default_aux_layers
 from .medusa import MedusaHead
 
 TOPICS = (
@@ -162,7 +163,9 @@ def prompt_conversations(n: int, seed: int = 0, documents: tuple | list | None =
 @dataclass
 class Sequence:
     tokens: torch.Tensor  # (T,) prompt and answer
-    features: torch.Tensor  # (T, D) the target's final hidden states, before its final norm
+    # (T, D) the target's final hidden states, before its final norm; for an EAGLE-3 head (T, 3D) the states
+    # entering the layers it reads
+    features: torch.Tensor
     answer_start: int
 
 
@@ -414,23 +417,35 @@ class _Stop:
         return torch.full((input_ids.shape[0],), self.should_stop(), dtype=torch.bool, device=input_ids.device)
 
 
-def with_features(target, answers: list[Answer], say: Callable[[str], None] = lambda s: None) -> list[Sequence]:
-    """The target's features over each conversation, extracted once with the engine's own forward."""
+EAGLE3_CONTEXT = 256  # an EAGLE-3 head trains over an answer and at most this many prompt positions before it
+TTT_STEPS = 4  # steps an EAGLE-3 head is unrolled in training (its drafts' first four positions trained as used)
+
+
+def with_features(target, answers: list[Answer], say: Callable[[str], None] = lambda s: None,
+                  aux_layers: tuple[int, ...] = ()) -> list[Sequence]:
+    """The target's features over each conversation, extracted once with the engine's own forward: its
+    final hidden states, or with `aux_layers` the states entering those layers (EAGLE-3) over the answer
+    and the EAGLE3_CONTEXT prompt positions before it."""
     out = []
     t0 = time.perf_counter()
     for n, a in enumerate(answers, 1):
-        out.append(_with_features(target, a.prompt, a.answer))
+        out.append(_with_features(target, a.prompt, a.answer, aux_layers))
         if n % 20 == 0 or n == len(answers):
             eta = (time.perf_counter() - t0) / n * (len(answers) - n)
             say(f"features: {n}/{len(answers)} conversations, eta {eta:.0f} s")
     return out
 
 
-def _with_features(target, prompt: list[int], answer: list[int]) -> Sequence:
+def _with_features(target, prompt: list[int], answer: list[int], aux_layers: tuple[int, ...] = ()) -> Sequence:
     runner = target.new_runner()
-    tokens = torch.tensor(prompt + answer, dtype=torch.long)
-    runner.forward(tokens[: runner.max_len])
-    return Sequence(tokens[: runner.max_len], runner.features(0, runner.length).clone().cpu(), len(prompt))
+    tokens = torch.tensor(prompt + answer, dtype=torch.long)[: runner.max_len]
+    if not aux_layers:
+        runner.forward(tokens)
+        return Sequence(tokens, runner.features(0, runner.length).clone().cpu(), len(prompt))
+    runner.keep_layers(aux_layers)
+    runner.forward(tokens)
+    first = max(0, len(prompt) - EAGLE3_CONTEXT)
+    return Sequence(tokens[first:], runner.aux_features(first, runner.length).clone().cpu(), len(prompt) - first)
 
 
 class _Frozen:
@@ -476,13 +491,40 @@ def _loss(head: EagleHead, frozen: _Frozen, seqs: list[Sequence]) -> tuple[torch
     return ce + 0.1 * reg, right, labels.shape[0]
 
 
+def _draft_slots(head, vocab: int) -> torch.Tensor:
+    """Each target token's row in the head's draft vocabulary, -1 outside it."""
+    slot = torch.full((vocab,), -1, dtype=torch.long)
+    slot[head.draft_ids] = torch.arange(head.draft_ids.shape[0])
+    return slot
+
+
+def _eagle3_loss(head: Eagle3Head, frozen: _Frozen, seqs: list[Sequence], steps: int = TTT_STEPS) -> tuple[torch.Tensor, int, int]:
+    """Row i reads (the target layers' states at i, token i+1) and should give token i+2; unrolled `steps`
+    times as drafting feeds the head its own outputs (Eagle3Head.unrolled), step k weighted 0.8^k, on
+    answer tokens inside the draft vocabulary."""
+    tokens, feats, valid = _batch(seqs)
+    width = tokens.shape[1]
+    outs = head.unrolled(feats[:, :-1], frozen.embed[tokens[:, 1:]], steps)  # rows 0..T-2
+    labels = _draft_slots(head, frozen.lm.shape[0])[tokens[:, 2:]]  # rows 0..T-3
+    rows = torch.arange(width - 2)
+    starts = torch.tensor([s.answer_start for s in seqs])
+    base = valid[:, 2:] & (labels >= 0) & (rows[None, :] + 2 >= starts[:, None])
+    loss, right, seen = 0.0, 0, 0
+    for k, out in enumerate(outs):
+        ok = base & (rows[None, :] >= k)  # a chain k deep starts at a position the head read
+        logits = head.draft_logits(out[:, :-1][ok])
+        loss = loss + F.cross_entropy(logits, labels[ok]) * 0.8**k
+        if k == 0:
+            right, seen = int((logits.argmax(-1) == labels[ok]).sum()), int(ok.sum())
+    return loss, right, seen
+
+
 def _medusa_loss(head: MedusaHead, frozen: _Frozen, seqs: list[Sequence]) -> tuple[torch.Tensor, int, int]:
     """Head i reads feature t and should give token t + 2 + i; the softmax runs over the draft vocabulary
     (tokens outside it are not drafted, so they are not trained for)."""
     tokens, feats, valid = _batch(seqs)
     ids = head.draft_ids
-    slot = torch.full((frozen.lm.shape[0],), -1, dtype=torch.long)
-    slot[ids] = torch.arange(ids.shape[0])
+    slot = _draft_slots(head, frozen.lm.shape[0])
     preds = head(feats)  # (heads, B, T, D)
     loss, right, seen = 0.0, 0, 0
     for i, pred in enumerate(preds):
@@ -516,13 +558,24 @@ def train_head(target, seqs: list[Sequence], epochs: int = 2, lr: float = 1e-3, 
     minutes and at the end of each epoch, and a run with the same data and settings resumes from it."""
     torch.manual_seed(seed)
     config = HeadConfig.for_target(target.model.config)
-    head = MedusaHead(config) if kind == "medusa" else EagleHead(config)
-    if draft_ids is not None:
-        head.draft_ids = draft_ids
-    elif kind == "medusa":
-        head.draft_ids = torch.arange(target.model.get_output_embeddings().weight.shape[0])
-    loss_of = _medusa_loss if kind == "medusa" else _loss
     frozen = _Frozen(target)
+    all_ids = torch.arange(frozen.lm.shape[0])
+    if kind == "eagle3":  # its own LM head over the draft vocabulary, starting from the target's rows
+        ids = draft_ids if draft_ids is not None else all_ids
+        config = replace(config, aux_layers=default_aux_layers(target.model.config.num_hidden_layers),
+                         draft_vocab=int(ids.shape[0]))
+        head = Eagle3Head(config)
+        head.draft_ids = ids
+        with torch.no_grad():
+            head.lm.weight.copy_(frozen.lm[ids])
+            head.final_norm.weight.copy_(frozen.norm_w)
+    else:
+        head = MedusaHead(config) if kind == "medusa" else EagleHead(config)
+        if draft_ids is not None:
+            head.draft_ids = draft_ids
+        elif kind == "medusa":
+            head.draft_ids = all_ids
+    loss_of = {"medusa": _medusa_loss, "eagle3": _eagle3_loss}.get(kind, _loss)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
     plan = []  # (epoch, the sequences of one optimizer step)
@@ -626,6 +679,27 @@ def medusa_acceptance(head: MedusaHead, target, seqs: list[Sequence]) -> float:
     return 1.0 + sum(kept) / max(1, len(kept))
 
 
+@torch.inference_mode()
+def unrolled_acceptance(head: Eagle3Head, target, seqs: list[Sequence], k: int = 5, stride: int = 4) -> float:
+    """chain_acceptance for an EAGLE-3 head, from its unrolled steps (a chain's j-th draft is step j's
+    output, the tokens before it the answer's own: the ones a chain that got that far had drafted)."""
+    frozen = _Frozen(target)
+    head = head.float()
+    kept = []
+    for seq in seqs:
+        tokens, n = seq.tokens, seq.tokens.shape[0]
+        if n < 3:
+            continue
+        outs = head.unrolled(seq.features.float()[None, :-1], frozen.embed[tokens[1:]][None], k)
+        guesses = [head.draft_ids[head.draft_logits(out[0]).argmax(-1)] for out in outs]  # (T-1,) each
+        for r in range(max(0, seq.answer_start - 2), n - 2, stride):  # the last row the head read for real
+            depth = 0
+            while depth < k and r + depth + 2 < n and int(guesses[depth][r + depth]) == int(tokens[r + depth + 2]):
+                depth += 1
+            kept.append(depth)
+    return 1.0 + sum(kept) / max(1, len(kept))
+
+
 def frequent_tokens(seqs: list[Sequence], size: int) -> torch.Tensor:
     """The `size` token ids that occur most often in the answers (the head's draft vocabulary)."""
     counts = torch.zeros(int(max(int(s.tokens.max()) for s in seqs)) + 1, dtype=torch.long)
@@ -635,10 +709,11 @@ def frequent_tokens(seqs: list[Sequence], size: int) -> torch.Tensor:
     return counts.topk(size).indices.sort().values
 
 
-def head_info(target, kind: str, tokens: int, epochs: int, acceptance: float | None) -> HeadInfo:
+def head_info(target, kind: str, tokens: int, epochs: int, acceptance: float | None,
+              config: HeadConfig | None = None) -> HeadInfo:
     return HeadInfo(
         kind=kind,
-        config=HeadConfig.for_target(target.model.config),
+        config=config or HeadConfig.for_target(target.model.config),
         target=target_fingerprint(target.model),
         vocabulary=vocabulary_fingerprint(target.tokenizer) if target.tokenizer is not None else "",
         target_name=target.name,
@@ -646,9 +721,12 @@ def head_info(target, kind: str, tokens: int, epochs: int, acceptance: float | N
     )
 
 
+HEAD_KINDS = ("eagle", "eagle3", "medusa")  # eagle3: an EAGLE-3 head, used by the eagle strategy
+
+
 @dataclass
 class TrainOptions:
-    kind: str = "eagle"  # or "medusa"
+    kind: str = "eagle"  # or "eagle3", "medusa"
     tokens: int = 20000  # answer tokens to generate
     epochs: int = 3
     lr: float = 1e-3
@@ -687,8 +765,8 @@ def default_out(model_name: str, kind: str) -> Path:
 
 
 def check_options(o: TrainOptions) -> None:
-    if o.kind not in ("eagle", "medusa"):
-        raise SpeculaError(f"unknown head kind '{o.kind}': choose eagle or medusa")
+    if o.kind not in HEAD_KINDS:
+        raise SpeculaError(f"unknown head kind '{o.kind}': choose {', '.join(HEAD_KINDS[:-1])} or {HEAD_KINDS[-1]}")
     low = {"answer tokens": (o.tokens, 100), "epochs": (o.epochs, 1), "batch": (o.batch, 1),
            "train batch": (o.train_batch, 1), "longest answer (max new tokens)": (o.max_new_tokens, 1),
            "draft vocabulary": (o.draft_vocab, 0)}
@@ -734,7 +812,8 @@ def run_training(target, o: TrainOptions, say: Callable[[str], None] = lambda s:
                            store=work / "answers.jsonl", should_stop=should_stop, drafter=drafter)
     if len(answers) < 2:
         raise SpeculaError("the model gave too few usable answers to train on (each needs at least 4 tokens before its end)")
-    seqs = with_features(target, answers, say=report)
+    aux = default_aux_layers(target.model.config.num_hidden_layers) if o.kind == "eagle3" else ()
+    seqs = with_features(target, answers, say=report, aux_layers=aux)
     held = max(1, len(seqs) // 10)
     train, test = seqs[held:], seqs[:held]
     vocab = frequent_tokens(train, o.draft_vocab) if o.draft_vocab else None
@@ -743,10 +822,14 @@ def run_training(target, o: TrainOptions, say: Callable[[str], None] = lambda s:
     report("measuring the head on held-out answers")
     if o.kind == "medusa":
         accepted, how = medusa_acceptance(head, target, test), "top guesses as a chain"
+    elif o.kind == "eagle3":
+        accepted, how = unrolled_acceptance(head, target, test, k=5), "chain of 5"
     else:
         accepted, how = chain_acceptance(head, target, test, k=5), "chain of 5"
     tokens = sum(len(s.tokens) - s.answer_start for s in seqs)
-    save_head(head.to(target.dtype), head_info(target, o.kind, tokens, o.epochs, round(accepted, 3)), out)
+    stored = "eagle" if o.kind == "eagle3" else o.kind  # the eagle strategy drafts with EAGLE-3 heads too
+    info = head_info(target, stored, tokens, o.epochs, round(accepted, 3), head.config if o.kind != "medusa" else None)
+    save_head(head.to(target.dtype), info, out)
     return TrainResult(o.kind, out, work, tokens, o.epochs, accepted, how, time.perf_counter() - t0)
 
 

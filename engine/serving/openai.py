@@ -34,7 +34,7 @@ from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec, R
 
 MAX_STOPS = 4
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-TRAIN_KINDS = ("eagle", "medusa")
+TRAIN_KINDS = ("eagle", "eagle3", "medusa")
 
 
 class ApiError(Exception):

@@ -97,7 +97,13 @@ def test_train_head_command_writes_a_head_that_the_eagle_strategy_loads(tiny_fol
     assert main(medusa) == 0
     assert (out / "training" / "answers.jsonl").read_text() == answers
     assert json.loads((tmp_path / "m" / "head.json").read_text())["kind"] == "medusa"
-    for strategy, head in (("medusa", tmp_path / "m"), ("eagle", out)):
+    # an EAGLE-3 head from them too: stored as an eagle head that reads the target's layers
+    eagle3 = args[:-2] + ["--kind", "eagle3", "--out", str(tmp_path / "e3"), "--data", str(out / "training")]
+    assert main(eagle3) == 0
+    info = json.loads((tmp_path / "e3" / "head.json").read_text())
+    assert info["kind"] == "eagle" and info["config"]["aux_layers"] and info["config"]["draft_vocab"] > 0
+    assert info["training"]["held_out_mean_accepted_length"] >= 1.0
+    for strategy, head in (("medusa", tmp_path / "m"), ("eagle", out), ("eagle", tmp_path / "e3")):
         code = main(["generate", "--model", str(tiny_folder), "--dtype", "fp32", "--strategy", strategy, "--head",
                      str(head), "--prompt", "hello there", "--max-new-tokens", "12", "--json"])
         assert code == 0

@@ -1,0 +1,100 @@
+"""Specula's own EAGLE-3 heads: training unrolls the head exactly as drafting feeds it its own outputs
+(training-time test), a head trained briefly on a tiny model's answers predicts its tokens, loads as an
+eagle head, drafts, and every answer stays the target's own."""
+
+import json
+
+import pytest
+import torch
+
+from specula.engine.api.events import Finished
+from specula.engine.api.types import DecodeConfig
+from specula.engine.decoding.loop import generate
+from specula.engine.drafters import build_drafter
+from specula.engine.heads.config import HeadConfig
+from specula.engine.heads.eagle3 import Eagle3Head, default_aux_layers
+from specula.engine.heads.store import load_head, save_head
+from specula.engine.heads.train import (
+    _with_features,
+    frequent_tokens,
+    head_info,
+    train_head,
+    unrolled_acceptance,
+)
+from tests.support.tiny import loaded, tiny_model
+
+
+def test_default_layers_are_a_low_a_middle_and_a_high_one():
+    assert default_aux_layers(30) == (2, 15, 27)
+    assert default_aux_layers(32) == (2, 16, 29)
+    assert default_aux_layers(2) == (0, 1)  # tiny models: as many distinct layers as there are
+
+
+@pytest.mark.parametrize("start", [1, 3, 8])
+def test_the_unrolled_steps_are_what_drafting_computes(start):
+    """Step k's output at row start-1+k of `unrolled` is the k-th draft of a chain that read the target's
+    states up to position start-1 and then fed the head its own outputs (the tokens the answer's own)."""
+    torch.manual_seed(0)
+    config = HeadConfig(hidden=32, heads=4, kv_heads=2, head_dim=8, intermediate=48, aux_layers=(0, 2, 3), draft_vocab=20)
+    head = Eagle3Head(config).eval()
+    aux = torch.randn(1, 14, 96)
+    embeds = torch.randn(1, 14, 32)
+    with torch.no_grad():
+        for module in head.modules():  # non-trivial norms
+            if isinstance(module, torch.nn.RMSNorm):
+                module.weight.uniform_(0.5, 1.5)
+        steps = head.unrolled(aux, embeds, 4)
+        head.truncate(0)
+        out = head(aux[:, :start], embeds[:, :start], use_cache=True)[0, -1]
+        assert torch.allclose(out, steps[0][0, start - 1], atol=1e-5)
+        for k in range(1, 4):
+            row = start - 1 + k
+            out = head(out[None, None], embeds[:, row : row + 1], start=row, use_cache=True)[0, -1]
+            assert torch.allclose(out, steps[k][0, row], atol=1e-5), k
+
+
+def _greedy(target, prompt, n):
+    events = list(generate(target.new_runner(), build_drafter("none", target), prompt, DecodeConfig(max_new_tokens=n)))
+    return list(events[-1].token_ids)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    target = loaded(tiny_model(vocab=64, layers=2, seed=11))
+    layers = default_aux_layers(2)
+    gen = torch.Generator().manual_seed(0)
+    seqs = []
+    for _ in range(24):
+        prompt = torch.randint(0, 64, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
+        seqs.append(_with_features(target, prompt, _greedy(target, prompt, 40), layers))
+    head = train_head(target, seqs[:20], epochs=6, lr=3e-3, kind="eagle3", draft_ids=frequent_tokens(seqs[:20], 48))
+    accepted = unrolled_acceptance(head, target, seqs[20:], k=4)
+    folder = tmp_path_factory.mktemp("eagle3")
+    save_head(head, head_info(target, "eagle", sum(len(s.tokens) for s in seqs), 6, accepted, head.config), folder)
+    return target, folder, accepted, seqs
+
+
+def test_a_trained_eagle3_head_predicts_the_targets_tokens(trained):
+    target, folder, accepted, seqs = trained
+    layers = default_aux_layers(2)
+    assert seqs[0].features.shape[-1] == len(layers) * target.model.config.hidden_size  # the layers' states side by side
+    assert accepted > 1.3  # random guessing over 48 tokens would give about 1.02
+    info = json.loads((folder / "head.json").read_text())
+    assert info["kind"] == "eagle" and info["config"]["aux_layers"] == list(default_aux_layers(2))
+
+
+def test_an_eagle3_head_loads_as_an_eagle_head_drafts_and_stays_lossless(trained):
+    target, folder, _, _ = trained
+    head, info = load_head(folder, target, kind="eagle")
+    assert isinstance(head, Eagle3Head) and head.aux_layers == default_aux_layers(2) and head.draft_ids.numel() == info.config.draft_vocab < 64
+    gen = torch.Generator().manual_seed(3)
+    accepted = 0
+    for trial in range(8):
+        prompt = torch.randint(0, 64, (int(torch.randint(2, 20, (1,), generator=gen)),), generator=gen).tolist()
+        config = DecodeConfig(k=1 + trial % 6, adaptive_k=trial % 2 == 0, max_new_tokens=50)
+        base = list(generate(target.new_runner(), build_drafter("none", target), prompt, config))[-1]
+        tree = trial % 3 == 0
+        spec = list(generate(target.new_runner(), build_drafter("eagle", target, head=str(folder), tree=tree), prompt, config))[-1]
+        assert isinstance(spec, Finished) and spec.token_ids == base.token_ids, trial
+        accepted += spec.totals.accepted
+    assert accepted > 0
