@@ -71,7 +71,8 @@ def _compiler() -> str | None:
     return None
 
 
-def _cpu_features() -> str:
+def cpu_features() -> str:
+    """The CPU's flags line from /proc/cpuinfo ("" where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -92,7 +93,7 @@ def library_path(cxx: str) -> Path:
     key = hashlib.sha256()
     sources = [f.read_bytes() for f in sorted(SOURCE.parent.iterdir()) if f.suffix in (".cpp", ".h")]
     for part in (*sources, torch.__version__.encode(), _compiler_version(cxx).encode(),
-                 _cpu_features().encode(), sys.version.encode()):
+                 cpu_features().encode(), sys.version.encode()):
         key.update(part)
         key.update(b"\0")
     return cache_dir() / "compiled" / f"step-{key.hexdigest()[:20]}.so"
