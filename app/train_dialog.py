@@ -22,6 +22,7 @@ from specula.engine.api.events import Failed, Loaded, Trained, Training  # plain
 
 KINDS = (
     ("eagle", "EAGLE: one decoder layer over the model's features (drafts best)"),
+    ("eagle3", "EAGLE-3: reads three of the model's layers, trained as it drafts (for eagle; slower to train)"),
     ("medusa", "Medusa: a few light heads that guess several tokens at once"),
 )
 INTRO = ("Specula teaches a small head to guess this model's next tokens from the model's own answers to "

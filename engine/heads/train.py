@@ -777,7 +777,7 @@ class TrainOptions:
 
 @dataclass
 class TrainResult:
-    kind: str
+    kind: str  # the strategy that drafts with the head (eagle for an EAGLE-3 head)
     out: Path
     data: Path
     answer_tokens: int
@@ -865,7 +865,7 @@ def run_training(target, o: TrainOptions, say: Callable[[str], None] = lambda s:
     stored = "eagle" if o.kind == "eagle3" else o.kind  # the eagle strategy drafts with EAGLE-3 heads too
     info = head_info(target, stored, tokens, o.epochs, round(accepted, 3), head.config if o.kind != "medusa" else None)
     save_head(head.to(target.dtype), info, out)
-    return TrainResult(o.kind, out, work, tokens, o.epochs, accepted, how, time.perf_counter() - t0)
+    return TrainResult(stored, out, work, tokens, o.epochs, accepted, how, time.perf_counter() - t0)
 
 
 def progress_line(text: str) -> None:

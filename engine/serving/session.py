@@ -77,7 +77,7 @@ class Session:
         result = run_training(target, options, say=say, should_stop=should_stop,
                               drafter=build_drafter("prompt-lookup", target))
         self._find_heads(target)
-        self._drafters = {key: d for key, d in self._drafters.items() if key[0] not in (request.kind, "auto")}
+        self._drafters = {key: d for key, d in self._drafters.items() if key[0] not in (result.kind, "auto")}
         return Trained(request_id, result.kind, str(result.out), result.accepted, result.summary())
 
     def add_head(self, source: str, say: Callable[[str], None] = lambda text: None) -> str:

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Train the bundled model's draft heads on an NVIDIA GPU in one run: its own answers generated in large
+# batches, then an EAGLE-3 head and a Medusa head trained on them; heads, answers and timings in one folder.
+#
+# usage: scripts/gpu_train_heads.sh [OUT_DIR]        (default ./gpu-heads)
+#   MODEL=bundled            the model the heads are for (a folder, a .gguf, a Hub id in the cache); where it
+#                            cannot be loaded (a machine that carries only the working tree), a random-weight
+#                            model of the bundled model's shape is built instead: its heads are useless and
+#                            only the timings count (SPECULA_TOKENIZER=DIR: tokenizer files for it)
+#   TOKENS=2000000           answer tokens to generate
+#   BATCH=256                conversations answered together (transformers' generate() on the GPU)
+#   TRAIN_BATCH=32           conversations per optimizer step
+#   EPOCHS=2
+#   PYTHON=.venv/bin/python  the environment with a CUDA build of torch
+#
+# Copy OUT_DIR/eagle3 and OUT_DIR/medusa into engine/heads/bundled/ (as eagle and medusa) to ship them;
+# OUT_DIR/timings.txt holds each stage's wall time and the log lines with tokens/s.
+set -u -o pipefail
+
+out="$(realpath -m "${1:-./gpu-heads}")"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root" || exit 2
+ns=$(mktemp -d) && mkdir "$ns/specula" && ln -s "$root/engine" "$root/app" "$ns/specula/"
+export PYTHONPATH="$ns${PYTHONPATH:+:$PYTHONPATH}"
+py="${PYTHON:-.venv/bin/python}"
+if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    echo "torch in $py sees no CUDA GPU: install a CUDA build (make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128)" >&2
+    exit 2
+fi
+mkdir -p "$out"
+model="${MODEL:-bundled}"
+if ! "$py" -c 'import sys; from specula.engine.api.types import ModelSpec; from specula.engine.models.loading import load_model; load_model(ModelSpec(sys.argv[1], "cuda", "bf16"))' "$model" > "$out/model-check.txt" 2>&1; then
+    echo "the model '$model' does not load here ($(tail -1 "$out/model-check.txt")): a random-weight model of its shape, timings only"
+    model="$out/random-smollm-135m"
+    "$py" scripts/random_model.py smollm-135m "$model" --device cuda --dtype bf16 || exit 1
+fi
+
+{
+    date -u +"%Y-%m-%dT%H:%M:%SZ"
+    git rev-parse HEAD 2>/dev/null
+    nvidia-smi --query-gpu=name,memory.total --format=csv 2>/dev/null
+    echo "model $model, tokens ${TOKENS:-2000000}, batch ${BATCH:-256}, train batch ${TRAIN_BATCH:-32}, epochs ${EPOCHS:-2}"
+} > "$out/timings.txt"
+
+train() {  # train KIND: one head from the shared answers (the first run makes them), timed
+    local kind="$1" start
+    start=$(date +%s)
+    "$py" -m specula.engine.cli train-head --model "$model" --device cuda --dtype bf16 --kind "$kind" \
+        --tokens "${TOKENS:-2000000}" --batch "${BATCH:-256}" --train-batch "${TRAIN_BATCH:-32}" \
+        --epochs "${EPOCHS:-2}" --data "$out/data" --out "$out/$kind" --overwrite 2>&1 | tr '\r' '\n' | tee "$out/$kind.log" |
+        grep -E "tokens/s|epoch [0-9]+/[0-9]+, step|saved" | tail -n 3
+    local rc=${PIPESTATUS[0]}
+    echo "$kind: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/timings.txt"
+    grep -E "answers: .*tokens/s" "$out/$kind.log" | tail -n 1 >> "$out/timings.txt"
+    grep -E "epoch [0-9]+/[0-9]+, step" "$out/$kind.log" | tail -n 1 >> "$out/timings.txt"
+    return "$rc"
+}
+
+status=0
+train eagle3 || status=1
+train medusa || status=1
+echo "results in $out"
+exit $status
