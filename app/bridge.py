@@ -55,12 +55,13 @@ class ModelChoice:
     baseline_url: str = ""
     verify_tls: bool = True
     allow_http_key: bool = False
+    draft_head: str = ""  # empty: the heads found for the model
 
     @classmethod
     def from_settings(cls, s) -> "ModelChoice":
         return cls(s.model_source, s.draft_source, s.device, s.dtype, s.weights, backend=s.backend, server_url=s.server_url,
                    server_model=s.server_model, api_key_env=s.api_key_env, baseline_url=s.baseline_url,
-                   verify_tls=s.verify_tls, allow_http_key=s.allow_http_key)
+                   verify_tls=s.verify_tls, allow_http_key=s.allow_http_key, draft_head=s.draft_head)
 
     @property
     def remote(self) -> bool:
@@ -75,7 +76,8 @@ class ModelChoice:
         from specula.engine.api.types import LoadRequest, ModelSpec
 
         spec = ModelSpec(self.source, device=self.device, dtype=self.dtype, weights=self.weights)
-        return LoadRequest(spec, draft=self.draft or None, measure_baseline=self.measure_baseline)
+        return LoadRequest(spec, draft=self.draft or None, measure_baseline=self.measure_baseline,
+                           draft_head=self.draft_head or None)
 
 
 class EngineDied(RuntimeError):

@@ -82,6 +82,10 @@ class ModelsView(QDialog):
         self.draft_button.setToolTip("Make it the draft model of the loaded one (strategy draft-model)")
         self.remove_button = QPushButton("Remove from cache…")
         add_folder = QPushButton("Add folder…")
+        self.head_button = QPushButton("Add draft head…")
+        self.head_button.setToolTip("A folder holding a draft head for the loaded model (one Specula trained, or an "
+                                    "EAGLE, EAGLE-3 or Medusa head as its project publishes it): eagle or medusa "
+                                    "drafts with it")
         add_file = QPushButton("Add GGUF file…")
         self.use_button.clicked.connect(self.use_selected)
         self.draft_button.clicked.connect(self.draft_selected)
@@ -89,12 +93,14 @@ class ModelsView(QDialog):
         add_folder.clicked.connect(lambda: self._add(QFileDialog.getExistingDirectory(self, "A model folder")))
         add_file.clicked.connect(lambda: self._add(QFileDialog.getOpenFileName(
             self, "A GGUF file", "", "GGUF models (*.gguf)")[0]))
+        self.head_button.clicked.connect(lambda: self.add_head(QFileDialog.getExistingDirectory(self, "A draft head folder")))
         buttons = QHBoxLayout()
         for button in (self.use_button, self.draft_button, self.remove_button):
             buttons.addWidget(button)
         buttons.addStretch(1)
         buttons.addWidget(add_folder)
         buttons.addWidget(add_file)
+        buttons.addWidget(self.head_button)
         self.hub_id = QLineEdit()
         self.hub_id.setPlaceholderText("a Hugging Face model id, e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
         self.recommended = QComboBox()
@@ -220,6 +226,23 @@ class ModelsView(QDialog):
         w = self.window
         w.apply_settings(replace(w.settings, draft_source=entry.source, strategy="draft-model"), reload=True)
         self.status.setText(f"Loading {entry.name} as the draft…")
+
+    def add_head(self, path: str) -> None:
+        """Load the model again with the draft head in `path` first among its kind, and switch to the
+        strategy that drafts with it; a folder that holds no head, or one for another model, is refused with
+        the reason (the model stays as it was)."""
+        if not path:
+            return
+        from specula.engine.remote.hub import head_strategy
+
+        try:
+            strategy = head_strategy(Path(path))
+        except ValueError as exc:
+            self.status.setText(f"Not used: {exc}")
+            return
+        w = self.window
+        w.apply_settings(replace(w.settings, draft_head=path, strategy=strategy), reload=True)
+        self.status.setText(f"Loading the model with the draft head in {path} (strategy {strategy})…")
 
     def remove_selected(self, confirm=None) -> None:
         entry = self.selected()

@@ -42,6 +42,9 @@ class Settings:
     system_prompt: str = ""
     model_source: str = "bundled"
     draft_source: str = ""  # empty: no draft model
+    # a draft head the user added (Models view): a folder of Specula's or a published EAGLE/Medusa head, offered
+    # first to its strategy; empty: the heads found for the model
+    draft_head: str = ""
     device: str = "auto"
     dtype: str = "auto"
     weights: str = "auto"  # a GGUF's 4-bit weights: auto (native where it applies), native, dequantized

@@ -329,9 +329,9 @@ class MainWindow(QMainWindow):
             self.view.add_turn(_error_turn(message), transient=True)
             self.model_failed.emit(event.message)
             if fallback:
-                self.overrides.update(model_source="bundled", draft_source="", weights="auto")
-                self.settings = replace(self.settings, **{k: self.overrides[k] for k in ("model_source",
-                                                                                         "draft_source", "weights")})
+                self.overrides.update(model_source="bundled", draft_source="", draft_head="", weights="auto")
+                self.settings = replace(self.settings, **{k: self.overrides[k] for k in ("model_source", "draft_source",
+                                                                                         "draft_head", "weights")})
                 self.start()
         else:
             self.notices.add(event.message)

@@ -43,7 +43,7 @@ def load_payload(request: LoadRequest | RemoteLoadRequest) -> dict:
                            "baseline_url": request.baseline_server, "verify_tls": request.verify_tls}}
     spec = request.target
     return {"model": spec.source, "draft": request.draft, "device": spec.device, "dtype": spec.dtype,
-            "weights": spec.weights, "measure_baseline": request.measure_baseline}
+            "weights": spec.weights, "measure_baseline": request.measure_baseline, "draft_head": request.draft_head}
 
 
 class EngineClient:

@@ -477,6 +477,36 @@ HEAD_FILES = ("config.json", "head.json", "head.safetensors", "model.safetensors
               "medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
 
+def head_strategy(folder: Path) -> str:
+    """The strategy that drafts with the head in `folder` (eagle or medusa), read from its head.json or a
+    published head's config.json and file names without loading it; ValueError says why a folder holds
+    none. Whether the head fits a model is checked when it loads."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder")
+    for name in ("head.json", "config.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path} is unreadable: {first_line(exc)}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} is not a JSON object")
+        if name == "head.json":
+            if data.get("kind") in ("eagle", "medusa"):
+                return str(data["kind"])
+            raise ValueError(f"{path} describes a '{data.get('kind')}' head, which no strategy drafts with")
+        medusa = (any(k.startswith("medusa") for k in data) or data.get("model_type") == "medusa"
+                  or any((folder / n).is_file() for n in ("medusa_lm_head.pt", "medusa_lm_head.safetensors")))
+        if medusa:
+            return "medusa"
+        if any((folder / n).is_file() for n in ("model.safetensors", "pytorch_model.bin")):
+            return "eagle"
+    raise ValueError(f"{folder} holds no draft head: no head.json, and no EAGLE or Medusa config.json with its weights")
+
+
 def download_head(repo_id: str, on_progress: Callable[[int, int], None] | None = None,
                   should_stop: Callable[[], bool] | None = None) -> str:
     """Download a draft head's files (Specula's, or a published EAGLE or Medusa head's) and return their folder."""

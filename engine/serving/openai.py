@@ -632,6 +632,7 @@ class _LoadFields(_Body):
     dtype: Any = None
     weights: Any = None
     draft: Any = None
+    draft_head: Any = None
     measure_baseline: Any = None
 
 
@@ -650,6 +651,7 @@ class LoadBody(_LoadFields):
     dtype: Annotated[str, _TEXTS] = "auto"
     weights: Annotated[Literal[WEIGHT_NAMES], _TEXTS] = "auto"
     draft: Annotated[str | None, _says("'draft' must be a model source", "draft")] = None
+    draft_head: Annotated[str | None, _says("'draft_head' must be a draft head's folder or Hub id", "draft_head")] = None
     measure_baseline: Flag = None
 
 
@@ -670,7 +672,8 @@ def parse_load(body: object) -> LoadRequest | RemoteLoadRequest:
         return RemoteLoadRequest(server.url, server.model, server.api_key_env, server.baseline_url, server.verify_tls)
     load = _validate(LoadBody, body)
     spec = ModelSpec(load.model, load.device, load.dtype, load.weights)
-    return LoadRequest(spec, load.draft or None, measure_baseline=load.measure_baseline is not False)
+    return LoadRequest(spec, load.draft or None, measure_baseline=load.measure_baseline is not False,
+                       draft_head=load.draft_head or None)
 
 
 def parse_train(body: object) -> TrainRequest:

@@ -119,3 +119,26 @@ def test_drafts_for_the_loaded_model_are_the_ones_with_its_vocabulary(make_windo
     with qtbot.waitSignal(w.model_ready, timeout=30_000):
         view.draft_button.click()
     assert w.settings.draft_source == "small" and w.settings.strategy == "draft-model"
+
+
+def test_a_draft_head_folder_is_offered_to_its_strategy_on_the_next_load(make_window, qtbot, tmp_path, tiny_models):
+    from specula.app.bridge import ModelChoice
+    from tests.app.conftest import ChatTokenizer
+    from tests.support.tiny import loaded, random_medusa_head
+
+    w = make_window()
+    view = w.open_models() or w.models_view
+    listed(view, qtbot)
+    before = w.settings
+    (tmp_path / "nothing").mkdir()
+    view.add_head(str(tmp_path / "nothing"))
+    assert "Not used:" in view.status.text() and "holds no draft head" in view.status.text()
+    assert w.settings == before
+    target = loaded(tiny_models[0])
+    target.tokenizer = ChatTokenizer()
+    head = random_medusa_head(target, tmp_path / "head")  # no medusa head is found for the model otherwise
+    assert "medusa" not in w.loaded.strategies
+    with qtbot.waitSignal(w.model_ready, timeout=30_000):
+        view.add_head(str(head))
+    assert w.settings.draft_head == str(head) and w.settings.strategy == "medusa" and "medusa" in w.loaded.strategies
+    assert ModelChoice.from_settings(w.settings).request().draft_head == str(head)

@@ -22,6 +22,7 @@ from specula.engine.drafters.eagle import Eagle
 from specula.engine.drafters.medusa import Medusa
 from specula.engine.heads.published import published_kind
 from specula.engine.heads.store import load_head
+from specula.engine.remote.hub import head_strategy
 from tests.support.tiny import assert_greedy_identity, loaded, tiny_model
 
 VOCAB, HIDDEN, INTER = 16, 64, 96
@@ -368,3 +369,23 @@ def test_an_eagle3_checkpoint_drafts_what_its_formula_gives_and_stays_lossless(t
     assert set(draft.tokens.tolist()) <= set((torch.arange(10) + state["d2t"]).tolist())
     assert_greedy_identity(target, None, "eagle", {"head": str(tmp_path / "eagle3")}, trials=6, longest_prompt=12,
                            max_new_tokens=24)
+
+
+def test_a_heads_strategy_is_read_from_its_folder_without_loading_it(target, tmp_path):
+    """The app's "Add draft head…" picks the strategy from the folder's files alone (torch-free)."""
+    write_eagle1(tmp_path / "eagle1", target, seed=1)
+    _eagle3_files(tmp_path / "eagle3", target, seed=1, draft_vocab=16)
+    medusa = tmp_path / "medusa"
+    medusa.mkdir()
+    (medusa / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1}))
+    (medusa / "medusa_lm_head.pt").write_bytes(b"")
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "head.json").write_text(json.dumps({"kind": "medusa"}))
+    assert [head_strategy(tmp_path / n) for n in ("eagle1", "eagle3", "medusa", "own")] == ["eagle", "eagle", "medusa", "medusa"]
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    for name, why in (("empty", "holds no draft head"), ("broken", "unreadable"), ("missing", "is not a folder")):
+        with pytest.raises(ValueError, match=why):
+            head_strategy(tmp_path / name)
