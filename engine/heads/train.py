@@ -261,8 +261,10 @@ class _BatchAnswers:
         while (waiting or active) and not should_stop():
             while waiting and len(active) < self.rows:
                 j = waiting.pop()
-                runner = idle.pop() if idle else self.target.new_runner()
-                if runner not in self.runners:
+                if idle:
+                    runner = idle.pop()
+                else:
+                    runner = self.target.new_runner()
                     self.runners.append(runner)
                 runner.truncate(0)
                 logits = runner.forward(torch.tensor(prompts[j], dtype=torch.long))[-1]

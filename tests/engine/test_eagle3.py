@@ -21,6 +21,7 @@ from specula.engine.heads.train import (
     train_head,
     unrolled_acceptance,
 )
+from tests.engine.test_eagle import greedy
 from tests.support.tiny import loaded, tiny_model
 
 
@@ -53,11 +54,6 @@ def test_the_unrolled_steps_are_what_drafting_computes(start):
             assert torch.allclose(out, steps[k][0, row], atol=1e-5), k
 
 
-def _greedy(target, prompt, n):
-    events = list(generate(target.new_runner(), build_drafter("none", target), prompt, DecodeConfig(max_new_tokens=n)))
-    return list(events[-1].token_ids)
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     target = loaded(tiny_model(vocab=64, layers=2, seed=11))
@@ -66,7 +62,7 @@ def trained(tmp_path_factory):
     seqs = []
     for _ in range(24):
         prompt = torch.randint(0, 64, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
-        seqs.append(_with_features(target, prompt, _greedy(target, prompt, 40), layers))
+        seqs.append(_with_features(target, prompt, greedy(target, prompt, 40), layers))
     head = train_head(target, seqs[:20], epochs=6, lr=3e-3, kind="eagle3", draft_ids=frequent_tokens(seqs[:20], 48))
     accepted = unrolled_acceptance(head, target, seqs[20:], k=4)
     folder = tmp_path_factory.mktemp("eagle3")

@@ -314,13 +314,8 @@ void silu_mul(const T* gu, T* out, int64_t t, int64_t inter) {
   }
 }
 
-// x (T, D) after the embedding -> x after `n_layers` layers; the caches get the new keys and values.
-// kt_cache: the keys transposed in blocks (layers, kv, cap / KB, hd, KB), in step with k_cache for slots
-// before `kt_from`; slots kt_from..start-1 (written by the eager prefill) are brought in first.
-Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const Tensor& v_cache, const Tensor& kt_cache,
-               int64_t kt_from, const Tensor& cos, const Tensor& sin, const Tensor& pos, int64_t start,
-               const c10::optional<Tensor>& ancestors, int64_t n_layers, const c10::optional<Tensor>& aux,
-               at::IntArrayRef aux_layers) {
+// The registered model behind a handle, checked to have at least n_layers layers.
+const Model* model_of(int64_t handle, int64_t n_layers) {
   const Model* m;
   {
     std::lock_guard<std::mutex> g(registry_lock);
@@ -328,6 +323,28 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
     m = &registry[handle];
   }
   TORCH_CHECK(n_layers >= 0 && n_layers <= static_cast<int64_t>(m->layers.size()), "the model has ", m->layers.size(), " layers");
+  return m;
+}
+
+// A layer after its attention: x += o(attn), then x += down(silu(gate) * up) over the post-attention norm
+// (act: a (rows, inter) buffer).
+template <typename T>
+void finish_layer(Tensor& x, const Tensor& attn, Tensor& act, const Layer& layer, const Model& m) {
+  x.add_(layer.o(attn));
+  Tensor h2 = rms_norm(x, layer.post_norm, m.eps);
+  Tensor gu = layer.gate_up(h2).contiguous();
+  silu_mul<T>(gu.data_ptr<T>(), act.data_ptr<T>(), x.size(0), m.inter);
+  x.add_(layer.down(act));
+}
+
+// x (T, D) after the embedding -> x after `n_layers` layers; the caches get the new keys and values.
+// kt_cache: the keys transposed in blocks (layers, kv, cap / KB, hd, KB), in step with k_cache for slots
+// before `kt_from`; slots kt_from..start-1 (written by the eager prefill) are brought in first.
+Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const Tensor& v_cache, const Tensor& kt_cache,
+               int64_t kt_from, const Tensor& cos, const Tensor& sin, const Tensor& pos, int64_t start,
+               const c10::optional<Tensor>& ancestors, int64_t n_layers, const c10::optional<Tensor>& aux,
+               at::IntArrayRef aux_layers) {
+  const Model* m = model_of(handle, n_layers);
   Tensor x = x_in.contiguous().clone();
   int64_t t = x.size(0), h = m->n_heads, kv = m->n_kv, hd = m->head_dim, cap = k_cache.size(2);
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous(), "fp32 contiguous caches");
@@ -358,11 +375,7 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
       transpose_keys(kc, kt, kv, hd, cap, start, start + t);
       attend<scalar_t>(q.data_ptr<float>(), kt, v_cache.data_ptr<float>() + layer_off,
                        anc.defined() ? anc.data_ptr<bool>() : nullptr, attn.data_ptr<scalar_t>(), t, h, kv, hd, cap, start);
-      x.add_(layer.o(attn));
-      Tensor h2 = rms_norm(x, layer.post_norm, m->eps);
-      Tensor gu = layer.gate_up(h2).contiguous();
-      silu_mul<scalar_t>(gu.data_ptr<scalar_t>(), act.data_ptr<scalar_t>(), t, m->inter);
-      x.add_(layer.down(act));
+      finish_layer<scalar_t>(x, attn, act, layer, *m);
     }
   });
   return x;
@@ -376,13 +389,7 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
 Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor>& k_caches, const std::vector<Tensor>& v_caches,
                     const std::vector<Tensor>& kt_caches, at::IntArrayRef kt_from, const std::vector<Tensor>& cos,
                     const std::vector<Tensor>& sin, at::IntArrayRef starts, int64_t n_layers) {
-  const Model* m;
-  {
-    std::lock_guard<std::mutex> g(registry_lock);
-    TORCH_CHECK(handle >= 0 && handle < static_cast<int64_t>(registry.size()), "unknown model handle");
-    m = &registry[handle];
-  }
-  TORCH_CHECK(n_layers >= 0 && n_layers <= static_cast<int64_t>(m->layers.size()), "the model has ", m->layers.size(), " layers");
+  const Model* m = model_of(handle, n_layers);
   Tensor x = x_in.contiguous().clone();
   int64_t rows = x.size(0), h = m->n_heads, kv = m->n_kv, hd = m->head_dim;
   size_t n = static_cast<size_t>(rows);
@@ -423,11 +430,7 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
           attend<scalar_t>(qb, kt, vc, nullptr, attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start);
         }
       });
-      x.add_(layer.o(attn));
-      Tensor h2 = rms_norm(x, layer.post_norm, m->eps);
-      Tensor gu = layer.gate_up(h2).contiguous();
-      silu_mul<scalar_t>(gu.data_ptr<scalar_t>(), act.data_ptr<scalar_t>(), rows, m->inter);
-      x.add_(layer.down(act));
+      finish_layer<scalar_t>(x, attn, act, layer, *m);
     }
   });
   return x;
