@@ -49,6 +49,9 @@ class DecodeConfig:
     params: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None  # None: a fresh random seed per request
     token_probs: bool = False  # greedy too: each draft token's probability (the app's hover; one softmax a step)
+    # max_new_tokens was asked for (OpenAI's max_tokens): a prompt that leaves less room than that is refused,
+    # as OpenAI and vLLM refuse it, instead of the answer being cut at the window's end
+    fit_window: bool = False
 
     @classmethod
     def for_strategy(cls, strategy: str, k: int | None = None, *, temperature: float = 0.0, top_k: int = 0,
@@ -102,6 +105,7 @@ class RemoteLoadRequest:
     verify_tls: bool = True
     use_keyring: bool = True
     allow_http_key: bool = False  # the user allowed sending the key unencrypted to a host that is not this one
+    api_key: str = field(default="", repr=False)  # the key itself (a caller's own), before api_key_env and the keyring
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--announce", action="store_true",
                     help='print {"url": ...} on a line of standard output once listening (for a parent process)')
     sv.add_argument("--exit-with-parent", action="store_true", help="end when the process that started this one ends")
+    sv.add_argument("--max-queue", type=whole(1, 100000), default=16,
+                    help="generation requests that may wait behind the running one; more get 429 (default 16)")
+    sv.add_argument("--max-body-mb", type=float, default=4.0, help="the largest request body accepted, in MiB (default 4)")
+    sv.add_argument("--allow-server", action="append", default=[], metavar="URL",
+                    help="a server that POST /specula/v1/load may relay without an API key (repeatable)")
+    sv.add_argument("--allow-key-env", action="append", default=[], metavar="VAR",
+                    help="an environment variable a load request may name as a relayed server's key (repeatable)")
     c = sub.add_parser("chat", help="chat in the terminal")
     _add_model_args(c)
     _add_remote_args(c)

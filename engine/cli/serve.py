@@ -79,6 +79,8 @@ def watch_parent(poll_s: float = 0.5) -> None:
 def run_serve(args) -> int:
     import uvicorn
 
+    from ..remote.keys import check_env_name
+    from ..serving.guard import Protocol
     from ..serving.routes import create_app
     from ..serving.service import EngineService
 
@@ -90,6 +92,10 @@ def run_serve(args) -> int:
         raise SpeculaError(f"--host {args.host} lets other machines in: set an API key with --api-key-env VAR")
     if args.k is not None and not 1 <= args.k:
         raise SpeculaError("--k must be at least 1")
+    if not 0 < args.max_body_mb <= 1024:
+        raise SpeculaError("--max-body-mb must be above 0 and at most 1024")
+    for name in args.allow_key_env:
+        check_env_name(name)
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -98,13 +104,16 @@ def run_serve(args) -> int:
                                                       draft_head=args.draft_head)
     service = EngineService()
     app = create_app(service, model_aliases=(args.model,), strategy=args.strategy, k=args.k, api_key=key,
-                     initial=initial)
+                     initial=initial, port=port, max_body=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
+                     allow_servers=tuple(args.allow_server), allow_key_envs=tuple(args.allow_key_env))
     if args.exit_with_parent:
         watch_parent()
     what = "no model yet" if initial is None else f"loading {args.model}; GET /health says when it is ready"
     print(f"specula serve: http://{shown}:{port}/v1 ({what})", file=sys.stderr, flush=True)
     if args.announce:
         print(json.dumps({"url": f"http://{shown}:{port}"}), flush=True)
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+    # h11 with a deadline for request heads (guard.Protocol); connections beyond the queue's room get 503
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, http=Protocol,
+                            limit_concurrency=args.max_queue + 64)
     uvicorn.Server(config).run(sockets=[sock])
     return 0

@@ -134,6 +134,11 @@ class _Loop:
             raise ContextTooLongError(
                 f"prompt is {n_prompt} tokens but the model's context window is {target.max_len}: shorten it"
             )
+        if config.fit_window and n_prompt + config.max_new_tokens > target.max_len:
+            asked = n_prompt + config.max_new_tokens
+            raise ContextTooLongError(
+                f"prompt is {n_prompt} tokens and max_tokens asks for {config.max_new_tokens} more, {asked} in all, "
+                f"but the model's context window is {target.max_len}: lower max_tokens or shorten the prompt")
         self.target, self.drafter, self.config = target, drafter, config
         self.params = config.params
         self.request_id = request_id

@@ -53,9 +53,9 @@ class ServerInfo:
 
 
 def server_for(url: str, api_key_env: str = "", verify_tls: bool = True, use_keyring: bool = True,
-               allow_http_key: bool = False) -> Server:
+               allow_http_key: bool = False, api_key: str = "") -> Server:
     server = Server(url, verify_tls=verify_tls)  # checks the URL before a key is looked up
-    key = resolve_api_key(server.root, api_key_env, use_keyring)
+    key = api_key.strip() or resolve_api_key(server.root, api_key_env, use_keyring)
     return Server(server.url, key, verify_tls, allow_http_key=allow_http_key)
 
 
@@ -128,13 +128,13 @@ class RemoteBackend:
     def load(self, request: RemoteLoadRequest, progress: Callable[[str], None] | None = None) -> Loaded:
         say = progress or (lambda text: None)
         server = server_for(request.server, request.api_key_env, request.verify_tls, request.use_keyring,
-                            request.allow_http_key)  # a URL that is not one fails here, before it is shown
+                            request.allow_http_key, request.api_key)  # a URL that is not one fails here, before it is shown
         say(f"connecting to {server.url}")
         info = probe(server, request.model)
         baseline = baseline_info = None
         if request.baseline_server.strip():
             plain = server_for(request.baseline_server, request.api_key_env, request.verify_tls, request.use_keyring,
-                               request.allow_http_key)
+                               request.allow_http_key, request.api_key)
             say(f"measuring plain decoding on {plain.url}")
             baseline_info = probe(plain, info.model)  # the same model, or the speedup would mean nothing
             baseline = measure_plain(baseline_info)

@@ -25,6 +25,7 @@ from ..api.events import Failed, Finished, Loading, Started, Step, Trained, Trai
 from ..api.metrics import StepTotals
 from ..api.types import GenerateRequest, LoadRequest, RemoteLoadRequest, TrainRequest
 from .http import EngineError, EventStream, RemoteError, Server, request_text
+from .keys import resolve_api_key
 
 CONTROL = "/specula/v1"
 
@@ -38,9 +39,15 @@ def generation_payload(request: GenerateRequest) -> tuple[str, dict]:
 
 
 def load_payload(request: LoadRequest | RemoteLoadRequest) -> dict:
+    """The body of a load. A relayed server's key is looked up here, in the caller's process (its
+    environment variable or the OS keyring), and sent as the key itself: an engine never reads an
+    environment variable that a request names (docs/SERVER.md, "Security")."""
     if isinstance(request, RemoteLoadRequest):
-        return {"server": {"url": request.server, "model": request.model, "api_key_env": request.api_key_env,
-                           "baseline_url": request.baseline_server, "verify_tls": request.verify_tls}}
+        server = {"url": request.server, "model": request.model, "baseline_url": request.baseline_server,
+                  "verify_tls": request.verify_tls}
+        root = Server(request.server, verify_tls=request.verify_tls).root  # the URL is checked first, as in server_for
+        key = request.api_key.strip() or resolve_api_key(root, request.api_key_env, request.use_keyring)
+        return {"server": {**server, "api_key": key} if key else server}
     spec = request.target
     return {"model": spec.source, "draft": request.draft, "device": spec.device, "dtype": spec.dtype,
             "weights": spec.weights, "measure_baseline": request.measure_baseline, "draft_head": request.draft_head}
@@ -116,7 +123,12 @@ class Call:
             if isinstance(self.request, GenerateRequest):
                 yield from self._generate()
             elif isinstance(self.request, (LoadRequest, RemoteLoadRequest)):
-                yield from self._control("/load", load_payload(self.request))
+                try:
+                    payload = load_payload(self.request)
+                except RemoteError as exc:  # the key's variable is not set, the URL is not one
+                    yield Failed(self.rid, str(exc), "RemoteError")
+                    return
+                yield from self._control("/load", payload)
             elif isinstance(self.request, TrainRequest):
                 r = self.request
                 yield from self._control("/train", {"kind": r.kind, "tokens": r.tokens, "epochs": r.epochs,

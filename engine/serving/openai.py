@@ -33,6 +33,7 @@ from ..api.strategies import STRATEGIES, STRATEGY_OPTIONS, StrategyOption, defau
 from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec, RemoteLoadRequest, TrainRequest
 
 MAX_STOPS = 4
+ECHO_CHARS = 80  # the most of a request's own value an error message repeats
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 TRAIN_KINDS = ("eagle", "eagle3", "medusa")
 
@@ -141,13 +142,13 @@ def _first(errors: list[dict]) -> dict:
 def _api_error(exc: ValidationError) -> ApiError:
     """A body's first fault as the API words it: the one place pydantic's errors become ApiErrors."""
     error = _first(exc.errors(include_url=False))
-    loc, kind, given = error["loc"], error["type"], error.get("input")
+    loc, kind, given = error["loc"], error["type"], _Echo(error.get("input"))
     if kind == _WORDED:
         ctx = error["ctx"]
         words = {"i": next((p for p in loc if isinstance(p, int)), None), "input": given, **ctx["values"]}
         param = ctx["param"] and ctx["param"].format(**words)
         return ApiError(ctx["status"], ctx["message"].format(**words), param=param, code=ctx["code"])
-    name = str(loc[-1]) if loc else ""
+    name = str(_Echo(loc[-1])) if loc else ""
     if kind == "extra_forbidden":
         return _bad(f"unknown field '{name}' in the {_object(loc[:-1])}", name)
     if kind == "model_type":
@@ -155,6 +156,23 @@ def _api_error(exc: ValidationError) -> ApiError:
     bounds = {key: format(value, "g") for key, value in error.get("ctx", {}).items() if key in ("ge", "gt", "le")}
     message = _WORDING.get(kind, "'{name}' is not valid, got {input!r}")
     return _bad(message.format(name=name, input=given, **bounds), name)
+
+
+class _Echo:
+    """A value a message quotes back to the client, cut to ECHO_CHARS (a 10 MB field is not sent back)."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    @staticmethod
+    def _cut(text: str) -> str:
+        return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 3] + "..."
+
+    def __repr__(self) -> str:
+        return self._cut(repr(self.value))
+
+    def __str__(self) -> str:
+        return self._cut(str(self.value))
 
 
 def _object(loc: tuple) -> str:
@@ -269,7 +287,7 @@ Count = Annotated[int | None, Field(ge=1)]
 Temperature = Annotated[float | None, Field(ge=0, le=2)]
 TopP = Annotated[float | None, Field(gt=0, le=1)]
 TopK = Annotated[int | None, Field(ge=0)]
-Seed = int | None
+Seed = Annotated[int | None, Field(ge=-(1 << 63), le=(1 << 64) - 1)]  # what a generator's seed can hold
 User = Annotated[str | None, _says("'user' must be a string", "user")]
 ModelName = Annotated[str | None, _says("'model' must be a string", "model"), AfterValidator(_served)]
 Stop = Annotated[str | list[str] | None, _says("'stop' must be a string or a list of strings", "stop"),
@@ -393,6 +411,14 @@ class ChatCompletionRequest(_Generation):
     max_completion_tokens: Count = None
     tool_choice: Any = None  # accepted, not read: no tools are
     parallel_tool_calls: Any = None
+    # OpenAI's fields that change nothing here: accepted and not read (nothing is stored, there is one tier)
+    store: Annotated[bool | None, _says("'store' must be true or false", "store")] = None
+    metadata: Annotated[dict[str, str] | None, _says("'metadata' must be an object of strings", "metadata")] = None
+    service_tier: Annotated[str | None, _says("'service_tier' must be a string", "service_tier")] = None
+    prompt_cache_key: Annotated[str | None, _says("'prompt_cache_key' must be a string", "prompt_cache_key")] = None
+    safety_identifier: Annotated[str | None, _says("'safety_identifier' must be a string", "safety_identifier")] = None
+    modalities: Annotated[Any, _honoured_if(lambda kinds: kinds in (None, ["text"]), "only the 'text' modality is "
+                                            "supported", "modalities")] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -440,7 +466,7 @@ def _decode(body: ChatCompletionRequest | CompletionRequest, ext: SpeculaExtensi
         return DecodeConfig.for_strategy(
             strategy, server_k if ext.k is None else ext.k, adaptive_k=bool(ext.adaptive_k),
             token_probs=bool(ext.token_probs), max_new_tokens=body.max_new_tokens or defaults.context_window or 1 << 30,
-            seed=body.seed, **sampling, **k_max)
+            fit_window=body.max_new_tokens is not None, seed=body.seed, **sampling, **k_max)
     except SpeculaError as exc:
         raise _bad(str(exc), "specula") from None
 
@@ -476,9 +502,9 @@ def usage_json(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def finish_reason(finished: Finished, stopped: bool) -> str:
-    if stopped:
-        return "stop"
-    return {"eos": "stop", "length": "length"}.get(finished.reason, finished.reason)
+    """OpenAI's finish_reason: "length" where the budget ended the answer, else "stop" (an end token, a stop
+    sequence, a cancelled request: the extension's "reason" says which)."""
+    return "length" if finished.reason == "length" and not stopped else "stop"
 
 
 def chunk(parsed: Parsed, text: str | None, finish: str | None = None, *, role: bool = False,
@@ -611,7 +637,8 @@ class ServerBody(_Body):
 
     url: _typed("url", str) = ""
     model: _typed("model", str) = ""
-    api_key_env: _typed("api_key_env", str) = ""
+    api_key_env: _typed("api_key_env", str) = ""  # refused unless the server allows that name (routes.load)
+    api_key: _typed("api_key", str) = ""  # the caller's own key for that server
     baseline_url: _typed("baseline_url", str) = ""
     verify_tls: _typed("verify_tls", bool) = True
 
@@ -669,7 +696,8 @@ def parse_load(body: object) -> LoadRequest | RemoteLoadRequest:
     # chosen here, not by a pydantic union: a union's tag would enter the path of every fault it reports
     if isinstance(body, dict) and body.get("server") is not None:
         server = _validate(RemoteLoadBody, body).server
-        return RemoteLoadRequest(server.url, server.model, server.api_key_env, server.baseline_url, server.verify_tls)
+        return RemoteLoadRequest(server.url, server.model, server.api_key_env, server.baseline_url, server.verify_tls,
+                                 api_key=server.api_key)
     load = _validate(LoadBody, body)
     spec = ModelSpec(load.model, load.device, load.dtype, load.weights)
     return LoadRequest(spec, load.draft or None, measure_baseline=load.measure_baseline is not False,

@@ -2,6 +2,7 @@
 
     GET  /health                        200 once a model is loaded, else 503 (with the state)
     GET  /v1/models                     OpenAI's model list
+    GET  /v1/models/{id}                one model (404 for another name)
     POST /v1/chat/completions           OpenAI's chat completions, streamed or not, with the extension
     POST /v1/completions                OpenAI's (legacy) completions on a raw prompt
     GET  /metrics                       Prometheus text (prometheus.py)
@@ -11,7 +12,9 @@
     POST /specula/v1/train              train a draft head; streams progress; closing the stream cancels
     POST /specula/v1/requests/{id}/cancel   cancel a queued or running request
 
-With an API key set, every route but /health needs `Authorization: Bearer KEY`.
+With an API key set, every route but /health needs `Authorization: Bearer KEY`. Before any of that,
+guard.Guard refuses web pages, oversized and slow bodies, and (without a key) requests not addressed to a
+loopback name.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -34,13 +37,15 @@ from ..api import wire
 from ..api.errors import SpeculaError
 from ..api.events import Failed, Finished, Loaded, Loading, ServerStats, Started, Step, Trained, Training
 from ..api.strategies import STRATEGIES
-from ..api.types import LoadRequest
+from ..api.types import LoadRequest, RemoteLoadRequest
 from . import openai, prometheus
+from .guard import MAX_BODY_BYTES, Guard
 from .service import EngineService
 
 log = logging.getLogger(__name__)
 CONTROL = "/specula/v1"
 DISCONNECT_POLL_S = 0.2
+MAX_QUEUE = 16  # generation requests waiting behind the running one; more are refused with 429
 
 
 class ClientGone(Exception):
@@ -79,6 +84,20 @@ async def _body(request: Request) -> object:
         return await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise openai.ApiError(400, "the request body is not valid JSON") from None
+    except RecursionError:
+        raise openai.ApiError(400, "the request body nests too deeply") from None
+
+
+def _watch_disconnect(request: Request, on_gone: Callable[[], None]) -> asyncio.Task:
+    """A task that calls `on_gone` as soon as the client closes its connection (the body has been read, so
+    the next message from the client is its disconnect); cancel it when the answer is sent."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        on_gone()
+
+    return asyncio.get_running_loop().create_task(watch())
 
 
 async def _next_event(queue: asyncio.Queue, request: Request):
@@ -92,8 +111,13 @@ async def _next_event(queue: asyncio.Queue, request: Request):
 
 
 def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), strategy: str = "auto",
-               k: int | None = None, api_key: str | None = None, initial: LoadRequest | None = None) -> Starlette:
-    """The ASGI app. `initial` is loaded when the server starts (requests queue behind it)."""
+               k: int | None = None, api_key: str | None = None, initial: LoadRequest | None = None,
+               port: int | None = None, max_body: int = MAX_BODY_BYTES, max_queue: int = MAX_QUEUE,
+               allow_servers: tuple[str, ...] = (), allow_key_envs: tuple[str, ...] = ()) -> Starlette:
+    """The ASGI app. `initial` is loaded when the server starts (requests queue behind it). `port`: the
+    port it listens on (a keyless server answers only Host loopback:port). `allow_servers`: servers any
+    caller may relay; with a key, the key's holders may name others. `allow_key_envs`: environment
+    variables a load request may name as a relayed server's key (none by default)."""
 
     def defaults() -> openai.Defaults:
         loaded = service.loaded
@@ -107,13 +131,25 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
 
     # ---- OpenAI ------------------------------------------------------------------------------------
 
-    async def models(request: Request) -> Response:
+    def _model_json() -> list[dict]:
         loaded = service.loaded
-        data = [] if loaded is None else [{
+        return [] if loaded is None else [{
             "id": loaded.target, "object": "model", "created": int(service.started_at), "owned_by": "specula",
             "max_model_len": loaded.context_window,
         }]
-        return JSONResponse({"object": "list", "data": data})
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": _model_json()})
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["name"]
+        listed = _model_json()
+        names = (*(m["id"] for m in listed), *(a for a in model_aliases if a and listed))
+        if name not in names:
+            return _error(openai.ApiError(404, f"the model {openai._Echo(name)!r} does not exist here"
+                                          + (f"; this server serves {listed[0]['id']!r}" if listed else ""),
+                                          param="model", code="model_not_found"))
+        return JSONResponse(listed[0])
 
     async def chat(request: Request) -> Response:
         return await _generate(request, openai.parse_chat)
@@ -131,8 +167,17 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
             parsed = parse(body, defaults())
         except openai.ApiError as exc:
             return _error(exc)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        if service.queue_depth >= max_queue:
+            wait = service.expected_wait_s()
+            return JSONResponse(openai.ApiError(429, f"the server is busy: {service.queue_depth} requests are waiting "
+                                                f"(at most {max_queue}); try again in about {wait} s",
+                                                "rate_limit_error", code="queue_full").body(),
+                                status_code=429, headers={"Retry-After": str(wait)})
         rid, queue = service.submit(parsed.request)
         early: list = []  # events before Started (a relayed server's counters), sent after it
+        gone = _watch_disconnect(request, lambda: service.cancel(rid))  # cancelled before the engine's next step
         try:
             first = await _next_event(queue, request)
             while not isinstance(first, (Started, Failed, Finished)):
@@ -147,13 +192,16 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                 first = Started(rid, parsed.request.strategy, 0, config.k)
 
         except ClientGone:
+            gone.cancel()
             service.release(rid)
             return Response(status_code=499)  # nobody reads it: the client closed the connection
         except asyncio.CancelledError:
+            gone.cancel()
             service.release(rid)
             raise
         headers = {"X-Specula-Request-Id": str(rid)}
         if parsed.stream:
+            gone.cancel()  # the streaming response watches for the client leaving itself
             return StreamingResponse(_stream(parsed, rid, queue, first, early), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         try:
@@ -163,6 +211,7 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         except ClientGone:
             return Response(status_code=499)
         finally:
+            gone.cancel()
             service.release(rid)
 
     async def _stream(parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started,
@@ -184,8 +233,8 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                     case Finished():
                         piece, tokens, reason, usage = answer.finish(event)
                         extension = wire.finished_json(event, tokens)
-                        yield _sse(openai.chunk(parsed, piece, reason, extension=extension, usage=usage))
-                        if parsed.include_usage:
+                        yield _sse(openai.chunk(parsed, piece, reason, extension=extension))
+                        if parsed.include_usage:  # OpenAI's: one more chunk, without choices
                             yield _sse(openai.chunk(parsed, None, usage=usage, choices=False))
                         yield _sse("[DONE]")
                         return
@@ -269,17 +318,39 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         return StreamingResponse(_progress(request, rid, queue), media_type="text/event-stream",
                                  headers={"X-Specula-Request-Id": str(rid)})
 
+    def _may_relay(load: RemoteLoadRequest) -> None:
+        """A relayed server and its key come from the operator: a request may name an environment variable
+        only among --allow-key-env's, and (without an API key) a server only among --allow-server's."""
+        if load.api_key_env and load.api_key_env not in allow_key_envs:
+            raise openai.ApiError(403, "'server.api_key_env' names an environment variable of this server, which a "
+                                  "request may not read; send the key itself as 'server.api_key', or start the server "
+                                  "with --allow-key-env VAR", "permission_error", "server.api_key_env", "not_allowed")
+        if api_key is None:
+            allowed = {_normal(u) for u in allow_servers}
+            for name, url in (("url", load.server), ("baseline_url", load.baseline_server)):
+                if url and _normal(url) not in allowed:
+                    raise openai.ApiError(403, f"this server has no API key, so it relays only the servers it was "
+                                          f"started with (--allow-server URL), not {openai._Echo(url)!r}",
+                                          "permission_error", f"server.{name}", "not_allowed")
+
     async def load(request: Request) -> Response:
         try:
-            return _start(request, openai.parse_load(await _body(request)))
+            load_request = openai.parse_load(await _body(request))
+            if isinstance(load_request, RemoteLoadRequest):
+                _may_relay(load_request)
+            return _start(request, load_request)
         except openai.ApiError as exc:
             return _error(exc)
+        except ClientDisconnect:
+            return Response(status_code=499)
 
     async def train(request: Request) -> Response:
         try:
             train_request = openai.parse_train(await _body(request))
         except openai.ApiError as exc:
             return _error(exc)
+        except ClientDisconnect:
+            return Response(status_code=499)
         if service.loaded is None:
             return _error(openai.ApiError(503, "no model is loaded yet", "server_error", code="model_not_loaded"))
         return _start(request, train_request)
@@ -305,14 +376,20 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
 
     routes = [
         Route("/health", health), Route("/metrics", metrics),
-        Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/models", models), Route("/v1/models/{name:path}", model),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route(f"{CONTROL}/status", status), Route(f"{CONTROL}/strategies", strategies),
         Route(f"{CONTROL}/load", load, methods=["POST"]), Route(f"{CONTROL}/train", train, methods=["POST"]),
         Route(f"{CONTROL}/requests/{{rid}}/cancel", cancel, methods=["POST"]),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(_ApiKey, key=api_key)], lifespan=lifespan,
+    guard = Middleware(Guard, keyless=api_key is None, port=port, max_body=max_body)
+    return Starlette(routes=routes, middleware=[guard, Middleware(_ApiKey, key=api_key)], lifespan=lifespan,
                      exception_handlers={404: _not_found, 405: _not_allowed, SpeculaError: _engine_error})
+
+
+def _normal(url: str) -> str:
+    return url.strip().rstrip("/").removesuffix("/v1").lower()
 
 
 async def _not_found(request: Request, exc) -> Response:

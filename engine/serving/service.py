@@ -152,3 +152,10 @@ class EngineService:
     def queue_depth(self) -> int:
         return len(self.waiting)
 
+    def expected_wait_s(self) -> int:
+        """About how long the requests waiting now will take, for a busy answer's Retry-After: their number
+        (and the running one) times the mean answer's time so far; 1 to 60 seconds."""
+        answers = sum(self.counters.requests.values())
+        mean = self.counters.decode_s / answers if answers else 1.0
+        return max(1, min(60, round((self.queue_depth + 1) * mean)))
+

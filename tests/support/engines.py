@@ -15,12 +15,17 @@ class ServerThread:
     process."""
 
     def __init__(self, app) -> None:
+        """`app`: the ASGI app, or a function of the port it will listen on that makes it."""
         import uvicorn
+
+        from specula.engine.serving.guard import Protocol
 
         sock = bind("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        if not hasattr(app, "router"):  # a Starlette app has one; a maker does not
+            app = app(self.port)
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", http=Protocol))
         self.done = threading.Event()
 
         def run() -> None:

@@ -1,0 +1,355 @@
+"""`specula serve` left running: no web page can drive it, no request can read the server's environment
+or relay a server the operator did not allow, work is bounded (body size, queue, slow headers and
+bodies, clients that leave), and OpenAI's contract holds where a client would notice. A real uvicorn
+server on a loopback port over the tiny random Llama (a 128-token window)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import socket
+import threading
+import time
+
+import pytest
+
+from specula.engine.serving import guard
+
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+
+from tests.engine.test_server import HELLO, Served  # noqa: E402
+from tests.support.fake_server import FakeServer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def served(tiny_folder):
+    s = Served(tiny_folder)
+    yield s
+    s.close()
+
+
+def raw(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    """(status, headers, parsed JSON or text) of one request with exactly these headers."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request(method, path, body, headers or {})
+    response = conn.getresponse()
+    text = response.read().decode()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = text
+    return response.status, {k.lower(): v for k, v in response.getheaders()}, data
+
+
+def sse(text: str) -> list[dict]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def metric(served, name: str, label: str = "") -> float:
+    for line in served.get("/metrics")[1].splitlines():
+        if line.startswith(name) and label in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+LOAD = json.dumps({"model": "bundled"}).encode()
+
+
+# ---- no web page can drive it --------------------------------------------------------------------------
+
+
+def test_a_browsers_cross_site_requests_are_refused_on_every_route(served):
+    foreign = {"Origin": "http://evil.example", "Content-Type": "application/json"}
+    for method, path, body in (("POST", "/specula/v1/load", LOAD), ("POST", "/v1/chat/completions", b"{}"),
+                               ("GET", "/specula/v1/status", None), ("GET", "/metrics", None),
+                               ("POST", "/specula/v1/requests/1/cancel", None)):
+        status, _, data = raw(served.port, method, path, body, foreign)
+        assert status == 403 and data["error"]["code"] == "origin_not_allowed", path
+    for origin in ("null", "file://", "http://127.0.0.1:1"):  # sandboxed frames, files, another port
+        assert raw(served.port, "GET", "/v1/models", None, {"Origin": origin})[0] == 403, origin
+    # a "simple" request a page may send without asking first: text/plain, even from no page at all
+    status, _, data = raw(served.port, "POST", "/specula/v1/load", LOAD, {"Content-Type": "text/plain"})
+    assert status == 415 and "application/json" in data["error"]["message"]
+    status, _, _ = raw(served.port, "POST", "/specula/v1/train", b"kind=eagle",
+                       {"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 415
+    assert served.get("/specula/v1/status")[0] == 200  # the state did not change: still serving
+    same = {"Origin": f"http://127.0.0.1:{served.port}"}  # the server's own origin passes
+    assert raw(served.port, "GET", "/v1/models", None, same)[0] == 200
+
+
+def test_a_keyless_server_answers_only_requests_addressed_to_a_loopback_name(served):
+    for host in ("evil.example", f"evil.example:{served.port}", f"127.0.0.1.evil.example:{served.port}",
+                 "192.168.1.2", f"localhost:{served.port + 1}", "", "[::1"):
+        status, _, data = raw(served.port, "GET", "/v1/models", None, {"Host": host})
+        assert status in (400, 403), host  # 400: uvicorn's own answer to an empty or broken Host
+        if status == 403:
+            assert data["error"]["code"] == "host_not_allowed"
+    for host in (f"127.0.0.1:{served.port}", f"localhost:{served.port}", f"[::1]:{served.port}", "localhost"):
+        assert raw(served.port, "GET", "/v1/models", None, {"Host": host})[0] == 200, host
+
+
+def test_with_a_key_any_host_may_be_used_but_web_pages_are_still_refused(tiny_folder):
+    s = Served(tiny_folder, api_key="sesame")
+    try:
+        key = {"Authorization": "Bearer sesame"}
+        assert raw(s.port, "GET", "/v1/models", None, {"Host": "specula.lan:443", **key})[0] == 200  # a proxy's name
+        assert raw(s.port, "GET", "/v1/models", None, {"Host": "specula.lan:443"})[0] == 401
+        assert raw(s.port, "GET", "/v1/models", None, {"Origin": "http://evil.example", **key})[0] == 403
+    finally:
+        s.close()
+
+
+# ---- no request reads the server's environment or relays a server the operator did not allow -----------
+
+
+def test_a_request_cannot_make_the_server_send_an_environment_variable_anywhere(tiny_folder, monkeypatch):
+    monkeypatch.setenv("SPECULA_TEST_SECRET", "the-secret")
+    with FakeServer() as fake:
+        for key in (None, "sesame"):
+            s = Served(tiny_folder, api_key=key, allow_servers=(fake.url,))
+            try:
+                auth = {"Authorization": "Bearer sesame"} if key else {}
+                body = {"server": {"url": fake.url, "api_key_env": "SPECULA_TEST_SECRET"}}
+                status, data = s.post("/specula/v1/load", body, auth)
+                assert status == 403 and data["error"]["param"] == "server.api_key_env", key
+                assert "the-secret" not in json.dumps(data)
+            finally:
+                s.close()
+        assert fake.requests == [] and not any("the-secret" in json.dumps(r) for r in fake.requests)
+
+
+def test_a_keyless_server_relays_only_the_servers_it_was_started_with(tiny_folder):
+    with FakeServer(api_key="their-key") as allowed, FakeServer() as other:
+        s = Served(tiny_folder, allow_servers=(allowed.url + "/v1",))
+        try:
+            status, data = s.post("/specula/v1/load", {"server": {"url": other.url}})
+            assert status == 403 and data["error"]["param"] == "server.url"
+            status, data = s.post("/specula/v1/load", {"server": {"url": allowed.url, "baseline_url": other.url}})
+            assert status == 403 and data["error"]["param"] == "server.baseline_url"
+            # the caller's own key for the allowed server travels to that server only
+            events = s.events("/specula/v1/load", {"server": {"url": allowed.url, "api_key": "their-key"}})
+            assert events[-1]["type"] == "loaded", events
+            assert s.get("/specula/v1/status")[1].count("fake-model")
+        finally:
+            s.close()
+
+
+def test_the_engine_client_sends_a_relayed_servers_key_itself_never_the_variables_name(monkeypatch):
+    from specula.engine.api.types import RemoteLoadRequest
+    from specula.engine.remote.client import load_payload
+
+    monkeypatch.setenv("SPECULA_TEST_KEY", "k-123")
+    payload = load_payload(RemoteLoadRequest("http://10.0.0.5:8000", api_key_env="SPECULA_TEST_KEY", use_keyring=False))
+    assert payload["server"]["api_key"] == "k-123" and "api_key_env" not in payload["server"]
+    assert "api_key" not in load_payload(RemoteLoadRequest("http://10.0.0.5:8000", use_keyring=False))["server"]
+    assert "k-123" not in repr(RemoteLoadRequest("http://x", api_key="k-123"))  # never in a log line
+
+
+# ---- bounded work --------------------------------------------------------------------------------------
+
+
+def test_bodies_beyond_the_limit_are_refused_before_they_are_read(tiny_folder):
+    s = Served(tiny_folder, max_body=2000)
+    try:
+        big = json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode()
+        status, headers, data = raw(s.port, "POST", "/v1/chat/completions", big, {"Content-Type": "application/json"})
+        assert status == 413 and data["error"]["code"] == "body_too_large"
+        # sent in chunks, without a length: counted as it comes
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        conn.request("POST", "/v1/chat/completions", iter([big[:1000], big[1000:]]),
+                     {"Content-Type": "application/json"}, encode_chunked=True)
+        assert conn.getresponse().status == 413
+        small = {"messages": HELLO, "max_tokens": 4, "temperature": 0}
+        assert s.post("/v1/chat/completions", small)[0] == 200
+    finally:
+        s.close()
+
+
+class Gate:
+    """The engine's generation held at its start until `open` is set (the requests behind it wait in the
+    queue), or, with `pace`, every event held back `pace` seconds (events come faster than a client
+    could be polled for)."""
+
+    def __init__(self, service, pace: float | None = None) -> None:
+        self.open, self.entered = threading.Event(), threading.Event()
+        session = service.runner.session
+        original = session.generate
+
+        def generate(request, rid=0, cancelled=lambda: False):
+            self.entered.set()
+            if pace is None:
+                assert self.open.wait(120), "the test never opened the gate"
+            for event in original(request, rid, cancelled):
+                if pace is not None:
+                    time.sleep(pace)
+                yield event
+
+        session.generate = generate
+
+
+def test_a_full_queue_answers_429_with_retry_after_and_loses_nothing(tiny_folder):
+    s = Served(tiny_folder, max_queue=2)
+    gate = Gate(s.service)
+    answers: dict[int, tuple] = {}
+    body = {"messages": HELLO, "max_tokens": 8, "temperature": 0}
+
+    def ask(i: int) -> None:
+        answers[i] = s.post("/v1/chat/completions", body)
+
+    try:
+        threads = [threading.Thread(target=ask, args=(0,))]
+        threads[0].start()
+        assert gate.entered.wait(60)  # the first one runs (held at its start)
+        for i in (1, 2):
+            threads.append(threading.Thread(target=ask, args=(i,)))
+            threads[-1].start()
+        deadline = time.time() + 60
+        while s.service.queue_depth < 2:
+            assert time.time() < deadline, "the two requests never queued"
+            time.sleep(0.02)
+        status, headers, data = raw(s.port, "POST", "/v1/chat/completions", json.dumps(body).encode(),
+                                    {"Content-Type": "application/json"})
+        assert status == 429 and data["error"]["code"] == "queue_full"
+        assert 1 <= int(headers["retry-after"]) <= 60
+        gate.open.set()
+        for t in threads:
+            t.join(120)
+        texts = {answers[i][1]["choices"][0]["message"]["content"] for i in range(3)}
+        assert [answers[i][0] for i in range(3)] == [200, 200, 200] and len(texts) == 1  # the same prompt, greedy
+    finally:
+        gate.open.set()
+        s.close()
+
+
+def test_a_client_that_leaves_a_non_streamed_request_cancels_it_before_the_next_steps(tiny_folder):
+    s = Served(tiny_folder)
+    Gate(s.service, pace=0.1)  # a step every 0.1 s: the answer would take about 10 s to the window's end
+    try:
+        before = metric(s, "vllm:request_success_total", 'finished_reason="cancelled"')
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=60)
+        body = json.dumps({"messages": HELLO, "temperature": 0}).encode()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.time() + 60
+        while s.service.running is None:
+            assert time.time() < deadline, "the request never started"
+            time.sleep(0.02)
+        time.sleep(0.3)  # a few steps in
+        sock.close()
+        while metric(s, "vllm:request_success_total", 'finished_reason="cancelled"') < before + 1:
+            assert time.time() < deadline, "the request of a client that left was not cancelled"
+            time.sleep(0.05)
+        assert metric(s, "vllm:request_success_total", 'finished_reason="length"') == 0  # it did not run to the end
+        assert s.post("/v1/chat/completions", {"messages": HELLO, "max_tokens": 2})[0] == 200  # the next one is served
+    finally:
+        s.close()
+
+
+def test_slow_headers_and_bodies_are_cut_off(served, monkeypatch):
+    monkeypatch.setattr(guard, "BODY_IDLE_S", 0.5)
+    sock = socket.create_connection(("127.0.0.1", served.port), timeout=60)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100\r\n\r\n{\"mess")
+    answer = sock.recv(4096).decode()  # waits for the server's answer
+    assert answer.startswith("HTTP/1.1 408") and "request_timeout" in answer
+    sock.close()
+    monkeypatch.setattr(guard.Protocol, "header_timeout_s", 0.5)
+    sock = socket.create_connection(("127.0.0.1", served.port), timeout=60)
+    sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # the head never ends
+    assert sock.recv(4096) == b""  # closed by the server (a socket timeout would raise instead)
+    sock.close()
+
+
+def test_a_client_that_drops_a_half_sent_body_leaves_no_traceback(served, caplog):
+    with caplog.at_level(logging.WARNING):
+        sock = socket.create_connection(("127.0.0.1", served.port), timeout=60)
+        sock.sendall(b"POST /specula/v1/load HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"model\"")
+        time.sleep(0.2)
+        sock.close()
+        time.sleep(0.5)
+        assert served.get("/health")[0] == 200
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+
+
+# ---- OpenAI's contract ---------------------------------------------------------------------------------
+
+
+def test_bad_bodies_get_400_with_a_json_error_and_a_short_echo(served, caplog):
+    with caplog.at_level(logging.WARNING):
+        deep = ("[" * 100000 + "]" * 100000).encode()
+        status, _, data = raw(served.port, "POST", "/v1/chat/completions", deep, {"Content-Type": "application/json"})
+        assert status == 400 and data["error"]["type"] == "invalid_request_error"
+        status, data = served.post("/v1/chat/completions", {"messages": HELLO, "seed": 1 << 70})
+        assert status == 400 and data["error"]["param"] == "seed"
+        status, data = served.post("/v1/chat/completions", {"messages": HELLO, "model": "m" * 100000})
+        assert status == 404 and len(data["error"]["message"]) < 300
+        status, data = served.post("/v1/chat/completions", {"messages": HELLO, "x" * 100000: 1})
+        assert status == 400 and len(data["error"]["message"]) < 300
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_usage_comes_once_and_only_where_include_usage_asks(served):
+    client = served.client()
+    plain = list(client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=6, stream=True))
+    assert all(c.usage is None for c in plain)
+    asked = list(client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=6, stream=True,
+                                                stream_options={"include_usage": True}))
+    with_usage = [c for c in asked if c.usage is not None]
+    assert len(with_usage) == 1 and with_usage[0] is asked[-1] and asked[-1].choices == []
+    assert asked[-1].usage.completion_tokens == 6
+
+
+def test_openais_fields_that_change_nothing_are_accepted(served):
+    client = served.client()
+    whole = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=4, temperature=0, store=False,
+                                           metadata={"team": "a"}, user="u1", service_tier="auto",
+                                           extra_body={"prompt_cache_key": "k", "safety_identifier": "s"})
+    assert whole.choices[0].finish_reason == "length"
+    status, data = served.post("/v1/chat/completions", {"messages": HELLO, "modalities": ["audio"]})
+    assert status == 400 and data["error"]["param"] == "modalities"
+
+
+def test_one_model_can_be_retrieved_by_its_name(served):
+    client = served.client()
+    listed = client.models.list().data[0]
+    assert client.models.retrieve(listed.id).id == listed.id
+    assert client.models.retrieve("tiny").id == listed.id  # the name it was started with
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("another/model")
+
+
+def test_a_prompt_and_max_tokens_beyond_the_window_are_refused_as_vllm_does(served):
+    client = served.client()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=126)
+    assert refused.value.body["code"] == "context_length_exceeded" and "max_tokens" in refused.value.body["message"]
+    without = client.chat.completions.create(model="tiny", messages=HELLO, temperature=0)  # the rest of the window
+    assert without.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_cancelled_answer_finishes_with_an_openai_reason_and_says_cancelled_in_the_extension(tiny_folder):
+    s = Served(tiny_folder)
+    Gate(s.service, pace=0.1)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        conn.request("POST", "/v1/chat/completions", json.dumps({"messages": HELLO, "stream": True}),
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        rid = response.getheader("X-Specula-Request-Id")
+        assert s.post(f"/specula/v1/requests/{rid}/cancel", None)[0] == 200
+        chunks = sse(response.read().decode())
+        last = [c for c in chunks if c.get("choices")][-1]
+        assert last["choices"][0]["finish_reason"] == "stop" and last["specula"]["reason"] == "cancelled"
+    finally:
+        s.close()
+
+
+def test_serve_takes_the_new_limits_on_its_command_line():
+    from specula.engine.cli.main import main
+
+    assert main(["serve", "--no-model", "--port", "0", "--max-body-mb", "0"]) == 2
+    assert main(["serve", "--no-model", "--port", "0", "--allow-key-env", "NOT A NAME"]) == 2
