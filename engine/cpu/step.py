@@ -135,7 +135,10 @@ def build() -> Path:
         raise Unavailable(f"the C++ compiler {cxx} did not run: {exc}") from None
     if done.returncode != 0:
         tmp.unlink(missing_ok=True)
-        errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()[-1:]
+        lines = done.stderr.splitlines()
+        # a full disk first: the compiler then reports it among other errors that only follow from it
+        errors = [line for line in lines if "No space left on device" in line] or [
+            line for line in lines if "error" in line] or lines[-1:]
         raise Unavailable(f"the C++ compiler {cxx} failed: {errors[0].strip() if errors else 'no message'}")
     os.replace(tmp, path)
     return path

@@ -820,9 +820,7 @@ def run_training(target, o: TrainOptions, say: Callable[[str], None] = lambda s:
                  should_stop: Callable[[], bool] = lambda: False, drafter: Drafter | None = None) -> TrainResult:
     """Generate answers (or continue an earlier run's), extract features, train, measure, save.
     `should_stop` is checked often; when it says so, TrainingCancelled is raised and the answers and
-    the last checkpoint stay for the next run."""
-    from .store import save_head
-
+    the last checkpoint stay for the next run (a run that kept nothing yet leaves no folder)."""
     out = o.out or default_out(target.name, o.kind)
     # answers at most half the window long, so prompts fit beside them
     o = TrainOptions(**{**o.__dict__, "out": out, "max_new_tokens": min(o.max_new_tokens, target.context_window // 2)})
@@ -836,6 +834,32 @@ def run_training(target, o: TrainOptions, say: Callable[[str], None] = lambda s:
 
     t0 = time.perf_counter()
     work = o.data or out / "training"
+    made = [p for p in (work, *work.parents) if not p.exists()]  # the folders this run creates, innermost first
+    try:
+        return _run_training(target, o, out, work, report, should_stop, drafter, t0)
+    except TrainingCancelled:
+        _tidy_cancelled(work, made)
+        raise
+
+
+def _tidy_cancelled(work: Path, made: list[Path]) -> None:
+    """A run cancelled before it kept anything to continue from leaves no folder behind."""
+    answers = work / "answers.jsonl"
+    if (answers.is_file() and answers.stat().st_size) or any(work.glob("*-checkpoint.pt")):
+        return  # kept for the next run
+    (work / "about.json").unlink(missing_ok=True)
+    answers.unlink(missing_ok=True)
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: something else is in it
+            return
+
+
+def _run_training(target, o: TrainOptions, out: Path, work: Path, report: Callable[[str], None],
+                  should_stop: Callable[[], bool], drafter: Drafter | None, t0: float) -> TrainResult:
+    from .store import save_head
+
     about = {"target": target_fingerprint(target.model), "seed": o.seed, "max_new_tokens": o.max_new_tokens}
     try:
         work.mkdir(parents=True, exist_ok=True)

@@ -60,6 +60,7 @@ _FAILURES = {
     "ModelNotFoundError": (404, "invalid_request_error", "model_not_found"),
     "SpeculaError": (400, "invalid_request_error", None),
     "OutOfMemoryError": (503, "server_error", "out_of_memory"),
+    "TrainingCancelled": (409, "cancelled", "cancelled"),  # asked for: not the server's failure
 }
 
 

@@ -172,6 +172,11 @@ def test_a_failed_build_names_the_compilers_error(monkeypatch, tmp_path):
     with pytest.raises(compiled.Unavailable, match="failed: step.cpp:1:1: error: this compiler is broken"):
         compiled.build()
     assert not list((tmp_path / "cache" / "compiled").glob("*"))  # nothing half-built is left
+    # a full disk: the compiler's own errors that follow from it come first in its output, the cause is named
+    fake.write_text("#!/bin/sh\necho 'step.cpp: fatal error: cannot write object' >&2\n"
+                    "echo '/usr/bin/ld: final link failed: No space left on device' >&2\nexit 1\n")
+    with pytest.raises(compiled.Unavailable, match="No space left on device"):
+        compiled.build()
 
 
 def test_step_modes(monkeypatch):

@@ -353,3 +353,27 @@ def test_serve_takes_the_new_limits_on_its_command_line():
 
     assert main(["serve", "--no-model", "--port", "0", "--max-body-mb", "0"]) == 2
     assert main(["serve", "--no-model", "--port", "0", "--allow-key-env", "NOT A NAME"]) == 2
+
+
+def test_a_cancelled_training_ends_with_a_cancelled_event_not_a_server_error(tiny_folder):
+    s = Served(tiny_folder)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+        conn.request("POST", "/specula/v1/train", json.dumps({"kind": "eagle", "tokens": 100000, "epochs": 1}),
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        events, rid = [], None
+        for line in iter(response.readline, b""):
+            text = line.decode().strip()
+            if not text.startswith("data: ") or text == "data: [DONE]":
+                continue
+            events.append(json.loads(text[6:]))
+            if events[-1]["type"] == "queued":
+                rid = events[-1]["request_id"]
+            elif events[-1]["type"] == "progress" and rid is not None:
+                assert s.post(f"/specula/v1/requests/{rid}/cancel", None)[0] == 200
+                rid = None  # once
+        last = events[-1]
+        assert last["type"] == "error" and last["error"]["type"] == "cancelled" and last["error"]["code"] == "cancelled"
+    finally:
+        s.close()
