@@ -4,7 +4,8 @@ with 429, none is lost, no answer is another prompt's, and the server's memory s
 usage: python scripts/serve_load.py [--model bundled] [--clients 64] [--max-queue 8] [--max-tokens 16]
                                     [--rounds 2] [--out FILE.json]
 
-Starts `specula serve --max-queue N` on a free port, asks every prompt once alone (the reference
+Starts `specula serve --max-queue N --step compiled` on a free port (every answer through the same step, so
+greedy answers are comparable), asks every prompt once alone (the reference
 answers, greedy), then sends `--clients` requests at the same moment (each a prompt of its own), `--rounds`
 times. Each answer must equal its prompt's reference answer; each refusal must be a 429 with Retry-After.
 Reported: the counts, the time a refusal took, the time the answered ones took, and the server's resident
@@ -65,7 +66,7 @@ def main() -> int:
     args = ap.parse_args()
     server = subprocess.Popen([sys.executable, "-m", "specula.engine.cli.main", "serve", "--model", args.model,
                                "--port", "0", "--announce", "--max-queue", str(args.max_queue), "--no-baseline",
-                               "--strategy", "none"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                               "--strategy", "none", "--step", "compiled"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         url = json.loads(server.stdout.readline())["url"]
         deadline = time.time() + 600
@@ -79,7 +80,7 @@ def main() -> int:
             if time.time() > deadline:
                 raise SystemExit("the server never became ready")
             time.sleep(0.5)
-        reference = {i: ask(url, i, args.max_tokens)[1] for i in range(len(TOPICS))}
+        reference = {i: ask(url, i, args.max_tokens)[1] for i in range(args.clients)}
         report = {"clients": args.clients, "max_queue": args.max_queue, "max_tokens": args.max_tokens, "rounds": []}
         for r in range(args.rounds):
             before = rss_mb(server.pid)
@@ -99,11 +100,12 @@ def main() -> int:
             wall = time.perf_counter() - t0
             answered = [i for i, res in results.items() if res[0] == 200]
             refused = [i for i, res in results.items() if res[0] == 429]
-            wrong = [i for i in answered if results[i][1] != reference[i % len(TOPICS)]]
+            wrong = [i for i in answered if results[i][1] != reference[i]]
+            mixed = [i for i in wrong if results[i][1] in reference.values()]
             other = {i: results[i][0] for i in results if results[i][0] not in (200, 429)}
             retry = [results[i][3] for i in refused]
             row = {"answered": len(answered), "refused_429": len(refused), "other": other, "lost": args.clients - len(results),
-                   "answers_not_their_prompts": len(wrong), "refusals_without_retry_after": sum(1 for x in retry if not x),
+                   "answers_not_their_prompts": len(wrong), "answers_of_other_prompts": len(mixed), "refusals_without_retry_after": sum(1 for x in retry if not x),
                    "retry_after_s": sorted({int(x) for x in retry if x}),
                    "refusal_ms_median": round(statistics.median([results[i][2] for i in refused]) * 1000, 1) if refused else None,
                    "answer_s_max": round(max([results[i][2] for i in answered], default=0), 2),
