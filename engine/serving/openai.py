@@ -78,6 +78,9 @@ class Defaults:
     strategy: str = "none"  # one of `strategies`
     k: int | None = None  # None: the strategy's own default
     context_window: int = 0
+    # the sampling a request that leaves it out gets: the model's generation_config.json where it sets
+    # temperature, top_p or top_k (as vLLM does), else greedy, as the window answers (model_sampling)
+    sampling: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -242,7 +245,7 @@ def _usable(strategy: str, info: ValidationInfo) -> str:
     """A strategy the loaded model can use (one of the catalogue, or the loaded backend's own)."""
     usable = info.context.strategies
     if strategy not in STRATEGIES and strategy not in usable:
-        raise _fault(_UNKNOWN_STRATEGY, "specula.strategy", choices=", ".join(STRATEGIES))
+        raise _fault(_UNKNOWN_STRATEGY, "specula.strategy", choices=", ".join(usable))
     if strategy not in usable:
         raise _fault("the loaded model cannot use '{input}' (it needs a draft model or a trained head); "
                      "it can use: {usable}", "specula.strategy", usable=", ".join(usable))
@@ -461,8 +464,9 @@ def _decode(body: ChatCompletionRequest | CompletionRequest, ext: SpeculaExtensi
     """The request's decoding settings: what the body gives, else OpenAI's defaults and the server's k."""
     server_k = defaults.k if defaults.k is not None and strategy == defaults.strategy else default_k(strategy)
     k_max = {} if ext.k_max is None else {"k_max": ext.k_max}
-    sampling = {"temperature": 1.0 if body.temperature is None else body.temperature,
-                "top_p": 1.0 if body.top_p is None else body.top_p, "top_k": body.top_k or 0}
+    model = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, **dict(defaults.sampling)}
+    given = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
+    sampling = {name: model[name] if value is None else value for name, value in given.items()}
     try:
         return DecodeConfig.for_strategy(
             strategy, server_k if ext.k is None else ext.k, adaptive_k=bool(ext.adaptive_k),
@@ -470,6 +474,21 @@ def _decode(body: ChatCompletionRequest | CompletionRequest, ext: SpeculaExtensi
             fit_window=body.max_new_tokens is not None, seed=body.seed, **sampling, **k_max)
     except SpeculaError as exc:
         raise _bad(str(exc), "specula") from None
+
+
+def model_sampling(generation_config: object) -> tuple[tuple[str, float], ...]:
+    """The sampling fields a model's generation_config.json sets (those that differ from transformers'
+    defaults), as Defaults.sampling: temperature, top_p and top_k."""
+    try:
+        given = generation_config.to_diff_dict() if generation_config is not None else {}
+    except Exception:  # a config object of another kind: no defaults from it
+        return ()
+    out = []
+    for name, kind in (("temperature", float), ("top_p", float), ("top_k", int)):
+        value = given.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            out.append((name, kind(value)))
+    return tuple(out)
 
 
 def _parsed(body: ChatCompletionRequest | CompletionRequest, defaults: Defaults,

@@ -127,7 +127,15 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         names = (loaded.target, *(a for a in model_aliases if a and a != loaded.target))
         chosen = strategy if strategy in loaded.strategies else (
             "none" if "none" in loaded.strategies else loaded.strategies[0])  # "server" when relaying a server
-        return openai.Defaults(names, loaded.strategies, chosen, k, loaded.context_window)
+        return openai.Defaults(names, loaded.strategies, chosen, k, loaded.context_window, sampling())
+
+    def sampling() -> tuple[tuple[str, float], ...]:
+        """The loaded model's own sampling defaults (a local model's generation_config; none for a relayed
+        server, which applies its own)."""
+        runner = service.runner
+        target = runner.session.target if runner.backend is runner.session else None
+        model = getattr(target, "model", None)
+        return openai.model_sampling(getattr(model, "generation_config", None))
 
     # ---- OpenAI ------------------------------------------------------------------------------------
 

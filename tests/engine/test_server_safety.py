@@ -169,7 +169,7 @@ def test_bodies_beyond_the_limit_are_refused_before_they_are_read(tiny_folder):
 
 
 class Gate:
-    """The engine's generation held at its start until `open` is set (the requests behind it wait in the
+    """The engine's generation held after its start (Started) until `open` is set (the requests behind it wait in the
     queue), or, with `pace`, every event held back `pace` seconds (events come faster than a client
     could be polled for)."""
 
@@ -179,10 +179,12 @@ class Gate:
         original = session.generate
 
         def generate(request, rid=0, cancelled=lambda: False):
+            events = original(request, rid, cancelled)
+            yield next(events)  # Started: the request runs
             self.entered.set()
             if pace is None:
                 assert self.open.wait(120), "the test never opened the gate"
-            for event in original(request, rid, cancelled):
+            for event in events:
                 if pace is not None:
                     time.sleep(pace)
                 yield event
@@ -217,6 +219,7 @@ def test_a_full_queue_answers_429_with_retry_after_and_loses_nothing(tiny_folder
         gate.open.set()
         for t in threads:
             t.join(120)
+        assert [answers[i][0] for i in range(3)] == [200, 200, 200], answers
         texts = {answers[i][1]["choices"][0]["message"]["content"] for i in range(3)}
         assert [answers[i][0] for i in range(3)] == [200, 200, 200] and len(texts) == 1  # the same prompt, greedy
     finally:
@@ -377,3 +380,22 @@ def test_a_cancelled_training_ends_with_a_cancelled_event_not_a_server_error(tin
         assert last["type"] == "error" and last["error"]["type"] == "cancelled" and last["error"]["code"] == "cancelled"
     finally:
         s.close()
+
+
+def test_a_request_without_sampling_fields_gets_the_models_own_defaults_else_greedy(served):
+    from transformers import GenerationConfig
+
+    from specula.engine.serving.openai import model_sampling
+
+    client = served.client()
+    greedy = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=24, temperature=0)
+    unset = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=24)  # the tiny model sets none
+    assert unset.choices[0].message.content == greedy.choices[0].message.content
+    config = GenerationConfig(do_sample=True, temperature=0.6, top_p=0.9, top_k=20)
+    assert model_sampling(config) == (("temperature", 0.6), ("top_p", 0.9), ("top_k", 20))
+    assert model_sampling(GenerationConfig(bos_token_id=1)) == () and model_sampling(None) == ()
+
+
+def test_an_unknown_strategy_lists_only_what_the_loaded_model_can_use(served):
+    status, data = served.post("/v1/chat/completions", {"messages": HELLO, "specula": {"strategy": "warp"}})
+    assert status == 400 and "draft-model" not in data["error"]["message"] and "prompt-lookup" in data["error"]["message"]
