@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QByteArray, QSettings
+from PySide6.QtCore import QByteArray, QRect, QSettings
+from PySide6.QtGui import QGuiApplication
 
 DEFAULT_SIZE = (1280, 800)
+TITLE_BAR = 40  # room left for the window manager's title bar when the window was never shown
 
 
 def _qsettings(window) -> QSettings:
@@ -20,8 +22,34 @@ def restore_layout(window) -> None:
         value = q.value(key)
         if isinstance(value, QByteArray):
             restore(value)
+    fit_to_screen(window)
     window.set_ghosts(q.value("show_rejected_drafts", False, type=bool))
     window.set_theme(str(q.value("theme", "system")))
+
+
+def fitted(frame: QRect, area: QRect, title_bar: int = 0) -> QRect:
+    """`frame` made to fit inside `area` (a screen's available geometry): no larger than it (less a title
+    bar's height), and moved onto it where it hangs over an edge."""
+    width = min(frame.width(), area.width())
+    height = min(frame.height(), area.height() - title_bar)
+    x = min(max(frame.x(), area.x()), area.x() + area.width() - width)
+    y = min(max(frame.y(), area.y() + title_bar), area.y() + area.height() - height)
+    return QRect(x, y, width, height)
+
+
+def fit_to_screen(window) -> None:
+    """Open within the screen's available area (a 1024x700 laptop, an 800x600 projector): the default size
+    or a geometry saved on a larger screen is cut to fit and moved onto the screen."""
+    screen = window.screen() or QGuiApplication.primaryScreen()
+    if screen is None:
+        return
+    area = screen.availableGeometry()
+    before = window.geometry()  # the contents, without the frame
+    title = before.y() - window.frameGeometry().y() if window.isVisible() else TITLE_BAR
+    after = fitted(before, area, title)
+    if after != before:
+        window.resize(after.size())
+        window.move(after.x(), after.y() - title)  # a window's position is its frame's
 
 
 def save_layout(window) -> None:

@@ -89,3 +89,20 @@ def test_the_app_answers_on_the_bundled_model_and_saves_a_screenshot(qapp, tmp_p
     assert png.exists() and distinct_colours(png) > 200
     image = QImage(str(png))
     assert image.width() >= 1000 and image.height() >= 600
+
+
+def test_the_window_opens_within_the_screens_available_area(make_window, qtbot):
+    from PySide6.QtCore import QRect
+
+    from specula.app.layout import TITLE_BAR, fitted
+
+    w = make_window()
+    area = w.screen().availableGeometry()  # the offscreen screen: 800x800, smaller than the default 1280x800
+    assert area.contains(w.frameGeometry()) and w.width() <= area.width()
+    for screen in (QRect(0, 0, 1024, 700), QRect(0, 0, 800, 600), QRect(1920, 0, 1366, 728)):  # the last: a second monitor
+        for saved in (QRect(0, 0, 1280, 800), QRect(3000, 900, 900, 500), QRect(-500, -300, 700, 500)):
+            got = fitted(saved, screen, TITLE_BAR)
+            frame = QRect(got.x(), got.y() - TITLE_BAR, got.width(), got.height() + TITLE_BAR)
+            assert screen.contains(frame), (saved, screen, got)
+            assert got.width() == min(saved.width(), screen.width())  # cut only where it did not fit
+    assert fitted(QRect(100, 100, 600, 400), QRect(0, 0, 1024, 700), TITLE_BAR) == QRect(100, 100, 600, 400)
