@@ -49,6 +49,18 @@ EARLIER = ("This answer is from an earlier session: acceptance is drawn from its
            "kept, so tokens/s and speedup are its totals.")
 STATS = (("acceptance", "acceptance"), ("per_step", "tokens / step"), ("tps", "tokens / s"),
          ("plain", "plain tokens / s"), ("speedup", "speedup"))
+# what each figure measures, and over which span: tokens/s ÷ plain tokens/s = speedup, as shown
+TIPS = {
+    "acceptance": "Draft tokens the model accepted, of all it was shown, in this answer.",
+    "per_step": "New tokens per pass of the model in this answer (1.00 for plain decoding).",
+    "tps": "This answer's speed: its tokens after the first, per second since the first (reading the prompt "
+           "is not counted).",
+    "plain": "What plain decoding (strategy none) does over the same tokens and the same span: tokens/s ÷ speedup. "
+             "Measured inside the answer by its plain steps, so a busy machine slows both alike.",
+    "speedup": "Plain decoding's time for this answer's tokens ÷ the time they took, over the same span as "
+               "tokens/s; ± one standard error of the plain steps it was measured by. Exactly 1 where every step "
+               "was plain (strategy none).",
+}
 
 
 class PlotsPanel(QWidget):
@@ -116,6 +128,8 @@ class PlotsPanel(QWidget):
             name.setWordWrap(True)  # a narrow dock puts "plain tokens / s" on two lines
             name.setAlignment(Qt.AlignmentFlag.AlignCenter)
             mute(name, 8)
+            value.setToolTip(TIPS[key])
+            name.setToolTip(TIPS[key])
             grid.addWidget(value, 0, col)
             grid.addWidget(name, 1, col)
             self.stat_labels[key] = value
@@ -293,7 +307,8 @@ class PlotsPanel(QWidget):
                 self._add_acceptance(step)
         self.refresh()
         self.stat_labels["tps"].setText(totals.get("tps") or "–")
-        self.stat_labels["plain"].setText("–")
+        tps, speedup = _number(totals.get("tps")), _number(totals.get("speedup"))
+        self.stat_labels["plain"].setText(f"{tps / speedup:.1f}" if tps and speedup else "–")  # as in _refresh_stats
         self.stat_labels["speedup"].setText(totals.get("speedup") or "–")
         self._say(EARLIER)
 
@@ -375,7 +390,9 @@ class PlotsPanel(QWidget):
         tps = finished.totals.tokens_per_s if finished is not None else m.tokens_per_s
         speedup = finished.speedup if finished is not None else m.speedup
         error = finished.speedup_err if finished is not None else m.speedup_err
-        plain = m.plain_rate(m.decode_start_len + max(0, m.new_tokens - 1) // 2)
+        # one definition: plain tokens/s is what makes tokens/s ÷ plain = the speedup shown (the speedup is
+        # measured over the same decode span); only without a speedup does it come from the plain steps' rate
+        plain = tps / speedup if tps and speedup else m.plain_rate(m.decode_start_len + max(0, m.new_tokens - 1) // 2)
         values = {
             "acceptance": f"{rate:.0%}" if rate is not None else "–",
             "per_step": f"{m.mean_accepted_length:.2f}" if m.forwards else "–",
@@ -386,6 +403,15 @@ class PlotsPanel(QWidget):
         for key, text in values.items():
             self.stat_labels[key].setText(text)
 
+
+
+def _number(text: str | None) -> float | None:
+    """The number a shown figure starts with ("126.2", "1.42× ±0.05", "~0.98×"); None for "–" or nothing."""
+    head = (text or "").lstrip("~").split("×")[0].split()[0] if (text or "").strip() else ""
+    try:
+        return float(head)
+    except ValueError:
+        return None
 
 
 def _steps_of(records) -> list:

@@ -77,6 +77,7 @@ class SpeedupMeter:
         self.tokens = 0
         self.since_plain = 0  # decode steps since the last plain one
         self._open = 0  # tokens of speculative steps since the last plain sample
+        self.speculative = 0  # decode steps that drafted
 
     @property
     def _last(self) -> float | None:
@@ -94,6 +95,7 @@ class SpeedupMeter:
         if plain_s is None:
             self._open += tokens
             self.since_plain += 1
+            self.speculative += 1
             return
         last = self._last
         self.plain_s += self._open * (plain_s if last is None else (last + plain_s) / 2)
@@ -114,6 +116,10 @@ class SpeedupMeter:
 
     @property
     def value(self) -> float | None:
+        """P / T; exactly 1 for an answer whose every step was a plain one (strategy none, or auto choosing
+        plain decoding throughout): it is plain decoding, whatever its steps' times scatter."""
+        if self.speculative == 0 and self.tokens > 0:
+            return 1.0
         last = self._last
         if last is None or self.spent_s <= 0 or self.tokens <= 0:
             return None
@@ -133,6 +139,8 @@ class SpeedupMeter:
     def error(self) -> float | None:
         """One standard error of `value`; None with fewer than two plain samples."""
         value, relative = self.value, self.relative_error
+        if self.speculative == 0 and value is not None:
+            return 0.0  # exact, not measured
         return value * relative if value is not None and relative is not None else None
 
 

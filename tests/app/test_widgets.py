@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from PySide6.QtCore import Qt
 
 from specula.app.composer import Composer
@@ -251,3 +253,22 @@ def test_rendered_characters_are_traced_back_to_the_source_they_show():
     at = align(source, rendered)
     assert [source[i] for i in at if i is not None] == list("Rain\nA short poem here")
     assert at[0] == 2 and at[rendered.index("p")] == source.index("poem") and at[-1] == len(source) - 1
+
+
+@pytest.mark.parametrize("strategy", ["prompt-lookup", "none"])
+def test_the_docks_three_figures_agree_for_an_answer(make_window, qtbot, strategy):
+    """tokens/s ÷ plain tokens/s = speedup, as shown (the dock's one definition), and plain decoding reads
+    exactly 1; every figure says what it measures."""
+    from specula.app.plots import _number
+    from tests.app.conftest import wait_reply
+
+    w = make_window(strategy=strategy, max_new_tokens=60)
+    w.send_text("Repeat after me: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.")
+    wait_reply(qtbot, w)
+    labels = w.plots.stat_labels
+    tps, plain, speedup = (_number(labels[key].text()) for key in ("tps", "plain", "speedup"))
+    assert tps and plain and speedup, {k: v.text() for k, v in labels.items()}
+    assert abs(tps / plain - speedup) <= 0.01 * speedup + 0.06 * tps / plain**2 + 0.005  # rounding of the shown figures
+    if strategy == "none":
+        assert labels["speedup"].text() == "1.00×" and labels["plain"].text() == labels["tps"].text()
+    assert all(label.toolTip() for label in labels.values())
