@@ -42,6 +42,7 @@ class Reply:
     dropped: int = 0  # oldest messages left out to fit the context window
     tokens: list[TokenRecord] = field(default_factory=list)
     started: bool = False
+    step: str = ""  # the decoding step it started on (Started.step): "compiling" means slower, eager
     saved_at: float = 0.0  # when the answer's text so far was last written (kept if the app dies)
     previous: Turn | None = None  # the answer being regenerated: kept as an earlier version of the new one
 
@@ -57,6 +58,7 @@ class ChatController(QObject):
     reply_finished = Signal(bool, object)  # ok, the Finished or Failed event
     store_failed = Signal(str)  # a save failed: what and where (it is retried)
     store_recovered = Signal()  # every conversation is saved again
+    step_notice = Signal(str)  # what the status bar says about the decoding step (being prepared, ready)
 
     RETRY_MS = 5000
     BACKGROUND_TURNS = 400  # a chat with more turns than this (about 2 MB) is read off the GUI thread when it opens
@@ -360,6 +362,8 @@ class ChatController(QObject):
             case Started():
                 self.reply.started = True
                 self.reply.strategy = event.strategy
+                self._step_changed(event.step)
+                self.reply.step = event.step
                 self.plots.begin()
                 self.view.begin_answer(dropped_note(self.reply.dropped))
             case Step():
@@ -375,6 +379,19 @@ class ChatController(QObject):
             case Failed():
                 self._failed(event)
 
+    PREPARING = ("Preparing the decoding step for this CPU (once, a few minutes): answers are slower until it "
+                 "is ready")
+    READY = "The decoding step for this CPU is ready: answers now run at full speed"
+
+    def _step_changed(self, step: str) -> None:
+        if step == "compiling":
+            self.step_notice.emit(self.PREPARING)
+        elif step == "compiled" and self.last_step == "compiling":
+            self.step_notice.emit(self.READY)
+        self.last_step = step or self.last_step
+
+    last_step = ""  # the decoding step the latest answer started on
+
     def _save_partial(self) -> None:
         """Every few seconds, the answer's text so far: kept (marked interrupted) if the app dies."""
         reply, now = self.reply, time.monotonic()
@@ -384,7 +401,7 @@ class ChatController(QObject):
 
     def _finish(self, finished) -> None:
         reply, self.reply = self.reply, None
-        turn = Turn("assistant", finished.text, tuple(reply.tokens), summary(reply.strategy, finished),
+        turn = Turn("assistant", finished.text, tuple(reply.tokens), summary(reply.strategy, finished, reply.step),
                     dropped_note(reply.dropped))
         if reply.previous is not None:
             turn = turn.replacing(reply.previous)

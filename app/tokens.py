@@ -71,8 +71,12 @@ def totals_of(summary_line: str) -> dict[str, str]:
     return figures
 
 
-def summary(strategy: str, finished) -> str:
-    """One line under a finished answer: strategy, tokens, tokens/s, acceptance, speedup."""
+EAGER_NOTE = "before this CPU's decoding step was ready (slower)"
+
+
+def summary(strategy: str, finished, step: str = "") -> str:
+    """One line under a finished answer: strategy, tokens, tokens/s, acceptance, speedup; and whether it ran
+    while the decoding step was being prepared (`step` "compiling": eager, so its speed is not the usual)."""
     t = finished.totals
     parts = [strategy, f"{t.new_tokens} tokens", f"{t.tokens_per_s:.1f} tok/s"]
     if t.acceptance_rate is not None:
@@ -80,6 +84,8 @@ def summary(strategy: str, finished) -> str:
         parts.append(f"{t.mean_accepted_length:.2f} tokens/step")
     if finished.speedup is not None:
         parts.append(f"{speedup_text(finished.speedup, finished.speedup_err)} vs plain")
+    if step == "compiling":
+        parts.append(EAGER_NOTE)
     if finished.reason == "cancelled":
         parts.append("stopped")
     elif finished.reason == "length":

@@ -36,6 +36,9 @@ class Started:
     strategy: str
     prompt_tokens: int
     k: int
+    # the decoding step the answer starts on: "compiled", "compiling" (being built for this CPU: the answer
+    # runs eager, slower, and its speedup is not like for like), "eager..."; "" where unknown (a server)
+    step: str = ""
 
 
 @dataclass(frozen=True)

@@ -60,12 +60,14 @@ def token_from(data: dict, step: int) -> Token:
 
 
 def started_json(event: Started) -> dict:
-    return {"request_id": event.request_id, "strategy": event.strategy, "prompt_tokens": event.prompt_tokens,
-            "k": event.k}
+    out = {"request_id": event.request_id, "strategy": event.strategy, "prompt_tokens": event.prompt_tokens,
+           "k": event.k}
+    return {**out, "decoding_step": event.step} if event.step else out
 
 
 def started_from(data: dict, request_id: int) -> Started:
-    return Started(request_id, str(data.get("strategy", "")), int(data.get("prompt_tokens", 0)), int(data.get("k", 0)))
+    return Started(request_id, str(data.get("strategy", "")), int(data.get("prompt_tokens", 0)), int(data.get("k", 0)),
+                   str(data.get("decoding_step", "")))
 
 
 def step_json(step: Step, tokens: list[Token] | tuple[Token, ...]) -> dict:

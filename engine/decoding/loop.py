@@ -85,12 +85,13 @@ def generate(
     should_stop: Callable[[], bool] = lambda: False,
     plain: PlainHistory | None = None,
     between_steps: Callable[[], None] | None = None,
+    step: str = "",
 ) -> Iterator[Started | Step | Finished]:
     """Generate from `prompt_ids`; the events carry text when a tokenizer is given. `plain` holds the
     model's recent plain-step samples (the live speedup's, across answers); `between_steps` runs before
     every decode step (the machine's policy, e.g. the CPU's thread count: it must change no bits)."""
     loop = _Loop(target, drafter, prompt_ids, config, stop_ids, tokenizer, request_id, plain or PlainHistory())
-    yield Started(request_id, strategy, len(prompt_ids), config.k)
+    yield Started(request_id, strategy, len(prompt_ids), config.k, step)
     yield loop.prefill()
     k = config.k
     # the draft length of each step, from measured costs and acceptance (a drafter that chooses its own

@@ -158,6 +158,7 @@ class Session:
             should_stop=should_stop,
             plain=self.plain,
             between_steps=self._between_steps(),
+            step=target.step_status,
         )
 
     def _between_steps(self) -> Callable[[], None] | None:

@@ -272,3 +272,32 @@ def test_the_docks_three_figures_agree_for_an_answer(make_window, qtbot, strateg
     if strategy == "none":
         assert labels["speedup"].text() == "1.00×" and labels["plain"].text() == labels["tps"].text()
     assert all(label.toolTip() for label in labels.values())
+
+
+def test_answers_made_while_the_decoding_step_is_prepared_say_so(make_window, qtbot, monkeypatch):
+    from specula.app.chat import ChatController
+    from specula.app.tokens import EAGER_NOTE
+    from tests.app.conftest import wait_reply
+
+    from specula.engine.models.loading import LoadedModel
+
+    kind = LoadedModel  # what the session's target is once the window loads it
+    monkeypatch.setattr(kind, "step_status", property(lambda self: "compiling"))
+    w = make_window(strategy="none", max_new_tokens=8)
+    w.send_text("hello")
+    wait_reply(qtbot, w)
+    assert w.statusBar().currentMessage() == ChatController.PREPARING
+    assert EAGER_NOTE in w.chat.current.turns[-1].summary
+    monkeypatch.setattr(kind, "step_status", property(lambda self: "compiled"))
+    w.send_text("again")
+    wait_reply(qtbot, w)
+    assert w.statusBar().currentMessage() == ChatController.READY
+    assert EAGER_NOTE not in w.chat.current.turns[-1].summary
+
+
+def test_the_step_an_answer_starts_on_crosses_the_wire():
+    from specula.engine.api.events import Started
+    from specula.engine.api.wire import started_from, started_json
+
+    for event in (Started(4, "eagle", 12, 5, "compiling"), Started(4, "none", 3, 1)):
+        assert started_from(started_json(event), 4) == event
