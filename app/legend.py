@@ -7,7 +7,18 @@ from PySide6.QtWidgets import QCheckBox, QLabel, QWidget
 
 from specula.app.flow import FlowLayout
 from specula.app.theme import LEGEND, OriginColours, is_dark, palette_for
-from specula.app.tokens import ORIGIN_NAMES
+# what each colour means for the answer and for the speed (a label's tooltip)
+TIPS = {
+    "draft": "Guessed by the drafter and confirmed by the model in one pass: these tokens come almost free. "
+             "The more of them, the higher the speedup.",
+    "correction": "Where the model disagreed with a guess, its own token replaces the first rejected one: the "
+                  "answer stays exactly the model's own.",
+    "bonus": "Every guess of a step was accepted, so the same pass gave one more token, the model's own.",
+    "target": "A plain step: nothing was drafted (or the drafter sat this step out), the model made this token "
+              "alone, as without speculation.",
+    "rejected": "A guess the model did not accept. Never part of the answer; struck through where it was "
+                "proposed when Show rejected drafts is on.",
+}
 
 
 class LegendBar(QWidget):
@@ -20,7 +31,7 @@ class LegendBar(QWidget):
         # one label an entry, so lines break between entries
         self.entries = {origin: QLabel() for origin, _ in LEGEND}
         for origin, label in self.entries.items():
-            label.setToolTip(ORIGIN_NAMES[origin])
+            label.setToolTip(TIPS[origin])
             layout.addWidget(label)
         self.ghosts = QCheckBox("Show rejected drafts")
         self.ghosts.setChecked(False)

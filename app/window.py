@@ -462,7 +462,9 @@ class MainWindow(QMainWindow):
         if reload and self.loaded is not None and self._last_good is None:
             self._last_good = self.settings  # saved as the model to use only once the new one loads
         self.settings = new
-        self.overrides = {}  # the user confirmed every value shown: all of them are saved
+        # a one-run choice from the command line that the user left as it was stays this run's only (unsaved);
+        # one they changed is their new setting, saved
+        self.overrides = {key: value for key, value in self.overrides.items() if getattr(new, key) == value}
         self.controls.show_settings(self.settings)  # the toolbar shows the strategy chosen there
         self._save_settings()
         self._update_status()

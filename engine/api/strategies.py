@@ -33,11 +33,11 @@ STRATEGIES: dict[str, StrategyCard] = {
         # its drafts shrink to twice the match length on their own, so a higher cap only pays
         StrategyCard("prompt-lookup", "copy what followed the latest longest earlier match of the last tokens "
                                       "(no extra weights)", default_k=8),
-        StrategyCard("draft-model", "a smaller model with the same tokenizer drafts (needs --draft-model)",
+        StrategyCard("draft-model", "a smaller model with the same tokenizer drafts (needs a draft model)",
                      needs_draft_model=True),
         StrategyCard("layer-skip", "the target's first layers draft for the whole model (no extra weights)"),
-        StrategyCard("eagle", "a trained head drafts from the target's own features (needs --head DIR from "
-                              "`specula train-head`)", needs_head="eagle", default_k=6),
+        StrategyCard("eagle", "a trained head drafts from the target's own features (needs a head trained for "
+                              "this model, or a published EAGLE head)", needs_head="eagle", default_k=6),
         StrategyCard("medusa", "trained heads guess several tokens at once from the target's last feature, "
                                "verified as a token tree", needs_head="medusa", default_k=4),
         StrategyCard("lookahead", "Jacobi iteration on a window of guesses plus a pool of n-grams collected from "

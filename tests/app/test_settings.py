@@ -100,6 +100,12 @@ def test_toolbar_changes_are_saved_but_command_line_choices_are_not(make_window,
     assert saved.k == 9
     assert saved.strategy == Settings().strategy and saved.max_new_tokens == Settings().max_new_tokens
     assert w.settings.strategy == "none" and w.settings.k == 9
+    # the Settings dialog confirmed with the one-run value left as it was: still not saved
+    w.apply_settings(replace(w.settings, top_k=7), reload=False)
+    saved = SettingsStore(tmp_path / "config").load().settings
+    assert saved.top_k == 7 and saved.max_new_tokens == Settings().max_new_tokens and w.settings.max_new_tokens == 10
+    w.apply_settings(replace(w.settings, max_new_tokens=33), reload=False)  # changed by the user: theirs, saved
+    assert SettingsStore(tmp_path / "config").load().settings.max_new_tokens == 33
 
 
 V1_FILE = {"version": 1, "strategy": "layer-skip", "k": 6, "adaptive_k": True, "temperature": 0.3, "top_p": 0.9,

@@ -301,3 +301,15 @@ def test_the_step_an_answer_starts_on_crosses_the_wire():
 
     for event in (Started(4, "eagle", 12, 5, "compiling"), Started(4, "none", 3, 1)):
         assert started_from(started_json(event), 4) == event
+
+
+def test_the_colour_legend_explains_each_colour_not_only_names_it(qtbot):
+    from specula.app.legend import LegendBar
+    from specula.app.theme import LEGEND, LIGHT
+
+    legend = LegendBar(LIGHT)
+    qtbot.addWidget(legend)
+    tips = {origin: legend.entries[origin].toolTip() for origin, _ in LEGEND}
+    assert len(set(tips.values())) == len(LEGEND)
+    for origin, caption in LEGEND:
+        assert len(tips[origin]) > 2 * len(caption) + 40 and not tips[origin].lower().startswith(caption), origin
