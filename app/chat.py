@@ -73,7 +73,9 @@ class ChatController(QObject):
         self.unsaved: set[str] = set()  # conversations whose last save failed
         self.loaded: set[str] = set()  # conversations whose turns were read (the others are titles only)
         self.undeleted: set[str] = set()  # conversations whose deletion failed
-        self.runs: dict[str, tuple] = {}  # id -> (its last answer made in this session, its events, Finished)
+        # id -> [(an answer made in this session, its events, its Finished)], the latest RUNS_KEPT, so that any
+        # version of them shown again (Alt+Left, another chat and back) is drawn from its events
+        self.runs: dict[str, list[tuple]] = {}
         self._retry = QTimer(self)
         self._retry.setInterval(self.RETRY_MS)
         self._retry.timeout.connect(self._save_unsaved)
@@ -144,10 +146,10 @@ class ChatController(QObject):
         """The plots follow the selected chat: its last answer, drawn again from its events when it was made
         in this session, else from its saved tokens; nothing yet says what will appear."""
         last = next((t for t in reversed(conversation.turns) if t.role == "assistant"), None)
-        run = self.runs.get(conversation.id)
+        run = next((r for r in reversed(self.runs.get(conversation.id, [])) if _same_answer(r[0], last)), None)
         if last is None or not last.tokens:
             self.plots.clear()
-        elif run is not None and run[0] is last:
+        elif run is not None:
             self.plots.replay(run[1], run[2])
         else:
             self.plots.show_tokens(last.tokens, totals_of(last.summary))
@@ -294,6 +296,12 @@ class ChatController(QObject):
         self.reply.previous = previous
         return True
 
+    RUNS_KEPT = 8
+
+    def _remember_run(self, conversation_id: str, turn: Turn, finished) -> None:
+        runs = [r for r in self.runs.get(conversation_id, []) if not _same_answer(r[0], turn)]
+        self.runs[conversation_id] = (runs + [(turn, list(self.plots.events), finished)])[-self.RUNS_KEPT:]
+
     def show_version(self, turn: Turn, step: int) -> bool:
         """Show the previous (-1) or next (+1) version of an answer; it is the one later messages send."""
         index = self.index_of(turn)
@@ -410,7 +418,7 @@ class ChatController(QObject):
         else:  # cancelled before it started: nothing was shown
             self.view.add_turn(turn)
         self.plots.finish(finished)
-        self.runs[reply.conversation_id] = (turn, list(self.plots.events), finished)
+        self._remember_run(reply.conversation_id, turn, finished)
         self._add_turn(reply.conversation_id, turn)
         self.generating_changed.emit(False)
         self.conversations_changed.emit()
@@ -427,7 +435,7 @@ class ChatController(QObject):
             self.view.end_answer(partial)
             self._add_turn(reply.conversation_id, partial)
             self.plots.finish()
-            self.runs[reply.conversation_id] = (partial, list(self.plots.events), None)
+            self._remember_run(reply.conversation_id, partial, None)
         elif reply.previous is not None:  # a regenerate that never started: the answer it replaced comes back
             self._add_turn(reply.conversation_id, reply.previous)
             self.view.add_turn(reply.previous)
@@ -464,3 +472,10 @@ def build_request(messages: tuple, s: Settings, token_probs: bool = True):
                                        top_p=s.top_p, adaptive_k=s.adaptive_k, max_new_tokens=s.max_new_tokens,
                                        seed=s.seed, token_probs=token_probs)
     return GenerateRequest(messages, s.strategy, config, chat=True, options=s.strategy_options())
+
+
+def _same_answer(a: Turn | None, b: Turn | None) -> bool:
+    """The same answer, though perhaps another Turn object (a version shown again keeps its text, tokens and
+    summary)."""
+    return a is b or (a is not None and b is not None and a.content == b.content and a.summary == b.summary
+                      and len(a.tokens) == len(b.tokens) and a.tokens == b.tokens)

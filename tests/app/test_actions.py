@@ -56,6 +56,14 @@ def test_regenerate_drops_the_last_answer_and_answers_again_with_the_current_str
     assert w.chat.current.turns[-1].content == finished.text and "2/2" in w.view.toPlainText()
     qtbot.keyClick(w.composer.input, Qt.Key.Key_Left, Qt.KeyboardModifier.AltModifier)
     assert w.chat.current.turns[-1].content == first.content
+    # the dock draws the version shown from its own events (made in this session), also after another chat
+    from specula.app.plots import EARLIER
+
+    assert w.plots.notes.text() != EARLIER and w.plots.stat_labels["tps"].text() == first.summary.split(" · ")[2][:-6]
+    current = w.chat.current_id
+    w.chat.new_conversation()
+    w.chat.select(current)
+    assert w.plots.notes.text() != EARLIER and w.plots.stat_labels["plain"].text() != "–"
     # only the last answer offers Regenerate, and it moves on when the conversation grows
     w.send_text("and again")
     wait_reply(qtbot, w)
