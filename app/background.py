@@ -65,8 +65,12 @@ def run(owner: QObject, work: Callable, done: Callable | None = None, failed: Ca
     relay = _the_relay()
 
     def deliver(callback: Callable | None, *args) -> None:
-        if callback is not None:
+        if callback is None or not shiboken6.isValid(relay):
+            return  # the application is gone (it ended while the work ran): nobody to tell
+        try:
             relay.call.emit(lambda: _call_if_alive(owner, callback, args))
+        except RuntimeError:  # deleted between the check and the call, as the application ends
+            pass
 
     def body() -> None:
         try:

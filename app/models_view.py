@@ -57,6 +57,7 @@ class ModelsView(QDialog):
         self._downloading: str | None = None
         self._first: tuple[float, int] | None = None  # (when, bytes) of a download's first report: its speed
         self._select_next: str | None = None  # selected once the list being read arrives (a new download)
+        self._added: str | None = None  # what the status says once that list arrives (a model added)
         self.listings = 0  # lists shown so far
         self._build()
 
@@ -170,6 +171,9 @@ class ModelsView(QDialog):
         if self._select_next is not None:
             self.select(self._select_next)
             self._select_next = None
+        if self._added is not None:
+            self.status.setText(self._added)
+            self._added = None
         self.listings += 1
         self._update_buttons()
 
@@ -275,9 +279,12 @@ class ModelsView(QDialog):
             return
         w = self.window
         lines = [line for line in w.settings.added_models.splitlines() if line.strip()]
-        if path not in lines:
+        known = path in lines
+        if not known:
             w.settings = replace(w.settings, added_models="\n".join([*lines, path]))
             w._save_settings()
+        self._select_next = path  # the list shows it selected, and says so
+        self._added = f"{'Already in the list' if known else 'Added'}: {Path(path).name}. Select it and press Use to load it."
         self.refresh()
 
     # -- downloads ----------------------------------------------------------------------------------
@@ -302,7 +309,7 @@ class ModelsView(QDialog):
     def _files_failed(self, exc: Exception) -> None:
         self._downloading = None
         self._set_idle()
-        self.progress_text.setText(str(exc))
+        self.progress_text.setText(f"Download failed: {str(exc) or 'the repository could not be read'}")
 
     def _choose_file(self, repo: str, found: list) -> None:
         """The repository's GGUF files, [(filename, size)]: the user picks one (none: the whole snapshot)."""

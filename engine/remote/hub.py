@@ -107,7 +107,7 @@ def describe(source: str) -> ModelEntry:
             raise ModelNotFoundError(f"model file not found: {path}")
         return _describe_gguf(path, str(path), path.name, "local")
     if path.is_dir():
-        return _describe_folder(path, str(path), path.name, "local")
+        return _describe_folder(path, str(path), _folder_name(path), "local")
     if _HUB_ID.match(source) and not path.exists() and not source.startswith((".", "~")):
         for entry in _cache_entries(source):
             return entry
@@ -245,6 +245,15 @@ def _gguf_models(folder: Path) -> list[tuple[Path, int]]:
     return found
 
 
+def _folder_name(folder: Path) -> str:
+    """A folder's name as a list shows it: a Hugging Face cache snapshot (models--org--name/snapshots/HASH)
+    by its repository, org/name; any other folder by its own name."""
+    parent, top = folder.resolve().parent, folder.resolve().parent.parent
+    if parent.name == "snapshots" and top.name.startswith("models--"):
+        return top.name[len("models--"):].replace("--", "/")
+    return folder.name
+
+
 def _describe_folder(folder: Path, source: str, name: str, where: str) -> ModelEntry:
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -255,7 +264,8 @@ def _describe_folder(folder: Path, source: str, name: str, where: str) -> ModelE
     if not isinstance(config, dict):
         raise SpeculaError(f"cannot read {folder / 'config.json'}: it is not a JSON object")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    architectures = config.get("architectures") or [""]
+    # a config saved without its architectures (some exports) still names its model type
+    architectures = config.get("architectures") or [str(config.get("model_type") or text.get("model_type") or "")]
     context = 0
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
         value = config.get(key, text.get(key))
@@ -443,7 +453,28 @@ def _repo_info(repo_id: str):
         raise SpeculaError(f"'{repo_id}' is not on the Hub at {endpoint} (or it is private: log in with "
                            "`hf auth login`)") from None
     except Exception as exc:  # the HTTP client's and huggingface_hub's errors, of several types
-        raise SpeculaError(f"cannot reach the Hub at {endpoint} for '{repo_id}': {first_line(exc)}") from None
+        raise SpeculaError(f"cannot reach the Hub at {endpoint} for '{repo_id}': {network_reason(exc)}") from None
+
+
+_NETWORK_WORDS = (
+    (("name or service not known", "temporary failure in name resolution", "nodename nor servname",
+      "no address associated", "getaddrinfo failed"), "its address cannot be looked up (is this machine offline?)"),
+    (("network is unreachable", "no route to host"), "no network reaches it (is this machine offline?)"),
+    (("connection refused",), "it refused the connection"),
+    (("timed out", "timeout"), "it did not answer in time"),
+    (("certificate verify failed", "ssl"), "its secure connection could not be checked (a proxy or the clock?)"),
+)
+
+
+def network_reason(exc: Exception) -> str:
+    """Why a connection failed, in words: the usual network failures named, else the error's first line
+    without the "[Errno N]" of the system call."""
+    text = first_line(exc)
+    low = text.lower()
+    for needles, words in _NETWORK_WORDS:
+        if any(n in low for n in needles):
+            return words
+    return re.sub(r"\[Errno -?\d+\]\s*", "", text) or type(exc).__name__
 
 
 def _gated(repo_id: str) -> str:
@@ -555,8 +586,8 @@ def _failure(repo_id: str, exc: Exception) -> SpeculaError:
     remote = (errors.HfHubHTTPError, errors.EntryNotFoundError, ConnectionError)  # OSErrors that are not the disk's
     if isinstance(exc, OSError) and not isinstance(exc, remote):
         return SpeculaError(f"cannot write the download of '{repo_id}' to {hub_cache()}: {first_line(exc)}")
-    return SpeculaError(f"cannot download '{repo_id}' from {hub_endpoint()}: {first_line(exc)} (run the download "
-                        "again to resume it)")
+    return SpeculaError(f"cannot download '{repo_id}' from {hub_endpoint()}: {network_reason(exc)} (run the "
+                        "download again to resume it)")
 
 
 def _fetch(repo_id: str, name: str, progress: _Progress) -> str:

@@ -218,3 +218,29 @@ def test_recommended_models_name_their_drafts():
     assert "HuggingFaceTB/SmolLM2-360M-Instruct" in ids and any(r.repo_id.endswith("-GGUF") for r in hub.RECOMMENDED)
     assert all(r.size_text and r.draft_repo_id != r.repo_id for r in hub.RECOMMENDED)
     assert any("gated" in r.note for r in hub.RECOMMENDED)
+
+
+def test_network_failures_are_said_in_words_without_errno():
+    from specula.engine.remote.hub import network_reason
+
+    assert "offline" in network_reason(OSError("[Errno -3] Temporary failure in name resolution"))
+    assert "offline" in network_reason(ConnectionError("HTTPSConnectionPool: Max retries exceeded (Caused by "
+                                                       "NameResolutionError: [Errno -2] Name or service not known)"))
+    assert network_reason(TimeoutError("read timed out")) == "it did not answer in time"
+    assert network_reason(OSError("[Errno 28] something else")) == "something else"
+
+
+def test_an_added_folder_is_named_by_its_repository_and_its_model_type(tmp_path):
+    import json
+
+    from specula.engine.remote.hub import describe
+
+    snapshot = tmp_path / "hub" / "models--org--tiny-model" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 256}))
+    entry = describe(str(snapshot))
+    assert entry.name == "org/tiny-model" and entry.architecture == "llama" and entry.context_length == 256
+    plain = tmp_path / "my-model"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert describe(str(plain)).name == "my-model" and describe(str(plain)).architecture == "LlamaForCausalLM"
