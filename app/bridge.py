@@ -190,17 +190,28 @@ class EngineBridge(QObject):
                 self._emit(Failed(rid, f"the engine could not start: {exc}", "EngineDied"))
             return
         with self._lock:
-            self._engine, self._client, self._starting = engine, client, False
-            pending, self._pending = self._pending, []
+            self._engine = engine
         if self._closed:
             engine.stop()
             return
         threading.Thread(target=self._watch, args=(engine,), name="specula-engine-watch", daemon=True).start()
-        for rid, request in pending:  # one after another, so the engine receives them in this order
-            call = client.call(request, rid)
+        # what waited goes first, one request after another and each to its end (the model's load before the
+        # message sent meanwhile: a busy machine must not let the message reach the engine first); the
+        # client is used directly only once nothing waits, and requests made until then wait behind these
+        while True:
             with self._lock:
+                died = engine is not self._engine  # _watch saw it end and asked for another
+                if died or not self._pending:
+                    if not died:
+                        self._client = client
+                    self._starting = False
+                    break
+                rid, request = self._pending.pop(0)
+                call = client.call(request, rid)
                 self._calls[rid] = call
             self._stream(rid, call, engine)
+        if died and self._pending:
+            self._ensure_engine()
 
     def _watch(self, engine) -> None:
         """Wait for the engine process to end; if nobody asked it to, start another and load the last

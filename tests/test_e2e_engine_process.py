@@ -41,6 +41,8 @@ SCRIPT = textwrap.dedent('''
     probe.timeout.connect(tick)
     replies = []
     w.chat.reply_finished.connect(lambda ok, event: replies.append((ok, type(event).__name__)))
+    failures = []  # what a Failed said, for the assertion's message
+    w.chat.reply_finished.connect(lambda ok, event: ok or failures.append(getattr(event, "message", "")))
 
     def wait(condition, seconds):
         deadline = time.time() + seconds
@@ -75,6 +77,7 @@ SCRIPT = textwrap.dedent('''
     assert w.send_text("Say hello.")
     wait(lambda: len(replies) == 3, 300)
     out["after_restart"] = replies[2]
+    out["failures"] = failures
     out["restarts"] = w.bridge.restarts
     out["conversation"] = [t.role for t in w.chat.current.turns]
     out["torch_loaded"] = "torch" in sys.modules
