@@ -27,7 +27,14 @@ from specula.app.history import Conversation, TokenRecord, Turn, chat_messages, 
 from specula.app.history_db import ConversationDB, StoreError
 from specula.app.settings import Settings
 from specula.app.tokens import step_records, summary, totals_of
-from specula.engine.api.events import Failed, Finished, ServerStats, Started, Step  # plain dataclasses: no torch
+from specula.engine.api.events import (  # plain dataclasses: no torch
+    Failed,
+    Finished,
+    PromptProgress,
+    ServerStats,
+    Started,
+    Step,
+)
 
 
 @dataclass
@@ -43,6 +50,7 @@ class Reply:
     tokens: list[TokenRecord] = field(default_factory=list)
     started: bool = False
     step: str = ""  # the decoding step it started on (Started.step): "compiling" means slower, eager
+    reading: bool = False  # its long prompt is being read (the status bar says how far)
     saved_at: float = 0.0  # when the answer's text so far was last written (kept if the app dies)
     previous: Turn | None = None  # the answer being regenerated: kept as an earlier version of the new one
 
@@ -59,6 +67,7 @@ class ChatController(QObject):
     store_failed = Signal(str)  # a save failed: what and where (it is retried)
     store_recovered = Signal()  # every conversation is saved again
     step_notice = Signal(str)  # what the status bar says about the decoding step (being prepared, ready)
+    reading = Signal(str)  # a long prompt being read (empty: it has been read)
 
     RETRY_MS = 5000
     BACKGROUND_TURNS = 400  # a chat with more turns than this (about 2 MB) is read off the GUI thread when it opens
@@ -374,7 +383,13 @@ class ChatController(QObject):
                 self.reply.step = event.step
                 self.plots.begin()
                 self.view.begin_answer(dropped_note(self.reply.dropped))
+            case PromptProgress():
+                self.reply.reading = True
+                self.reading.emit(reading_text(event))
             case Step():
+                if self.reply.reading:
+                    self.reply.reading = False
+                    self.reading.emit("")
                 records = step_records(event)
                 self.reply.tokens.extend(records)
                 self.view.append_tokens(records)
@@ -479,3 +494,15 @@ def _same_answer(a: Turn | None, b: Turn | None) -> bool:
     summary)."""
     return a is b or (a is not None and b is not None and a.content == b.content and a.summary == b.summary
                       and len(a.tokens) == len(b.tokens) and a.tokens == b.tokens)
+
+
+def reading_text(event: PromptProgress) -> str:
+    """The status bar while a long prompt is read: how far, and about how long the rest takes."""
+    left = event.left_s
+    rest = f", about {_duration(left)} left" if left is not None else ""
+    return f"Reading the prompt: {event.done:,} of {event.total:,} tokens ({event.done / max(1, event.total):.0%}){rest}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(1, round(seconds))
+    return f"{seconds} s" if seconds < 90 else f"{round(seconds / 60)} min"

@@ -240,6 +240,7 @@ class MainWindow(QMainWindow):
         self.chat.store_failed.connect(self._store_failed)
         self.chat.store_recovered.connect(self._store_recovered)
         self.chat.step_notice.connect(lambda text: self.statusBar().showMessage(text, 0 if "Preparing" in text else 8000))
+        self.chat.reading.connect(lambda text: self.statusBar().showMessage(text) if text else self.statusBar().clearMessage())
         self.sidebar.renamed.connect(self.chat.rename)
         self.sidebar.delete_requested.connect(self._confirm_delete)
         self.sidebar.search_changed.connect(lambda _: self._refresh_conversations())

@@ -42,6 +42,22 @@ class Started:
 
 
 @dataclass(frozen=True)
+class PromptProgress:
+    """A long prompt being read: `done` of its `total` tokens after `elapsed_s` (sent after each chunk once
+    reading takes over PROGRESS_AFTER_S, so that a long chat's first token is not minutes of silence)."""
+
+    request_id: int
+    done: int
+    total: int
+    elapsed_s: float
+
+    @property
+    def left_s(self) -> float | None:
+        """About how long the rest takes, at the rate so far (None before any)."""
+        return self.elapsed_s * (self.total - self.done) / self.done if self.done > 0 else None
+
+
+@dataclass(frozen=True)
 class Step:
     request_id: int
     step: int  # 0 is the prefill

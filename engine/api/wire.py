@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 
-from .events import BaselineCost, Capabilities, Finished, Loaded, Origin, ServerStats, Started, Step, Token, Totals
+from .events import (BaselineCost, Capabilities, Finished, Loaded, Origin, PromptProgress, ServerStats, Started, Step,
+                     Token, Totals)
 from .types import GenerateRequest
 
 _TOTALS = tuple(f.name for f in fields(Totals))
@@ -42,6 +43,8 @@ def extension_json(request: GenerateRequest) -> dict:
            "options": dict(request.options)}
     if config.token_probs:
         ext["token_probs"] = True
+    if not config.fit_window:  # as the engine decodes locally: an answer may end at the window's end
+        ext["cut_at_window"] = True
     return ext
 
 
@@ -68,6 +71,15 @@ def started_json(event: Started) -> dict:
 def started_from(data: dict, request_id: int) -> Started:
     return Started(request_id, str(data.get("strategy", "")), int(data.get("prompt_tokens", 0)), int(data.get("k", 0)),
                    str(data.get("decoding_step", "")))
+
+
+def progress_json(event: PromptProgress) -> dict:
+    return {"done": event.done, "total": event.total, "elapsed_s": round(event.elapsed_s, 3)}
+
+
+def progress_from(data: dict, request_id: int) -> PromptProgress:
+    return PromptProgress(request_id, int(data.get("done", 0)), int(data.get("total", 0)),
+                          float(data.get("elapsed_s", 0.0)))
 
 
 def step_json(step: Step, tokens: list[Token] | tuple[Token, ...]) -> dict:

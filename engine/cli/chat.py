@@ -11,11 +11,11 @@ from dataclasses import replace
 
 from ..api.backend import Backend
 from ..api.errors import SpeculaError, terminal_safe
-from ..api.events import Finished, Origin, Step
+from ..api.events import Finished, Origin, PromptProgress, Step
 from ..api.metrics import speedup_text
 from ..api.prompts import Message, conversation
 from ..api.types import GenerateRequest
-from .common import decode_config, open_backend, strategy_options
+from .common import decode_config, open_backend, show_reading, strategy_options
 
 COLOURS = {
     Origin.DRAFT: "\033[32m",  # green: accepted draft token
@@ -95,8 +95,13 @@ def _reply(backend: Backend, request: GenerateRequest, colour: bool) -> Finished
     previous = signal.signal(signal.SIGINT, on_interrupt)
     finished = None
     try:
+        reading = False
         for event in backend.generate(request, should_stop=lambda: stop[0]):
-            if isinstance(event, Step):
+            if isinstance(event, PromptProgress):
+                reading = show_reading(event)
+            elif isinstance(event, Step):
+                if reading:
+                    reading = show_reading(None)
                 sys.stdout.write(_paint(event, colour))
                 sys.stdout.flush()
             elif isinstance(event, Finished):

@@ -116,3 +116,17 @@ def connect_remote(args, progress):
         for note in loaded.notes:
             progress(note)
     return backend
+
+
+def show_reading(event) -> bool:
+    """A long prompt being read (a PromptProgress), on one line of standard error that the next replaces;
+    None clears it. Returns whether the line is shown."""
+    if event is None:
+        sys.stderr.write("\r" + " " * 72 + "\r")
+        sys.stderr.flush()
+        return False
+    left = event.left_s
+    rest = f", about {max(1, round(left))} s left" if left is not None else ""
+    sys.stderr.write(f"\r[reading the prompt: {event.done:,} of {event.total:,} tokens{rest}]".ljust(72))
+    sys.stderr.flush()
+    return True

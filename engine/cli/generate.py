@@ -6,11 +6,11 @@ import sys
 
 from ..api.backend import Backend
 from ..api.errors import SpeculaError, terminal_safe
-from ..api.events import Finished, Step
+from ..api.events import Finished, PromptProgress, Step
 from ..api.metrics import SpeedupSum, speedup_text
 from ..api.prompts import Message, conversation
 from ..api.types import DecodeConfig, GenerateRequest
-from .common import PromptItem, decode_config, json_line, open_backend, read_prompts, strategy_options
+from .common import PromptItem, decode_config, json_line, open_backend, read_prompts, show_reading, strategy_options
 
 
 def run_generate(args) -> int:
@@ -54,8 +54,13 @@ def answer(backend: Backend, item: PromptItem, args, config: DecodeConfig) -> di
 
 def _run_turn(backend: Backend, request: GenerateRequest, stream: bool) -> Finished:
     finished = None
+    reading = False
     for event in backend.generate(request):
-        if stream and isinstance(event, Step):
+        if stream and isinstance(event, PromptProgress):
+            reading = show_reading(event)
+        elif stream and isinstance(event, Step):
+            if reading:
+                reading = show_reading(None)
             sys.stdout.write(terminal_safe("".join(t.text for t in event.tokens)))
             sys.stdout.flush()
         elif isinstance(event, Finished):

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..api.errors import ContextTooLongError, SpeculaError
-from ..api.events import Finished, Origin, Started, Step, Token
+from ..api.events import Finished, Origin, PromptProgress, Started, Step, Token
 from ..api.metrics import StepTotals
 from ..api.types import K_MAX, DecodeConfig
 from .detok import Detokenizer
@@ -33,6 +33,9 @@ from .speedup import PlainHistory, SpeedupMeter, probe_due
 from .target import ModelRunner
 from .tree import TokenTree
 from .verify import Verdict, verify, walk_tree, walk_tree_sampling
+
+PROMPT_CHUNK = 512  # a longer prompt is read in chunks of this many tokens, with progress between them
+PROGRESS_AFTER_S = 1.0  # ... said once reading has taken this long
 
 
 def make_generator(device: torch.device, seed: int | None) -> torch.Generator:
@@ -92,7 +95,12 @@ def generate(
     every decode step (the machine's policy, e.g. the CPU's thread count: it must change no bits)."""
     loop = _Loop(target, drafter, prompt_ids, config, stop_ids, tokenizer, request_id, plain or PlainHistory())
     yield Started(request_id, strategy, len(prompt_ids), config.k, step)
-    yield loop.prefill()
+    for event in loop.prefill(should_stop):
+        yield event
+        if should_stop() and isinstance(event, PromptProgress):  # cancelled while a long prompt is read
+            loop.budget.reason = "cancelled"
+            yield loop.finish()
+            return
     k = config.k
     # the draft length of each step, from measured costs and acceptance (a drafter that chooses its own
     # lengths, auto, gets the step times instead; --adaptive-k keeps the older grow/shrink rule). Sampling
@@ -173,20 +181,31 @@ class _Loop:
     def _text(self, token: int) -> str:
         return self.detok.add(token) if self.detok else ""
 
-    def prefill(self) -> Step:
-        """The target reads the prompt and chooses the first token."""
+    def prefill(self, should_stop: Callable[[], bool] = lambda: False) -> Iterator[PromptProgress | Step]:
+        """The target reads the prompt and chooses the first token (the last event). A prompt longer than
+        PROMPT_CHUNK is read in chunks of it, with a PromptProgress after each once reading has taken
+        PROGRESS_AFTER_S (every strategy reads a prompt the same way, so their answers stay the same)."""
         self.target.truncate(0)
         layers = getattr(self.drafter, "aux_layers", ())
         if layers or getattr(self.target, "aux_layers", ()):  # the layers an EAGLE-3 head reads, or none again
             self.target.keep_layers(layers)
         self.drafter.reset()
-        logits = self.target.forward(self.ctx[: self.length])  # (1, V)
+        start = 0
+        while self.length - start > PROMPT_CHUNK:
+            self.target.forward(self.ctx[start : start + PROMPT_CHUNK])
+            start += PROMPT_CHUNK
+            elapsed = time.perf_counter() - self.t_start
+            if elapsed >= PROGRESS_AFTER_S:
+                yield PromptProgress(self.request_id, start, self.length, elapsed)
+                if should_stop():
+                    return
+        logits = self.target.forward(self.ctx[start : self.length])  # (1, V)
         first = int(choose(logits[-1], self.params, self.gen))
         self.stats.prefill_s = time.perf_counter() - self.t_start
         kept = self._append([first])
         tokens = tuple(Token(first, self._text(first), Origin.TARGET, 0) for _ in range(kept))
         s = self.last_elapsed = self.stats.prefill_s
-        return Step(self.request_id, 0, 0, 0, tokens, (), 0.0, s, self.n_prompt, 0, s)
+        yield Step(self.request_id, 0, 0, 0, tokens, (), 0.0, s, self.n_prompt, 0, s)
 
     def _measured(self, drafted: int, emitted: int, draft_s: float) -> tuple[float, dict]:
         """The step's end (since t_start) and the live speedup's fields for its event. A step that drafted

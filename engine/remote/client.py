@@ -176,6 +176,9 @@ class Call:
                 if "server_stats" in ext:
                     yield wire.stats_from(ext["server_stats"], self.rid)
                     continue
+                if "prompt_progress" in ext:
+                    yield wire.progress_from(ext["prompt_progress"], self.rid)
+                    continue
                 if "step" in ext:
                     step = wire.step_from(ext, self.rid)
                     seen.add(step)

@@ -336,6 +336,7 @@ class SpeculaExtension(_Body):
     k: Count = None
     adaptive_k: Flag = None
     token_probs: Flag = None
+    cut_at_window: Flag = None  # max_tokens beyond the window's room ends the answer there instead of a 400
     k_max: Count = None
     options: Annotated[StrategyOptions | None, BeforeValidator(_or_none)] = None
 
@@ -471,7 +472,7 @@ def _decode(body: ChatCompletionRequest | CompletionRequest, ext: SpeculaExtensi
         return DecodeConfig.for_strategy(
             strategy, server_k if ext.k is None else ext.k, adaptive_k=bool(ext.adaptive_k),
             token_probs=bool(ext.token_probs), max_new_tokens=body.max_new_tokens or defaults.context_window or 1 << 30,
-            fit_window=body.max_new_tokens is not None, seed=body.seed, **sampling, **k_max)
+            fit_window=body.max_new_tokens is not None and not ext.cut_at_window, seed=body.seed, **sampling, **k_max)
     except SpeculaError as exc:
         raise _bad(str(exc), "specula") from None
 

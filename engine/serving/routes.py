@@ -35,7 +35,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..api import wire
 from ..api.errors import SpeculaError
-from ..api.events import Failed, Finished, Loaded, Loading, ServerStats, Started, Step, Trained, Training
+from ..api.events import (Failed, Finished, Loaded, Loading, PromptProgress, ServerStats, Started, Step, Trained,
+                          Training)
 from ..api.strategies import STRATEGIES
 from ..api.types import LoadRequest, RemoteLoadRequest
 from . import openai, prometheus
@@ -238,6 +239,9 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                     case ServerStats():
                         stats = {"server_stats": wire.stats_json(event)}
                         yield _sse(openai.chunk(parsed, None, choices=False, extension=stats))
+                    case PromptProgress():
+                        progress = {"prompt_progress": wire.progress_json(event)}
+                        yield _sse(openai.chunk(parsed, None, choices=False, extension=progress))
                     case Finished():
                         piece, tokens, reason, usage = answer.finish(event)
                         extension = wire.finished_json(event, tokens)

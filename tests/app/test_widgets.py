@@ -313,3 +313,18 @@ def test_the_colour_legend_explains_each_colour_not_only_names_it(qtbot):
     assert len(set(tips.values())) == len(LEGEND)
     for origin, caption in LEGEND:
         assert len(tips[origin]) > 2 * len(caption) + 40 and not tips[origin].lower().startswith(caption), origin
+
+
+def test_a_long_prompt_shows_how_far_it_has_been_read(make_window, qtbot, monkeypatch):
+    from specula.engine.decoding import loop
+    from tests.app.conftest import wait_reply
+
+    monkeypatch.setattr(loop, "PROMPT_CHUNK", 16)
+    monkeypatch.setattr(loop, "PROGRESS_AFTER_S", 0.0)
+    w = make_window(strategy="none", max_new_tokens=4)
+    said = []
+    w.chat.reading.connect(said.append)
+    w.send_text("tell me about the cat and the dog " * 6)
+    wait_reply(qtbot, w)
+    assert said and said[0].startswith("Reading the prompt: 16 of ") and " left" in said[0]
+    assert said[-1] == "" and w.statusBar().currentMessage() == ""  # cleared once the answer began

@@ -203,3 +203,39 @@ def test_a_near_tie_in_fp32_does_not_part_medusa_from_plain_decoding(models):
     for _ in range(3):
         spec = run(target, draft, "medusa", prompt, k=2, max_new_tokens=50, seed=8)[-1]
         assert spec.token_ids == base.token_ids
+
+
+@pytest.mark.parametrize("strategy", ["none", "prompt-lookup", "eagle", "medusa", "draft-model"])
+def test_a_long_prompt_is_read_in_chunks_with_progress_and_answers_stay_the_same(models, strategy, monkeypatch):
+    """A prompt over PROMPT_CHUNK tokens is read chunk by chunk, saying how far after each, and every
+    strategy answers it as `none` does; the model's own greedy decoding over the whole prompt agrees."""
+    from specula.engine.api.events import PromptProgress
+    from specula.engine.decoding import loop
+
+    monkeypatch.setattr(loop, "PROMPT_CHUNK", 40)
+    monkeypatch.setattr(loop, "PROGRESS_AFTER_S", 0.0)
+    target, draft = models
+    prompt = torch.randint(0, 64, (130,), generator=torch.Generator().manual_seed(5)).tolist()
+    base = run(target, draft, "none", prompt, max_new_tokens=30)
+    events = run(target, draft, strategy, prompt, max_new_tokens=30)
+    progress = [(e.done, e.total) for e in events if isinstance(e, PromptProgress)]
+    assert progress == [(40, 130), (80, 130), (120, 130)]
+    assert events[-1].token_ids == base[-1].token_ids
+    if strategy == "none":
+        assert list(base[-1].token_ids) == plain_greedy(target.model, prompt, 30)
+
+
+def test_a_long_prompt_can_be_cancelled_while_it_is_read(models, monkeypatch):
+    from specula.engine.api.events import PromptProgress
+    from specula.engine.decoding import loop
+
+    monkeypatch.setattr(loop, "PROMPT_CHUNK", 40)
+    monkeypatch.setattr(loop, "PROGRESS_AFTER_S", 0.0)
+    target, _ = models
+    events = []
+    for e in generate(target.new_runner(), build_drafter("none", target, None), list(range(1, 60)) * 3,
+                      DecodeConfig(max_new_tokens=10),
+                      should_stop=lambda: any(isinstance(x, PromptProgress) for x in events)):
+        events.append(e)  # the user cancels once the first progress shows
+    assert isinstance(events[-1], Finished) and events[-1].reason == "cancelled" and not events[-1].token_ids
+    assert sum(isinstance(e, PromptProgress) for e in events) == 1

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from specula.engine.api.events import Finished
 from specula.engine.serving import guard
 
 pytest.importorskip("uvicorn")
@@ -256,7 +257,10 @@ def test_slow_headers_and_bodies_are_cut_off(served, monkeypatch):
     sock = socket.create_connection(("127.0.0.1", served.port), timeout=60)
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: 100\r\n\r\n{\"mess")
-    answer = sock.recv(4096).decode()  # waits for the server's answer
+    answer = b""
+    while chunk := sock.recv(4096):  # the whole answer: the server closes the connection after it
+        answer += chunk
+    answer = answer.decode()
     assert answer.startswith("HTTP/1.1 408") and "request_timeout" in answer
     sock.close()
     monkeypatch.setattr(guard.Protocol, "header_timeout_s", 0.5)
@@ -399,3 +403,24 @@ def test_a_request_without_sampling_fields_gets_the_models_own_defaults_else_gre
 def test_an_unknown_strategy_lists_only_what_the_loaded_model_can_use(served):
     status, data = served.post("/v1/chat/completions", {"messages": HELLO, "specula": {"strategy": "warp"}})
     assert status == 400 and "draft-model" not in data["error"]["message"] and "prompt-lookup" in data["error"]["message"]
+
+
+def test_a_long_prompts_reading_is_streamed_as_progress(served, monkeypatch):
+    from specula.engine.api.events import PromptProgress
+    from specula.engine.api.types import GenerateRequest
+    from specula.engine.decoding import loop
+    from specula.engine.remote.client import EngineClient
+
+    monkeypatch.setattr(loop, "PROMPT_CHUNK", 16)
+    monkeypatch.setattr(loop, "PROGRESS_AFTER_S", 0.0)
+    long = [{"role": "user", "content": "tell me about the cat and the dog " * 6}]
+    chunks = list(served.client().chat.completions.create(model="tiny", messages=long, max_tokens=4, stream=True))
+    progress = [c.model_extra["specula"]["prompt_progress"] for c in chunks
+                if "prompt_progress" in (c.model_extra or {}).get("specula", {})]
+    assert progress and all(p["done"] < p["total"] for p in progress) and not any(c.choices for c in chunks
+                                                                                   if c.model_extra.get("specula", {}).get("prompt_progress"))
+    from specula.engine.api.prompts import Message
+
+    request = GenerateRequest((Message("user", long[0]["content"]),), "none")
+    events = list(EngineClient(served.url).call(request, 1).events())
+    assert any(isinstance(e, PromptProgress) for e in events) and isinstance(events[-1], Finished)
