@@ -7,6 +7,7 @@ from PySide6.QtWidgets import QCheckBox, QLabel, QWidget
 
 from specula.app.flow import FlowLayout
 from specula.app.theme import LEGEND, OriginColours, is_dark, palette_for
+
 # what each colour means for the answer and for the speed (a label's tooltip)
 TIPS = {
     "draft": "Guessed by the drafter and confirmed by the model in one pass: these tokens come almost free. "

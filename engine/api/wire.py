@@ -13,8 +13,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 
-from .events import (BaselineCost, Capabilities, Finished, Loaded, Origin, PromptProgress, ServerStats, Started, Step,
-                     Token, Totals)
+from .events import (
+    BaselineCost,
+    Capabilities,
+    Finished,
+    Loaded,
+    Origin,
+    PromptProgress,
+    ServerStats,
+    Started,
+    Step,
+    Token,
+    Totals,
+)
 from .types import GenerateRequest
 
 _TOTALS = tuple(f.name for f in fields(Totals))

@@ -21,8 +21,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints,
-                      ValidationError, ValidationInfo, WrapValidator, create_model, model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    WrapValidator,
+    create_model,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from ..api.errors import SpeculaError

@@ -35,8 +35,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..api import wire
 from ..api.errors import SpeculaError
-from ..api.events import (Failed, Finished, Loaded, Loading, PromptProgress, ServerStats, Started, Step, Trained,
-                          Training)
+from ..api.events import (
+    Failed,
+    Finished,
+    Loaded,
+    Loading,
+    PromptProgress,
+    ServerStats,
+    Started,
+    Step,
+    Trained,
+    Training,
+)
 from ..api.strategies import STRATEGIES
 from ..api.types import LoadRequest, RemoteLoadRequest
 from . import openai, prometheus

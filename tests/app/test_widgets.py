@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from PySide6.QtCore import Qt
 
 from specula.app.composer import Composer
@@ -277,9 +276,8 @@ def test_the_docks_three_figures_agree_for_an_answer(make_window, qtbot, strateg
 def test_answers_made_while_the_decoding_step_is_prepared_say_so(make_window, qtbot, monkeypatch):
     from specula.app.chat import ChatController
     from specula.app.tokens import EAGER_NOTE
-    from tests.app.conftest import wait_reply
-
     from specula.engine.models.loading import LoadedModel
+    from tests.app.conftest import wait_reply
 
     kind = LoadedModel  # what the session's target is once the window loads it
     monkeypatch.setattr(kind, "step_status", property(lambda self: "compiling"))
