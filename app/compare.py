@@ -118,7 +118,10 @@ class CompareController(QObject):
         match event:
             case Started():
                 self._started = True
-                self.plots.begin()
+                run = self.card.running
+                which = "1 of 2, plain decoding" if run == PLAIN else f"2 of 2, {run}"
+                self.plots.begin(f"Compare, run {which}: these figures are the comparison's, not the chat's "
+                                 "answer (its own are under it)")
             case Step():
                 self.plots.add_step(event)
             case Finished():

@@ -209,8 +209,9 @@ class PlotsPanel(QWidget):
         self._say("")
         self._apply_theme()
 
-    def begin(self) -> None:
-        """A generation starts: clear the plots."""
+    def begin(self, label: str = "") -> None:
+        """A generation starts: clear the plots. `label` says whose figures they are when they are not the
+        chat's answer (a Compare run)."""
         from specula.engine.api.metrics import LiveMetrics
 
         self.metrics = LiveMetrics(self.baseline, window=ROLLING)
@@ -218,7 +219,7 @@ class PlotsPanel(QWidget):
             buffer.clear()
         self.events = []
         self.empty.setVisible(False)
-        self._say("")
+        self._say(label)
         self._recent = []
         self._last_step = 0
         self._server_seen = (0, 0)

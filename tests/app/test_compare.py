@@ -53,6 +53,7 @@ def test_compare_runs_plain_then_the_strategy_with_the_same_seed(make_window, qt
     live = speedup_text(card.fast.live, card.fast.live_err)
     assert card.fast.live is not None and f"live in the answer: {live}" in text
     assert w.plots.stat_labels["speedup"].text() == live
+    assert w.plots.notes.text().startswith("Compare, run 2 of 2, draft-model")  # the dock says whose figures
     # a card, not a turn: the conversation and its file are unchanged, and the chat goes on
     assert w.chat.current.turns == turns_before
     assert saved_history(tmp_path).load_all()[0] == saved_before
