@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QSizePolicy,
     QSplitter,
     QToolBar,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -435,9 +436,33 @@ class MainWindow(QMainWindow):
         self.theme_actions[self.theme].setChecked(True)
         app = QApplication.instance()
         apply_theme(app, self.theme)
+        self._tint_overflow_buttons()
         if not self._following_system:
             self._following_system = True
             app.styleHints().colorSchemeChanged.connect(lambda _: self.theme == "system" and self.set_theme("system"))
+
+    def _tint_overflow_buttons(self) -> None:
+        """The » a narrow toolbar shows for what does not fit: drawn in the palette's text colour (the
+        style's own arrow is black, invisible on the dark theme)."""
+        from PySide6.QtGui import QIcon, QPainter, QPalette, QPixmap
+
+        colour = QApplication.instance().palette().color(QPalette.ColorRole.ButtonText)
+        for bar in self.findChildren(QToolBar):
+            button = bar.findChild(QToolButton, "qt_toolbar_ext_button")
+            if button is None:
+                continue
+            pixmap = QPixmap(32, 32)
+            pixmap.fill(Qt.GlobalColor.transparent)
+            painter = QPainter(pixmap)
+            font = painter.font()
+            font.setPixelSize(26)
+            font.setBold(True)
+            painter.setFont(font)
+            painter.setPen(colour)
+            painter.drawText(pixmap.rect(), Qt.AlignmentFlag.AlignCenter, "»")
+            painter.end()
+            button.setIcon(QIcon(pixmap))
+            button.setToolTip("More: what does not fit in this width")
 
     def set_ghosts(self, show: bool) -> None:
         for widget in (self.legend.ghosts, self.ghost_action):

@@ -326,3 +326,18 @@ def test_a_long_prompt_shows_how_far_it_has_been_read(make_window, qtbot, monkey
     wait_reply(qtbot, w)
     assert said and said[0].startswith("Reading the prompt: 16 of ") and " left" in said[0]
     assert said[-1] == "" and w.statusBar().currentMessage() == ""  # cleared once the answer began
+
+
+def test_the_toolbars_overflow_arrow_is_drawn_in_the_themes_text_colour(make_window, qtbot):
+    from PySide6.QtGui import QPalette
+    from PySide6.QtWidgets import QApplication, QToolBar, QToolButton
+
+    w = make_window()
+    for theme in ("dark", "light"):
+        w.set_theme(theme)
+        colour = QApplication.instance().palette().color(QPalette.ColorRole.ButtonText)
+        button = w.findChild(QToolBar).findChild(QToolButton, "qt_toolbar_ext_button")
+        image = button.icon().pixmap(32, 32).toImage()
+        inked = {image.pixelColor(x, y).rgb() for x in range(32) for y in range(32) if image.pixelColor(x, y).alpha() > 200}
+        assert colour.rgb() in inked, theme
+    w.set_theme("light")
