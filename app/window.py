@@ -287,7 +287,11 @@ class MainWindow(QMainWindow):
         else:
             self._offer_strategies(event.strategies)
         self.plots.set_model(event)
-        self.status_labels["model"].setText(event.target + (f"  ·  draft: {event.draft}" if event.draft else ""))
+        # the names without their details (file kind, where from), so that a small window shows both; the
+        # whole names in the tooltip
+        short = lambda name: name.split(" (")[0]  # noqa: E731
+        self.status_labels["model"].setText(short(event.target) + (f"  ·  draft: {short(event.draft)}" if event.draft else ""))
+        self.status_labels["model"].setToolTip(event.target + (f"\ndraft: {event.draft}" if event.draft else ""))
         self.status_labels["device"].setText(event.device)
         self.status_labels["dtype"].setText(event.weights or event.dtype if self.can.precision else "")
         self.statusBar().showMessage(f"Loaded {event.target}", 4000)
