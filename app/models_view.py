@@ -23,6 +23,7 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
     QComboBox,
     QDialog,
     QFileDialog,
@@ -43,6 +44,7 @@ from specula.app import background
 from specula.app.theme import mute
 
 COLUMNS = ("Model", "Where", "Size", "Architecture", "Context", "Precision", "For the loaded model")
+RESULT_COLUMNS = ("Model on the Hub", "Downloads", "Likes", "Files")
 WHERE = {"bundled": "bundled", "local": "added", "cache": "Hugging Face cache"}
 
 
@@ -124,6 +126,33 @@ class ModelsView(QDialog):
         self.progress.setVisible(False)
         self.progress_text = QLabel()
         mute(self.progress_text)
+        self.search_text = QLineEdit()
+        self.search_text.setPlaceholderText("Search the Hugging Face Hub: a name, e.g. SmolLM2 or Qwen2.5")
+        self.search_text.returnPressed.connect(lambda: self.search())
+        self.gguf_only = QCheckBox("GGUF only")
+        self.gguf_only.setToolTip("Only repositories of GGUF files (the format LM Studio, Ollama and llama.cpp use)")
+        self.search_button = QPushButton("Search")
+        self.search_button.clicked.connect(lambda: self.search())
+        self.results = QTableWidget(0, len(RESULT_COLUMNS))
+        self.results.setHorizontalHeaderLabels(RESULT_COLUMNS)
+        self.results.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.results.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.results.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.results.verticalHeader().setVisible(False)
+        self.results.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.results.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.results.setMaximumHeight(170)
+        self.results.setVisible(False)
+        self.results.itemSelectionChanged.connect(self._result_chosen)
+        self.found: list = []  # the last search's HubModel rows
+        self._details_for: str | None = None  # the result whose size and files are shown (or being read)
+        self.details = QLabel()
+        self.details.setWordWrap(True)
+        mute(self.details)
+        search = QHBoxLayout()
+        search.addWidget(self.search_text, 1)
+        search.addWidget(self.gguf_only)
+        search.addWidget(self.search_button)
         hub = QHBoxLayout()
         hub.addWidget(self.hub_id, 1)
         hub.addWidget(self.recommended)
@@ -133,7 +162,11 @@ class ModelsView(QDialog):
         layout.addWidget(self.table, 1)
         layout.addWidget(self.status)
         layout.addLayout(buttons)
-        layout.addWidget(QLabel("<b>Download</b> (resumes where a cancelled or interrupted download stopped)"))
+        layout.addWidget(QLabel("<b>From the Hugging Face Hub</b>: search, or name a model; a download resumes where a "
+                                "cancelled or interrupted one stopped"))
+        layout.addLayout(search)
+        layout.addWidget(self.results)
+        layout.addWidget(self.details)
         layout.addLayout(hub)
         layout.addWidget(self.progress)
         layout.addWidget(self.progress_text)
@@ -286,6 +319,63 @@ class ModelsView(QDialog):
         self._select_next = path  # the list shows it selected, and says so
         self._added = f"{'Already in the list' if known else 'Added'}: {Path(path).name}. Select it and press Use to load it."
         self.refresh()
+
+    # -- the Hub's search ---------------------------------------------------------------------------
+    def search(self) -> None:
+        """List the Hub's text-generation models whose name holds the search text, most downloaded first."""
+        text = self.search_text.text().strip()
+        self.search_button.setEnabled(False)
+        self.details.setText(f"Searching the Hub for “{text}”…" if text else "Listing the Hub's most downloaded models…")
+        from specula.engine.remote.hub import search_hub
+
+        gguf = self.gguf_only.isChecked()
+        background.run(self, lambda: search_hub(text, gguf), done=self._show_results, failed=self._search_failed,
+                       name="specula-hub-search")
+
+    def _search_failed(self, exc: Exception) -> None:
+        self.search_button.setEnabled(True)
+        self.details.setText(f"Search failed: {exc}")
+
+    def _show_results(self, found) -> None:
+        self.search_button.setEnabled(True)
+        self._details_for = None
+        self.found = list(found)
+        self.results.setRowCount(len(self.found))
+        for row, m in enumerate(self.found):
+            kind = "GGUF" if m.gguf else (m.library or "–")
+            for col, text in enumerate((m.repo_id, f"{m.downloads:,}", f"{m.likes:,}", kind)):
+                item = QTableWidgetItem(text)
+                if col in (1, 2):
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                self.results.setItem(row, col, item)
+        self.results.setVisible(bool(self.found))
+        count = f"{len(self.found)} model{'s' if len(self.found) != 1 else ''}"
+        self.details.setText(f"{count}, most downloaded first: select one for its size and files, then Download."
+                             if self.found else "No text-generation model matches.")
+
+    def _result_chosen(self) -> None:
+        rows = self.results.selectionModel().selectedRows() if self.results.selectionModel() else []
+        if not rows or rows[0].row() >= len(self.found):
+            return
+        repo = self.found[rows[0].row()].repo_id
+        if repo == self._details_for:
+            return  # shown, or on its way
+        self._details_for = repo
+        self.hub_id.setText(repo)
+        self.details.setText(f"{repo}: reading its files…")
+        from specula.engine.remote.hub import hub_details
+
+        background.run(self, lambda: hub_details(repo), done=lambda d: self._show_details(repo, d),
+                       failed=lambda exc: self.details.setText(f"{repo}: {exc}"), name="specula-hub-details")
+
+    def _show_details(self, repo: str, details) -> None:
+        if self.hub_id.text().strip() != repo:
+            return  # another one was chosen meanwhile
+        text = f"{repo}: {_size(details.size_bytes)} in {details.files} model file{'s' if details.files != 1 else ''}"
+        if details.quantizations:
+            text += " · GGUF: " + ", ".join(f"{q} {_size(n)}" for q, n in details.quantizations)
+            text += " (Download asks which)"
+        self.details.setText(text)
 
     # -- downloads ----------------------------------------------------------------------------------
     def _recommended_chosen(self, index: int) -> None:

@@ -481,6 +481,67 @@ def _gated(repo_id: str) -> str:
     return f"'{repo_id}' is gated: accept its licence on the Hub, then log in with `hf auth login`"
 
 
+@dataclass(frozen=True)
+class HubModel:
+    """A model the Hub lists for a search."""
+
+    repo_id: str
+    downloads: int
+    likes: int
+    gguf: bool  # its files are GGUF (tagged so, or its library is gguf)
+    library: str
+
+
+def search_hub(text: str, gguf_only: bool = False, limit: int = 30) -> list[HubModel]:
+    """Text-generation models on the Hub whose name holds `text`, most downloaded first (at most `limit`)."""
+    from huggingface_hub import HfApi
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise SpeculaError("cannot search the Hub: HF_HUB_OFFLINE is set")
+    endpoint = hub_endpoint()
+    try:
+        found = HfApi(endpoint=endpoint).list_models(
+            search=text.strip() or None, pipeline_tag="text-generation", filter="gguf" if gguf_only else None,
+            sort="downloads", limit=limit, expand=["downloads", "likes", "tags", "library_name"])
+        out = []
+        for m in found:
+            tags = list(m.tags or ())
+            library = str(getattr(m, "library_name", "") or "")
+            out.append(HubModel(m.id, int(m.downloads or 0), int(m.likes or 0), "gguf" in tags or library == "gguf",
+                                library))
+        return out
+    except Exception as exc:  # the HTTP client's and huggingface_hub's errors, of several types
+        raise SpeculaError(f"cannot search the Hub at {endpoint}: {network_reason(exc)}") from None
+
+
+_QUANT = re.compile(r"(?i)(?:^|[-_.])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|FP16|F32)(?=[-_.]|$)")
+
+
+@dataclass(frozen=True)
+class HubDetails:
+    """What a listed model's files come to: their size, and for GGUF files their quantizations."""
+
+    size_bytes: int
+    files: int
+    quantizations: tuple[tuple[str, int], ...]  # (quantization, the size of its file(s)), smallest first
+
+
+def hub_details(repo_id: str) -> HubDetails:
+    """The size of a repository's model files and its GGUF quantizations (one Hub request)."""
+    siblings = _repo_info(repo_id).siblings or ()
+    ggufs = [(s.rfilename, int(s.size or 0)) for s in siblings if s.rfilename.lower().endswith(".gguf")]
+    quants: dict[str, int] = {}
+    for name, size in ggufs:
+        stem = name.rsplit("/", 1)[-1][: -len(".gguf")]
+        match = _QUANT.findall(stem)
+        kind = match[-1].upper() if match else stem
+        quants[kind] = quants.get(kind, 0) + size
+    model_files = ggufs or [(s.rfilename, int(s.size or 0)) for s in siblings
+                            if s.rfilename.endswith((".safetensors", ".bin"))]
+    return HubDetails(sum(size for _, size in model_files), len(model_files),
+                      tuple(sorted(quants.items(), key=lambda item: item[1])))
+
+
 def gguf_files(repo_id: str) -> list[tuple[str, int]]:
     """The (filename, size) of each .gguf file in a Hub repository, by name."""
     info = _repo_info(repo_id)

@@ -142,3 +142,28 @@ def test_a_draft_head_folder_is_offered_to_its_strategy_on_the_next_load(make_wi
         view.add_head(str(head))
     assert w.settings.draft_head == str(head) and w.settings.strategy == "medusa" and "medusa" in w.loaded.strategies
     assert ModelChoice.from_settings(w.settings).request().draft_head == str(head)
+
+
+def test_the_hub_is_searched_and_a_result_shows_its_size_and_quantizations(make_window, qtbot, hub):
+    hub.downloads = {REPO: 3, GGUF_REPO: 90}
+    hub.tags = {GGUF_REPO: ["gguf"]}
+    w = make_window()
+    w.open_models()
+    view = w.models_view
+    listed(view, qtbot)
+    view.search_text.setText("tiny")
+    view.search_button.click()
+    qtbot.waitUntil(lambda: view.results.rowCount() == 2, timeout=20_000)
+    assert [view.results.item(r, 0).text() for r in range(2)] == [GGUF_REPO, REPO]  # most downloaded first
+    assert view.results.item(0, 1).text() == "90" and view.results.item(0, 3).text() == "GGUF"
+    view.results.selectRow(0)
+    assert view.hub_id.text() == GGUF_REPO  # Download takes it from here
+    qtbot.waitUntil(lambda: "model files" in view.details.text(), timeout=20_000)
+    assert "Q4_1" in view.details.text() and "Q8_0" in view.details.text() and "2 model files" in view.details.text()
+    view.gguf_only.setChecked(True)
+    view.search_button.click()
+    qtbot.waitUntil(lambda: view.results.rowCount() == 1, timeout=20_000)
+    snap(view, "models-hub-search")
+    view.search_text.setText("nothing like it")
+    view.search_button.click()
+    qtbot.waitUntil(lambda: "No text-generation model" in view.details.text(), timeout=20_000)

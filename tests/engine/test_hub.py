@@ -244,3 +244,29 @@ def test_an_added_folder_is_named_by_its_repository_and_its_model_type(tmp_path)
     plain.mkdir()
     (plain / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     assert describe(str(plain)).name == "my-model" and describe(str(plain)).architecture == "LlamaForCausalLM"
+
+
+def test_the_hub_is_searched_by_name_most_downloaded_first_with_sizes_and_quantizations(fake, repos):
+    fake.downloads = {REPO: 10, GGUF_REPO: 500}
+    fake.tags = {GGUF_REPO: ["gguf", "text-generation"]}
+    found = hub.search_hub("tiny")
+    assert [m.repo_id for m in found] == [GGUF_REPO, REPO] and found[0].downloads == 500
+    assert found[0].gguf and not found[1].gguf
+    assert [m.repo_id for m in hub.search_hub("tiny", gguf_only=True)] == [GGUF_REPO]
+    assert hub.search_hub("no such model") == []
+    details = hub.hub_details(GGUF_REPO)
+    assert [q for q, _ in details.quantizations] == ["Q4_1", "Q8_0"] and details.files == 2
+    assert details.size_bytes == sum(len(b) for b in repos[GGUF_REPO].values())
+    plain = hub.hub_details(REPO)
+    assert plain.quantizations == () and plain.size_bytes == len(repos[REPO][WEIGHTS])
+
+
+def test_a_hub_search_without_a_network_says_so_in_one_line(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", dead)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(SpeculaError, match="cannot search the Hub at .*refused the connection") as error:
+        hub.search_hub("tiny")
+    assert "\n" not in str(error.value) and "Errno" not in str(error.value)

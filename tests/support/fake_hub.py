@@ -10,7 +10,7 @@ import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from tests.support.fake_server import LocalServer
 
@@ -26,6 +26,8 @@ class FakeHub(LocalServer):
         self.requests: list[tuple[str, str, str]] = []  # (method, path, Range header or "")
         self.drops: set[str] = set()  # filenames whose next GET sends half the bytes, then closes
         self.pause_s = 0.0  # a pause after every 64 KB sent: a slow network, to cancel a download part-way
+        self.downloads: dict[str, int] = {}  # a repository's downloads, for the listing's order
+        self.tags: dict[str, list[str]] = {}  # a repository's tags ("gguf", ...)
         self._lock = threading.Lock()
         super().__init__(_handler(self))
 
@@ -68,6 +70,8 @@ def _handler(hub: FakeHub):
             path = unquote(urlsplit(self.path).path)
             with hub._lock:
                 hub.requests.append((self.command, path, self.headers.get("Range") or ""))
+            if path == "/api/models":
+                return self._listing(parse_qs(urlsplit(self.path).query), body)
             api = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
             if api:
                 return self._api(api.group(1), body)
@@ -75,6 +79,19 @@ def _handler(hub: FakeHub):
             if resolve:
                 return self._file(resolve.group(1), resolve.group(3), body)
             self._reply(404, b"not found", {"X-Error-Code": "EntryNotFound"}, body)
+
+        def _listing(self, query: dict, body: bool) -> None:
+            """GET /api/models: the repositories whose id holds `search`, with the `filter` tags, most
+            downloaded first, at most `limit` (as huggingface.co answers it, one page)."""
+            text = (query.get("search") or [""])[0].lower()
+            wanted = set(query.get("filter") or [])
+            found = [r for r in hub.repos if text in r.lower() and wanted <= set(hub.tags.get(r, []))]
+            found.sort(key=lambda r: -hub.downloads.get(r, 0))
+            limit = int((query.get("limit") or ["1000"])[0])
+            rows = [{"id": r, "modelId": r, "downloads": hub.downloads.get(r, 0), "likes": 0, "tags": hub.tags.get(r, []),
+                     "pipeline_tag": "text-generation", "library_name": "gguf" if "gguf" in hub.tags.get(r, []) else
+                     "transformers"} for r in found[:limit]]
+            self._reply(200, json.dumps(rows).encode(), {"Content-Type": "application/json"}, body)
 
         def _api(self, repo: str, body: bool) -> None:
             if repo not in hub.repos:
