@@ -424,18 +424,57 @@ TTT_STEPS = 4  # steps an EAGLE-3 head is unrolled in training (its drafts' firs
 
 
 def with_features(target, answers: list[Answer], say: Callable[[str], None] = lambda s: None,
-                  aux_layers: tuple[int, ...] = ()) -> list[Sequence]:
+                  aux_layers: tuple[int, ...] = (), store: Path | None = None) -> list[Sequence]:
     """The target's features over each conversation, extracted once with the engine's own forward: its
     final hidden states, or with `aux_layers` the states entering those layers (EAGLE-3) over the answer
-    and the EAGLE3_CONTEXT prompt positions before it."""
+    and the EAGLE3_CONTEXT prompt positions before it. With `store`, each conversation's features are
+    written there once and read back memory-mapped: a resumed run does not compute them again, and features
+    larger than the machine's memory stay on disk (2 million answer tokens of EAGLE-3 features are ~18 GB)."""
     out = []
     t0 = time.perf_counter()
+    if store is not None:
+        store.mkdir(parents=True, exist_ok=True)
     for n, a in enumerate(answers, 1):
-        out.append(_with_features(target, a.prompt, a.answer, aux_layers))
+        seq = _stored(store / f"{n - 1:06d}.pt", target, a, aux_layers) if store is not None else None
+        if seq is None:
+            seq = _with_features(target, a.prompt, a.answer, aux_layers)
+            if store is not None:
+                seq = _store(store / f"{n - 1:06d}.pt", seq)
+        out.append(seq)
         if n % 20 == 0 or n == len(answers):
             eta = (time.perf_counter() - t0) / n * (len(answers) - n)
             say(f"features: {n}/{len(answers)} conversations, eta {eta:.0f} s")
     return out
+
+
+def _first_position(prompt: list[int], aux_layers: tuple[int, ...]) -> int:
+    return max(0, len(prompt) - EAGLE3_CONTEXT) if aux_layers else 0
+
+
+def _stored(path: Path, target, answer: Answer, aux_layers: tuple[int, ...]) -> Sequence | None:
+    """A conversation's features stored by an earlier run, memory-mapped; None when there are none, or they
+    are of other tokens (another answers file) or unreadable (a run killed while writing)."""
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, mmap=True, weights_only=True)
+        tokens = torch.tensor(answer.prompt + answer.answer, dtype=torch.long)[: target.context_window]
+        tokens = tokens[_first_position(answer.prompt, aux_layers):]
+        width = target.model.config.hidden_size * max(1, len(aux_layers))
+        if not torch.equal(state["tokens"], tokens) or state["features"].shape != (tokens.shape[0], width):
+            return None
+        return Sequence(state["tokens"], state["features"], int(state["answer_start"]))
+    except Exception:  # a damaged file of ours: computed again
+        return None
+
+
+def _store(path: Path, seq: Sequence) -> Sequence:
+    """Write a conversation's features (whole, then renamed) and return them memory-mapped from the file."""
+    tmp = path.with_suffix(".tmp")
+    torch.save({"tokens": seq.tokens, "features": seq.features, "answer_start": seq.answer_start}, tmp)
+    tmp.replace(path)
+    state = torch.load(path, mmap=True, weights_only=True)
+    return Sequence(state["tokens"], state["features"], seq.answer_start)
 
 
 def _with_features(target, prompt: list[int], answer: list[int], aux_layers: tuple[int, ...] = ()) -> Sequence:
@@ -874,7 +913,8 @@ def _run_training(target, o: TrainOptions, out: Path, work: Path, report: Callab
     if len(answers) < 2:
         raise SpeculaError("the model gave too few usable answers to train on (each needs at least 4 tokens before its end)")
     aux = default_aux_layers(target.model.config.num_hidden_layers) if o.kind == "eagle3" else ()
-    seqs = with_features(target, answers, say=report, aux_layers=aux)
+    store = work / ("features-" + ("-".join(map(str, aux)) if aux else "final"))
+    seqs = with_features(target, answers, say=report, aux_layers=aux, store=store)
     held = max(1, len(seqs) // 10)
     train, test = seqs[held:], seqs[:held]
     vocab = frequent_tokens(train, o.draft_vocab) if o.draft_vocab else None

@@ -94,3 +94,28 @@ def test_an_eagle3_head_loads_as_an_eagle_head_drafts_and_stays_lossless(trained
         assert isinstance(spec, Finished) and spec.token_ids == base.token_ids, trial
         accepted += spec.totals.accepted
     assert accepted > 0
+
+
+def test_features_are_stored_once_and_read_back_memory_mapped(tmp_path, monkeypatch):
+    from specula.engine.heads import train
+    from specula.engine.heads.train import Answer, with_features
+
+    target = loaded(tiny_model(vocab=64, layers=4, seed=3))
+    answers = [Answer([j % 60 + 1 for j in range(300 + 7 * i)], [5, 6, 7, 8, 9, 10]) for i in range(3)]  # past EAGLE3_CONTEXT
+    layers = default_aux_layers(4)
+    store = tmp_path / "features"
+    first = with_features(target, answers, aux_layers=layers, store=store)
+    assert len(list(store.glob("*.pt"))) == 3 and first[0].tokens.shape[0] == train.EAGLE3_CONTEXT + 6
+    monkeypatch.setattr(train, "_with_features", lambda *a, **k: pytest.fail("computed again"))
+    again = with_features(target, answers, aux_layers=layers, store=store)
+    for a, b in zip(first, again):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.features, b.features) and a.answer_start == b.answer_start
+    monkeypatch.undo()
+    damaged = tmp_path / "damaged"
+    damaged.write_bytes(b"cut short")  # a damaged file: computed again (a new file: the old one stays mapped)
+    damaged.replace(store / "000001.pt")
+    other = [answers[0], answers[1], Answer(answers[2].prompt, [9, 9, 9, 9])]  # another answer: computed again
+    third = with_features(target, other, aux_layers=layers, store=store)
+    assert third[2].tokens[-4:].tolist() == [9, 9, 9, 9] and torch.equal(third[1].features, first[1].features)
+    final = with_features(target, answers, store=tmp_path / "final")  # an EAGLE-1 head's: the whole conversation
+    assert final[0].tokens.shape[0] == len(answers[0].prompt) + 6 and final[0].features.shape[1] == 64
