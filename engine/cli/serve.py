@@ -105,15 +105,16 @@ def run_serve(args) -> int:
     service = EngineService()
     app = create_app(service, model_aliases=(args.model,), strategy=args.strategy, k=args.k, api_key=key,
                      initial=initial, port=port, max_body=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
-                     allow_servers=tuple(args.allow_server), allow_key_envs=tuple(args.allow_key_env))
+                     allow_servers=tuple(args.allow_server), allow_key_envs=tuple(args.allow_key_env),
+                     max_active=args.max_queue + 64)
     if args.exit_with_parent:
         watch_parent()
     what = "no model yet" if initial is None else f"loading {args.model}; GET /health says when it is ready"
     print(f"specula serve: http://{shown}:{port}/v1 ({what})", file=sys.stderr, flush=True)
     if args.announce:
         print(json.dumps({"url": f"http://{shown}:{port}"}), flush=True)
-    # h11 with a deadline for request heads (guard.Protocol); connections beyond the queue's room get 503
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, http=Protocol,
-                            limit_concurrency=args.max_queue + 64)
+    # h11 with a deadline for request heads (guard.Protocol); requests beyond the queue's room get a JSON 503
+    # from guard.Guard (uvicorn's own limit would answer in plain text)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, http=Protocol)
     uvicorn.Server(config).run(sockets=[sock])
     return 0

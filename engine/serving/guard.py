@@ -5,7 +5,8 @@
   `application/json` (a browser sends other types cross-site without asking first), else 415; and a
   server without an API key answers only requests whose `Host` is a loopback name with its own port
   (a DNS-rebinding page's requests carry the page's host name), else 403.
-- Bounded work: a body larger than `max_body` bytes is refused with 413 before it is read whole; a body
+- Bounded work: more than `max_active` requests at once get a JSON 503; a body larger than `max_body` bytes
+  is refused with 413 before it is read whole; a body
   that does not arrive within `BODY_TIMEOUT_S` (or stalls for `BODY_IDLE_S`) gets 408; a client that
   leaves while sending it gets nothing and leaves nothing in the log. Request headers that do not arrive
   within `HEADER_TIMEOUT_S` close the connection (`Protocol`).
@@ -35,6 +36,7 @@ HEADER_TIMEOUT_S = 30.0  # a request's headers, from the connection (or the last
 BODY_TIMEOUT_S = 60.0  # a request's whole body
 BODY_IDLE_S = 15.0  # the longest pause inside a body
 MAX_BODY_BYTES = 4 << 20  # a 128k-token conversation is about 0.5 MB of JSON
+MAX_ACTIVE = 256  # requests read or answered at once (streams included); beyond: 503, JSON like every 5xx
 BODY_METHODS = {"POST", "PUT", "PATCH"}
 
 
@@ -62,13 +64,26 @@ class Guard:
     """The checks above, in front of the routes (outermost: before the API key is looked at)."""
 
     def __init__(self, app: ASGIApp, *, keyless: bool, port: int | None = None,
-                 max_body: int = MAX_BODY_BYTES) -> None:
+                 max_body: int = MAX_BODY_BYTES, max_active: int = MAX_ACTIVE) -> None:
         self.app, self.keyless, self.port, self.max_body = app, keyless, port, max_body
+        self.max_active, self.active = max_active, 0  # requests being read or answered now
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.active >= self.max_active:  # far beyond what the queue holds: a flood, answered at once
+            busy = openai.ApiError(503, f"the server is handling {self.active} requests, its most; try again "
+                                   "shortly", "server_error", code="server_busy")
+            await JSONResponse(busy.body(), status_code=503, headers={"Retry-After": "5"})(scope, receive, send)
+            return
+        self.active += 1
+        try:
+            await self._guarded(scope, receive, send)
+        finally:
+            self.active -= 1
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope=scope)
         refusal = self.refusal(scope, headers)
         if refusal is None and scope["method"] in BODY_METHODS:

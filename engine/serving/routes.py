@@ -50,7 +50,7 @@ from ..api.events import (
 from ..api.strategies import STRATEGIES
 from ..api.types import LoadRequest, RemoteLoadRequest
 from . import openai, prometheus
-from .guard import MAX_BODY_BYTES, Guard
+from .guard import MAX_ACTIVE, MAX_BODY_BYTES, Guard
 from .service import EngineService
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,8 @@ async def _next_event(queue: asyncio.Queue, request: Request):
 def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), strategy: str = "auto",
                k: int | None = None, api_key: str | None = None, initial: LoadRequest | None = None,
                port: int | None = None, max_body: int = MAX_BODY_BYTES, max_queue: int = MAX_QUEUE,
-               allow_servers: tuple[str, ...] = (), allow_key_envs: tuple[str, ...] = ()) -> Starlette:
+               allow_servers: tuple[str, ...] = (), allow_key_envs: tuple[str, ...] = (),
+               max_active: int = MAX_ACTIVE) -> Starlette:
     """The ASGI app. `initial` is loaded when the server starts (requests queue behind it). `port`: the
     port it listens on (a keyless server answers only Host loopback:port). `allow_servers`: servers any
     caller may relay; with a key, the key's holders may name others. `allow_key_envs`: environment
@@ -405,7 +406,7 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         Route(f"{CONTROL}/load", load, methods=["POST"]), Route(f"{CONTROL}/train", train, methods=["POST"]),
         Route(f"{CONTROL}/requests/{{rid}}/cancel", cancel, methods=["POST"]),
     ]
-    guard = Middleware(Guard, keyless=api_key is None, port=port, max_body=max_body)
+    guard = Middleware(Guard, keyless=api_key is None, port=port, max_body=max_body, max_active=max_active)
     return Starlette(routes=routes, middleware=[guard, Middleware(_ApiKey, key=api_key)], lifespan=lifespan,
                      exception_handlers={404: _not_found, 405: _not_allowed, SpeculaError: _engine_error})
 

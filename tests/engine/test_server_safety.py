@@ -424,3 +424,20 @@ def test_a_long_prompts_reading_is_streamed_as_progress(served, monkeypatch):
     request = GenerateRequest((Message("user", long[0]["content"]),), "none")
     events = list(EngineClient(served.url).call(request, 1).events())
     assert any(isinstance(e, PromptProgress) for e in events) and isinstance(events[-1], Finished)
+
+
+def test_a_flood_beyond_the_servers_most_gets_a_json_503(tiny_folder):
+    s = Served(tiny_folder, max_active=1)
+    gate = Gate(s.service)
+    try:
+        held = threading.Thread(target=lambda: s.post("/v1/chat/completions", {"messages": HELLO, "max_tokens": 2}))
+        held.start()
+        assert gate.entered.wait(60)  # one request being answered: the server's most
+        status, headers, data = raw(s.port, "GET", "/v1/models")
+        assert status == 503 and data["error"]["code"] == "server_busy" and headers["retry-after"]
+        gate.open.set()
+        held.join(60)
+        assert raw(s.port, "GET", "/v1/models")[0] == 200
+    finally:
+        gate.open.set()
+        s.close()
