@@ -65,15 +65,7 @@ class ModelsView(QDialog):
 
     # -- building -----------------------------------------------------------------------------------
     def _build(self) -> None:
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.table = _table(COLUMNS)
         self.table.itemSelectionChanged.connect(self._update_buttons)
         self.table.itemDoubleClicked.connect(lambda _: self.use_selected())
         self.status = QLabel("Reading the models on this machine…")
@@ -133,14 +125,7 @@ class ModelsView(QDialog):
         self.gguf_only.setToolTip("Only repositories of GGUF files (the format LM Studio, Ollama and llama.cpp use)")
         self.search_button = QPushButton("Search")
         self.search_button.clicked.connect(lambda: self.search())
-        self.results = QTableWidget(0, len(RESULT_COLUMNS))
-        self.results.setHorizontalHeaderLabels(RESULT_COLUMNS)
-        self.results.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.results.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.results.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.results.verticalHeader().setVisible(False)
-        self.results.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.results.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.results = _table(RESULT_COLUMNS)
         self.results.setMaximumHeight(170)
         self.results.setVisible(False)
         self.results.itemSelectionChanged.connect(self._result_chosen)
@@ -495,6 +480,20 @@ def _gguf_files(repo: str) -> list[tuple[str, int]]:
     from specula.engine.remote.hub import gguf_files
 
     return gguf_files(repo)
+
+
+def _table(columns: tuple[str, ...]) -> QTableWidget:
+    """A read-only list whose rows are chosen one at a time, its first column taking the width left."""
+    table = QTableWidget(0, len(columns))
+    table.setHorizontalHeaderLabels(columns)
+    table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+    table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+    table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    table.verticalHeader().setVisible(False)
+    header = table.horizontalHeader()
+    header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+    return table
 
 
 def _size(n: int) -> str:

@@ -95,7 +95,7 @@ def generate(
     every decode step (the machine's policy, e.g. the CPU's thread count: it must change no bits)."""
     loop = _Loop(target, drafter, prompt_ids, config, stop_ids, tokenizer, request_id, plain or PlainHistory())
     yield Started(request_id, strategy, len(prompt_ids), config.k, step)
-    for event in loop.prefill(should_stop):
+    for event in loop.prefill():
         yield event
         if should_stop() and isinstance(event, PromptProgress):  # cancelled while a long prompt is read
             loop.budget.reason = "cancelled"
@@ -181,7 +181,7 @@ class _Loop:
     def _text(self, token: int) -> str:
         return self.detok.add(token) if self.detok else ""
 
-    def prefill(self, should_stop: Callable[[], bool] = lambda: False) -> Iterator[PromptProgress | Step]:
+    def prefill(self) -> Iterator[PromptProgress | Step]:
         """The target reads the prompt and chooses the first token (the last event). A prompt longer than
         PROMPT_CHUNK is read in chunks of it, with a PromptProgress after each once reading has taken
         PROGRESS_AFTER_S (every strategy reads a prompt the same way, so their answers stay the same)."""
@@ -196,9 +196,7 @@ class _Loop:
             start += PROMPT_CHUNK
             elapsed = time.perf_counter() - self.t_start
             if elapsed >= PROGRESS_AFTER_S:
-                yield PromptProgress(self.request_id, start, self.length, elapsed)
-                if should_stop():
-                    return
+                yield PromptProgress(self.request_id, start, self.length, elapsed)  # the caller may stop here
         logits = self.target.forward(self.ctx[start : self.length])  # (1, V)
         first = int(choose(logits[-1], self.params, self.gen))
         self.stats.prefill_s = time.perf_counter() - self.t_start

@@ -447,8 +447,11 @@ def with_features(target, answers: list[Answer], say: Callable[[str], None] = la
     return out
 
 
-def _first_position(prompt: list[int], aux_layers: tuple[int, ...]) -> int:
-    return max(0, len(prompt) - EAGLE3_CONTEXT) if aux_layers else 0
+def _read_tokens(target, prompt: list[int], answer: list[int], aux_layers: tuple[int, ...]) -> tuple[torch.Tensor, int]:
+    """The tokens the target reads for a conversation (cut at its window) and the first position whose
+    features are kept: 0, or for an EAGLE-3 head the EAGLE3_CONTEXT prompt positions before the answer."""
+    tokens = torch.tensor(prompt + answer, dtype=torch.long)[: target.context_window]
+    return tokens, max(0, len(prompt) - EAGLE3_CONTEXT) if aux_layers else 0
 
 
 def _stored(path: Path, target, answer: Answer, aux_layers: tuple[int, ...]) -> Sequence | None:
@@ -458,8 +461,8 @@ def _stored(path: Path, target, answer: Answer, aux_layers: tuple[int, ...]) -> 
         return None
     try:
         state = torch.load(path, mmap=True, weights_only=True)
-        tokens = torch.tensor(answer.prompt + answer.answer, dtype=torch.long)[: target.context_window]
-        tokens = tokens[_first_position(answer.prompt, aux_layers):]
+        tokens, first = _read_tokens(target, answer.prompt, answer.answer, aux_layers)
+        tokens = tokens[first:]
         width = target.model.config.hidden_size * max(1, len(aux_layers))
         if not torch.equal(state["tokens"], tokens) or state["features"].shape != (tokens.shape[0], width):
             return None
@@ -479,14 +482,12 @@ def _store(path: Path, seq: Sequence) -> Sequence:
 
 def _with_features(target, prompt: list[int], answer: list[int], aux_layers: tuple[int, ...] = ()) -> Sequence:
     runner = target.new_runner()
-    tokens = torch.tensor(prompt + answer, dtype=torch.long)[: runner.max_len]
-    if not aux_layers:
-        runner.forward(tokens)
-        return Sequence(tokens, runner.features(0, runner.length).clone().cpu(), len(prompt))
-    runner.keep_layers(aux_layers)
+    tokens, first = _read_tokens(target, prompt, answer, aux_layers)
+    if aux_layers:
+        runner.keep_layers(aux_layers)
     runner.forward(tokens)
-    first = max(0, len(prompt) - EAGLE3_CONTEXT)
-    return Sequence(tokens[first:], runner.aux_features(first, runner.length).clone().cpu(), len(prompt) - first)
+    features = runner.aux_features(first, runner.length) if aux_layers else runner.features(first, runner.length)
+    return Sequence(tokens[first:], features.clone().cpu(), len(prompt) - first)
 
 
 class _Frozen:

@@ -55,7 +55,7 @@ class ServerInfo:
 def server_for(url: str, api_key_env: str = "", verify_tls: bool = True, use_keyring: bool = True,
                allow_http_key: bool = False, api_key: str = "") -> Server:
     server = Server(url, verify_tls=verify_tls)  # checks the URL before a key is looked up
-    key = api_key.strip() or resolve_api_key(server.root, api_key_env, use_keyring)
+    key = resolve_api_key(server.root, api_key_env, use_keyring, api_key)
     return Server(server.url, key, verify_tls, allow_http_key=allow_http_key)
 
 

@@ -46,7 +46,7 @@ def load_payload(request: LoadRequest | RemoteLoadRequest) -> dict:
         server = {"url": request.server, "model": request.model, "baseline_url": request.baseline_server,
                   "verify_tls": request.verify_tls}
         root = Server(request.server, verify_tls=request.verify_tls).root  # the URL is checked first, as in server_for
-        key = request.api_key.strip() or resolve_api_key(root, request.api_key_env, request.use_keyring)
+        key = resolve_api_key(root, request.api_key_env, request.use_keyring, request.api_key)
         return {"server": {**server, "api_key": key} if key else server}
     spec = request.target
     return {"model": spec.source, "draft": request.draft, "device": spec.device, "dtype": spec.dtype,

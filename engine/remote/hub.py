@@ -442,8 +442,7 @@ def _repo_info(repo_id: str):
 
     if not _HUB_ID.match(repo_id):
         raise SpeculaError(f"'{repo_id}' is not a Hub id: expected org/name")
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        raise SpeculaError(f"cannot reach the Hub for '{repo_id}': HF_HUB_OFFLINE is set")
+    _online(f"reach the Hub for '{repo_id}'")
     endpoint = hub_endpoint()
     try:
         return HfApi(endpoint=endpoint).model_info(repo_id, files_metadata=True, timeout=20)
@@ -477,6 +476,12 @@ def network_reason(exc: Exception) -> str:
     return re.sub(r"\[Errno -?\d+\]\s*", "", text) or type(exc).__name__
 
 
+def _online(what: str) -> None:
+    """A one-line error, "cannot <what>: HF_HUB_OFFLINE is set", where the user asked for no Hub at all."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise SpeculaError(f"cannot {what}: HF_HUB_OFFLINE is set")
+
+
 def _gated(repo_id: str) -> str:
     return f"'{repo_id}' is gated: accept its licence on the Hub, then log in with `hf auth login`"
 
@@ -496,8 +501,7 @@ def search_hub(text: str, gguf_only: bool = False, limit: int = 30) -> list[HubM
     """Text-generation models on the Hub whose name holds `text`, most downloaded first (at most `limit`)."""
     from huggingface_hub import HfApi
 
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        raise SpeculaError("cannot search the Hub: HF_HUB_OFFLINE is set")
+    _online("search the Hub")
     endpoint = hub_endpoint()
     try:
         found = HfApi(endpoint=endpoint).list_models(

@@ -23,9 +23,12 @@ def check_env_name(name: str) -> str:
     return name
 
 
-def resolve_api_key(server_url: str, env_var: str = "", use_keyring: bool = True) -> str | None:
-    """The key for this server: the named environment variable (which must then be set), else the
-    keyring's entry for the server, else None (no key: a local server usually needs none)."""
+def resolve_api_key(server_url: str, env_var: str = "", use_keyring: bool = True, given: str = "") -> str | None:
+    """The key for this server: `given` (a caller's own key), else the named environment variable (which must
+    then be set), else the keyring's entry for the server, else None (no key: a local server usually needs
+    none)."""
+    if given.strip():
+        return given.strip()
     env_var = check_env_name(env_var)
     if env_var:
         value = os.environ.get(env_var, "").strip()

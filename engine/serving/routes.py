@@ -28,7 +28,7 @@ from typing import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -55,12 +55,7 @@ from .service import EngineService
 
 log = logging.getLogger(__name__)
 CONTROL = "/specula/v1"
-DISCONNECT_POLL_S = 0.2
 MAX_QUEUE = 16  # generation requests waiting behind the running one; more are refused with 429
-
-
-class ClientGone(Exception):
-    """The client closed the connection while its request waited or ran."""
 
 
 class _ApiKey:
@@ -109,16 +104,6 @@ def _watch_disconnect(request: Request, on_gone: Callable[[], None]) -> asyncio.
         on_gone()
 
     return asyncio.get_running_loop().create_task(watch())
-
-
-async def _next_event(queue: asyncio.Queue, request: Request):
-    """The request's next event; ClientGone when the client disconnects while waiting for it."""
-    while True:
-        try:
-            return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                raise ClientGone from None
 
 
 def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), strategy: str = "auto",
@@ -187,8 +172,6 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
             parsed = parse(body, defaults())
         except openai.ApiError as exc:
             return _error(exc)
-        except ClientDisconnect:
-            return Response(status_code=499)
         if service.queue_depth >= max_queue:
             wait = service.expected_wait_s()
             return JSONResponse(openai.ApiError(429, f"the server is busy: {service.queue_depth} requests are waiting "
@@ -197,39 +180,33 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                                 status_code=429, headers={"Retry-After": str(wait)})
         rid, queue = service.submit(parsed.request)
         early: list = []  # events before Started (a relayed server's counters), sent after it
-        gone = _watch_disconnect(request, lambda: service.cancel(rid))  # cancelled before the engine's next step
+        # a client that leaves, while its request waits or runs, cancels it before the engine's next step
+        gone = _watch_disconnect(request, lambda: service.cancel(rid))
         try:
-            first = await _next_event(queue, request)
+            first = await queue.get()
             while not isinstance(first, (Started, Failed, Finished)):
                 early.append(first)
-                first = await _next_event(queue, request)
-            if isinstance(first, Failed):
-                service.release(rid)
-                return _error(openai.failure(first.kind, first.message))
-            if isinstance(first, Finished):  # cancelled while it waited in the queue
-                early.append(first)
-                config = parsed.request.config
-                first = Started(rid, parsed.request.strategy, 0, config.k)
-
-        except ClientGone:
-            gone.cancel()
-            service.release(rid)
-            return Response(status_code=499)  # nobody reads it: the client closed the connection
+                first = await queue.get()
         except asyncio.CancelledError:
             gone.cancel()
             service.release(rid)
             raise
+        if isinstance(first, Failed):
+            gone.cancel()
+            service.release(rid)
+            return _error(openai.failure(first.kind, first.message))
+        if isinstance(first, Finished):  # cancelled while it waited in the queue
+            early.append(first)
+            first = Started(rid, parsed.request.strategy, 0, parsed.request.config.k)
         headers = {"X-Specula-Request-Id": str(rid)}
         if parsed.stream:
             gone.cancel()  # the streaming response watches for the client leaving itself
             return StreamingResponse(_stream(parsed, rid, queue, first, early), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         try:
-            return JSONResponse(await _whole(parsed, rid, queue, first, early, request), headers=headers)
+            return JSONResponse(await _whole(parsed, rid, queue, first, early), headers=headers)
         except openai.ApiError as exc:
             return _error(exc)
-        except ClientGone:
-            return Response(status_code=499)
         finally:
             gone.cancel()
             service.release(rid)
@@ -268,12 +245,11 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         finally:
             service.release(rid)  # a client that went away cancels its request before the next step
 
-    async def _whole(parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started, early: list,
-                     request: Request) -> dict:
+    async def _whole(parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started, early: list) -> dict:
         answer = openai.Answer(parsed, started, lambda: service.cancel(rid))
         tokens: list = []
         while True:
-            event = early.pop(0) if early else await _next_event(queue, request)
+            event = early.pop(0) if early else await queue.get()
             match event:
                 case Step():
                     tokens += (answer.step(event) or ("", []))[1]
@@ -364,16 +340,12 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
             return _start(request, load_request)
         except openai.ApiError as exc:
             return _error(exc)
-        except ClientDisconnect:
-            return Response(status_code=499)
 
     async def train(request: Request) -> Response:
         try:
             train_request = openai.parse_train(await _body(request))
         except openai.ApiError as exc:
             return _error(exc)
-        except ClientDisconnect:
-            return Response(status_code=499)
         if service.loaded is None:
             return _error(openai.ApiError(503, "no model is loaded yet", "server_error", code="model_not_loaded"))
         return _start(request, train_request)
