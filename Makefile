@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 export TORCH_VERSION TORCH_INDEX
 
-.PHONY: setup run test chat clean vllm-server
+.PHONY: setup run test chat clean vllm-server bundle bundle-check
 
 setup: $(STAMP)
 
@@ -36,5 +36,16 @@ SPEC ?= ngram
 vllm-server: setup
 	PORT=$(PORT) SPEC=$(SPEC) sh scripts/vllm-server.sh
 
+# A one-folder desktop bundle (packaging/README.md): dist/specula/specula-chat, then a check that starts it
+# on the bundled model under Xvfb, sends a message and keeps a screenshot in build/bundle-check/
+PYINSTALLER_VERSION ?= 6.22.3
+bundle: setup
+	$(PY) -m pip install --quiet pyinstaller==$(PYINSTALLER_VERSION)
+	$(VENV)/bin/pyinstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller packaging/specula.spec
+	du -sh dist/specula
+
+bundle-check:
+	sh scripts/check_bundle.sh dist/specula build/bundle-check
+
 clean:
-	rm -rf $(VENV) .venv-vllm build *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-vllm build dist *.egg-info .pytest_cache

@@ -402,8 +402,9 @@ class ChatController(QObject):
             case Failed():
                 self._failed(event)
 
-    PREPARING = ("Preparing the decoding step for this CPU (once, a few minutes): answers are slower until it "
-                 "is ready")
+    PREPARING = "Preparing this CPU's decoding step (once, a few minutes): slower until ready"
+    PREPARING_TIP = ("The decoding step is being compiled for this CPU in the background, once per machine. Until "
+                     "it is ready, answers run on the slower general-purpose step; their footers say so.")
     READY = "The decoding step for this CPU is ready: answers now run at full speed"
 
     def _step_changed(self, step: str) -> None:

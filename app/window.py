@@ -240,7 +240,7 @@ class MainWindow(QMainWindow):
         self.sidebar.selected.connect(self._select)
         self.chat.store_failed.connect(self._store_failed)
         self.chat.store_recovered.connect(self._store_recovered)
-        self.chat.step_notice.connect(lambda text: self.statusBar().showMessage(text, 0 if "Preparing" in text else 8000))
+        self.chat.step_notice.connect(self._step_notice)
         self.chat.reading.connect(lambda text: self.statusBar().showMessage(text) if text else self.statusBar().clearMessage())
         self.sidebar.renamed.connect(self.chat.rename)
         self.sidebar.delete_requested.connect(self._confirm_delete)
@@ -567,6 +567,12 @@ class MainWindow(QMainWindow):
             self.notices.add(f"The conversation could not be exported to {path}: {exc.strerror or exc}")
             return
         self.statusBar().showMessage(f"Exported “{conv.title}” to {path}", 5000)
+
+    def _step_notice(self, text: str) -> None:
+        """The decoding step being prepared (kept until it is ready, its explanation as the tooltip) or ready."""
+        preparing = text == ChatController.PREPARING
+        self.statusBar().showMessage(text, 0 if preparing else 8000)
+        self.statusBar().setToolTip(ChatController.PREPARING_TIP if preparing else "")
 
     def _refresh_conversations(self) -> None:
         self._update_actions()

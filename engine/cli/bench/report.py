@@ -8,7 +8,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from ...api.metrics import merge_positions
+from ...api.metrics import SpeedupSum, merge_positions
 from .charts import write_charts
 from .run import PEERS, Run
 
@@ -29,15 +29,15 @@ def _figures(pairs: list, base: list | None, hf: list | None) -> dict:
     for r in runs:
         merge_positions(pos_d, pos_a, r.position_drafted, r.position_accepted)
     same = sum(r.token_ids == b.token_ids for r, (_, b) in zip(runs, base)) if base else None
-    rate = _ratio(sum(r.decoded for r in runs), sum(r.decode_s for r in runs))
-    base_rate = _ratio(sum(b.decoded for _, b in base), sum(b.decode_s for _, b in base)) if base else None
+    live = SpeedupSum.of(r.live for r in runs)
     return {
         "n": len(runs),
         "speedup": _ratio(sum(b.wall_s for _, b in base), wall) if base else None,
         # after the first token, as the live speedup counts: measured here (decode rates against none's
         # runs) and as the engine measured it inside each answer (docs/ENGINE.md)
-        "decode_speedup": _ratio(rate, base_rate) if rate and base_rate else None,
-        "live_speedup": _ratio(sum(r.live.plain_s for r in runs), sum(r.live.spent_s for r in runs)),
+        "decode_speedup": _decode_ratio(runs, [b for _, b in base]) if base else None,
+        "live_speedup": live.value,
+        "live_error": live.error,
         "speedup_vs_hf": _ratio(sum(h.wall_s for _, h in hf), wall) if hf else None,
         "tokens_per_s": _ratio(tokens, wall),
         "mean_accepted_length": _ratio(tokens, forwards) if forwards else None,
@@ -47,6 +47,13 @@ def _figures(pairs: list, base: list | None, hf: list | None) -> dict:
         "new_tokens": tokens,
         "wall_s": wall,
     }
+
+
+def _decode_ratio(runs: list[Run], base: list[Run]) -> float | None:
+    """How much faster than `base` the runs decoded after each turn's first token."""
+    rate = _ratio(sum(r.decoded for r in runs), sum(r.decode_s for r in runs))
+    base_rate = _ratio(sum(b.decoded for b in base), sum(b.decode_s for b in base))
+    return _ratio(rate, base_rate) if rate and base_rate else None
 
 
 def length_histogram(runs: list[Run]) -> list[int]:
@@ -120,6 +127,7 @@ def summarize(results: dict[str, list], model: str, device: str, dtype: str, max
             "tokens_per_s": whole["tokens_per_s"],
             "decode_speedup": whole["decode_speedup"],
             "live_speedup": whole["live_speedup"],
+            "live_error": whole["live_error"],
             "mean_accepted_length": whole["mean_accepted_length"],
             "acceptance_rate": whole["acceptance_rate"],
             "per_position_acceptance": whole["per_position_acceptance"],
@@ -133,6 +141,13 @@ def summarize(results: dict[str, list], model: str, device: str, dtype: str, max
 
 def _fmt(value, pattern="{:.2f}") -> str:
     return "-" if value is None else pattern.format(value)
+
+
+def _live(figures: dict) -> str:
+    """The live speedup with its error where known: 1.29x ±0.04."""
+    text = _fmt(figures.get("live_speedup"), "{:.2f}x")
+    error = figures.get("live_error")
+    return text if error is None or figures.get("live_speedup") is None else f"{text} ±{error:.2f}"
 
 
 def to_markdown(summary: dict) -> str:
@@ -162,7 +177,7 @@ def to_markdown(summary: dict) -> str:
         lines.append(
             f"| {name} | {_fmt(o['speedup'], '{:.2f}x')} | {_fmt(o['speedup_vs_hf'], '{:.2f}x')} | "
             f"{_fmt(o['tokens_per_s'], '{:.1f}')} | {_fmt(o['mean_accepted_length'])} | {o['identical'] or '-'} | "
-            f"{_fmt(o.get('decode_speedup'), '{:.2f}x')} | {_fmt(o.get('live_speedup'), '{:.2f}x')} |"
+            f"{_fmt(o.get('decode_speedup'), '{:.2f}x')} | {_live(o)} |"
         )
     view = summary.get("spec_bench")
     if view:
@@ -213,6 +228,11 @@ def write_out(folder: Path, summary: dict, results: dict[str, list]) -> None:
                     "drafted": run.drafted, "accepted": run.accepted, "accepted_lengths": run.accepted_lengths,
                     "identical_to_none": (run.token_ids == b.token_ids) if b else None,
                     "first_difference": first_difference(run.token_ids, b.token_ids) if b else None,
+                    # after the first token: the time it took, the speedup it measured against none's run of
+                    # the same prompt, and the speedup the engine measured inside the answer (± one error)
+                    "decoded": run.decoded, "decode_s": run.decode_s,
+                    "decode_speedup": _decode_ratio([run], [b]) if b else None,
+                    "live_speedup": run.live.value, "live_error": run.live.error,
                 }) + "\n")
     with (folder / "steps.jsonl").open("w", encoding="utf-8") as f:  # every decoding step of every run
         for name, pairs in results.items():
