@@ -5,11 +5,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 FORMAT = 1
+
+
+ROPE_KINDS = ("default", "linear", "llama3")
+
+
+def rope_kind(scaling: dict | None) -> str:
+    """A rope_scaling's type ("default" for none); raises ValueError for one draft heads cannot apply."""
+    kind = str((scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default")
+    if kind not in ROPE_KINDS:
+        raise ValueError(f"rotary scaling '{kind}' is not supported for draft heads ({', '.join(ROPE_KINDS)} are)")
+    needs = {"linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+    missing = [name for name in needs.get(kind, ()) if name not in scaling]
+    if missing:
+        raise ValueError(f"rotary scaling '{kind}' lacks {', '.join(missing)}")
+    return kind
 
 
 @dataclass(frozen=True)
@@ -27,6 +44,26 @@ class HeadConfig:
     aux_layers: tuple[int, ...] = ()
     draft_vocab: int = 0
     target_hidden: int = 0
+    # a published head's rotary scaling as its config.json gives it (Llama 3.1's "llama3", "linear"); None: plain
+    rope_scaling: dict | None = field(default=None, hash=False)
+
+    def inverse_frequencies(self, device=None) -> torch.Tensor:
+        """The rotary embedding's frequencies, (head_dim / 2,), with the head's scaling applied."""
+        inv = 1.0 / (self.rope_theta ** (torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32)
+                                         / self.head_dim))
+        scaling = self.rope_scaling or {}
+        kind = rope_kind(scaling)
+        if kind == "linear":
+            return inv / float(scaling["factor"])
+        if kind == "llama3":  # Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a blend between
+            factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+            original = float(scaling["original_max_position_embeddings"])
+            wavelength = 2 * math.pi / inv
+            blend = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+            scaled = (1 - blend) * inv / factor + blend * inv
+            return torch.where(wavelength < original / high, inv, torch.where(wavelength > original / low, inv / factor, scaled))
+        return inv
+
 
     @classmethod
     def for_target(cls, config) -> "HeadConfig":

@@ -16,9 +16,8 @@ import torch.nn.functional as F
 from .config import HeadConfig
 
 
-def _rope(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = torch.outer(positions.float(), inv)
+def _rope(positions: torch.Tensor, config: HeadConfig, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = torch.outer(positions.float(), config.inverse_frequencies(positions.device))
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -116,7 +115,7 @@ class EagleHead(nn.Module):
         table = self._rope_table
         if table is None or table[0].shape[0] < need or table[0].dtype != dtype or table[0].device != positions.device:
             size = max(need, 2 * (table[0].shape[0] if table is not None else 0), 512)
-            table = _rope(torch.arange(size, device=positions.device), self.config.head_dim, self.config.rope_theta, dtype)
+            table = _rope(torch.arange(size, device=positions.device), self.config, dtype)
             self._rope_table = table
         return table[0][positions], table[1][positions]
 

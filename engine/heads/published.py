@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..api.errors import SpeculaError, first_line
-from .config import HeadConfig, HeadInfo
+from .config import HeadConfig, HeadInfo, rope_kind
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head, default_aux_layers
 
@@ -122,9 +122,17 @@ def _head_config(folder: Path, config: dict, hidden: int, head_dim: int | None =
     heads = int(config.get("num_attention_heads", 0)) or None
     if heads is None or "intermediate_size" not in config:
         raise SpeculaError(f"the draft head's config.json in {folder} lacks num_attention_heads or intermediate_size")
+    # rotary settings as older configs give them (rope_theta, rope_scaling) or newer ones (rope_parameters)
+    rope = dict(config.get("rope_parameters") or {})
+    scaling = {k: v for k, v in (config.get("rope_scaling") or rope).items() if k != "rope_theta"} or None
+    try:
+        plain = rope_kind(scaling) == "default"
+    except ValueError as exc:
+        raise SpeculaError(f"the draft head in {folder} cannot be used: {exc}") from None
     return HeadConfig(hidden=hidden, heads=heads, kv_heads=int(config.get("num_key_value_heads") or heads),
                       head_dim=head_dim or hidden // heads, intermediate=int(config["intermediate_size"]),
-                      rope_theta=float(config.get("rope_theta") or 10000.0), eps=float(config.get("rms_norm_eps", 1e-6)))
+                      rope_theta=float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+                      eps=float(config.get("rms_norm_eps", 1e-6)), rope_scaling=None if plain else scaling)
 
 
 def _load_named(head: nn.Module, state: dict, names: dict[str, str], weights: Path, what: str) -> None:

@@ -278,7 +278,7 @@ def test_the_runner_keeps_the_states_entering_the_layers_an_eagle3_head_reads(st
     assert torch.allclose(runner.aux_features(0, 30), want, atol=1e-4), (runner.aux_features(0, 30) - want).abs().max()
 
 
-def _eagle3_files(folder, target, seed: int, draft_vocab: int):
+def _eagle3_files(folder, target, seed: int, draft_vocab: int, rope_scaling: dict | None = None):
     """An EAGLE-3 head as SafeAILab's cnets.py and SpecForge name its tensors (model.safetensors + config.json)."""
     gen = torch.Generator().manual_seed(seed)
 
@@ -300,11 +300,13 @@ def _eagle3_files(folder, target, seed: int, draft_vocab: int):
     save_file(state, str(folder / "model.safetensors"))
     config = {**_eagle1_config(None), "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": draft_vocab,
               "head_dim": 16}
+    if rope_scaling is not None:
+        config["rope_scaling"] = rope_scaling
     (folder / "config.json").write_text(json.dumps(config))
     return state
 
 
-def eagle3_reference(state, target, aux, tokens, k):
+def eagle3_reference(state, target, aux, tokens, k, rope_scaling: dict | None = None):
     """EAGLE-3's draft chain written from its formula (cnets.py): fc over the three layers' states; the
     layer's attention reads [input_layernorm(embedding), hidden_norm(h)], residual h; the head's own norm
     and LM head; token = draft id + d2t; the output before the norm fed back."""
@@ -312,7 +314,7 @@ def eagle3_reference(state, target, aux, tokens, k):
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     config = LlamaConfig(hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         rope_theta=10000.0, max_position_embeddings=512)
+                         rope_theta=10000.0, max_position_embeddings=512, rope_scaling=rope_scaling)
     rotary = LlamaRotaryEmbedding(config)
     s = {k_: v.float() for k_, v in state.items()}
 
@@ -369,6 +371,69 @@ def test_an_eagle3_checkpoint_drafts_what_its_formula_gives_and_stays_lossless(t
     assert set(draft.tokens.tolist()) <= set((torch.arange(10) + state["d2t"]).tolist())
     assert_greedy_identity(target, None, "eagle", {"head": str(tmp_path / "eagle3")}, trials=6, longest_prompt=12,
                            max_new_tokens=24)
+
+
+# Llama 3.1's rotary scaling at a small size: with head_dim 16 the wavelengths (6 to 20,000 positions) fall
+# on each side of and between the thresholds (original / high = 16, original / low = 64)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("scaling", [LLAMA3, {"rope_type": "linear", "factor": 4.0}, {"type": "linear", "factor": 2.0}])
+def test_a_heads_rotary_scaling_gives_transformers_frequencies(scaling):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from specula.engine.heads.config import HeadConfig
+
+    config = LlamaConfig(hidden_size=HIDDEN, num_attention_heads=4, head_dim=16, rope_theta=10000.0,
+                         max_position_embeddings=512, rope_scaling=dict(scaling))
+    want, _ = ROPE_INIT_FUNCTIONS[scaling.get("rope_type") or scaling["type"]](config, "cpu")
+    got = HeadConfig(hidden=HIDDEN, heads=4, kv_heads=2, head_dim=16, intermediate=INTER, rope_theta=10000.0,
+                     rope_scaling=scaling).inverse_frequencies()
+    plain = HeadConfig(hidden=HIDDEN, heads=4, kv_heads=2, head_dim=16, intermediate=INTER).inverse_frequencies()
+    assert torch.allclose(got, want.float(), rtol=1e-6) and not torch.allclose(got, plain)
+
+
+def test_an_eagle3_checkpoint_with_llama3_rotary_scaling_drafts_what_its_formula_gives(tmp_path):
+    """A head trained for Llama 3.1 carries its target's rope_scaling: drafting applies it (positions up to
+    15 here, where the scaled and plain tables differ)."""
+    model = tiny_model(vocab=VOCAB, layers=8, seed=10)
+    target = loaded(model)
+    state = _eagle3_files(tmp_path / "eagle3", target, seed=12, draft_vocab=10, rope_scaling=LLAMA3)
+    head, _ = load_head(tmp_path / "eagle3", target, kind="eagle")
+    assert head.config.rope_scaling == LLAMA3
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rotary = LlamaRotaryEmbedding(LlamaConfig(hidden_size=HIDDEN, num_attention_heads=4, head_dim=16, rope_theta=10000.0,
+                                              max_position_embeddings=512, rope_scaling=dict(LLAMA3)))
+    positions = torch.arange(200)
+    want_cos, want_sin = rotary(torch.zeros(1, 200, HIDDEN), positions[None])
+    cos, sin = head._rope(positions, torch.float32)
+    assert torch.allclose(cos, want_cos[0], atol=1e-5) and torch.allclose(sin, want_sin[0], atol=1e-5)
+    prompt = [1, 5, 2, 7, 7, 3, 9, 4, 11, 6]
+    drafter = Eagle(head, target, stop_below=0.0)
+    runner = target.new_runner()
+    runner.keep_layers(drafter.aux_layers)
+    runner.forward(torch.tensor(prompt))
+    ctx = DraftContext(torch.tensor(prompt + [3]), len(prompt), SamplingParams(), None, target=runner)
+    draft = drafter.propose(ctx, 4)
+    with torch.no_grad():
+        states = model(torch.tensor(prompt)[None], output_hidden_states=True).hidden_states
+    aux = torch.cat([states[i][0] for i in (2, 4, 5)], dim=-1)
+    assert draft.tokens.tolist() == eagle3_reference(state, target, aux, ctx.tokens[1:], 4, rope_scaling=LLAMA3)
+
+
+def test_a_head_with_rotary_scaling_it_cannot_apply_is_refused_in_one_line(tmp_path):
+    target = loaded(tiny_model(vocab=VOCAB, layers=8, seed=10))
+    _eagle3_files(tmp_path / "yarn", target, seed=13, draft_vocab=10, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(SpeculaError, match=r"rotary scaling 'yarn' is not supported for draft heads") as caught:
+        load_head(tmp_path / "yarn", target, kind="eagle")
+    assert "\n" not in str(caught.value)
+    _eagle3_files(tmp_path / "partial", target, seed=13, draft_vocab=10, rope_scaling={"rope_type": "llama3", "factor": 8.0})
+    with pytest.raises(SpeculaError, match="lacks low_freq_factor"):
+        load_head(tmp_path / "partial", target, kind="eagle")
 
 
 def test_a_heads_strategy_is_read_from_its_folder_without_loading_it(target, tmp_path):
