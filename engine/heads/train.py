@@ -431,19 +431,22 @@ def with_features(target, answers: list[Answer], say: Callable[[str], None] = la
     written there once and read back memory-mapped: a resumed run does not compute them again, and features
     larger than the machine's memory stay on disk (2 million answer tokens of EAGLE-3 features are ~18 GB)."""
     out = []
-    t0 = time.perf_counter()
+    computed, computing_s = 0, 0.0  # the time left follows the conversations computed, not those read back
     if store is not None:
         store.mkdir(parents=True, exist_ok=True)
     for n, a in enumerate(answers, 1):
         seq = _stored(store / f"{n - 1:06d}.pt", target, a, aux_layers) if store is not None else None
         if seq is None:
+            t0 = time.perf_counter()
             seq = _with_features(target, a.prompt, a.answer, aux_layers)
             if store is not None:
                 seq = _store(store / f"{n - 1:06d}.pt", seq)
+            computed, computing_s = computed + 1, computing_s + time.perf_counter() - t0
         out.append(seq)
         if n % 20 == 0 or n == len(answers):
-            eta = (time.perf_counter() - t0) / n * (len(answers) - n)
-            say(f"features: {n}/{len(answers)} conversations, eta {eta:.0f} s")
+            read = f", {n - computed} read from the data folder" if n > computed else ""
+            eta = f", eta {computing_s / computed * (len(answers) - n):.0f} s" if computed else ""
+            say(f"features: {n}/{len(answers)} conversations{read}{eta}")
     return out
 
 

@@ -115,7 +115,9 @@ def test_features_are_stored_once_and_read_back_memory_mapped(tmp_path, monkeypa
     damaged.write_bytes(b"cut short")  # a damaged file: computed again (a new file: the old one stays mapped)
     damaged.replace(store / "000001.pt")
     other = [answers[0], answers[1], Answer(answers[2].prompt, [9, 9, 9, 9])]  # another answer: computed again
-    third = with_features(target, other, aux_layers=layers, store=store)
+    said = []
+    third = with_features(target, other, aux_layers=layers, store=store, say=said.append)
+    assert said == ["features: 3/3 conversations, 1 read from the data folder, eta 0 s"]  # time left: computed ones
     assert third[2].tokens[-4:].tolist() == [9, 9, 9, 9] and torch.equal(third[1].features, first[1].features)
     final = with_features(target, answers, store=tmp_path / "final")  # an EAGLE-1 head's: the whole conversation
     assert final[0].tokens.shape[0] == len(answers[0].prompt) + 6 and final[0].features.shape[1] == 64
