@@ -162,7 +162,7 @@ class _Loop:
         self.out_ids: list[int] = []
         self.stats = StepTotals()
         self.plain = plain
-        self.meter = SpeedupMeter(plain.seeds())
+        self.meter = SpeedupMeter(plain.seeds(), plain.latest())
         self.last_elapsed = 0.0  # when the previous step ended (since t_start)
         self.step_seconds = 0.0  # the last decode step's wall time (DraftLength learns from it)
         # whether timings may shape the steps: not when sampling with a seed (a greedy answer is the target's

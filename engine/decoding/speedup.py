@@ -67,10 +67,13 @@ def probe_due(samples: int, since_plain: int, relative_error: float | None = Non
 class SpeedupMeter:
     """The live speedup of one answer (see the module's definition): fed each decode step's tokens,
     wall time and, for a plain step, its plain time. `seeds` are recent plain samples of earlier answers
-    on the same model: they stand at the start of this one until its own arrive."""
+    on the same model: they stand at the start of this one until its own arrive. `stale` are older ones:
+    an answer with neither its own samples nor recent ones (a short answer a while after the last) is
+    costed from them, as an estimate without an error (shown "~1.4×"), rather than not at all."""
 
-    def __init__(self, seeds=()) -> None:
+    def __init__(self, seeds=(), stale=()) -> None:
         self.seeds = [float(x) for x in seeds]
+        self.stale = [float(x) for x in stale]
         self.samples: list[float] = []  # this answer's plain step times, in order
         self.plain_s = 0.0  # what plain decoding would have taken for the tokens of closed stretches
         self.spent_s = 0.0  # what the decode steps took
@@ -81,7 +84,7 @@ class SpeedupMeter:
 
     @property
     def _last(self) -> float | None:
-        pool = self.samples or self.seeds
+        pool = self.samples or self.seeds or self.stale
         return pool[-1] if pool else None
 
     def add(self, tokens: int, seconds: float, plain_s: float | None = None, sample: bool = True) -> None:
@@ -97,7 +100,8 @@ class SpeedupMeter:
             self.since_plain += 1
             self.speculative += 1
             return
-        last = self._last
+        measured = self.samples or self.seeds  # older answers' samples never blend into a measured stretch
+        last = measured[-1] if measured else None
         self.plain_s += self._open * (plain_s if last is None else (last + plain_s) / 2)
         self.plain_s += tokens * plain_s
         self._open = self.since_plain = 0
@@ -111,7 +115,7 @@ class SpeedupMeter:
     @property
     def plain_step_s(self) -> float | None:
         """The cost of a plain decoding step now (the latest samples' mean)."""
-        pool = self.pool[-MIN_PLAIN:]
+        pool = self.pool[-MIN_PLAIN:] or self.stale
         return statistics.fmean(pool) if pool else None
 
     @property
@@ -141,6 +145,8 @@ class SpeedupMeter:
         value, relative = self.value, self.relative_error
         if self.speculative == 0 and value is not None:
             return 0.0  # exact, not measured
+        if not self.pool:
+            return None  # from older answers' samples: an estimate
         return value * relative if value is not None and relative is not None else None
 
 
@@ -157,3 +163,7 @@ class PlainHistory:
     def seeds(self) -> list[float]:
         now = time.monotonic()
         return [s for t, s in self._items if now - t <= RECENT_S][-MIN_PLAIN:]
+
+    def latest(self) -> list[float]:
+        """The latest samples, however old (a new answer's last resort: SpeedupMeter's `stale`)."""
+        return [s for _, s in self._items][-MIN_PLAIN:]

@@ -114,6 +114,32 @@ def test_a_new_answer_starts_from_recent_plain_samples_instead_of_probing_at_onc
     assert probe_due(len(fresh.pool), 2) and not probe_due(len(fresh.pool), 1)
 
 
+def test_a_short_answer_long_after_the_last_is_costed_from_older_samples_as_an_estimate(monkeypatch):
+    """No plain step of its own and no recent samples (a few draft-model steps a minute after the last
+    answer): the older samples give an estimate, shown "~", instead of no figure; its own first sample
+    then replaces them."""
+    from specula.engine.api.metrics import speedup_text
+    from specula.engine.decoding import speedup
+    from specula.engine.decoding.speedup import MIN_PLAIN, RECENT_S, PlainHistory, SpeedupMeter, probe_due
+
+    clock = [1000.0]
+    monkeypatch.setattr(speedup.time, "monotonic", lambda: clock[0])
+    history = PlainHistory()
+    for x in (0.010, 0.012, 0.011, 0.009):
+        history.add(x)
+    clock[0] += RECENT_S + 30
+    assert history.seeds() == [] and history.latest() == [0.012, 0.011, 0.009]
+    m = SpeedupMeter(history.seeds(), history.latest())
+    assert probe_due(len(m.pool), 2)  # it still measures its own as early as without them
+    m.add(3, 0.015)
+    m.add(3, 0.015)
+    assert m.value == pytest.approx(6 * 0.009 / 0.030) and m.error is None
+    assert speedup_text(m.value, m.error) == "~1.80×"
+    assert SpeedupMeter().value is None  # nothing at all: no figure
+    m.add(1, 0.010, 0.010)  # its own sample: the open stretch is costed from it alone
+    assert m.value == pytest.approx((6 * 0.010 + 0.010) / 0.040) and len(m.pool) == 1 < MIN_PLAIN
+
+
 def test_live_metrics_show_the_engines_speedup_when_the_steps_carry_it():
     m = LiveMetrics(BaselineCost(a=0.1, b=0.0))  # a load-time figure that would say otherwise
     m.add(step(0, 0, 0, 1, elapsed=0.5))
