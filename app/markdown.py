@@ -18,6 +18,9 @@ import re
 from PySide6.QtGui import QColor, QFontDatabase, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
 
 CODE_BACKGROUND = {False: "#f3f5f8", True: "#262b33"}  # light, dark
+# what Qt's importer marks a code block with: a fence (```), or a language (which it sets, empty, on an
+# indented block too)
+CODE_BLOCK = (QTextFormat.Property.BlockCodeFence, QTextFormat.Property.BlockCodeLanguage)
 LOOKAHEAD = 400  # source characters searched for a rendered one (a link's URL is the longest thing dropped)
 _CODE = re.compile(r"```.*?(?:```|\Z)|`[^`\n]+`", re.DOTALL)  # fenced blocks (closed or not) and inline code
 
@@ -111,11 +114,14 @@ def _style_blocks(document: QTextDocument, start: int, end: int, background: QCo
     block = document.findBlock(start)
     while block.isValid() and block.position() <= end:
         cursor = QTextCursor(block)
-        if block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence):
-            fmt = block.blockFormat()
+        fmt = block.blockFormat()
+        if any(fmt.hasProperty(p) for p in CODE_BLOCK):
             fmt.setBackground(background)
             fmt.setLeftMargin(6)
             fmt.setRightMargin(6)
+            # a long line of code wraps inside the bubble: unbroken, it widened the whole chat beyond the
+            # window and needed a horizontal scroll bar for every message
+            fmt.setNonBreakableLines(False)
             cursor.setBlockFormat(fmt)
         else:
             _tint_inline_code(block, background)

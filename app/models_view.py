@@ -38,9 +38,11 @@ from PySide6.QtWidgets import (
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
+    QWidget,
 )
 
 from specula.app import background
+from specula.app.flow import FlowLayout
 from specula.app.theme import mute
 
 COLUMNS = ("Model", "Where", "Size", "Architecture", "Context", "Precision", "For the loaded model")
@@ -89,13 +91,17 @@ class ModelsView(QDialog):
         add_file.clicked.connect(lambda: self._add(QFileDialog.getOpenFileName(
             self, "A GGUF file", "", "GGUF models (*.gguf)")[0]))
         self.head_button.clicked.connect(lambda: self.add_head(QFileDialog.getExistingDirectory(self, "A draft head folder")))
-        buttons = QHBoxLayout()
-        for button in (self.use_button, self.draft_button, self.remove_button):
-            buttons.addWidget(button)
-        buttons.addStretch(1)
-        buttons.addWidget(add_folder)
-        buttons.addWidget(add_file)
-        buttons.addWidget(self.head_button)
+        # two groups of buttons side by side, the second under the first where the window is narrow (800 px)
+        buttons = QWidget()
+        flow = FlowLayout(buttons, spacing=18)
+        flow.setContentsMargins(0, 0, 0, 0)
+        for group in ((self.use_button, self.draft_button, self.remove_button), (add_folder, add_file, self.head_button)):
+            box = QWidget()
+            row = QHBoxLayout(box)
+            row.setContentsMargins(0, 0, 0, 0)
+            for button in group:
+                row.addWidget(button)
+            flow.addWidget(box)
         self.hub_id = QLineEdit()
         self.hub_id.setPlaceholderText("a Hugging Face model id, e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
         self.recommended = QComboBox()
@@ -146,9 +152,11 @@ class ModelsView(QDialog):
         layout = QVBoxLayout(self)
         layout.addWidget(self.table, 1)
         layout.addWidget(self.status)
-        layout.addLayout(buttons)
-        layout.addWidget(QLabel("<b>From the Hugging Face Hub</b>: search, or name a model; a download resumes where a "
-                                "cancelled or interrupted one stopped"))
+        layout.addWidget(buttons)
+        hub_title = QLabel("<b>From the Hugging Face Hub</b>: search, or name a model; a download resumes where a "
+                           "cancelled or interrupted one stopped")
+        hub_title.setWordWrap(True)
+        layout.addWidget(hub_title)
         layout.addLayout(search)
         layout.addWidget(self.results)
         layout.addWidget(self.details)

@@ -137,7 +137,8 @@ class PlotsPanel(QWidget):
 
     def _build_plots(self) -> None:
         g = self.graphics
-        self.plots = {key: g.addPlot(row=row, col=col, colspan=span) for key, (row, col, span) in LAYOUT.items()}
+        self.plots = {key: g.addPlot(row=row, col=col, colspan=span, axisItems={"left": SparseAxis("left")})
+                      for key, (row, col, span) in LAYOUT.items()}
         for plot in self.plots.values():
             plot.showGrid(x=True, y=True, alpha=0.15)
             plot.setMenuEnabled(False)
@@ -404,6 +405,25 @@ class PlotsPanel(QWidget):
         for key, text in values.items():
             self.stat_labels[key].setText(text)
 
+
+
+class SparseAxis(pg.AxisItem):
+    """A value axis whose labels never crowd: where a short plot (a small screen) would put its major ticks
+    closer than MIN_PIXELS apart (pyqtgraph draws every major label, overlapping or not), they are spread to
+    the next round spacing (1, 2 or 5 times a power of ten) that keeps them apart, without minor ticks."""
+
+    MIN_PIXELS = 18  # a label's height and a little
+
+    def tickSpacing(self, minVal, maxVal, size):  # noqa: N802, N803 - pyqtgraph's names
+        levels = super().tickSpacing(minVal, maxVal, size)
+        if not levels or maxVal <= minVal or size <= 0:
+            return levels
+        spacing = levels[0][0]
+        if spacing / (maxVal - minVal) * size >= self.MIN_PIXELS:
+            return levels
+        wanted = self.MIN_PIXELS * (maxVal - minVal) / size
+        power = 10.0 ** math.floor(math.log10(wanted))
+        return [(next(m * power for m in (1, 2, 5, 10) if m * power >= wanted), 0)]
 
 
 def _number(text: str | None) -> float | None:

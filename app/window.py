@@ -37,7 +37,7 @@ from specula.app.compare import CompareController
 from specula.app.composer import Composer
 from specula.app.controls import Controls
 from specula.app.history_db import ConversationDB
-from specula.app.layout import restore_layout, save_layout
+from specula.app.layout import fit_to_screen, restore_layout, save_layout
 from specula.app.legend import LegendBar
 from specula.app.notice import NoticeBar
 from specula.app.plots import PlotsPanel
@@ -508,6 +508,8 @@ class MainWindow(QMainWindow):
 
         if self.models_view is None:
             self.models_view = ModelsView(self)
+            self.models_view.show()
+            fit_to_screen(self.models_view)  # 900x560 by default: cut and moved onto a smaller screen
         self.models_view.show()
         self.models_view.raise_()
         self.models_view.refresh()

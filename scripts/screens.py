@@ -110,8 +110,8 @@ def main() -> None:
         view.search_text.setText("SmolLM2")
         view.search()
         wait(lambda: view.results.rowCount() == 3, 60, "the Hub's results")
-        view.results.selectRow(1)
-        wait(lambda: "model files" in view.details.text(), 60, "a result's files")
+        view.results.selectRow(2)  # the GGUF repository: its quantizations
+        wait(lambda: "model file" in view.details.text(), 60, "a result's files")
         shot("hub-search")
         view.close()
         w.close()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextFormat
 from PySide6.QtWidgets import QApplication
@@ -166,6 +168,22 @@ def test_answers_are_rendered_markdown_in_their_token_colours_and_switch_to_raw_
     w.set_ghosts(True)  # rejected drafts are drawn in the raw tokens: every answer shows them
     assert not w.view.is_markdown(1) and not w.view.is_markdown(3)
     assert {r.origin for r in w.view.records} >= {"draft", "rejected"}
+
+
+@pytest.mark.parametrize("code", ["```python\nx = '" + "long " * 60 + "'\n```", "Indented:\n\n    y = '" + "long " * 60 + "'"])
+def test_a_long_line_of_code_wraps_inside_its_bubble(qapp, code):
+    """Fenced or indented, a code block's long line wraps at the bubble's width instead of widening the
+    whole chat (which then scrolled sideways for every message)."""
+    from PySide6.QtGui import QTextCursor, QTextDocument
+
+    from specula.app.markdown import CODE_BACKGROUND, insert_markdown
+
+    document = QTextDocument()
+    insert_markdown(QTextCursor(document), "An answer.\n\n" + code, dark=False)
+    block = document.lastBlock()
+    assert block.blockFormat().background().color().name() == CODE_BACKGROUND[False]  # set as code
+    document.setTextWidth(300)
+    assert document.size().width() <= 300 + 1
 
 
 def test_the_context_menu_offers_the_same_actions(make_window, qtbot):

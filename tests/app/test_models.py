@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from PySide6.QtWidgets import QPushButton
 
 from specula.engine.remote.hub import ModelEntry
 from tests.app.conftest import snap
@@ -167,3 +168,26 @@ def test_the_hub_is_searched_and_a_result_shows_its_size_and_quantizations(make_
     view.search_text.setText("nothing like it")
     view.search_button.click()
     qtbot.waitUntil(lambda: "No text-generation model" in view.details.text(), timeout=20_000)
+
+
+def test_the_models_view_opens_within_the_screen_and_fits_800_by_600(make_window, qtbot, monkeypatch):
+    """900x560 by default, cut to fit a smaller screen when it opens (layout.fit_to_screen, tested with the
+    main window); its rows fit 800x600 (its buttons in two rows there, the Hub's title wrapped), so nothing
+    hangs off the right edge."""
+    from specula.app import layout, window
+
+    fitted = []
+    monkeypatch.setattr(window, "fit_to_screen", lambda widget: (fitted.append(widget), layout.fit_to_screen(widget)))
+    w = make_window()
+    w.open_models()
+    view = w.models_view
+    assert fitted == [view] and view.screen().availableGeometry().contains(view.geometry())
+    hint = view.minimumSizeHint()
+    assert hint.width() <= 800 - 20 and hint.height() <= 600 - 60, hint
+    view.resize(780, 540)
+    qtbot.wait(50)
+    for child in (view.head_button, view.search_button, view.cancel_button):
+        right = child.mapTo(view, child.rect().topRight()).x()
+        assert child.isVisible() and right <= view.width(), (child.text(), right)
+    for button in view.findChildren(QPushButton):  # none squeezed below its own size: they wrap instead
+        assert not button.isVisible() or button.width() >= button.sizeHint().width(), button.text()

@@ -343,3 +343,20 @@ def test_the_toolbars_overflow_arrow_is_drawn_in_the_themes_text_colour(make_win
         inked = {image.pixelColor(x, y).rgb() for x in range(32) for y in range(32) if image.pixelColor(x, y).alpha() > 200}
         assert colour.rgb() in inked, theme
     w.set_theme("light")
+
+
+def test_a_short_plots_value_labels_are_spread_apart(qapp):
+    """pyqtgraph draws every major label even where they overlap (an 800x600 screen: "150 100 50" in 45
+    pixels); the plots' value axis spreads them to at least MIN_PIXELS and leaves a tall plot as it was."""
+    import pyqtgraph as pg
+
+    from specula.app.plots import SparseAxis
+
+    axis, plain = SparseAxis("left"), pg.AxisItem("left")
+    for low, high, size in ((0, 160, 45), (0, 1.05, 40), (0.5, 2.5, 30), (0, 40, 60)):
+        spacing = axis.tickSpacing(low, high, size)[0][0]
+        assert spacing / (high - low) * size >= SparseAxis.MIN_PIXELS, (low, high, size)
+        assert plain.tickSpacing(low, high, size)[0][0] / (high - low) * size < SparseAxis.MIN_PIXELS  # it would crowd
+        assert f"{spacing:.0e}"[0] in "125"  # a round spacing
+    assert axis.tickSpacing(0, 1.05, 40)[0][0] == 0.5  # acceptance on an 800x600 screen: 0, 0.5, 1
+    assert axis.tickSpacing(0, 160, 400) == plain.tickSpacing(0, 160, 400)
