@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextFormat
 from PySide6.QtWidgets import QApplication
