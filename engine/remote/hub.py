@@ -482,6 +482,17 @@ def _online(what: str) -> None:
         raise SpeculaError(f"cannot {what}: HF_HUB_OFFLINE is set")
 
 
+def _reachable(endpoint: str, timeout: float = 10.0) -> None:
+    """Connect once to the endpoint's host (no request): a machine without a network, or a Hub address
+    that refuses, fails here at once with the socket's error."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    socket.create_connection((url.hostname or "", port), timeout=timeout).close()
+
+
 def _gated(repo_id: str) -> str:
     return f"'{repo_id}' is gated: accept its licence on the Hub, then log in with `hf auth login`"
 
@@ -504,6 +515,7 @@ def search_hub(text: str, gguf_only: bool = False, limit: int = 30) -> list[HubM
     _online("search the Hub")
     endpoint = hub_endpoint()
     try:
+        _reachable(endpoint)  # huggingface_hub retries a refused connection for 23 s before it gives up
         found = HfApi(endpoint=endpoint).list_models(
             search=text.strip() or None, pipeline_tag="text-generation", filter="gguf" if gguf_only else None,
             sort="downloads", limit=limit, expand=["downloads", "likes", "tags", "library_name"])
