@@ -506,11 +506,12 @@ class MainWindow(QMainWindow):
         """The Models view (one per window)."""
         from specula.app.models_view import ModelsView
 
-        if self.models_view is None:
+        first = self.models_view is None
+        if first:
             self.models_view = ModelsView(self)
-            self.models_view.show()
-            fit_to_screen(self.models_view)  # 900x560 by default: cut and moved onto a smaller screen
         self.models_view.show()
+        if first:
+            fit_to_screen(self.models_view)  # 900x560 by default: cut and moved onto a smaller screen
         self.models_view.raise_()
         self.models_view.refresh()
 

@@ -84,7 +84,7 @@ class SpeedupMeter:
 
     @property
     def _last(self) -> float | None:
-        pool = self.samples or self.seeds or self.stale
+        pool = self.samples or self.seeds
         return pool[-1] if pool else None
 
     def add(self, tokens: int, seconds: float, plain_s: float | None = None, sample: bool = True) -> None:
@@ -100,8 +100,7 @@ class SpeedupMeter:
             self.since_plain += 1
             self.speculative += 1
             return
-        measured = self.samples or self.seeds  # older answers' samples never blend into a measured stretch
-        last = measured[-1] if measured else None
+        last = self._last  # older answers' samples (stale) never blend into a measured stretch
         self.plain_s += self._open * (plain_s if last is None else (last + plain_s) / 2)
         self.plain_s += tokens * plain_s
         self._open = self.since_plain = 0
@@ -124,7 +123,7 @@ class SpeedupMeter:
         plain decoding throughout): it is plain decoding, whatever its steps' times scatter."""
         if self.speculative == 0 and self.tokens > 0:
             return 1.0
-        last = self._last
+        last = self._last or (self.stale[-1] if self.stale else None)
         if last is None or self.spent_s <= 0 or self.tokens <= 0:
             return None
         return (self.plain_s + self._open * last) / self.spent_s

@@ -350,13 +350,9 @@ def eagle3_reference(state, target, aux, tokens, k, rope_scaling: dict | None = 
     return drafted
 
 
-def test_an_eagle3_checkpoint_drafts_what_its_formula_gives_and_stays_lossless(tmp_path):
-    model = tiny_model(vocab=VOCAB, layers=8, seed=10)
-    target = loaded(model)
-    state = _eagle3_files(tmp_path / "eagle3", target, seed=11, draft_vocab=10)
-    assert published_kind(tmp_path / "eagle3") == "eagle3"
-    head, info = load_head(tmp_path / "eagle3", target, kind="eagle")
-    assert head.aux_layers == (2, 4, 5) and info.kind == "eagle"
+def _eagle3_draft(model, target, head):
+    """A 4-token chain the loaded EAGLE-3 head drafts after a prompt, with what its formula reads: the
+    states entering layers 2, 4 and 5 of the 8-layer target (from transformers' own forward)."""
     prompt = [1, 5, 2, 7, 7, 3, 9, 4, 11, 6]
     drafter = Eagle(head, target, stop_below=0.0)
     runner = target.new_runner()
@@ -366,7 +362,17 @@ def test_an_eagle3_checkpoint_drafts_what_its_formula_gives_and_stays_lossless(t
     draft = drafter.propose(ctx, 4)
     with torch.no_grad():
         states = model(torch.tensor(prompt)[None], output_hidden_states=True).hidden_states
-    aux = torch.cat([states[i][0] for i in (2, 4, 5)], dim=-1)
+    return draft, torch.cat([states[i][0] for i in (2, 4, 5)], dim=-1), ctx
+
+
+def test_an_eagle3_checkpoint_drafts_what_its_formula_gives_and_stays_lossless(tmp_path):
+    model = tiny_model(vocab=VOCAB, layers=8, seed=10)
+    target = loaded(model)
+    state = _eagle3_files(tmp_path / "eagle3", target, seed=11, draft_vocab=10)
+    assert published_kind(tmp_path / "eagle3") == "eagle3"
+    head, info = load_head(tmp_path / "eagle3", target, kind="eagle")
+    assert head.aux_layers == (2, 4, 5) and info.kind == "eagle"
+    draft, aux, ctx = _eagle3_draft(model, target, head)
     assert draft.tokens.tolist() == eagle3_reference(state, target, aux, ctx.tokens[1:], 4)
     assert set(draft.tokens.tolist()) <= set((torch.arange(10) + state["d2t"]).tolist())
     assert_greedy_identity(target, None, "eagle", {"head": str(tmp_path / "eagle3")}, trials=6, longest_prompt=12,
@@ -412,16 +418,7 @@ def test_an_eagle3_checkpoint_with_llama3_rotary_scaling_drafts_what_its_formula
     want_cos, want_sin = rotary(torch.zeros(1, 200, HIDDEN), positions[None])
     cos, sin = head._rope(positions, torch.float32)
     assert torch.allclose(cos, want_cos[0], atol=1e-5) and torch.allclose(sin, want_sin[0], atol=1e-5)
-    prompt = [1, 5, 2, 7, 7, 3, 9, 4, 11, 6]
-    drafter = Eagle(head, target, stop_below=0.0)
-    runner = target.new_runner()
-    runner.keep_layers(drafter.aux_layers)
-    runner.forward(torch.tensor(prompt))
-    ctx = DraftContext(torch.tensor(prompt + [3]), len(prompt), SamplingParams(), None, target=runner)
-    draft = drafter.propose(ctx, 4)
-    with torch.no_grad():
-        states = model(torch.tensor(prompt)[None], output_hidden_states=True).hidden_states
-    aux = torch.cat([states[i][0] for i in (2, 4, 5)], dim=-1)
+    draft, aux, ctx = _eagle3_draft(model, target, head)
     assert draft.tokens.tolist() == eagle3_reference(state, target, aux, ctx.tokens[1:], 4, rope_scaling=LLAMA3)
 
 
