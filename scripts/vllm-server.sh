@@ -18,6 +18,10 @@ spec="${SPEC:-ngram}"
 name="${MODEL_NAME:-smollm2-135m-instruct}"
 model_dir="build/vllm-model"
 
+# one setup at a time (two test processes, or a server started while another sets up, share the folders)
+mkdir -p build
+exec 9>build/.vllm-setup.lock
+command -v flock >/dev/null 2>&1 && flock 9
 if [ ! -f "$venv/.installed" ]; then
     echo "[setting up vLLM (CPU) in $venv]" >&2
     test -x "$venv/bin/python" || "${VLLM_PYTHON:-python3}" -m venv "$venv"
@@ -30,6 +34,7 @@ if [ ! -f "$model_dir/specula-export.json" ]; then
     echo "[writing the bundled model as safetensors to $model_dir]" >&2
     .venv/bin/specula export --model bundled --out "$model_dir" >/dev/null
 fi
+exec 9>&-
 [ "${1:-}" = "--setup" ] && exit 0
 
 case "$spec" in

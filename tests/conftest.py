@@ -16,7 +16,7 @@ os.environ.setdefault("SPECULA_STEP", "eager")
 
 import pytest  # noqa: E402
 
-VLLM_FIXTURES = {"vllm_server", "vllm_servers", "vllm_plain_server"}
+VLLM_FIXTURES = {"vllm_server", "vllm_servers"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -25,6 +25,7 @@ def pytest_collection_modifyitems(config, items):
     late = [item for item in items if VLLM_FIXTURES & set(getattr(item, "fixturenames", ()))]
     if not late:
         return
+    late.sort(key=lambda item: item.get_closest_marker("kills_server") is not None)  # its killer last
     items[:] = [item for item in items if item not in late] + late
     from pathlib import Path
 
@@ -78,13 +79,13 @@ def other_vocab_folder(tmp_path_factory, tiny_folder):
 
 @pytest.fixture(scope="session")
 def vllm_servers(tmp_path_factory):
-    """Real vLLM servers serving the bundled model (see tests/support/vllm_server.py), started together:
-    one with n-gram speculation and a plain one; the tests are skipped, with the reason, where they cannot
-    be set up."""
+    """A real vLLM server with n-gram speculation serving the bundled model (see tests/support/vllm_server.py),
+    in a list; the tests are skipped, with the reason, where it cannot be set up. (A plain server's metrics
+    page is recorded in tests/engine/data: a second server doubled the time to start them.)"""
     from tests.support.vllm_server import Unavailable, start_servers
 
     try:
-        servers = start_servers(["ngram", "none"], tmp_path_factory.mktemp("vllm"))
+        servers = start_servers(["ngram"], tmp_path_factory.mktemp("vllm"))
     except Unavailable as exc:
         pytest.skip(f"no vLLM server: {exc}")
     yield servers
@@ -96,9 +97,3 @@ def vllm_servers(tmp_path_factory):
 def vllm_server(vllm_servers):
     """The vLLM server with n-gram speculation."""
     return vllm_servers[0]
-
-
-@pytest.fixture(scope="session")
-def vllm_plain_server(vllm_servers):
-    """The plain vLLM server (SPEC=none); the test that uses it kills it."""
-    return vllm_servers[1]

@@ -123,8 +123,9 @@ def build() -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise Unavailable(f"the cache folder {path.parent} cannot be created: {exc.strerror or exc}") from None
-    for stale in path.parent.glob(f"{path.name}.tmp-*"):  # a build killed part-way
-        stale.unlink(missing_ok=True)
+    for stale in path.parent.glob(f"{path.name}.tmp-*"):  # a build killed part-way (not another process's, going on)
+        if not _alive(stale.name.rsplit("-", 1)[-1]):
+            stale.unlink(missing_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
         done = subprocess.run(_command(cxx, tmp), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
@@ -142,6 +143,16 @@ def build() -> Path:
         raise Unavailable(f"the C++ compiler {cxx} failed: {errors[0].strip() if errors else 'no message'}")
     os.replace(tmp, path)
     return path
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _load(path: Path):

@@ -369,9 +369,15 @@ def _converted_gguf(path: Path, say) -> Path:
         model.generation_config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "done.json").write_text(json.dumps({"source": str(path), "key": _gguf_key(path)}))
-        if target.exists():
+        if (target / "done.json").is_file():  # another process converted it meanwhile, and may be reading it
+            return target
+        if target.exists():  # a conversion killed part-way
             shutil.rmtree(target)
-        os.replace(staging, target)
+        try:
+            os.replace(staging, target)
+        except OSError:  # another process converted it meanwhile (a folder replaces only an empty one)
+            if not (target / "done.json").is_file():
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -179,6 +179,31 @@ def test_a_failed_build_names_the_compilers_error(monkeypatch, tmp_path):
         compiled.build()
 
 
+def test_a_build_leaves_another_processes_build_alone(monkeypatch, tmp_path):
+    """Two processes building at once (the app's engine and a command line on a first start): a build clears
+    what a killed build left, never the output of one going on."""
+    import subprocess
+
+    fake = tmp_path / "fake-cxx"
+    fake.write_text('#!/bin/sh\nfor a; do [ "$prev" = "-o" ] && echo built > "$a"; prev="$a"; done; exit 0\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setenv("SPECULA_CACHE_DIR", str(tmp_path / "cache"))
+    path = compiled.library_path(str(fake))
+    path.parent.mkdir(parents=True)
+    other = subprocess.Popen(["sleep", "120"])
+    try:
+        going = path.with_name(f"{path.name}.tmp-{other.pid}")
+        killed = path.with_name(f"{path.name}.tmp-{2**22 + 12345}")  # above Linux's largest process id
+        going.write_text("half")
+        killed.write_text("half")
+        assert compiled.build() == path and path.read_text() == "built\n"
+        assert going.exists() and not killed.exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_step_modes(monkeypatch):
     monkeypatch.setenv("SPECULA_STEP", "eager")
     assert compiled.step_mode("auto") == "eager"

@@ -50,6 +50,8 @@ def test_metrics_parser_reads_the_recorded_vllm_page():
 
 def test_metrics_without_spec_decode_counters_say_none():
     assert parse_metrics("# HELP vllm:num_requests_running x\nvllm:num_requests_running 0.0\n") is None
+    # the whole page of a plain vLLM 0.32 (CPU) server after a request
+    assert parse_metrics((DATA / "vllm_metrics_plain.txt").read_text()) is None
 
 
 def test_counter_differences_are_what_happened_in_between():

@@ -89,26 +89,24 @@ def test_bench_runs_the_server_as_a_peer(vllm_server, tmp_path, capsys):
     assert summary["overall"]["vllm"]["mean_accepted_length"] > 1.0
 
 
-def test_a_plain_baseline_server_gives_a_speedup_and_its_death_is_a_clear_error(vllm_server, vllm_plain_server):
-    """The plain server (SPEC=none) as the baseline; then killed, while the shared one lives on."""
-    plain = vllm_plain_server
+@pytest.mark.kills_server
+def test_a_baseline_from_a_real_server_gives_a_speedup_and_the_servers_death_is_a_clear_error(vllm_server):
+    """A baseline measured on a real server; then the server is killed mid-answer (this runs after every
+    other test on it)."""
     try:
-        fast = RemoteBackend()
-        fast.load(RemoteLoadRequest(vllm_server.url, baseline_server=plain.url))
-        assert fast.baseline is not None and fast.baseline.a > 0
-        assert list(fast.generate(ask(COPY, 48)))[-1].speedup > 0
         b = RemoteBackend()
-        loaded = b.load(RemoteLoadRequest(plain.url))
-        assert not b.info.speculates and "no speculative decoding counters" in loaded.notes[0]
+        b.load(RemoteLoadRequest(vllm_server.url, baseline_server=vllm_server.url))
+        assert b.baseline is not None and b.baseline.a > 0
+        assert list(b.generate(ask(COPY, 48)))[-1].speedup > 0
         seen = []
         with pytest.raises(RemoteError) as failure:
             for event in b.generate(ask("Write a long story about a lighthouse keeper.", 400)):
                 seen.append(event)
                 if isinstance(event, Step) and event.step == 3:
-                    plain.kill()
+                    vllm_server.kill()
         assert "before the answer ended" in str(failure.value) or "broke" in str(failure.value)
         assert sum(len(e.tokens) for e in seen if isinstance(e, Step)) >= 4  # what came before is kept
         with pytest.raises(RemoteError, match="connection refused"):
-            b.load(RemoteLoadRequest(plain.url))
+            b.load(RemoteLoadRequest(vllm_server.url))
     finally:
-        plain.kill()
+        vllm_server.kill()
