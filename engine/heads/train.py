@@ -167,6 +167,10 @@ class Sequence:
     # entering the layers it reads
     features: torch.Tensor
     answer_start: int
+    # for an EAGLE-3 head: the target's TARGET_TOP most likely next tokens at each position and their
+    # probabilities (T, TARGET_TOP), its soft labels
+    top_ids: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
 
 
 @dataclass
@@ -420,6 +424,7 @@ class _Stop:
 
 
 EAGLE3_CONTEXT = 256  # an EAGLE-3 head trains over an answer and at most this many prompt positions before it
+TARGET_TOP = 32  # an EAGLE-3 head learns the target's distribution over its this many most likely next tokens
 TTT_STEPS = 4  # steps an EAGLE-3 head is unrolled in training (its drafts' first four positions trained as used)
 
 
@@ -469,7 +474,10 @@ def _stored(path: Path, target, answer: Answer, aux_layers: tuple[int, ...]) -> 
         width = target.model.config.hidden_size * max(1, len(aux_layers))
         if not torch.equal(state["tokens"], tokens) or state["features"].shape != (tokens.shape[0], width):
             return None
-        return Sequence(state["tokens"], state["features"], int(state["answer_start"]))
+        if aux_layers and "top_ids" not in state:  # stored before the soft labels were: computed again
+            return None
+        return Sequence(state["tokens"], state["features"], int(state["answer_start"]),
+                        state.get("top_ids"), state.get("top_p"))
     except Exception:  # a damaged file of ours: computed again
         return None
 
@@ -477,10 +485,13 @@ def _stored(path: Path, target, answer: Answer, aux_layers: tuple[int, ...]) -> 
 def _store(path: Path, seq: Sequence) -> Sequence:
     """Write a conversation's features (whole, then renamed) and return them memory-mapped from the file."""
     tmp = path.with_suffix(".tmp")
-    torch.save({"tokens": seq.tokens, "features": seq.features, "answer_start": seq.answer_start}, tmp)
+    state = {"tokens": seq.tokens, "features": seq.features, "answer_start": seq.answer_start}
+    if seq.top_ids is not None:
+        state |= {"top_ids": seq.top_ids, "top_p": seq.top_p}
+    torch.save(state, tmp)
     tmp.replace(path)
     state = torch.load(path, mmap=True, weights_only=True)
-    return Sequence(state["tokens"], state["features"], seq.answer_start)
+    return Sequence(state["tokens"], state["features"], seq.answer_start, state.get("top_ids"), state.get("top_p"))
 
 
 def _with_features(target, prompt: list[int], answer: list[int], aux_layers: tuple[int, ...] = ()) -> Sequence:
@@ -488,9 +499,14 @@ def _with_features(target, prompt: list[int], answer: list[int], aux_layers: tup
     tokens, first = _read_tokens(target, prompt, answer, aux_layers)
     if aux_layers:
         runner.keep_layers(aux_layers)
-    runner.forward(tokens)
-    features = runner.aux_features(first, runner.length) if aux_layers else runner.features(first, runner.length)
-    return Sequence(tokens[first:], features.clone().cpu(), len(prompt) - first)
+    if not aux_layers:
+        runner.forward(tokens)
+        return Sequence(tokens[first:], runner.features(first, runner.length).clone().cpu(), len(prompt) - first)
+    # an EAGLE-3 head also learns the target's own next-token distribution at each position it reads
+    logits = runner.forward(tokens, last=tokens.shape[0] - first)
+    top = torch.softmax(logits, -1).topk(min(TARGET_TOP, logits.shape[-1]), dim=-1)
+    return Sequence(tokens[first:], runner.aux_features(first, runner.length).clone().cpu(), len(prompt) - first,
+                    top.indices.int().cpu(), top.values.half().cpu())
 
 
 class _Frozen:
@@ -550,11 +566,16 @@ def _draft_slots(head, vocab: int) -> torch.Tensor:
 def _eagle3_loss(head: Eagle3Head, frozen: _Frozen, seqs: list[Sequence], steps: int | None = None) -> tuple[torch.Tensor, int, int]:
     """Row i reads (the target layers' states at i, token i+1) and should give token i+2; unrolled `steps`
     times as drafting feeds the head its own outputs (Eagle3Head.unrolled), step k weighted 0.8^k, on
-    answer tokens inside the draft vocabulary."""
+    answer positions. The label is the target's own distribution over token i+2 (its most likely
+    TARGET_TOP tokens inside the draft vocabulary, renormalised), where the target's first choice is a draft
+    token: a sampled answer's token teaches less than what the target would have said, and the runners-up
+    teach more than a single token does. Sequences without stored distributions learn the answer's token."""
     tokens, feats, valid = _batch(seqs, frozen.device)
     width = tokens.shape[1]
     outs = head.unrolled(feats[:, :-1], frozen.embed[tokens[:, 1:]], steps or TTT_STEPS)  # rows 0..T-2
-    labels = _draft_slots(head, frozen.lm.shape[0])[tokens[:, 2:]]  # rows 0..T-3
+    slot = _draft_slots(head, frozen.lm.shape[0])
+    soft = _soft_labels(seqs, slot, width)
+    labels = soft[0][..., 0] if soft is not None else slot[tokens[:, 2:]]  # rows 0..T-3: the first choice
     rows = torch.arange(width - 2, device=tokens.device)
     starts = torch.tensor([s.answer_start for s in seqs], device=tokens.device)
     base = valid[:, 2:] & (labels >= 0) & (rows[None, :] + 2 >= starts[:, None])
@@ -562,10 +583,34 @@ def _eagle3_loss(head: Eagle3Head, frozen: _Frozen, seqs: list[Sequence], steps:
     for k, out in enumerate(outs):
         ok = base & (rows[None, :] >= k)  # a chain k deep starts at a position the head read
         logits = head.draft_logits(out[:, :-1][ok])
-        loss = loss + F.cross_entropy(logits, labels[ok]) * 0.8**k
+        if soft is not None:
+            slots, weights = soft[0][ok], soft[1][ok]
+            step_loss = -(weights * logits.log_softmax(-1).gather(1, slots.clamp(min=0))).sum(-1).mean()
+        else:
+            step_loss = F.cross_entropy(logits, labels[ok])
+        loss = loss + step_loss * 0.8**k
         if k == 0:
             right, seen = int((logits.argmax(-1) == labels[ok]).sum()), int(ok.sum())
     return loss, right, seen
+
+
+def _soft_labels(seqs: list[Sequence], slot: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For rows 0..width-3 (the distribution over token i+2, stored at position i+1): each candidate's row in
+    the draft vocabulary (-1 outside it; the first is the target's first choice) and its weight, the stored
+    probabilities inside the draft vocabulary renormalised to one; None when a sequence has none stored."""
+    if any(s.top_ids is None for s in seqs):
+        return None
+    k = seqs[0].top_ids.shape[-1]
+    ids = torch.zeros(len(seqs), width, k, dtype=torch.long)
+    probs = torch.zeros(len(seqs), width, k)
+    for b, s in enumerate(seqs):
+        n = s.tokens.shape[0]
+        ids[b, :n], probs[b, :n] = s.top_ids.long(), s.top_p.float()
+    ids, probs = ids[:, 1:-1].to(slot.device), probs[:, 1:-1].to(slot.device)
+    slots = slot[ids]
+    weights = probs * (slots >= 0)
+    weights = weights / weights.sum(-1, keepdim=True).clamp(min=1e-9)
+    return slots, weights
 
 
 def _medusa_loss(head: MedusaHead, frozen: _Frozen, seqs: list[Sequence]) -> tuple[torch.Tensor, int, int]:

@@ -15,6 +15,9 @@ from specula.engine.heads.config import HeadConfig
 from specula.engine.heads.eagle3 import Eagle3Head, default_aux_layers
 from specula.engine.heads.store import load_head, save_head
 from specula.engine.heads.train import (
+    TARGET_TOP,
+    _eagle3_loss,
+    _Frozen,
     _with_features,
     frequent_tokens,
     head_info,
@@ -110,6 +113,7 @@ def test_features_are_stored_once_and_read_back_memory_mapped(tmp_path, monkeypa
     again = with_features(target, answers, aux_layers=layers, store=store)
     for a, b in zip(first, again):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.features, b.features) and a.answer_start == b.answer_start
+        assert torch.equal(a.top_ids, b.top_ids) and torch.equal(a.top_p, b.top_p)
     monkeypatch.undo()
     damaged = tmp_path / "damaged"
     damaged.write_bytes(b"cut short")  # a damaged file: computed again (a new file: the old one stays mapped)
@@ -121,3 +125,35 @@ def test_features_are_stored_once_and_read_back_memory_mapped(tmp_path, monkeypa
     assert third[2].tokens[-4:].tolist() == [9, 9, 9, 9] and torch.equal(third[1].features, first[1].features)
     final = with_features(target, answers, store=tmp_path / "final")  # an EAGLE-1 head's: the whole conversation
     assert final[0].tokens.shape[0] == len(answers[0].prompt) + 6 and final[0].features.shape[1] == 64
+
+
+def test_an_eagle3_head_learns_the_targets_own_distribution():
+    """The features of a conversation carry the target's most likely next tokens at each position with their
+    probabilities (a greedy answer's tokens are its first choices); the loss is the cross-entropy against
+    them, which for a target sure of one token is the cross-entropy against that token."""
+    target = loaded(tiny_model(vocab=64, layers=2, seed=11))
+    prompt = [3, 9, 4, 17, 22]
+    answer = greedy(target, prompt, 12)
+    seq = _with_features(target, prompt, answer, default_aux_layers(2))
+    probs = torch.softmax(target.new_runner().forward(torch.tensor(prompt + answer), last=len(prompt) + 12), -1)
+    top = probs.topk(TARGET_TOP)
+    assert torch.equal(seq.top_ids.long(), top.indices) and torch.allclose(seq.top_p.float(), top.values, atol=1e-3)
+    assert seq.top_ids[seq.answer_start - 1 : -1, 0].tolist() == answer
+
+    torch.manual_seed(0)
+    config = HeadConfig.for_target(target.model.config)
+    from dataclasses import replace
+
+    head = Eagle3Head(replace(config, aux_layers=default_aux_layers(2), draft_vocab=48))
+    head.draft_ids = torch.arange(48)
+    frozen = _Frozen(target)
+    sure = replace(seq, top_p=torch.zeros_like(seq.top_p))
+    sure.top_p[:, 0] = 1.0  # all the target's mass on its first choice
+    hard = replace(seq, top_ids=None, top_p=None)  # no stored distribution: the answer's own tokens
+    with torch.no_grad():
+        soft_loss, right, seen = _eagle3_loss(head, frozen, [sure], steps=2)
+        hard_loss, right2, seen2 = _eagle3_loss(head, frozen, [hard], steps=2)
+        real_loss, _, _ = _eagle3_loss(head, frozen, [seq], steps=2)
+    assert seen > 0 and (right, seen) == (right2, seen2)
+    assert torch.allclose(soft_loss, hard_loss, atol=1e-5)
+    assert not torch.allclose(real_loss, hard_loss, atol=1e-3)  # the runners-up count
