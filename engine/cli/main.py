@@ -164,6 +164,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for head.safetensors and head.json (default: the user's heads folder, where "
                         "the app and `generate` find it for this model)")
     t.add_argument("--overwrite", action="store_true")
+    m = sub.add_parser("measure-head", help="the draft heads' mean accepted length on prompts, drafting a chain at "
+                                            "every step (no cost model): what a head knows, the same on any machine")
+    _add_model_args(m)
+    m.add_argument("--head", action="append", default=None,
+                   help="a head folder (repeat for several); default: every eagle and medusa head found for the model")
+    m.add_argument("--prompts", type=Path, required=True, help="JSON Lines (Spec-Bench format); each prompt's first turn")
+    m.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    m.add_argument("--limit-per-category", type=whole(1), default=None)
+    m.add_argument("--max-new-tokens", type=whole(1), default=96)
+    m.add_argument("--k", type=whole(1), default=5, help="the chain's length")
+    m.add_argument("--no-chat", action="store_true", help="raw prompts instead of the chat template")
+    m.add_argument("--json", action="store_true", help="print one JSON object")
     st = sub.add_parser("strategies", help="list the draft strategies (with --model: which ones that model can use)")
     st.add_argument("--model", default=None, help="load this model and mark the strategies it can use, with the heads found")
     st.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
@@ -237,6 +249,8 @@ def _subcommand(name: str):
         from .export import run_export as run
     elif name == "serve":
         from .serve import run_serve as run
+    elif name == "measure-head":
+        from .measure import run_measure_head as run
     else:
         from .train import run_train_cmd as run
     return run

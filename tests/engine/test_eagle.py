@@ -103,6 +103,18 @@ def test_train_head_command_writes_a_head_that_the_eagle_strategy_loads(tiny_fol
     info = json.loads((tmp_path / "e3" / "head.json").read_text())
     assert info["kind"] == "eagle" and info["config"]["aux_layers"] and info["config"]["draft_vocab"] > 0
     assert info["training"]["held_out_mean_accepted_length"] >= 1.0
+    # measured on prompts without the cost model: each kind's chain
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"turns": [t], "category": c}) + "\n" for t, c in
+                               [("Tell me a story.", "writing"), ("Write a poem.", "writing"), ("What is 2+2?", "math")]))
+    capsys.readouterr()
+    heads = [str(out), str(tmp_path / "m"), str(tmp_path / "e3")]
+    assert main(["measure-head", "--model", str(tiny_folder), "--dtype", "fp32", "--prompts", str(prompts),
+                 "--max-new-tokens", "16", "--json", *(a for h in heads for a in ("--head", h))]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["heads"]) == set(heads) and report["answers"] == 3
+    for by in report["heads"].values():
+        assert set(by) == {"writing", "math", "overall"} and all(1.0 <= v <= 6.0 for v in by.values())
     for strategy, head in (("medusa", tmp_path / "m"), ("eagle", out), ("eagle", tmp_path / "e3")):
         code = main(["generate", "--model", str(tiny_folder), "--dtype", "fp32", "--strategy", strategy, "--head",
                      str(head), "--prompt", "hello there", "--max-new-tokens", "12", "--json"])

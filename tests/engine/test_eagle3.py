@@ -157,3 +157,21 @@ def test_an_eagle3_head_learns_the_targets_own_distribution():
     assert seen > 0 and (right, seen) == (right2, seen2)
     assert torch.allclose(soft_loss, hard_loss, atol=1e-5)
     assert not torch.allclose(real_loss, hard_loss, atol=1e-3)  # the runners-up count
+
+
+def test_measuring_a_head_counts_what_it_knows(trained, tmp_path):
+    """`measure-head`'s chains: the trained head keeps what its held-out figure says, and far more than an
+    untrained one of the same shape (which still keeps some: a tiny random model's answers repeat tokens)."""
+    from specula.engine.heads.measure import Answer, measure_heads
+
+    target, folder, accepted, seqs = trained
+    answers = [Answer("x", s.tokens[: s.answer_start].tolist(), s.tokens[s.answer_start :].tolist()) for s in seqs[20:]]
+    trained_head, info = load_head(folder, target)
+    torch.manual_seed(1)
+    untrained = Eagle3Head(trained_head.config)
+    untrained.draft_ids = trained_head.draft_ids
+    save_head(untrained, info, tmp_path / "untrained")
+    got = measure_heads(target, [folder, tmp_path / "untrained"], answers, k=4)
+    assert got[str(folder)]["overall"] > got[str(tmp_path / "untrained")]["overall"] + 0.5
+    assert got[str(tmp_path / "untrained")]["overall"] >= 1.0
+    assert got[str(folder)]["overall"] == pytest.approx(accepted, abs=0.25)  # its held-out figure, every 4th position

@@ -1,0 +1,61 @@
+"""`specula measure-head`: the draft heads' mean accepted length on a set of prompts, measured without the
+strategy's cost model (`heads.measure`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..api.errors import SpeculaError
+from ..api.prompts import conversation, encode
+from ..api.types import DecodeConfig
+from ..models.loading import load_model
+from .common import model_spec
+
+
+def run_measure_head(args) -> int:
+    from ..decoding.loop import generate
+    from ..drafters import build_drafter
+    from ..heads.measure import Answer, measure_heads
+    from ..heads.store import find_heads
+    from ..heads.train import progress_line
+    from .bench.run import load_items
+
+    items = load_items(args.prompts, args.categories, args.limit_per_category)  # a bad file fails before the load
+    target = load_model(model_spec(args), progress=lambda s: print(s, file=sys.stderr))
+    folders = [Path(h) for h in args.head or ()]
+    if not folders:
+        found = find_heads(target)
+        folders = [p for kind in ("eagle", "medusa") for p in found.get(kind, [])]
+    if not folders:
+        raise SpeculaError("no draft heads for this model: name one with --head DIR, or train one with `specula train-head`")
+    answers, skipped = [], 0
+    for n, item in enumerate(items, 1):  # the first turn of each prompt, answered greedily by the target
+        ids = encode(target.tokenizer, conversation(item.turns[0]), not args.no_chat)
+        if len(ids) + args.max_new_tokens > target.context_window:
+            skipped += 1
+            continue
+        finished = list(generate(target.new_runner(), build_drafter("none", target), ids,
+                                 DecodeConfig(max_new_tokens=args.max_new_tokens), stop_ids=frozenset(target.eos_ids)))[-1]
+        answer = [t for t in finished.token_ids if t not in target.eos_ids]
+        if len(answer) >= 3:
+            answers.append(Answer(item.category or "all", ids, answer))
+        progress_line(f"answers: {n}/{len(items)}")
+    if not answers:
+        raise SpeculaError("no prompt gave an answer to measure on (too long for the model's window, or answered in under 3 tokens)")
+    results = measure_heads(target, folders, answers, args.k, say=progress_line)
+    print(file=sys.stderr)
+    if args.json:
+        print(json.dumps({"model": target.name, "k": args.k, "answers": len(answers), "skipped": skipped,
+                          "max_new_tokens": args.max_new_tokens, "heads": results}))
+        return 0
+    categories = list(dict.fromkeys(a.category for a in answers))
+    print(f"Mean accepted length per target pass (chain of {args.k}, drafted at every step), {len(answers)} answers "
+          f"of up to {args.max_new_tokens} tokens" + (f", {skipped} prompts too long for the window left out" if skipped else ""))
+    print()
+    print("| head | " + " | ".join(categories) + " | overall |")
+    print("|---|" + "---|" * (len(categories) + 1))
+    for folder, by in results.items():
+        print(f"| {folder} | " + " | ".join(f"{by[c]:.2f}" for c in categories) + f" | **{by['overall']:.2f}** |")
+    return 0
