@@ -243,11 +243,16 @@ class _BatchAnswers:
     compiled step does not run (not built yet, eager, a model it does not cover) one answer at a time
     (`_EngineAnswers`)."""
 
-    def __init__(self, target, drafter: Drafter | None, rows: int) -> None:
+    def __init__(self, target, drafter: Drafter | None, rows: int, aux_layers: tuple[int, ...] = ()) -> None:
         self.target = target
         self.rows = max(1, rows)
         self.single = _EngineAnswers(target, drafter)
         self.runners: list = []
+        # an EAGLE-3 head's features, kept while answering (the layers' states and the target's most likely
+        # tokens, as `_with_features` computes them, from the same forwards): the separate pass over every
+        # conversation, long prompts included, is not needed for these answers
+        self.aux_layers = tuple(aux_layers)
+        self.features: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # prompt -> the last call's
 
     def answer(self, prompts: list[list[int]], max_new: int, sampling: bool, seed: int,
                should_stop: Callable[[], bool]) -> list[list[int]]:
@@ -262,6 +267,9 @@ class _BatchAnswers:
         waiting = list(range(len(prompts)))[::-1]
         active: list[tuple[int, object, torch.Generator | None, list[int]]] = []  # (prompt, runner, generator, answer)
         idle = list(self.runners)
+        keep = bool(self.aux_layers)
+        tops: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # prompt -> the target's top tokens so far
+        self.features = {}
         while (waiting or active) and not should_stop():
             while waiting and len(active) < self.rows:
                 j = waiting.pop()
@@ -271,19 +279,28 @@ class _BatchAnswers:
                     runner = self.target.new_runner()
                     self.runners.append(runner)
                 runner.truncate(0)
-                logits = runner.forward(torch.tensor(prompts[j], dtype=torch.long))[-1]
+                runner.keep_layers(self.aux_layers)
+                first = max(0, len(prompts[j]) - EAGLE3_CONTEXT)
+                logits = runner.forward(torch.tensor(prompts[j], dtype=torch.long), last=len(prompts[j]) - first if keep else 1)
                 if not runner.compiled:  # the compiled step is not running: one answer at a time
                     return self.single.answer(prompts, max_new, sampling, seed, should_stop)
+                if keep:
+                    tops[j] = [_top(logits)]
                 gen = make_generator(runner.device, seed + j) if sampling else None
-                token = int(choose(logits, params, gen))
+                token = int(choose(logits[-1], params, gen))
                 if token in stop or max_new == 1:
                     out[j] = [token]
+                    self._keep(j, runner, first, tops)
                     idle.append(runner)
                 else:
                     active.append((j, runner, gen, [token]))
             if not active:
                 continue
             logits = step_rows([a[1] for a in active], torch.tensor([a[3][-1] for a in active], dtype=torch.long))
+            if keep:
+                top = _top(logits)
+                for b, a in enumerate(active):
+                    tops[a[0]].append((top[0][b : b + 1], top[1][b : b + 1]))
             if params.greedy:
                 tokens = logits.argmax(-1).tolist()
             else:
@@ -293,11 +310,28 @@ class _BatchAnswers:
                 answer.append(token)
                 if token in stop or len(answer) >= max_new:
                     out[j] = answer
+                    self._keep(j, runner, max(0, len(prompts[j]) - EAGLE3_CONTEXT), tops)
                     idle.append(runner)
                 else:
                     still.append((j, runner, gen, answer))
             active = still
         return [a for a in out if a is not None]
+
+    def _keep(self, j: int, runner, first: int, tops: dict) -> None:
+        """A finished answer's features from its runner: the kept layers' states and the target's most likely
+        tokens at positions first.. of its cache (the answer's last token is never read, as it ended the answer)."""
+        if not self.aux_layers:
+            return
+        seen = tops.pop(j)
+        self.features[j] = (runner.aux_features(first, runner.length).clone().cpu(),
+                            torch.cat([t[0] for t in seen]), torch.cat([t[1] for t in seen]))
+
+
+def _top(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, V) fp32 logits -> the target's TARGET_TOP most likely tokens (n, TARGET_TOP) int32 and their
+    probabilities, fp16: an EAGLE-3 head's soft labels."""
+    top = torch.softmax(logits, -1).topk(min(TARGET_TOP, logits.shape[-1]), dim=-1)
+    return top.indices.int().cpu(), top.values.half().cpu()
 
 
 def top_p_prefix(logits: torch.Tensor, params, prefix: int = 512) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -328,11 +362,14 @@ ANSWER_ROWS = 16  # answers decoded together by batched plain decoding on a CPU 
 def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed: int = 0,
                  say: Callable[[str], None] = lambda s: None, store: Path | None = None,
                  should_stop: Callable[[], bool] = lambda: False, sampled: float = SAMPLED_SHARE,
-                 drafter: Drafter | None = None) -> list[Answer]:
+                 drafter: Drafter | None = None, aux_layers: tuple[int, ...] = (),
+                 features: Path | None = None) -> list[Answer]:
     """The target answers generated prompts, batched, until about n_tokens answer tokens exist: greedily, and
     a `sampled` share of the batches by sampling (a seed per batch). With `store` (a .jsonl file) every
     answer is appended as it is made, and a later run with the same file continues where this one stopped.
-    `drafter`: the strategy the engine's own decoding uses on a CPU (none: plain steps)."""
+    `drafter`: the strategy the engine's own decoding uses on a CPU (none: plain steps). With `aux_layers` and
+    a `features` folder, an EAGLE-3 head's features of each answer made by batched decoding are written there
+    as it is made (as `with_features` stores them, which then reads them instead of computing them)."""
     tok = target.tokenizer
     model = target.model
     pad = tok.pad_token_id if tok.pad_token_id is not None else sorted(target.eos_ids)[0]
@@ -340,7 +377,9 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
     # conversation at a time with the caller's drafter until that step runs); GPUs batch through generate()
     engine = None
     if target.device.type == "cpu" and target.uses_lean_forward:
-        engine = _BatchAnswers(target, drafter, rows=min(batch, ANSWER_ROWS))
+        engine = _BatchAnswers(target, drafter, rows=min(batch, ANSWER_ROWS), aux_layers=aux_layers if features else ())
+        if features is not None:
+            features.mkdir(parents=True, exist_ok=True)
     answers = _read_answers(store)
     made = sum(len(a.answer) for a in answers)
     convs = prompt_conversations(max(1, 4 * n_tokens // max_new + 8), seed)
@@ -385,7 +424,7 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
             if should_stop():
                 say("")  # a cut batch is dropped; the caller's say raises
                 break
-            for (conv, index, e), row in zip(encoded, rows):
+            for j, ((conv, index, e), row) in enumerate(zip(encoded, rows)):
                 answer = []
                 for t in row:
                     if t in target.eos_ids:
@@ -395,6 +434,8 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
                     continue
                 a = Answer(e, answer, index if len(conv) == 1 else -1)
                 answers.append(a)
+                if engine is not None and j in engine.features:
+                    _store(features / f"{len(answers) - 1:06d}.pt", _kept_sequence(target, a, aux_layers, engine.features[j]))
                 if sink is not None:
                     sink.write(json.dumps({"prompt": a.prompt, "answer": a.answer, "index": a.index}) + "\n")
                 made += len(answer)
@@ -494,6 +535,21 @@ def _store(path: Path, seq: Sequence) -> Sequence:
     return Sequence(state["tokens"], state["features"], seq.answer_start, state.get("top_ids"), state.get("top_p"))
 
 
+def _kept_sequence(target, a: Answer, aux_layers: tuple[int, ...], kept: tuple) -> Sequence:
+    """An answer's features kept while it was made (`_BatchAnswers`), as `_with_features` lays them out: its
+    last token, never read by the target, gets a row of zeros (an EAGLE-3 head's training reads every row but
+    the last)."""
+    tokens, first = _read_tokens(target, a.prompt, a.answer, aux_layers)
+    feats, ids, probs = kept
+    rows = tokens.shape[0] - first
+    if feats.shape[0] < rows:
+        pad = rows - feats.shape[0]
+        feats = torch.cat([feats, feats.new_zeros(pad, feats.shape[1])])
+        ids = torch.cat([ids, ids.new_zeros(pad, ids.shape[1])])
+        probs = torch.cat([probs, probs.new_zeros(pad, probs.shape[1])])
+    return Sequence(tokens[first:], feats[:rows], len(a.prompt) - first, ids[:rows], probs[:rows])
+
+
 def _with_features(target, prompt: list[int], answer: list[int], aux_layers: tuple[int, ...] = ()) -> Sequence:
     runner = target.new_runner()
     tokens, first = _read_tokens(target, prompt, answer, aux_layers)
@@ -503,10 +559,9 @@ def _with_features(target, prompt: list[int], answer: list[int], aux_layers: tup
         runner.forward(tokens)
         return Sequence(tokens[first:], runner.features(first, runner.length).clone().cpu(), len(prompt) - first)
     # an EAGLE-3 head also learns the target's own next-token distribution at each position it reads
-    logits = runner.forward(tokens, last=tokens.shape[0] - first)
-    top = torch.softmax(logits, -1).topk(min(TARGET_TOP, logits.shape[-1]), dim=-1)
+    top_ids, top_p = _top(runner.forward(tokens, last=tokens.shape[0] - first))
     return Sequence(tokens[first:], runner.aux_features(first, runner.length).clone().cpu(), len(prompt) - first,
-                    top.indices.int().cpu(), top.values.half().cpu())
+                    top_ids, top_p)
 
 
 class _Frozen:
@@ -957,12 +1012,13 @@ def _run_training(target, o: TrainOptions, out: Path, work: Path, report: Callab
     if stored is not None and stored != about:
         raise SpeculaError(f"{work} holds training data for another model or other settings: choose another data folder")
     (work / "about.json").write_text(json.dumps(about), encoding="utf-8")
-    answers = self_distill(target, o.tokens, max_new=o.max_new_tokens, batch=o.batch, seed=o.seed, say=report,
-                           store=work / "answers.jsonl", should_stop=should_stop, drafter=drafter)
-    if len(answers) < 2:
-        raise SpeculaError("the model gave too few usable answers to train on (each needs at least 4 tokens before its end)")
     aux = default_aux_layers(target.model.config.num_hidden_layers) if o.kind == "eagle3" else ()
     store = work / ("features-" + ("-".join(map(str, aux)) if aux else "final"))
+    answers = self_distill(target, o.tokens, max_new=o.max_new_tokens, batch=o.batch, seed=o.seed, say=report,
+                           store=work / "answers.jsonl", should_stop=should_stop, drafter=drafter,
+                           aux_layers=aux, features=store if aux else None)
+    if len(answers) < 2:
+        raise SpeculaError("the model gave too few usable answers to train on (each needs at least 4 tokens before its end)")
     seqs = with_features(target, answers, say=report, aux_layers=aux, store=store)
     held = max(1, len(seqs) // 10)
     train, test = seqs[held:], seqs[:held]

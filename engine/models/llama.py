@@ -647,18 +647,22 @@ def step_rows(runners: list[LlamaRunner], tokens: torch.Tensor) -> torch.Tensor:
     if not runners or len(runners) != tokens.shape[0]:
         raise ValueError(f"one token per runner: {tokens.shape[0]} tokens for {len(runners)} runners")
     fast = runners[0]._fast
-    if fast is None or any(r._fast is not fast or r.length == 0 or r.aux_layers for r in runners):
+    layers = runners[0].aux_layers
+    if fast is None or any(r._fast is not fast or r.length == 0 or r.aux_layers != layers for r in runners):
         raise ValueError("batched steps need runners of one model, each past its prompt, in the compiled step, "
-                         "keeping no layers' states")
+                         "keeping the same layers' states")
     for r in runners:
         r._reserve(r._length + 1)
         r._transposed_keys()
     first = runners[0]
     x = first.embed(tokens.to(first.device))
+    aux = torch.empty((x.shape[0], len(layers), x.shape[1]), dtype=x.dtype, device=x.device) if layers else None
     x = fast.ops.forward_rows(fast.handle, x, [r._k for r in runners], [r._v for r in runners], [r._kt for r in runners],
                               [r._kt_len for r in runners], [r._cos32 for r in runners], [r._sin32 for r in runners],
-                              [r._length for r in runners], len(first.layers))
+                              [r._length for r in runners], len(first.layers), aux, list(layers))
     for b, r in enumerate(runners):
+        if aux is not None:
+            r._aux[r._length] = aux[b]
         r._feat[r._length] = x[b]
         r._length += 1
         r._kt_len = r._length

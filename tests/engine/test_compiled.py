@@ -81,7 +81,8 @@ def test_the_compiled_step_runs_the_files_blocks_and_the_eager_one_torchs(ops):
 @pytest.mark.parametrize("form", ["native", "mixed blocks", "bf16"])
 def test_a_batched_step_gives_each_answer_the_bits_of_its_own_steps(ops, form):
     """step_rows (batched plain decoding, for training data): rows at other positions, in caches of other
-    sizes, one of them grown mid-way, each get the logits their own single steps give."""
+    sizes, one of them grown mid-way, each get the logits their own single steps give, and (kept for an EAGLE-3
+    head's training) the hidden states entering the layers kept."""
     model = tiny_model(vocab=64, layers=3, seed=9)
     if form == "native":
         target = native(model)
@@ -93,17 +94,23 @@ def test_a_batched_step_gives_each_answer_the_bits_of_its_own_steps(ops, form):
     gen = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 64, (n,), generator=gen) for n in (1, 7, 30, 250)]
     steps = torch.randint(0, 64, (len(prompts), 12), generator=gen)
-    alone = []
+    layers = (0, 2) if form == "native" else ()
+    alone, alone_aux = [], []
     for prompt, follow in zip(prompts, steps):
         runner = target.new_runner()
+        runner.keep_layers(layers)
         runner.forward(prompt)
         alone.append(torch.cat([runner.forward(follow[i : i + 1]) for i in range(follow.shape[0])]))
+        alone_aux.append(runner.aux_features(0, runner.length) if layers else None)
     runners = [target.new_runner() for _ in prompts]
     for runner, prompt in zip(runners, prompts):
+        runner.keep_layers(layers)
         runner.forward(prompt)
     together = torch.stack([step_rows(runners, steps[:, i]) for i in range(steps.shape[1])], dim=1)
     for b in range(len(prompts)):
         assert torch.equal(together[b], alone[b]), b
+        if layers:
+            assert torch.equal(runners[b].aux_features(0, runners[b].length), alone_aux[b]), b
     assert all(r.length == p.shape[0] + steps.shape[1] for r, p in zip(runners, prompts))
     assert runners[3]._k.shape[2] > 256  # the longest one's cache grew during the batched steps
     with pytest.raises(ValueError, match="one token per runner"):

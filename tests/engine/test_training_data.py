@@ -126,3 +126,39 @@ def test_batched_answers_are_the_models_own_answers(ops, sampling):
     else:
         cut = [a[:-1] if a[-1] == eos else a for a in made]  # one at a time, an answer leaves out its end token
         assert cut == _EngineAnswers(target, None).answer(prompts, 24, False, 11, lambda: False)
+
+
+def test_features_kept_while_answering_are_the_feature_passes(ops, tmp_path):
+    """An EAGLE-3 head's features kept by batched decoding as each answer is made: laid out as the separate
+    pass over the conversation lays them out, with the same states (up to the rounding of another kernel),
+    the target's first choices being a greedy answer's tokens, and stored where that pass finds them."""
+    from specula.engine.heads.train import Answer, _kept_sequence, _store, _stored, _with_features
+
+    target = native(tiny_model(vocab=64, layers=4, seed=12))
+    target.step = "compiled"
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(4, 64, (n,), generator=gen).tolist() for n in (1, 5, 9, 20, 300, 7)]  # one past EAGLE3_CONTEXT
+    unended = _EngineAnswers(target, None).answer(prompts, 24, False, 11, lambda: False)
+    target.eos_ids = frozenset({unended[0][6]})  # some answers end with it, others at 24 tokens
+    layers = (0, 2, 3)
+    batched = _BatchAnswers(target, None, rows=3, aux_layers=layers)
+    made = batched.answer(prompts, 24, False, 11, lambda: False)
+    assert sorted(batched.features) == list(range(len(prompts)))
+    ended = 0
+    for j, (prompt, row) in enumerate(zip(prompts, made)):
+        answer = row[:-1] if row[-1] in target.eos_ids else row
+        ended += len(answer) < len(row)
+        a = Answer(prompt, answer)
+        kept = _kept_sequence(target, a, layers, batched.features[j])
+        ref = _with_features(target, prompt, answer, layers)
+        assert torch.equal(kept.tokens, ref.tokens) and kept.answer_start == ref.answer_start
+        assert kept.features.shape == ref.features.shape and kept.top_ids.shape == ref.top_ids.shape
+        scale = float(ref.features.float().abs().max())
+        read = slice(0, -1) if len(answer) == len(row) else slice(None)  # an answer cut at 24: its last token unread
+        assert torch.allclose(kept.features[read].float(), ref.features[read].float(), atol=0.02 * scale), j
+        assert kept.top_ids[kept.answer_start - 1 : -1, 0].tolist() == answer  # a greedy answer: the first choices
+        if len(answer) == len(row):
+            assert not kept.features[-1].any()
+        _store(tmp_path / f"{j:06d}.pt", kept)
+        assert _stored(tmp_path / f"{j:06d}.pt", target, a, layers) is not None  # the feature pass reads it
+    assert 0 < ended < len(prompts)

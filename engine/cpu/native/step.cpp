@@ -388,10 +388,14 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
 // single step of its sequence would.
 Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor>& k_caches, const std::vector<Tensor>& v_caches,
                     const std::vector<Tensor>& kt_caches, at::IntArrayRef kt_from, const std::vector<Tensor>& cos,
-                    const std::vector<Tensor>& sin, at::IntArrayRef starts, int64_t n_layers) {
+                    const std::vector<Tensor>& sin, at::IntArrayRef starts, int64_t n_layers,
+                    const c10::optional<Tensor>& aux, at::IntArrayRef aux_layers) {
   const Model* m = model_of(handle, n_layers);
   Tensor x = x_in.contiguous().clone();
   int64_t rows = x.size(0), h = m->n_heads, kv = m->n_kv, hd = m->head_dim;
+  TORCH_CHECK(!aux || (aux->dim() == 3 && aux->size(0) == rows && aux->size(1) == static_cast<int64_t>(aux_layers.size()) &&
+                       aux->size(2) == x.size(1) && aux->scalar_type() == x.scalar_type()),
+              "aux: (rows, layers kept, hidden) in x's dtype");
   size_t n = static_cast<size_t>(rows);
   TORCH_CHECK(k_caches.size() == n && v_caches.size() == n && kt_caches.size() == n && kt_from.size() == n &&
                   cos.size() == n && sin.size() == n && starts.size() == n,
@@ -413,6 +417,8 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "forward_rows", [&] {
     for (int64_t l = 0; l < n_layers; ++l) {
       const Layer& layer = m->layers[l];
+      for (size_t j = 0; aux && j < aux_layers.size(); ++j)  // the hidden states entering the layers kept (EAGLE-3)
+        if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
       Tensor h1 = rms_norm(x, layer.in_norm, m->eps);
       Tensor qkv = layer.qkv(h1).contiguous();
       // a thread takes whole rows (attend's own split over heads runs inline inside this one)
@@ -445,7 +451,7 @@ TORCH_LIBRARY(specula_step, lib) {
           "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers, Tensor? aux=None, int[] aux_layers=[]) -> Tensor",
           &forward);
   lib.def("forward_rows(int handle, Tensor x, Tensor[] k_caches, Tensor[] v_caches, Tensor[] kt_caches, int[] kt_from, "
-          "Tensor[] cos, Tensor[] sin, int[] starts, int n_layers) -> Tensor",
+          "Tensor[] cos, Tensor[] sin, int[] starts, int n_layers, Tensor? aux=None, int[] aux_layers=[]) -> Tensor",
           &forward_rows);
   lib.def("release(int handle) -> ()", &release);
   lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
