@@ -992,6 +992,11 @@ def _tidy_cancelled(work: Path, made: list[Path]) -> None:
         return  # kept for the next run
     (work / "about.json").unlink(missing_ok=True)
     answers.unlink(missing_ok=True)
+    for features in work.glob("features-*"):  # made before the first answer was kept: empty
+        try:
+            features.rmdir()
+        except OSError:
+            pass
     for folder in made:
         try:
             folder.rmdir()

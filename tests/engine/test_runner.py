@@ -183,18 +183,19 @@ def test_a_cancelled_training_run_says_so_and_keeps_its_answers(tiny_folder):
         r.stop()
 
 
-def test_a_training_run_cancelled_before_it_kept_anything_leaves_no_folder(tiny_folder, tmp_path):
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_training_run_cancelled_before_it_kept_anything_leaves_no_folder(tiny_folder, tmp_path, kind):
     from specula.engine.api.errors import TrainingCancelled
     from specula.engine.heads.train import TrainOptions, run_training
     from specula.engine.models.loading import load_model
 
     target = load_model(ModelSpec(str(tiny_folder), "cpu", "fp32"))
     with pytest.raises(TrainingCancelled):
-        run_training(target, TrainOptions(tokens=1000, out=tmp_path / "new" / "head"), should_stop=lambda: True)
+        run_training(target, TrainOptions(kind=kind, tokens=1000, out=tmp_path / "new" / "head"), should_stop=lambda: True)
     assert not (tmp_path / "new").exists()
     (tmp_path / "mine").mkdir()  # a data folder the user named, with their own file in it, stays as it was
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     with pytest.raises(TrainingCancelled):
-        run_training(target, TrainOptions(tokens=1000, out=tmp_path / "h", data=tmp_path / "mine"),
+        run_training(target, TrainOptions(kind=kind, tokens=1000, out=tmp_path / "h", data=tmp_path / "mine"),
                      should_stop=lambda: True)
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
