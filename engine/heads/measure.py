@@ -25,30 +25,35 @@ class Answer:
     answer: list[int]  # the target's greedy answer, without the end token
 
 
-def head_chain(head, target, prompt: list[int], answer: list[int], k: int) -> float:
-    """Mean accepted length of this head's chain of k (Medusa: its heads' top guesses) over one answer."""
-    aux = tuple(getattr(head, "aux_layers", ()))
-    seq = _with_features(target, prompt, answer, aux)
+def head_chain(head, target, seq, k: int) -> float:
+    """Mean accepted length of this head's chain of k (Medusa: its heads' top guesses) over one answer's
+    features (`_with_features` with the layers the head reads)."""
     if isinstance(head, MedusaHead):
         return medusa_acceptance(head, target, [seq])
-    if aux:
+    if getattr(head, "aux_layers", ()):
         return unrolled_acceptance(head, target, [seq], k=k, stride=1)
     return chain_acceptance(head, target, [seq], k=k, stride=1)
 
 
 def measure_heads(target, folders: list[Path], answers: list[Answer], k: int = 5,
                   say: Callable[[str], None] = lambda s: None) -> dict[str, dict[str, float]]:
-    """{head folder: {category: mean accepted length, ..., "overall": over all answers}}."""
-    out: dict[str, dict[str, float]] = {}
-    for folder in folders:
+    """{head folder: {category: mean accepted length, ..., "overall": over all answers}}. Each answer's
+    features are computed once for all heads that read the same layers."""
+    heads = []
+    for folder in folders:  # every head loads (or is refused) before the long part
         head, _ = load_head(folder, target)
         if getattr(head, "reads_normed", False):
             raise SpeculaError(f"the head in {folder} reads the target's normed states (a published EAGLE-1/2 "
                                "head): measure it with `specula bench --strategies eagle --draft-head` instead")
-        by: dict[str, list[float]] = {}
-        for n, a in enumerate(answers, 1):
-            by.setdefault(a.category, []).append(head_chain(head, target, a.prompt, a.answer, k))
-            say(f"{folder.name}: {n}/{len(answers)} answers")
-        every = [v for values in by.values() for v in values]
-        out[str(folder)] = {c: sum(v) / len(v) for c, v in by.items()} | {"overall": sum(every) / max(1, len(every))}
+        heads.append((str(folder), head, tuple(getattr(head, "aux_layers", ()))))
+    by: dict[str, dict[str, list[float]]] = {name: {} for name, _, _ in heads}
+    for n, a in enumerate(answers, 1):
+        seqs = {aux: _with_features(target, a.prompt, a.answer, aux) for aux in dict.fromkeys(h[2] for h in heads)}
+        for name, head, aux in heads:
+            by[name].setdefault(a.category, []).append(head_chain(head, target, seqs[aux], k))
+        say(f"heads measured on {n}/{len(answers)} answers")
+    out: dict[str, dict[str, float]] = {}
+    for name, cats in by.items():
+        every = [v for values in cats.values() for v in values]
+        out[name] = {c: sum(v) / len(v) for c, v in cats.items()} | {"overall": sum(every) / max(1, len(every))}
     return out

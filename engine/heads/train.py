@@ -280,7 +280,7 @@ class _BatchAnswers:
                     self.runners.append(runner)
                 runner.truncate(0)
                 runner.keep_layers(self.aux_layers)
-                first = max(0, len(prompts[j]) - EAGLE3_CONTEXT)
+                first = _first_kept(len(prompts[j]))
                 logits = runner.forward(torch.tensor(prompts[j], dtype=torch.long), last=len(prompts[j]) - first if keep else 1)
                 if not runner.compiled:  # the compiled step is not running: one answer at a time
                     return self.single.answer(prompts, max_new, sampling, seed, should_stop)
@@ -310,7 +310,7 @@ class _BatchAnswers:
                 answer.append(token)
                 if token in stop or len(answer) >= max_new:
                     out[j] = answer
-                    self._keep(j, runner, max(0, len(prompts[j]) - EAGLE3_CONTEXT), tops)
+                    self._keep(j, runner, _first_kept(len(prompts[j])), tops)
                     idle.append(runner)
                 else:
                     still.append((j, runner, gen, answer))
@@ -500,7 +500,12 @@ def _read_tokens(target, prompt: list[int], answer: list[int], aux_layers: tuple
     """The tokens the target reads for a conversation (cut at its window) and the first position whose
     features are kept: 0, or for an EAGLE-3 head the EAGLE3_CONTEXT prompt positions before the answer."""
     tokens = torch.tensor(prompt + answer, dtype=torch.long)[: target.context_window]
-    return tokens, max(0, len(prompt) - EAGLE3_CONTEXT) if aux_layers else 0
+    return tokens, _first_kept(len(prompt)) if aux_layers else 0
+
+
+def _first_kept(prompt_length: int) -> int:
+    """The first position whose EAGLE-3 features are kept: EAGLE3_CONTEXT prompt positions before the answer."""
+    return max(0, prompt_length - EAGLE3_CONTEXT)
 
 
 def _stored(path: Path, target, answer: Answer, aux_layers: tuple[int, ...]) -> Sequence | None:
