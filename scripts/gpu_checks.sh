@@ -2,14 +2,19 @@
 # Everything Specula checks on an NVIDIA GPU, in one run; the results go under one folder.
 #
 # usage: scripts/gpu_checks.sh [OUT_DIR]            (default ./gpu-results)
-#   PRESETS="smollm-135m llama-1b"   random-weight model shapes to build and time (scripts/random_model.py --list)
+#   PRESETS="smollm-135m llama-1b"   random-weight model shapes to build and time (scripts/random_model.py --list;
+#                                    default smollm-135m llama-1b llama-8b)
+#   CONTEXTS=512,4000                 cache lengths the step costs are timed at
+#   BENCH="smollm-135m"              the presets that also get a short bench
 #   PROMPTS=path/to/question.jsonl   Spec-Bench prompts for the bench
 #   PYTHON=.venv/bin/python          the environment with a CUDA build of torch (make setup TORCH_INDEX=...)
 #   LIMIT=2                          prompts per Spec-Bench category in each bench
 #   SPECULA_TOKENIZER=DIR            tokenizer files for the random models where the bundled model is not installed
 #
-# Steps: the GPU's description -> the cuda-marked tests (greedy identity on the GPU) -> for every preset,
-# a random-weight model built on the GPU, its step costs (scripts/step_costs.py) and a short bench.
+# Steps: the GPU's description -> the cuda-marked tests (greedy identity on the GPU, eager, static steps and
+# CUDA graphs) -> for every preset, a random-weight model built on the GPU and its step costs
+# (scripts/step_costs.py: eager against graphs, steps of at least 32 rows as the engine runs them and of the
+# rows asked for) -> a short bench for the BENCH presets. Meant to finish inside 8 minutes.
 # Random weights make acceptance and speedup figures meaningless; the step costs are the result.
 # The models live in a temporary folder that is removed at the end (KEEP_MODELS=1 keeps it).
 set -u -o pipefail
@@ -30,7 +35,7 @@ if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 
 mkdir -p "$out"
-presets="${PRESETS:-smollm-135m llama-1b llama-3b llama-8b}"
+presets="${PRESETS:-smollm-135m llama-1b llama-8b}"
 models="$(mktemp -d "${TMPDIR:-/tmp}/specula-models.XXXXXX")"
 if [ "${KEEP_MODELS:-0}" = 1 ]; then
     echo "models are kept in $models"
@@ -75,12 +80,14 @@ for preset in $presets; do
         "$py" scripts/random_model.py "$preset" "$model" --device cuda --dtype bf16
     [ -f "$model/config.json" ] || continue
     table "$preset: step costs" "$out/$preset-step-costs.md" \
-        "$py" scripts/step_costs.py --model "$model" --device cuda --dtype bf16 --context 512 \
-        --tokens 1,2,4,8,16,32,64 --repeats 20
+        "$py" scripts/step_costs.py --model "$model" --device cuda --dtype bf16 --context "${CONTEXTS:-512,4000}" \
+        --step eager,auto --floor 32,1 --tokens 1,2,4,8,16,32,64 --repeats 20
+    case " ${BENCH-smollm-135m} " in *" $preset "*) ;; *) rm -rf "$model"; continue ;; esac
     step "$preset: bench" "$out/$preset-bench.txt" \
         "$py" -m specula.engine.cli bench --model "$model" --device cuda --dtype bf16 --prompts "$prompts" \
         --limit-per-category "${LIMIT:-2}" --strategies none,prompt-lookup,lookahead,auto --peers hf --max-new-tokens 64 \
         --out "$out/$preset-bench"
+    rm -rf "$model"  # the next preset's room on the disk
 done
 
 echo

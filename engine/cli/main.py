@@ -65,9 +65,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="auto", choices=["auto", "native", "dequantized"],
                    help="a GGUF's 4-bit weights: native runs its Q4_0/Q4_1/Q4_K blocks as they are (CPU, bf16); "
                         "dequantized expands them to --dtype; auto: native where it applies")
-    p.add_argument("--step", default="auto", choices=["auto", "compiled", "eager"],
-                   help="the decoding step (CPU, Llama family): compiled is built once per machine with the C++ "
-                        "compiler and waited for; auto uses it once built (building it in the background); eager never")
+    p.add_argument("--step", default="auto", choices=["auto", "compiled", "eager", "static"],
+                   help="the decoding step (Llama family). CPU: compiled is built once per machine with the C++ "
+                        "compiler and waited for; auto uses it once built (building it in the background); eager never. "
+                        "GPU: auto and compiled run steps of fixed shapes over a static cache, captured as CUDA graphs "
+                        "in the background; static runs them without graphs; eager as neither")
 
 
 def _add_remote_args(p: argparse.ArgumentParser) -> None:

@@ -44,6 +44,9 @@ class StepMode(str, Enum):
     AUTO = "auto"  # compiled once built (built in the background), eager until then
     COMPILED = "compiled"  # built (or found) before the model is ready, then compiled
     EAGER = "eager"  # never compiled
+    # a GPU's step (models/static.py): a static cache and steps of fixed row buckets, without CUDA graphs
+    # (which auto and compiled capture on a GPU); on a CPU it runs eagerly, to compare and to test
+    STATIC = "static"
 
 
 STEP_MODES = tuple(mode.value for mode in StepMode)

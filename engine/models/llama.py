@@ -38,6 +38,7 @@ from ..cpu.products import (
 from ..cpu.step import StepMode
 from ..decoding.tree import TokenTree
 from .gguf import LM_HEAD, NativeWeights
+from .static import BUCKETS, FLOOR, StepGraphs, StepInputs, bucket, static_context, step_inputs
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +313,8 @@ class LlamaRunner:
     keeps_features = True  # features(): the last layer's hidden states of the positions held
 
     def __init__(self, model: torch.nn.Module, n_layers: int | None = None, native: NativeWeights | None = None,
-                 step: StepMode = StepMode.EAGER) -> None:
+                 step: StepMode = StepMode.EAGER, static: bool = False, graphs: bool = False,
+                 floor: int = FLOOR) -> None:
         cfg = model.config
         self.model = model
         self.native = native
@@ -325,7 +327,12 @@ class LlamaRunner:
         self.embed = model.model.embed_tokens
         self.norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
         self.vocab_size = model.lm_head.weight.shape[0]
-        self.max_len = context_window(cfg)
+        # static (models/static.py, a GPU's step): the cache is allocated once for `max_len` positions (and a
+        # scratch slot) and every step after the prefill runs in a bucket of fixed shape, at least `floor`
+        # rows; with `graphs`, the buckets are captured as CUDA graphs in the background
+        self.static = static
+        self.floor = floor
+        self.max_len = static_context(context_window(cfg)) if static else context_window(cfg)
         self.device = model.lm_head.weight.device
         self.dtype = model.lm_head.weight.dtype
         self.n_heads = cfg.num_attention_heads
@@ -347,7 +354,7 @@ class LlamaRunner:
         # On the CPU, attention after the prefill runs in fp32 over an fp32 cache in key blocks (see
         # _attend_blocked): faster than bf16 attention there, and every position rounds the same way
         # whatever else the pass holds. Other devices use the fused kernel in the model's dtype.
-        self.blocked = self.device.type == "cpu"
+        self.blocked = self.device.type == "cpu" and not static
         self.cache_dtype = torch.float32 if self.blocked else self.dtype
         # Consistent rounding (CPU): every position meets the same kernels whether it is decoded alone or
         # inside a verify pass; with the blocked attention, speculation then reproduces plain decoding bit
@@ -363,6 +370,13 @@ class LlamaRunner:
         # low, a middle and a high one; `keep_layers`): (capacity, len(aux_layers), D)
         self.aux_layers: tuple[int, ...] = ()
         self._aux = torch.empty(0)
+        self.graphs: StepGraphs | None = None
+        if static:
+            self._reserve(self.max_len)
+            if graphs:
+                self.graphs = StepGraphs(self._static_step, self._idle_inputs, self._buffers,
+                                         tuple(b for b in BUCKETS if b >= floor) or BUCKETS[-1:], self.device)
+                self.graphs.start()
 
     @property
     def exact_trees(self) -> bool:
@@ -370,10 +384,11 @@ class LlamaRunner:
         a node's keys sit among its siblings', so its attention sums run in another order and a near tie
         can tip (seen in fp32 on a tiny model: a margin of 5 ulps between the two best logits). Chains are
         bit-exact there, so tree drafters send their best chain unless told to send trees."""
-        return not self.blocked
+        return not self.blocked and not self.static
 
     def shallow(self, n_layers: int) -> "LlamaRunner":
-        return LlamaRunner(self.model, n_layers, self.native, self.step)
+        return LlamaRunner(self.model, n_layers, self.native, self.step, self.static, self.graphs is not None,
+                           self.floor)
 
     @property
     def compiled(self) -> bool:
@@ -413,12 +428,18 @@ class LlamaRunner:
 
     def _reserve(self, needed: int) -> None:
         if needed > self.max_len:
-            raise ContextTooLongError(f"context of {needed} tokens exceeds the model's window of {self.max_len}")
+            window = context_window(self.model.config)
+            held = ("the model's window" if self.max_len == window else
+                    f"the {window}-token window's first positions, which a static cache holds (SPECULA_CONTEXT)")
+            raise ContextTooLongError(f"context of {needed} tokens exceeds {held}: {self.max_len}")
         capacity = self._k.shape[2] if self._k.ndim == 4 else 0
         if needed <= capacity:
             return
-        new_cap = min(self.max_len, max(needed, 2 * capacity, _GROW))
-        new_cap = _whole_blocks(new_cap)  # whole key blocks (positions past the window stay unused)
+        if self.static:  # once, for good: the whole context and the scratch slot
+            new_cap = self.max_len + 1
+        else:
+            new_cap = min(self.max_len, max(needed, 2 * capacity, _GROW))
+            new_cap = _whole_blocks(new_cap)  # whole key blocks (positions past the window stay unused)
         shape = (len(self.layers), self.n_kv, new_cap, self.head_dim)
         k = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
         v = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
@@ -463,6 +484,9 @@ class LlamaRunner:
             raise ValueError("a tree continues a non-empty cache, one row per token")
         if self._fast is not None and (start > 0 or t == 1):
             return self._forward_compiled(tokens, last, tree, start, t)
+        rows = bucket(t, self.floor) if self.static and start > 0 else None
+        if rows is not None:
+            return self._forward_static(tokens, last, tree, start, rows)
         self._kt_len = min(self._kt_len, start)  # the eager pass writes _k only
         run = in_rows if self.consistent else _call
         x = self.embed(tokens.to(self.device))  # (rows, D)
@@ -506,6 +530,57 @@ class LlamaRunner:
         weight, eps = self.norm
         h = fast.ops.rms_norm(x[-last:], weight, float(eps))
         return in_rows(self.lm_head if fast.lm_head is None else fast.lm_head, h).float()
+
+    def _forward_static(self, tokens: torch.Tensor, last: int, tree: TokenTree | None, start: int, rows: int):
+        """A pass after the prefill as a step of `rows` rows (models/static.py), through its graph where captured."""
+        t = tokens.shape[0]
+        host = torch.device("cpu")  # the inputs are made on the host, then copied in one go
+        depths, ancestors = (None, None) if tree is None else (tree.depths(host), tree.ancestors(host))
+        inputs = step_inputs(self.max_len, rows, tokens, start, host, depths, ancestors)
+        replayed = self.graphs.run(rows, inputs) if self.graphs is not None else None
+        if replayed is not None:
+            logits = replayed[t - last : t].clone()  # the graph writes its buffer again at its next replay
+        else:
+            logits = self._static_step(inputs.to(self.device))[t - last : t]
+        self._length = start + t
+        return logits
+
+    def _static_step(self, inp: StepInputs) -> torch.Tensor:
+        """The layer loop of one step of fixed shape over the static cache: writes the rows' keys, values,
+        features (and kept layers' states) to their slots; fp32 logits of every row (R, V). Tensor operations
+        of fixed shapes only, without a host synchronisation: a CUDA graph can record it."""
+        rows = inp.tokens.shape[0]
+        keys = self._k.shape[2]
+        h, kv, hd = self.n_heads, self.n_kv, self.head_dim
+        x = self.embed(inp.tokens)
+        cos, sin = self._cos[inp.positions], self._sin[inp.positions]
+        # row r sees the slots before `start`, its ancestors' slots in this pass, and slot 0 (a padding
+        # row is never left without a key)
+        allowed = (torch.arange(keys, device=x.device) < inp.start).expand(rows, keys).clone()
+        allowed.scatter_(1, inp.slots.expand(rows, rows), inp.ancestors)
+        allowed[:, 0] = True
+        mask = allowed.repeat(self.groups, 1)  # (groups*R, keys): grouped queries as extra rows of their KV head
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_layers:
+                self._aux[:, self.aux_layers.index(i)].index_copy_(0, inp.slots, x)
+            q, k, v = self._project(layer, _rms_norm(x, layer.in_norm), cos, sin, _call)
+            self._k[i].index_copy_(1, inp.slots, k)
+            self._v[i].index_copy_(1, inp.slots, v)
+            out = F.scaled_dot_product_attention(q.reshape(kv, self.groups * rows, hd), self._k[i], self._v[i],
+                                                 attn_mask=mask, scale=self.scale).view(h, rows, hd)
+            x = x + layer.o_proj(out.transpose(0, 1).reshape(rows, -1))
+            gate, up = layer.gate_up(_rms_norm(x, layer.post_norm)).split(layer.inter, dim=-1)
+            x = x + layer.down(layer.act(gate) * up)
+        self._feat.index_copy_(0, inp.slots, x)
+        return self.lm_head(_rms_norm(x, self.norm)).float()
+
+    def _idle_inputs(self, rows: int) -> StepInputs:
+        """A step of padding rows only (they write the scratch slot): what graphs are captured on."""
+        return step_inputs(self.max_len, rows, torch.zeros(0, dtype=torch.long), 0, self.device)
+
+    def _buffers(self) -> tuple:
+        """What a captured step reads and writes: the buffers by identity, and the layers whose states it keeps."""
+        return (self.aux_layers, self._k, self._v, self._feat, self._aux, self._cos, self._sin)
 
     def _transposed_keys(self) -> None:
         """The compiled step's transposed keys, allocated again (and filled from _k) when the cache grew."""
@@ -595,8 +670,9 @@ class LlamaRunner:
             r0 = r1
         return BlockedPlan(tuple(groups))
 
-    def _attention(self, i: int, layer: _Layer, x, cos, sin, start: int, t: int, plan, run):
-        end = start + t
+    def _project(self, layer: _Layer, x: torch.Tensor, cos, sin, run) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Normed rows (T, D) -> queries (H, T, hd), keys and values (KV, T, hd), rotary applied."""
+        t = x.shape[0]
         h, kv, hd = self.n_heads, self.n_kv, self.head_dim
         qkv = run(layer.qkv, x).view(t, h + 2 * kv, hd).transpose(0, 1)  # (H+2KV, T, hd)
         v = qkv[h + kv :]  # (KV, T, hd)
@@ -605,7 +681,12 @@ class LlamaRunner:
         else:
             qk = qkv[: h + kv]
         qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin  # rotary on queries and keys at once
-        q, k = qk[:h], qk[h:]
+        return qk[:h], qk[h:], v
+
+    def _attention(self, i: int, layer: _Layer, x, cos, sin, start: int, t: int, plan, run):
+        end = start + t
+        h, kv, hd = self.n_heads, self.n_kv, self.head_dim
+        q, k, v = self._project(layer, x, cos, sin, run)
         self._k[i, :, start:end] = k
         self._v[i, :, start:end] = v
         if plan is None:  # prefill: plain causal attention, the fused kernel applies

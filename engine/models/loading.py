@@ -73,10 +73,26 @@ class LoadedModel:
     @property
     def step_status(self) -> str:
         """The decoding step new answers take: "compiled", "compiling" or "eager" (with why, where the
-        compiled step was wanted and cannot be built)."""
-        if self.step == StepMode.EAGER or self.device.type != "cpu" or not self.uses_lean_forward:
+        compiled step was wanted and cannot be built); "static" or "graphs" for static steps (models/static.py)."""
+        if not self.uses_lean_forward or self.step == StepMode.EAGER:
+            return "eager"
+        if self.static:
+            return "graphs" if self.graphs else "static"
+        if self.device.type != "cpu":
             return "eager"
         return compiled.status()
+
+    @property
+    def static(self) -> bool:
+        """Whether the lean forward runs static steps (models/static.py): on a GPU unless the step is eager,
+        on a CPU when asked for (`--step static`)."""
+        return self.uses_lean_forward and (self.step == StepMode.STATIC or
+                                           (self.device.type == "cuda" and self.step != StepMode.EAGER))
+
+    @property
+    def graphs(self) -> bool:
+        """Whether its static steps are captured as CUDA graphs (a GPU, step auto or compiled)."""
+        return self.static and self.device.type == "cuda" and self.step in (StepMode.AUTO, StepMode.COMPILED)
 
     @property
     def uses_lean_forward(self) -> bool:
@@ -93,7 +109,8 @@ class LoadedModel:
     def new_runner(self) -> ModelRunner:
         """A fresh KV cache over this model's weights (weights are shared, never copied)."""
         if self.uses_lean_forward:
-            return llama.LlamaRunner(self.model, native=self.native, step=self.step)
+            return llama.LlamaRunner(self.model, native=self.native, step=self.step, static=self.static,
+                                     graphs=self.graphs)
         return HFRunner(self.model, self.context_window)
 
 
@@ -161,7 +178,7 @@ def load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     if gguf is not None and spec.weights != "dequantized":
         loaded.native = _native_weights(gguf, folder, loaded, explicit=spec.weights == "native", say=say)
     loaded.step = compiled.step_mode(spec.step)
-    if loaded.step != StepMode.EAGER and device.type == "cpu" and loaded.uses_lean_forward:
+    if loaded.step not in (StepMode.EAGER, StepMode.STATIC) and device.type == "cpu" and loaded.uses_lean_forward:
         if loaded.step == StepMode.COMPILED:
             say("compiling the decoding step (once per machine)")
         compiled.prepare(wait=loaded.step == StepMode.COMPILED)

@@ -8,11 +8,12 @@ import torch
 
 from specula.engine.api.events import Finished
 from specula.engine.api.types import DecodeConfig, ModelSpec
+from specula.engine.cpu.step import StepMode
 from specula.engine.decoding.loop import generate
-from specula.engine.drafters import build_drafter
+from specula.engine.drafters import DRAFTERS, build_drafter
 from specula.engine.models.loading import LoadedModel, load_model
 from tests.engine.test_lossless import run
-from tests.support.tiny import perturbed, tiny_model
+from tests.support.tiny import assert_greedy_identity, head_options, perturbed, tiny_model
 
 pytestmark = [
     pytest.mark.cuda,
@@ -73,3 +74,55 @@ def test_a_model_folder_loads_on_cuda_and_stays_lossless(tiny_folder):
         outputs[strategy] = events[-1].token_ids
     assert outputs["prompt-lookup"] == outputs["none"]
     assert outputs["draft-model"] == outputs["none"]
+
+
+# Static steps and CUDA graphs (models/static.py): what the GPU runs unless --step eager
+
+
+def static_on_cuda(model, dtype: torch.dtype, step: str = "auto") -> LoadedModel:
+    loaded = LoadedModel(model.to(CUDA, dtype), None, "tiny", CUDA, dtype)
+    loaded.step = StepMode(step)
+    return loaded
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("strategy", sorted(set(DRAFTERS) - {"none"}))
+def test_greedy_speculation_through_graphs_is_plain_decoding_on_cuda(dtype, strategy, tmp_path):
+    target = static_on_cuda(tiny_model(vocab=64, layers=4, seed=7), dtype)
+    draft = static_on_cuda(perturbed(tiny_model(vocab=64, layers=4, seed=7), scale=0.05), dtype)
+    assert target.graphs and target.new_runner().static
+    options = head_options(target, strategy, tmp_path)
+    assert_greedy_identity(target, draft, strategy, options, trials=6, longest_prompt=40, max_new_tokens=48)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_single_steps_and_a_verify_pass_give_the_same_bits_through_graphs(dtype):
+    target = static_on_cuda(tiny_model(vocab=256, layers=4, seed=3), dtype)
+    one, many = target.new_runner(), target.new_runner()
+    for runner in (one, many):
+        assert runner.graphs.wait(timeout=300), runner.graphs.error
+        assert runner.graphs.captured == (32, 64)
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(6):
+        prompt = torch.randint(0, 256, (10 + 23 * trial,), generator=gen)
+        draft = torch.randint(0, 256, (1 + 5 * trial,), generator=gen)
+        for runner in (one, many):
+            runner.truncate(0)
+            runner.forward(prompt)
+        singles = torch.cat([one.forward(draft[j : j + 1]) for j in range(draft.shape[0])])
+        batch = many.forward(draft, last=draft.shape[0])
+        assert torch.equal(singles, batch), trial
+
+
+def test_graph_replays_give_the_eager_static_steps_bits():
+    model = tiny_model(vocab=256, layers=4, seed=4)
+    graphs = static_on_cuda(model, torch.bfloat16, "auto").new_runner()
+    assert graphs.graphs.wait(timeout=300), graphs.graphs.error
+    eager = static_on_cuda(model, torch.bfloat16, "static").new_runner()
+    assert eager.graphs is None
+    ids = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(1))
+    for runner in (graphs, eager):
+        runner.forward(ids[:20])
+    for t in (1, 4, 16, 33):
+        tokens = ids[20 : 20 + t]
+        assert torch.equal(graphs.forward(tokens, last=t), eager.forward(tokens, last=t)), t
