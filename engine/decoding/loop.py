@@ -247,9 +247,10 @@ class _Loop:
         n = d.shape[0]
         feed = torch.cat([self.ctx[self.length - 1 : self.length], d])  # the newest token, then the draft
         logits = self.target.forward(feed, last=n + 1)  # (n+1, V)
-        verdict = verify(logits, d.to(logits.device), q, self.params, self.gen, self.config.token_probs)
+        verdict = verify(logits, d, q, self.params, self.gen, self.config.token_probs)
         if n and self.drafter.learns_from_tree:  # the target's argmax after each draft token
-            self.drafter.observe_tree(dict(enumerate(logits[1:].argmax(-1).tolist())))
+            best = verdict.best[1:] or logits[1:].argmax(-1).tolist()
+            self.drafter.observe_tree(dict(enumerate(best)))
         rows = list(range(verdict.accepted + 1))
         probs = _DraftProbs(verdict, q is not None)
         return _Checked(TokenTree.chain(n), feed.tolist(), rows, verdict.next_token, probs)

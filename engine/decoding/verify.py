@@ -30,6 +30,7 @@ class Verdict:
     next_token: int  # correction (accepted < k) or bonus (accepted == k)
     p_of_draft: tuple[float, ...] = ()  # target probability of each draft token (sampling, or asked for)
     q_of_draft: tuple[float, ...] = ()  # drafter probability of each draft token (where the drafter gave them)
+    best: tuple[int, ...] = ()  # greedy: the target's argmax of every row
 
 
 def verify_greedy(logits: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None = None,
@@ -37,15 +38,15 @@ def verify_greedy(logits: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | N
     """logits (k+1, V), draft (k,) -> the longest agreeing prefix and the target's next token; with `probs`,
     the model's (and, given q, the drafter's) probability of each draft token too (for the app's hover)."""
     k = draft.shape[0]
-    best = logits.argmax(-1)  # (k+1,)
-    agree = (best[:k] == draft).long()
-    accepted = int(agree.cumprod(0).sum()) if k else 0
+    best = logits.argmax(-1).tolist()  # (k+1,): the step's one wait for the device (a GPU's), when greedy
+    guesses = draft.tolist()
+    accepted = next((i for i in range(k) if guesses[i] != best[i]), k)
     if not probs or not k:
-        return Verdict(accepted=accepted, next_token=int(best[accepted]))
+        return Verdict(accepted=accepted, next_token=best[accepted], best=tuple(best))
     rows, d = torch.arange(k, device=logits.device), draft.to(logits.device)
     p = torch.softmax(logits[:k].float(), -1)[rows, d]
     q_of = tuple(q.to(logits.device).float()[rows, d].tolist()) if q is not None else ()
-    return Verdict(accepted, int(best[accepted]), tuple(p.tolist()), q_of)
+    return Verdict(accepted, best[accepted], tuple(p.tolist()), q_of, tuple(best))
 
 
 def verify_sampling(
@@ -59,6 +60,7 @@ def verify_sampling(
     k = draft.shape[0]
     p = process_logits(logits, params)  # (k+1, V)
     q = q.to(p.device) if q is not None else None
+    draft = draft.to(p.device)
     rows = torch.arange(k, device=p.device)
     p_d = p[rows, draft]  # (k,)
     q_d = q[rows, draft] if q is not None else torch.ones_like(p_d)
