@@ -600,6 +600,8 @@ class LlamaRunner:
             self._length = self._kt_len = 0  # the cache holds no such states yet: read again from the start
             self._aux = torch.zeros((self._feat.shape[0], len(layers), self._feat.shape[-1] if self._feat.ndim == 2 else 0),
                                     dtype=self.dtype, device=self.device)
+            if self.graphs is not None:  # the captured steps wrote the old buffer
+                self.graphs.start()
 
     def aux_features(self, start: int, end: int) -> torch.Tensor:
         """The kept layers' hidden states of cached positions start..end-1, side by side in layer order

@@ -165,18 +165,8 @@ class StepGraphs:
 
     def _capture_all(self) -> None:
         try:
-            while True:
-                layout = self._layout()
-                stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-                for rows in self.buckets:
-                    if self._again or self.closed or not _same(layout, self._layout()):
-                        break
-                    self._capture_one(rows, layout, stream)
-                with self._lock:
-                    if not self._again or self.closed:
-                        break
-                    self._again = False
-                    self._ready = {}
+            with torch.inference_mode():  # as the runner's own steps run (the mode is the thread's own)
+                self._capture_until_done()
             if self.captured:
                 log.info("step graphs captured for %s rows", ", ".join(map(str, self.captured)))
         except Exception as exc:  # noqa: BLE001 - any failure leaves the eager step, said once
@@ -184,6 +174,21 @@ class StepGraphs:
             with self._lock:
                 self._ready = {}
             log.warning("step graphs could not be captured (%s): steps run without them", self.error)
+
+    def _capture_until_done(self) -> None:
+        """Every bucket for the runner's current buffers; again from the start if they change meanwhile."""
+        while True:
+            layout = self._layout()
+            stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+            for rows in self.buckets:
+                if self._again or self.closed or not _same(layout, self._layout()):
+                    break
+                self._capture_one(rows, layout, stream)
+            with self._lock:
+                if self.closed or (not self._again and _same(layout, self._layout())):
+                    return
+                self._again = False
+                self._ready = {}
 
     def _capture_one(self, rows: int, layout: tuple, stream) -> None:
         inputs = self._idle(rows)  # padding rows only: they write the scratch slot, which no real row reads
