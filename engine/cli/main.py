@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..api.errors import SpeculaError, terminal_safe
 from ..api.strategies import STRATEGY_OPTIONS
+from ..api.types import K_MAX
 
 EXIT_BAD_INPUT = 2
 SEED_MAX = 2**63 - 1  # torch's generators take a signed 64-bit seed
@@ -175,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--categories", default=None, help="comma-separated categories to keep")
     m.add_argument("--limit-per-category", type=whole(1), default=None)
     m.add_argument("--max-new-tokens", type=whole(1), default=96)
-    m.add_argument("--k", type=whole(1), default=5, help="the chain's length")
+    m.add_argument("--k", type=whole(1), default=5, help="the chain's length (a tree's depth)")
+    m.add_argument("--tree-nodes", type=whole(0, K_MAX), default=0,
+                   help="also measure EAGLE heads as the eagle drafter's dynamic trees of this many nodes (0: chains only)")
     m.add_argument("--no-chat", action="store_true", help="raw prompts instead of the chat template")
     m.add_argument("--json", action="store_true", help="print one JSON object")
     st = sub.add_parser("strategies", help="list the draft strategies (with --model: which ones that model can use)")

@@ -44,11 +44,12 @@ def run_measure_head(args) -> int:
         progress_line(f"answers: {n}/{len(items)}")
     if not answers:
         raise SpeculaError("no prompt gave an answer to measure on (too long for the model's window, or answered in under 3 tokens)")
-    results = measure_heads(target, folders, answers, args.k, say=progress_line)
+    results, trees = measure_heads(target, folders, answers, args.k, say=progress_line, tree_nodes=args.tree_nodes)
     print(file=sys.stderr)
     if args.json:
         print(json.dumps({"model": target.name, "k": args.k, "answers": len(answers), "skipped": skipped,
-                          "max_new_tokens": args.max_new_tokens, "heads": results}))
+                          "max_new_tokens": args.max_new_tokens, "heads": results, "tree_nodes": args.tree_nodes,
+                          "trees": trees}))
         return 0
     categories = list(dict.fromkeys(a.category for a in answers))
     print(f"Mean accepted length per target pass (chain of {args.k}, drafted at every step), {len(answers)} answers "
@@ -58,4 +59,7 @@ def run_measure_head(args) -> int:
     print("|---|" + "---|" * (len(categories) + 1))
     for folder, by in results.items():
         print(f"| {folder} | " + " | ".join(f"{by[c]:.2f}" for c in categories) + f" | **{by['overall']:.2f}** |")
+    for folder, by in trees.items():
+        print(f"| {folder}, tree of {args.tree_nodes} | " + " | ".join(f"{by[c]:.2f}" for c in categories)
+              + f" | **{by['overall']:.2f}** |")
     return 0

@@ -31,7 +31,7 @@ class Eagle(Drafter):
     name = "eagle"
     description = STRATEGIES[name].description
 
-    def __init__(self, head, target, stop_below: float = 0.3, tree: bool = False) -> None:
+    def __init__(self, head, target, stop_below: float = 0.3, tree: bool = False, nodes: int | None = None) -> None:
         model = target.model
         self.head = head
         # a published head's own copy of the embeddings where its file has one
@@ -60,6 +60,7 @@ class Eagle(Drafter):
         self.id_list = self.ids.tolist() if self.ids is not None else None
         self.stop_below = stop_below  # greedy: no further draft token once the head's top guess is less likely
         self.tree = tree  # greedy: an EAGLE-2 dynamic tree instead of a chain
+        self.nodes = nodes  # a tree's nodes; None: as many as the measured costs say pay
         self.costs = _Costs()
 
     @classmethod
@@ -148,7 +149,7 @@ class Eagle(Drafter):
                     depth.append(level + 1)
                     feeds.append(outs[row])
         ranked = sorted(range(len(tokens)), key=lambda i: -score[i])
-        n = self.costs.budget([math.exp(score[i]) for i in ranked], (time.perf_counter() - t0))
+        n = self.nodes or self.costs.budget([math.exp(score[i]) for i in ranked], (time.perf_counter() - t0))
         keep = set(ranked[:n])
         for i in list(keep):  # a kept node's ancestors are kept too (ties can rank a child first)
             a = parent[i]

@@ -2,9 +2,11 @@
 prompt greedily, its features over the conversation are computed as for training, and from every position of
 the answer the head's chain of k drafts (an EAGLE or EAGLE-3 head) or its heads' top guesses as a chain
 (Medusa) is matched against the answer. The mean accepted length is 1 + the mean run of matches: what a pass
-would keep if the strategy drafted that chain at every step. `specula bench` measures what a strategy gains
-on a machine (where its cost model may keep plain steps); this measures the head itself, the same on any
-machine."""
+would keep if the strategy drafted that chain at every step. With `tree_nodes`, EAGLE heads are measured as
+EAGLE-2 trees too: the eagle drafter itself builds its dynamic tree of that many nodes after every position
+of the answer (the target's features of the real context, as when it decodes), and the longest path that
+follows the answer is what a pass would keep. `specula bench` measures what a strategy gains on a machine
+(where its cost model may keep plain steps); this measures the head itself, the same on any machine."""
 
 from __future__ import annotations
 
@@ -12,7 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ..api.errors import SpeculaError
+from ..api.types import SamplingParams
+from ..decoding.drafter import Draft, DraftContext
 from .medusa import MedusaHead
 from .store import load_head
 from .train import _with_features, chain_acceptance, medusa_acceptance, unrolled_acceptance
@@ -35,10 +41,59 @@ def head_chain(head, target, seq, k: int) -> float:
     return chain_acceptance(head, target, [seq], k=k, stride=1)
 
 
+def kept_by(draft: Draft, truth: list[int]) -> int:
+    """Draft tokens a greedy pass keeps when the target's answer goes on with `truth`: the chain's agreeing
+    prefix, or the depth of the tree's longest path that follows it."""
+    tokens = draft.tokens.tolist()
+    if draft.parents is None:
+        return next((j for j, t in enumerate(tokens) if j >= len(truth) or t != truth[j]), len(tokens))
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(draft.parents.tolist()):
+        children.setdefault(parent, []).append(i)
+    node, depth = -1, 0
+    while depth < len(truth):
+        node = next((c for c in children.get(node, ()) if tokens[c] == truth[depth]), None)
+        if node is None:
+            break
+        depth += 1
+    return depth
+
+
+def drafter_tree(drafter, target, answer: Answer, k: int) -> float:
+    """Mean accepted length of the eagle drafter's trees (its fixed node count, depth k) drafted after every
+    position of one answer: the target reads the whole conversation once, then the drafter proposes from
+    each prefix as it would while decoding, reading the real features up to it."""
+    runner = target.new_runner()
+    if drafter.aux_layers:
+        runner.keep_layers(drafter.aux_layers)
+    tokens = torch.tensor(answer.prompt + answer.answer)
+    runner.forward(tokens[:-1])  # the features of every position a draft starts from
+    drafter.reset()
+    params = SamplingParams()  # greedy
+    kept = []
+    for i in range(len(answer.answer)):
+        length = len(answer.prompt) + i
+        draft = drafter.propose(DraftContext(tokens[:length], len(answer.prompt), params, None, runner), k)
+        kept.append(1 + kept_by(draft, answer.answer[i:]))
+    return sum(kept) / len(kept)
+
+
+def _means(by: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for name, cats in by.items():
+        every = [v for values in cats.values() for v in values]
+        out[name] = {c: sum(v) / len(v) for c, v in cats.items()} | {"overall": sum(every) / max(1, len(every))}
+    return out
+
+
 def measure_heads(target, folders: list[Path], answers: list[Answer], k: int = 5,
-                  say: Callable[[str], None] = lambda s: None) -> dict[str, dict[str, float]]:
-    """{head folder: {category: mean accepted length, ..., "overall": over all answers}}. Each answer's
-    features are computed once for all heads that read the same layers."""
+                  say: Callable[[str], None] = lambda s: None,
+                  tree_nodes: int = 0) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """({head folder: {category: mean accepted length of chains, ..., "overall": over all answers}}, the same
+    for EAGLE heads' trees of `tree_nodes` nodes, or {} without). Each answer's features are computed once
+    for all heads that read the same layers."""
+    from ..drafters.eagle import Eagle
+
     heads = []
     for folder in folders:  # every head loads (or is refused) before the long part
         head, _ = load_head(folder, target)
@@ -46,14 +101,15 @@ def measure_heads(target, folders: list[Path], answers: list[Answer], k: int = 5
             raise SpeculaError(f"the head in {folder} reads the target's normed states (a published EAGLE-1/2 "
                                "head): measure it with `specula bench --strategies eagle --draft-head` instead")
         heads.append((str(folder), head, tuple(getattr(head, "aux_layers", ()))))
+    trees = {name: Eagle(head, target, stop_below=0.0, tree=True, nodes=tree_nodes)
+             for name, head, _ in heads if tree_nodes > 0 and not isinstance(head, MedusaHead)}
     by: dict[str, dict[str, list[float]]] = {name: {} for name, _, _ in heads}
+    by_tree: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
     for n, a in enumerate(answers, 1):
         seqs = {aux: _with_features(target, a.prompt, a.answer, aux) for aux in dict.fromkeys(h[2] for h in heads)}
         for name, head, aux in heads:
             by[name].setdefault(a.category, []).append(head_chain(head, target, seqs[aux], k))
+        for name, drafter in trees.items():
+            by_tree[name].setdefault(a.category, []).append(drafter_tree(drafter, target, a, k))
         say(f"heads measured on {n}/{len(answers)} answers")
-    out: dict[str, dict[str, float]] = {}
-    for name, cats in by.items():
-        every = [v for values in cats.values() for v in values]
-        out[name] = {c: sum(v) / len(v) for c, v in cats.items()} | {"overall": sum(every) / max(1, len(every))}
-    return out
+    return _means(by), _means(by_tree)

@@ -110,10 +110,11 @@ def test_train_head_command_writes_a_head_that_the_eagle_strategy_loads(tiny_fol
     capsys.readouterr()
     heads = [str(out), str(tmp_path / "m"), str(tmp_path / "e3")]
     assert main(["measure-head", "--model", str(tiny_folder), "--dtype", "fp32", "--prompts", str(prompts),
-                 "--max-new-tokens", "16", "--json", *(a for h in heads for a in ("--head", h))]) == 0
+                 "--max-new-tokens", "16", "--tree-nodes", "6", "--json", *(a for h in heads for a in ("--head", h))]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report["heads"]) == set(heads) and report["answers"] == 3
-    for by in report["heads"].values():
+    assert set(report["trees"]) == {str(out), str(tmp_path / "e3")}  # EAGLE heads' trees; Medusa's chain only
+    for by in [*report["heads"].values(), *report["trees"].values()]:
         assert set(by) == {"writing", "math", "overall"} and all(1.0 <= v <= 6.0 for v in by.values())
     for strategy, head in (("medusa", tmp_path / "m"), ("eagle", out), ("eagle", tmp_path / "e3")):
         code = main(["generate", "--model", str(tiny_folder), "--dtype", "fp32", "--strategy", strategy, "--head",

@@ -171,7 +171,22 @@ def test_measuring_a_head_counts_what_it_knows(trained, tmp_path):
     untrained = Eagle3Head(trained_head.config)
     untrained.draft_ids = trained_head.draft_ids
     save_head(untrained, info, tmp_path / "untrained")
-    got = measure_heads(target, [folder, tmp_path / "untrained"], answers, k=4)
+    got, trees = measure_heads(target, [folder, tmp_path / "untrained"], answers, k=4, tree_nodes=24)
     assert got[str(folder)]["overall"] > got[str(tmp_path / "untrained")]["overall"] + 0.5
     assert got[str(tmp_path / "untrained")]["overall"] >= 1.0
     assert got[str(folder)]["overall"] == pytest.approx(accepted, abs=0.25)  # its held-out figure, every 4th position
+    # the eagle drafter's own trees of 24 nodes and depth 4: about what the chain keeps (the path of top guesses
+    # is nearly always among its nodes; a tiny target leaves runners-up little to win), far more than untrained
+    assert trees[str(folder)]["overall"] == pytest.approx(got[str(folder)]["overall"], abs=0.15)
+    assert trees[str(folder)]["overall"] > trees[str(tmp_path / "untrained")]["overall"] + 0.5
+
+
+def test_a_drafts_kept_tokens_follow_the_answer():
+    from specula.engine.decoding.drafter import Draft
+    from specula.engine.heads.measure import kept_by
+
+    chain = Draft(torch.tensor([5, 6, 7]))
+    assert [kept_by(chain, truth) for truth in ([5, 6, 7, 8], [5, 6, 9], [4], [5])] == [3, 2, 0, 1]
+    # root children 5 and 9; 5's children 6 and 7; 7's child 8
+    tree = Draft(torch.tensor([5, 9, 6, 7, 8]), None, torch.tensor([-1, -1, 0, 0, 3]))
+    assert [kept_by(tree, truth) for truth in ([5, 7, 8, 1], [5, 6, 1], [9, 9], [1], [5, 7])] == [3, 2, 1, 0, 2]
