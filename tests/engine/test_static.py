@@ -2,6 +2,7 @@
 allocated once, every step after the prefill in a bucket of fixed shape (never fewer rows than the floor),
 the buckets captured as graphs in the background (a recording stand-in for CUDA graphs here)."""
 
+import json
 import logging
 import threading
 
@@ -227,3 +228,14 @@ def test_which_devices_and_steps_run_static_steps_and_graphs(tiny, device, step,
     assert (model.static, model.graphs) == (static_, graphs)
     if static_:
         assert model.step_status == ("graphs" if graphs else "static")
+
+
+def test_generate_with_step_static_gives_the_eager_answer(tiny_folder, capsys):
+    from specula.engine.cli.main import main
+
+    answers = []
+    for step in ("eager", "static"):
+        assert main(["generate", "--model", str(tiny_folder), "--dtype", "fp32", "--step", step, "--strategy",
+                     "prompt-lookup", "--prompt", "one two three one two three", "--max-new-tokens", "24", "--json"]) == 0
+        answers.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert answers[0]["token_ids"] == answers[1]["token_ids"] and len(answers[1]["token_ids"]) > 0
