@@ -474,6 +474,12 @@ class LlamaRunner:
         """tokens (T,) -> fp32 logits (last, V). With a `tree` the tokens are its rows: row 0 continues the
         cache, every other row its parent row; each row sees the cache and its own ancestors, at the
         position of its depth. Afterwards `keep()` keeps one root-to-node path."""
+        if self.graphs is not None:
+            with self.graphs.recording:  # not while a graph is being recorded (a moment, once per bucket)
+                return self._forward(tokens, last, tree)
+        return self._forward(tokens, last, tree)
+
+    def _forward(self, tokens: torch.Tensor, last: int, tree: TokenTree | None) -> torch.Tensor:
         t = tokens.shape[0]
         start = self._length
         end = start + t

@@ -133,6 +133,9 @@ class StepGraphs:
         self.device = device
         self._ready: dict[int, _Captured] = {}
         self._lock = threading.Lock()
+        # held while a graph is recorded, and by the runner around its passes: no step's work reaches the GPU
+        # mid-capture (the thread-local capture mode allows other threads' calls, but not all of them)
+        self.recording = threading.Lock()
         self._thread: threading.Thread | None = None
         self._again = False
         self._pool = None
@@ -193,12 +196,15 @@ class StepGraphs:
     def _capture_one(self, rows: int, layout: tuple, stream) -> None:
         inputs = self._idle(rows)  # padding rows only: they write the scratch slot, which no real row reads
         context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        if stream is not None:
+            stream.wait_stream(torch.cuda.default_stream(self.device))  # the buffers as the runner left them
         with context:
             for _ in range(self.WARMUP):
                 self._step(inputs)
         if stream is not None:
             stream.synchronize()
-        replay, out, self._pool = self.capture(self._step, inputs, self._pool, stream)
+        with self.recording:
+            replay, out, self._pool = self.capture(self._step, inputs, self._pool, stream)
         with self._lock:
             if not self._again:
                 self._ready[rows] = _Captured(replay, inputs, out, layout)

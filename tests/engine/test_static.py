@@ -199,22 +199,43 @@ def test_a_failed_capture_says_so_once_and_steps_run_without_graphs(tiny, monkey
     assert runner.graphs.captured == () and len(caplog.records) == 1
 
 
-def test_capture_runs_beside_answers_without_holding_them_up(tiny, monkeypatch):
+def test_capture_runs_beside_answers_and_holds_them_only_while_recording(tiny, monkeypatch):
     release = threading.Event()
+    step = LlamaRunner._static_step
 
-    def slow(step, inputs, pool, stream):
-        release.wait(timeout=120)
-        return recorded(step, inputs, pool, stream)
+    def slow_in_the_background(self, inputs):  # the capture thread's warm-up runs wait for the event
+        if threading.current_thread().name == "specula-graphs":
+            release.wait(timeout=120)
+        return step(self, inputs)
 
-    runner = graphs_runner(loaded(tiny), monkeypatch, capture=slow)
+    monkeypatch.setattr(LlamaRunner, "_static_step", slow_in_the_background)
+    runner = graphs_runner(loaded(tiny), monkeypatch)
     plain = LlamaRunner(tiny, step=StepMode.STATIC, static=True, floor=8)
     for r in (runner, plain):
         r.forward(torch.arange(6))
-    for token in range(5):  # while the first capture waits
+    for token in range(5):  # while the first capture is under way
         assert torch.equal(runner.forward(torch.tensor([token])), plain.forward(torch.tensor([token])))
     assert runner.graphs.captured == ()
     release.set()
     assert runner.graphs.wait(timeout=120)
+    recording = threading.Event()
+    done = threading.Event()
+
+    def recorder(step, inputs, pool, stream):  # a capture that takes a while
+        recording.set()
+        done.wait(timeout=120)
+        return recorded(step, inputs, pool, stream)
+
+    runner.graphs.capture = staticmethod(recorder)
+    runner.keep_layers((1,))  # the buffers change: captured again
+    assert recording.wait(timeout=120)
+    waited = threading.Thread(target=runner.forward, args=(torch.arange(4),))
+    waited.start()
+    waited.join(timeout=0.5)
+    assert waited.is_alive()  # a pass waits while a graph is recorded
+    done.set()
+    waited.join(timeout=120)
+    assert not waited.is_alive() and runner.length == 4
 
 
 @pytest.mark.parametrize("device,step,static_,graphs", [
