@@ -82,6 +82,46 @@ def verify_sampling(
     return Verdict(accepted, next_token, tuple(p_d.tolist()), tuple(q_d.tolist()))
 
 
+def verify_sampling_at_once(
+    logits: torch.Tensor,
+    draft: torch.Tensor,
+    q: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """verify_sampling's rule with one wait for the device (a GPU's) instead of several: every row's
+    replacement (a draw from its residual) and the bonus (a draw from p_k) are drawn at once, and the one
+    at the first rejection (or the bonus) is kept. The draws are independent of the acceptance tests, so
+    every emitted token is distributed as under verify_sampling; the random stream is consumed otherwise,
+    so a seed gives another (equally exact) answer than on a CPU."""
+    k = draft.shape[0]
+    p = process_logits(logits, params)  # (k+1, V)
+    draft = draft.to(p.device)
+    rows = torch.arange(k, device=p.device)
+    p_d = p[rows, draft]  # (k,)
+    if q is not None:
+        q = q.to(p.device)
+        q_d = q[rows, draft]
+        residual = (p[:k] - q).clamp_min(0)
+    else:
+        q_d = torch.ones_like(p_d)
+        residual = p[:k].clone()
+        residual[rows, draft] = 0
+    u = torch.rand(k, generator=generator, device=p.device)
+    accepted = (u * q_d < p_d).long().cumprod(0).sum()  # stays on the device
+    # p == q up to rounding: rejection had probability ~0, and the row's p stands in
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p[:k])
+    candidates = torch.cat([residual, p[k:]])  # (k+1, V): row i replaces draft i; row k is the bonus
+    draws = torch.multinomial(candidates / candidates.sum(-1, keepdim=True), 1, generator=generator)[:, 0]
+    out = torch.cat([accepted[None].double(), draws.double(), p_d.double(), q_d.double()]).tolist()
+    n = int(out[0])
+    return Verdict(n, int(out[1 + n]), tuple(out[2 + k : 2 + 2 * k]), tuple(out[2 + 2 * k :]))
+
+
+# devices where a wait for the device costs more than the work it saves: sampling checks a pass with one
+ONE_WAIT_DEVICES = frozenset({"cuda", "mps", "xpu"})
+
+
 def verify(
     logits: torch.Tensor,
     draft: torch.Tensor,
@@ -92,6 +132,8 @@ def verify(
 ) -> Verdict:
     if params.greedy:
         return verify_greedy(logits, draft, q, probs)
+    if logits.device.type in ONE_WAIT_DEVICES:
+        return verify_sampling_at_once(logits, draft, q, params, generator)
     return verify_sampling(logits, draft, q, params, generator)
 
 

@@ -93,11 +93,18 @@ def models():
         ("lookahead", SamplingParams(temperature=0.9)),
         ("auto", SamplingParams(temperature=1.0)),
         ("eagle-tree", SamplingParams(temperature=0.8, top_p=0.95)),
+        ("draft-model at once", SamplingParams(temperature=1.0)),  # a GPU's rule: one wait per pass
+        ("prompt-lookup at once", SamplingParams(temperature=0.8, top_p=0.9)),
     ],
 )
-def test_speculative_sampling_matches_the_target_distribution(models, strategy, params, tmp_path):
+def test_speculative_sampling_matches_the_target_distribution(models, strategy, params, tmp_path, monkeypatch):
     target, draft = models
     options = {}
+    if strategy.endswith(" at once"):
+        from specula.engine.decoding import verify
+
+        strategy = strategy.removesuffix(" at once")
+        monkeypatch.setattr(verify, "ONE_WAIT_DEVICES", frozenset({"cpu"}))
     if strategy == "eagle-tree":  # an EAGLE-2 tree, verified by recursive rejection over siblings
         strategy, options["tree"] = "eagle", 1
     if strategy in ("eagle", "medusa", "auto"):  # untrained heads: draft distributions far from the target's
