@@ -34,7 +34,7 @@ if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
     exit 2
 fi
 
-mkdir -p "$out"
+mkdir -p "$out" && : > "$out/timings.txt"  # each step's wall time
 presets="${PRESETS:-smollm-135m llama-1b llama-8b}"
 models="$(mktemp -d "${TMPDIR:-/tmp}/specula-models.XXXXXX")"
 if [ "${KEEP_MODELS:-0}" = 1 ]; then
@@ -45,23 +45,25 @@ fi
 failed=()
 
 step() {  # step NAME LOGFILE COMMAND...: run, keep stdout and stderr in LOGFILE, remember failures
-    local name="$1" log="$2"
+    local name="$1" log="$2" start=$SECONDS
     shift 2
     echo "== $name"
     if ! "$@" 2>&1 | tee "$log"; then
         failed+=("$name")
         echo "!! $name failed (log: $log)"
     fi
+    echo "$name: $((SECONDS - start)) s" >> "$out/timings.txt"
 }
 
 table() {  # table NAME FILE COMMAND...: like step, but FILE gets stdout only (a Markdown table)
-    local name="$1" file="$2"
+    local name="$1" file="$2" start=$SECONDS
     shift 2
     echo "== $name"
     if ! "$@" | tee "$file"; then
         failed+=("$name")
         echo "!! $name failed"
     fi
+    echo "$name: $((SECONDS - start)) s" >> "$out/timings.txt"
 }
 
 {
