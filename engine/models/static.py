@@ -100,6 +100,12 @@ def _same(a: tuple, b: tuple) -> bool:
     return len(a) == len(b) and all(x is y if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
 
 
+# held while any graph is recorded, and by every runner with graphs around its passes: no step's work
+# reaches the GPU mid-capture, and one capture runs at a time (the thread-local capture mode allows other
+# threads' calls, but not all of them)
+RECORDING = threading.Lock()
+
+
 @dataclass
 class _Captured:
     replay: Callable[[], None]
@@ -133,9 +139,7 @@ class StepGraphs:
         self.device = device
         self._ready: dict[int, _Captured] = {}
         self._lock = threading.Lock()
-        # held while a graph is recorded, and by the runner around its passes: no step's work reaches the GPU
-        # mid-capture (the thread-local capture mode allows other threads' calls, but not all of them)
-        self.recording = threading.Lock()
+        self.recording = RECORDING
         self._thread: threading.Thread | None = None
         self._again = False
         self._pool = None
