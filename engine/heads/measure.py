@@ -101,7 +101,8 @@ def measure_heads(target, folders: list[Path], answers: list[Answer], k: int = 5
             raise SpeculaError(f"the head in {folder} reads the target's normed states (a published EAGLE-1/2 "
                                "head): measure it with `specula bench --strategies eagle --draft-head` instead")
         heads.append((str(folder), head, tuple(getattr(head, "aux_layers", ()))))
-    trees = {name: Eagle(head, target, stop_below=0.0, tree=True, nodes=tree_nodes)
+    # the drafter's own copy of each head, as the strategy loads it (the chains' measure turns theirs to fp32)
+    trees = {name: Eagle(load_head(Path(name), target)[0], target, stop_below=0.0, tree=True, nodes=tree_nodes)
              for name, head, _ in heads if tree_nodes > 0 and not isinstance(head, MedusaHead)}
     by: dict[str, dict[str, list[float]]] = {name: {} for name, _, _ in heads}
     by_tree: dict[str, dict[str, list[float]]] = {name: {} for name in trees}

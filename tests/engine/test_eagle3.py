@@ -2,6 +2,7 @@
 (training-time test), a head trained briefly on a tiny model's answers predicts its tokens, loads as an
 eagle head, drafts, and every answer stays the target's own."""
 
+import copy
 import json
 
 import pytest
@@ -14,6 +15,7 @@ from specula.engine.drafters import build_drafter
 from specula.engine.heads.config import HeadConfig
 from specula.engine.heads.eagle3 import Eagle3Head, default_aux_layers
 from specula.engine.heads.store import load_head, save_head
+from specula.engine.models.loading import LoadedModel
 from specula.engine.heads.train import (
     TARGET_TOP,
     _eagle3_loss,
@@ -190,3 +192,14 @@ def test_a_drafts_kept_tokens_follow_the_answer():
     # root children 5 and 9; 5's children 6 and 7; 7's child 8
     tree = Draft(torch.tensor([5, 9, 6, 7, 8]), None, torch.tensor([-1, -1, 0, 0, 3]))
     assert [kept_by(tree, truth) for truth in ([5, 7, 8, 1], [5, 6, 1], [9, 9], [1], [5, 7])] == [3, 2, 1, 0, 2]
+
+
+def test_measuring_trees_on_a_bf16_target_uses_the_heads_as_the_strategy_loads_them(trained):
+    """The chains' measure runs its heads in fp32; the trees' drafter keeps its own copy in the target's dtype."""
+    from specula.engine.heads.measure import Answer, measure_heads
+
+    target, folder, _, seqs = trained
+    low = LoadedModel(copy.deepcopy(target.model).to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16)
+    answers = [Answer("x", s.tokens[: s.answer_start].tolist(), s.tokens[s.answer_start :].tolist()) for s in seqs[20:22]]
+    chains, trees = measure_heads(low, [folder], answers, k=4, tree_nodes=12)
+    assert 1.0 <= chains[str(folder)]["overall"] <= 5.0 and 1.0 <= trees[str(folder)]["overall"] <= 5.0
