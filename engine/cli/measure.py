@@ -14,6 +14,22 @@ from ..models.loading import load_model
 from .common import model_spec
 
 
+def tree_drafters(target, folders: list[Path], nodes: int) -> dict[str, object]:
+    """{head folder: the eagle drafter building dynamic trees of `nodes` nodes with it} for the EAGLE heads among
+    `folders`, each with its own copy of the head as the strategy loads it (the chains' measure runs its copy in
+    fp32)."""
+    from ..drafters.eagle import Eagle
+    from ..heads.medusa import MedusaHead
+    from ..heads.store import load_head
+
+    out = {}
+    for folder in folders:
+        head, _ = load_head(folder, target)
+        if nodes > 0 and not isinstance(head, MedusaHead):
+            out[str(folder)] = Eagle(head, target, stop_below=0.0, tree=True, nodes=nodes)
+    return out
+
+
 def run_measure_head(args) -> int:
     from ..decoding.loop import generate
     from ..drafters import build_drafter
@@ -44,7 +60,8 @@ def run_measure_head(args) -> int:
         progress_line(f"answers: {n}/{len(items)}")
     if not answers:
         raise SpeculaError("no prompt gave an answer to measure on (too long for the model's window, or answered in under 3 tokens)")
-    results, trees = measure_heads(target, folders, answers, args.k, say=progress_line, tree_nodes=args.tree_nodes)
+    results, trees = measure_heads(target, folders, answers, args.k, say=progress_line,
+                                   trees=tree_drafters(target, folders, args.tree_nodes))
     print(file=sys.stderr)
     if args.json:
         print(json.dumps({"model": target.name, "k": args.k, "answers": len(answers), "skipped": skipped,

@@ -2,8 +2,8 @@
 prompt greedily, its features over the conversation are computed as for training, and from every position of
 the answer the head's chain of k drafts (an EAGLE or EAGLE-3 head) or its heads' top guesses as a chain
 (Medusa) is matched against the answer. The mean accepted length is 1 + the mean run of matches: what a pass
-would keep if the strategy drafted that chain at every step. With `tree_nodes`, EAGLE heads are measured as
-EAGLE-2 trees too: the eagle drafter itself builds its dynamic tree of that many nodes after every position
+would keep if the strategy drafted that chain at every step. With tree drafters, EAGLE heads are measured as
+EAGLE-2 trees too: the eagle drafter itself builds its dynamic tree of a fixed size after every position
 of the answer (the target's features of the real context, as when it decodes), and the longest path that
 follows the answer is what a pass would keep. `specula bench` measures what a strategy gains on a machine
 (where its cost model may keep plain steps); this measures the head itself, the same on any machine."""
@@ -88,11 +88,11 @@ def _means(by: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]
 
 def measure_heads(target, folders: list[Path], answers: list[Answer], k: int = 5,
                   say: Callable[[str], None] = lambda s: None,
-                  tree_nodes: int = 0) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+                  trees: dict[str, object] | None = None) -> tuple[dict[str, dict[str, float]], dict]:
     """({head folder: {category: mean accepted length of chains, ..., "overall": over all answers}}, the same
-    for EAGLE heads' trees of `tree_nodes` nodes, or {} without). Each answer's features are computed once
-    for all heads that read the same layers."""
-    from ..drafters.eagle import Eagle
+    for the tree drafters in `trees` ({head folder: an eagle drafter that builds trees of a fixed size, with
+    its own copy of the head}; `cli/measure.tree_drafters`). Each answer's features are computed once for all
+    heads that read the same layers."""
 
     heads = []
     for folder in folders:  # every head loads (or is refused) before the long part
@@ -101,9 +101,7 @@ def measure_heads(target, folders: list[Path], answers: list[Answer], k: int = 5
             raise SpeculaError(f"the head in {folder} reads the target's normed states (a published EAGLE-1/2 "
                                "head): measure it with `specula bench --strategies eagle --draft-head` instead")
         heads.append((str(folder), head, tuple(getattr(head, "aux_layers", ()))))
-    # the drafter's own copy of each head, as the strategy loads it (the chains' measure turns theirs to fp32)
-    trees = {name: Eagle(load_head(Path(name), target)[0], target, stop_below=0.0, tree=True, nodes=tree_nodes)
-             for name, head, _ in heads if tree_nodes > 0 and not isinstance(head, MedusaHead)}
+    trees = trees or {}
     by: dict[str, dict[str, list[float]]] = {name: {} for name, _, _ in heads}
     by_tree: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
     for n, a in enumerate(answers, 1):

@@ -15,7 +15,6 @@ from specula.engine.drafters import build_drafter
 from specula.engine.heads.config import HeadConfig
 from specula.engine.heads.eagle3 import Eagle3Head, default_aux_layers
 from specula.engine.heads.store import load_head, save_head
-from specula.engine.models.loading import LoadedModel
 from specula.engine.heads.train import (
     TARGET_TOP,
     _eagle3_loss,
@@ -26,6 +25,7 @@ from specula.engine.heads.train import (
     train_head,
     unrolled_acceptance,
 )
+from specula.engine.models.loading import LoadedModel
 from tests.engine.test_eagle import greedy
 from tests.support.tiny import loaded, tiny_model
 
@@ -164,6 +164,7 @@ def test_an_eagle3_head_learns_the_targets_own_distribution():
 def test_measuring_a_head_counts_what_it_knows(trained, tmp_path):
     """`measure-head`'s chains: the trained head keeps what its held-out figure says, and far more than an
     untrained one of the same shape (which still keeps some: a tiny random model's answers repeat tokens)."""
+    from specula.engine.cli.measure import tree_drafters
     from specula.engine.heads.measure import Answer, measure_heads
 
     target, folder, accepted, seqs = trained
@@ -173,7 +174,8 @@ def test_measuring_a_head_counts_what_it_knows(trained, tmp_path):
     untrained = Eagle3Head(trained_head.config)
     untrained.draft_ids = trained_head.draft_ids
     save_head(untrained, info, tmp_path / "untrained")
-    got, trees = measure_heads(target, [folder, tmp_path / "untrained"], answers, k=4, tree_nodes=24)
+    folders = [folder, tmp_path / "untrained"]
+    got, trees = measure_heads(target, folders, answers, k=4, trees=tree_drafters(target, folders, 24))
     assert got[str(folder)]["overall"] > got[str(tmp_path / "untrained")]["overall"] + 0.5
     assert got[str(tmp_path / "untrained")]["overall"] >= 1.0
     assert got[str(folder)]["overall"] == pytest.approx(accepted, abs=0.25)  # its held-out figure, every 4th position
@@ -196,10 +198,12 @@ def test_a_drafts_kept_tokens_follow_the_answer():
 
 def test_measuring_trees_on_a_bf16_target_uses_the_heads_as_the_strategy_loads_them(trained):
     """The chains' measure runs its heads in fp32; the trees' drafter keeps its own copy in the target's dtype."""
+    from specula.engine.cli.measure import tree_drafters
     from specula.engine.heads.measure import Answer, measure_heads
 
     target, folder, _, seqs = trained
     low = LoadedModel(copy.deepcopy(target.model).to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16)
-    answers = [Answer("x", s.tokens[: s.answer_start].tolist(), s.tokens[s.answer_start :].tolist()) for s in seqs[20:22]]
-    chains, trees = measure_heads(low, [folder], answers, k=4, tree_nodes=12)
+    answers = [Answer("x", s.tokens[: s.answer_start].tolist(), s.tokens[s.answer_start :].tolist())
+               for s in seqs[20:22]]
+    chains, trees = measure_heads(low, [folder], answers, k=4, trees=tree_drafters(low, [folder], 12))
     assert 1.0 <= chains[str(folder)]["overall"] <= 5.0 and 1.0 <= trees[str(folder)]["overall"] <= 5.0

@@ -257,6 +257,7 @@ def test_generate_with_step_static_gives_the_eager_answer(tiny_folder, capsys):
     answers = []
     for step in ("eager", "static"):
         assert main(["generate", "--model", str(tiny_folder), "--dtype", "fp32", "--step", step, "--strategy",
-                     "prompt-lookup", "--prompt", "one two three one two three", "--max-new-tokens", "24", "--json"]) == 0
+                     "prompt-lookup", "--prompt", "one two three one two three", "--max-new-tokens", "24",
+                     "--json"]) == 0
         answers.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
     assert answers[0]["token_ids"] == answers[1]["token_ids"] and len(answers[1]["token_ids"]) > 0
