@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import torch
 import torch.nn as nn
 
 from ..api.errors import SpeculaError, first_line
 from ..api.paths import data_dir
+from ..cpu.products import Dense, can_prepack
 from .config import FORMAT, HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head
@@ -84,7 +86,34 @@ def head_for_strategy(target, head, kind: str, make: str) -> nn.Module:
     target.require_lean(kind)
     if head is None:
         raise SpeculaError(f"strategy '{kind}' needs {make}")
-    return load_head(Path(head), target, kind=kind)[0]
+    return for_drafting(load_head(Path(head), target, kind=kind)[0])
+
+
+class _Prepacked(nn.Module):
+    """An nn.Linear whose product is prepacked for oneDNN (`cpu.products.Dense`): inference only. A draft
+    token is one row, where the prepacked product of the head's shapes took half of F.linear's time (bf16,
+    docs/PERFORMANCE.md). The weight stays as the module's parameter (its dtype and device are read)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.product = Dense(linear.weight.detach(), None if linear.bias is None else linear.bias.detach(), prepack=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.product(x)
+
+
+def for_drafting(head: nn.Module) -> nn.Module:
+    """A head loaded for a strategy, its linear products prepacked for oneDNN where that applies (a CPU, bf16
+    or fp32; never for training: the packed copy does not follow the weights)."""
+    if not can_prepack(next(head.parameters())):
+        return head
+    for name, module in list(head.named_modules()):
+        if isinstance(module, nn.Linear):
+            parent_name, _, attr = name.rpartition(".")
+            setattr(head.get_submodule(parent_name) if parent_name else head, attr, _Prepacked(module))
+    return head.eval().requires_grad_(False)
 
 
 def _eagle(config: HeadConfig) -> EagleHead:

@@ -207,3 +207,21 @@ def test_measuring_trees_on_a_bf16_target_uses_the_heads_as_the_strategy_loads_t
                for s in seqs[20:22]]
     chains, trees = measure_heads(low, [folder], answers, k=4, trees=tree_drafters(low, [folder], 12))
     assert 1.0 <= chains[str(folder)]["overall"] <= 5.0 and 1.0 <= trees[str(folder)]["overall"] <= 5.0
+
+
+def test_a_head_loaded_for_a_strategy_runs_prepacked_products_with_the_same_predictions(trained):
+    from specula.engine.cpu.products import can_prepack
+    from specula.engine.heads.store import _Prepacked, head_for_strategy
+
+    target, folder, _, seqs = trained
+    plain, _ = load_head(folder, target)
+    packed = head_for_strategy(target, str(folder), "eagle", "a head")
+    assert can_prepack(plain.lm.weight)  # fp32 on a CPU
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    assert sum(isinstance(m, _Prepacked) for m in packed.modules()) == 9  # fc, q, k, v, o, gate, up, down, lm
+    seq = seqs[0]
+    feats, embeds = seq.features[None, :-1].float(), target.model.get_input_embeddings()(seq.tokens[None, 1:])
+    with torch.no_grad():
+        torch.testing.assert_close(packed(feats, embeds), plain(feats, embeds), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(packed.draft_logits(packed(feats, embeds)[0]),
+                                   plain.draft_logits(plain(feats, embeds)[0]), rtol=1e-4, atol=1e-4)
