@@ -16,6 +16,7 @@ with d_{i+1} removed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -49,14 +50,18 @@ def verify_greedy(logits: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | N
     return Verdict(accepted, best[accepted], tuple(p.tolist()), q_of, tuple(best))
 
 
-def verify_sampling(
-    logits: torch.Tensor,
-    draft: torch.Tensor,
-    q: torch.Tensor | None,
-    params: SamplingParams,
-    generator: torch.Generator | None,
-) -> Verdict:
-    """logits (k+1, V), draft (k,), q (k, V) or None for one-hot -> Verdict by the exact rule."""
+class _Tested(NamedTuple):
+    p: torch.Tensor  # (k+1, V) the processed target distributions
+    q: torch.Tensor | None  # (k, V) the drafter's, on p's device, or None for point guesses
+    draft: torch.Tensor  # (k,) on p's device
+    p_d: torch.Tensor  # (k,) p of each draft token
+    q_d: torch.Tensor  # (k,) q of each draft token (1 for a point guess)
+    keep: torch.Tensor  # (k,) int64: 1 where the draft token's acceptance test passed
+
+
+def _acceptance_tests(logits: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None, params: SamplingParams,
+                      generator: torch.Generator | None) -> _Tested:
+    """Each draft token's test, accept with probability min(1, p/q), drawn on the device."""
     k = draft.shape[0]
     p = process_logits(logits, params)  # (k+1, V)
     q = q.to(p.device) if q is not None else None
@@ -66,7 +71,19 @@ def verify_sampling(
     q_d = q[rows, draft] if q is not None else torch.ones_like(p_d)
     u = torch.rand(k, generator=generator, device=p.device)
     # u < p/q  <=>  u * q < p, which avoids dividing by q (q(d) > 0 for any token the drafter drew)
-    keep = (u * q_d < p_d).long()
+    return _Tested(p, q, draft, p_d, q_d, (u * q_d < p_d).long())
+
+
+def verify_sampling(
+    logits: torch.Tensor,
+    draft: torch.Tensor,
+    q: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """logits (k+1, V), draft (k,), q (k, V) or None for one-hot -> Verdict by the exact rule."""
+    k = draft.shape[0]
+    p, q, draft, p_d, q_d, keep = _acceptance_tests(logits, draft, q, params, generator)
     accepted = int(keep.cumprod(0).sum()) if k else 0
     if accepted < k:
         if q is not None:
@@ -95,20 +112,13 @@ def verify_sampling_at_once(
     every emitted token is distributed as under verify_sampling; the random stream is consumed otherwise,
     so a seed gives another (equally exact) answer than on a CPU."""
     k = draft.shape[0]
-    p = process_logits(logits, params)  # (k+1, V)
-    draft = draft.to(p.device)
-    rows = torch.arange(k, device=p.device)
-    p_d = p[rows, draft]  # (k,)
+    p, q, draft, p_d, q_d, keep = _acceptance_tests(logits, draft, q, params, generator)
+    accepted = keep.cumprod(0).sum()  # stays on the device
     if q is not None:
-        q = q.to(p.device)
-        q_d = q[rows, draft]
         residual = (p[:k] - q).clamp_min(0)
     else:
-        q_d = torch.ones_like(p_d)
         residual = p[:k].clone()
-        residual[rows, draft] = 0
-    u = torch.rand(k, generator=generator, device=p.device)
-    accepted = (u * q_d < p_d).long().cumprod(0).sum()  # stays on the device
+        residual[torch.arange(k, device=p.device), draft] = 0
     # p == q up to rounding: rejection had probability ~0, and the row's p stands in
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p[:k])
     candidates = torch.cat([residual, p[k:]])  # (k+1, V): row i replaces draft i; row k is the bonus

@@ -303,6 +303,12 @@ def _call(product, x: torch.Tensor) -> torch.Tensor:
     return product(x)
 
 
+def _mlp(layer, h: torch.Tensor, run) -> torch.Tensor:
+    """The gated MLP of a layer over normed rows h (T, D)."""
+    gate, up = run(layer.gate_up, h).split(layer.inter, dim=-1)
+    return run(layer.down, layer.act(gate) * up)
+
+
 def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
     """transformers' RMSNorm: normalise in fp32, cast back, scale."""
     weight, eps = norm
@@ -509,9 +515,7 @@ class LlamaRunner:
             if i in self.aux_layers:
                 self._aux[start:end, self.aux_layers.index(i)] = x
             x = x + self._attention(i, layer, _rms_norm(x, layer.in_norm), cos, sin, start, t, plan, run)
-            h = _rms_norm(x, layer.post_norm)
-            gate, up = run(layer.gate_up, h).split(layer.inter, dim=-1)
-            x = x + run(layer.down, layer.act(gate) * up)
+            x = x + _mlp(layer, _rms_norm(x, layer.post_norm), run)
         self._length = end
         self._feat[start:end] = x
         return run(self.lm_head, _rms_norm(x[-last:], self.norm)).float()  # (last, V)
@@ -540,7 +544,7 @@ class LlamaRunner:
     def _forward_static(self, tokens: torch.Tensor, last: int, tree: TokenTree | None, start: int, rows: int):
         """A pass after the prefill as a step of `rows` rows (models/static.py), through its graph where captured."""
         t = tokens.shape[0]
-        host = torch.device("cpu")  # the inputs are made on the host, then copied in one go
+        host = torch.device("cpu")  # the inputs are made on the host, then copied to the device
         depths, ancestors = (None, None) if tree is None else (tree.depths(host), tree.ancestors(host))
         inputs = step_inputs(self.max_len, rows, tokens, start, host, depths, ancestors)
         replayed = self.graphs.run(rows, inputs) if self.graphs is not None else None
@@ -575,8 +579,7 @@ class LlamaRunner:
             out = F.scaled_dot_product_attention(q.reshape(kv, self.groups * rows, hd), self._k[i], self._v[i],
                                                  attn_mask=mask, scale=self.scale).view(h, rows, hd)
             x = x + layer.o_proj(out.transpose(0, 1).reshape(rows, -1))
-            gate, up = layer.gate_up(_rms_norm(x, layer.post_norm)).split(layer.inter, dim=-1)
-            x = x + layer.down(layer.act(gate) * up)
+            x = x + _mlp(layer, _rms_norm(x, layer.post_norm), _call)
         self._feat.index_copy_(0, inp.slots, x)
         return self.lm_head(_rms_norm(x, self.norm)).float()
 
