@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 
 from ..api.types import SamplingParams
+from .length import DraftLength
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,9 @@ class Drafter:
       before observe(), the target's argmax after each scored draft token (key: its index in Draft.tokens);
     - `observe_step(drafted, accepted, seconds)`, for drafters that choose each step's draft length
       themselves (`chooses_length`, auto): the step's counts and wall time after each step they proposed
-      for. For the others the loop chooses the length (decoding.length.DraftLength).
+      for. For the others the loop chooses the length with the drafter's `lengths(k)`
+      (decoding.length.DraftLength), kept across generations as auto keeps its own: what a strategy
+      measured in one answer (how often its drafts are kept, what its passes cost) holds in the next.
 
     `aux_layers`: the target layers whose entering hidden states the drafter reads (EAGLE-3 heads; the
     runner keeps them from the prompt on, `aux_features`).
@@ -53,6 +56,14 @@ class Drafter:
     learns_from_tree: ClassVar[bool] = False
     chooses_length: ClassVar[bool] = False
     aux_layers: tuple[int, ...] = ()
+    _lengths: DraftLength | None = None
+
+    def lengths(self, k: int) -> DraftLength:
+        """The draft-length policy for drafts of at most k, kept from one generation to the next (a new
+        one when k changes)."""
+        if self._lengths is None or self._lengths.k != k:
+            self._lengths = DraftLength(k)
+        return self._lengths
 
     def reset(self) -> None:
         """Forget everything: a new generation starts."""

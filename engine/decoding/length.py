@@ -17,11 +17,13 @@ class DraftLength:
     """Each step's draft length from what was measured: the n (0..k) with the most expected tokens per
     expected second. Expected tokens of a draft of n: 1 + the sum over positions i < n of the share of
     recent drafts that reached position i and had it kept (FORGET; PRIOR rejections to start from).
-    Expected seconds: the mean time of recent steps that drafted n (interpolated between measured lengths,
-    plain steps for n = 0). So a strategy whose
-    guesses are seldom kept drafts less, or not at all (a plain step), and one on a roll drafts long.
-    The first `warmup` drafting steps draft the full k; after that, every EXPLORE-th step drafts one token
-    more than the best length, so that a longer draft that would pay is found, one token at a time."""
+    Expected seconds: the recent cost of steps that drafted n, in plain steps (each step's wall time over
+    the plain-step cost measured when it ran; interpolated between measured lengths, 1 for n = 0), times
+    the plain-step cost now. So a strategy whose guesses are seldom kept drafts less, or not at all (a plain
+    step), and one on a roll drafts long; and what was learned still holds in the next answer, whose
+    context (and so every step's time) may be longer or shorter. The first `warmup` drafting steps draft the
+    full k; after that, every EXPLORE-th step drafts one token more than the best length, so that a longer
+    draft that would pay is found, one token at a time."""
 
     EXPLORE = 8
     WARMUP = 6  # drafting steps before the choice is trusted
@@ -34,11 +36,13 @@ class DraftLength:
         self.warmup = warmup
         self.reached = [0.0] * (k + 1)  # drafts that reached position i
         self.kept = [0.0] * (k + 1)  # ... and had position i kept
-        self.seconds: dict[int, float] = {}  # draft length -> recent step time
+        self.cost: dict[int, float] = {}  # draft length -> recent step time, in plain steps
         self.drafting_steps = 0
         self.steps = 0
 
-    def observe(self, drafted: int, accepted: int, seconds: float) -> None:
+    def observe(self, drafted: int, accepted: int, seconds: float, plain_s: float | None) -> None:
+        """A step that drafted `drafted` tokens and kept `accepted`, its wall time, and the plain-step cost
+        measured when it ran (None before any: its time is not booked)."""
         drafted = min(drafted, self.k)
         if drafted:  # acceptance follows the conversation: a long session's earlier topics fade
             self.reached = [self.FORGET * r for r in self.reached]
@@ -46,25 +50,30 @@ class DraftLength:
         for i in range(drafted):
             self.reached[i] += 1
             self.kept[i] += i < accepted
-        old = self.seconds.get(drafted)
-        self.seconds[drafted] = seconds if old is None else self.DECAY * old + (1 - self.DECAY) * seconds
+        if plain_s:
+            cost = seconds / plain_s
+            old = self.cost.get(drafted)
+            self.cost[drafted] = cost if old is None else self.DECAY * old + (1 - self.DECAY) * cost
         self.drafting_steps += drafted > 0
 
     def _time(self, n: int, plain_s: float | None) -> float | None:
-        known = dict(self.seconds)
-        if plain_s:
-            known[0] = plain_s
+        """Expected seconds of a step drafting n (in plain steps while no plain cost is known)."""
+        known = dict(self.cost)
+        known[0] = 1.0  # a plain step; measured drafting steps are in its units
         if n in known:
-            return known[n]
-        below = [m for m in known if m < n]
-        above = [m for m in known if m > n]
-        if below and above:
-            lo, hi = max(below), min(above)
-            return known[lo] + (known[hi] - known[lo]) * (n - lo) / (hi - lo)
-        if below and len(below) >= 2:  # extend the last measured slope
-            lo, hi = sorted(below)[-2:]
-            return known[hi] + (known[hi] - known[lo]) / (hi - lo) * (n - hi)
-        return None
+            cost = known[n]
+        else:
+            below = [m for m in known if m < n]
+            above = [m for m in known if m > n]
+            if below and above:
+                lo, hi = max(below), min(above)
+                cost = known[lo] + (known[hi] - known[lo]) * (n - lo) / (hi - lo)
+            elif len(below) >= 2:  # extend the last measured slope
+                lo, hi = sorted(below)[-2:]
+                cost = known[hi] + (known[hi] - known[lo]) / (hi - lo) * (n - hi)
+            else:
+                return None
+        return cost * plain_s if plain_s else cost
 
     def choose(self, plain_s: float | None) -> int:
         self.steps += 1

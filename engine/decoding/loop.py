@@ -27,7 +27,7 @@ from ..api.metrics import StepTotals
 from ..api.types import K_MAX, DecodeConfig
 from .detok import Detokenizer
 from .drafter import DraftContext, Drafter
-from .length import DraftLength, next_k
+from .length import next_k
 from .sampling import choose
 from .speedup import PlainHistory, SpeedupMeter, probe_due
 from .target import ModelRunner
@@ -108,7 +108,7 @@ def generate(
     # same seed gives the same answer
     seeded = not loop.timed
     own = drafter.chooses_length
-    lengths = DraftLength(k) if k > 0 and not seeded and not config.adaptive_k and not own else None
+    lengths = drafter.lengths(k) if k > 0 and not seeded and not config.adaptive_k and not own else None
     while loop.budget.reason is None:
         if should_stop():
             loop.budget.reason = "cancelled"
@@ -120,11 +120,12 @@ def generate(
             probe = k > 0 and probe_due(len(meter.samples), meter.since_plain)
         else:
             probe = k > 0 and probe_due(len(meter.pool), meter.since_plain, meter.relative_error)
-        n = 0 if probe else lengths.choose(meter.plain_step_s) if lengths is not None else k
+        plain_s = meter.plain_step_s
+        n = 0 if probe else lengths.choose(plain_s) if lengths is not None else k
         step = loop.step(n)
         yield step
         if lengths is not None:
-            lengths.observe(step.drafted, step.accepted, loop.step_seconds)
+            lengths.observe(step.drafted, step.accepted, loop.step_seconds, plain_s)
         elif own and step.k:  # it proposed for this step
             drafter.observe_step(step.drafted, step.accepted, loop.step_seconds)
         if config.adaptive_k and not probe:

@@ -61,6 +61,7 @@ class Auto(Drafter):
         self.steps = 0
         self.chosen: str | None = None  # this step's choice ("none": a plain step)
         self.member = None
+        self.plain_s: float | None = None  # the plain-step cost when this step was proposed
 
     @classmethod
     def build(cls, target, draft=None, heads=(), head=None, skip: str = "", **options) -> "Auto":
@@ -112,6 +113,7 @@ class Auto(Drafter):
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self.steps += 1
         self.chosen = self.member = None
+        self.plain_s = ctx.plain_s if ctx is not None else None
         if k <= 0:
             return empty_draft()
         n, _ = longest_match(ctx.tokens.numpy(), self.lookup.max_n) if self.use_lookup else (0, None)
@@ -141,7 +143,7 @@ class Auto(Drafter):
     def observe_step(self, drafted: int, accepted: int, seconds: float) -> None:
         """The decoder's timing of the step this drafter proposed for: booked under its choice."""
         if self.chosen is not None and self.chosen != "none":
-            self._model(self.chosen).observe(drafted, accepted, seconds)
+            self._model(self.chosen).observe(drafted, accepted, seconds, self.plain_s)
         self.chosen = self.member = None
 
     def summary(self, plain_s: float | None = None) -> dict[str, float]:

@@ -239,3 +239,22 @@ def test_a_long_prompt_can_be_cancelled_while_it_is_read(models, monkeypatch):
         events.append(e)  # the user cancels once the first progress shows
     assert isinstance(events[-1], Finished) and events[-1].reason == "cancelled" and not events[-1].token_ids
     assert sum(isinstance(e, PromptProgress) for e in events) == 1
+
+
+def test_the_draft_length_policy_is_kept_from_one_answer_to_the_next(models):
+    """What a strategy measured in one answer (acceptance, pass costs) holds in the next: the second
+    answer does not draft the full k for a warm-up again, and its answer is still the target's own."""
+    target, draft = models
+    drafter = build_drafter("draft-model", target, draft)
+    config = DecodeConfig(k=4, max_new_tokens=40)
+    first = list(generate(target.new_runner(), drafter, [5, 6, 7], config, stop_ids=target.eos_ids))
+    lengths = drafter.lengths(4)
+    assert lengths.warm
+    chosen, drafting = lengths.steps, lengths.drafting_steps
+    second = list(generate(target.new_runner(), drafter, [9, 8, 7, 6], config, stop_ids=target.eos_ids))
+    assert drafter.lengths(4) is lengths
+    decode_steps = [e for e in second if isinstance(e, Step) and e.step > 0]
+    assert lengths.steps > chosen and lengths.drafting_steps - drafting == sum(s.drafted > 0 for s in decode_steps)
+    assert first[-1].token_ids == run(target, None, "none", [5, 6, 7], max_new_tokens=40)[-1].token_ids
+    assert second[-1].token_ids == run(target, None, "none", [9, 8, 7, 6], max_new_tokens=40)[-1].token_ids
+    assert drafter.lengths(6) is not lengths  # another longest draft: measured again

@@ -158,9 +158,9 @@ def test_a_cold_first_step_counts_for_itself_only():
 
 
 # -- the draft length of each step (DraftLength) --------------------------------------------------------
-def train_lengths(lengths, steps, keep_rate, cost):
+def train_lengths(lengths, steps, keep_rate, cost, plain_s=0.010):
     """Drafts of the full k whose positions are each kept with probability keep_rate (deterministically
-    spread), a step of n drafted tokens taking cost(n) seconds."""
+    spread), a step of n drafted tokens taking cost(n) seconds while a plain step takes plain_s."""
     import random
 
     rng = random.Random(1)
@@ -168,8 +168,8 @@ def train_lengths(lengths, steps, keep_rate, cost):
         accepted = 0
         while accepted < lengths.k and rng.random() < keep_rate:
             accepted += 1
-        lengths.observe(lengths.k, accepted, cost(lengths.k))
-        lengths.observe(1, int(rng.random() < keep_rate), cost(1))
+        lengths.observe(lengths.k, accepted, cost(lengths.k), plain_s)
+        lengths.observe(1, int(rng.random() < keep_rate), cost(1), plain_s)
 
 
 def test_drafts_that_are_seldom_kept_and_cost_rows_give_way_to_plain_steps():
@@ -188,6 +188,30 @@ def test_drafts_that_are_kept_and_rows_that_are_cheap_draft_long():
     lengths = DraftLength(8)
     train_lengths(lengths, 20, keep_rate=0.9, cost=lambda n: 0.010 * (1 + 0.02 * n))  # a GPU-like flat cost
     assert [lengths.choose(plain_s=0.010) for _ in range(16)].count(8) >= 14
+
+
+def test_what_was_learned_in_one_context_holds_in_another_of_other_step_costs():
+    """Costs are kept in plain steps: after an answer over a long context (every step 3x dearer), a short
+    one still drafts where drafting pays, and a plain step there is not taken for a third of a draft's."""
+    from specula.engine.decoding.length import DraftLength
+
+    lengths = DraftLength(8)
+    train_lengths(lengths, 20, keep_rate=0.8, cost=lambda n: 0.030 * (1 + 0.25 * n), plain_s=0.030)
+    long_context = lengths.best(plain_s=0.030)
+    short_context = lengths.best(plain_s=0.010)
+    assert short_context[0] == long_context[0] >= 3
+    assert short_context[1] == pytest.approx(3 * long_context[1])  # tokens per second: steps 3x cheaper
+    assert short_context[1] > 1 / 0.010  # and more than plain decoding's
+
+
+def test_a_step_is_booked_only_once_a_plain_step_was_measured():
+    from specula.engine.decoding.length import DraftLength
+
+    lengths = DraftLength(4)
+    lengths.observe(4, 4, 0.050, None)  # no plain-step cost yet: its time means nothing here
+    assert lengths.cost == {} and lengths.reached[3] == 1 and lengths.drafting_steps == 1
+    lengths.observe(4, 4, 0.050, 0.025)
+    assert lengths.cost == {4: pytest.approx(2.0)}
 
 
 def test_the_choice_waits_for_measurements():
