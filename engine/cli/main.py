@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for head.safetensors and head.json (default: the user's heads folder, where "
                         "the app and `generate` find it for this model)")
     t.add_argument("--overwrite", action="store_true")
+    t.add_argument("--from", dest="start", type=Path, default=None, metavar="HEAD",
+                   help="continue training this head (of the same kind, made for this model) on these answers: its "
+                        "weights and draft vocabulary are the start (use a lower --lr, e.g. 3e-4)")
     m = sub.add_parser("measure-head", help="the draft heads' mean accepted length on prompts, drafting a chain at "
                                             "every step (no cost model): what a head knows, the same on any machine")
     _add_model_args(m)

@@ -734,14 +734,18 @@ def _bf16_autocast(device: torch.device, on: bool):
 def train_head(target, seqs: list[Sequence], epochs: int = 2, lr: float = 1e-3, seed: int = 0,
                say: Callable[[str], None] = lambda s: None, batch: int = 4,
                checkpoint: Path | None = None, kind: str = "eagle",
-               draft_ids: torch.Tensor | None = None) -> torch.nn.Module:
+               draft_ids: torch.Tensor | None = None, start: torch.nn.Module | None = None) -> torch.nn.Module:
     """Train a head of this kind on these sequences. With `checkpoint` the state is saved every few
-    minutes and at the end of each epoch, and a run with the same data and settings resumes from it."""
+    minutes and at the end of each epoch, and a run with the same data and settings resumes from it.
+    `start`: a head of this kind for the target (`start_head`) to continue training, with its draft
+    vocabulary, instead of a new one."""
     torch.manual_seed(seed)
     config = HeadConfig.for_target(target.model.config)
     frozen = _Frozen(target)
     all_ids = torch.arange(frozen.lm.shape[0], device=frozen.device)
-    if kind == "eagle3":  # its own LM head over the draft vocabulary, starting from the target's rows
+    if start is not None:
+        head = start
+    elif kind == "eagle3":  # its own LM head over the draft vocabulary, starting from the target's rows
         ids = draft_ids.to(frozen.device) if draft_ids is not None else all_ids
         config = replace(config, aux_layers=default_aux_layers(target.model.config.num_hidden_layers),
                          draft_vocab=int(ids.shape[0]))
@@ -770,6 +774,8 @@ def train_head(target, seqs: list[Sequence], epochs: int = 2, lr: float = 1e-3, 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, total) / max(1, total))))
     key = {"sequences": len(seqs), "tokens": sum(int(s.tokens.shape[0]) for s in seqs), "epochs": epochs,
            "lr": lr, "seed": seed, "batch": batch, "kind": kind}
+    if start is not None:  # a checkpoint of a new head's training is not this run's
+        key["start"] = _weights_digest(start)
     done = 0
     state = _read_checkpoint(checkpoint, say) if checkpoint is not None and checkpoint.is_file() else None
     if state is not None:
@@ -809,6 +815,36 @@ def train_head(target, seqs: list[Sequence], epochs: int = 2, lr: float = 1e-3, 
         if end_of_epoch:
             right = seen = 0
     return head.eval()
+
+
+def start_head(folder: Path, target, kind: str) -> tuple[torch.nn.Module, dict]:
+    """The head in `folder` to continue training as a head of `kind` for this target (fp32, trainable) and
+    what its training was; refused in one line where it is of another kind, or not one of Specula's own."""
+    from .store import load_head, read_info
+
+    if not (Path(folder) / "head.json").is_file():
+        raise SpeculaError(f"no head to continue from in {folder}: it needs a head.json as `specula train-head` writes")
+    stored = "eagle" if kind == "eagle3" else kind
+    info = read_info(folder)
+    reads_layers = bool(info.config.aux_layers)
+    if info.kind != stored or (stored == "eagle" and reads_layers != (kind == "eagle3")):
+        what = "an EAGLE-3" if info.kind == "eagle" and reads_layers else f"an {info.kind}" if info.kind == "eagle" else f"a {info.kind}"
+        raise SpeculaError(f"{folder} holds {what} head: it cannot continue as --kind {kind}")
+    if kind == "eagle3" and tuple(info.config.aux_layers) != default_aux_layers(target.model.config.num_hidden_layers):
+        raise SpeculaError(f"{folder} reads target layers {list(info.config.aux_layers)}, not the ones training reads")
+    head, _ = load_head(folder, target, dtype=torch.float32, kind=stored)
+    return head.train().requires_grad_(True), dict(info.training)
+
+
+def _weights_digest(head: torch.nn.Module) -> str:
+    """A short digest of a head's weights: which head a checkpoint continued."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(head.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 @torch.inference_mode()
@@ -895,14 +931,18 @@ def frequent_tokens(seqs: list[Sequence], size: int) -> torch.Tensor:
 
 
 def head_info(target, kind: str, tokens: int, epochs: int, acceptance: float | None,
-              config: HeadConfig | None = None) -> HeadInfo:
+              config: HeadConfig | None = None, before: dict | None = None) -> HeadInfo:
+    """`before`: the training of the head this one continued (`--from`), kept beside this run's."""
+    training = {"answer_tokens": tokens, "epochs": epochs, "held_out_mean_accepted_length": acceptance}
+    if before:
+        training["continued_from"] = before
     return HeadInfo(
         kind=kind,
         config=config or HeadConfig.for_target(target.model.config),
         target=target_fingerprint(target.model),
         vocabulary=vocabulary_fingerprint(target.tokenizer) if target.tokenizer is not None else "",
         target_name=target.name,
-        training={"answer_tokens": tokens, "epochs": epochs, "held_out_mean_accepted_length": acceptance},
+        training=training,
     )
 
 
@@ -923,6 +963,7 @@ class TrainOptions:
     out: Path | None = None  # default: the user's heads folder
     data: Path | None = None  # answers and checkpoints; default OUT/training
     overwrite: bool = False
+    start: Path | None = None  # a head of this kind to continue training (its weights and draft vocabulary)
 
 
 @dataclass
@@ -962,6 +1003,8 @@ def check_options(o: TrainOptions) -> None:
         raise SpeculaError(f"the learning rate must be a finite number above 0, got {o.lr}")
     if o.out is not None and (o.out / "head.json").exists() and not o.overwrite:
         raise SpeculaError(f"{o.out} already holds a head: choose another folder or overwrite it")
+    if o.start is not None and not (o.start / "head.json").is_file():
+        raise SpeculaError(f"no head to continue from in {o.start}: it needs a head.json as `specula train-head` writes")
 
 
 def run_training(target, o: TrainOptions, say: Callable[[str], None] = lambda s: None,
@@ -1022,6 +1065,7 @@ def _run_training(target, o: TrainOptions, out: Path, work: Path, report: Callab
     if stored is not None and stored != about:
         raise SpeculaError(f"{work} holds training data for another model or other settings: choose another data folder")
     (work / "about.json").write_text(json.dumps(about), encoding="utf-8")
+    start, before = start_head(o.start, target, o.kind) if o.start is not None else (None, None)
     aux = default_aux_layers(target.model.config.num_hidden_layers) if o.kind == "eagle3" else ()
     store = work / ("features-" + ("-".join(map(str, aux)) if aux else "final"))
     answers = self_distill(target, o.tokens, max_new=o.max_new_tokens, batch=o.batch, seed=o.seed, say=report,
@@ -1032,9 +1076,9 @@ def _run_training(target, o: TrainOptions, out: Path, work: Path, report: Callab
     seqs = with_features(target, answers, say=report, aux_layers=aux, store=store)
     held = max(1, len(seqs) // 10)
     train, test = seqs[held:], seqs[:held]
-    vocab = frequent_tokens(train, o.draft_vocab) if o.draft_vocab else None
+    vocab = frequent_tokens(train, o.draft_vocab) if o.draft_vocab and start is None else None
     head = train_head(target, train, epochs=o.epochs, lr=o.lr, seed=o.seed, say=report, batch=o.train_batch,
-                      checkpoint=work / f"{o.kind}-checkpoint.pt", kind=o.kind, draft_ids=vocab)
+                      checkpoint=work / f"{o.kind}-checkpoint.pt", kind=o.kind, draft_ids=vocab, start=start)
     report("measuring the head on held-out answers")
     if o.kind == "medusa":
         accepted, how = medusa_acceptance(head, target, test), "top guesses as a chain"
@@ -1044,7 +1088,8 @@ def _run_training(target, o: TrainOptions, out: Path, work: Path, report: Callab
         accepted, how = chain_acceptance(head, target, test, k=5), "chain of 5"
     tokens = sum(len(s.tokens) - s.answer_start for s in seqs)
     stored = "eagle" if o.kind == "eagle3" else o.kind  # the eagle strategy drafts with EAGLE-3 heads too
-    info = head_info(target, stored, tokens, o.epochs, round(accepted, 3), head.config if o.kind != "medusa" else None)
+    info = head_info(target, stored, tokens, o.epochs, round(accepted, 3), head.config if o.kind != "medusa" else None,
+                     before)
     save_head(head.to(target.dtype), info, out)
     return TrainResult(stored, out, work, tokens, o.epochs, accepted, how, time.perf_counter() - t0)
 

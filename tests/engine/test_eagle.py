@@ -3,6 +3,7 @@ output stays the target's own (greedy and sampled); a head for another model is 
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from specula.engine.api.errors import SpeculaError
 from specula.engine.api.events import Finished
@@ -124,6 +125,18 @@ def test_train_head_command_writes_a_head_that_the_eagle_strategy_loads(tiny_fol
         assert line["strategy"] == strategy and line["new_tokens"] > 0
     with pytest.raises(SpeculaError, match="holds a medusa head, not the eagle head"):
         build_drafter("eagle", load_model(ModelSpec(str(tiny_folder), "cpu", "fp32")), head=str(tmp_path / "m"))
+    # an EAGLE-3 head continued on the same answers (--from): its draft vocabulary stays, the record keeps both runs
+    more = args[:-2] + ["--kind", "eagle3", "--out", str(tmp_path / "e3+"), "--data", str(out / "training"),
+                        "--from", str(tmp_path / "e3"), "--lr", "3e-4"]
+    assert main(more) == 0
+    before, after = (json.loads((tmp_path / f / "head.json").read_text()) for f in ("e3", "e3+"))
+    assert after["config"] == before["config"] and after["training"]["continued_from"] == before["training"]
+    vocab = [load_file(str(tmp_path / f / "head.safetensors"))["draft_ids"] for f in ("e3", "e3+")]
+    assert torch.equal(*vocab)
+    for kind in ("eagle", "medusa"):  # an EAGLE-3 head continues as nothing else
+        assert main(args[:-2] + ["--kind", kind, "--out", str(tmp_path / kind), "--data", str(out / "training"),
+                                 "--from", str(tmp_path / "e3")]) == 2
+        assert "holds an EAGLE-3 head: it cannot continue as --kind " + kind in capsys.readouterr().err
 
 
 def test_an_interrupted_training_run_resumes_where_it_stopped(trained, tmp_path):

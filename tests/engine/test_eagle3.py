@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from specula.engine.api.errors import SpeculaError
 from specula.engine.api.events import Finished
 from specula.engine.api.types import DecodeConfig
 from specula.engine.decoding.loop import generate
@@ -225,3 +226,20 @@ def test_a_head_loaded_for_a_strategy_runs_prepacked_products_with_the_same_pred
         torch.testing.assert_close(packed(feats, embeds), plain(feats, embeds), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(packed.draft_logits(packed(feats, embeds)[0]),
                                    plain.draft_logits(plain(feats, embeds)[0]), rtol=1e-4, atol=1e-4)
+
+
+def test_training_continues_from_a_heads_weights(trained):
+    """--from: the head's weights are the start (a step of a tiny learning rate leaves them where they were,
+    a new head's would be random), its draft vocabulary stays, and its predictions improve from there."""
+    from specula.engine.heads.train import start_head
+
+    target, folder, accepted, seqs = trained
+    head, before = start_head(folder, target, "eagle3")
+    assert before["held_out_mean_accepted_length"] == accepted
+    saved, _ = load_head(folder, target, dtype=torch.float32)
+    same = train_head(target, seqs[:4], epochs=1, lr=1e-9, kind="eagle3", batch=4, start=head)
+    for name, t in saved.state_dict().items():
+        assert torch.allclose(same.state_dict()[name].float(), t.float(), atol=1e-5), name
+    assert torch.equal(same.draft_ids, saved.draft_ids)
+    with pytest.raises(SpeculaError, match="cannot continue as --kind medusa"):
+        start_head(folder, target, "medusa")
