@@ -27,7 +27,7 @@ from ..api.metrics import StepTotals
 from ..api.types import K_MAX, DecodeConfig
 from .detok import Detokenizer
 from .drafter import DraftContext, Drafter
-from .length import DraftLength, next_k
+from .length import next_k
 from .sampling import choose
 from .speedup import PlainHistory, SpeedupMeter, probe_due
 from .target import ModelRunner
@@ -108,7 +108,7 @@ def generate(
     # same seed gives the same answer
     seeded = not loop.timed
     own = drafter.chooses_length
-    lengths = _lengths(drafter, k) if k > 0 and not seeded and not config.adaptive_k and not own else None
+    lengths = drafter.lengths(k) if k > 0 and not seeded and not config.adaptive_k and not own else None
     while loop.budget.reason is None:
         if should_stop():
             loop.budget.reason = "cancelled"
@@ -131,13 +131,6 @@ def generate(
         if config.adaptive_k and not probe:
             k = next_k(k, step.drafted, step.accepted, config.k_max)
     yield loop.finish()
-
-
-def _lengths(drafter, k: int) -> DraftLength:
-    """The drafter's own draft-length policy, kept across its generations (`Drafter.lengths`); a new one for
-    an object that only looks like a drafter."""
-    keep = getattr(drafter, "lengths", None)
-    return keep(k) if keep is not None else DraftLength(k)
 
 
 class _Loop:

@@ -113,7 +113,7 @@ class Auto(Drafter):
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self.steps += 1
         self.chosen = self.member = None
-        self.plain_s = ctx.plain_s if ctx is not None else None
+        self.plain_s = ctx.plain_s
         if k <= 0:
             return empty_draft()
         n, _ = longest_match(ctx.tokens.numpy(), self.lookup.max_n) if self.use_lookup else (0, None)

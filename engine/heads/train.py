@@ -822,13 +822,11 @@ def start_head(folder: Path, target, kind: str) -> tuple[torch.nn.Module, dict]:
     what its training was; refused in one line where it is of another kind, or not one of Specula's own."""
     from .store import load_head, read_info
 
-    if not (Path(folder) / "head.json").is_file():
-        raise SpeculaError(f"no head to continue from in {folder}: it needs a head.json as `specula train-head` writes")
     stored = "eagle" if kind == "eagle3" else kind
-    info = read_info(folder)
+    info = read_info(folder)  # a folder without head.json: refused by check_options before the model loads
     reads_layers = bool(info.config.aux_layers)
     if info.kind != stored or (stored == "eagle" and reads_layers != (kind == "eagle3")):
-        what = "an EAGLE-3" if info.kind == "eagle" and reads_layers else f"an {info.kind}" if info.kind == "eagle" else f"a {info.kind}"
+        what = ("an EAGLE-3" if reads_layers else "an eagle") if info.kind == "eagle" else f"a {info.kind}"
         raise SpeculaError(f"{folder} holds {what} head: it cannot continue as --kind {kind}")
     if kind == "eagle3" and tuple(info.config.aux_layers) != default_aux_layers(target.model.config.num_hidden_layers):
         raise SpeculaError(f"{folder} reads target layers {list(info.config.aux_layers)}, not the ones training reads")

@@ -4,6 +4,7 @@ keeping one path leaves the cache as if only that path had been fed."""
 import pytest
 import torch
 
+from specula.engine.decoding.drafter import Draft, Drafter
 from specula.engine.decoding.tree import TokenTree
 from tests.support.tiny import loaded, tiny_model
 
@@ -72,27 +73,17 @@ def test_a_child_before_its_parent_is_refused(model):
         r.forward(torch.tensor([4, 5, 6]), last=3, tree=TokenTree((-1, 2, 0)))
 
 
-class TreeOracle:
+class TreeOracle(Drafter):
     """A drafter that proposes token trees around the known greedy answer: at every level the right
     token sits among wrong siblings (at a random place), and sometimes the right one is missing."""
 
     name = "tree-oracle"
-    learns_from_tree = False
-    chooses_length = False
 
     def __init__(self, answer: list[int], prompt_len: int, seed: int) -> None:
         self.answer, self.prompt_len = answer, prompt_len
         self.gen = torch.Generator().manual_seed(seed)
 
-    def reset(self) -> None:
-        pass
-
-    def observe(self, accepted: int, next_token: int) -> None:
-        pass
-
     def propose(self, ctx, k):
-        from specula.engine.decoding.drafter import Draft
-
         done = ctx.tokens.shape[0] - self.prompt_len
         tokens, parents, parent = [], [], -1
         for level in range(k):
