@@ -4,7 +4,11 @@ from what ships on the machine, never from an evaluation set:
   (parsed, not imported: importing runs code);
 - the documentation of the installed Python packages (their README, from each distribution's metadata);
 - licence texts (Debian's /usr/share/common-licenses);
-- manual pages (/usr/share/man, with the roff markup stripped).
+- manual pages (/usr/share/man, with the roff markup stripped);
+- for translation into English: the translated messages of the programs' message catalogs
+  (/usr/share/locale/LANG/LC_MESSAGES/*.mo: German, French, Spanish, Italian, Portuguese, Dutch);
+- for short factual questions: the country, currency and language names of the iso-codes package
+  (/usr/share/iso-codes/json), the installed commands' and the standard library modules' names.
 
 Every source is optional: a machine without manual pages or licences gives the others. Texts are cut at
 paragraph boundaries to MIN_CHARS..MAX_CHARS characters (a few hundred to about a thousand tokens).
@@ -14,7 +18,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import gettext
 import gzip
+import json
 import random
 import re
 import sysconfig
@@ -25,6 +31,9 @@ MIN_CHARS = 700
 MAX_CHARS = 4000
 MAN_DIRS = (Path("/usr/share/man/man1"), Path("/usr/share/man/man5"), Path("/usr/share/man/man8"))
 LICENCE_DIR = Path("/usr/share/common-licenses")
+LOCALE_DIR = Path("/usr/share/locale")
+ISO_CODES_DIR = Path("/usr/share/iso-codes/json")
+CATALOG_LANGUAGES = {"de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "pt": "Portuguese", "nl": "Dutch"}
 
 
 @dataclass(frozen=True)
@@ -195,8 +204,103 @@ TASKS = (
 LANGUAGES = ("French", "Spanish", "German", "Italian", "Portuguese", "Chinese")
 
 
+TASKS_FIRST = (
+    "Summarize: {text}", "Summarize the following text.\n\n{text}", "Write a short summary of this:\n\n{text}",
+    "{text}\n\nWhat is this text about?", "Answer the question using the text.\nQuestion: {question}\nText: {text}",
+)
+QUESTIONS_ABOUT = ("What does it do?", "Who is it for?", "What are its limitations?", "How do I start using it?",
+                   "What options does it mention?")
+TASK_FIRST_SHARE = 0.35  # of pasted texts, how many come after their task (as in "Summarize: ...")
+
+
 def document_prompt(doc: Document, rng: random.Random) -> str:
-    """A user message that pastes `doc` and asks one thing about it."""
+    """A user message that pastes `doc` and asks one thing about it, after the text or (TASK_FIRST_SHARE)
+    before it."""
+    if rng.random() < TASK_FIRST_SHARE:
+        return rng.choice(TASKS_FIRST).format(text=doc.text, question=rng.choice(QUESTIONS_ABOUT))
     task = rng.choice(TASKS).format(language=rng.choice(LANGUAGES))
     lead = rng.choice(("", "Here is a text:\n\n", "Read the following document.\n\n", "Text:\n"))
     return f"{lead}{doc.text}\n\n{task}"
+
+
+def _plain_message(text: str) -> bool:
+    """A catalog message that reads as a sentence: 6 to 60 words, no format codes, markup or line breaks."""
+    words = text.split()
+    return (6 <= len(words) <= 60 and not re.search(r"[%{}<>\\\n\t|]|\$\w|--|_\w", text.strip())
+            and sum(c.isalpha() for c in text) > 0.7 * len(text.replace(" ", "")))
+
+
+def catalog_sentences(per_language: int = 1500, seed: int = 0,
+                      root: Path | None = None) -> list[tuple[str, str]]:
+    """(language name, a translated message) from the message catalogs of CATALOG_LANGUAGES: up to
+    `per_language` sentences each, chosen at random among the plain ones (`_plain_message`)."""
+    root = LOCALE_DIR if root is None else root
+    rng = random.Random(seed)
+    out = []
+    for code, language in CATALOG_LANGUAGES.items():
+        found = set()
+        for path in sorted((root / code / "LC_MESSAGES").glob("*.mo")):
+            try:
+                with path.open("rb") as f:
+                    catalog = gettext.GNUTranslations(f)._catalog
+            except (OSError, ValueError, UnicodeDecodeError, KeyError):
+                continue
+            found.update(v.strip() for k, v in catalog.items()
+                         if isinstance(k, str) and k and isinstance(v, str) and v != k and _plain_message(v))
+        chosen = sorted(found)
+        rng.shuffle(chosen)
+        out += [(language, text) for text in chosen[:per_language]]
+    rng.shuffle(out)
+    return out
+
+
+TO_ENGLISH = (
+    "Translate {language} to English: {text}", "Translate into English: {text}",
+    "Translate this {language} sentence into English.\n\n{text}", "What does this mean in English? \"{text}\"",
+    "{text}\n\nTranslate the text above from {language} into English.",
+)
+
+
+def translation_prompt(language: str, text: str, rng: random.Random) -> str:
+    return rng.choice(TO_ENGLISH).format(language=language, text=text)
+
+
+def _iso_names(name: str, key: str) -> list[str]:
+    try:
+        entries = json.loads((ISO_CODES_DIR / f"iso_{name}.json").read_text(encoding="utf-8"))[name]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return sorted({e["name"] for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str)
+                   and (key == "any" or key in e)})
+
+
+QUESTIONS = {
+    "country": ("What is the capital of {x}?", "Where is {x} located?", "Which languages are spoken in {x}?",
+                "What currency is used in {x}?", "What is {x} known for?", "When did {x} become independent?",
+                "What is the population of {x}, roughly?", "Who is the head of state of {x}?",
+                "What is the highest mountain in {x}?", "What are the main exports of {x}?"),
+    "currency": ("Which country uses the {x}?", "What is the {x}?", "Is the {x} still in use?"),
+    "language": ("Where is {x} spoken?", "How many people speak {x}?", "Which language family does {x} belong to?",
+                 "What alphabet is {x} written in?"),
+    "command": ("What does the {x} command do?", "How do I use {x} on Linux?", "What is {x} used for?"),
+    "module": ("What is Python's {x} module for?", "How do I import and use the {x} module in Python?"),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def question_subjects() -> dict[str, list[str]]:
+    """{kind of QUESTIONS: names to ask about}, from what ships on the machine (kinds without names left out)."""
+    commands = sorted({p.name.split(".")[0] for d in MAN_DIRS if d.is_dir() for p in d.glob("*.gz")})
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    modules = sorted(p.stem for p in stdlib.glob("*.py") if not p.stem.startswith("_"))
+    found = {"country": _iso_names("3166-1", "any"), "currency": _iso_names("4217", "any"),
+             "language": _iso_names("639-2", "alpha_2"), "command": commands, "module": modules}
+    return {kind: names for kind, names in found.items() if names}
+
+
+def question_prompt(subjects: dict[str, list[str]], rng: random.Random) -> str | None:
+    """A short factual question about something named on the machine (None when nothing is)."""
+    if not subjects:
+        return None
+    kind = rng.choice(sorted(subjects))
+    return rng.choice(QUESTIONS[kind]).format(x=rng.choice(subjects[kind]))

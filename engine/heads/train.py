@@ -109,18 +109,33 @@ def _passage(rng: random.Random) -> str:
             f"{other} will book the catering, which costs ${price} per day. The next meeting is in two weeks.")
 
 
-def _conversation(rng: random.Random, pairs: list, i: int) -> str:
+def _conversation(rng: random.Random, pairs: list, i: int, sentences: list | tuple = (),
+                  subjects: dict | None = None) -> str:
+    """One first turn: topics x task forms, arithmetic, code, translation both ways (into English from the
+    message catalogs' `sentences`), a short factual question about one of `subjects`, role play, or a
+    question about a short made-up text (a kind without its source falls back to topics x forms)."""
+    from .documents import question_prompt, translation_prompt
+
     kind = rng.random()
-    if kind < 0.55:
+    if kind < 0.45:
         topic, form = pairs[i % len(pairs)]
         return form.format(t=topic)
-    if kind < 0.65:
+    if kind < 0.53:
         return _math(rng)
-    if kind < 0.75:
+    if kind < 0.61:
         return f"Write a {rng.choice(CODE_LANGUAGES)} function that {rng.choice(CODE_TASKS)}. Explain how it works."
-    if kind < 0.82:
+    if kind < 0.65:
         return f"Translate into {rng.choice(LANGUAGES)}: \"{rng.choice(SENTENCES)}\""
+    if kind < 0.73 and sentences:
+        return translation_prompt(*sentences[i % len(sentences)], rng)
+    if kind < 0.82:
+        question = question_prompt(subjects or {}, rng)
+        if question is not None and kind >= 0.73:
+            return question
     if kind < 0.9:
+        if kind < 0.82:  # a kind whose source this machine lacks
+            topic, form = pairs[i % len(pairs)]
+            return form.format(t=topic)
         return f"Imagine you are {rng.choice(ROLES)}. {rng.choice(ROLE_ASKS).format(t=rng.choice(TOPICS))}"
     ask = rng.choice(("Who attends the meeting and what does each person do?", "Summarize this text in one sentence.",
                       "Extract every number in this text and say what it means.", "What is the total cost of catering for three days?",
@@ -140,23 +155,28 @@ FOLLOW_UP_SHARE = 0.5  # of first answers, how many get a second turn (multi-tur
 DOCUMENT_SHARE = 0.3  # of first turns, how many paste a long text (documents.py) to summarise, answer from or extract from
 
 
-def prompt_conversations(n: int, seed: int = 0, documents: tuple | list | None = None) -> list[tuple[Message, ...]]:
-    """n conversations of one user message: topics x task forms, arithmetic word problems, code, translation,
-    role play, questions about a short made-up text, and (DOCUMENT_SHARE of them) a long text that ships on
-    this machine with a task about it (second turns are added while generating). `documents`: the texts to
-    paste (default: documents.shipped_documents)."""
-    from .documents import document_prompt, shipped_documents
+def prompt_conversations(n: int, seed: int = 0, documents: tuple | list | None = None,
+                         sentences: list | tuple | None = None,
+                         subjects: dict | None = None) -> list[tuple[Message, ...]]:
+    """n conversations of one user message: topics x task forms, arithmetic word problems, code, translation
+    both ways, short factual questions, role play, questions about a short made-up text, and (DOCUMENT_SHARE
+    of them) a long text that ships on this machine with a task about it (second turns are added while
+    generating). `documents`, `sentences`, `subjects`: the texts to paste, the sentences to translate into
+    English and the names to ask about (default: what documents.py finds on this machine)."""
+    from .documents import catalog_sentences, document_prompt, question_subjects, shipped_documents
 
     rng = random.Random(seed)
     pairs = [(t, f) for t in TOPICS for f in FORMS]
     rng.shuffle(pairs)
     docs = shipped_documents(seed) if documents is None else documents
+    sentences = catalog_sentences(seed=seed) if sentences is None else sentences
+    subjects = question_subjects() if subjects is None else subjects
     out = []
     for i in range(n):
         if docs and rng.random() < DOCUMENT_SHARE:
             out.append((Message("user", document_prompt(docs[i % len(docs)], rng)),))
         else:
-            out.append((Message("user", _conversation(rng, pairs, i)),))
+            out.append((Message("user", _conversation(rng, pairs, i, sentences, subjects)),))
     return out
 
 

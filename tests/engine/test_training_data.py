@@ -162,3 +162,73 @@ def test_features_kept_while_answering_are_the_feature_passes(ops, tmp_path):
         _store(tmp_path / f"{j:06d}.pt", kept)
         assert _stored(tmp_path / f"{j:06d}.pt", target, a, layers) is not None  # the feature pass reads it
     assert 0 < ended < len(prompts)
+
+
+def _write_mo(path, messages: dict[str, str]) -> None:
+    """A GNU message catalog (.mo) holding `messages` (the format gettext reads: sorted ids, two tables)."""
+    import struct
+
+    keys = sorted(messages)
+    ids, strs = b"", b""
+    offsets = []
+    for k in keys:
+        kb, vb = k.encode(), messages[k].encode()
+        offsets.append((len(ids), len(kb), len(strs), len(vb)))
+        ids += kb + b"\0"
+        strs += vb + b"\0"
+    start = 7 * 4 + 16 * len(keys)
+    table_ids, table_strs = b"", b""
+    for io, il, so, sl in offsets:
+        table_ids += struct.pack("<II", il, start + io)
+        table_strs += struct.pack("<II", sl, start + len(ids) + so)
+    header = struct.pack("<7I", 0x950412DE, 0, len(keys), 7 * 4, 7 * 4 + 8 * len(keys), 0, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(header + table_ids + table_strs + ids + strs)
+
+
+def test_sentences_to_translate_into_english_come_from_the_message_catalogs(tmp_path):
+    _write_mo(tmp_path / "de" / "LC_MESSAGES" / "demo.mo", {
+        "": "Content-Type: text/plain; charset=UTF-8\n",
+        "The file could not be opened because it is locked": "Die Datei konnte nicht geöffnet werden, weil sie gesperrt ist",
+        "cannot open %s for reading today": "%s kann heute nicht zum Lesen geöffnet werden",  # a format code
+        "Quit": "Beenden",  # too short
+        "Show the hidden files in every folder of this view": "Zeige die versteckten Dateien in jedem Ordner dieser Ansicht",
+    })
+    _write_mo(tmp_path / "fr" / "LC_MESSAGES" / "demo.mo", {
+        "": "Content-Type: text/plain; charset=UTF-8\n",
+        "Please wait while the package list is being updated": "Veuillez patienter pendant la mise à jour de la liste des paquets",
+    })
+    (tmp_path / "es" / "LC_MESSAGES").mkdir(parents=True)
+    (tmp_path / "es" / "LC_MESSAGES" / "broken.mo").write_bytes(b"not a catalog")  # skipped, not fatal
+    found = documents.catalog_sentences(seed=3, root=tmp_path)
+    assert sorted(found) == [
+        ("French", "Veuillez patienter pendant la mise à jour de la liste des paquets"),
+        ("German", "Die Datei konnte nicht geöffnet werden, weil sie gesperrt ist"),
+        ("German", "Zeige die versteckten Dateien in jedem Ordner dieser Ansicht"),
+    ]
+    assert documents.catalog_sentences(seed=3, root=tmp_path) == found
+    assert documents.catalog_sentences(root=tmp_path / "missing") == []
+    prompt = documents.translation_prompt(*found[0], random.Random(0))
+    assert found[0][1] in prompt and "English" in prompt
+
+
+def test_prompts_ask_for_translations_into_english_and_short_questions_at_their_share():
+    sentences = [("German", f"Das ist der Satz Nummer {i} zum Übersetzen.") for i in range(50)]
+    subjects = {"country": ["Atlantis", "Utopia"], "command": ["frobnicate"]}
+    convs = [c[0].content for c in prompt_conversations(2000, seed=4, documents=[], sentences=sentences, subjects=subjects)]
+    to_english = [c for c in convs if "zum Übersetzen" in c]
+    questions = [c for c in convs if any(s in c for s in ("Atlantis", "Utopia", "frobnicate"))]
+    assert abs(len(to_english) / len(convs) - 0.08) < 0.03
+    assert abs(len(questions) / len(convs) - 0.09) < 0.03
+    assert all(len(q) < 80 and q.endswith("?") for q in questions)
+    # without those sources, their share goes to topics x task forms: no empty or broken prompt
+    bare = [c[0].content for c in prompt_conversations(500, seed=4, documents=[], sentences=[], subjects={})]
+    assert all(len(c) > 10 for c in bare) and not any("zum Übersetzen" in c for c in bare)
+
+
+def test_some_pasted_texts_come_after_their_task():
+    doc = Document("test:0", "Paragraph of the pasted text. " * 30)
+    prompts = [document_prompt(doc, random.Random(i)) for i in range(300)]
+    first = [p for p in prompts if not p.startswith("Paragraph") and p.rstrip().endswith("pasted text.")]
+    assert abs(len(first) / len(prompts) - documents.TASK_FIRST_SHARE) < 0.1
+    assert all(p.count("Paragraph of the pasted text.") == 30 for p in prompts)
