@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from ..api.errors import SpeculaError, first_line
 from ..api.paths import data_dir
-from ..cpu.products import Dense, can_prepack
+from ..cpu.products import Blocks, Dense, FileBlocks, can_prepack
 from .config import FORMAT, HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head
@@ -89,30 +89,48 @@ def head_for_strategy(target, head, kind: str, make: str) -> nn.Module:
     return for_drafting(load_head(Path(head), target, kind=kind)[0])
 
 
-class _Prepacked(nn.Module):
-    """An nn.Linear whose product is prepacked for oneDNN (`cpu.products.Dense`): inference only. A draft
-    token is one row, where the prepacked product of the head's shapes took half of F.linear's time (bf16,
-    docs/PERFORMANCE.md). The weight stays as the module's parameter (its dtype and device are read)."""
+class _Product(nn.Module):
+    """An nn.Linear whose product is one of `cpu.products`' fast forms, for inference only: prepacked for
+    oneDNN (`Dense`), or the weight quantized to 8-bit blocks through the compiled step's products
+    (`Blocks`). The weight stays as the module's parameter (its dtype and device are read)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, ops=None, blocks: str | None = None) -> None:
         super().__init__()
         self.weight = linear.weight
         self.bias = linear.bias
-        self.product = Dense(linear.weight.detach(), None if linear.bias is None else linear.bias.detach(), prepack=True)
+        bias = None if linear.bias is None else linear.bias.detach()
+        if blocks is not None and ops is not None:
+            self.product = Blocks(ops, [FileBlocks.quantize(linear.weight.detach().float(), blocks)], bias)
+        else:
+            self.product = Dense(linear.weight.detach(), bias, prepack=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.product(x)
+        if x.ndim == 2:
+            return self.product(x)
+        return self.product(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
+
+
+# Drafting reads the head's weights once per draft token, after the target's step has pushed them out of the
+# CPU's caches: in 8-bit blocks they are half the bytes of bf16 (docs/PERFORMANCE.md, "A cheaper head step")
+HEAD_BLOCKS = "Q8_0"
 
 
 def for_drafting(head: nn.Module) -> nn.Module:
-    """A head loaded for a strategy, its linear products prepacked for oneDNN where that applies (a CPU, bf16
-    or fp32; never for training: the packed copy does not follow the weights)."""
-    if not can_prepack(next(head.parameters())):
+    """A head loaded for a strategy, its linear products in their fastest form where one applies (a CPU, bf16
+    or fp32): 8-bit blocks through the compiled step's products once that library is loaded (bf16), else
+    prepacked for oneDNN. Never for training: the fast copy does not follow the weights. The drafts may
+    round otherwise than the head's own products; what the target keeps does not depend on them."""
+    from ..cpu import step
+
+    weight = next(head.parameters())
+    if not can_prepack(weight):
         return head
+    ops = step.ops() if weight.dtype == torch.bfloat16 and HEAD_BLOCKS else None
     for name, module in list(head.named_modules()):
         if isinstance(module, nn.Linear):
             parent_name, _, attr = name.rpartition(".")
-            setattr(head.get_submodule(parent_name) if parent_name else head, attr, _Prepacked(module))
+            blocks = HEAD_BLOCKS if module.in_features % 32 == 0 else None
+            setattr(head.get_submodule(parent_name) if parent_name else head, attr, _Product(module, ops, blocks))
     return head.eval().requires_grad_(False)
 
 

@@ -212,20 +212,49 @@ def test_measuring_trees_on_a_bf16_target_uses_the_heads_as_the_strategy_loads_t
 
 def test_a_head_loaded_for_a_strategy_runs_prepacked_products_with_the_same_predictions(trained):
     from specula.engine.cpu.products import can_prepack
-    from specula.engine.heads.store import _Prepacked, head_for_strategy
+    from specula.engine.heads.store import _Product, head_for_strategy
 
     target, folder, _, seqs = trained
     plain, _ = load_head(folder, target)
     packed = head_for_strategy(target, str(folder), "eagle", "a head")
     assert can_prepack(plain.lm.weight)  # fp32 on a CPU
     assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
-    assert sum(isinstance(m, _Prepacked) for m in packed.modules()) == 9  # fc, q, k, v, o, gate, up, down, lm
+    products = [m.product for m in packed.modules() if isinstance(m, _Product)]
+    assert len(products) == 9 and {p.kind for p in products} == {"prepacked"}  # fc, q, k, v, o, gate, up, down, lm
     seq = seqs[0]
     feats, embeds = seq.features[None, :-1].float(), target.model.get_input_embeddings()(seq.tokens[None, 1:])
     with torch.no_grad():
         torch.testing.assert_close(packed(feats, embeds), plain(feats, embeds), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(packed.draft_logits(packed(feats, embeds)[0]),
                                    plain.draft_logits(plain(feats, embeds)[0]), rtol=1e-4, atol=1e-4)
+
+
+def test_a_bf16_head_drafts_through_8_bit_blocks_and_the_answers_stay_the_targets(trained, ops):
+    """In bf16 with the compiled step's library loaded, a head loaded for a strategy reads its weights as
+    8-bit blocks (half the bytes per draft token): its predictions stay the head's own (they round
+    otherwise) and every answer stays the target's greedy one."""
+    from specula.engine.heads.store import _Product, head_for_strategy
+
+    target, folder, _, seqs = trained
+    low = LoadedModel(copy.deepcopy(target.model).to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16)
+    plain, _ = load_head(folder, low)
+    fast = head_for_strategy(low, str(folder), "eagle", "a head")
+    products = [m.product for m in fast.modules() if isinstance(m, _Product)]
+    assert len(products) == 9 and {p.kind for p in products} == {"blocks"}
+    seq = seqs[0]
+    feats = seq.features[None, :-1].to(torch.bfloat16)
+    embeds = low.model.get_input_embeddings()(seq.tokens[None, 1:])
+    with torch.no_grad():
+        want, got = plain.draft_logits(plain(feats, embeds)[0]), fast.draft_logits(fast(feats, embeds)[0])
+    assert (want.argmax(-1) == got.argmax(-1)).float().mean() > 0.9
+    assert (got - want).abs().max() < 0.1 * want.abs().max()
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(4):
+        prompt = torch.randint(0, 64, (int(torch.randint(2, 20, (1,), generator=gen)),), generator=gen).tolist()
+        config = DecodeConfig(k=2 + trial, max_new_tokens=40)
+        base = list(generate(low.new_runner(), build_drafter("none", low), prompt, config))[-1]
+        spec = list(generate(low.new_runner(), build_drafter("eagle", low, head=str(folder)), prompt, config))[-1]
+        assert spec.token_ids == base.token_ids, trial
 
 
 def test_training_continues_from_a_heads_weights(trained):
