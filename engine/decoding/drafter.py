@@ -56,6 +56,10 @@ class Drafter:
     learns_from_tree: ClassVar[bool] = False
     chooses_length: ClassVar[bool] = False
     aux_layers: tuple[int, ...] = ()
+    # seconds of the last proposal spent catching up: reading positions that a drafter proposing at every
+    # step would have read on the steps before (after plain steps, or a new answer's prompt). The step's
+    # time is booked without them, so one draft after many plain steps is not valued as every draft would be
+    catch_up_s: float = 0.0
     _lengths: DraftLength | None = None
 
     def lengths(self, k: int) -> DraftLength:

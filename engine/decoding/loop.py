@@ -124,10 +124,11 @@ def generate(
         n = 0 if probe else lengths.choose(plain_s) if lengths is not None else k
         step = loop.step(n)
         yield step
+        seconds = max(1e-6, loop.step_seconds - (drafter.catch_up_s if step.k else 0.0))  # within the step's time
         if lengths is not None:
-            lengths.observe(step.drafted, step.accepted, loop.step_seconds, plain_s)
+            lengths.observe(step.drafted, step.accepted, seconds, plain_s)
         elif own and step.k:  # it proposed for this step
-            drafter.observe_step(step.drafted, step.accepted, loop.step_seconds)
+            drafter.observe_step(step.drafted, step.accepted, seconds)
         if config.adaptive_k and not probe:
             k = next_k(k, step.drafted, step.accepted, config.k_max)
     yield loop.finish()

@@ -130,6 +130,10 @@ class Auto(Drafter):
         return self.member.propose(ctx, min(k, length))
 
     @property
+    def catch_up_s(self) -> float:
+        return self.member.catch_up_s if self.member is not None else 0.0
+
+    @property
     def learns_from_tree(self) -> bool:
         return self.member is not None and self.member.learns_from_tree
 

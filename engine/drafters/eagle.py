@@ -53,6 +53,8 @@ class Eagle(Drafter):
         self.norm_w = norm.weight.detach().to(self.dtype)
         self.eps = norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
         self.synced = 0  # positions the head has read with the target's real features
+        self.fresh = 1  # positions the last step kept: what a proposal after it reads without catching up
+        self.catch_up_s = 0.0
         ids = head.draft_ids
         self.ids = ids.to(self.lm_head.weight.device) if ids.numel() else None
         self.sub_weight = (self.lm_head.weight[self.ids].to(self.dtype).contiguous()
@@ -71,6 +73,7 @@ class Eagle(Drafter):
     def reset(self) -> None:
         self.head.truncate(0)
         self.synced = 0
+        self.fresh = 1
         self.costs.pending = None  # the time between generations is no pass
 
     @torch.inference_mode()
@@ -166,20 +169,27 @@ class Eagle(Drafter):
         """Read the features of the positions kept since the last call; the head's prediction of the
         newest position's feature (D,), or None when the target keeps no features."""
         runner, length = ctx.target, ctx.tokens.shape[0]
+        self.catch_up_s = 0.0
         if runner is None or not runner.keeps_features or length - 1 > runner.length or self.synced >= length - 1:
             return None
+        if self.aux_layers and tuple(getattr(runner, "aux_layers", ())) != self.aux_layers:  # it keeps other layers
+            return None
         self.head.truncate(self.synced)
-        if self.aux_layers:
-            if tuple(getattr(runner, "aux_layers", ())) != self.aux_layers:  # the runner keeps other layers
-                return None
-            feats = runner.aux_features(self.synced, length - 1).to(self.dtype)
-        else:
-            feats = runner.features(self.synced, length - 1).to(self.dtype)
+        behind = length - 1 - self.synced
+        if behind > self.fresh:  # positions of steps it did not propose for: read first, timed apart
+            t0 = time.perf_counter()
+            self._read(runner, ctx.tokens, length - 1 - self.fresh)
+            self.catch_up_s = time.perf_counter() - t0
+        return self._read(runner, ctx.tokens, length - 1)
+
+    def _read(self, runner, tokens: torch.Tensor, end: int) -> torch.Tensor:
+        """The head over positions synced..end-1 with the target's features; its output at the last."""
+        feats = (runner.aux_features if self.aux_layers else runner.features)(self.synced, end).to(self.dtype)
         if self.normed:
             feats = self._norm(feats)
-        tokens = ctx.tokens[self.synced + 1 : length].to(feats.device)
-        out = self.head(feats[None], self.embed(tokens)[None], start=self.synced, use_cache=True)[0, -1]
-        self.synced = length - 1
+        nexts = tokens[self.synced + 1 : end + 1].to(feats.device)
+        out = self.head(feats[None], self.embed(nexts)[None], start=self.synced, use_cache=True)[0, -1]
+        self.synced = end
         return out
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -217,6 +227,7 @@ class Eagle(Drafter):
 
     def observe(self, accepted: int, next_token: int) -> None:
         self.costs.accepted(accepted)  # the next propose() re-reads the kept positions with real features
+        self.fresh = accepted + 1
 
 
 class _Costs:

@@ -251,3 +251,59 @@ def test_an_unreadable_head_is_skipped_with_a_note_that_names_its_file(trained, 
     assert any("no-info" in w and "skipped" in w for w in warnings) and len(warnings) == 2
     with pytest.raises(SpeculaError, match=f"the draft head {weights} is unreadable"):
         build_drafter("eagle", target, head=str(tmp_path / "heads" / "truncated"))
+
+
+def test_positions_the_head_catches_up_on_are_timed_apart_and_draft_the_same(trained):
+    """After plain steps (or a new answer's prompt), the head first reads the positions it skipped, timed
+    apart as catch_up_s, then the ones the last step kept: the draft is the one a single read gives, and a
+    proposal right after its own step catches up on nothing."""
+    from specula.engine.decoding.drafter import DraftContext
+
+    target, folder, _, seqs = trained
+    tokens = seqs[0].tokens
+    runner = target.new_runner()
+    runner.forward(tokens[:-1])
+    at = seqs[0].answer_start + 10
+    split, whole = (build_drafter("eagle", target, head=str(folder)) for _ in range(2))
+    params = SamplingParams()
+    first = split.propose(DraftContext(tokens[:at], 3, params, None, runner), 3)
+    assert split.catch_up_s > 0  # the prompt and the first answer tokens
+    whole.fresh = at  # as if every position before were kept by its last step: one read
+    same = whole.propose(DraftContext(tokens[:at], 3, params, None, runner), 3)
+    assert whole.catch_up_s == 0 and first.tokens.tolist() == same.tokens.tolist()
+    split.observe(1, int(tokens[at + 1]))  # its draft's first token kept: two new positions
+    split.propose(DraftContext(tokens[: at + 2], 3, params, None, runner), 3)
+    assert split.catch_up_s == 0
+    split.observe(0, int(tokens[at + 2]))
+    split.propose(DraftContext(tokens[: at + 8], 3, params, None, runner), 3)  # five plain steps in between
+    assert split.catch_up_s > 0
+
+
+def test_the_length_policy_books_a_step_without_the_drafters_catching_up(trained, monkeypatch):
+    """The decoder books each drafting step's time less the drafter's catch-up, so a draft after a run of
+    plain steps is valued as drafting at every step would cost."""
+    from specula.engine.decoding import length as length_module
+
+    target, folder, _, _ = trained
+    booked = []
+    real = length_module.DraftLength.observe
+
+    def spy(self, drafted, accepted, seconds, plain_s):
+        booked.append((drafted, seconds))
+        return real(self, drafted, accepted, seconds, plain_s)
+
+    monkeypatch.setattr(length_module.DraftLength, "observe", spy)
+    drafter = build_drafter("eagle", target, head=str(folder))
+    catch_ups = []
+    propose = drafter.propose
+
+    def timed(ctx, k):
+        draft = propose(ctx, k)
+        drafter.catch_up_s += 5.0  # a catch-up far longer than any step here
+        catch_ups.append(drafter.catch_up_s)
+        return draft
+
+    drafter.propose = timed
+    list(generate(target.new_runner(), drafter, [3, 4, 5, 6], DecodeConfig(k=3, max_new_tokens=20)))
+    drafting = [s for d, s in booked if d > 0]
+    assert catch_ups and drafting and all(s <= 1e-6 for s in drafting)  # each less the 5 s it was told of
