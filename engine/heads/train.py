@@ -126,16 +126,16 @@ def _conversation(rng: random.Random, pairs: list, i: int, sentences: list | tup
         return f"Write a {rng.choice(CODE_LANGUAGES)} function that {rng.choice(CODE_TASKS)}. Explain how it works."
     if kind < 0.65:
         return f"Translate into {rng.choice(LANGUAGES)}: \"{rng.choice(SENTENCES)}\""
-    if kind < 0.73 and sentences:
-        return translation_prompt(*sentences[i % len(sentences)], rng)
     if kind < 0.82:
-        question = question_prompt(subjects or {}, rng)
-        if question is not None and kind >= 0.73:
-            return question
+        if kind < 0.73:
+            made = translation_prompt(*sentences[i % len(sentences)], rng) if sentences else None
+        else:
+            made = question_prompt(subjects or {}, rng)
+        if made is not None:
+            return made
+        topic, form = pairs[i % len(pairs)]  # a kind whose source this machine lacks
+        return form.format(t=topic)
     if kind < 0.9:
-        if kind < 0.82:  # a kind whose source this machine lacks
-            topic, form = pairs[i % len(pairs)]
-            return form.format(t=topic)
         return f"Imagine you are {rng.choice(ROLES)}. {rng.choice(ROLE_ASKS).format(t=rng.choice(TOPICS))}"
     ask = rng.choice(("Who attends the meeting and what does each person do?", "Summarize this text in one sentence.",
                       "Extract every number in this text and say what it means.", "What is the total cost of catering for three days?",
