@@ -54,7 +54,6 @@ class Eagle(Drafter):
         self.eps = norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
         self.synced = 0  # positions the head has read with the target's real features
         self.fresh = 1  # positions the last step kept: what a proposal after it reads without catching up
-        self.catch_up_s = 0.0
         ids = head.draft_ids
         self.ids = ids.to(self.lm_head.weight.device) if ids.numel() else None
         self.sub_weight = (self.lm_head.weight[self.ids].to(self.dtype).contiguous()

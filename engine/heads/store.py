@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from ..api.errors import SpeculaError, first_line
 from ..api.paths import data_dir
-from ..cpu.products import Blocks, Dense, FileBlocks, can_prepack
+from ..cpu.products import GROUP, Blocks, Dense, FileBlocks, can_prepack
 from .config import FORMAT, HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head
@@ -129,7 +129,7 @@ def for_drafting(head: nn.Module) -> nn.Module:
     for name, module in list(head.named_modules()):
         if isinstance(module, nn.Linear):
             parent_name, _, attr = name.rpartition(".")
-            blocks = HEAD_BLOCKS if module.in_features % 32 == 0 else None
+            blocks = HEAD_BLOCKS if module.in_features % GROUP == 0 else None  # whole blocks of 32
             setattr(head.get_submodule(parent_name) if parent_name else head, attr, _Product(module, ops, blocks))
     return head.eval().requires_grad_(False)
 
