@@ -79,6 +79,11 @@ class Drafter:
     def observe(self, accepted: int, next_token: int) -> None:
         """The target kept `accepted` draft tokens, then produced `next_token`."""
 
+    def passed(self, accepted: int) -> None:
+        """A step this drafter did not propose for (another member of auto's did, or none) kept `accepted`
+        draft tokens and the target's next: drafters that read every kept position learn which ones the next
+        proposal would have read anyway, had it proposed for this step."""
+
     def observe_tree(self, best: dict[int, int]) -> None:
         """The target's argmax after each scored draft token (learns_from_tree drafters)."""
 

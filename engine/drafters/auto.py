@@ -143,6 +143,9 @@ class Auto(Drafter):
     def observe(self, accepted: int, next_token: int) -> None:
         if self.member is not None:
             self.member.observe(accepted, next_token)
+        for drafter, _ in self.heads.values():
+            if drafter is not self.member:
+                drafter.passed(accepted)
 
     def observe_step(self, drafted: int, accepted: int, seconds: float) -> None:
         """The decoder's timing of the step this drafter proposed for: booked under its choice."""

@@ -228,6 +228,9 @@ class Eagle(Drafter):
         self.costs.accepted(accepted)  # the next propose() re-reads the kept positions with real features
         self.fresh = accepted + 1
 
+    def passed(self, accepted: int) -> None:
+        self.fresh = accepted + 1  # the positions before this step's are caught up on
+
 
 class _Costs:
     """How large a tree pays: the head's path probabilities say how many tokens each extra node is

@@ -32,6 +32,8 @@ class EagleHead(nn.Module):
     # heads; the drafter puts predictions through the target's norm and LM head), or after it (published
     # EAGLE heads: predictions go to the LM head as they are)
     reads_normed = False
+    # the layer through the compiled step while drafting (`native.NativeLayer`, set by `store.for_drafting`)
+    native = None
 
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
@@ -61,6 +63,9 @@ class EagleHead(nn.Module):
         values go to the drafting cache at positions start.. and attention sees the cache before them."""
         c = self.config
         b, t, _ = features.shape
+        if use_cache and self.native is not None:
+            h, e = self.native_inputs(features[0], next_embeds[0])
+            return self.native.run(h, e, start)[None]
         h, x = self.inputs(features, next_embeds)
         q = self.q(x).view(b, t, c.heads, c.head_dim).transpose(1, 2)
         k = self.k(x).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
@@ -87,6 +92,9 @@ class EagleHead(nn.Module):
         itself) -> predicted features (n, D)."""
         c = self.config
         n = features.shape[0]
+        if self.native is not None:
+            h, e = self.native_inputs(features, next_embeds)
+            return self.native.run(h, e, slot, positions, visible)
         h, x = self.inputs(features, next_embeds)
         q = self.q(x).view(n, c.heads, c.head_dim).transpose(0, 1)
         k = self.k(x).view(n, c.kv_heads, c.head_dim).transpose(0, 1)
@@ -108,6 +116,11 @@ class EagleHead(nn.Module):
         """A position's residual stream entering the layer, and what its attention reads."""
         h = self.combine(features, next_embeds)
         return h, self.attn_norm(h)
+
+    def native_inputs(self, features: torch.Tensor, next_embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What the native layer takes: the residual stream entering the layer, and the embeddings where its
+        attention reads them beside it (EAGLE-3), else None."""
+        return self.combine(features, next_embeds), None
 
     def _rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotary tables at these positions, from a table kept between calls (drafting calls this per token)."""

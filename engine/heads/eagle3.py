@@ -51,9 +51,13 @@ class Eagle3Head(EagleHead):
         h = self.fc(features) if features.shape[-1] != self.config.hidden else features
         return h, torch.cat((self.input_norm(next_embeds), self.hidden_norm(h)), dim=-1)
 
+    def native_inputs(self, features: torch.Tensor, next_embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return (self.fc(features) if features.shape[-1] != self.config.hidden else features), next_embeds
+
     def draft_logits(self, outs: torch.Tensor) -> torch.Tensor:
         """(n, H) outputs -> (n, draft vocabulary) fp32 logits."""
-        return self.lm(self.final_norm(outs)).float()
+        normed = self.final_norm(outs) if self.native is None else self.native.norm(outs, self.final_norm)
+        return self.lm(normed).float()
 
     def unrolled(self, aux: torch.Tensor, next_embeds: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Training-time test: aux (B, T, len(aux_layers) * D), the embeddings of the tokens after each

@@ -12,6 +12,7 @@ import torch.nn as nn
 from ..api.errors import SpeculaError, first_line
 from ..api.paths import data_dir
 from ..cpu.products import GROUP, Blocks, Dense, FileBlocks, can_prepack
+from . import native
 from .config import FORMAT, HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head
@@ -113,12 +114,15 @@ class _Product(nn.Module):
 # Drafting reads the head's weights once per draft token, after the target's step has pushed them out of the
 # CPU's caches: in 8-bit blocks they are half the bytes of bf16 (docs/PERFORMANCE.md, "A cheaper head step")
 HEAD_BLOCKS = "Q8_0"
+# an EAGLE head's decoder layer in one call of the compiled step (`native.py`), where its products are blocks
+NATIVE_LAYER = True
+_LAYER_PRODUCTS = {"q", "k", "v", "o", "gate", "up", "down"}
 
 
 def for_drafting(head: nn.Module) -> nn.Module:
     """A head loaded for a strategy, its linear products in their fastest form where one applies (a CPU, bf16
-    or fp32): 8-bit blocks through the compiled step's products once that library is loaded (bf16), else
-    prepacked for oneDNN. Never for training: the fast copy does not follow the weights. The drafts may
+    or fp32): 8-bit blocks through the compiled step's products once that library is loaded (bf16), an EAGLE
+    head's decoder layer then in one call of it (`native.py`); else prepacked for oneDNN. Never for training: the fast copy does not follow the weights. The drafts may
     round otherwise than the head's own products; what the target keeps does not depend on them."""
     from ..cpu import step
 
@@ -126,7 +130,11 @@ def for_drafting(head: nn.Module) -> nn.Module:
     if not can_prepack(weight):
         return head
     ops = step.ops() if weight.dtype == torch.bfloat16 and HEAD_BLOCKS else None
+    if ops is not None and NATIVE_LAYER and isinstance(head, EagleHead) and native.applies(head):
+        head.native = native.NativeLayer(ops, head, HEAD_BLOCKS)
     for name, module in list(head.named_modules()):
+        if getattr(head, "native", None) is not None and name in _LAYER_PRODUCTS:
+            continue  # run by the native layer
         if isinstance(module, nn.Linear):
             parent_name, _, attr = name.rpartition(".")
             blocks = HEAD_BLOCKS if module.in_features % GROUP == 0 else None  # whole blocks of 32

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specula.engine.api.types import SamplingParams
-from specula.engine.decoding.drafter import Draft, DraftContext
+from specula.engine.decoding.drafter import Draft, DraftContext, Drafter
 from specula.engine.drafters import auto as auto_module
 from specula.engine.drafters.auto import Auto
 from specula.engine.drafters.lookahead import Lookahead
@@ -18,24 +18,17 @@ class Clock:
         return self.now
 
 
-class Guesser:
+class Guesser(Drafter):
     """A head stand-in that always drafts four tokens (fewer when k is smaller)."""
 
-    learns_from_tree = False
-    chooses_length = False
+    name = "guesser"
 
     def __init__(self):
         self.lengths = []
 
-    def reset(self):
-        pass
-
     def propose(self, ctx, k):
         self.lengths.append(min(k, 4))
         return Draft(torch.tensor([1, 2, 3, 4][:k]))
-
-    def observe(self, accepted, next_token):
-        pass
 
 
 def drive(auto, steps, cost, kept, tokens=(5, 6, 7, 8, 9), timed=True):

@@ -279,6 +279,39 @@ def test_positions_the_head_catches_up_on_are_timed_apart_and_draft_the_same(tra
     assert split.catch_up_s > 0
 
 
+def test_under_auto_the_head_hears_what_the_steps_it_did_not_draft_for_kept(trained):
+    """auto tells its eagle member what each step another member (or none) proposed for kept, so the head's
+    next proposal counts as catch-up only the positions before that step, as it would after its own step."""
+    from specula.engine.decoding.drafter import DraftContext
+    from specula.engine.drafters.auto import Auto
+
+    target, folder, _, seqs = trained
+    tokens = seqs[0].tokens
+    runner = target.new_runner()
+    runner.forward(tokens[:-1])
+    at = seqs[0].answer_start + 10
+    eagle = build_drafter("eagle", target, head=str(folder))
+    auto = Auto({"eagle": (eagle, 3)})
+    params = SamplingParams()
+    auto.member = eagle  # a step the head proposed for: it hears it itself
+    eagle.propose(DraftContext(tokens[:at], 3, params, None, runner), 3)
+    auto.observe(2, int(tokens[at + 2]))
+    assert eagle.fresh == 3
+    auto.member = auto.lookup  # then prompt lookup's step kept three drafts and the target's token
+    auto.observe(3, int(tokens[at + 6]))
+    assert eagle.fresh == 4
+    auto.member = None  # then a plain step
+    auto.observe(0, int(tokens[at + 7]))
+    assert eagle.fresh == 1
+    after = DraftContext(tokens[: at + 8], 3, params, None, runner)
+    auto.member = eagle
+    draft = eagle.propose(after, 3)
+    assert eagle.catch_up_s > 0  # the seven positions of the two steps before the last
+    again = build_drafter("eagle", target, head=str(folder))
+    again.fresh = at + 7  # one read of everything: the same draft
+    assert again.propose(after, 3).tokens.tolist() == draft.tokens.tolist() and again.catch_up_s == 0
+
+
 def test_the_length_policy_books_a_step_without_the_drafters_catching_up(trained, monkeypatch):
     """The decoder books each drafting step's time less the drafter's catch-up, so a draft after a run of
     plain steps is valued as drafting at every step would cost."""

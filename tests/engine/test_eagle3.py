@@ -229,32 +229,66 @@ def test_a_head_loaded_for_a_strategy_runs_prepacked_products_with_the_same_pred
                                    plain.draft_logits(plain(feats, embeds)[0]), rtol=1e-4, atol=1e-4)
 
 
-def test_a_bf16_head_drafts_through_8_bit_blocks_and_the_answers_stay_the_targets(trained, ops):
-    """In bf16 with the compiled step's library loaded, a head loaded for a strategy reads its weights as
-    8-bit blocks (half the bytes per draft token): its predictions stay the head's own (they round
-    otherwise) and every answer stays the target's greedy one."""
+def test_a_bf16_head_drafts_through_its_layer_in_one_call_and_the_answers_stay_the_targets(trained, ops):
+    """In bf16 with the compiled step's library loaded, a head loaded for a strategy runs its decoder layer in
+    one call of the compiled step (its products as 8-bit blocks, its drafting cache beside them) and its fc and
+    LM head as 8-bit blocks: read together or one position at a time (the same bits), or as a tree, its
+    predictions stay the head's own (they round otherwise), and every answer stays the target's greedy one."""
     from specula.engine.heads.store import _Product, head_for_strategy
 
     target, folder, _, seqs = trained
     low = LoadedModel(copy.deepcopy(target.model).to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16)
     plain, _ = load_head(folder, low)
     fast = head_for_strategy(low, str(folder), "eagle", "a head")
+    assert fast.native is not None and plain.native is None
     products = [m.product for m in fast.modules() if isinstance(m, _Product)]
-    assert len(products) == 9 and {p.kind for p in products} == {"blocks"}
+    assert len(products) == 2 and {p.kind for p in products} == {"blocks"}  # fc and the LM head
     seq = seqs[0]
     feats = seq.features[None, :-1].to(torch.bfloat16)
     embeds = low.model.get_input_embeddings()(seq.tokens[None, 1:])
+    n = feats.shape[1]
+
+    def near(got, want):
+        assert (got.float() - want.float()).abs().max() < 0.1 * want.float().abs().max()
+
     with torch.no_grad():
-        want, got = plain.draft_logits(plain(feats, embeds)[0]), fast.draft_logits(fast(feats, embeds)[0])
-    assert (want.argmax(-1) == got.argmax(-1)).float().mean() > 0.9
-    assert (got - want).abs().max() < 0.1 * want.abs().max()
+        want, got = plain(feats, embeds, use_cache=True), fast(feats, embeds, use_cache=True)
+        near(got, want)
+        assert (plain.draft_logits(want[0]).argmax(-1) == fast.draft_logits(got[0]).argmax(-1)).float().mean() > 0.9
+        # one position at a time over the same slots: each row's bits do not depend on the call's other rows
+        alone = torch.cat([fast(feats[:, i : i + 1], embeds[:, i : i + 1], start=i, use_cache=True) for i in range(n)], 1)
+        assert torch.equal(alone, got)
+        # a tree after n - 1 read positions, each row at its own slot: rows 0 and 1 a chain (the context, then
+        # row 0), row 2 sees slot 0 and itself only (a mask no chain makes)
+        for head in (plain, fast):
+            head.truncate(0)
+            head(feats[:, : n - 1], embeds[:, : n - 1], use_cache=True)
+        visible = torch.zeros(3, n + 2, dtype=torch.bool)
+        visible[:2, : n - 1] = True
+        visible[1, n - 1] = True
+        visible[2, 0] = True
+        for row in range(3):
+            visible[row, n - 1 + row] = True
+        h, e, positions = feats[0, -1].expand(3, -1).clone(), embeds[0, -3:], torch.tensor([n - 1, n, n])
+        want_tree = plain.forward_tree(h, e, positions, n - 1, visible)
+        got_tree = fast.forward_tree(h, e, positions, n - 1, visible)
+        near(got_tree, want_tree)
+        everything = visible.clone()
+        everything[2, : n - 1] = True
+        want_all = plain.forward_tree(h, e, positions, n - 1, everything)
+        assert (got_tree[2] - want_tree[2]).abs().max() < 0.25 * (want_all[2] - want_tree[2]).abs().max()
+        # rows 0 and 1 are the chain's rows, bit for bit
+        assert torch.equal(got_tree[0], fast(h[None, :1], e[None, :1], start=n - 1, use_cache=True)[0, 0])
+        assert torch.equal(got_tree[1], fast(h[None, 1:2], e[None, 1:2], start=n, use_cache=True)[0, 0])
     gen = torch.Generator().manual_seed(5)
     for trial in range(4):
         prompt = torch.randint(0, 64, (int(torch.randint(2, 20, (1,), generator=gen)),), generator=gen).tolist()
         config = DecodeConfig(k=2 + trial, max_new_tokens=40)
         base = list(generate(low.new_runner(), build_drafter("none", low), prompt, config))[-1]
-        spec = list(generate(low.new_runner(), build_drafter("eagle", low, head=str(folder)), prompt, config))[-1]
-        assert spec.token_ids == base.token_ids, trial
+        for tree in (False, True):
+            spec = build_drafter("eagle", low, head=str(folder), tree=tree)
+            assert spec.head.native is not None
+            assert list(generate(low.new_runner(), spec, prompt, config))[-1].token_ids == base.token_ids, (trial, tree)
 
 
 def test_training_continues_from_a_heads_weights(trained):

@@ -197,14 +197,16 @@ void transpose_keys(const float* kc, float* kt, int64_t kv, int64_t hd, int64_t 
 }
 
 // Attention of query rows (H, T, hd) over the fp32 cache: row r sees slots 0..start-1 and the slots
-// start + j of the rows j it descends from (`ancestors` (T, T), or j <= r for a chain), in slot order.
+// start + j of the rows j it descends from (`ancestors` (T, T), or j <= r for a chain), in slot order;
+// or, where `visible` (T, start + T) is given, the slots up to start + r that it allows (a draft head's
+// tree: the real context and the node's ancestors, written by earlier calls).
 // Out (T, H * hd) in the model's dtype. A thread takes a query head and all its rows, so each block of
 // keys and each value is read once per head: scores come from the transposed keys, KB keys at a time,
 // each a sum over the head's dimensions in order; a row's softmax sum runs over its own keys in order,
 // and its values are summed in slot order. No sum depends on the other rows of the call.
 template <typename T>
-void attend(const float* q, const float* kt, const float* vc, const bool* ancestors, T* out, int64_t t, int64_t h,
-            int64_t kv, int64_t hd, int64_t cap, int64_t start) {
+void attend(const float* q, const float* kt, const float* vc, const bool* ancestors, const bool* visible, T* out,
+            int64_t t, int64_t h, int64_t kv, int64_t hd, int64_t cap, int64_t start) {
   int64_t groups = h / kv;
   int64_t last = start + t;  // slots scored: 0..last-1
   int64_t blocks = (last + KB - 1) / KB;
@@ -213,16 +215,21 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
   std::vector<uint8_t> allowed(t * width, 0);
   std::vector<int64_t> ends(t);  // one past row r's last slot
   for (int64_t r = 0; r < t; ++r) {
+    ends[r] = start + r + 1;
+    if (visible) {
+      for (int64_t slot = 0; slot < ends[r]; ++slot) allowed[r * width + slot] = visible[r * last + slot];
+      continue;
+    }
     std::fill(allowed.begin() + r * width, allowed.begin() + r * width + start, 1);
     for (int64_t j = 0; j <= r; ++j)
       if (ancestors ? ancestors[r * t + j] : true) allowed[r * width + start + j] = 1;
-    ends[r] = start + r + 1;
   }
+  const bool gather = ancestors || visible;  // rows that skip slots: their keys gathered for the softmax
   at::parallel_for(0, h, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> p(t * width);
     std::vector<float> acc(t * hd);
     std::vector<float> total(t);
-    std::vector<float> gathered(ancestors ? width : 0);
+    std::vector<float> gathered(gather ? width : 0);
     for (int64_t head = begin; head < end; ++head) {
       const float* kh = kt + (head / groups) * cap * hd;
       const float* v = vc + (head / groups) * cap * hd;
@@ -257,7 +264,7 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
         float* pr = p.data() + r * width;
         int64_t n = ends[r];
         float* e = pr;  // a chain row's keys are slots 0..n-1
-        if (ancestors) {  // a tree row's keys gathered in order: element i is key i, as in the chain
+        if (gather) {  // a tree row's keys gathered in order: element i is key i, as in the chain
           const uint8_t* ok = allowed.data() + r * width;
           n = 0;
           for (int64_t i = 0; i < ends[r]; ++i)
@@ -276,7 +283,7 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
         for (int w = LANES / 2; w > 0; w /= 2)
           for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
         total[r] = lanes[0];
-        if (ancestors) {  // back to the row's slots
+        if (gather) {  // back to the row's slots
           const uint8_t* ok = allowed.data() + r * width;
           for (int64_t k = 0, slot = 0; slot < ends[r]; ++slot)
             if (ok[slot]) pr[slot] = e[k++];
@@ -374,7 +381,8 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
                                  kc, v_cache.data_ptr<float>() + layer_off, t, h, kv, hd, cap, start, static_cast<float>(m->scale));
       transpose_keys(kc, kt, kv, hd, cap, start, start + t);
       attend<scalar_t>(q.data_ptr<float>(), kt, v_cache.data_ptr<float>() + layer_off,
-                       anc.defined() ? anc.data_ptr<bool>() : nullptr, attn.data_ptr<scalar_t>(), t, h, kv, hd, cap, start);
+                       anc.defined() ? anc.data_ptr<bool>() : nullptr, nullptr, attn.data_ptr<scalar_t>(), t, h, kv, hd, cap,
+                       start);
       finish_layer<scalar_t>(x, attn, act, layer, *m);
     }
   });
@@ -433,11 +441,61 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
           rotate_and_store<scalar_t>(qkv.data_ptr<scalar_t>() + b * qkv.size(1), cos[b].data_ptr<float>(), sin[b].data_ptr<float>(),
                                      &start, qb, kc, vc, 1, h, kv, hd, cap, start, static_cast<float>(m->scale));
           transpose_keys(kc, kt, kv, hd, cap, start, start + 1);
-          attend<scalar_t>(qb, kt, vc, nullptr, attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start);
+          attend<scalar_t>(qb, kt, vc, nullptr, nullptr, attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start);
         }
       });
       finish_layer<scalar_t>(x, attn, act, layer, *m);
     }
+  });
+  return x;
+}
+
+// A draft head's decoder layer (EAGLE: a one-layer model registered by `prepare`) over t rows at cache slots
+// start..start+t-1. h (t, D): the residual stream entering; the attention reads rms(h, in_norm), or, where e
+// (t, D) is given (EAGLE-3: the next tokens' embeddings), [rms(e, e_norm), rms(h, in_norm)] (2D). Row r has
+// rotary position pos[r] and sees the slots `visible` (t, start + t) allows, or 0..start+r. The caches
+// (kv, cap, hd) fp32 and the transposed keys (kv, cap / KB, hd, KB) get the new rows. -> the layer's output.
+Tensor head_layer(int64_t handle, const Tensor& h_in, const c10::optional<Tensor>& e, const c10::optional<Tensor>& e_norm,
+                  const Tensor& k_cache, const Tensor& v_cache, const Tensor& kt_cache, const Tensor& cos, const Tensor& sin,
+                  const Tensor& pos, int64_t start, const c10::optional<Tensor>& visible) {
+  const Model* m = model_of(handle, 1);
+  TORCH_CHECK(!m->layers.empty(), "a released head");
+  const Layer& layer = m->layers[0];
+  Tensor x = h_in.contiguous().clone();
+  int64_t t = x.size(0), h = m->n_heads, kv = m->n_kv, hd = m->head_dim;
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(0) == kv && k_cache.size(2) == hd && k_cache.scalar_type() == at::kFloat &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes(),
+              "fp32 contiguous caches (kv, capacity, head_dim)");
+  int64_t cap = k_cache.size(1);
+  TORCH_CHECK(start >= 0 && start + t <= cap, "the cache holds ", cap, " positions");
+  TORCH_CHECK(cap % KB == 0 && kt_cache.is_contiguous() && kt_cache.numel() == k_cache.numel(), "a transposed key cache");
+  TORCH_CHECK(pos.scalar_type() == at::kLong && pos.numel() == t, "a rotary position per row");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous() && cos.size(1) == hd &&
+                  sin.sizes() == cos.sizes(),
+              "fp32 rotary tables (positions, head_dim)");
+  TORCH_CHECK(!visible || (visible->scalar_type() == at::kBool && visible->size(0) == t && visible->size(1) == start + t),
+              "visible: (rows, start + rows) bool");
+  TORCH_CHECK(!e || (e_norm && e->sizes() == x.sizes() && e->scalar_type() == x.scalar_type()), "e: as h, with its norm");
+  Tensor a = rms_norm(x, layer.in_norm, m->eps);
+  if (e) a = at::cat({rms_norm(*e, *e_norm, m->eps), a}, 1);
+  Tensor q = at::empty({h, t, hd}, x.options().dtype(at::kFloat));
+  Tensor attn = at::empty({t, h * hd}, x.options());
+  Tensor act = at::empty({t, m->inter}, x.options());
+  Tensor vis = visible ? visible->contiguous() : Tensor();
+  Tensor p = pos.contiguous();
+  for (int64_t r = 0; r < t; ++r)
+    TORCH_CHECK(p.data_ptr<int64_t>()[r] >= 0 && p.data_ptr<int64_t>()[r] < cos.size(0), "a position past the rotary tables");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "head_layer", [&] {
+    Tensor qkv = layer.qkv(a).contiguous();
+    float* kc = k_cache.data_ptr<float>();
+    float* kt = kt_cache.data_ptr<float>();
+    rotate_and_store<scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p.data_ptr<int64_t>(),
+                               q.data_ptr<float>(), kc, v_cache.data_ptr<float>(), t, h, kv, hd, cap, start,
+                               static_cast<float>(m->scale));
+    transpose_keys(kc, kt, kv, hd, cap, start, start + t);
+    attend<scalar_t>(q.data_ptr<float>(), kt, v_cache.data_ptr<float>(), nullptr, vis.defined() ? vis.data_ptr<bool>() : nullptr,
+                     attn.data_ptr<scalar_t>(), t, h, kv, hd, cap, start);
+    finish_layer<scalar_t>(x, attn, act, layer, *m);
   });
   return x;
 }
@@ -453,6 +511,8 @@ TORCH_LIBRARY(specula_step, lib) {
   lib.def("forward_rows(int handle, Tensor x, Tensor[] k_caches, Tensor[] v_caches, Tensor[] kt_caches, int[] kt_from, "
           "Tensor[] cos, Tensor[] sin, int[] starts, int n_layers, Tensor? aux=None, int[] aux_layers=[]) -> Tensor",
           &forward_rows);
+  lib.def("head_layer(int handle, Tensor h, Tensor? e, Tensor? e_norm, Tensor k_cache, Tensor v_cache, Tensor kt_cache, "
+          "Tensor cos, Tensor sin, Tensor pos, int start, Tensor? visible) -> Tensor", &head_layer);
   lib.def("release(int handle) -> ()", &release);
   lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
   lib.def("blocks_pack(Tensor raw, int format) -> Tensor", &blocks::pack_op);
