@@ -122,8 +122,9 @@ _LAYER_PRODUCTS = {"q", "k", "v", "o", "gate", "up", "down"}
 def for_drafting(head: nn.Module) -> nn.Module:
     """A head loaded for a strategy, its linear products in their fastest form where one applies (a CPU, bf16
     or fp32): 8-bit blocks through the compiled step's products once that library is loaded (bf16), an EAGLE
-    head's decoder layer then in one call of it (`native.py`); else prepacked for oneDNN. Never for training: the fast copy does not follow the weights. The drafts may
-    round otherwise than the head's own products; what the target keeps does not depend on them."""
+    head's decoder layer then in one call of it (`native.py`); else prepacked for oneDNN. Never for training:
+    the fast copy does not follow the weights. The drafts may round otherwise than the head's own products;
+    what the target keeps does not depend on them."""
     from ..cpu import step
 
     weight = next(head.parameters())
