@@ -34,37 +34,40 @@ def test_the_compiled_forward_is_the_models_forward_in_fp32(ops):
     assert torch.allclose(ours, ref, atol=1e-4, rtol=1e-4), (ours - ref).abs().max()
 
 
-@pytest.mark.parametrize("form", ["native", "mixed blocks", "bf16"])
-def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form):
+@pytest.mark.parametrize("form,c", [("native", 40), ("mixed blocks", 40), ("bf16", 40), ("native", 301), ("fp32", 301)])
+def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form, c):
+    """c: the context before the pass; 301 spans several blocks of keys scored together and several chunks of
+    values summed together, with an odd number of keys before the pass's rows (the sums take keys by rank)."""
     model = tiny_model(vocab=64, layers=3, seed=6)
     if form == "native":
         target = native(model)
     elif form == "mixed blocks":  # fused parts of several formats, and the LM head in Q8_0
         target = native(model, formats=("Q4_1", "Q8_0", "Q4_0"), head="Q8_0")
-    else:
-        target = LoadedModel(model.to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16)
+    else:  # dense weights: the attention's last bits reach the logits (int8 or bf16 activations round them off)
+        dtype = torch.float32 if form == "fp32" else torch.bfloat16
+        target = LoadedModel(model.to(dtype), None, "tiny", torch.device("cpu"), dtype)
     target = _with_step(target)
-    ids = torch.randint(0, 64, (60,), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 64, (c + 20,), generator=torch.Generator().manual_seed(1))
     runner = target.new_runner()
     runner.forward(ids[:1])
-    runner.forward(ids[1:40], last=39)  # a context to attend over
-    alone = torch.cat([runner.forward(ids[i : i + 1]) for i in range(40, 49)])
+    runner.forward(ids[1:c], last=c - 1)  # a context to attend over
+    alone = torch.cat([runner.forward(ids[i : i + 1]) for i in range(c, c + 9)])
     for rows in (2, 5, 9):
-        runner.truncate(40)
-        assert torch.equal(runner.forward(ids[40 : 40 + rows], last=rows), alone[:rows]), rows
+        runner.truncate(c)
+        assert torch.equal(runner.forward(ids[c : c + rows], last=rows), alone[:rows]), rows
     # a tree: rows 1 and 2 continue row 0 side by side, row 3 continues row 2; the path 0-2-3 is the chain
-    runner.truncate(40)
-    branch = torch.tensor([int(ids[40]), 7, int(ids[41]), int(ids[42])])
+    runner.truncate(c)
+    branch = torch.tensor([int(ids[c]), 7, int(ids[c + 1]), int(ids[c + 2])])
     tree = runner.forward(branch, last=4, tree=TokenTree((-1, 0, 0, 2)))
     assert runner.compiled
     assert torch.equal(tree[[0, 2, 3]], alone[:3])
-    runner.keep(40, [0, 2, 3])
-    assert torch.equal(runner.forward(ids[43:44]), alone[3:4])  # the kept path's cache is the chain's
+    runner.keep(c, [0, 2, 3])
+    assert torch.equal(runner.forward(ids[c + 3 : c + 4]), alone[3:4])  # the kept path's cache is the chain's
     # a kept path of the first rows (nothing moves) and a longer step after it
-    runner.truncate(40)
-    runner.forward(torch.tensor([int(ids[40]), int(ids[41]), 9]), last=3, tree=TokenTree((-1, 0, 0)))
-    runner.keep(40, [0, 1])
-    assert torch.equal(runner.forward(ids[42:45], last=3), alone[2:5])
+    runner.truncate(c)
+    runner.forward(torch.tensor([int(ids[c]), int(ids[c + 1]), 9]), last=3, tree=TokenTree((-1, 0, 0)))
+    runner.keep(c, [0, 1])
+    assert torch.equal(runner.forward(ids[c + 2 : c + 5], last=3), alone[2:5])
 
 
 def test_the_compiled_step_runs_the_files_blocks_and_the_eager_one_torchs(ops):

@@ -200,10 +200,130 @@ void transpose_keys(const float* kc, float* kt, int64_t kv, int64_t hd, int64_t 
 // start + j of the rows j it descends from (`ancestors` (T, T), or j <= r for a chain), in slot order;
 // or, where `visible` (T, start + T) is given, the slots up to start + r that it allows (a draft head's
 // tree: the real context and the node's ancestors, written by earlier calls).
-// Out (T, H * hd) in the model's dtype. A thread takes a query head and all its rows, so each block of
-// keys and each value is read once per head: scores come from the transposed keys, KB keys at a time,
-// each a sum over the head's dimensions in order; a row's softmax sum runs over its own keys in order,
-// and its values are summed in slot order. No sum depends on the other rows of the call.
+// Out (T, H * hd) in the model's dtype. A thread takes query heads, and those of one key/value head
+// together with all their rows, so that each block of keys and of values is read from memory once for
+// all of them: scores come from the transposed keys, KB keys at a time, each a sum over the head's
+// dimensions in order; a row's softmax sum runs over its own keys in order; its weighted values go to two
+// interleaved sums, the row's keys of even rank to one and those of odd rank to the other, each in rank
+// order, then added (one chain of dependent sums would wait on each addition). No sum depends on the
+// other rows of the call, nor on how heads are shared out, and a key's place in a row's sums is its rank
+// among the row's keys, as in the chain through a tree row.
+constexpr int SCORE_BLOCKS = 8;  // key blocks scored together (32 KB of keys): independent sums in flight
+constexpr int64_t VALUE_CHUNK = 128;  // slots of values summed for every head and row before the next ones
+
+// nb (<= SCORE_BLOCKS) blocks of KB scores of query row qr against the transposed keys kb, each score a sum
+// over the head's dimensions in order.
+inline void score_blocks_portable(const float* qr, const float* kb, int64_t hd, int64_t nb, float* out) {
+  float s[SCORE_BLOCKS][KB] = {{0}};
+  for (int64_t j = 0; j < hd; ++j) {
+    float qj = qr[j];
+    for (int64_t b = 0; b < nb; ++b) {
+#pragma omp simd
+      for (int l = 0; l < KB; ++l) s[b][l] = std::fma(qj, kb[b * hd * KB + j * KB + l], s[b][l]);
+    }
+  }
+  for (int64_t b = 0; b < nb; ++b) std::copy(s[b], s[b] + KB, out + b * KB);
+}
+
+// Slots from..to-1 of one row's weighted values into its two sums (sums: 2 x hd, kept between chunks);
+// ok: the slots the row sees (nullptr: all, and a slot's rank is the slot). Returns the rank after them.
+inline int64_t add_values_portable(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank,
+                                   const float* v, int64_t hd, float* sums) {
+  for (int64_t i = from; i < to; ++i) {
+    if (ok && !ok[i]) continue;
+    float* a = sums + (rank++ & 1) * hd;
+    const float* vi = v + i * hd;
+    float pi = p[i];
+    for (int64_t j = 0; j < hd; ++j) a[j] = std::fma(pi, vi[j], a[j]);
+  }
+  return rank;
+}
+
+#ifdef __AVX512F__
+static_assert(KB == 16, "a block of keys is one vector of 16 scores");
+
+template <int NB>
+inline void score_blocks_fixed(const float* qr, const float* kb, int64_t hd, float* out) {
+  __m512 acc[NB];
+  for (int b = 0; b < NB; ++b) acc[b] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < hd; ++j) {
+    const __m512 qj = _mm512_set1_ps(qr[j]);
+    for (int b = 0; b < NB; ++b) acc[b] = _mm512_fmadd_ps(qj, _mm512_loadu_ps(kb + b * hd * KB + j * KB), acc[b]);
+  }
+  for (int b = 0; b < NB; ++b) _mm512_storeu_ps(out + b * KB, acc[b]);
+}
+
+// The same sums in registers.
+inline void score_blocks(const float* qr, const float* kb, int64_t hd, int64_t nb, float* out) {
+  switch (nb) {
+    case 1: return score_blocks_fixed<1>(qr, kb, hd, out);
+    case 2: return score_blocks_fixed<2>(qr, kb, hd, out);
+    case 3: return score_blocks_fixed<3>(qr, kb, hd, out);
+    case 4: return score_blocks_fixed<4>(qr, kb, hd, out);
+    case 5: return score_blocks_fixed<5>(qr, kb, hd, out);
+    case 6: return score_blocks_fixed<6>(qr, kb, hd, out);
+    case 7: return score_blocks_fixed<7>(qr, kb, hd, out);
+    default: return score_blocks_fixed<SCORE_BLOCKS>(qr, kb, hd, out);
+  }
+}
+
+// add_values_portable with the two sums in registers (head_dim = 16 NV): the same operations in the same order.
+template <int NV>
+inline int64_t add_values_fixed(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank,
+                                const float* v, float* sums) {
+  constexpr int64_t hd = 16 * NV;
+  __m512 a[2][NV];
+  for (int k = 0; k < NV; ++k) a[0][k] = _mm512_loadu_ps(sums + 16 * k), a[1][k] = _mm512_loadu_ps(sums + hd + 16 * k);
+  int64_t i = from;
+  if (!ok) {  // ranks are slots: even slots to the first sum, odd ones to the second
+    if (i < to && (i & 1)) {
+      const __m512 pi = _mm512_set1_ps(p[i]);
+      for (int k = 0; k < NV; ++k) a[1][k] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(v + i * hd + 16 * k), a[1][k]);
+      ++i;
+    }
+    for (; i + 2 <= to; i += 2) {
+      const __m512 p0 = _mm512_set1_ps(p[i]), p1 = _mm512_set1_ps(p[i + 1]);
+      for (int k = 0; k < NV; ++k) {
+        a[0][k] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v + i * hd + 16 * k), a[0][k]);
+        a[1][k] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v + (i + 1) * hd + 16 * k), a[1][k]);
+      }
+    }
+    if (i < to) {
+      const __m512 pi = _mm512_set1_ps(p[i]);
+      for (int k = 0; k < NV; ++k) a[0][k] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(v + i * hd + 16 * k), a[0][k]);
+    }
+    rank = to;
+  } else {
+    for (; i < to; ++i) {
+      if (!ok[i]) continue;
+      const __m512 pi = _mm512_set1_ps(p[i]);
+      const int s = static_cast<int>(rank++ & 1);
+      for (int k = 0; k < NV; ++k) a[s][k] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(v + i * hd + 16 * k), a[s][k]);
+    }
+  }
+  for (int k = 0; k < NV; ++k) _mm512_storeu_ps(sums + 16 * k, a[0][k]), _mm512_storeu_ps(sums + hd + 16 * k, a[1][k]);
+  return rank;
+}
+#else
+inline void score_blocks(const float* qr, const float* kb, int64_t hd, int64_t nb, float* out) {
+  score_blocks_portable(qr, kb, hd, nb, out);
+}
+#endif
+
+inline int64_t add_values(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank, const float* v,
+                          int64_t hd, float* sums) {
+#ifdef __AVX512F__
+  switch (hd) {
+    case 16: return add_values_fixed<1>(p, ok, from, to, rank, v, sums);
+    case 32: return add_values_fixed<2>(p, ok, from, to, rank, v, sums);
+    case 64: return add_values_fixed<4>(p, ok, from, to, rank, v, sums);
+    case 128: return add_values_fixed<8>(p, ok, from, to, rank, v, sums);
+    default: break;
+  }
+#endif
+  return add_values_portable(p, ok, from, to, rank, v, hd, sums);
+}
+
 template <typename T>
 void attend(const float* q, const float* kt, const float* vc, const bool* ancestors, const bool* visible, T* out,
             int64_t t, int64_t h, int64_t kv, int64_t hd, int64_t cap, int64_t start) {
@@ -226,42 +346,26 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
   }
   const bool gather = ancestors || visible;  // rows that skip slots: their keys gathered for the softmax
   at::parallel_for(0, h, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> p(t * width);
-    std::vector<float> acc(t * hd);
-    std::vector<float> total(t);
+    std::vector<float> p(groups * t * width);  // (heads of the group, rows, slots)
+    std::vector<float> total(groups * t);
+    std::vector<float> sums(groups * t * 2 * hd);
+    std::vector<int64_t> rank(groups * t);
     std::vector<float> gathered(gather ? width : 0);
-    for (int64_t head = begin; head < end; ++head) {
-      const float* kh = kt + (head / groups) * cap * hd;
-      const float* v = vc + (head / groups) * cap * hd;
-      // four blocks at a time: four independent chains of sums (each score's own sum runs over d in order)
-      for (int64_t blk0 = 0; blk0 < blocks; blk0 += 4) {
-        for (int64_t r = 0; r < t; ++r) {
-          int64_t nb = std::min<int64_t>(4, (ends[r] + KB - 1) / KB - blk0);
-          if (nb <= 0) continue;
-          const float* qr = q + (head * t + r) * hd;
-          float s[4][KB] = {{0}};
-          const float* kb = kh + blk0 * hd * KB;
-          if (nb == 4) {
-            for (int64_t j = 0; j < hd; ++j) {
-              float qj = qr[j];
-              for (int b = 0; b < 4; ++b) {
-#pragma omp simd
-                for (int l = 0; l < KB; ++l) s[b][l] = std::fma(qj, kb[b * hd * KB + j * KB + l], s[b][l]);
-              }
-            }
-          } else {
-            for (int b = 0; b < nb; ++b)
-              for (int64_t j = 0; j < hd; ++j) {
-                float qj = qr[j];
-#pragma omp simd
-                for (int l = 0; l < KB; ++l) s[b][l] = std::fma(qj, kb[b * hd * KB + j * KB + l], s[b][l]);
-              }
+    for (int64_t g = begin / groups; g * groups < end; ++g) {  // a key/value head, and its query heads here
+      const int64_t h0 = std::max(begin, g * groups), nh = std::min(end, (g + 1) * groups) - h0;
+      const float* kh = kt + g * cap * hd;
+      const float* v = vc + g * cap * hd;
+      for (int64_t blk0 = 0; blk0 < blocks; blk0 += SCORE_BLOCKS)  // each block of keys once for all
+        for (int64_t hh = 0; hh < nh; ++hh)
+          for (int64_t r = 0; r < t; ++r) {
+            int64_t nb = std::min<int64_t>(SCORE_BLOCKS, (ends[r] + KB - 1) / KB - blk0);
+            if (nb > 0)
+              score_blocks(q + ((h0 + hh) * t + r) * hd, kh + blk0 * hd * KB, hd, nb,
+                           p.data() + (hh * t + r) * width + blk0 * KB);
           }
-          for (int b = 0; b < nb; ++b) std::copy(s[b], s[b] + KB, p.data() + r * width + (blk0 + b) * KB);
-        }
-      }
-      for (int64_t r = 0; r < t; ++r) {  // softmax over the row's own keys, in order
-        float* pr = p.data() + r * width;
+      for (int64_t hr = 0; hr < nh * t; ++hr) {  // softmax over the row's own keys, in order
+        const int64_t r = hr % t;
+        float* pr = p.data() + hr * width;
         int64_t n = ends[r];
         float* e = pr;  // a chain row's keys are slots 0..n-1
         if (gather) {  // a tree row's keys gathered in order: element i is key i, as in the chain
@@ -271,8 +375,13 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
             if (ok[i]) gathered[n++] = pr[i];
           e = gathered.data();
         }
-        float m = -INFINITY;
-        for (int64_t i = 0; i < n; ++i) m = std::max(m, e[i]);
+        float most[LANES];  // the largest score (a maximum is exact in any order: lanes, then across them)
+        std::fill(most, most + LANES, -INFINITY);
+        int64_t i0 = 0;
+        for (; i0 + LANES <= n; i0 += LANES)
+          for (int l = 0; l < LANES; ++l) most[l] = std::max(most[l], e[i0 + l]);
+        for (; i0 < n; ++i0) most[0] = std::max(most[0], e[i0]);
+        float m = *std::max_element(most, most + LANES);
 #pragma omp simd
         for (int64_t i = 0; i < n; ++i) e[i] = exp_fixed(e[i] - m);
         float lanes[LANES] = {0};
@@ -282,27 +391,27 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
         for (; i < n; ++i) lanes[i % LANES] += e[i];
         for (int w = LANES / 2; w > 0; w /= 2)
           for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-        total[r] = lanes[0];
+        total[hr] = lanes[0];
         if (gather) {  // back to the row's slots
           const uint8_t* ok = allowed.data() + r * width;
           for (int64_t k = 0, slot = 0; slot < ends[r]; ++slot)
             if (ok[slot]) pr[slot] = e[k++];
         }
       }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t i = 0; i < last; ++i) {  // each value read once, added to every row that sees it
-        const float* vi = v + i * hd;
-        for (int64_t r = 0; r < t; ++r) {
-          if (i >= ends[r] || !allowed[r * width + i]) continue;
-          float pi = p[r * width + i];
-          float* a = acc.data() + r * hd;
-#pragma omp simd
-          for (int64_t j = 0; j < hd; ++j) a[j] = std::fma(pi, vi[j], a[j]);
+      std::fill(sums.begin(), sums.end(), 0.0f);
+      std::fill(rank.begin(), rank.end(), 0);
+      for (int64_t c0 = 0; c0 < last; c0 += VALUE_CHUNK)  // each chunk of values once for all
+        for (int64_t hr = 0; hr < nh * t; ++hr) {
+          const int64_t r = hr % t, to = std::min(c0 + VALUE_CHUNK, ends[r]);
+          if (c0 < to)
+            rank[hr] = add_values(p.data() + hr * width, gather ? allowed.data() + r * width : nullptr, c0, to,
+                                  rank[hr], v, hd, sums.data() + hr * 2 * hd);
         }
-      }
-      for (int64_t r = 0; r < t; ++r) {
-        T* o = out + r * h * hd + head * hd;
-        for (int64_t j = 0; j < hd; ++j) o[j] = static_cast<T>(acc[r * hd + j] / total[r]);
+      for (int64_t hr = 0; hr < nh * t; ++hr) {
+        const int64_t r = hr % t;
+        const float* a = sums.data() + hr * 2 * hd;
+        T* o = out + r * h * hd + (h0 + hr / t) * hd;
+        for (int64_t j = 0; j < hd; ++j) o[j] = static_cast<T>((a[j] + a[hd + j]) / total[hr]);
       }
     }
   });
