@@ -229,6 +229,7 @@ inline void score_blocks_portable(const float* qr, const float* kb, int64_t hd, 
 // ok: the slots the row sees (nullptr: all, and a slot's rank is the slot). Returns the rank after them.
 inline int64_t add_values_portable(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank,
                                    const float* v, int64_t hd, float* sums) {
+  if (!ok) rank = from;  // every slot seen: ranks are slots
   for (int64_t i = from; i < to; ++i) {
     if (ok && !ok[i]) continue;
     float* a = sums + (rank++ & 1) * hd;
@@ -304,6 +305,70 @@ inline int64_t add_values_fixed(const float* p, const uint8_t* ok, int64_t from,
   for (int k = 0; k < NV; ++k) _mm512_storeu_ps(sums + 16 * k, a[0][k]), _mm512_storeu_ps(sums + hd + 16 * k, a[1][k]);
   return rank;
 }
+
+// Several query rows (PP: pairs of a query head and a row) against the same blocks of keys: each key vector
+// loaded once for all of them; every score the same sum as score_blocks_fixed's.
+template <int NB, int PP>
+inline void score_pairs_fixed(const float* const* qs, const float* kb, int64_t hd, float* const* outs) {
+  __m512 acc[PP][NB];
+  for (int i = 0; i < PP; ++i)
+    for (int b = 0; b < NB; ++b) acc[i][b] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < hd; ++j) {
+    __m512 keys[NB];
+    for (int b = 0; b < NB; ++b) keys[b] = _mm512_loadu_ps(kb + b * hd * KB + j * KB);
+    for (int i = 0; i < PP; ++i) {
+      const __m512 qj = _mm512_set1_ps(qs[i][j]);
+      for (int b = 0; b < NB; ++b) acc[i][b] = _mm512_fmadd_ps(qj, keys[b], acc[i][b]);
+    }
+  }
+  for (int i = 0; i < PP; ++i)
+    for (int b = 0; b < NB; ++b) _mm512_storeu_ps(outs[i] + b * KB, acc[i][b]);
+}
+
+template <int PP>
+inline void score_pairs_of(const float* const* qs, const float* kb, int64_t hd, int64_t nb, float* const* outs) {
+  switch (nb) {  // at most 4 blocks per call: PP x 4 sums in registers
+    case 1: return score_pairs_fixed<1, PP>(qs, kb, hd, outs);
+    case 2: return score_pairs_fixed<2, PP>(qs, kb, hd, outs);
+    case 3: return score_pairs_fixed<3, PP>(qs, kb, hd, outs);
+    default: return score_pairs_fixed<4, PP>(qs, kb, hd, outs);
+  }
+}
+
+// Slots from..to-1 of several rows' weighted values (rows that see every slot: ranks are slots), each value
+// vector loaded once for all of them; every sum the same as add_values_fixed's.
+template <int NV, int PP>
+inline void add_values_pairs_fixed(const float* const* ps, int64_t from, int64_t to, const float* v, float* const* sums) {
+  constexpr int64_t hd = 16 * NV;
+  __m512 a[PP][2][NV];
+  for (int i = 0; i < PP; ++i)
+    for (int k = 0; k < NV; ++k)
+      a[i][0][k] = _mm512_loadu_ps(sums[i] + 16 * k), a[i][1][k] = _mm512_loadu_ps(sums[i] + hd + 16 * k);
+  int64_t s = from;
+  auto one = [&](int64_t slot) {  // a single slot into the sum its parity names
+    const int odd = static_cast<int>(slot & 1);
+    for (int i = 0; i < PP; ++i) {
+      const __m512 pi = _mm512_set1_ps(ps[i][slot]);
+      for (int k = 0; k < NV; ++k) a[i][odd][k] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(v + slot * hd + 16 * k), a[i][odd][k]);
+    }
+  };
+  if (s < to && (s & 1)) one(s++);
+  for (; s + 2 <= to; s += 2) {
+    __m512 v0[NV], v1[NV];
+    for (int k = 0; k < NV; ++k) v0[k] = _mm512_loadu_ps(v + s * hd + 16 * k), v1[k] = _mm512_loadu_ps(v + (s + 1) * hd + 16 * k);
+    for (int i = 0; i < PP; ++i) {
+      const __m512 p0 = _mm512_set1_ps(ps[i][s]), p1 = _mm512_set1_ps(ps[i][s + 1]);
+      for (int k = 0; k < NV; ++k) {
+        a[i][0][k] = _mm512_fmadd_ps(p0, v0[k], a[i][0][k]);
+        a[i][1][k] = _mm512_fmadd_ps(p1, v1[k], a[i][1][k]);
+      }
+    }
+  }
+  if (s < to) one(s);
+  for (int i = 0; i < PP; ++i)
+    for (int k = 0; k < NV; ++k)
+      _mm512_storeu_ps(sums[i] + 16 * k, a[i][0][k]), _mm512_storeu_ps(sums[i] + hd + 16 * k, a[i][1][k]);
+}
 #else
 inline void score_blocks(const float* qr, const float* kb, int64_t hd, int64_t nb, float* out) {
   score_blocks_portable(qr, kb, hd, nb, out);
@@ -322,6 +387,51 @@ inline int64_t add_values(const float* p, const uint8_t* ok, int64_t from, int64
   }
 #endif
   return add_values_portable(p, ok, from, to, rank, v, hd, sums);
+}
+
+constexpr int64_t PAIRS = 3;  // query rows scored together against each block of keys
+
+// Scores of n query rows (pairs of a query head and a row) against nb blocks of keys: score_blocks for each.
+inline void score_pairs(const float* const* qs, int64_t n, const float* kb, int64_t hd, int64_t nb, float* const* outs) {
+#ifdef __AVX512F__
+  if (n == 1) return score_blocks(qs[0], kb, hd, nb, outs[0]);  // up to SCORE_BLOCKS sums in flight
+  for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+    const int64_t m = std::min<int64_t>(4, nb - b0);
+    const float* kbb = kb + b0 * hd * KB;
+    for (int64_t i = 0; i < n;) {
+      const int64_t left = n - i, take = left == 4 ? 2 : std::min<int64_t>(PAIRS, left);  // never one alone
+      float* o[PAIRS];
+      for (int64_t k = 0; k < take; ++k) o[k] = outs[i + k] + b0 * KB;
+      if (take == 1) score_blocks(qs[i], kbb, hd, m, o[0]);
+      else if (take == 2) score_pairs_of<2>(qs + i, kbb, hd, m, o);
+      else score_pairs_of<3>(qs + i, kbb, hd, m, o);
+      i += take;
+    }
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) score_blocks(qs[i], kb, hd, nb, outs[i]);
+#endif
+}
+
+// Slots from..to-1 of n rows' weighted values, rows that see every slot (ranks are slots).
+inline void add_values_pairs(const float* const* ps, int64_t n, int64_t from, int64_t to, const float* v, int64_t hd,
+                             float* const* sums) {
+#ifdef __AVX512F__
+  if (hd == 16 || hd == 32 || hd == 64) {
+    const int64_t per = hd == 64 ? 2 : 4;  // rows per call: their sums and two slots' values in registers
+    for (int64_t i = 0; i < n; i += per) {
+      const int64_t m = std::min(per, n - i);
+      if (hd == 64 && m == 2) add_values_pairs_fixed<4, 2>(ps + i, from, to, v, sums + i);
+      else if (hd == 64) add_values_pairs_fixed<4, 1>(ps + i, from, to, v, sums + i);
+      else if (hd == 32 && m == 4) add_values_pairs_fixed<2, 4>(ps + i, from, to, v, sums + i);
+      else if (hd == 16 && m == 4) add_values_pairs_fixed<1, 4>(ps + i, from, to, v, sums + i);
+      else
+        for (int64_t k = i; k < i + m; ++k) add_values(ps[k], nullptr, from, to, from, v, hd, sums[k]);
+    }
+    return;
+  }
+#endif
+  for (int64_t k = 0; k < n; ++k) add_values(ps[k], nullptr, from, to, from, v, hd, sums[k]);
 }
 
 template <typename T>
@@ -350,19 +460,24 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
     std::vector<float> total(groups * t);
     std::vector<float> sums(groups * t * 2 * hd);
     std::vector<int64_t> rank(groups * t);
+    std::vector<const float*> qs(groups * t);
+    std::vector<float*> ps(groups * t), sp(groups * t), outs(groups * t);
     std::vector<float> gathered(gather ? width : 0);
     for (int64_t g = begin / groups; g * groups < end; ++g) {  // a key/value head, and its query heads here
       const int64_t h0 = std::max(begin, g * groups), nh = std::min(end, (g + 1) * groups) - h0;
       const float* kh = kt + g * cap * hd;
       const float* v = vc + g * cap * hd;
-      for (int64_t blk0 = 0; blk0 < blocks; blk0 += SCORE_BLOCKS)  // each block of keys once for all
-        for (int64_t hh = 0; hh < nh; ++hh)
-          for (int64_t r = 0; r < t; ++r) {
-            int64_t nb = std::min<int64_t>(SCORE_BLOCKS, (ends[r] + KB - 1) / KB - blk0);
-            if (nb > 0)
-              score_blocks(q + ((h0 + hh) * t + r) * hd, kh + blk0 * hd * KB, hd, nb,
-                           p.data() + (hh * t + r) * width + blk0 * KB);
-          }
+      const int64_t pairs = nh * t;  // (query head, row), head by head
+      for (int64_t hr = 0; hr < pairs; ++hr) {
+        qs[hr] = q + ((h0 + hr / t) * t + hr % t) * hd;
+        ps[hr] = p.data() + hr * width;
+        sp[hr] = sums.data() + hr * 2 * hd;
+      }
+      // each block of keys once for all (a row's scores past its own keys are made and never read)
+      for (int64_t blk0 = 0; blk0 < blocks; blk0 += SCORE_BLOCKS) {
+        for (int64_t hr = 0; hr < pairs; ++hr) outs[hr] = ps[hr] + blk0 * KB;
+        score_pairs(qs.data(), pairs, kh + blk0 * hd * KB, hd, std::min<int64_t>(SCORE_BLOCKS, blocks - blk0), outs.data());
+      }
       for (int64_t hr = 0; hr < nh * t; ++hr) {  // softmax over the row's own keys, in order
         const int64_t r = hr % t;
         float* pr = p.data() + hr * width;
@@ -400,13 +515,17 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
       }
       std::fill(sums.begin(), sums.end(), 0.0f);
       std::fill(rank.begin(), rank.end(), 0);
-      for (int64_t c0 = 0; c0 < last; c0 += VALUE_CHUNK)  // each chunk of values once for all
-        for (int64_t hr = 0; hr < nh * t; ++hr) {
+      for (int64_t c0 = 0; c0 < last; c0 += VALUE_CHUNK) {  // each chunk of values once for all
+        // rows that see every slot: the slots all of them see together, then each row's own last ones
+        const int64_t common = gather ? c0 : std::min(c0 + VALUE_CHUNK, ends[0]);
+        if (common > c0) add_values_pairs(ps.data(), pairs, c0, common, v, hd, sp.data());
+        for (int64_t hr = 0; hr < pairs; ++hr) {
           const int64_t r = hr % t, to = std::min(c0 + VALUE_CHUNK, ends[r]);
-          if (c0 < to)
-            rank[hr] = add_values(p.data() + hr * width, gather ? allowed.data() + r * width : nullptr, c0, to,
-                                  rank[hr], v, hd, sums.data() + hr * 2 * hd);
+          const int64_t from = std::max(c0, common);
+          if (from < to)
+            rank[hr] = add_values(ps[hr], gather ? allowed.data() + r * width : nullptr, from, to, rank[hr], v, hd, sp[hr]);
         }
+      }
       for (int64_t hr = 0; hr < nh * t; ++hr) {
         const int64_t r = hr % t;
         const float* a = sums.data() + hr * 2 * hd;
