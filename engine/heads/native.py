@@ -20,7 +20,11 @@ PRODUCT_BLOCKS = 3  # native/step.cpp's product kind for a file's blocks
 
 
 def applies(head: nn.Module) -> bool:
-    """Whether the layer can run natively: every product's input is whole blocks of 32."""
+    """Whether the layer can run natively: an RMS norm before its attention (published EAGLE-1 heads have
+    none: they keep the torch layer) and every product's input whole blocks of 32."""
+    norm = getattr(head, "hidden_norm", None) if hasattr(head, "input_norm") else getattr(head, "attn_norm", None)
+    if not isinstance(norm, nn.RMSNorm) or not isinstance(getattr(head, "mlp_norm", None), nn.RMSNorm):
+        return False
     linears = [head.q, head.o, head.gate, head.down]
     return all(linear.in_features % GROUP == 0 for linear in linears)
 

@@ -189,6 +189,28 @@ def test_every_published_head_keeps_greedy_identity(target, tmp_path, strategy):
                            max_new_tokens=24)
 
 
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_published_eagle_heads_draft_in_bf16_through_the_compiled_library(tmp_path, ops, kind):
+    """In bf16 with the compiled step's library loaded: an EAGLE-3 head's layer runs in one call of it, an
+    EAGLE-1 head (no norm before its attention) keeps the torch layer over 8-bit block products; both stay
+    lossless."""
+    import copy
+
+    from specula.engine.heads.store import head_for_strategy
+    from specula.engine.models.loading import LoadedModel
+
+    model = tiny_model(vocab=VOCAB, layers=8 if kind == "eagle3" else 2, seed=21)
+    low = LoadedModel(copy.deepcopy(model).to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16)
+    folder = tmp_path / kind
+    if kind == "eagle3":
+        _eagle3_files(folder, low, seed=11, draft_vocab=10)
+    else:
+        write_eagle1(folder, low, seed=4)
+    head = head_for_strategy(low, str(folder), "eagle", "a head")
+    assert (head.native is not None) == (kind == "eagle3")
+    assert_greedy_identity(low, None, "eagle", {"head": str(folder)}, trials=8, longest_prompt=12, max_new_tokens=32)
+
+
 def test_a_head_for_another_model_or_other_layers_is_refused(target, tmp_path):
     other = loaded(tiny_model(vocab=VOCAB + 8, layers=2, seed=3))
     write_eagle1(tmp_path / "eagle", other, embed=True)
