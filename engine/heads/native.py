@@ -14,9 +14,9 @@ import torch
 import torch.nn as nn
 
 from ..cpu.products import GROUP, Blocks, FileBlocks
+from ..cpu.step import PRODUCT_KINDS
 
 KB = 16  # keys per block of the transposed key cache (native/step.cpp's KB)
-PRODUCT_BLOCKS = 3  # native/step.cpp's product kind for a file's blocks
 
 
 def applies(head: nn.Module) -> bool:
@@ -57,7 +57,7 @@ class NativeLayer:
         self.e_norm = head.input_norm.weight.detach() if two else None
         norms = [in_norm.weight.detach(), head.mlp_norm.weight.detach()]
         self.handle = ops.prepare([p.packed for p in products], [p.parts for p in products], [p.bias for p in products],
-                                  [PRODUCT_BLOCKS] * 4, norms, c.heads, c.kv_heads, c.head_dim, c.intermediate, [1] * 4,
+                                  [PRODUCT_KINDS[Blocks.kind]] * 4, norms, c.heads, c.kv_heads, c.head_dim, c.intermediate, [1] * 4,
                                   float(c.eps), float(c.head_dim) ** -0.5)
         self.products = products  # the packed weights live as long as the handle
         self.kv, self.head_dim = c.kv_heads, c.head_dim

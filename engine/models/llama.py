@@ -47,7 +47,6 @@ _GROW = 256  # cache capacity grows in steps of this many positions
 _BLOCK = 32  # CPU attention reads keys in whole blocks of this many positions, the rest masked
 _MIN_ROWS = 4  # fewer query rows than this take another matrix kernel on the CPU, so pad up to it
 PREPACK_LIMIT_BYTES = 4 << 30  # larger models keep one copy of their dense weights (unpacked)
-_PRODUCT_KINDS = {"dense": 0, "prepacked": 1, "int4": 2, "blocks": 3, "tiles": 4}  # as native/step.cpp numbers them
 # per model, beside it rather than on it (a copy of the model must not carry oneDNN's opaque weights,
 # which cannot be copied): its products from _fused_layers, and the compiled step's handle
 _FUSED: "weakref.WeakKeyDictionary[torch.nn.Module, _Fused]" = weakref.WeakKeyDictionary()
@@ -245,7 +244,7 @@ class _StepHandle:
         self.layers = layers
         self.kinds = names  # each product's kind, as `products` names it
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.handle = ops.prepare(a, b, bias, [_PRODUCT_KINDS[k] for k in names], norms, cfg.num_attention_heads,
+        self.handle = ops.prepare(a, b, bias, [cpu_step.PRODUCT_KINDS[k] for k in names], norms, cfg.num_attention_heads,
                                   getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, head_dim,
                                   layers[0].inter, min_rows, float(layers[0].in_norm[1]), float(scale))
 
