@@ -111,12 +111,15 @@ def _passage(rng: random.Random) -> str:
 
 def _conversation(rng: random.Random, pairs: list, i: int, sentences: list | tuple = (),
                   subjects: dict | None = None) -> str:
-    """One first turn: topics x task forms, arithmetic, code, translation both ways (into English from the
-    message catalogs' `sentences`), a short factual question about one of `subjects`, role play, or a
-    question about a short made-up text (a kind without its source falls back to topics x forms)."""
+    """One first turn: a question the model writes itself (MODEL_QUERY, filled in while answering), topics x
+    task forms, arithmetic, code, translation both ways (into English from the message catalogs'
+    `sentences`), a short factual question about one of `subjects`, role play, or a question about a short
+    made-up text (a kind without its source falls back to topics x forms)."""
     from .documents import question_prompt, translation_prompt
 
     kind = rng.random()
+    if kind < MODEL_QUERY_SHARE:
+        return MODEL_QUERY  # the model writes this one itself while answering (self_distill)
     if kind < 0.45:
         topic, form = pairs[i % len(pairs)]
         return form.format(t=topic)
@@ -154,15 +157,25 @@ FOLLOW_UP_SHARE = 0.5  # of first answers, how many get a second turn (multi-tur
 
 DOCUMENT_SHARE = 0.3  # of first turns, how many paste a long text (documents.py) to summarise, answer from or extract from
 
+# Of the other first turns, how many the model writes itself: its chat template opened at a user's turn, it
+# goes on as the user (as Magpie makes instructions), so the questions are as varied as what the model has
+# seen people ask, not the generator's templates. MODEL_QUERY stands in for one until it is written.
+MODEL_QUERY_SHARE = 0.25
+MODEL_QUERY = "\x00a question the model writes\x00"
+QUERY_TOKENS = 96  # longest question; one cut there is dropped
+QUERY_SAMPLING = {"temperature": 1.0, "top_p": 0.95}
+QUERY_SEEDS = 1 << 40  # the questions' seeds, apart from the answers'
+
 
 def prompt_conversations(n: int, seed: int = 0, documents: tuple | list | None = None,
                          sentences: list | tuple | None = None,
                          subjects: dict | None = None) -> list[tuple[Message, ...]]:
-    """n conversations of one user message: topics x task forms, arithmetic word problems, code, translation
-    both ways, short factual questions, role play, questions about a short made-up text, and (DOCUMENT_SHARE
-    of them) a long text that ships on this machine with a task about it (second turns are added while
-    generating). `documents`, `sentences`, `subjects`: the texts to paste, the sentences to translate into
-    English and the names to ask about (default: what documents.py finds on this machine)."""
+    """n conversations of one user message: questions the model writes itself (MODEL_QUERY until they are
+    written while answering), topics x task forms, arithmetic word problems, code, translation both ways,
+    short factual questions, role play, questions about a short made-up text, and (DOCUMENT_SHARE of them) a
+    long text that ships on this machine with a task about it (second turns are added while generating).
+    `documents`, `sentences`, `subjects`: the texts to paste, the sentences to translate into English and the
+    names to ask about (default: what documents.py finds on this machine)."""
     from .documents import catalog_sentences, document_prompt, question_subjects, shipped_documents
 
     rng = random.Random(seed)
@@ -238,15 +251,16 @@ class _EngineAnswers:
         self.drafter = drafter or _Plain()
 
     def answer(self, prompts: list[list[int]], max_new: int, sampling: bool, seed: int,
-               should_stop: Callable[[], bool]) -> list[list[int]]:
+               should_stop: Callable[[], bool], how: dict = SAMPLING, keep: bool = True) -> list[list[int]]:
+        """Each prompt's continuation, greedy or (`sampling`) drawn with `how`'s temperature and top-p."""
         from ..api.types import DecodeConfig
         from ..decoding.loop import generate
 
         rows = []
         for j, prompt in enumerate(prompts):
             config = DecodeConfig.for_strategy(self.drafter.name, max_new_tokens=max_new, seed=seed + j,
-                                               temperature=SAMPLING["temperature"] if sampling else 0.0,
-                                               top_p=SAMPLING["top_p"] if sampling else 1.0)
+                                               temperature=how["temperature"] if sampling else 0.0,
+                                               top_p=how["top_p"] if sampling else 1.0)
             events = list(generate(self.runner, self.drafter, prompt, config, stop_ids=frozenset(self.target.eos_ids),
                                    should_stop=should_stop))
             rows.append(list(events[-1].token_ids))
@@ -275,19 +289,21 @@ class _BatchAnswers:
         self.features: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # prompt -> the last call's
 
     def answer(self, prompts: list[list[int]], max_new: int, sampling: bool, seed: int,
-               should_stop: Callable[[], bool]) -> list[list[int]]:
+               should_stop: Callable[[], bool], how: dict = SAMPLING, keep: bool = True) -> list[list[int]]:
+        """Each prompt's continuation, greedy or (`sampling`) drawn with `how`'s temperature and top-p; with
+        `keep`, their features too (`self.features`, where the head reads layers)."""
         from ..api.types import SamplingParams
         from ..decoding.loop import make_generator
         from ..decoding.sampling import choose
         from ..models.llama import step_rows
 
-        params = SamplingParams(SAMPLING["temperature"], 0, SAMPLING["top_p"]) if sampling else SamplingParams()
+        params = SamplingParams(how["temperature"], 0, how["top_p"]) if sampling else SamplingParams()
         stop = self.target.eos_ids
         out: list[list[int] | None] = [None] * len(prompts)
         waiting = list(range(len(prompts)))[::-1]
         active: list[tuple[int, object, torch.Generator | None, list[int]]] = []  # (prompt, runner, generator, answer)
         idle = list(self.runners)
-        keep = bool(self.aux_layers)
+        keep = keep and bool(self.aux_layers)
         tops: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # prompt -> the target's top tokens so far
         self.features = {}
         while (waiting or active) and not should_stop():
@@ -303,7 +319,7 @@ class _BatchAnswers:
                 first = _first_kept(len(prompts[j]))
                 logits = runner.forward(torch.tensor(prompts[j], dtype=torch.long), last=len(prompts[j]) - first if keep else 1)
                 if not runner.compiled:  # the compiled step is not running: one answer at a time
-                    return self.single.answer(prompts, max_new, sampling, seed, should_stop)
+                    return self.single.answer(prompts, max_new, sampling, seed, should_stop, how)
                 if keep:
                     tops[j] = [_top(logits)]
                 gen = make_generator(runner.device, seed + j) if sampling else None
@@ -340,7 +356,7 @@ class _BatchAnswers:
     def _keep(self, j: int, runner, first: int, tops: dict) -> None:
         """A finished answer's features from its runner: the kept layers' states and the target's most likely
         tokens at positions first.. of its cache (the answer's last token is never read, as it ended the answer)."""
-        if not self.aux_layers:
+        if j not in tops:  # no features kept in this call
             return
         seen = tops.pop(j)
         self.features[j] = (runner.aux_features(first, runner.length).clone().cpu(),
@@ -391,8 +407,6 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
     a `features` folder, an EAGLE-3 head's features of each answer made by batched decoding are written there
     as it is made (as `with_features` stores them, which then reads them instead of computing them)."""
     tok = target.tokenizer
-    model = target.model
-    pad = tok.pad_token_id if tok.pad_token_id is not None else sorted(target.eos_ids)[0]
     # on a CPU the engine's own decoding answers: batched plain decoding through the compiled step (one
     # conversation at a time with the caller's drafter until that step runs); GPUs batch through generate()
     engine = None
@@ -412,6 +426,7 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
     sink = store.open("a", encoding="utf-8") if store is not None else None
     t0, made_here = time.perf_counter(), 0
     follow: list[tuple[tuple[Message, ...], int]] = []
+    asked: set[str] = set()  # the questions the model wrote in this run (one written twice is dropped)
     try:
         while made < n_tokens and (i < len(convs) or follow):
             n_follow = min(len(follow), batch // 2)  # second turns mixed in as soon as their first answers exist
@@ -419,6 +434,8 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
             del follow[:n_follow]
             fresh = [(c, i + j) for j, c in enumerate(convs[i : i + batch - n_follow])]
             i += len(fresh)
+            if any(c[0].content == MODEL_QUERY for c, _ in fresh):
+                fresh = _write_queries(target, engine, fresh, QUERY_SEEDS + seed * 1_000_003 + i, asked, should_stop)
             encoded = []
             for conv, index in group + fresh:
                 e = encode(tok, list(conv), True)
@@ -428,19 +445,7 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
                 continue
             batch_seed = seed * 1_000_003 + i
             sampling = random.Random(batch_seed).random() < sampled
-            if engine is not None:
-                rows = engine.answer([e for _, _, e in encoded], max_new, sampling, batch_seed, should_stop)
-            else:
-                width = max(len(e) for _, _, e in encoded)
-                ids = torch.tensor([[pad] * (width - len(e)) + e for _, _, e in encoded], device=target.device)
-                mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for _, _, e in encoded], device=target.device)
-                if sampling:
-                    torch.manual_seed(batch_seed)
-                with torch.inference_mode():
-                    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, pad_token_id=pad,
-                                         eos_token_id=sorted(target.eos_ids), stopping_criteria=[_Stop(should_stop)],
-                                         **(SAMPLING if sampling else {"do_sample": False}))
-                rows = out[:, width:].tolist()
+            rows = _continuations(target, engine, [e for _, _, e in encoded], max_new, sampling, batch_seed, should_stop)
             if should_stop():
                 say("")  # a cut batch is dropped; the caller's say raises
                 break
@@ -472,6 +477,73 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
         if sink is not None:
             sink.close()
     return answers
+
+
+def _continuations(target, engine, prompts: list[list[int]], max_new: int, sampling: bool, seed: int,
+                   should_stop: Callable[[], bool], how: dict = SAMPLING, keep: bool = True) -> list[list[int]]:
+    """Each prompt's continuation (greedy, or drawn with `how`'s temperature and top-p), up to max_new tokens
+    and its end token: through `engine` (the CPU's batched decoding; with `keep`, features kept) or, without
+    one, transformers' generate() in one padded batch."""
+    if engine is not None:
+        return engine.answer(prompts, max_new, sampling, seed, should_stop, how, keep)
+    tok = target.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else sorted(target.eos_ids)[0]
+    width = max(len(e) for e in prompts)
+    ids = torch.tensor([[pad] * (width - len(e)) + e for e in prompts], device=target.device)
+    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in prompts], device=target.device)
+    if sampling:
+        torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = target.model.generate(ids, attention_mask=mask, max_new_tokens=max_new, pad_token_id=pad,
+                                    eos_token_id=sorted(target.eos_ids), stopping_criteria=[_Stop(should_stop)],
+                                    **({"do_sample": True, "top_k": 0, **how} if sampling else {"do_sample": False}))
+    return out[:, width:].tolist()
+
+
+def query_prefix(tokenizer) -> list[int] | None:
+    """The token ids of a conversation opened at the user's turn, as the model's chat template lays it out
+    (its default system prompt included): what the model continues as the user. None without a template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    mark = "\x01QUESTION\x01"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False)
+    if mark not in text:
+        return None
+    return list(tokenizer.encode(text[: text.index(mark)], add_special_tokens=False))
+
+
+def usable_query(text: str, ended: bool, asked: set[str]) -> bool:
+    """Whether a question the model wrote is kept: finished (not cut at QUERY_TOKENS), 3 to 120 words, in
+    plain text (nearly all printable ASCII: the runs that drift into other scripts or symbols are noise), and
+    not asked before in this run."""
+    words = text.split()
+    if not ended or not 3 <= len(words) <= 120 or text in asked:
+        return False
+    plain = sum(1 for ch in text if 32 <= ord(ch) < 127 or ch in "\n\t")
+    return plain >= 0.97 * len(text)
+
+
+def _write_queries(target, engine, fresh: list, seed: int, asked: set[str],
+                   should_stop: Callable[[], bool]) -> list:
+    """`fresh` (conversation, index) with each MODEL_QUERY turn written by the model (sampled from its chat
+    template opened at a user's turn); a question that is not usable drops its conversation."""
+    tok = target.tokenizer
+    prefix = query_prefix(tok)
+    wanted = [j for j, (c, _) in enumerate(fresh) if c[0].content == MODEL_QUERY]
+    written: dict[int, str] = {}
+    if prefix is not None and len(prefix) + QUERY_TOKENS <= target.context_window:
+        rows = _continuations(target, engine, [prefix] * len(wanted), QUERY_TOKENS, True, seed, should_stop,
+                              QUERY_SAMPLING, keep=False)
+        for j, row in zip(wanted, rows):
+            ends = [n for n, t in enumerate(row) if t in target.eos_ids]
+            cut = row[: ends[0]] if ends else row
+            ended = bool(ends) or len(row) < QUERY_TOKENS  # one at a time, a row leaves out its end token
+            text = tok.decode(cut, skip_special_tokens=True).strip()
+            if usable_query(text, ended, asked):
+                asked.add(text)
+                written[j] = text
+    return [(c, index) if j not in wanted else ((Message("user", written[j]),), index)
+            for j, (c, index) in enumerate(fresh) if j not in wanted or j in written]
 
 
 class _Stop:

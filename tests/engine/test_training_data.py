@@ -232,3 +232,75 @@ def test_some_pasted_texts_come_after_their_task():
     first = [p for p in prompts if not p.startswith("Paragraph") and p.rstrip().endswith("pasted text.")]
     assert abs(len(first) / len(prompts) - documents.TASK_FIRST_SHARE) < 0.1
     assert all(p.count("Paragraph of the pasted text.") == 30 for p in prompts)
+
+
+def test_some_first_turns_are_left_for_the_model_to_write():
+    from specula.engine.heads.train import MODEL_QUERY, MODEL_QUERY_SHARE
+
+    convs = [c[0].content for c in prompt_conversations(2000, seed=4, documents=[], sentences=[], subjects={})]
+    assert abs(convs.count(MODEL_QUERY) / len(convs) - MODEL_QUERY_SHARE) < 0.03
+    docs = [Document(f"test:{i}", f"Document number {i}. " * 60) for i in range(5)]
+    convs = [c[0].content for c in prompt_conversations(2000, seed=4, documents=docs)]
+    assert abs(convs.count(MODEL_QUERY) / len(convs) - (1 - DOCUMENT_SHARE) * MODEL_QUERY_SHARE) < 0.03
+
+
+def test_the_users_turn_is_opened_as_the_chat_template_lays_out_a_conversation(bundled_fp32):
+    from types import SimpleNamespace
+
+    from specula.engine.api.prompts import Message, encode
+    from specula.engine.heads.train import query_prefix
+
+    tok = bundled_fp32.tokenizer
+    prefix = query_prefix(tok)
+    whole = encode(tok, (Message("user", "What is the capital of France?"),), True)
+    assert whole[: len(prefix)] == prefix and len(whole) > len(prefix) + 5
+    text = tok.decode(prefix)
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>user\n")  # its default system prompt
+    assert query_prefix(SimpleNamespace(chat_template=None)) is None
+
+
+def test_a_question_the_model_wrote_is_kept_only_when_finished_plain_and_new():
+    from specula.engine.heads.train import usable_query
+
+    asked = {"What is the tallest mountain in Europe?"}
+    assert usable_query("Can you recommend some outdoor activities for a rainy weekend?", True, asked)
+    assert usable_query("Plan a surprise party for my aunt.\nShe likes jazz.", True, asked)
+    assert not usable_query("Can you recommend some outdoor activities for a", False, asked)  # cut at the limit
+    assert not usable_query("Hello there", True, asked)  # too short to be a task
+    assert not usable_query("What is the tallest mountain in Europe?", True, asked)  # asked before
+    assert not usable_query("Además de Pumabb - Artsã£as y el Profesional de tetaensamientos, ñ ñ ñ ñ", True, asked)
+    assert not usable_query("word " * 121, True, asked)
+
+
+def test_without_a_chat_template_the_questions_left_to_the_model_are_dropped():
+    from types import SimpleNamespace
+
+    from specula.engine.api.prompts import Message
+    from specula.engine.heads.train import MODEL_QUERY, _write_queries
+
+    target = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None), context_window=128, eos_ids=frozenset())
+    fresh = [((Message("user", MODEL_QUERY),), 0), ((Message("user", "Explain rainbows."),), 1)]
+    assert _write_queries(target, None, fresh, 0, set(), lambda: False) == fresh[1:]
+
+
+def test_the_model_writes_first_turns_that_it_then_answers(bundled_fp32, monkeypatch):
+    """With every first turn left to the model: it writes each question (sampled from its chat template
+    opened at the user's turn), the same for a seed, all different, and answers them; no placeholder is
+    ever answered."""
+    from specula.engine.heads import train
+
+    monkeypatch.setattr(train, "DOCUMENT_SHARE", 0.0)
+    monkeypatch.setattr(train, "MODEL_QUERY_SHARE", 1.0)
+    monkeypatch.setattr(train, "FOLLOW_UP_SHARE", 0.0)
+    tok = bundled_fp32.tokenizer
+
+    def questions(seed):
+        made = train.self_distill(bundled_fp32, 8, max_new=4, batch=3, seed=seed, sampled=0.0)
+        users = [tok.decode(a.prompt).split("<|im_start|>user\n")[1].split("<|im_end|>")[0] for a in made]
+        return made, users
+
+    made, users = questions(5)
+    assert len(made) >= 2 and all(len(a.answer) == 4 for a in made)
+    assert all(train.usable_query(u, True, set()) for u in users) and len(set(users)) == len(users)
+    assert all("\x00" not in u and train.MODEL_QUERY not in u for u in users)
+    assert questions(5)[1] == users
