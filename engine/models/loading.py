@@ -397,7 +397,27 @@ def _converted_gguf(path: Path, say) -> Path:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    drop_stale_conversions(target.parent)
     return target
+
+
+def drop_stale_conversions(folder: Path) -> list[Path]:
+    """Remove the conversions in `folder` that no load can use again: their GGUF file is gone, or it changed
+    (another size or time: a new download, a reinstalled package, a deleted copy of the project). Each is
+    the model's full size in fp32, and every new copy of a file gets a conversion of its own. Returns what
+    was removed."""
+    removed = []
+    for entry in folder.iterdir():
+        try:
+            done = json.loads((entry / "done.json").read_text(encoding="utf-8"))
+            source = Path(done["source"])
+            stale = not source.is_file() or _gguf_key(source) != done["key"]
+        except (OSError, ValueError, KeyError, TypeError):  # not a finished conversion: left alone
+            continue
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
 
 
 def gguf_problem(exc: Exception, path: Path) -> str:
