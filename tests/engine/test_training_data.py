@@ -304,3 +304,24 @@ def test_the_model_writes_first_turns_that_it_then_answers(bundled_fp32, monkeyp
     assert all(train.usable_query(u, True, set()) for u in users) and len(set(users)) == len(users)
     assert all("\x00" not in u and train.MODEL_QUERY not in u for u in users)
     assert questions(5)[1] == users
+
+
+def test_continuations_through_generate_are_greedy_or_drawn_with_the_settings_given():
+    """Where the engine's batched decoding does not run (a GPU), prompts of several lengths are continued in one
+    padded generate() batch: greedily as the model's own continuation alone, or sampled with the settings
+    given (the questions' temperature 1.0), the same for a seed."""
+    from types import SimpleNamespace
+
+    from specula.engine.heads.train import QUERY_SAMPLING, _continuations
+
+    model = tiny_model(vocab=64, layers=2, seed=3)
+    target = SimpleNamespace(model=model, tokenizer=SimpleNamespace(pad_token_id=None), eos_ids=frozenset({0}),
+                             device=torch.device("cpu"))
+    prompts = [[5, 9, 11], [7, 3, 12, 40, 41, 2, 8], [33]]
+    greedy = _continuations(target, None, prompts, 6, False, 0, lambda: False)
+    for prompt, row in zip(prompts, greedy):
+        alone = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=[0])
+        assert row[: alone.shape[1] - len(prompt)] == alone[0, len(prompt):].tolist()
+    drawn = _continuations(target, None, prompts, 6, True, 9, lambda: False, QUERY_SAMPLING, keep=False)
+    assert drawn == _continuations(target, None, prompts, 6, True, 9, lambda: False, QUERY_SAMPLING, keep=False)
+    assert drawn != greedy and all(len(r) == 6 for r in drawn)
