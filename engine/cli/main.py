@@ -175,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(m)
     m.add_argument("--head", action="append", default=None,
                    help="a head folder (repeat for several); default: every eagle and medusa head found for the model")
-    m.add_argument("--prompts", type=Path, required=True, help="JSON Lines (Spec-Bench format); each prompt's first turn")
+    m.add_argument("--prompts", type=Path, required=True,
+                   help="JSON Lines (Spec-Bench format): each prompt's first turn; or a train-head data folder: the "
+                        "first turns of its held-out tenth, by kind (written by the model, generated)")
     m.add_argument("--categories", default=None, help="comma-separated categories to keep")
     m.add_argument("--limit-per-category", type=whole(1), default=None)
     m.add_argument("--max-new-tokens", type=whole(1), default=96)

@@ -36,9 +36,19 @@ def run_measure_head(args) -> int:
     from ..heads.measure import Answer, measure_heads
     from ..heads.store import find_heads
     from ..heads.train import progress_line
-    from .bench.run import load_items
+    from .bench.run import load_items, select
 
-    items = load_items(args.prompts, args.categories, args.limit_per_category)  # a bad file fails before the load
+    if args.prompts.is_dir():  # a train-head data folder: the first turns of its held-out tenth, as stored
+        from ..heads.train import held_out_first_turns
+        from .common import PromptItem
+
+        turns = held_out_first_turns(args.prompts)
+        held = {n: ids for n, (_, ids) in enumerate(turns)}
+        items = select([PromptItem((), n, kind) for n, (kind, _) in enumerate(turns)], args.categories,
+                       args.limit_per_category)
+    else:
+        held = None
+        items = load_items(args.prompts, args.categories, args.limit_per_category)  # a bad file fails before the load
     target = load_model(model_spec(args), progress=lambda s: print(s, file=sys.stderr))
     folders = [Path(h) for h in args.head or ()]
     if not folders:
@@ -48,7 +58,8 @@ def run_measure_head(args) -> int:
         raise SpeculaError("no draft heads for this model: name one with --head DIR, or train one with `specula train-head`")
     answers, skipped = [], 0
     for n, item in enumerate(items, 1):  # the first turn of each prompt, answered greedily by the target
-        ids = encode(target.tokenizer, conversation(item.turns[0]), not args.no_chat)
+        ids = held[item.question_id] if held is not None else encode(target.tokenizer, conversation(item.turns[0]),
+                                                                       not args.no_chat)
         if len(ids) + args.max_new_tokens > target.context_window:
             skipped += 1
             continue

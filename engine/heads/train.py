@@ -211,6 +211,7 @@ class Answer:
     prompt: list[int]  # the conversation's token ids, up to the opened assistant turn
     answer: list[int]  # the target's answer (greedy or sampled), without the end token
     index: int = -1  # which generated conversation it answers (-1: a second turn)
+    written: bool = False  # its first turn was written by the model itself (MODEL_QUERY)
 
 
 def _read_answers(path: Path | None) -> list[Answer]:
@@ -221,7 +222,7 @@ def _read_answers(path: Path | None) -> list[Answer]:
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             d = json.loads(line)
-            out.append(Answer(list(d["prompt"]), list(d["answer"]), int(d.get("index", -1))))
+            out.append(Answer(list(d["prompt"]), list(d["answer"]), int(d.get("index", -1)), bool(d.get("written", False))))
         except (ValueError, KeyError, TypeError):
             continue
     return out
@@ -427,6 +428,7 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
     t0, made_here = time.perf_counter(), 0
     follow: list[tuple[tuple[Message, ...], int]] = []
     asked: set[str] = set()  # the questions the model wrote in this run (one written twice is dropped)
+    written: set[int] = set()  # the conversations whose first turn the model wrote
     try:
         while made < n_tokens and (i < len(convs) or follow):
             n_follow = min(len(follow), batch // 2)  # second turns mixed in as soon as their first answers exist
@@ -434,8 +436,10 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
             del follow[:n_follow]
             fresh = [(c, i + j) for j, c in enumerate(convs[i : i + batch - n_follow])]
             i += len(fresh)
-            if any(c[0].content == MODEL_QUERY for c, _ in fresh):
+            left = {index for c, index in fresh if c[0].content == MODEL_QUERY}
+            if left:
                 fresh = _write_queries(target, engine, fresh, QUERY_SEEDS + seed * 1_000_003 + i, asked, should_stop)
+                written.update(index for _, index in fresh if index in left)
             encoded = []
             for conv, index in group + fresh:
                 e = encode(tok, list(conv), True)
@@ -457,12 +461,13 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
                     answer.append(t)
                 if len(answer) < 4:
                     continue
-                a = Answer(e, answer, index if len(conv) == 1 else -1)
+                a = Answer(e, answer, index if len(conv) == 1 else -1, len(conv) == 1 and index in written)
                 answers.append(a)
                 if engine is not None and j in engine.features:
                     _store(features / f"{len(answers) - 1:06d}.pt", _kept_sequence(target, a, aux_layers, engine.features[j]))
                 if sink is not None:
-                    sink.write(json.dumps({"prompt": a.prompt, "answer": a.answer, "index": a.index}) + "\n")
+                    sink.write(json.dumps({"prompt": a.prompt, "answer": a.answer, "index": a.index,
+                                           **({"written": True} if a.written else {})}) + "\n")
                 made += len(answer)
                 made_here += len(answer)
                 if len(conv) == 1 and rng.random() < FOLLOW_UP_SHARE:  # a second turn on the model's own answer
@@ -521,6 +526,16 @@ def usable_query(text: str, ended: bool, asked: set[str]) -> bool:
         return False
     plain = sum(1 for ch in text if 32 <= ord(ch) < 127 or ch in "\n\t")
     return plain >= 0.97 * len(text)
+
+
+def held_out_first_turns(folder: Path) -> list[tuple[str, list[int]]]:
+    """A data folder's held-out tenth (its first answers, which training holds out) as (kind, prompt token ids)
+    of its first turns: "written by the model" (MODEL_QUERY) or "generated"."""
+    answers = _read_answers(folder / "answers.jsonl")
+    if not answers:
+        raise SpeculaError(f"{folder} holds no training answers (answers.jsonl)")
+    held = answers[: max(1, len(answers) // 10)]
+    return [("written by the model" if a.written else "generated", a.prompt) for a in held if a.index >= 0]
 
 
 def _write_queries(target, engine, fresh: list, seed: int, asked: set[str],

@@ -117,6 +117,14 @@ def test_train_head_command_writes_a_head_that_the_eagle_strategy_loads(tiny_fol
     assert set(report["trees"]) == {str(out), str(tmp_path / "e3")}  # EAGLE heads' trees; Medusa's chain only
     for by in [*report["heads"].values(), *report["trees"].values()]:
         assert set(by) == {"writing", "math", "overall"} and all(1.0 <= v <= 6.0 for v in by.values())
+    # and on the first turns of the data folder's held-out tenth, as stored
+    from specula.engine.heads.train import held_out_first_turns
+
+    assert main(["measure-head", "--model", str(tiny_folder), "--dtype", "fp32", "--prompts", str(out / "training"),
+                 "--max-new-tokens", "8", "--json", "--head", str(out)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert 1 <= report["answers"] <= len(held_out_first_turns(out / "training"))
+    assert {"overall"} < set(report["heads"][str(out)]) <= {"generated", "written by the model", "overall"}
     for strategy, head in (("medusa", tmp_path / "m"), ("eagle", out), ("eagle", tmp_path / "e3")):
         code = main(["generate", "--model", str(tiny_folder), "--dtype", "fp32", "--strategy", strategy, "--head",
                      str(head), "--prompt", "hello there", "--max-new-tokens", "12", "--json"])

@@ -283,7 +283,7 @@ def test_without_a_chat_template_the_questions_left_to_the_model_are_dropped():
     assert _write_queries(target, None, fresh, 0, set(), lambda: False) == fresh[1:]
 
 
-def test_the_model_writes_first_turns_that_it_then_answers(bundled_fp32, monkeypatch):
+def test_the_model_writes_first_turns_that_it_then_answers(bundled_fp32, monkeypatch, tmp_path):
     """With every first turn left to the model: it writes each question (sampled from its chat template
     opened at the user's turn), the same for a seed, all different, and answers them; no placeholder is
     ever answered."""
@@ -294,13 +294,14 @@ def test_the_model_writes_first_turns_that_it_then_answers(bundled_fp32, monkeyp
     monkeypatch.setattr(train, "FOLLOW_UP_SHARE", 0.0)
     tok = bundled_fp32.tokenizer
 
-    def questions(seed):
-        made = train.self_distill(bundled_fp32, 8, max_new=4, batch=3, seed=seed, sampled=0.0)
+    def questions(seed, store=None):
+        made = train.self_distill(bundled_fp32, 8, max_new=4, batch=3, seed=seed, sampled=0.0, store=store)
         users = [tok.decode(a.prompt).split("<|im_start|>user\n")[1].split("<|im_end|>")[0] for a in made]
         return made, users
 
-    made, users = questions(5)
-    assert len(made) >= 2 and all(len(a.answer) == 4 for a in made)
+    made, users = questions(5, tmp_path / "answers.jsonl")
+    assert len(made) >= 2 and all(len(a.answer) == 4 and a.written for a in made)
+    assert [a.written for a in train._read_answers(tmp_path / "answers.jsonl")] == [True] * len(made)  # stored so
     assert all(train.usable_query(u, True, set()) for u in users) and len(set(users)) == len(users)
     assert all("\x00" not in u and train.MODEL_QUERY not in u for u in users)
     assert questions(5)[1] == users
@@ -325,3 +326,17 @@ def test_continuations_through_generate_are_greedy_or_drawn_with_the_settings_gi
     drawn = _continuations(target, None, prompts, 6, True, 9, lambda: False, QUERY_SAMPLING, keep=False)
     assert drawn == _continuations(target, None, prompts, 6, True, 9, lambda: False, QUERY_SAMPLING, keep=False)
     assert drawn != greedy and all(len(r) == 6 for r in drawn)
+
+
+def test_the_held_out_tenth_of_a_data_folder_gives_its_first_turns_by_kind(tmp_path):
+    import json
+
+    from specula.engine.api.errors import SpeculaError
+    from specula.engine.heads.train import held_out_first_turns
+
+    rows = [{"prompt": [i, i + 1], "answer": [7] * 5, "index": -1 if i % 4 == 3 else i,
+             **({"written": True} if i % 3 == 0 else {})} for i in range(40)]
+    (tmp_path / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert held_out_first_turns(tmp_path) == [("written by the model", [0, 1]), ("generated", [1, 2]), ("generated", [2, 3])]
+    with pytest.raises(SpeculaError, match="no training answers"):
+        held_out_first_turns(tmp_path / "missing")
