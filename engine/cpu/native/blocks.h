@@ -205,17 +205,28 @@ struct Acts {
   std::vector<float> d, dsum;
   std::vector<int32_t> sum, halves;
   const int8_t* codes(int64_t r, int64_t b) const { return q.data() + (r * nb + b) * QK; }
+  // room for `rows` rows of k inputs
+  void shape(int64_t n_rows, int64_t k) {
+    rows = n_rows;
+    nb = k / QK;
+    q.resize(rows * k);
+    d.resize(rows * nb);
+    dsum.resize(rows * nb);
+    sum.resize(rows * nb);
+    halves.resize(2 * rows * nb);
+  }
+  // block i's scale and the sums of its two halves of codes
+  void put(int64_t i, float scale, int32_t h0, int32_t h1) {
+    d[i] = scale;
+    sum[i] = h0 + h1;
+    halves[2 * i] = h0, halves[2 * i + 1] = h1;
+    dsum[i] = scale * static_cast<float>(h0 + h1);
+  }
 };
 
 template <typename T>
 void quantize(const T* x, int64_t rows, int64_t k, Acts& a) {
-  a.rows = rows;
-  a.nb = k / QK;
-  a.q.resize(rows * k);
-  a.d.resize(rows * a.nb);
-  a.dsum.resize(rows * a.nb);
-  a.sum.resize(rows * a.nb);
-  a.halves.resize(2 * rows * a.nb);
+  a.shape(rows, k);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < a.nb; ++b) {
       const T* xb = x + r * k + b * QK;
@@ -231,11 +242,7 @@ void quantize(const T* x, int64_t rows, int64_t k, Acts& a) {
         q[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
         h[j / 16] += q[j];
       }
-      int64_t i = r * a.nb + b;
-      a.d[i] = d;
-      a.sum[i] = h[0] + h[1];
-      a.halves[2 * i] = h[0], a.halves[2 * i + 1] = h[1];
-      a.dsum[i] = d * static_cast<float>(h[0] + h[1]);
+      a.put(r * a.nb + b, d, h[0], h[1]);
     }
 }
 
@@ -667,13 +674,7 @@ SPECULA_AVX512 inline __m512 inputs16(const float* p) { return _mm512_loadu_ps(p
 
 template <typename T>
 SPECULA_AVX512 void quantize_avx512(const T* x, int64_t rows, int64_t k, Acts& a) {
-  a.rows = rows;
-  a.nb = k / QK;
-  a.q.resize(rows * k);
-  a.d.resize(rows * a.nb);
-  a.dsum.resize(rows * a.nb);
-  a.sum.resize(rows * a.nb);
-  a.halves.resize(2 * rows * a.nb);
+  a.shape(rows, k);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < a.nb; ++b) {
       const T* xb = x + r * k + b * QK;
@@ -688,11 +689,7 @@ SPECULA_AVX512 void quantize_avx512(const T* x, int64_t rows, int64_t k, Acts& a
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
       const int32_t h0 = _mm512_reduce_add_epi32(q0), h1 = _mm512_reduce_add_epi32(q1);
-      const int64_t i = r * a.nb + b;
-      a.d[i] = d;
-      a.sum[i] = h0 + h1;
-      a.halves[2 * i] = h0, a.halves[2 * i + 1] = h1;
-      a.dsum[i] = d * static_cast<float>(h0 + h1);
+      a.put(r * a.nb + b, d, h0, h1);
     }
 }
 
