@@ -43,7 +43,7 @@ def run_measure_head(args) -> int:
         from .common import PromptItem
 
         turns = held_out_first_turns(args.prompts)
-        held = {n: ids for n, (_, ids) in enumerate(turns)}
+        held = [ids for _, ids in turns]
         items = select([PromptItem((), n, kind) for n, (kind, _) in enumerate(turns)], args.categories,
                        args.limit_per_category)
     else:

@@ -436,10 +436,9 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
             del follow[:n_follow]
             fresh = [(c, i + j) for j, c in enumerate(convs[i : i + batch - n_follow])]
             i += len(fresh)
-            left = {index for c, index in fresh if c[0].content == MODEL_QUERY}
-            if left:
-                fresh = _write_queries(target, engine, fresh, QUERY_SEEDS + seed * 1_000_003 + i, asked, should_stop)
-                written.update(index for _, index in fresh if index in left)
+            if any(c[0].content == MODEL_QUERY for c, _ in fresh):
+                fresh = _write_queries(target, engine, fresh, QUERY_SEEDS + seed * 1_000_003 + i, asked, written,
+                                       should_stop)
             encoded = []
             for conv, index in group + fresh:
                 e = encode(tok, list(conv), True)
@@ -538,10 +537,11 @@ def held_out_first_turns(folder: Path) -> list[tuple[str, list[int]]]:
     return [("written by the model" if a.written else "generated", a.prompt) for a in held if a.index >= 0]
 
 
-def _write_queries(target, engine, fresh: list, seed: int, asked: set[str],
+def _write_queries(target, engine, fresh: list, seed: int, asked: set[str], written_ids: set[int],
                    should_stop: Callable[[], bool]) -> list:
     """`fresh` (conversation, index) with each MODEL_QUERY turn written by the model (sampled from its chat
-    template opened at a user's turn); a question that is not usable drops its conversation."""
+    template opened at a user's turn; the question joins `asked`, its conversation's index `written_ids`); a
+    question that is not usable drops its conversation."""
     tok = target.tokenizer
     prefix = query_prefix(tok)
     wanted = [j for j, (c, _) in enumerate(fresh) if c[0].content == MODEL_QUERY]
@@ -556,6 +556,7 @@ def _write_queries(target, engine, fresh: list, seed: int, asked: set[str],
             text = tok.decode(cut, skip_special_tokens=True).strip()
             if usable_query(text, ended, asked):
                 asked.add(text)
+                written_ids.add(fresh[j][1])
                 written[j] = text
     return [(c, index) if j not in wanted else ((Message("user", written[j]),), index)
             for j, (c, index) in enumerate(fresh) if j not in wanted or j in written]

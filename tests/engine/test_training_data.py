@@ -280,7 +280,8 @@ def test_without_a_chat_template_the_questions_left_to_the_model_are_dropped():
 
     target = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None), context_window=128, eos_ids=frozenset())
     fresh = [((Message("user", MODEL_QUERY),), 0), ((Message("user", "Explain rainbows."),), 1)]
-    assert _write_queries(target, None, fresh, 0, set(), lambda: False) == fresh[1:]
+    written = set()
+    assert _write_queries(target, None, fresh, 0, set(), written, lambda: False) == fresh[1:] and not written
 
 
 def test_the_model_writes_first_turns_that_it_then_answers(bundled_fp32, monkeypatch, tmp_path):
