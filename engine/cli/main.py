@@ -52,6 +52,17 @@ def positive_number(text: str) -> float:
     return value
 
 
+def share(text: str) -> float:
+    """An argparse type: a number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {text}")
+    return value
+
+
 SEED = whole(0, SEED_MAX)
 
 
@@ -157,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=SEED, default=0)
     t.add_argument("--draft-vocab", type=whole(0, note=" (0: the whole vocabulary)"), default=8192,
                    help="the head drafts only the V most frequent answer tokens (0: the whole vocabulary)")
+    t.add_argument("--model-questions", dest="written", type=share, default=None, metavar="SHARE",
+                   help="of the first turns without a long pasted text, the share the model writes itself as a user "
+                        "would ask (0 to 1; default 0.25); the generator's kinds make the rest")
     t.add_argument("--batch", type=whole(1), default=32,
                    help="prompts answered together while generating training data")
     t.add_argument("--train-batch", type=whole(1), default=4, help="conversations per optimizer step")

@@ -16,7 +16,8 @@ def run_train_cmd(args) -> int:
     options = TrainOptions(kind=args.kind, tokens=args.tokens, epochs=args.epochs, lr=args.lr, seed=args.seed,
                            max_new_tokens=args.max_new_tokens, batch=args.batch, train_batch=args.train_batch,
                            draft_vocab=args.draft_vocab, out=args.out or default_out(args.model, args.kind), data=args.data, overwrite=args.overwrite,
-                           start=args.start)
+                           start=args.start,
+                           **({"written": args.written} if args.written is not None else {}))
     check_options(options)  # bad options fail before the model loads
     target = load_model(ModelSpec(args.model, args.device, args.dtype, args.weights, args.step), progress=lambda s: print(s, file=sys.stderr))
     result = run_training(target, options, say=progress_line, drafter=build_drafter("prompt-lookup", target))

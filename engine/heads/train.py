@@ -110,16 +110,20 @@ def _passage(rng: random.Random) -> str:
 
 
 def _conversation(rng: random.Random, pairs: list, i: int, sentences: list | tuple = (),
-                  subjects: dict | None = None) -> str:
+                  subjects: dict | None = None, written: float | None = None) -> str:
     """One first turn: a question the model writes itself (MODEL_QUERY, filled in while answering), topics x
     task forms, arithmetic, code, translation both ways (into English from the message catalogs'
     `sentences`), a short factual question about one of `subjects`, role play, or a question about a short
-    made-up text (a kind without its source falls back to topics x forms)."""
+    made-up text (a kind without its source falls back to topics x forms). `written`: the share the model
+    writes (MODEL_QUERY_SHARE by default); the other kinds keep their proportions among the rest."""
     from .documents import question_prompt, translation_prompt
 
     kind = rng.random()
-    if kind < MODEL_QUERY_SHARE:
+    share = MODEL_QUERY_SHARE if written is None else written
+    if kind < share:
         return MODEL_QUERY  # the model writes this one itself while answering (self_distill)
+    if share != MODEL_QUERY_SHARE:  # the rest onto the default's range of kinds, their thresholds below
+        kind = MODEL_QUERY_SHARE + (kind - share) / (1 - share) * (1 - MODEL_QUERY_SHARE)
     if kind < 0.45:
         topic, form = pairs[i % len(pairs)]
         return form.format(t=topic)
@@ -169,13 +173,14 @@ QUERY_SEEDS = 1 << 40  # the questions' seeds, apart from the answers'
 
 def prompt_conversations(n: int, seed: int = 0, documents: tuple | list | None = None,
                          sentences: list | tuple | None = None,
-                         subjects: dict | None = None) -> list[tuple[Message, ...]]:
+                         subjects: dict | None = None, written: float | None = None) -> list[tuple[Message, ...]]:
     """n conversations of one user message: questions the model writes itself (MODEL_QUERY until they are
     written while answering), topics x task forms, arithmetic word problems, code, translation both ways,
     short factual questions, role play, questions about a short made-up text, and (DOCUMENT_SHARE of them) a
     long text that ships on this machine with a task about it (second turns are added while generating).
     `documents`, `sentences`, `subjects`: the texts to paste, the sentences to translate into English and the
-    names to ask about (default: what documents.py finds on this machine)."""
+    names to ask about (default: what documents.py finds on this machine). `written`: the share of the
+    first turns without a long text that the model writes itself (default MODEL_QUERY_SHARE)."""
     from .documents import catalog_sentences, document_prompt, question_subjects, shipped_documents
 
     rng = random.Random(seed)
@@ -189,7 +194,7 @@ def prompt_conversations(n: int, seed: int = 0, documents: tuple | list | None =
         if docs and rng.random() < DOCUMENT_SHARE:
             out.append((Message("user", document_prompt(docs[i % len(docs)], rng)),))
         else:
-            out.append((Message("user", _conversation(rng, pairs, i, sentences, subjects)),))
+            out.append((Message("user", _conversation(rng, pairs, i, sentences, subjects, written)),))
     return out
 
 
@@ -400,13 +405,14 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
                  say: Callable[[str], None] = lambda s: None, store: Path | None = None,
                  should_stop: Callable[[], bool] = lambda: False, sampled: float = SAMPLED_SHARE,
                  drafter: Drafter | None = None, aux_layers: tuple[int, ...] = (),
-                 features: Path | None = None) -> list[Answer]:
+                 features: Path | None = None, written: float | None = None) -> list[Answer]:
     """The target answers generated prompts, batched, until about n_tokens answer tokens exist: greedily, and
     a `sampled` share of the batches by sampling (a seed per batch). With `store` (a .jsonl file) every
     answer is appended as it is made, and a later run with the same file continues where this one stopped.
     `drafter`: the strategy the engine's own decoding uses on a CPU (none: plain steps). With `aux_layers` and
     a `features` folder, an EAGLE-3 head's features of each answer made by batched decoding are written there
-    as it is made (as `with_features` stores them, which then reads them instead of computing them)."""
+    as it is made (as `with_features` stores them, which then reads them instead of computing them).
+    `written`: the share of first turns without a long text that the model writes itself (prompt_conversations)."""
     tok = target.tokenizer
     # on a CPU the engine's own decoding answers: batched plain decoding through the compiled step (one
     # conversation at a time with the caller's drafter until that step runs); GPUs batch through generate()
@@ -417,7 +423,7 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
             features.mkdir(parents=True, exist_ok=True)
     answers = _read_answers(store)
     made = sum(len(a.answer) for a in answers)
-    convs = prompt_conversations(max(1, 4 * n_tokens // max_new + 8), seed)
+    convs = prompt_conversations(max(1, 4 * n_tokens // max_new + 8), seed, written=written)
     rng = random.Random(seed + 1 + len(answers))
     i = max((a.index for a in answers), default=-1) + 1
     if made:
@@ -1070,6 +1076,7 @@ class TrainOptions:
     data: Path | None = None  # answers and checkpoints; default OUT/training
     overwrite: bool = False
     start: Path | None = None  # a head of this kind to continue training (its weights and draft vocabulary)
+    written: float = MODEL_QUERY_SHARE  # of the first turns without a long text, the share the model writes itself
 
 
 @dataclass
@@ -1107,6 +1114,8 @@ def check_options(o: TrainOptions) -> None:
             raise SpeculaError(f"{what} must be at least {least}, got {value}")
     if not math.isfinite(o.lr) or o.lr <= 0:
         raise SpeculaError(f"the learning rate must be a finite number above 0, got {o.lr}")
+    if not 0 <= o.written <= 1:
+        raise SpeculaError(f"the share of questions the model writes must be from 0 to 1, got {o.written}")
     if o.out is not None and (o.out / "head.json").exists() and not o.overwrite:
         raise SpeculaError(f"{o.out} already holds a head: choose another folder or overwrite it")
     if o.start is not None and not (o.start / "head.json").is_file():
@@ -1163,6 +1172,8 @@ def _run_training(target, o: TrainOptions, out: Path, work: Path, report: Callab
     from .store import save_head
 
     about = {"target": target_fingerprint(target.model), "seed": o.seed, "max_new_tokens": o.max_new_tokens}
+    if o.written != MODEL_QUERY_SHARE:  # other prompts than the default's (folders of the default stay as they were)
+        about["model_questions"] = o.written
     try:
         work.mkdir(parents=True, exist_ok=True)
         stored = json.loads((work / "about.json").read_text(encoding="utf-8")) if (work / "about.json").is_file() else None
@@ -1176,7 +1187,7 @@ def _run_training(target, o: TrainOptions, out: Path, work: Path, report: Callab
     store = work / ("features-" + ("-".join(map(str, aux)) if aux else "final"))
     answers = self_distill(target, o.tokens, max_new=o.max_new_tokens, batch=o.batch, seed=o.seed, say=report,
                            store=work / "answers.jsonl", should_stop=should_stop, drafter=drafter,
-                           aux_layers=aux, features=store if aux else None)
+                           aux_layers=aux, features=store if aux else None, written=o.written)
     if len(answers) < 2:
         raise SpeculaError("the model gave too few usable answers to train on (each needs at least 4 tokens before its end)")
     seqs = with_features(target, answers, say=report, aux_layers=aux, store=store)

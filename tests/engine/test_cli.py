@@ -165,7 +165,9 @@ def test_a_seed_outside_64_bits_is_refused_when_parsed(capsys, command, seed):
 
 @pytest.mark.parametrize("flag, value", [("--tokens", "0"), ("--epochs", "-1"), ("--lr", "nan"), ("--lr", "-1"),
                                          ("--lr", "inf"), ("--draft-vocab", "-1"), ("--batch", "0"),
-                                         ("--train-batch", "0"), ("--max-new-tokens", "0")])
+                                         ("--train-batch", "0"), ("--max-new-tokens", "0"),
+                                         ("--model-questions", "1.5"), ("--model-questions", "-0.1"),
+                                         ("--model-questions", "half")])
 def test_each_bad_training_option_names_its_flag(capsys, tmp_path, flag, value):
     code, _, err = run_cli(capsys, "train-head", "--model", "/no/such/model.gguf", "--out", str(tmp_path), flag, value)
     assert code == 2
@@ -177,7 +179,8 @@ def test_training_options_name_the_one_that_is_wrong():
     from specula.engine.heads.train import TrainOptions, check_options
 
     for field, value, words in [("epochs", 0, "epochs must be at least 1"), ("lr", float("nan"), "learning rate"),
-                                ("max_new_tokens", 0, "max new tokens"), ("draft_vocab", -1, "draft vocabulary")]:
+                                ("max_new_tokens", 0, "max new tokens"), ("draft_vocab", -1, "draft vocabulary"),
+                                ("written", 1.2, "questions the model writes")]:
         with pytest.raises(SpeculaError, match=words):
             check_options(TrainOptions(**{field: value}))
 

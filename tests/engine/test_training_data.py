@@ -244,6 +244,26 @@ def test_some_first_turns_are_left_for_the_model_to_write():
     assert abs(convs.count(MODEL_QUERY) / len(convs) - (1 - DOCUMENT_SHARE) * MODEL_QUERY_SHARE) < 0.03
 
 
+def test_the_share_the_model_writes_can_be_chosen_and_the_other_kinds_keep_their_proportions():
+    from specula.engine.heads.train import MODEL_QUERY, MODEL_QUERY_SHARE
+
+    def firsts(written):
+        return [c[0].content for c in prompt_conversations(3000, seed=5, documents=[], sentences=[], subjects={},
+                                                           written=written)]
+
+    default = firsts(None)
+    assert firsts(MODEL_QUERY_SHARE) == default  # the default's conversations, as earlier runs made them
+    assert set(firsts(1.0)) == {MODEL_QUERY} and MODEL_QUERY not in firsts(0.0)
+    more = firsts(0.6)
+    assert abs(more.count(MODEL_QUERY) / len(more) - 0.6) < 0.03
+
+    def code_share(convs):  # among the turns the generator makes, how many ask for code
+        made = [c for c in convs if c != MODEL_QUERY]
+        return sum(c.startswith("Write a ") and " function that " in c for c in made) / len(made)
+
+    assert abs(code_share(more) - code_share(default)) < 0.03 and code_share(default) > 0.05
+
+
 def test_the_users_turn_is_opened_as_the_chat_template_lays_out_a_conversation(bundled_fp32):
     from types import SimpleNamespace
 
