@@ -361,3 +361,26 @@ def test_the_held_out_tenth_of_a_data_folder_gives_its_first_turns_by_kind(tmp_p
     assert held_out_first_turns(tmp_path) == [("written by the model", [0, 1]), ("generated", [1, 2]), ("generated", [2, 3])]
     with pytest.raises(SpeculaError, match="no training answers"):
         held_out_first_turns(tmp_path / "missing")
+
+
+def test_a_data_folder_made_with_another_share_of_model_questions_is_refused_on_resume(tiny_target, tmp_path):
+    from specula.engine.api.errors import SpeculaError, TrainingCancelled
+    from specula.engine.heads.train import TrainOptions, run_training
+
+    data = tmp_path / "data"
+    data.mkdir()  # a folder the user named stays when a run that kept nothing is cancelled
+    written = []  # what a run with its own share writes as the folder's settings, read when it is told to stop
+
+    def stop():
+        written.append((data / "about.json").read_text())
+        return True
+
+    with pytest.raises(TrainingCancelled):
+        run_training(tiny_target, TrainOptions(tokens=1000, out=tmp_path / "a", data=data, written=0.6), should_stop=stop)
+    assert '"model_questions": 0.6' in written[0]
+    (data / "about.json").write_text(written[0])  # as a run that kept answers leaves it
+    with pytest.raises(SpeculaError, match="other settings"):  # the default share would mix other prompts in
+        run_training(tiny_target, TrainOptions(tokens=1000, out=tmp_path / "b", data=data), should_stop=lambda: True)
+    with pytest.raises(TrainingCancelled):  # the same share resumes (and stops here when told to)
+        run_training(tiny_target, TrainOptions(tokens=1000, out=tmp_path / "c", data=data, written=0.6),
+                     should_stop=lambda: True)
