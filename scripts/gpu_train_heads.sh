@@ -14,6 +14,7 @@
 #                            under DIR, seeds in order) as the data to start from: no generation when TOKENS
 #                            is at most what they hold (the default then)
 #   TOKENS=2000000           answer tokens to train on (generated where the data holds fewer)
+#   MODEL_QUESTIONS=0.25     of the generated first turns without a pasted text, the share the model writes itself
 #   BATCH=256                conversations answered together (transformers' generate() on the GPU)
 #   TRAIN_BATCH=32           conversations per optimizer step
 #   EPOCHS=2
@@ -70,12 +71,13 @@ fi
 } > "$out/timings.txt"
 
 train() {  # train KIND: one head from the shared answers (the first run makes them), timed
-    local kind="$1" start from=()
+    local kind="$1" start from=() questions=()
     start=$(date +%s)
     [ -n "${FROM:-}" ] && [ "$kind" = eagle3 ] && from=(--from "$FROM")
+    [ -n "${MODEL_QUESTIONS:-}" ] && questions=(--model-questions "$MODEL_QUESTIONS")
     "$py" -m specula.engine.cli train-head --model "$model" --device cuda --dtype bf16 --kind "$kind" \
         --tokens "$tokens" --batch "${BATCH:-256}" --train-batch "${TRAIN_BATCH:-32}" --lr "${LR:-1e-3}" "${from[@]}" \
-        --epochs "${EPOCHS:-2}" --data "$out/data" --out "$out/$kind" --overwrite 2>&1 | tr '\r' '\n' | tee "$out/$kind.log" |
+        "${questions[@]}" --epochs "${EPOCHS:-2}" --data "$out/data" --out "$out/$kind" --overwrite 2>&1 | tr '\r' '\n' | tee "$out/$kind.log" |
         grep -E "tokens/s|epoch [0-9]+/[0-9]+, step|saved" | tail -n 3
     local rc=${PIPESTATUS[0]}
     echo "$kind: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/timings.txt"
