@@ -80,8 +80,13 @@ STRATEGY_OPTIONS: dict[str, StrategyOption] = {
         StrategyOption("exit_layer", (int,), ("layer-skip",), "layer-skip: layers used for drafting"),
         StrategyOption("head", (str,), ("eagle", "medusa", "auto"), "eagle: a folder written by `specula train-head`"),
         StrategyOption("tree", (bool, int), ("eagle", "medusa", "lookahead"),
-                       "token trees: eagle drafts an EAGLE-2 dynamic tree; medusa and lookahead send trees even on a "
-                       "CPU, where tree passes can part from plain decoding at near ties"),
+                       "token trees (--no-tree: chains only). By default eagle drafts EAGLE-2 dynamic trees, sized by "
+                       "measured costs, where tree passes decide as chains do (the compiled step on a CPU, a GPU), and "
+                       "medusa and lookahead send trees on a GPU; --tree forces them (a tree pass that runs eagerly "
+                       "on a CPU can part from plain decoding at a near tie)"),
+        StrategyOption("lookup", (bool, int), ("eagle",),
+                       "eagle: its trees also hold the conversation's own continuation, prompt lookup's draft "
+                       "(default on; --no-lookup: the head's nodes only)"),
         StrategyOption("skip", (str,), ("auto",), "auto: comma-separated strategies it must not use",
                        on_command_line=False),
     )

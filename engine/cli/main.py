@@ -115,7 +115,7 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
         if not option.on_command_line:
             continue
         if bool in option.kinds:
-            p.add_argument(option.flag, action="store_const", const=1, default=None, help=option.help)
+            p.add_argument(option.flag, action=argparse.BooleanOptionalAction, default=None, help=option.help)
         else:
             p.add_argument(option.flag, type=option.kinds[0], default=None, help=option.help)
 

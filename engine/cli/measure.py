@@ -13,11 +13,14 @@ from ..api.types import DecodeConfig
 from ..models.loading import load_model
 from .common import model_spec
 
+LOOKUP_LABEL = ", with prompt lookup's branch"
+
 
 def tree_drafters(target, folders: list[Path], nodes: int) -> dict[str, object]:
-    """{head folder: the eagle drafter building dynamic trees of `nodes` nodes with it} for the EAGLE heads among
-    `folders`, each with its own copy of the head as the strategy loads it (the chains' measure runs its copy in
-    fp32)."""
+    """{head folder: the eagle drafter building dynamic trees of `nodes` nodes with it, head folder + LOOKUP_LABEL:
+    the same with the conversation's own continuation as a branch (as the strategy drafts)} for the EAGLE heads
+    among `folders`, each with its own copy of the head as the strategy loads it (the chains' measure runs its
+    copy in fp32)."""
     from ..drafters.eagle import Eagle
     from ..heads.medusa import MedusaHead
     from ..heads.store import load_head
@@ -27,6 +30,8 @@ def tree_drafters(target, folders: list[Path], nodes: int) -> dict[str, object]:
         head, _ = load_head(folder, target)
         if nodes > 0 and not isinstance(head, MedusaHead):
             out[str(folder)] = Eagle(head, target, stop_below=0.0, tree=True, nodes=nodes)
+            out[str(folder) + LOOKUP_LABEL] = Eagle(load_head(folder, target)[0], target, stop_below=0.0, tree=True,
+                                                    nodes=nodes, lookup=True)
     return out
 
 
@@ -87,7 +92,9 @@ def run_measure_head(args) -> int:
     print("|---|" + "---|" * (len(categories) + 1))
     for folder, by in results.items():
         print(f"| {folder} | " + " | ".join(f"{by[c]:.2f}" for c in categories) + f" | **{by['overall']:.2f}** |")
-    for folder, by in trees.items():
-        print(f"| {folder}, tree of {args.tree_nodes} | " + " | ".join(f"{by[c]:.2f}" for c in categories)
+    for name, by in trees.items():
+        plain = name.removesuffix(LOOKUP_LABEL)
+        label = f"{plain}, tree of {args.tree_nodes}" + (LOOKUP_LABEL.removeprefix(",") if plain != name else "")
+        print(f"| {label} | " + " | ".join(f"{by[c]:.2f}" for c in categories)
               + f" | **{by['overall']:.2f}** |")
     return 0

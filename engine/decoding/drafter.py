@@ -96,6 +96,11 @@ def empty_draft() -> Draft:
 
 
 def sends_tree(force: bool | None, runner) -> bool:
-    """Whether a tree drafter sends a tree this step: as forced by its `tree` option, else only where
-    the target's tree passes decide as a chain pass would (runner.exact_trees)."""
-    return force if force is not None else runner is not None and runner.exact_trees
+    """Whether a drafter of fixed trees (medusa, lookahead) sends a tree this step: as forced by its `tree`
+    option, else only where the target's tree passes decide as a chain pass would (runner.exact_trees) and a
+    pass's extra rows cost next to nothing (not on a CPU, where each costs about a tenth of a plain step and
+    a fixed tree of 10 nodes costs more than it wins; eagle sizes its trees by measured costs instead)."""
+    if force is not None:
+        return force
+    return runner is not None and runner.exact_trees and getattr(runner, "device", None) is not None \
+        and runner.device.type != "cpu"

@@ -1,4 +1,6 @@
-"""`eagle`: a trained head drafts from the target's own features (EAGLE, Li et al. 2024), as a chain.
+"""`eagle`: a trained head drafts from the target's own features (EAGLE, Li et al. 2024), as a chain or,
+where the target's tree passes are exact, as an EAGLE-2 dynamic tree that also holds the conversation's own
+continuation (prompt lookup's draft) as a branch.
 
 Before drafting, the head reads the target's final hidden states of the positions kept since it last
 drafted (the runner keeps them with its cache), with the embeddings of the tokens that followed them;
@@ -18,6 +20,7 @@ from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
 from ..decoding.sampling import process_logits, sample
 from ..heads.store import head_for_strategy
+from .prompt_lookup import DRAFT_PER_MATCHED_TOKEN, longest_match
 
 TREE_CHILDREN = 4  # children looked at per expanded node
 TREE_EXPAND = 3  # nodes expanded per level
@@ -25,13 +28,20 @@ TREE_MAX_NODES = 24
 LOG_MIN_PATH = math.log(0.02)  # paths less likely than this are not expanded
 DEFAULT_NODE_COST = 0.035  # a tree node's share of a plain pass's time on a CPU, before measuring
 COST_DECAY = 0.95
+LOOKUP_MAX_N = 16  # the longest match of the conversation's last tokens looked for (as prompt lookup's default)
+# before measuring: the share of lookup nodes kept given their parent was, by match length (1, 2-3, 4+);
+# measured on Spec-Bench's answers of the bundled model: 0.4-0.8
+LOOKUP_PRIOR = {1: 0.4, 2: 0.6, 4: 0.75}
+LOOKUP_PRIOR_WEIGHT = 4.0
+LOOKUP_DECAY = 0.995
 
 
 class Eagle(Drafter):
     name = "eagle"
     description = STRATEGIES[name].description
 
-    def __init__(self, head, target, stop_below: float = 0.3, tree: bool = False, nodes: int | None = None) -> None:
+    def __init__(self, head, target, stop_below: float = 0.3, tree: bool | None = False, nodes: int | None = None,
+                 lookup: bool = False) -> None:
         model = target.model
         self.head = head
         # a published head's own copy of the embeddings where its file has one
@@ -60,20 +70,28 @@ class Eagle(Drafter):
                            if self.ids is not None and self.own_logits is None else None)
         self.id_list = self.ids.tolist() if self.ids is not None else None
         self.stop_below = stop_below  # greedy: no further draft token once the head's top guess is less likely
-        self.tree = tree  # greedy: an EAGLE-2 dynamic tree instead of a chain
+        # an EAGLE-2 dynamic tree instead of a chain: True, False, or None: where the target's tree passes
+        # decide as chain passes would (runner.exact_trees; its size then follows the measured costs)
+        self.tree = tree
         self.nodes = nodes  # a tree's nodes; None: as many as the measured costs say pay
         self.costs = _Costs()
+        self.lookup = _Lookup() if lookup else None  # trees also hold the conversation's own continuation
 
     @classmethod
-    def build(cls, target, draft=None, head=None, tree=None, **options) -> "Eagle":
+    def build(cls, target, draft=None, head=None, tree=None, lookup=None, **options) -> "Eagle":
         module = head_for_strategy(target, head, "eagle", "a trained draft head (--head DIR; make one with `specula train-head`)")
-        return cls(module, target, tree=bool(tree))
+        return cls(module, target, tree=None if tree is None else bool(tree), lookup=lookup is None or bool(lookup))
 
     def reset(self) -> None:
         self.head.truncate(0)
         self.synced = 0
         self.fresh = 1
         self.costs.pending = None  # the time between generations is no pass
+        if self.lookup is not None:
+            self.lookup.pending.clear()  # what it learned stays; the new answer's tokens judge no old draft
+
+    def sends_tree(self, runner) -> bool:
+        return self.tree if self.tree is not None else runner is not None and runner.exact_trees
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, k: int) -> Draft:
@@ -84,8 +102,8 @@ class Eagle(Drafter):
             return empty_draft()
         device = out.device
         greedy = ctx.params.greedy
-        if self.tree:  # under sampling too: its nodes count as point guesses there
-            return self._dynamic_tree(out, length, k)
+        if self.sends_tree(ctx.target):  # under sampling too: its nodes count as point guesses there
+            return self._dynamic_tree(out, ctx.tokens, k)
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
         for j in range(k):
@@ -105,10 +123,12 @@ class Eagle(Drafter):
                 out = self.head(out[None, None], emb[None], start=length - 1 + j, use_cache=True)[0, -1]
         return Draft(torch.tensor(drafted, dtype=torch.long), torch.stack(qs) if qs else None)
 
-    def _dynamic_tree(self, out: torch.Tensor, length: int, k: int) -> Draft:
+    def _dynamic_tree(self, out: torch.Tensor, context: torch.Tensor, k: int) -> Draft:
         """EAGLE-2: grow a tree level by level, expanding the nodes whose whole path is most likely under
-        the head; then keep the most likely nodes, as many as the measured costs say pay."""
+        the head; add the conversation's own continuation where it has one (`_Lookup`); then keep the most
+        likely nodes, as many as the measured costs say pay."""
         t0 = time.perf_counter()
+        length = context.shape[0]
         device = out.device
         base = self.synced  # cache slots below this hold the real context
         top = torch.log_softmax(self._draft_logits(out[None])[0], -1).topk(TREE_CHILDREN)
@@ -150,6 +170,18 @@ class Eagle(Drafter):
                     parent.append(i)
                     depth.append(level + 1)
                     feeds.append(outs[row])
+        if self.lookup is not None:  # a node both propose is one node, as likely as the likelier says
+            node = -1
+            for d, (token, p) in enumerate(zip(*self.lookup.draft(context, k)), 1):
+                child = next((i for i, (t, a) in enumerate(zip(tokens, parent)) if a == node and t == token), None)
+                if child is None:
+                    child = len(tokens)
+                    tokens.append(token)
+                    score.append(-math.inf)
+                    parent.append(node)
+                    depth.append(d)
+                score[child] = max(score[child], math.log(max(p, 1e-9)))
+                node = child
         ranked = sorted(range(len(tokens)), key=lambda i: -score[i])
         n = self.nodes or self.costs.budget([math.exp(score[i]) for i in ranked], (time.perf_counter() - t0))
         keep = set(ranked[:n])
@@ -230,6 +262,58 @@ class Eagle(Drafter):
 
     def passed(self, accepted: int) -> None:
         self.fresh = accepted + 1  # the positions before this step's are caught up on
+
+
+class _Lookup:
+    """The conversation's own continuation as a branch of eagle's trees: what followed the latest longest
+    earlier match of its last tokens (prompt lookup's draft, twice the match long at most), each node valued
+    at the share of such nodes the target kept given their parent was, by match length (1, 2-3, 4 or more)
+    and depth. Each draft is judged against the tokens the answer went on with, once they are there."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[int, int], list[float]] = {}  # (match bucket, depth) -> [kept, judged], decayed
+        self.pending: list[list] = []  # [length when drafted, bucket, tokens, depths judged]
+
+    def draft(self, context: torch.Tensor, k: int) -> tuple[list[int], list[float]]:
+        """(tokens, the probability that each node and its ancestors are kept)."""
+        self.judge(context)
+        n, start = longest_match(context.numpy(), LOOKUP_MAX_N)
+        if n == 0 or k <= 0:
+            return [], []
+        path = context[start : start + min(k, DRAFT_PER_MATCHED_TOKEN * n)].tolist()
+        bucket = 1 if n == 1 else 2 if n <= 3 else 4
+        self.pending = self.pending[-15:] + [[context.shape[0], bucket, path, 0]]
+        probs, p = [], 1.0
+        for d in range(1, len(path) + 1):
+            p *= self.rate(bucket, d)
+            probs.append(p)
+        return path, probs
+
+    def rate(self, bucket: int, depth: int) -> float:
+        kept, judged = self.counts.get((bucket, depth), (0.0, 0.0))
+        return (kept + LOOKUP_PRIOR[bucket] * LOOKUP_PRIOR_WEIGHT) / (judged + LOOKUP_PRIOR_WEIGHT)
+
+    def judge(self, context: torch.Tensor) -> None:
+        """Count each pending draft's nodes whose tokens the answer has reached, up to the first wrong one."""
+        length = context.shape[0]
+        left = []
+        for item in self.pending:
+            at, bucket, path, judged = item
+            known = context[at:length].tolist() if length >= at else []
+            done = False
+            while judged < min(len(path), len(known)):
+                right = path[judged] == known[judged]
+                judged += 1
+                count = self.counts.setdefault((bucket, judged), [0.0, 0.0])
+                count[0] = LOOKUP_DECAY * count[0] + right
+                count[1] = LOOKUP_DECAY * count[1] + 1.0
+                if not right:
+                    done = True
+                    break
+            item[3] = judged
+            if not done and judged < len(path) and length >= at:
+                left.append(item)
+        self.pending = left
 
 
 class _Costs:

@@ -385,11 +385,15 @@ class LlamaRunner:
 
     @property
     def exact_trees(self) -> bool:
-        """Whether a token tree's pass decides as a chain pass would. On a CPU it does not, in bf16 or fp32:
-        a node's keys sit among its siblings', so its attention sums run in another order and a near tie
-        can tip (seen in fp32 on a tiny model: a margin of 5 ulps between the two best logits). Chains are
-        bit-exact there, so tree drafters send their best chain unless told to send trees."""
-        return not self.blocked and not self.static
+        """Whether a token tree's pass decides as a chain pass would. On a CPU it does while the current answer
+        runs through the compiled step: every product gives a row its own bits, and a tree row's attention
+        takes its keys in the chain's order (docs/ENGINE.md, "Attention"; tested against single steps). The
+        eager forward's does not, in bf16 or fp32: a node's keys sit among its siblings', its attention sums
+        run in another order and a near tie can tip (seen in fp32 on a tiny model: a margin of 5 ulps between
+        the two best logits); nor do static steps' (a GPU's). There tree drafters send their best chain."""
+        if self.static:
+            return False
+        return not self.blocked or self._fast is not None
 
     def shallow(self, n_layers: int) -> "LlamaRunner":
         return LlamaRunner(self.model, n_layers, self.native, self.step, self.static, self.graphs is not None,

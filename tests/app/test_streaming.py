@@ -183,10 +183,10 @@ def qtbot_button():
 
 def test_tree_steps_say_which_branch_won_and_the_history_keeps_it(make_window, qtbot, monkeypatch):
     from specula.app.history import TokenRecord
-    from specula.engine.models.llama import LlamaRunner
+    from specula.engine.drafters import lookahead
 
-    # on a CPU tree drafters send chains unless told (tree passes are not bit-exact there): as on a GPU
-    monkeypatch.setattr(LlamaRunner, "exact_trees", property(lambda self: True))
+    # on a CPU lookahead sends chains unless told (a pass's extra rows cost there): as on a GPU
+    monkeypatch.setattr(lookahead, "sends_tree", lambda force, runner: True)
     w = make_window(strategy="lookahead", max_new_tokens=60)
     w.send_text("abc abc abc abc")
     ok, finished = wait_reply(qtbot, w)

@@ -114,7 +114,9 @@ def test_train_head_command_writes_a_head_that_the_eagle_strategy_loads(tiny_fol
                  "--max-new-tokens", "16", "--tree-nodes", "6", "--json", *(a for h in heads for a in ("--head", h))]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report["heads"]) == set(heads) and report["answers"] == 3
-    assert set(report["trees"]) == {str(out), str(tmp_path / "e3")}  # EAGLE heads' trees; Medusa's chain only
+    # EAGLE heads' trees, alone and with prompt lookup's branch; Medusa's chain only
+    eagles = {str(out), str(tmp_path / "e3")}
+    assert set(report["trees"]) == eagles | {h + ", with prompt lookup's branch" for h in eagles}
     for by in [*report["heads"].values(), *report["trees"].values()]:
         assert set(by) == {"writing", "math", "overall"} and all(1.0 <= v <= 6.0 for v in by.values())
     # and on the first turns of the data folder's held-out tenth, as stored
@@ -204,6 +206,75 @@ def test_greedy_eagle_drafts_trees_and_chains_and_stays_lossless(trained):
         assert list(generate(target.new_runner(), drafter, prompt, config))[-1].token_ids == base.token_ids
     assert any(branched for branched, _ in shapes)  # nodes with several children
     assert any(depth > 1 for _, depth in shapes)  # and paths several tokens deep
+
+
+def test_on_the_compiled_step_eagle_sends_trees_holding_the_conversations_continuation(ops, trained):
+    """Where tree passes decide as chains do (a CPU's compiled step), the strategy drafts trees by default, with
+    prompt lookup's draft as a branch; its answers stay plain decoding's. Eagerly it sends chains."""
+    from specula.engine.drafters.prompt_lookup import find_continuation
+    from specula.engine.models.loading import LoadedModel
+
+    trained_target, folder, _, _ = trained
+    for step in ("compiled", "eager"):
+        target = LoadedModel(trained_target.model, None, "tiny", torch.device("cpu"), torch.float32)
+        target.step = step
+        drafter = build_drafter("eagle", target, head=str(folder))
+        drafts = []
+        original = drafter.propose
+
+        def recording(ctx, k):
+            draft = original(ctx, k)
+            drafts.append((ctx.tokens.clone(), k, draft, ctx.target.exact_trees))
+            return draft
+
+        drafter.propose = recording
+        for seed in range(3):
+            tail = torch.randint(0, 64, (6,), generator=torch.Generator().manual_seed(seed)).tolist()
+            prompt = tail * 3 + [7]  # repeated text: prompt lookup finds matches
+            config = DecodeConfig(k=5, max_new_tokens=40)
+            base = list(generate(target.new_runner(), build_drafter("none", target), prompt, config))[-1]
+            assert list(generate(target.new_runner(), drafter, prompt, config))[-1].token_ids == base.token_ids
+        drafted = [d for d in drafts if d[2].tokens.numel()]
+        assert drafted and all(exact == (step == "compiled") for _, _, _, exact in drafted)
+        trees = [(tokens, k, d) for tokens, k, d, _ in drafted if d.parents is not None]
+        if step == "eager":
+            assert not trees
+            continue
+        assert len(trees) == len(drafted)
+        holding = 0
+        for tokens, k, d in trees:
+            path = find_continuation(tokens, k, 1, 16).tolist()
+            node, parents, toks = -1, d.parents.tolist(), d.tokens.tolist()
+            for token in path:
+                node = next((i for i, (t, p) in enumerate(zip(toks, parents)) if p == node and t == token), None)
+                if node is None:
+                    break
+            holding += bool(path) and node is not None
+        assert holding > 0  # whole lookup paths among the trees' nodes
+
+
+def test_the_lookup_branch_values_its_nodes_by_how_often_the_answer_went_on_so():
+    from specula.engine.drafters.eagle import LOOKUP_PRIOR, _Lookup
+
+    lookup = _Lookup()
+    context = torch.tensor([1, 2, 3, 4, 1, 2, 3])  # "1 2 3" matched (3 tokens): "4 1 2 3" followed it
+    path, probs = lookup.draft(context, 8)
+    assert path == [4, 1, 2, 3] and probs == sorted(probs, reverse=True)
+    assert probs[0] == pytest.approx(LOOKUP_PRIOR[2])
+    lookup.judge(torch.cat([context, torch.tensor([4])]))  # one token known: right so far, still pending
+    assert len(lookup.pending) == 1
+    lookup.judge(torch.cat([context, torch.tensor([4, 1, 9, 5])]))  # right, right, wrong: judged, done
+    assert not lookup.pending
+    assert lookup.rate(2, 1) > LOOKUP_PRIOR[2] and lookup.rate(2, 2) > LOOKUP_PRIOR[2]
+    assert lookup.rate(2, 3) < LOOKUP_PRIOR[2] and lookup.rate(2, 4) == pytest.approx(LOOKUP_PRIOR[2])  # not reached
+    assert lookup.draft(torch.tensor([5, 6, 7]), 8) == ([], [])  # no earlier match: no branch
+
+
+def test_bench_variants_set_options_on_and_off():
+    from specula.engine.cli.bench.run import split_variant, variant_options
+
+    strategy, flags = split_variant("eagle+tree+no-lookup")
+    assert strategy == "eagle" and variant_options(flags) == (("tree", 1), ("lookup", 0))
 
 
 def _depth(parents):

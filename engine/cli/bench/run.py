@@ -63,7 +63,7 @@ class Bench:
 
     def run_strategy(self, name: str, item: PromptItem) -> Run:
         strategy, flags = split_variant(name)
-        options = self.options + tuple((flag, 1) for flag in flags)
+        options = self.options + variant_options(flags)
         return self._run_turns(self.session, strategy, options, item)
 
     def run_remote(self, name: str, item: PromptItem) -> Run:
@@ -154,9 +154,15 @@ def parse_peers(text: str) -> tuple[list[str], dict[str, str]]:
 
 
 def split_variant(name: str) -> tuple[str, tuple[str, ...]]:
-    """'eagle+tree' -> ('eagle', ('tree',)): a strategy with on/off options set, benched under its own name."""
+    """'eagle+tree' -> ('eagle', ('tree',)): a strategy with on/off options set, benched under its own name
+    ('eagle+no-lookup': an option set off)."""
     strategy, *flags = name.split("+")
     return strategy, tuple(flags)
+
+
+def variant_options(flags: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """A variant's flags as strategy options: ('tree', 'no-lookup') -> (('tree', 1), ('lookup', 0))."""
+    return tuple((flag[3:], 0) if flag.startswith("no-") else (flag, 1) for flag in flags)
 
 
 def median_run(runs: list[Run]) -> Run:
