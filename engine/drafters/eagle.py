@@ -34,6 +34,7 @@ LOOKUP_MAX_N = 16  # the longest match of the conversation's last tokens looked 
 LOOKUP_PRIOR = {1: 0.4, 2: 0.6, 4: 0.75}
 LOOKUP_PRIOR_WEIGHT = 4.0
 LOOKUP_DECAY = 0.995
+LEVEL_WEIGHT = 0.2  # of the newest level's time in the running figure
 
 
 class Eagle(Drafter):
@@ -76,6 +77,7 @@ class Eagle(Drafter):
         self.nodes = nodes  # a tree's nodes; None: as many as the measured costs say pay
         self.costs = _Costs()
         self.lookup = _Lookup() if lookup else None  # trees also hold the conversation's own continuation
+        self.level_s: float | None = None  # what one level of a tree's growth takes (the head over its nodes)
 
     @classmethod
     def build(cls, target, draft=None, head=None, tree=None, lookup=None, **options) -> "Eagle":
@@ -90,8 +92,13 @@ class Eagle(Drafter):
         if self.lookup is not None:
             self.lookup.pending.clear()  # what it learned stays; the new answer's tokens judge no old draft
 
-    def sends_tree(self, runner) -> bool:
-        return self.tree if self.tree is not None else runner is not None and runner.exact_trees
+    def sends_tree(self, ctx: DraftContext) -> bool:
+        """Forced by the `tree` option, else greedy steps where the target's tree passes decide as chains do.
+        Sampled steps draft chains by default: a chain's tokens carry the head's distribution (each kept with
+        probability min(1, p/q)), a tree's nodes count as point guesses."""
+        if self.tree is not None:
+            return self.tree
+        return ctx.params.greedy and ctx.target is not None and ctx.target.exact_trees
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, k: int) -> Draft:
@@ -102,8 +109,8 @@ class Eagle(Drafter):
             return empty_draft()
         device = out.device
         greedy = ctx.params.greedy
-        if self.sends_tree(ctx.target):  # under sampling too: its nodes count as point guesses there
-            return self._dynamic_tree(out, ctx.tokens, k)
+        if self.sends_tree(ctx):  # under sampling its nodes count as point guesses
+            return self._dynamic_tree(out, ctx, k)
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
         for j in range(k):
@@ -123,11 +130,13 @@ class Eagle(Drafter):
                 out = self.head(out[None, None], emb[None], start=length - 1 + j, use_cache=True)[0, -1]
         return Draft(torch.tensor(drafted, dtype=torch.long), torch.stack(qs) if qs else None)
 
-    def _dynamic_tree(self, out: torch.Tensor, context: torch.Tensor, k: int) -> Draft:
+    def _dynamic_tree(self, out: torch.Tensor, ctx: DraftContext, k: int) -> Draft:
         """EAGLE-2: grow a tree level by level, expanding the nodes whose whole path is most likely under
-        the head; add the conversation's own continuation where it has one (`_Lookup`); then keep the most
-        likely nodes, as many as the measured costs say pay."""
+        the head, while a level's expected tokens are worth its time (`_worth_a_level`); add the conversation's
+        own continuation where it has one (`_Lookup`); then keep the most likely nodes, as many as the
+        measured costs say pay."""
         t0 = time.perf_counter()
+        context = ctx.tokens
         length = context.shape[0]
         device = out.device
         base = self.synced  # cache slots below this hold the real context
@@ -143,8 +152,9 @@ class Eagle(Drafter):
         for level in range(1, k):
             pick = sorted(frontier, key=lambda i: -score[i])[:TREE_EXPAND]
             pick = [i for i in pick if score[i] > LOG_MIN_PATH]
-            if not pick:
+            if not pick or not self._worth_a_level(ctx, pick, score):
                 break
+            t_level = time.perf_counter()
             slot = base + used
             visible = torch.zeros(len(pick), slot + len(pick), dtype=torch.bool, device=device)
             visible[:, :base] = True
@@ -161,6 +171,8 @@ class Eagle(Drafter):
             positions = torch.tensor([length - 1 + level - 1] * len(pick), device=device)
             outs = self.head.forward_tree(feats, embeds, positions, slot, visible)
             child = torch.log_softmax(self._draft_logits(outs), -1).topk(TREE_CHILDREN)
+            took = time.perf_counter() - t_level
+            self.level_s = took if self.level_s is None else (1 - LEVEL_WEIGHT) * self.level_s + LEVEL_WEIGHT * took
             frontier = []
             for row, i in enumerate(pick):
                 for lp, index in zip(child.values[row].tolist(), child.indices[row].tolist()):
@@ -195,6 +207,14 @@ class Eagle(Drafter):
         self.costs.proposed(len(order), sum(math.exp(score[i]) for i in order))
         return Draft(torch.tensor([tokens[i] for i in order], dtype=torch.long), None,
                      torch.tensor([index[parent[i]] if parent[i] >= 0 else -1 for i in order]))
+
+    def _worth_a_level(self, ctx: DraftContext, pick: list[int], score: list[float]) -> bool:
+        """Whether the head's next level is worth its time: the likeliest path it extends (its probability
+        scaled by how many tokens the head's probabilities have been worth) times a plain step's time, against
+        what a level has taken. Trees of a fixed size, untimed steps and a first level grow to their depth."""
+        if self.nodes is not None or not ctx.timed or not ctx.plain_s or self.level_s is None:
+            return True
+        return math.exp(max(score[i] for i in pick)) * self.costs.calibration() * ctx.plain_s > self.level_s
 
     def read(self, ctx: DraftContext) -> torch.Tensor | None:
         """Read the features of the positions kept since the last call; the head's prediction of the
@@ -330,9 +350,13 @@ class _Costs:
         self.got = self.expected = 1.0
         self.pending: tuple[float, int] | None = None  # (end of drafting, nodes) of the pass under way
 
+    def calibration(self) -> float:
+        """Tokens kept per token the head's path probabilities expected, lately (at most 1.5)."""
+        return min(1.5, self.got / self.expected)
+
     def budget(self, probs: list[float], draft_s: float) -> int:
         a, b = self._fit()
-        c = min(1.5, self.got / self.expected)
+        c = self.calibration()
         best, best_rate, total = 1, 0.0, 0.0
         for n, p in enumerate(probs[:TREE_MAX_NODES], 1):
             total += p

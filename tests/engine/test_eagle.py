@@ -270,6 +270,31 @@ def test_the_lookup_branch_values_its_nodes_by_how_often_the_answer_went_on_so()
     assert lookup.draft(torch.tensor([5, 6, 7]), 8) == ([], [])  # no earlier match: no branch
 
 
+def test_a_tree_grows_a_level_only_while_its_likeliest_path_is_worth_the_levels_time(trained):
+    from specula.engine.decoding.drafter import DraftContext
+    from specula.engine.drafters.eagle import Eagle
+
+    target, folder, _, _ = trained
+    head, _ = load_head(folder, target)
+    prompt = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(5))
+    levels = {}
+    for plain_s in (None, 100.0, 1e-6):  # a plain step not measured yet, taking 100 s, a microsecond
+        drafter = Eagle(head, target, stop_below=0.0, tree=True)
+        drafter.level_s = 1e-3
+        calls = []
+        grow = head.forward_tree
+        head.forward_tree = lambda *a, **kw: calls.append(1) or grow(*a, **kw)
+        runner = target.new_runner()
+        runner.forward(prompt)
+        ctx = DraftContext(prompt, 12, SamplingParams(), None, runner, plain_s=plain_s, timed=True)
+        drafter.propose(ctx, 5)
+        del head.forward_tree
+        levels[plain_s] = len(calls)
+    # as deep as the paths stay likely: plain steps unmeasured, or worth far more than levels
+    assert levels[None] == levels[100.0] >= 1
+    assert levels[1e-6] == 0  # a level would take far longer than the tokens it may win: the head's first guesses
+
+
 def test_bench_variants_set_options_on_and_off():
     from specula.engine.cli.bench.run import split_variant, variant_options
 
