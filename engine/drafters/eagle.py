@@ -78,6 +78,9 @@ class Eagle(Drafter):
         self.costs = _Costs()
         self.lookup = _Lookup() if lookup else None  # trees also hold the conversation's own continuation
         self.level_s: float | None = None  # what one level of a tree's growth takes (the head over its nodes)
+        self.read_s: float | None = None  # what reading a step's kept positions takes (no catch-up)
+        self.first_p: float | None = None  # the head's recent probability of its first guess
+        self.deferred = False  # this step drafted prompt lookup's branch alone, without the head
 
     @classmethod
     def build(cls, target, draft=None, head=None, tree=None, lookup=None, **options) -> "Eagle":
@@ -89,6 +92,7 @@ class Eagle(Drafter):
         self.synced = 0
         self.fresh = 1
         self.costs.pending = None  # the time between generations is no pass
+        self.deferred = False
         if self.lookup is not None:
             self.lookup.pending.clear()  # what it learned stays; the new answer's tokens judge no old draft
 
@@ -104,13 +108,18 @@ class Eagle(Drafter):
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         length = ctx.tokens.shape[0]
         self.costs.book()  # the pass over the last tree ended with this call
+        tree = k > 0 and self.sends_tree(ctx)  # under sampling its nodes count as point guesses
+        branch = self.lookup.draft(ctx.tokens, k) if tree and self.lookup is not None else ([], [])
+        if branch[0] and self._lookup_alone(ctx, branch[1][0]):
+            self.deferred = True  # the head reads this step's positions with the next step's
+            return Draft(torch.tensor(branch[0], dtype=torch.long))
         out = self.read(ctx)
         if k <= 0 or out is None:
             return empty_draft()
         device = out.device
         greedy = ctx.params.greedy
-        if self.sends_tree(ctx):  # under sampling its nodes count as point guesses
-            return self._dynamic_tree(out, ctx, k)
+        if tree:
+            return self._dynamic_tree(out, ctx, k, branch)
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
         for j in range(k):
@@ -130,11 +139,11 @@ class Eagle(Drafter):
                 out = self.head(out[None, None], emb[None], start=length - 1 + j, use_cache=True)[0, -1]
         return Draft(torch.tensor(drafted, dtype=torch.long), torch.stack(qs) if qs else None)
 
-    def _dynamic_tree(self, out: torch.Tensor, ctx: DraftContext, k: int) -> Draft:
+    def _dynamic_tree(self, out: torch.Tensor, ctx: DraftContext, k: int, branch: tuple[list[int], list[float]]) -> Draft:
         """EAGLE-2: grow a tree level by level, expanding the nodes whose whole path is most likely under
         the head, while a level's expected tokens are worth its time (`_worth_a_level`); add the conversation's
-        own continuation where it has one (`_Lookup`); then keep the most likely nodes, as many as the
-        measured costs say pay."""
+        own continuation where it has one (`branch`: `_Lookup.draft`'s); then keep the most likely nodes, as
+        many as the measured costs say pay."""
         t0 = time.perf_counter()
         context = ctx.tokens
         length = context.shape[0]
@@ -143,6 +152,8 @@ class Eagle(Drafter):
         top = torch.log_softmax(self._draft_logits(out[None])[0], -1).topk(TREE_CHILDREN)
         tokens = [self._token(i) for i in top.indices.tolist()]
         score = top.values.tolist()  # log-probability of each node's whole path
+        first = math.exp(score[0])
+        self.first_p = first if self.first_p is None else (1 - LEVEL_WEIGHT) * self.first_p + LEVEL_WEIGHT * first
         parent = [-1] * len(tokens)
         depth = [1] * len(tokens)
         feeds = [out] * len(tokens)  # the feature that goes with a node's token when it is expanded
@@ -182,9 +193,9 @@ class Eagle(Drafter):
                     parent.append(i)
                     depth.append(level + 1)
                     feeds.append(outs[row])
-        if self.lookup is not None:  # a node both propose is one node, as likely as the likelier says
+        if branch[0]:  # a node both propose is one node, as likely as the likelier says
             node = -1
-            for d, (token, p) in enumerate(zip(*self.lookup.draft(context, k)), 1):
+            for d, (token, p) in enumerate(zip(*branch), 1):
                 child = next((i for i, (t, a) in enumerate(zip(tokens, parent)) if a == node and t == token), None)
                 if child is None:
                     child = len(tokens)
@@ -207,6 +218,15 @@ class Eagle(Drafter):
         self.costs.proposed(len(order), sum(math.exp(score[i]) for i in order))
         return Draft(torch.tensor([tokens[i] for i in order], dtype=torch.long), None,
                      torch.tensor([index[parent[i]] if parent[i] >= 0 else -1 for i in order]))
+
+    def _lookup_alone(self, ctx: DraftContext, lookup_p: float) -> bool:
+        """Whether the step drafts prompt lookup's branch alone: when what the head's first guesses may add
+        where the branch's first node fails (1 - lookup_p, times the head's recent first-guess probability,
+        scaled as its paths are) is worth less of a plain step's time than reading the step's positions takes.
+        Timed greedy trees of a measured size only: a fixed-size tree always asks the head."""
+        if self.nodes is not None or not ctx.timed or not ctx.plain_s or self.read_s is None or self.first_p is None:
+            return False
+        return (1 - lookup_p) * self.first_p * self.costs.calibration() * ctx.plain_s < self.read_s
 
     def _worth_a_level(self, ctx: DraftContext, pick: list[int], score: list[float]) -> bool:
         """Whether the head's next level is worth its time: the likeliest path it extends (its probability
@@ -231,7 +251,11 @@ class Eagle(Drafter):
             t0 = time.perf_counter()
             self._read(runner, ctx.tokens, length - 1 - self.fresh)
             self.catch_up_s = time.perf_counter() - t0
-        return self._read(runner, ctx.tokens, length - 1)
+        t0 = time.perf_counter()
+        out = self._read(runner, ctx.tokens, length - 1)
+        took = time.perf_counter() - t0
+        self.read_s = took if self.read_s is None else (1 - LEVEL_WEIGHT) * self.read_s + LEVEL_WEIGHT * took
+        return out
 
     def _read(self, runner, tokens: torch.Tensor, end: int) -> torch.Tensor:
         """The head over positions synced..end-1 with the target's features; its output at the last."""
@@ -277,8 +301,11 @@ class Eagle(Drafter):
         return int(self.id_list[index]) if self.ids is not None else index
 
     def observe(self, accepted: int, next_token: int) -> None:
-        self.costs.accepted(accepted)  # the next propose() re-reads the kept positions with real features
-        self.fresh = accepted + 1
+        if not self.deferred:
+            self.costs.accepted(accepted)  # the next propose() re-reads the kept positions with real features
+        # after a step without the head, the next reads its positions too: no catch-up, its own cost
+        self.fresh = accepted + 1 + (self.fresh if self.deferred else 0)
+        self.deferred = False
 
     def passed(self, accepted: int) -> None:
         self.fresh = accepted + 1  # the positions before this step's are caught up on

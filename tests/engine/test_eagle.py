@@ -208,12 +208,15 @@ def test_greedy_eagle_drafts_trees_and_chains_and_stays_lossless(trained):
     assert any(depth > 1 for _, depth in shapes)  # and paths several tokens deep
 
 
-def test_on_the_compiled_step_eagle_sends_trees_holding_the_conversations_continuation(ops, trained):
+def test_on_the_compiled_step_eagle_sends_trees_holding_the_conversations_continuation(ops, trained, monkeypatch):
     """Where tree passes decide as chains do (a CPU's compiled step), the strategy drafts trees by default, with
     prompt lookup's draft as a branch; its answers stay plain decoding's. Eagerly it sends chains."""
+    from specula.engine.drafters.eagle import Eagle
     from specula.engine.drafters.prompt_lookup import find_continuation
     from specula.engine.models.loading import LoadedModel
 
+    # the head is asked every step (whether a step drafts lookup's branch alone depends on timings: below)
+    monkeypatch.setattr(Eagle, "_lookup_alone", lambda self, ctx, p: False)
     trained_target, folder, _, _ = trained
     for step in ("compiled", "eager"):
         target = LoadedModel(trained_target.model, None, "tiny", torch.device("cpu"), torch.float32)
@@ -293,6 +296,31 @@ def test_a_tree_grows_a_level_only_while_its_likeliest_path_is_worth_the_levels_
     # as deep as the paths stay likely: plain steps unmeasured, or worth far more than levels
     assert levels[None] == levels[100.0] >= 1
     assert levels[1e-6] == 0  # a level would take far longer than the tokens it may win: the head's first guesses
+
+
+def test_a_step_drafts_lookups_branch_alone_where_the_head_would_add_less_than_reading_costs(trained):
+    """Where prompt lookup's first node is likely kept, what the head's guesses could add is worth less than
+    reading the step's positions: the step drafts the branch alone, and the next step's reading of those
+    positions is booked as its own cost, not as catch-up."""
+    from specula.engine.decoding.drafter import DraftContext
+    from specula.engine.drafters.eagle import Eagle
+
+    target, folder, _, _ = trained
+    head, _ = load_head(folder, target)
+    drafter = Eagle(head, target, stop_below=0.0, lookup=True)
+    ctx = DraftContext(torch.tensor([1, 2, 3]), 3, SamplingParams(), None, None, plain_s=0.004, timed=True)
+    assert not drafter._lookup_alone(ctx, 0.9)  # nothing measured yet: the head is asked
+    drafter.read_s, drafter.first_p = 0.001, 0.5
+    assert drafter._lookup_alone(ctx, 0.9)  # 0.1 x 0.5 x 4 ms = 0.2 ms < 1 ms
+    assert not drafter._lookup_alone(ctx, 0.2)  # 0.8 x 0.5 x 4 ms = 1.6 ms > 1 ms
+    assert not drafter._lookup_alone(DraftContext(ctx.tokens, 3, SamplingParams(), None, None, 0.004, timed=False), 0.9)
+    drafter.nodes = 16
+    assert not drafter._lookup_alone(ctx, 0.9)  # trees of a fixed size (measuring the head) always ask it
+    drafter.fresh, drafter.deferred = 3, True
+    drafter.observe(2, 7)
+    assert drafter.fresh == 6 and not drafter.deferred  # 3 positions left unread, then 3 kept
+    drafter.observe(1, 7)
+    assert drafter.fresh == 2
 
 
 def test_bench_variants_set_options_on_and_off():
