@@ -76,13 +76,13 @@ def run_measure_head(args) -> int:
         progress_line(f"answers: {n}/{len(items)}")
     if not answers:
         raise SpeculaError("no prompt gave an answer to measure on (too long for the model's window, or answered in under 3 tokens)")
-    results, trees = measure_heads(target, folders, answers, args.k, say=progress_line,
+    results, trees, decoded = measure_heads(target, folders, answers, args.k, say=progress_line,
                                    trees=tree_drafters(target, folders, args.tree_nodes))
     print(file=sys.stderr)
     if args.json:
         print(json.dumps({"model": target.name, "k": args.k, "answers": len(answers), "skipped": skipped,
                           "max_new_tokens": args.max_new_tokens, "heads": results, "tree_nodes": args.tree_nodes,
-                          "trees": trees}))
+                          "trees": trees, "trees_when_decoding": decoded}))
         return 0
     categories = list(dict.fromkeys(a.category for a in answers))
     print(f"Mean accepted length per target pass (chain of {args.k}, drafted at every step), {len(answers)} answers "
@@ -97,4 +97,14 @@ def run_measure_head(args) -> int:
         label = f"{plain}, tree of {args.tree_nodes}" + (LOOKUP_LABEL.removeprefix(",") if plain != name else "")
         print(f"| {label} | " + " | ".join(f"{by[c]:.2f}" for c in categories)
               + f" | **{by['overall']:.2f}** |")
+    if decoded:
+        print()
+        print("Trees, tokens per pass when decoding (each pass starting where the last one's tokens end):")
+        print()
+        print("| head | " + " | ".join(categories) + " | overall |")
+        print("|---|" + "---|" * (len(categories) + 1))
+        for name, by in decoded.items():
+            plain = name.removesuffix(LOOKUP_LABEL)
+            label = f"{plain}, tree of {args.tree_nodes}" + (LOOKUP_LABEL.removeprefix(",") if plain != name else "")
+            print(f"| {label} | " + " | ".join(f"{by[c]:.2f}" for c in categories) + f" | **{by['overall']:.2f}** |")
     return 0

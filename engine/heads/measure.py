@@ -59,10 +59,10 @@ def kept_by(draft: Draft, truth: list[int]) -> int:
     return depth
 
 
-def drafter_tree(drafter, target, answer: Answer, k: int) -> float:
-    """Mean accepted length of the eagle drafter's trees (its fixed node count, depth k) drafted after every
-    position of one answer: the target reads the whole conversation once, then the drafter proposes from
-    each prefix as it would while decoding, reading the real features up to it."""
+def drafter_tree(drafter, target, answer: Answer, k: int) -> list[int]:
+    """What the eagle drafter's tree (its fixed node count, depth k) drafted after each position of one answer
+    would keep, its next token included: the target reads the whole conversation once, then the drafter
+    proposes from each prefix as it would while decoding, reading the real features up to it."""
     runner = target.new_runner()
     if drafter.aux_layers:
         runner.keep_layers(drafter.aux_layers)
@@ -75,7 +75,18 @@ def drafter_tree(drafter, target, answer: Answer, k: int) -> float:
         length = len(answer.prompt) + i
         draft = drafter.propose(DraftContext(tokens[:length], len(answer.prompt), params, None, runner), k)
         kept.append(1 + kept_by(draft, answer.answer[i:]))
-    return sum(kept) / len(kept)
+    return kept
+
+
+def passes_when_decoding(kept: list[int]) -> int:
+    """The passes that decode the answer when each starts where the last one's tokens end: the mean over every
+    position counts the positions inside a long kept run too, which decoding passes over (a run of copied
+    text weighs more there than in the passes that decode it)."""
+    i = passes = 0
+    while i < len(kept):
+        i += kept[i]
+        passes += 1
+    return passes
 
 
 def _means(by: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
@@ -88,11 +99,12 @@ def _means(by: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]
 
 def measure_heads(target, folders: list[Path], answers: list[Answer], k: int = 5,
                   say: Callable[[str], None] = lambda s: None,
-                  trees: dict[str, object] | None = None) -> tuple[dict[str, dict[str, float]], dict]:
+                  trees: dict[str, object] | None = None) -> tuple[dict[str, dict[str, float]], dict, dict]:
     """({head folder: {category: mean accepted length of chains, ..., "overall": over all answers}}, the same
     for the tree drafters in `trees` ({head folder: an eagle drafter that builds trees of a fixed size, with
-    its own copy of the head}; `cli/measure.tree_drafters`). Each answer's features are computed once for all
-    heads that read the same layers."""
+    its own copy of the head}; `cli/measure.tree_drafters`), and for those the tokens per pass when decoding
+    (answer tokens over `passes_when_decoding`, pooled per category). Each answer's features are computed once
+    for all heads that read the same layers."""
 
     heads = []
     for folder in folders:  # every head loads (or is refused) before the long part
@@ -104,11 +116,19 @@ def measure_heads(target, folders: list[Path], answers: list[Answer], k: int = 5
     trees = trees or {}
     by: dict[str, dict[str, list[float]]] = {name: {} for name, _, _ in heads}
     by_tree: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
+    walks: dict[str, dict[str, list[int]]] = {name: {} for name in trees}  # category -> [tokens, passes]
     for n, a in enumerate(answers, 1):
         seqs = {aux: _with_features(target, a.prompt, a.answer, aux) for aux in dict.fromkeys(h[2] for h in heads)}
         for name, head, aux in heads:
             by[name].setdefault(a.category, []).append(head_chain(head, target, seqs[aux], k))
         for name, drafter in trees.items():
-            by_tree[name].setdefault(a.category, []).append(drafter_tree(drafter, target, a, k))
+            kept = drafter_tree(drafter, target, a, k)
+            by_tree[name].setdefault(a.category, []).append(sum(kept) / len(kept))
+            walk = walks[name].setdefault(a.category, [0, 0])
+            walk[0] += len(kept)
+            walk[1] += passes_when_decoding(kept)
         say(f"heads measured on {n}/{len(answers)} answers")
-    return _means(by), _means(by_tree)
+    decoded = {name: {c: t / p for c, (t, p) in cats.items()}
+               | {"overall": sum(t for t, _ in cats.values()) / max(1, sum(p for _, p in cats.values()))}
+               for name, cats in walks.items()}
+    return _means(by), _means(by_tree), decoded

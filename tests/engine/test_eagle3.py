@@ -176,7 +176,7 @@ def test_measuring_a_head_counts_what_it_knows(trained, tmp_path):
     untrained.draft_ids = trained_head.draft_ids
     save_head(untrained, info, tmp_path / "untrained")
     folders = [folder, tmp_path / "untrained"]
-    got, trees = measure_heads(target, folders, answers, k=4, trees=tree_drafters(target, folders, 24))
+    got, trees, decoded = measure_heads(target, folders, answers, k=4, trees=tree_drafters(target, folders, 24))
     assert got[str(folder)]["overall"] > got[str(tmp_path / "untrained")]["overall"] + 0.5
     assert got[str(tmp_path / "untrained")]["overall"] >= 1.0
     assert got[str(folder)]["overall"] == pytest.approx(accepted, abs=0.25)  # its held-out figure, every 4th position
@@ -184,6 +184,17 @@ def test_measuring_a_head_counts_what_it_knows(trained, tmp_path):
     # is nearly always among its nodes; a tiny target leaves runners-up little to win), far more than untrained
     assert trees[str(folder)]["overall"] == pytest.approx(got[str(folder)]["overall"], abs=0.15)
     assert trees[str(folder)]["overall"] > trees[str(tmp_path / "untrained")]["overall"] + 0.5
+    for name in trees:  # tokens per pass when decoding: at most the depth and the next token
+        assert 1.0 <= decoded[name]["overall"] <= 5.0 and set(decoded[name]) == {"x", "overall"}
+    assert decoded[str(folder)]["overall"] > decoded[str(tmp_path / "untrained")]["overall"] + 0.3
+
+
+def test_decoding_walks_an_answer_pass_by_pass():
+    from specula.engine.heads.measure import passes_when_decoding
+
+    # a pass from position 0 keeps 3 (to position 3), then 1, then 2 (to 6, the end)
+    assert passes_when_decoding([3, 5, 5, 1, 2, 9]) == 3
+    assert passes_when_decoding([1] * 7) == 7 and passes_when_decoding([]) == 0
 
 
 def test_a_drafts_kept_tokens_follow_the_answer():
@@ -206,7 +217,7 @@ def test_measuring_trees_on_a_bf16_target_uses_the_heads_as_the_strategy_loads_t
     low = LoadedModel(copy.deepcopy(target.model).to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16)
     answers = [Answer("x", s.tokens[: s.answer_start].tolist(), s.tokens[s.answer_start :].tolist())
                for s in seqs[20:22]]
-    chains, trees = measure_heads(low, [folder], answers, k=4, trees=tree_drafters(low, [folder], 12))
+    chains, trees, _ = measure_heads(low, [folder], answers, k=4, trees=tree_drafters(low, [folder], 12))
     assert 1.0 <= chains[str(folder)]["overall"] <= 5.0 and 1.0 <= trees[str(folder)]["overall"] <= 5.0
 
 
