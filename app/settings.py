@@ -6,7 +6,8 @@ back to their defaults, unknown keys are ignored. Window geometry lives in QSett
 
 Versions: 1 had no strategy options; 2 adds `lookup_min_n`, `lookup_max_n` and `exit_layer` (None: the
 engine's default); 3 adds the backend (local engine or remote server) and the server's details; 4 adds
-`weights` (how a GGUF's 4-bit weights run: auto, native or dequantized).
+`weights` (how a GGUF's 4-bit weights run: auto, native or dequantized); 5 `allow_http_key`, 6 `auto_skip`, 7
+`added_models`, 8 `eagle_trees` and `eagle_lookup` (eagle's token trees and prompt lookup's branch in them).
 `migrate` brings an older file's dict up to date before it is read, so old files load.
 
 An API key is never a setting: it comes from the environment variable named by `api_key_env` or from
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from specula.app.storage import read_json, remove_stale_temporaries, set_aside, write_json_atomic
 
-VERSION = 7
+VERSION = 8
 BACKENDS = ("local", "remote")
 WEIGHTS = ("auto", "native", "dequantized")  # specula.engine.api.paths.WEIGHT_NAMES (tested equal)
 FILE_NAME = "settings.json"
@@ -53,6 +54,8 @@ class Settings:
     lookup_max_n: int | None = None  # prompt lookup: longest n-gram to match
     exit_layer: int | None = None  # layer skip: the layer the draft exits after
     auto_skip: str = ""  # comma-separated strategies auto must not use (Settings > Strategies)
+    eagle_trees: bool = True  # eagle drafts token trees where the engine's tree passes are exact (else chains)
+    eagle_lookup: bool = True  # eagle's trees hold prompt lookup's draft as a branch
     added_models: str = ""  # model folders and GGUF files the user added in the Models view, one a line
     # the backend: "local" (this engine) or "remote" (an OpenAI-compatible server that speculates itself)
     backend: str = "local"
@@ -74,7 +77,10 @@ class Settings:
         """The engine's GenerateRequest.options: only the ones set (each drafter takes the ones it knows)."""
         from specula.engine.api.strategies import request_options
 
+        eagle = self.strategy == "eagle"  # on: the engine's default (None), off: sent as False
         return request_options({"min_n": self.lookup_min_n, "max_n": self.lookup_max_n, "exit_layer": self.exit_layer,
+                                "tree": False if eagle and not self.eagle_trees else None,
+                                "lookup": False if eagle and not self.eagle_lookup else None,
                                 "skip": self.auto_skip if self.strategy == "auto" else None})
 
     @classmethod
@@ -129,7 +135,12 @@ def _v6_to_v7(data: dict) -> dict:
     return {"added_models": "", **data, "version": 7}
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7}  # version -> the step to the next version
+def _v7_to_v8(data: dict) -> dict:
+    """Version 8 added `eagle_trees` and `eagle_lookup`; a version 7 file takes eagle's defaults (both on)."""
+    return {"eagle_trees": True, "eagle_lookup": True, **data, "version": 8}
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8}  # version -> the step to the next version
 
 
 def migrate(data: dict) -> dict:

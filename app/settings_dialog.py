@@ -1,7 +1,7 @@
 """The Settings dialog: the backend (this engine or a remote server), the model and draft model to load,
 device and dtype, the system prompt, the sampling details that are not in the toolbar (top-p, top-k,
-seed), the strategies' options (prompt lookup's n-gram lengths, layer skip's exit layer; "default" leaves
-them to the engine) and the remote server's details (`remote_settings.py`). The fields of the backend
+seed), the strategies' options (prompt lookup's n-gram lengths, layer skip's exit layer, eagle's trees and
+their prompt-lookup branch; "default" leaves them to the engine) and the remote server's details (`remote_settings.py`). The fields of the backend
 not chosen are disabled."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -82,8 +83,15 @@ class SettingsDialog(QDialog):
         self.max_n = _option_spin(settings.lookup_max_n, 16, "Longest n-gram prompt lookup matches (default 16)")
         self.exit_layer = _option_spin(settings.exit_layer, 256, "Layer skip drafts with the layers up to this "
                                        "one (default: half the model's layers)")
+        self.eagle_trees = QCheckBox("Token trees", checked=settings.eagle_trees)
+        self.eagle_trees.setToolTip("Eagle drafts EAGLE-2 token trees, sized by what its passes cost here, wherever "
+                                    "the engine verifies trees exactly; off: one chain of guesses per step")
+        self.eagle_lookup = QCheckBox("With prompt lookup's branch", checked=settings.eagle_lookup)
+        self.eagle_lookup.setToolTip("Eagle's trees also hold what followed the conversation's last words earlier "
+                                     "on (prompt lookup's draft): the head guesses free text, lookup copied text")
         model_row, draft_row = _with_browse(self.model, self), _with_browse(self.draft, self)
-        self.local_fields = (model_row, draft_row, self.device, self.dtype, self.weights, self.min_n, self.max_n, self.exit_layer)
+        self.local_fields = (model_row, draft_row, self.device, self.dtype, self.weights, self.min_n, self.max_n,
+                             self.exit_layer, self.eagle_trees, self.eagle_lookup)
         form = QFormLayout()
         form.addRow("Backend", self.backend)
         form.addRow("System prompt", self.system)
@@ -114,7 +122,8 @@ class SettingsDialog(QDialog):
         scroll = _scrolling(fields)  # the fields scroll on screens shorter than them; OK and Cancel stay in view
         self.strategies = StrategiesPage(settings, usable, {
             "prompt-lookup": [("Shortest n-gram", self.min_n), ("Longest n-gram", self.max_n)],
-            "layer-skip": [("Exit layer", self.exit_layer)]})
+            "layer-skip": [("Exit layer", self.exit_layer)],
+            "eagle": [("", self.eagle_trees), ("", self.eagle_lookup)]})
         self.tabs = QTabWidget()
         self.tabs.addTab(scroll, "General")
         self.tabs.addTab(_scrolling(self.strategies), "Strategies")
@@ -163,7 +172,8 @@ class SettingsDialog(QDialog):
         low, high, exit_layer = (spin.value() or None for spin in (self.min_n, self.max_n, self.exit_layer))
         if low is not None and high is not None and low > high:
             low, high = high, low
-        return {"lookup_min_n": low, "lookup_max_n": high, "exit_layer": exit_layer}
+        return {"lookup_min_n": low, "lookup_max_n": high, "exit_layer": exit_layer,
+                "eagle_trees": self.eagle_trees.isChecked(), "eagle_lookup": self.eagle_lookup.isChecked()}
 
 
 def _scrolling(widget: QWidget) -> QScrollArea:

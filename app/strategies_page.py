@@ -67,7 +67,8 @@ class StrategiesPage(QWidget):
                 line = QWidget()
                 fields = QHBoxLayout(line)
                 fields.setContentsMargins(0, 0, 0, 4)
-                fields.addWidget(QLabel(label))
+                if label:
+                    fields.addWidget(QLabel(label))
                 fields.addWidget(widget)
                 fields.addStretch(1)
                 grid.addWidget(line, row, 1)

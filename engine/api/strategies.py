@@ -36,8 +36,9 @@ STRATEGIES: dict[str, StrategyCard] = {
         StrategyCard("draft-model", "a smaller model with the same tokenizer drafts (needs a draft model)",
                      needs_draft_model=True),
         StrategyCard("layer-skip", "the target's first layers draft for the whole model (no extra weights)"),
-        StrategyCard("eagle", "a trained head drafts from the target's own features (needs a head trained for "
-                              "this model, or a published EAGLE head)", needs_head="eagle", default_k=6),
+        StrategyCard("eagle", "a trained head drafts from the target's own features, in token trees that also "
+                              "hold prompt lookup's draft (needs a head trained for this model, or a published "
+                              "EAGLE head)", needs_head="eagle", default_k=6),
         StrategyCard("medusa", "trained heads guess several tokens at once from the target's last feature, "
                                "verified as a token tree", needs_head="medusa", default_k=4),
         StrategyCard("lookahead", "Jacobi iteration on a window of guesses plus a pool of n-grams collected from "

@@ -119,7 +119,7 @@ def load_old(folder, old: dict):
     store.path.write_text(json.dumps(old))
     loaded = store.load()
     s = loaded.settings
-    assert loaded.notice is None and s.version == VERSION == 7
+    assert loaded.notice is None and s.version == VERSION == 8
     assert {k: getattr(s, k) for k in old if k != "version"} == {k: v for k, v in old.items() if k != "version"}
     return store, s
 
@@ -130,8 +130,22 @@ def test_a_version_1_file_still_loads_and_is_saved_as_the_current_version(tmp_pa
     assert s.strategy_options() == ()
     store.save(s)
     data = json.loads(store.path.read_text())
-    assert data["version"] == 7 and data["exit_layer"] is None and "lookup_min_n" in data and data["auto_skip"] == ""
+    assert data["version"] == 8 and data["exit_layer"] is None and "lookup_min_n" in data and data["auto_skip"] == ""
     assert data["backend"] == "local" and data["weights"] == "auto"
+    assert data["eagle_trees"] is True and data["eagle_lookup"] is True  # eagle's defaults
+
+
+def test_eagles_trees_and_lookup_branch_are_sent_off_only_when_turned_off_for_eagle(tmp_path):
+    assert Settings(strategy="eagle").strategy_options() == ()  # on: the engine's own default
+    off = Settings(strategy="eagle", eagle_trees=False, eagle_lookup=False)
+    assert off.strategy_options() == (("tree", False), ("lookup", False))
+    assert replace(off, strategy="medusa").strategy_options() == ()  # eagle's switches, not medusa's trees
+    store = SettingsStore(tmp_path)
+    store.save(off)
+    assert store.load().settings == off
+    store.path.write_text(json.dumps({"version": 8, "eagle_trees": "no"}))
+    loaded = store.load()
+    assert loaded.settings.eagle_trees is True and "eagle_trees" in loaded.notice
 
 
 def test_weights_setting_reaches_the_load_request_and_is_kept_usable(tmp_path):
@@ -173,6 +187,8 @@ def test_strategy_options_from_the_dialog_reach_the_engine(make_window, qtbot, m
 
     def edit_and_accept(dialog):
         assert dialog.min_n.text() == "default" and dialog.exit_layer.text() == "default"
+        assert dialog.eagle_trees.isChecked() and dialog.eagle_lookup.isChecked()
+        dialog.eagle_lookup.setChecked(False)
         dialog.min_n.setValue(2)
         dialog.max_n.setValue(3)
         dialog.exit_layer.setValue(1)
@@ -185,6 +201,7 @@ def test_strategy_options_from_the_dialog_reach_the_engine(make_window, qtbot, m
     assert w.state == "ready" and not loads  # strategy options need no reload
     saved = SettingsStore(tmp_path / "config").load().settings
     assert (saved.lookup_min_n, saved.lookup_max_n, saved.exit_layer) == (2, 3, 1)
+    assert saved.eagle_trees and not saved.eagle_lookup
     sent = []
     send = w.bridge.send
     w.bridge.send = lambda request: sent.append(request) or send(request)
