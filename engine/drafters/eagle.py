@@ -112,6 +112,7 @@ class Eagle(Drafter):
         branch = self.lookup.draft(ctx.tokens, k) if tree and self.lookup is not None else ([], [])
         if branch[0] and self._lookup_alone(ctx, branch[1][0]):
             self.deferred = True  # the head reads this step's positions with the next step's
+            self.catch_up_s = 0.0
             return Draft(torch.tensor(branch[0], dtype=torch.long))
         out = self.read(ctx)
         if k <= 0 or out is None:

@@ -307,13 +307,23 @@ def test_a_step_drafts_lookups_branch_alone_where_the_head_would_add_less_than_r
 
     target, folder, _, _ = trained
     head, _ = load_head(folder, target)
-    drafter = Eagle(head, target, stop_below=0.0, lookup=True)
+    drafter = Eagle(head, target, stop_below=0.0, tree=True, lookup=True)
     ctx = DraftContext(torch.tensor([1, 2, 3]), 3, SamplingParams(), None, None, plain_s=0.004, timed=True)
     assert not drafter._lookup_alone(ctx, 0.9)  # nothing measured yet: the head is asked
     drafter.read_s, drafter.first_p = 0.001, 0.5
     assert drafter._lookup_alone(ctx, 0.9)  # 0.1 x 0.5 x 4 ms = 0.2 ms < 1 ms
     assert not drafter._lookup_alone(ctx, 0.2)  # 0.8 x 0.5 x 4 ms = 1.6 ms > 1 ms
     assert not drafter._lookup_alone(DraftContext(ctx.tokens, 3, SamplingParams(), None, None, 0.004, timed=False), 0.9)
+    # through propose: the branch alone, and no earlier catch-up counted against this step
+    runner = target.new_runner()
+    prompt = torch.tensor([4, 5, 6, 9, 4, 5])
+    runner.forward(prompt)
+    drafter.catch_up_s = 0.5
+    step = DraftContext(prompt, 3, SamplingParams(), None, runner, plain_s=0.004, timed=True)
+    drafter.lookup.counts[(2, 1)] = [100.0, 100.0]  # "4 5" matched: its first node has always been kept
+    assert drafter.propose(step, 4).tokens.tolist() == [6, 9, 4, 5] and drafter.deferred
+    assert drafter.catch_up_s == 0.0 and drafter.synced == 0  # the head read nothing
+    drafter.deferred = False
     drafter.nodes = 16
     assert not drafter._lookup_alone(ctx, 0.9)  # trees of a fixed size (measuring the head) always ask it
     drafter.fresh, drafter.deferred = 3, True
