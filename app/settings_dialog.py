@@ -134,12 +134,14 @@ class SettingsDialog(QDialog):
         layout.addWidget(self.tabs)
         layout.addWidget(buttons)
         self.backend.currentIndexChanged.connect(self._backend_changed)
+        self.eagle_trees.toggled.connect(self._backend_changed)
         self._backend_changed()
 
     def _backend_changed(self) -> None:
         remote = self.backend.currentData() == "remote"
         for widget in self.local_fields:
             widget.setEnabled(not remote)
+        self.eagle_lookup.setEnabled(not remote and self.eagle_trees.isChecked())  # a branch of the trees
         self.remote.setEnabled(remote)
 
     def accept(self) -> None:

@@ -188,6 +188,10 @@ def test_strategy_options_from_the_dialog_reach_the_engine(make_window, qtbot, m
     def edit_and_accept(dialog):
         assert dialog.min_n.text() == "default" and dialog.exit_layer.text() == "default"
         assert dialog.eagle_trees.isChecked() and dialog.eagle_lookup.isChecked()
+        dialog.eagle_trees.setChecked(False)
+        assert not dialog.eagle_lookup.isEnabled()  # the branch is the trees' own
+        dialog.eagle_trees.setChecked(True)
+        assert dialog.eagle_lookup.isEnabled()
         dialog.eagle_lookup.setChecked(False)
         dialog.min_n.setValue(2)
         dialog.max_n.setValue(3)
