@@ -91,12 +91,9 @@ def run_measure_head(args) -> int:
     print("| head | " + " | ".join(categories) + " | overall |")
     print("|---|" + "---|" * (len(categories) + 1))
     for folder, by in results.items():
-        print(f"| {folder} | " + " | ".join(f"{by[c]:.2f}" for c in categories) + f" | **{by['overall']:.2f}** |")
+        _row(folder, by, categories)
     for name, by in trees.items():
-        plain = name.removesuffix(LOOKUP_LABEL)
-        label = f"{plain}, tree of {args.tree_nodes}" + (LOOKUP_LABEL.removeprefix(",") if plain != name else "")
-        print(f"| {label} | " + " | ".join(f"{by[c]:.2f}" for c in categories)
-              + f" | **{by['overall']:.2f}** |")
+        _row(_tree_label(name, args.tree_nodes), by, categories)
     if decoded:
         print()
         print("Trees, tokens per pass when decoding (each pass starting where the last one's tokens end):")
@@ -104,7 +101,15 @@ def run_measure_head(args) -> int:
         print("| head | " + " | ".join(categories) + " | overall |")
         print("|---|" + "---|" * (len(categories) + 1))
         for name, by in decoded.items():
-            plain = name.removesuffix(LOOKUP_LABEL)
-            label = f"{plain}, tree of {args.tree_nodes}" + (LOOKUP_LABEL.removeprefix(",") if plain != name else "")
-            print(f"| {label} | " + " | ".join(f"{by[c]:.2f}" for c in categories) + f" | **{by['overall']:.2f}** |")
+            _row(_tree_label(name, args.tree_nodes), by, categories)
     return 0
+
+
+def _tree_label(name: str, nodes: int) -> str:
+    """'DIR' -> 'DIR, tree of N'; 'DIR' + LOOKUP_LABEL -> "DIR, tree of N with prompt lookup's branch"."""
+    plain = name.removesuffix(LOOKUP_LABEL)
+    return f"{plain}, tree of {nodes}" + (LOOKUP_LABEL.removeprefix(",") if plain != name else "")
+
+
+def _row(label: str, by: dict[str, float], categories: list[str]) -> None:
+    print(f"| {label} | " + " | ".join(f"{by[c]:.2f}" for c in categories) + f" | **{by['overall']:.2f}** |")

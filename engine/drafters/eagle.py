@@ -20,7 +20,7 @@ from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
 from ..decoding.sampling import process_logits, sample
 from ..heads.store import head_for_strategy
-from .prompt_lookup import DRAFT_PER_MATCHED_TOKEN, longest_match
+from .prompt_lookup import matched_continuation
 
 TREE_CHILDREN = 4  # children looked at per expanded node
 TREE_EXPAND = 3  # nodes expanded per level
@@ -34,7 +34,7 @@ LOOKUP_MAX_N = 16  # the longest match of the conversation's last tokens looked 
 LOOKUP_PRIOR = {1: 0.4, 2: 0.6, 4: 0.75}
 LOOKUP_PRIOR_WEIGHT = 4.0
 LOOKUP_DECAY = 0.995
-LEVEL_WEIGHT = 0.2  # of the newest level's time in the running figure
+RUNNING_WEIGHT = 0.2  # of the newest value in a running figure (a level's or a read's time, the first guess's probability)
 
 
 class Eagle(Drafter):
@@ -146,15 +146,13 @@ class Eagle(Drafter):
         own continuation where it has one (`branch`: `_Lookup.draft`'s); then keep the most likely nodes, as
         many as the measured costs say pay."""
         t0 = time.perf_counter()
-        context = ctx.tokens
-        length = context.shape[0]
+        length = ctx.tokens.shape[0]
         device = out.device
         base = self.synced  # cache slots below this hold the real context
         top = torch.log_softmax(self._draft_logits(out[None])[0], -1).topk(TREE_CHILDREN)
         tokens = [self._token(i) for i in top.indices.tolist()]
         score = top.values.tolist()  # log-probability of each node's whole path
-        first = math.exp(score[0])
-        self.first_p = first if self.first_p is None else (1 - LEVEL_WEIGHT) * self.first_p + LEVEL_WEIGHT * first
+        self.first_p = _running(self.first_p, math.exp(score[0]))
         parent = [-1] * len(tokens)
         depth = [1] * len(tokens)
         feeds = [out] * len(tokens)  # the feature that goes with a node's token when it is expanded
@@ -183,8 +181,7 @@ class Eagle(Drafter):
             positions = torch.tensor([length - 1 + level - 1] * len(pick), device=device)
             outs = self.head.forward_tree(feats, embeds, positions, slot, visible)
             child = torch.log_softmax(self._draft_logits(outs), -1).topk(TREE_CHILDREN)
-            took = time.perf_counter() - t_level
-            self.level_s = took if self.level_s is None else (1 - LEVEL_WEIGHT) * self.level_s + LEVEL_WEIGHT * took
+            self.level_s = _running(self.level_s, time.perf_counter() - t_level)
             frontier = []
             for row, i in enumerate(pick):
                 for lp, index in zip(child.values[row].tolist(), child.indices[row].tolist()):
@@ -254,8 +251,7 @@ class Eagle(Drafter):
             self.catch_up_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         out = self._read(runner, ctx.tokens, length - 1)
-        took = time.perf_counter() - t0
-        self.read_s = took if self.read_s is None else (1 - LEVEL_WEIGHT) * self.read_s + LEVEL_WEIGHT * took
+        self.read_s = _running(self.read_s, time.perf_counter() - t0)
         return out
 
     def _read(self, runner, tokens: torch.Tensor, end: int) -> torch.Tensor:
@@ -312,6 +308,11 @@ class Eagle(Drafter):
         self.fresh = accepted + 1  # the positions before this step's are caught up on
 
 
+def _running(figure: float | None, value: float) -> float:
+    """A running figure with the newest value in it (the value itself when there is none yet)."""
+    return value if figure is None else (1 - RUNNING_WEIGHT) * figure + RUNNING_WEIGHT * value
+
+
 class _Lookup:
     """The conversation's own continuation as a branch of eagle's trees: what followed the latest longest
     earlier match of its last tokens (prompt lookup's draft, twice the match long at most), each node valued
@@ -325,10 +326,10 @@ class _Lookup:
     def draft(self, context: torch.Tensor, k: int) -> tuple[list[int], list[float]]:
         """(tokens, the probability that each node and its ancestors are kept)."""
         self.judge(context)
-        n, start = longest_match(context.numpy(), LOOKUP_MAX_N)
+        n, found = matched_continuation(context, k, LOOKUP_MAX_N)
         if n == 0 or k <= 0:
             return [], []
-        path = context[start : start + min(k, DRAFT_PER_MATCHED_TOKEN * n)].tolist()
+        path = found.tolist()
         bucket = 1 if n == 1 else 2 if n <= 3 else 4
         self.pending = self.pending[-15:] + [[context.shape[0], bucket, path, 0]]
         probs, p = [], 1.0

@@ -35,12 +35,17 @@ def longest_match(tokens: np.ndarray, max_n: int) -> tuple[int, int]:
     return n, int(ends[-1]) + 1
 
 
+def matched_continuation(tokens: torch.Tensor, k: int, max_n: int) -> tuple[int, torch.Tensor]:
+    """tokens (L,) -> (n, the draft): the latest longest earlier match's length and up to min(k, 2n) tokens
+    after it (none when n = 0)."""
+    n, start = longest_match(tokens.numpy(), max_n)
+    return n, tokens[start : start + min(k, DRAFT_PER_MATCHED_TOKEN * n)]
+
+
 def find_continuation(tokens: torch.Tensor, k: int, min_n: int, max_n: int) -> torch.Tensor:
     """tokens (L,) -> the draft: up to min(k, 2n) tokens after the latest longest earlier match."""
-    n, start = longest_match(tokens.numpy(), max_n)
-    if n < min_n or n == 0:
-        return tokens[:0]
-    return tokens[start : start + min(k, DRAFT_PER_MATCHED_TOKEN * n)]
+    n, found = matched_continuation(tokens, k, max_n)
+    return found if n >= min_n else tokens[:0]
 
 
 class PromptLookup(Drafter):
