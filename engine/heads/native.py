@@ -1,6 +1,7 @@
 """An EAGLE head's decoder layer through the compiled step (`cpu/native/step.cpp`, `head_layer`): the layer's
 norms, rotary, cache writes, attention and SiLU as the target's own fused loops, its four products (fused
-q/k/v, o, fused gate/up, down) as 8-bit blocks, and its drafting cache in fp32 beside them, as the target's.
+q/k/v, o, fused gate/up, down) as a file format's blocks (`store.HEAD_BLOCKS`), and its drafting cache in fp32
+beside them, as the target's.
 
 A draft token then costs one library call for the layer instead of about forty small torch operations, each
 a few microseconds of dispatch around products of a few tens of microseconds (docs/PERFORMANCE.md, "The head's

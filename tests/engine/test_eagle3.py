@@ -242,8 +242,8 @@ def test_a_head_loaded_for_a_strategy_runs_prepacked_products_with_the_same_pred
 
 def test_a_bf16_head_drafts_through_its_layer_in_one_call_and_the_answers_stay_the_targets(trained, ops):
     """In bf16 with the compiled step's library loaded, a head loaded for a strategy runs its decoder layer in
-    one call of the compiled step (its products as 8-bit blocks, its drafting cache beside them) and its fc and
-    LM head as 8-bit blocks: read together or one position at a time (the same bits), or as a tree, its
+    one call of the compiled step (its products as 4-bit blocks, its drafting cache beside them) and its fc and
+    LM head as 4-bit blocks: read together or one position at a time (the same bits), or as a tree, its
     predictions stay the head's own (they round otherwise), and every answer stays the target's greedy one."""
     from specula.engine.heads.store import _Product, head_for_strategy
 
@@ -259,13 +259,18 @@ def test_a_bf16_head_drafts_through_its_layer_in_one_call_and_the_answers_stay_t
     embeds = low.model.get_input_embeddings()(seq.tokens[None, 1:])
     n = feats.shape[1]
 
-    def near(got, want):
-        assert (got.float() - want.float()).abs().max() < 0.1 * want.float().abs().max()
+    def near(got, want):  # 4-bit weights: within a fifth of the largest value (a wrong product is all of it)
+        assert (got.float() - want.float()).abs().max() < 0.2 * want.float().abs().max()
 
     with torch.no_grad():
         want, got = plain(feats, embeds, use_cache=True), fast(feats, embeds, use_cache=True)
         near(got, want)
-        assert (plain.draft_logits(want[0]).argmax(-1) == fast.draft_logits(got[0]).argmax(-1)).float().mean() > 0.9
+        # 4-bit blocks: the logits keep their shape (every row), the top guess mostly (this tiny head's logits
+        # are nearly flat; the bundled head keeps 1% fewer tokens in 4-bit than in 8-bit blocks)
+        lw, lg = plain.draft_logits(want[0]), fast.draft_logits(got[0])
+        centred = [x - x.mean(-1, keepdim=True) for x in (lw, lg)]
+        assert torch.nn.functional.cosine_similarity(*centred, dim=-1).min() > 0.95
+        assert (lw.argmax(-1) == lg.argmax(-1)).float().mean() > 0.5
         # one position at a time over the same slots: each row's bits do not depend on the call's other rows
         alone = torch.cat([fast(feats[:, i : i + 1], embeds[:, i : i + 1], start=i, use_cache=True) for i in range(n)], 1)
         assert torch.equal(alone, got)

@@ -192,7 +192,7 @@ def test_every_published_head_keeps_greedy_identity(target, tmp_path, strategy):
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
 def test_published_eagle_heads_draft_in_bf16_through_the_compiled_library(tmp_path, ops, kind):
     """In bf16 with the compiled step's library loaded: an EAGLE-3 head's layer runs in one call of it, an
-    EAGLE-1 head (no norm before its attention) keeps the torch layer over 8-bit block products; both stay
+    EAGLE-1 head (no norm before its attention) keeps the torch layer over 4-bit block products; both stay
     lossless."""
     import copy
 
