@@ -75,6 +75,9 @@ class SpeedupMeter:
         self.seeds = [float(x) for x in seeds]
         self.stale = [float(x) for x in stale]
         self.samples: list[float] = []  # this answer's plain step times, in order
+        # their running mean and sum of squared deviations (Welford): the error is read every step, and
+        # `statistics.stdev` over a long answer's samples took a millisecond of each step
+        self._mean = self._m2 = 0.0
         self.plain_s = 0.0  # what plain decoding would have taken for the tokens of closed stretches
         self.spent_s = 0.0  # what the decode steps took
         self.tokens = 0
@@ -105,6 +108,9 @@ class SpeedupMeter:
         self.plain_s += tokens * plain_s
         self._open = self.since_plain = 0
         self.samples.append(plain_s)
+        delta = plain_s - self._mean
+        self._mean += delta / len(self.samples)
+        self._m2 += delta * (plain_s - self._mean)
 
     @property
     def pool(self) -> list[float]:
@@ -133,10 +139,15 @@ class SpeedupMeter:
         """The standard error of the plain samples' mean over the mean: `value`'s relative error (the
         time spent is measured, not estimated). None with fewer than two samples."""
         pool = self.pool
-        if len(pool) < 2:
+        n = len(pool)
+        if n < 2:
             return None
-        mean = statistics.fmean(pool)
-        return statistics.stdev(pool) / (mean * math.sqrt(len(pool))) if mean > 0 else None
+        if pool is self.samples:
+            mean, m2 = self._mean, self._m2
+        else:  # a few seeds with the answer's first samples
+            mean = statistics.fmean(pool)
+            m2 = math.fsum((x - mean) ** 2 for x in pool)
+        return math.sqrt(max(m2, 0.0) / (n - 1)) / (mean * math.sqrt(n)) if mean > 0 else None
 
     @property
     def error(self) -> float | None:

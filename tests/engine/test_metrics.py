@@ -100,6 +100,32 @@ def test_the_uncertainty_shrinks_with_more_plain_samples_and_is_shown_while_larg
     assert speedup_text(None, None) == "–"
 
 
+def test_the_relative_error_is_the_samples_standard_error_however_long_the_answer():
+    """Kept as running sums (it is read every step): the standard error of the pool's mean over the mean,
+    with the seeds while the answer has few samples of its own, then over its own samples only."""
+    import math
+    import random
+    import statistics
+
+    from specula.engine.decoding.speedup import MIN_PLAIN, SpeedupMeter
+
+    def definition(pool):
+        return statistics.stdev(pool) / (statistics.fmean(pool) * math.sqrt(len(pool)))
+
+    rng = random.Random(3)
+    m = SpeedupMeter(seeds=[0.0040, 0.0052])
+    assert m.relative_error == pytest.approx(definition([0.0040, 0.0052]), rel=1e-9)
+    own = []
+    for i in range(2000):
+        own.append(0.004 + 0.002 * rng.random() + (0.01 if i % 97 == 0 else 0.0))  # now and then a slow one
+        m.add(1, own[-1], own[-1])
+        if i % 3 == 0:
+            m.add(4, 0.006)  # speculative steps add no sample
+        pool = own if len(own) >= MIN_PLAIN else [0.0040, 0.0052, *own]
+        if i < 5 or i % 199 == 0:
+            assert m.relative_error == pytest.approx(definition(pool), rel=1e-9)
+
+
 def test_a_new_answer_starts_from_recent_plain_samples_instead_of_probing_at_once():
     from specula.engine.decoding.speedup import MIN_PLAIN, PlainHistory, SpeedupMeter, probe_due
 
