@@ -6,7 +6,9 @@ Before drafting, the head reads the target's final hidden states of the position
 drafted (the runner keeps them with its cache), with the embeddings of the tokens that followed them;
 that also predicts the hidden state of the next position. The target's final norm and LM head turn each
 prediction into a draft token, which is fed back with the predicted state. Rollback: the head's cache is
-truncated to the positions it read with the target's real features.
+truncated to the positions it read with the target's real features. A read goes back READ_WINDOW positions
+at most: after a long prompt (or many steps of another drafter) the head reads only the latest ones, which
+drafted as well as the whole context on Spec-Bench's prompts, and its cache starts again from them.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ LOOKUP_MAX_N = 16  # the longest match of the conversation's last tokens looked 
 LOOKUP_PRIOR = {1: 0.4, 2: 0.6, 4: 0.75}
 LOOKUP_PRIOR_WEIGHT = 4.0
 LOOKUP_DECAY = 0.995
+READ_WINDOW = 128  # the most positions a read goes back: a longer catch-up (a long prompt) reads only the latest
 RUNNING_WEIGHT = 0.2  # of the newest value in a running figure (a level's or a read's time, the first guess's probability)
 
 
@@ -64,6 +67,9 @@ class Eagle(Drafter):
         self.norm_w = norm.weight.detach().to(self.dtype)
         self.eps = norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
         self.synced = 0  # positions the head has read with the target's real features
+        # positions before this one were skipped (a read goes back READ_WINDOW positions at most): the head's
+        # cache slot and rotary position of position p are p - offset (rotary attention sees differences only)
+        self.offset = 0
         self.fresh = 1  # positions the last step kept: what a proposal after it reads without catching up
         ids = head.draft_ids
         self.ids = ids.to(self.lm_head.weight.device) if ids.numel() else None
@@ -89,7 +95,7 @@ class Eagle(Drafter):
 
     def reset(self) -> None:
         self.head.truncate(0)
-        self.synced = 0
+        self.synced = self.offset = 0
         self.fresh = 1
         self.costs.pending = None  # the time between generations is no pass
         self.deferred = False
@@ -137,7 +143,7 @@ class Eagle(Drafter):
                 drafted.append(token)
             if j + 1 < k:
                 emb = self.embed(torch.tensor([token], device=device))
-                out = self.head(out[None, None], emb[None], start=length - 1 + j, use_cache=True)[0, -1]
+                out = self.head(out[None, None], emb[None], start=length - 1 + j - self.offset, use_cache=True)[0, -1]
         return Draft(torch.tensor(drafted, dtype=torch.long), torch.stack(qs) if qs else None)
 
     def _dynamic_tree(self, out: torch.Tensor, ctx: DraftContext, k: int, branch: tuple[list[int], list[float]]) -> Draft:
@@ -148,7 +154,7 @@ class Eagle(Drafter):
         t0 = time.perf_counter()
         length = ctx.tokens.shape[0]
         device = out.device
-        base = self.synced  # cache slots below this hold the real context
+        base = self.synced - self.offset  # cache slots below this hold the real context
         top = torch.log_softmax(self._draft_logits(out[None])[0], -1).topk(TREE_CHILDREN)
         tokens = [self._token(i) for i in top.indices.tolist()]
         score = top.values.tolist()  # log-probability of each node's whole path
@@ -178,7 +184,7 @@ class Eagle(Drafter):
             used += len(pick)
             feats = torch.stack([feeds[i] for i in pick])
             embeds = self.embed(torch.tensor([tokens[i] for i in pick], device=device))
-            positions = torch.tensor([length - 1 + level - 1] * len(pick), device=device)
+            positions = torch.tensor([base + level - 1] * len(pick), device=device)
             outs = self.head.forward_tree(feats, embeds, positions, slot, visible)
             child = torch.log_softmax(self._draft_logits(outs), -1).topk(TREE_CHILDREN)
             self.level_s = _running(self.level_s, time.perf_counter() - t_level)
@@ -243,7 +249,9 @@ class Eagle(Drafter):
             return None
         if self.aux_layers and tuple(getattr(runner, "aux_layers", ())) != self.aux_layers:  # it keeps other layers
             return None
-        self.head.truncate(self.synced)
+        if length - 1 - self.synced > READ_WINDOW:  # far behind: the latest positions are what the drafts need
+            self.synced = self.offset = length - 1 - READ_WINDOW
+        self.head.truncate(self.synced - self.offset)
         behind = length - 1 - self.synced
         if behind > self.fresh:  # positions of steps it did not propose for: read first, timed apart
             t0 = time.perf_counter()
@@ -260,7 +268,7 @@ class Eagle(Drafter):
         if self.normed:
             feats = self._norm(feats)
         nexts = tokens[self.synced + 1 : end + 1].to(feats.device)
-        out = self.head(feats[None], self.embed(nexts)[None], start=self.synced, use_cache=True)[0, -1]
+        out = self.head(feats[None], self.embed(nexts)[None], start=self.synced - self.offset, use_cache=True)[0, -1]
         self.synced = end
         return out
 

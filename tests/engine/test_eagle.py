@@ -482,3 +482,74 @@ def test_the_length_policy_books_a_step_without_the_drafters_catching_up(trained
     list(generate(target.new_runner(), drafter, [3, 4, 5, 6], DecodeConfig(k=3, max_new_tokens=20)))
     drafting = [s for d, s in booked if d > 0]
     assert catch_ups and drafting and all(s <= 1e-6 for s in drafting)  # each less the 5 s it was told of
+
+
+def test_rotary_positions_shifted_alike_give_the_head_the_same_outputs(trained):
+    """The drafter's window rests on this: the head's cache slot and rotary position of a position may both
+    be moved by one offset (rotary attention sees only differences), in a chain and in a tree."""
+    target, folder, _, seqs = trained
+    head, _ = load_head(folder, target)
+    seq = seqs[1]
+    feats, embeds = seq.features[None, :-1], target.model.get_input_embeddings()(seq.tokens[None, 1:])
+    n = feats.shape[1]
+    with torch.no_grad():
+        outs = []
+        for shift in (0, 37):
+            head.truncate(0)
+            # slots from 0 whatever the shift: the rotary positions move, the slots do not
+            original = head._rope
+            head._rope = lambda positions, dtype, s=shift: original(positions + s, dtype)
+            try:
+                chain = head(feats, embeds, use_cache=True)
+                visible = torch.ones(2, n + 2, dtype=torch.bool)
+                visible[0, n + 1] = False
+                tree = head.forward_tree(chain[0, -2:], embeds[0, -2:], torch.tensor([n, n]), n, visible)
+            finally:
+                head._rope = original
+            outs.append((chain, tree))
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_long_catch_up_reads_only_the_latest_positions_and_answers_stay_the_targets(trained, monkeypatch):
+    """A read goes back READ_WINDOW positions at most (a long prompt, or many steps of another drafter): the
+    head's cache then holds only those, at slots from 0, its first guesses mostly those of the whole context;
+    a tree's first level sits right after them, slot and rotary position alike; chains and trees stay
+    lossless however often the window moves."""
+    from specula.engine.decoding.drafter import DraftContext
+    from specula.engine.drafters import eagle
+
+    target, folder, _, seqs = trained
+    windowed, whole = build_drafter("eagle", target, head=str(folder)), build_drafter("eagle", target, head=str(folder))
+    tree = eagle.Eagle(load_head(folder, target)[0], target, stop_below=0.0, tree=True, nodes=6)
+    levels = []
+    grow = tree.head.forward_tree
+    tree.head.forward_tree = lambda f, e, positions, slot, visible: (levels.append((positions.tolist(), slot)),
+                                                                      grow(f, e, positions, slot, visible))[1]
+    same = total = 0
+    for seq in seqs:
+        runner = target.new_runner()
+        runner.forward(seq.tokens[:-1])
+        for at in range(seq.answer_start + 12, len(seq.tokens) - 4, 10):  # nine plain steps between proposals
+            ctx = DraftContext(seq.tokens[:at], seq.answer_start, SamplingParams(), None, runner)
+            monkeypatch.setattr(eagle, "READ_WINDOW", 8)
+            first = windowed.propose(ctx, 1).tokens.tolist()
+            assert windowed.offset == at - 1 - 8 and windowed.synced == at - 1  # slots 0-7 hold the real context
+            levels.clear()
+            tree.propose(ctx, 3)
+            assert levels and levels[0] == ([8] * len(levels[0][0]), 8)  # the first level: slot 8, position 8
+            monkeypatch.setattr(eagle, "READ_WINDOW", 10_000)
+            same += first == whole.propose(ctx, 1).tokens.tolist()
+            total += 1
+        for drafter in (windowed, whole, tree):
+            drafter.reset()
+        assert windowed.offset == 0
+    assert total >= 50 and same >= 0.8 * total
+    monkeypatch.setattr(eagle, "READ_WINDOW", 3)
+    gen = torch.Generator().manual_seed(9)
+    for trial in range(6):
+        prompt = torch.randint(0, 64, (int(torch.randint(6, 20, (1,), generator=gen)),), generator=gen).tolist()
+        config = DecodeConfig(k=4, max_new_tokens=40)
+        base = list(generate(target.new_runner(), build_drafter("none", target), prompt, config))[-1]
+        spec = build_drafter("eagle", target, head=str(folder), tree=trial % 2)
+        assert list(generate(target.new_runner(), spec, prompt, config))[-1].token_ids == base.token_ids, trial
