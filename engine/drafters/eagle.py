@@ -152,7 +152,6 @@ class Eagle(Drafter):
         own continuation where it has one (`branch`: `_Lookup.draft`'s); then keep the most likely nodes, as
         many as the measured costs say pay."""
         t0 = time.perf_counter()
-        length = ctx.tokens.shape[0]
         device = out.device
         base = self.synced - self.offset  # cache slots below this hold the real context
         top = torch.log_softmax(self._draft_logits(out[None])[0], -1).topk(TREE_CHILDREN)
