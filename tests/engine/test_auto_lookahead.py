@@ -91,6 +91,25 @@ def test_auto_uses_prompt_lookup_where_the_context_repeats(heads_at_once):
     assert chosen[-20:] == ["prompt-lookup:2-3"] * 20
 
 
+def test_a_lookup_choice_that_plain_steps_beat_drafts_one_token_now_and_then_and_is_used_once_it_pays(heads_at_once):
+    """Its first drafts all rejected, a prompt-lookup choice loses to plain steps, but drafts a single token
+    every LOOKUP_RETRY of its steps: when the conversation's repeats start to be kept, auto finds it long
+    before its every-EXPLORE_EVERY-steps exploration would. Heads are never retried this way."""
+    guesser = Guesser()
+    auto = Auto({"eagle": (guesser, 6)})
+    tokens = (1, 2, 3, 4, 9, 1, 2, 3)
+    cost = lambda n: 0.030 + 0.002 * n  # noqa: E731
+    chosen = drive(auto, 48, cost, {"prompt-lookup:2-3": 0, "eagle": 0}, tokens)
+    lookup = [i for i, c in enumerate(chosen) if c == "prompt-lookup:2-3"]
+    late = [i for i in lookup if i >= 12]
+    assert chosen[-8:].count("none") >= 6 and 2 <= len(late) <= 48 // auto_module.LOOKUP_RETRY + 1
+    eagle_drafts = len(guesser.lengths)
+    chosen = drive(auto, 40, cost, {"prompt-lookup:2-3": 3, "eagle": 0}, tokens)  # now its drafts are kept
+    assert chosen[-16:] == ["prompt-lookup:2-3"] * 16
+    assert auto.steps < auto_module.EXPLORE_EVERY  # found by the retries, not by the stale-choice exploration
+    assert len(guesser.lengths) - eagle_drafts <= 1
+
+
 def test_with_a_seed_auto_chooses_the_same_steps_whatever_the_timings():
     def run(cost):
         return drive(Auto({"eagle": (Guesser(), 6)}), 20, cost, {"prompt-lookup:2-3": 3}, (1, 2, 3, 9, 1, 2, 3), False)
