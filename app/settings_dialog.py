@@ -133,11 +133,11 @@ class SettingsDialog(QDialog):
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs)
         layout.addWidget(buttons)
-        self.backend.currentIndexChanged.connect(self._backend_changed)
-        self.eagle_trees.toggled.connect(self._backend_changed)
-        self._backend_changed()
+        self.backend.currentIndexChanged.connect(self._enable_fields)
+        self.eagle_trees.toggled.connect(self._enable_fields)
+        self._enable_fields()
 
-    def _backend_changed(self) -> None:
+    def _enable_fields(self) -> None:
         remote = self.backend.currentData() == "remote"
         for widget in self.local_fields:
             widget.setEnabled(not remote)

@@ -37,8 +37,8 @@ STRATEGIES: dict[str, StrategyCard] = {
                      needs_draft_model=True),
         StrategyCard("layer-skip", "the target's first layers draft for the whole model (no extra weights)"),
         StrategyCard("eagle", "a trained head drafts from the target's own features, in token trees that also "
-                              "hold prompt lookup's draft (needs a head trained for this model, or a published "
-                              "EAGLE head)", needs_head="eagle", default_k=6),
+                              "hold prompt lookup's draft where the engine verifies trees exactly (needs a head "
+                              "trained for this model, or a published EAGLE head)", needs_head="eagle", default_k=6),
         StrategyCard("medusa", "trained heads guess several tokens at once from the target's last feature, "
                                "verified as a token tree", needs_head="medusa", default_k=4),
         StrategyCard("lookahead", "Jacobi iteration on a window of guesses plus a pool of n-grams collected from "
