@@ -17,11 +17,13 @@ os.environ.setdefault("SPECULA_STEP", "eager")
 import pytest  # noqa: E402
 
 VLLM_FIXTURES = {"vllm_server", "vllm_servers"}
+VLLM_SPECS = ["ngram"]  # the servers the vLLM tests share
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests on real vLLM servers run last, and vLLM's environment is set up in the background from the
-    start of the run (minutes of package installs on a fresh machine, while the other tests run)."""
+    start of the run (minutes of package installs on a fresh machine, while the other tests run), then
+    the server they share starts (about a minute), still while the other tests run."""
     late = [item for item in items if VLLM_FIXTURES & set(getattr(item, "fixturenames", ()))]
     if not late:
         return
@@ -31,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
 
     from tests.support.vllm_server import start_setup
 
-    start_setup(Path(_tmp) / "vllm-setup.log")
+    start_setup(Path(_tmp) / "vllm-setup.log", VLLM_SPECS)
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +87,7 @@ def vllm_servers(tmp_path_factory):
     from tests.support.vllm_server import Unavailable, start_servers
 
     try:
-        servers = start_servers(["ngram"], tmp_path_factory.mktemp("vllm"))
+        servers = start_servers(VLLM_SPECS, tmp_path_factory.mktemp("vllm"))
     except Unavailable as exc:
         pytest.skip(f"no vLLM server: {exc}")
     yield servers

@@ -6,9 +6,14 @@ which switches between them.
 The statistic is Pearson's chi-square against the exact distribution (cells expected below 5 pooled):
 a correct sampler fails it with probability 1e-4 (P_MIN); at 4,000 samples it detects a sampler whose
 distribution is 0.056 away in total variation in over 90% of runs (measured), and the last test shows
-it rejecting a wrong one."""
+it rejecting a wrong one.
 
+The samples are drawn by two processes, half each (this one and a helper that builds the same models):
+each sample is a whole generation on one thread, and a machine's second core would otherwise wait."""
+
+import concurrent.futures
 import itertools
+import multiprocessing
 
 import pytest
 import torch
@@ -38,15 +43,58 @@ def exact_joint(model, params, n=3):
     return probs
 
 
-def empirical_joint(target, drafter, params, samples, min_drafted=None):
+def draw(target, drafter, params, seeds) -> tuple[dict, int]:
+    """Counts of the first three tokens over generations with these seeds, and the tokens drafted."""
     runner = target.new_runner()
     counts = dict.fromkeys(itertools.product(range(VOCAB), repeat=3), 0)
     drafted = 0
-    for seed in range(samples):
+    for seed in seeds:
         config = DecodeConfig(k=2, max_new_tokens=4, params=params, seed=seed)
         finished = list(generate(runner, drafter, PROMPT, config))[-1]
         counts[tuple(finished.token_ids[:3])] += 1
         drafted += finished.totals.drafted
+    return counts, drafted
+
+
+def build_models():
+    target = tiny_model(vocab=VOCAB, layers=2, seed=5)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(0.25)  # undo most of the sharpening: keep every token plausible
+    draft = perturbed(target, scale=1.0, seed=9)
+    return loaded(target), loaded(draft)
+
+
+_helper_models = None
+
+
+def helper_draw(strategy: str, options: dict, at_once: bool, params, seeds) -> tuple[dict, int]:
+    """In the helper process: the same models, a drafter of its own, these seeds."""
+    global _helper_models
+    torch.set_num_threads(1)
+    if _helper_models is None:
+        _helper_models = build_models()
+    target, draft = _helper_models
+    from specula.engine.decoding import verify
+
+    before = verify.ONE_WAIT_DEVICES
+    if at_once:
+        verify.ONE_WAIT_DEVICES = frozenset({"cpu"})
+    try:
+        return draw(target, build_drafter(strategy, target, draft, **options), params, seeds)
+    finally:
+        verify.ONE_WAIT_DEVICES = before
+
+
+def empirical_joint(target, drafter, params, samples, helper=None, job=None, min_drafted=None):
+    """`samples` generations; with a helper process (and the job that builds the drafter there), the second
+    half of the seeds are drawn there meanwhile."""
+    half = samples // 2 if helper is not None else samples
+    pending = helper.submit(helper_draw, *job, params, range(half, samples)) if helper is not None else None
+    counts, drafted = draw(target, drafter, params, range(half))
+    if pending is not None:
+        more, more_drafted = pending.result(timeout=1800)
+        counts = {key: counts[key] + more[key] for key in counts}
+        drafted += more_drafted
     assert drafted > (samples if min_drafted is None else min_drafted)  # the step after the prefill really drafted
     return counts
 
@@ -74,12 +122,15 @@ def p_value(counts: dict, probs: dict) -> float:
 def models():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: thread hand-offs cost more than they save
-    target = tiny_model(vocab=VOCAB, layers=2, seed=5)
-    with torch.no_grad():
-        target.lm_head.weight.mul_(0.25)  # undo most of the sharpening: keep every token plausible
-    draft = perturbed(target, scale=1.0, seed=9)
-    yield loaded(target), loaded(draft)
+    yield build_models()
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def helper():
+    """One helper process for the module's tests (spawned: a fork would copy this process's threads)."""
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool
 
 
 @pytest.mark.parametrize(
@@ -97,10 +148,11 @@ def models():
         ("prompt-lookup at once", SamplingParams(temperature=0.8, top_p=0.9)),
     ],
 )
-def test_speculative_sampling_matches_the_target_distribution(models, strategy, params, tmp_path, monkeypatch):
+def test_speculative_sampling_matches_the_target_distribution(models, helper, strategy, params, tmp_path, monkeypatch):
     target, draft = models
     options = {}
-    if strategy.endswith(" at once"):
+    at_once = strategy.endswith(" at once")
+    if at_once:
         from specula.engine.decoding import verify
 
         strategy = strategy.removesuffix(" at once")
@@ -128,7 +180,8 @@ def test_speculative_sampling_matches_the_target_distribution(models, strategy, 
     drafter = build_drafter(strategy, target, draft, **options)
     exact = exact_joint(target.model, params)
     # auto drafts only where drafting has measured faster than plain steps; on this tiny model that is rare
-    got = empirical_joint(target, drafter, params, SAMPLES, SAMPLES // 50 if strategy == "auto" else None)
+    got = empirical_joint(target, drafter, params, SAMPLES, helper, (strategy, options, at_once),
+                          SAMPLES // 50 if strategy == "auto" else None)
     tv = sum(abs(got[k] / SAMPLES - exact[k]) for k in exact) / 2
     p = p_value(got, exact)
     print(f"{strategy} {params}: total variation {tv:.4f}, p = {p:.3g}")

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -41,17 +42,33 @@ def _tail(path: Path, lines: int = 6) -> str:
 
 
 _background: tuple[subprocess.Popen, Path] | None = None  # a setup started early (start_setup)
+_early: tuple[threading.Thread, list[str], list] | None = None  # servers started once that setup is done
 
 
-def start_setup(log: Path) -> None:
+def start_setup(log: Path, specs: list[str] | None = None) -> None:
     """Begin setting up in the background, so that the rest of the test run goes on meanwhile; `setup`
-    then waits for it."""
-    global _background
+    then waits for it. With `specs`, servers of those settings start as soon as the setup is done (a start
+    is about a minute of imports and loading; an idle server then uses about 1% of a core), and
+    `start_servers` takes them."""
+    global _background, _early
     if os.environ.get("SPECULA_SKIP_VLLM") or _background is not None:
         return
     with open(log, "wb") as out:
         _background = (popen_owned(["sh", "scripts/vllm-server.sh", "--setup"], cwd=ROOT, stdout=out,
                                    stderr=subprocess.STDOUT), log)
+    if specs:
+        started: list[ServerProcess] = []
+
+        def start_when_set_up() -> None:
+            try:
+                if _background[0].wait(timeout=SETUP_TIMEOUT_S) == 0:
+                    started.extend(ServerProcess(spec, log.parent / f"vllm-{spec}.log") for spec in specs)
+            except subprocess.TimeoutExpired:
+                pass  # `setup` says so
+
+        thread = threading.Thread(target=start_when_set_up, name="vllm-early-start", daemon=True)
+        thread.start()
+        _early = (thread, list(specs), started)
 
 
 def setup(log: Path) -> None:
@@ -145,8 +162,13 @@ class ServerProcess:
 def start_servers(specs: list[str], log_dir: Path) -> list[ServerProcess]:
     """Servers of these speculation settings, started side by side (a start is mostly waiting on imports
     and loading, so two take little longer than one)."""
+    if _early is not None and _early[1] == list(specs):
+        _early[0].join(SETUP_TIMEOUT_S + 60)
     setup(log_dir / "vllm-setup.log")
-    servers = [ServerProcess(spec, log_dir / f"vllm-{spec}.log") for spec in specs]
+    if _early is not None and _early[1] == list(specs) and _early[2]:
+        servers = _early[2]
+    else:
+        servers = [ServerProcess(spec, log_dir / f"vllm-{spec}.log") for spec in specs]
     try:
         for server in servers:
             server.wait_ready()
