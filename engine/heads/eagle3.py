@@ -5,10 +5,15 @@ vocabulary (`draft_ids`: the target's ids of its rows). Drafting feeds the layer
 the target's states, so training unrolls it the same way ("training-time test", `unrolled`).
 
 Specula's own EAGLE-3 heads are stored like its EAGLE heads (kind "eagle", `HeadConfig.aux_layers` set) and
-use the target's embedding; published EAGLE-3 checkpoints load through `published.py` into this module.
+use the target's embedding; published EAGLE-3 checkpoints load through `published.py` into this module, with
+the variants the speculators library trains (`Variant`): an RMS norm over the target's states before `fc`
+(over all of them, or over each layer's), the normed stream as the layer's residual, and the final norm's
+output as what a draft step feeds back.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -24,12 +29,25 @@ def default_aux_layers(target_layers: int) -> tuple[int, ...]:
     return tuple(sorted({min(2, target_layers - 1), target_layers // 2, max(0, target_layers - 3)}))
 
 
+@dataclass(frozen=True)
+class Variant:
+    """How a published EAGLE-3 head departs from EAGLE-3's own formula (the speculators library's flags).
+    aux_norm: an RMS norm over the target's states before fc, over all of them side by side ("whole",
+    `norm_before_fc`) or over each layer's ("each", `fc_norm`); normed_residual: the layer's residual stream is
+    hidden_norm(h) instead of h (`norm_before_residual`); normed_output: a draft step feeds back the final
+    norm's output instead of the layer's (`norm_output`)."""
+
+    aux_norm: str | None = None
+    normed_residual: bool = False
+    normed_output: bool = False
+
+
 class Eagle3Head(EagleHead):
     """fc (len(aux_layers) x the target's hidden size -> H) over the target layers' states; the layer's
     attention reads [input_norm(embedding), hidden_norm(h)] (2H) and its residual stream is h; its own
-    final norm and LM head give logits over the draft vocabulary."""
+    final norm and LM head give logits over the draft vocabulary (`variant`: a published head's departures)."""
 
-    def __init__(self, config: HeadConfig, vocab: int | None = None) -> None:
+    def __init__(self, config: HeadConfig, vocab: int | None = None, variant: Variant = Variant()) -> None:
         super().__init__(config)
         c = config
         if not c.aux_layers or not c.draft_vocab:
@@ -45,19 +63,53 @@ class Eagle3Head(EagleHead):
         self.lm = nn.Linear(c.hidden, c.draft_vocab, bias=False)
         self.embed = nn.Embedding(vocab, c.hidden) if vocab is not None else None  # a published file's own copy
         self.aux_layers = tuple(c.aux_layers)
+        self.variant = variant
+        wide = c.target_hidden or c.hidden
+        if variant.aux_norm == "whole":
+            self.aux_norm = nn.RMSNorm(len(c.aux_layers) * wide, eps=c.eps)
+        elif variant.aux_norm == "each":
+            self.aux_norms = nn.ModuleList(nn.RMSNorm(wide, eps=c.eps) for _ in c.aux_layers)
+        elif variant.aux_norm is not None:
+            raise ValueError(f"an EAGLE-3 head's norm before fc is 'whole' or 'each', not {variant.aux_norm!r}")
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's layers' states (read) through fc, or the head's own output (fed back, already H wide)."""
+        if features.shape[-1] == self.config.hidden:
+            return features
+        if self.variant.aux_norm == "whole":
+            features = self.aux_norm(features)
+        elif self.variant.aux_norm == "each":
+            parts = features.chunk(len(self.aux_norms), dim=-1)
+            features = torch.cat([norm(part) for norm, part in zip(self.aux_norms, parts)], dim=-1)
+        return self.fc(features)
 
     def inputs(self, features: torch.Tensor, next_embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # the target's layers' states (read) or the head's own output (fed back, already H wide)
-        h = self.fc(features) if features.shape[-1] != self.config.hidden else features
-        return h, torch.cat((self.input_norm(next_embeds), self.hidden_norm(h)), dim=-1)
+        h = self.project(features)
+        normed = self.hidden_norm(h)
+        return (normed if self.variant.normed_residual else h), torch.cat((self.input_norm(next_embeds), normed), dim=-1)
 
     def native_inputs(self, features: torch.Tensor, next_embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return (self.fc(features) if features.shape[-1] != self.config.hidden else features), next_embeds
+        return self.project(features), next_embeds
+
+    def forward(self, features: torch.Tensor, next_embeds: torch.Tensor, start: int = 0,
+                use_cache: bool = False) -> torch.Tensor:
+        return self._output(super().forward(features, next_embeds, start, use_cache))
+
+    def forward_tree(self, features: torch.Tensor, next_embeds: torch.Tensor, positions: torch.Tensor, slot: int,
+                     visible: torch.Tensor) -> torch.Tensor:
+        return self._output(super().forward_tree(features, next_embeds, positions, slot, visible))
+
+    def _output(self, out: torch.Tensor) -> torch.Tensor:
+        """What a draft step feeds back and the logits read: the final norm's output where the variant says so
+        (its logits then skip the norm), else the layer's."""
+        return self._final_norm(out) if self.variant.normed_output else out
+
+    def _final_norm(self, outs: torch.Tensor) -> torch.Tensor:
+        return self.final_norm(outs) if self.native is None else self.native.norm(outs, self.final_norm)
 
     def draft_logits(self, outs: torch.Tensor) -> torch.Tensor:
         """(n, H) outputs -> (n, draft vocabulary) fp32 logits."""
-        normed = self.final_norm(outs) if self.native is None else self.native.norm(outs, self.final_norm)
-        return self.lm(normed).float()
+        return self.lm(outs if self.variant.normed_output else self._final_norm(outs)).float()
 
     def unrolled(self, aux: torch.Tensor, next_embeds: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Training-time test: aux (B, T, len(aux_layers) * D), the embeddings of the tokens after each

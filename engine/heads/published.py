@@ -9,7 +9,11 @@
   `eagle_aux_hidden_state_layer_ids` name layers by output, SpecForge's and SGLang's reading), one layer
   whose attention reads [input_layernorm(embedding), hidden_norm(h)], its own final norm and LM head over a
   reduced vocabulary whose token i is target token i + d2t[i]. A draft step feeds its output (before the
-  norm) back in place of the three layers' states.
+  norm) back in place of the three layers' states. The speculators library's EAGLE-3 heads (the layout
+  vLLM's own trained heads are published in: `speculators_model_type` "eagle3", the layer's dimensions in
+  `transformer_layer_config`, `layers.0.*`, its layer ids naming the layers whose entering states it reads)
+  load too, with the variants its flags name (`norm_before_fc`, `fc_norm`, `norm_before_residual`,
+  `norm_output`; `eagle3.Variant`).
 - Medusa heads: FasterDecoding's `medusa_lm_head.pt` (or `.safetensors`) with keys `{head}.{layer}.linear.*`
   and each head's own LM head `{head}.{layers}.weight` (or none: the target's), and vLLM's MedusaModel
   layout (`blocks.{head}.layers.{layer}.*`, `lm_heads.{head}.weight`, an optional `token_map`). Each layer
@@ -32,7 +36,7 @@ import torch.nn.functional as F
 from ..api.errors import SpeculaError, first_line
 from .config import HeadConfig, HeadInfo, rope_kind
 from .eagle import EagleHead
-from .eagle3 import Eagle3Head, default_aux_layers
+from .eagle3 import Eagle3Head, Variant, default_aux_layers
 
 EAGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors")
@@ -106,12 +110,20 @@ def published_kind(folder: Path) -> str | None:
     return None
 
 
+def made_for_model(config: dict) -> str:
+    """The model a published head names as its target ("" where it names none)."""
+    spec = config.get("speculators_config")
+    verifier = spec.get("verifier") if isinstance(spec, dict) else None
+    named = config.get("base_model_name_or_path") or (verifier.get("name_or_path") if isinstance(verifier, dict) else None)
+    return str(named or "")
+
+
 def _check_target(folder: Path, target, hidden: int, vocab: int | None, config: dict) -> None:
     model_cfg = target.model.config
     t_hidden = model_cfg.hidden_size
     t_vocab = target.model.get_output_embeddings().weight.shape[0]
     if hidden != t_hidden or (vocab is not None and vocab != t_vocab):
-        made_for = config.get("base_model_name_or_path") or f"a model of hidden size {hidden}" + (
+        made_for = made_for_model(config) or f"a model of hidden size {hidden}" + (
             f" and {vocab} tokens" if vocab is not None else "")
         raise SpeculaError(f"the draft head in {folder} was made for {made_for}, not {target.name} "
                            f"(hidden size {t_hidden}, {t_vocab} tokens)")
@@ -202,11 +214,21 @@ EAGLE3_KEYS = {
 }
 
 
+def _eagle_config(config: dict) -> dict:
+    return config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+
+
+def speculators_layout(config: dict) -> bool:
+    """Whether a config is the speculators library's (its draft layer's own config nested in it)."""
+    return config.get("speculators_model_type") == "eagle3" or isinstance(config.get("transformer_layer_config"), dict)
+
+
 def aux_layers_of(config: dict, target_layers: int) -> tuple[int, ...]:
     """The target layers whose entering hidden states an EAGLE-3 head reads."""
-    eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
-    ids = eagle.get("eagle_aux_hidden_state_layer_ids") or config.get("eagle_aux_hidden_state_layer_ids")
-    if ids:  # by output, as SpecForge writes them and SGLang reads them: entering the next layer
+    ids = _eagle_config(config).get("eagle_aux_hidden_state_layer_ids") or config.get("eagle_aux_hidden_state_layer_ids")
+    if ids and speculators_layout(config):  # the speculators library (and vLLM's capture): the states entering them
+        layers = tuple(sorted(int(i) for i in ids))
+    elif ids:  # by output, as SpecForge writes them and SGLang reads them: entering the next layer
         layers = tuple(sorted(int(i) + 1 for i in ids))
     else:
         layers = default_aux_layers(target_layers)
@@ -215,29 +237,55 @@ def aux_layers_of(config: dict, target_layers: int) -> tuple[int, ...]:
     return layers
 
 
+def _variant(config: dict, state: dict, weights: Path) -> tuple[Variant, dict[str, str]]:
+    """A published EAGLE-3 head's departures from EAGLE-3's formula, as its config's flags name them (top level
+    or `eagle_config`, as vLLM reads them), and the names of their norms' tensors (the file's -> the module's)."""
+    def flag(name: str) -> bool:
+        value = _eagle_config(config).get(name, config.get(name, False))
+        return bool(value)
+
+    before_fc, each = flag("norm_before_fc"), flag("fc_norm")
+    if before_fc and each:
+        raise SpeculaError(f"the EAGLE-3 head {weights} asks for both norm_before_fc and fc_norm, which exclude each other")
+    names = {}
+    if before_fc:
+        names["input_norm.weight"] = "aux_norm.weight"
+    if each:
+        names.update({k: k.replace("fc_norm.", "aux_norms.", 1) for k in state if k.startswith("fc_norm.")})
+    unnamed = [k for k in state if k.startswith(("fc_norm", "input_norm")) and k not in names]
+    if unnamed:
+        raise SpeculaError(f"the EAGLE-3 head {weights} has {unnamed[0]}, which its config.json does not say how to use "
+                           "(norm_before_fc or fc_norm)")
+    return Variant("whole" if before_fc else "each" if each else None, flag("norm_before_residual"),
+                   flag("norm_output")), names
+
+
 def load_eagle3(folder: Path, target, config: dict) -> tuple[Eagle3Head, HeadInfo]:
     weights = _first(folder, EAGLE_FILES)
     state = {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: v
              for k, v in _read_weights(weights).items()}
-    extra = [k for k in state if k.startswith(("fc_norm", "input_norm"))]
-    if extra:
-        raise SpeculaError(f"the EAGLE-3 head {weights} normalises the target's states before fc ({extra[0]}), "
-                           "which this version does not run")
     if "fc.weight" not in state or "lm_head.weight" not in state:
         raise SpeculaError(f"{weights} is not an EAGLE-3 head: no fc.weight or lm_head.weight")
+    # the speculators library nests the draft layer's own config (its dimensions, the target's vocabulary)
+    layer_config = {**config, **config["transformer_layer_config"]} if speculators_layout(config) else config
+    if int(layer_config.get("num_hidden_layers") or 1) > 1 or any(k.startswith("layers.1.") for k in state):
+        raise SpeculaError(f"the EAGLE-3 head in {folder} has {layer_config.get('num_hidden_layers')} decoder layers; "
+                           "this version runs EAGLE-3 heads of one")
+    variant, norm_names = _variant(config, state, weights)
     hidden, wide = state["fc.weight"].shape
-    cfg = _head_config(folder, config, hidden, int(config.get("head_dim") or 0) or None)
+    cfg = _head_config(folder, layer_config, hidden, int(layer_config.get("head_dim") or 0) or None)
     target_layers = target.model.config.num_hidden_layers
     layers = aux_layers_of(config, target_layers)
     target_hidden = wide // len(layers)
     embed = state.get("embed_tokens.weight")
-    _check_target(folder, target, target_hidden, int(config["vocab_size"]) if "vocab_size" in config else None, config)
+    vocab = layer_config.get("vocab_size")
+    _check_target(folder, target, target_hidden, int(vocab) if vocab else None, config)
     if embed is None and hidden != target.model.config.hidden_size:
         raise SpeculaError(f"the EAGLE-3 head in {folder} is {hidden} wide and brings no embeddings for {target.name}'s")
     draft_vocab = state["lm_head.weight"].shape[0]
     cfg = replace(cfg, aux_layers=layers, draft_vocab=draft_vocab, target_hidden=target_hidden)
-    head = Eagle3Head(cfg, int(embed.shape[0]) if embed is not None else None)
-    _load_named(head, state, EAGLE3_KEYS, weights, "EAGLE-3")
+    head = Eagle3Head(cfg, int(embed.shape[0]) if embed is not None else None, variant)
+    _load_named(head, state, {**EAGLE3_KEYS, **norm_names}, weights, "EAGLE-3")
     t_vocab = target.model.get_output_embeddings().weight.shape[0]
     if "d2t" in state:
         ids = torch.arange(draft_vocab) + state["d2t"].long()
@@ -340,7 +388,7 @@ def head_folder(source: str, say=lambda text: None) -> Path:
 
 def _info(kind: str, cfg: HeadConfig, folder: Path, config: dict) -> HeadInfo:
     return HeadInfo(kind=kind, config=cfg, target="", vocabulary="",
-                    target_name=str(config.get("base_model_name_or_path") or ""), training={"published": str(folder)})
+                    target_name=made_for_model(config), training={"published": str(folder)})
 
 
 def load_published(folder: Path, target, dtype=None, kind: str | None = None) -> tuple[nn.Module, HeadInfo]:

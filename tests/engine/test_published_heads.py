@@ -1,6 +1,7 @@
 """Draft heads as their projects publish them (engine/heads/published.py): small checkpoints written here in
 exactly the published layouts (SafeAILab/EAGLE's EAGLE-1 `pytorch_model.bin` / `model.safetensors` with
-config.json; EAGLE-3's `model.safetensors` with `d2t`/`t2d`; FasterDecoding's `medusa_lm_head.pt`; vLLM's MedusaModel `model.safetensors`) on tiny random
+config.json; EAGLE-3's `model.safetensors` with `d2t`/`t2d`, in SafeAILab's and SpecForge's layout and in the
+speculators library's (vLLM's published heads) with each of its variants; FasterDecoding's `medusa_lm_head.pt`; vLLM's MedusaModel `model.safetensors`) on tiny random
 targets. Each loads, drafts what its project's own formula gives (checked against transformers' Llama
 layer as EAGLE's code uses it, and against the Medusa formula written out), and every strategy stays
 greedy-identical to `none`. EAGLE-3 heads (SafeAILab's and SpecForge's layout) read the hidden states
@@ -189,25 +190,30 @@ def test_every_published_head_keeps_greedy_identity(target, tmp_path, strategy):
                            max_new_tokens=24)
 
 
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3", "speculators-normed-output", "speculators-normed-residual"])
 def test_published_eagle_heads_draft_in_bf16_through_the_compiled_library(tmp_path, ops, kind):
-    """In bf16 with the compiled step's library loaded: an EAGLE-3 head's layer runs in one call of it, an
-    EAGLE-1 head (no norm before its attention) keeps the torch layer over 4-bit block products; both stay
-    lossless."""
+    """In bf16 with the compiled step's library loaded: an EAGLE-3 head's layer runs in one call of it (a
+    speculators head's norms before fc and after the layer around it), an EAGLE-1 head (no norm before its
+    attention) and a head whose residual is the normed stream keep the torch layer over 4-bit block products;
+    all stay lossless."""
     import copy
 
     from specula.engine.heads.store import head_for_strategy
     from specula.engine.models.loading import LoadedModel
 
-    model = tiny_model(vocab=VOCAB, layers=8 if kind == "eagle3" else 2, seed=21)
+    model = tiny_model(vocab=VOCAB, layers=2 if kind == "eagle1" else 8, seed=21)
     low = LoadedModel(copy.deepcopy(model).to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16)
     folder = tmp_path / kind
     if kind == "eagle3":
         _eagle3_files(folder, low, seed=11, draft_vocab=10)
+    elif kind == "speculators-normed-output":
+        _speculators_files(folder, low, seed=11, draft_vocab=10, aux_norm="each", normed_output=True)
+    elif kind == "speculators-normed-residual":
+        _speculators_files(folder, low, seed=11, draft_vocab=10, aux_norm="whole", normed_residual=True)
     else:
         write_eagle1(folder, low, seed=4)
     head = head_for_strategy(low, str(folder), "eagle", "a head")
-    assert (head.native is not None) == (kind == "eagle3")
+    assert (head.native is not None) == (kind in ("eagle3", "speculators-normed-output"))
     assert_greedy_identity(low, None, "eagle", {"head": str(folder)}, trials=8, longest_prompt=12, max_new_tokens=32)
 
 
@@ -328,10 +334,13 @@ def _eagle3_files(folder, target, seed: int, draft_vocab: int, rope_scaling: dic
     return state
 
 
-def eagle3_reference(state, target, aux, tokens, k, rope_scaling: dict | None = None):
+def eagle3_reference(state, target, aux, tokens, k, rope_scaling: dict | None = None, aux_norm=None,
+                     normed_residual=False, normed_output=False):
     """EAGLE-3's draft chain written from its formula (cnets.py): fc over the three layers' states; the
     layer's attention reads [input_layernorm(embedding), hidden_norm(h)], residual h; the head's own norm
-    and LM head; token = draft id + d2t; the output before the norm fed back."""
+    and LM head; token = draft id + d2t; the output before the norm fed back. With the speculators library's
+    flags (its eagle3 model): an RMS norm over the three states before fc, side by side ("whole") or each
+    ("each"); the residual hidden_norm(h); the norm's output fed back."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
@@ -343,8 +352,17 @@ def eagle3_reference(state, target, aux, tokens, k, rope_scaling: dict | None = 
     def rms(x, w):
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
 
+    s = {k_.replace("layers.0.", "midlayer.", 1): v for k_, v in s.items()}  # the speculators library's names
     embed = target.model.get_input_embeddings()
-    hs = [aux[i] @ s["fc.weight"].T for i in range(len(tokens))]
+
+    def before_fc(a):
+        if aux_norm == "whole":
+            return rms(a, s["input_norm.weight"])
+        if aux_norm == "each":
+            return torch.cat([rms(part, s[f"fc_norm.{j}.weight"]) for j, part in enumerate(a.chunk(3, -1))], -1)
+        return a
+
+    hs = [before_fc(aux[i]) @ s["fc.weight"].T for i in range(len(tokens))]
     embs = [embed(tokens[i : i + 1])[0] for i in range(len(tokens))]
     drafted = []
     with torch.no_grad():
@@ -359,12 +377,16 @@ def eagle3_reference(state, target, aux, tokens, k, rope_scaling: dict | None = 
             cos, sin = rotary(x[None], torch.arange(t)[None])
             q, kk = apply_rotary_pos_emb(q, kk, cos, sin)
             att = F.scaled_dot_product_attention(q, kk, v, is_causal=True, enable_gqa=True)[0].transpose(0, 1).reshape(t, 64)
-            h2 = h + att @ s["midlayer.self_attn.o_proj.weight"].T
+            residual = rms(h, s["midlayer.hidden_norm.weight"]) if normed_residual else h
+            h2 = residual + att @ s["midlayer.self_attn.o_proj.weight"].T
             m = rms(h2, s["midlayer.post_attention_layernorm.weight"])
             out = h2 + (F.silu(m @ s["midlayer.mlp.gate_proj.weight"].T) * (m @ s["midlayer.mlp.up_proj.weight"].T)) \
                 @ s["midlayer.mlp.down_proj.weight"].T
             last = out[-1]
-            draft_id = int((rms(last, s["norm.weight"]) @ s["lm_head.weight"].T).argmax())
+            normed = rms(last, s["norm.weight"])
+            draft_id = int((normed @ s["lm_head.weight"].T).argmax())
+            if normed_output:
+                last = normed
             token = draft_id + int(state["d2t"][draft_id])
             drafted.append(token)
             hs.append(last)
@@ -399,6 +421,83 @@ def test_an_eagle3_checkpoint_drafts_what_its_formula_gives_and_stays_lossless(t
     assert set(draft.tokens.tolist()) <= set((torch.arange(10) + state["d2t"]).tolist())
     assert_greedy_identity(target, None, "eagle", {"head": str(tmp_path / "eagle3")}, trials=6, longest_prompt=12,
                            max_new_tokens=24)
+
+
+def _speculators_files(folder, target, seed: int, draft_vocab: int, aux_norm=None, normed_residual=False,
+                       normed_output=False, layers=1):
+    """An EAGLE-3 head as the speculators library saves it (its Eagle3 model; the layout of vLLM's published
+    heads): `layers.0.*`, the target's embeddings, the norms its flags add (`input_norm` over the three states
+    side by side, `fc_norm.{i}` over each), the layer's config nested in `transformer_layer_config` and the
+    target layers named by the states entering them."""
+    state = _eagle3_files(folder, target, seed, draft_vocab)
+    state = {k.replace("midlayer.", "layers.0.", 1): v for k, v in state.items()}
+    state["embed_tokens.weight"] = target.model.get_input_embeddings().weight.detach().clone()
+    gen = torch.Generator().manual_seed(seed + 100)
+    if aux_norm == "whole":
+        state["input_norm.weight"] = 1 + 0.3 * torch.randn(3 * HIDDEN, generator=gen)
+    elif aux_norm == "each":
+        state.update({f"fc_norm.{j}.weight": 1 + 0.3 * torch.randn(HIDDEN, generator=gen) for j in range(3)})
+    if layers > 1:
+        state.update({k.replace("layers.0.", "layers.1.", 1): v.clone() for k, v in state.items() if k.startswith("layers.0.")})
+    save_file(state, str(folder / "model.safetensors"))
+    layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": HIDDEN,
+             "intermediate_size": INTER, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+             "num_hidden_layers": layers, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "vocab_size": VOCAB,
+             "max_position_embeddings": 512, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+             "tie_word_embeddings": False}
+    config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "draft_vocab_size": draft_vocab,
+              "norm_before_residual": normed_residual, "norm_before_fc": aux_norm == "whole", "fc_norm": aux_norm == "each",
+              "norm_output": normed_output, "target_hidden_size": None, "eagle_aux_hidden_state_layer_ids": [2, 4, 5],
+              "embed_requires_grad": False, "transformer_layer_config": layer,
+              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                     "verifier": {"name_or_path": "tiny/target-8l", "architectures": ["LlamaForCausalLM"]}}}
+    (folder / "config.json").write_text(json.dumps(config))
+    return state
+
+
+SPECULATORS_VARIANTS = {
+    "plain": {},
+    "norm before fc, normed residual": {"aux_norm": "whole", "normed_residual": True},
+    "fc norms, normed output": {"aux_norm": "each", "normed_output": True},
+}
+
+
+@pytest.mark.parametrize("variant", list(SPECULATORS_VARIANTS))
+def test_a_speculators_eagle3_head_drafts_what_its_formula_gives_and_stays_lossless(tmp_path, variant):
+    """The speculators library's layout, whose layer ids name the states entering the layers (2, 4, 5 here: as
+    SpecForge's would read, 3, 5, 6, the drafts differ), with each of its variants."""
+    flags = SPECULATORS_VARIANTS[variant]
+    model = tiny_model(vocab=VOCAB, layers=8, seed=10)
+    target = loaded(model)
+    folder = tmp_path / "speculator"
+    state = _speculators_files(folder, target, seed=14, draft_vocab=10, **flags)
+    assert published_kind(folder) == "eagle3" and head_strategy(folder) == "eagle"
+    head, info = load_head(folder, target, kind="eagle")
+    assert head.aux_layers == (2, 4, 5) and info.target_name == "tiny/target-8l"
+    draft, aux, ctx = _eagle3_draft(model, target, head)
+    assert draft.tokens.tolist() == eagle3_reference(state, target, aux, ctx.tokens[1:], 4, **flags)
+    if flags:  # the variant changes the drafts: the test tells the formulas apart
+        assert draft.tokens.tolist() != eagle3_reference(state, target, aux, ctx.tokens[1:], 4)
+        assert_greedy_identity(target, None, "eagle", {"head": str(folder)}, trials=6, longest_prompt=12,
+                               max_new_tokens=24)
+
+
+def test_a_speculators_head_of_several_layers_or_with_unnamed_norms_is_refused_in_one_line(tmp_path):
+    target = loaded(tiny_model(vocab=VOCAB, layers=8, seed=10))
+    _speculators_files(tmp_path / "two", target, seed=15, draft_vocab=10, layers=2)
+    with pytest.raises(SpeculaError, match="has 2 decoder layers; this version runs EAGLE-3 heads of one") as caught:
+        load_head(tmp_path / "two", target, kind="eagle")
+    assert "\n" not in str(caught.value)
+    folder = tmp_path / "unnamed"
+    _speculators_files(folder, target, seed=15, draft_vocab=10, aux_norm="whole")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "norm_before_fc": False}))
+    with pytest.raises(SpeculaError, match="has input_norm.weight, which its config.json does not say how to use"):
+        load_head(folder, target, kind="eagle")
+    (folder / "config.json").write_text(json.dumps({**config, "fc_norm": True}))
+    with pytest.raises(SpeculaError, match="both norm_before_fc and fc_norm"):
+        load_head(folder, target, kind="eagle")
 
 
 # Llama 3.1's rotary scaling at a small size: with head_dim 16 the wavelengths (6 to 20,000 positions) fall
