@@ -42,6 +42,10 @@ EAGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors")
 
 
+class OtherModel(SpeculaError):
+    """A published head made for another model (its sizes or layers do not fit the loaded one)."""
+
+
 def _config(folder: Path) -> dict | None:
     path = folder / "config.json"
     if not path.is_file():
@@ -125,7 +129,7 @@ def _check_target(folder: Path, target, hidden: int, vocab: int | None, config: 
     if hidden != t_hidden or (vocab is not None and vocab != t_vocab):
         made_for = made_for_model(config) or f"a model of hidden size {hidden}" + (
             f" and {vocab} tokens" if vocab is not None else "")
-        raise SpeculaError(f"the draft head in {folder} was made for {made_for}, not {target.name} "
+        raise OtherModel(f"the draft head in {folder} was made for {made_for}, not {target.name} "
                            f"(hidden size {t_hidden}, {t_vocab} tokens)")
 
 
@@ -233,7 +237,7 @@ def aux_layers_of(config: dict, target_layers: int) -> tuple[int, ...]:
     else:
         layers = default_aux_layers(target_layers)
     if len(set(layers)) != len(layers) or any(not 0 <= i < target_layers for i in layers):
-        raise SpeculaError(f"an EAGLE-3 head reading layers {list(layers)} does not fit a model of {target_layers} layers")
+        raise OtherModel(f"an EAGLE-3 head reading layers {list(layers)} does not fit a model of {target_layers} layers")
     return layers
 
 
@@ -389,6 +393,40 @@ def head_folder(source: str, say=lambda text: None) -> Path:
 def _info(kind: str, cfg: HeadConfig, folder: Path, config: dict) -> HeadInfo:
     return HeadInfo(kind=kind, config=cfg, target="", vocabulary="",
                     target_name=made_for_model(config), training={"published": str(folder)})
+
+
+def named_hidden_size(config: dict) -> int | None:
+    """The target hidden size a published head's config names (None where it names none: Medusa's)."""
+    if speculators_layout(config):
+        layer = config["transformer_layer_config"]
+        return int(config.get("target_hidden_size") or layer.get("hidden_size") or 0) or None
+    if config.get("medusa_num_heads") is not None or config.get("model_type") == "medusa":
+        return None
+    return int(config.get("hidden_size") or 0) or None  # SafeAILab's EAGLE heads: the target's own config
+
+
+def fits(folder: Path, target) -> str | None:
+    """Why the published head in `folder` is not one for this loaded target (None when it is): ANOTHER_MODEL for
+    a head made for a model of other sizes or layers (told from its config alone where it names another hidden
+    size; else the head is loaded once, on the CPU in its own dtype), else the loader's reason."""
+    folder = Path(folder)
+    kind = published_kind(folder)
+    if kind is None:
+        return f"{folder} holds no published draft head"
+    config = _config(folder) or {}
+    named = named_hidden_size(config)
+    if named is not None and named != target.model.config.hidden_size:
+        return ANOTHER_MODEL
+    try:
+        {"eagle": load_eagle, "eagle3": load_eagle3, "medusa": load_medusa}[kind](folder, target, config)
+    except OtherModel:
+        return ANOTHER_MODEL
+    except SpeculaError as exc:
+        return str(exc)
+    return None
+
+
+ANOTHER_MODEL = "made for a model of another size"
 
 
 def load_published(folder: Path, target, dtype=None, kind: str | None = None) -> tuple[nn.Module, HeadInfo]:

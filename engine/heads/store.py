@@ -76,9 +76,27 @@ def load_head(folder: Path, target, dtype=None, kind: str | None = None) -> tupl
 
 def head_folders() -> list[Path]:
     """Where heads are looked for: the user's (DATA_DIR/heads/NAME, where `specula train-head` and the
-    app write them), then the ones that ship with Specula; a head the user trained comes first."""
-    roots = [data_dir() / "heads", Path(__file__).parent / "bundled"]
-    return [d for root in roots if root.is_dir() for d in sorted(root.iterdir()) if (d / "head.json").is_file()]
+    app write them, and where a head others published may be put as it was downloaded: its config.json and
+    weights), then the ones that ship with Specula; a head in the user's folder comes first."""
+    user, bundled = data_dir() / "heads", Path(__file__).parent / "bundled"
+    found = []
+    for root in (user, bundled):
+        if root.is_dir():
+            found += [d for d in sorted(root.iterdir())
+                      if (d / "head.json").is_file() or (root == user and _published(d))]
+    return found
+
+
+def _published(folder: Path) -> bool:
+    """Whether a folder holds a head as its project publishes it (a config.json beside its weights)."""
+    from .published import published_kind
+
+    if not (folder / "config.json").is_file():
+        return False
+    try:
+        return published_kind(folder) is not None
+    except SpeculaError:  # an unreadable config.json or weights: find_heads says why
+        return True
 
 
 def head_for_strategy(target, head, kind: str, make: str) -> nn.Module:
@@ -182,6 +200,9 @@ def find_heads(target, skipped: list[str] | None = None) -> dict[str, list[Path]
         return {}
     found: dict[str, list[Path]] = {}
     for folder in folders:
+        if not (folder / "head.json").is_file():  # a published head: no fingerprints, so it is tried on the model
+            _find_published(folder, target, found, skipped)
+            continue
         try:
             info = read_info(folder)
         except SpeculaError as exc:
@@ -195,3 +216,20 @@ def find_heads(target, skipped: list[str] | None = None) -> dict[str, list[Path]
             elif skipped is not None:
                 skipped.append(f"{problem}; it was skipped")
     return found
+
+
+def _find_published(folder: Path, target, found: dict[str, list[Path]], skipped: list[str] | None) -> None:
+    """A published head in the user's heads folder, under its strategy where it loads for this target; one
+    made for a model of another size is passed over without a word, any other that does not load is named in
+    `skipped` with the loader's reason."""
+    from .published import ANOTHER_MODEL, fits, published_kind
+
+    try:
+        problem = fits(folder, target)
+        kind = published_kind(folder) if problem is None else None
+    except SpeculaError as exc:
+        problem = str(exc)
+    if problem is None and kind is not None:
+        found.setdefault("medusa" if kind == "medusa" else "eagle", []).append(folder)
+    elif problem != ANOTHER_MODEL and skipped is not None:
+        skipped.append(f"{problem}; it was skipped")

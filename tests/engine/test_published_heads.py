@@ -572,3 +572,37 @@ def test_a_heads_strategy_is_read_from_its_folder_without_loading_it(target, tmp
     for name, why in (("empty", "holds no draft head"), ("broken", "unreadable"), ("missing", "is not a folder")):
         with pytest.raises(ValueError, match=why):
             head_strategy(tmp_path / name)
+
+
+def test_published_heads_put_in_the_users_heads_folder_are_found_for_their_model(tmp_path, monkeypatch):
+    """A head downloaded as published (config.json and weights) into the user's heads folder is found for the
+    model it loads for, first among its kind; heads for models of other sizes are passed over without a word,
+    and one that cannot be read is named."""
+    from specula.engine.heads.store import find_heads
+    from specula.engine.serving.session import Session
+
+    monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path / "data"))
+    heads = tmp_path / "data" / "heads"
+    t8 = loaded(tiny_model(vocab=VOCAB, layers=8, seed=10))
+    _speculators_files(heads / "a-speculator", t8, seed=16, draft_vocab=10)
+    _speculators_files(heads / "b-wider", t8, seed=16, draft_vocab=10)
+    config = json.loads((heads / "b-wider" / "config.json").read_text())
+    (heads / "b-wider" / "config.json").write_text(json.dumps({**config, "target_hidden_size": 2 * HIDDEN}))
+    write_eagle1(heads / "c-other-vocab", loaded(tiny_model(vocab=VOCAB + 8, layers=2, seed=3)), embed=True)
+    _eagle3_files(heads / "d-broken", t8, seed=17, draft_vocab=10)
+    (heads / "d-broken" / "model.safetensors").write_bytes(b"not a safetensors file")
+    (heads / "e-medusa").mkdir()
+    torch.save({"0.0.linear.weight": torch.zeros(HIDDEN, HIDDEN), "0.0.linear.bias": torch.zeros(HIDDEN),
+                "0.1.weight": t8.model.lm_head.weight.detach().clone()}, heads / "e-medusa" / "medusa_lm_head.pt")
+    (heads / "e-medusa" / "config.json").write_text(json.dumps({"medusa_num_heads": 1, "medusa_num_layers": 1}))
+    (heads / "f-not-a-head").mkdir()
+    (heads / "f-not-a-head" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    skipped: list[str] = []
+    found = find_heads(t8, skipped)
+    assert found["eagle"][0] == heads / "a-speculator" and heads / "c-other-vocab" not in found["eagle"]
+    assert heads / "b-wider" not in found["eagle"] and found["medusa"][0] == heads / "e-medusa"
+    assert len(skipped) == 1 and "d-broken" in skipped[0] and "unreadable" in skipped[0], skipped
+    session = Session()
+    session.use(t8)
+    assert session.heads["eagle"][0] == heads / "a-speculator" and session.head_warnings == skipped
+    assert build_drafter("eagle", t8, head=str(session.heads["eagle"][0])).aux_layers == (2, 4, 5)
