@@ -19,8 +19,9 @@
   layout (`blocks.{head}.layers.{layer}.*`, `lm_heads.{head}.weight`, an optional `token_map`). Each layer
   is x + SiLU(W x + b) over the target's hidden state after its final norm.
 
-`.bin` and `.pt` files are read with torch's weights-only loader, so a file that would run code is
-refused.
+A checkpoint may be one file or several named by an index (`model.safetensors.index.json`,
+`pytorch_model.bin.index.json`). `.bin` and `.pt` files are read with torch's weights-only loader, so a file
+that would run code is refused.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ from .config import HeadConfig, HeadInfo, rope_kind
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head, Variant, default_aux_layers
 
-EAGLE_FILES = ("model.safetensors", "pytorch_model.bin")
-MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors")
+# a checkpoint in one file, or split into several that an index names (`weight_map`: tensor -> file)
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+EAGLE_FILES = ("model.safetensors", "pytorch_model.bin", *INDEXES)
+MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors", INDEXES[0])
 
 
 class OtherModel(SpeculaError):
@@ -59,7 +62,29 @@ def _config(folder: Path) -> dict | None:
     return data
 
 
+def _shards(index: Path) -> dict[str, Path]:
+    """A split checkpoint's index: each tensor's file (in the index's folder, never outside it)."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SpeculaError(f"the draft head's {index} is unreadable: {first_line(exc)}") from None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise SpeculaError(f"the draft head's {index} names no files (no weight_map)")
+    files = {}
+    for key, name in weight_map.items():
+        path = index.parent / str(name)
+        if Path(str(name)).name != str(name) or not path.is_file():
+            raise SpeculaError(f"the draft head's {index} names {name}, which is not a file beside it")
+        files[str(key)] = path
+    return files
+
+
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    if path.name in INDEXES:  # every file the index names, each read as one file is
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(_shards(path).values())):
+            state.update(_read_weights(shard))
+        return state
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -75,6 +100,8 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _weight_keys(path: Path) -> set[str]:
+    if path.name in INDEXES:
+        return set(_shards(path))
     if path.suffix == ".safetensors":
         from safetensors import safe_open
 

@@ -582,7 +582,9 @@ def _files_to_fetch(repo_id: str, siblings: list, filename: str | None) -> list:
 
 
 HEAD_FILES = ("config.json", "head.json", "head.safetensors", "model.safetensors", "pytorch_model.bin",
-              "medusa_lm_head.safetensors", "medusa_lm_head.pt")
+              "medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors.index.json",
+              "pytorch_model.bin.index.json")
+HEAD_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 def head_strategy(folder: Path) -> str:
@@ -610,7 +612,7 @@ def head_strategy(folder: Path) -> str:
                   or any((folder / n).is_file() for n in ("medusa_lm_head.pt", "medusa_lm_head.safetensors")))
         if medusa:
             return "medusa"
-        if any((folder / n).is_file() for n in ("model.safetensors", "pytorch_model.bin")):
+        if any((folder / n).is_file() for n in HEAD_WEIGHTS):
             return "eagle"
     raise ValueError(f"{folder} holds no draft head: no head.json, and no EAGLE or Medusa config.json with its weights")
 
@@ -625,7 +627,23 @@ def download_head(repo_id: str, on_progress: Callable[[int, int], None] | None =
     path = ""
     for name in wanted:
         path = download(repo_id, name, on_progress, should_stop)
+        if name.endswith(".index.json"):  # a checkpoint in several files: the ones its index names
+            for shard in _index_files(Path(path), names, repo_id):
+                download(repo_id, shard, on_progress, should_stop)
     return str(Path(path).parent)
+
+
+def _index_files(index: Path, names: set[str], repo_id: str) -> list[str]:
+    """The files a split checkpoint's index names, each one of the repository's top-level files."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {}
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SpeculaError(f"'{repo_id}': {index.name} is unreadable: {first_line(exc)}") from None
+    files = sorted({str(v) for v in weight_map.values()})
+    missing = [f for f in files if f not in names or Path(f).name != f]
+    if missing:
+        raise SpeculaError(f"'{repo_id}': {index.name} names {missing[0]}, which the repository does not hold")
+    return files
 
 
 def download(repo_id: str, filename: str | None = None, on_progress: Callable[[int, int], None] | None = None,

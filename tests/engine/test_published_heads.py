@@ -606,3 +606,66 @@ def test_published_heads_put_in_the_users_heads_folder_are_found_for_their_model
     session.use(t8)
     assert session.heads["eagle"][0] == heads / "a-speculator" and session.head_warnings == skipped
     assert build_drafter("eagle", t8, head=str(session.heads["eagle"][0])).aux_layers == (2, 4, 5)
+
+
+def _split(folder, state, bin_files=False):
+    """The head's weights as a checkpoint in two files and an index naming them (its one file removed)."""
+    keys = sorted(state)
+    halves = {"model-00001-of-00002": keys[: len(keys) // 2], "model-00002-of-00002": keys[len(keys) // 2 :]}
+    suffix = ".bin" if bin_files else ".safetensors"
+    weight_map = {}
+    for stem, part in halves.items():
+        tensors = {k: state[k].clone() for k in part}
+        if bin_files:
+            torch.save(tensors, folder / (stem + suffix))
+        else:
+            save_file(tensors, str(folder / (stem + suffix)))
+        weight_map.update(dict.fromkeys(part, stem + suffix))
+    (folder / "model.safetensors").unlink()
+    index = "pytorch_model.bin.index.json" if bin_files else "model.safetensors.index.json"
+    (folder / index).write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+
+
+@pytest.mark.parametrize("bin_files", [False, True])
+def test_a_head_split_into_several_files_loads_as_one(tmp_path, bin_files):
+    model = tiny_model(vocab=VOCAB, layers=8, seed=10)
+    target = loaded(model)
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    state = _speculators_files(whole, target, seed=18, draft_vocab=10, aux_norm="whole")
+    _speculators_files(split, target, seed=18, draft_vocab=10, aux_norm="whole")
+    _split(split, state, bin_files)
+    assert published_kind(split) == "eagle3" and head_strategy(split) == "eagle"
+    want = _eagle3_draft(model, target, load_head(whole, target, kind="eagle")[0])[0]
+    assert _eagle3_draft(model, target, load_head(split, target, kind="eagle")[0])[0].tokens.tolist() == want.tokens.tolist()
+    index = split / ("pytorch_model.bin.index.json" if bin_files else "model.safetensors.index.json")
+    data = json.loads(index.read_text())
+    data["weight_map"]["fc.weight"] = "../elsewhere.safetensors"
+    index.write_text(json.dumps(data))
+    with pytest.raises(SpeculaError, match="names ../elsewhere.safetensors, which is not a file beside it"):
+        load_head(split, target, kind="eagle")
+
+
+def test_a_split_head_downloads_with_every_file_its_index_names(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from specula.engine.remote.hub import download_head
+    from tests.support.fake_hub import FakeHub
+
+    target = loaded(tiny_model(vocab=VOCAB, layers=8, seed=10))
+    folder = tmp_path / "made"
+    state = _speculators_files(folder, target, seed=19, draft_vocab=10)
+    _split(folder, state)
+    repo = {p.name: p.read_bytes() for p in folder.iterdir()}
+    repo["README.md"] = b"# a head\n"
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
+    broken = {n: data for n, data in repo.items() if n != "model-00002-of-00002.safetensors"}
+    with FakeHub({"someone/split-head": repo, "someone/broken-index": broken}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        got = Path(download_head("someone/split-head"))
+        assert sorted(p.name for p in got.iterdir()) == sorted(n for n in repo if n != "README.md")
+        assert load_head(got, target, kind="eagle")[0].aux_layers == (2, 4, 5)
+        with pytest.raises(SpeculaError, match="names model-00002-of-00002.safetensors, which the repository does not hold"):
+            download_head("someone/broken-index")
