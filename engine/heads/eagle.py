@@ -50,6 +50,9 @@ class EagleHead(nn.Module):
         self.gate = nn.Linear(c.hidden, c.intermediate, bias=False)
         self.up = nn.Linear(c.hidden, c.intermediate, bias=False)
         self.down = nn.Linear(c.intermediate, c.hidden, bias=False)
+        # RMS norms over each head's queries and keys before rotary, where a published head's layer has them (Qwen3)
+        self.q_norm: nn.Module | None = None
+        self.k_norm: nn.Module | None = None
         self._k = self._v = torch.empty(0)  # (kv_heads, capacity, head_dim): the drafting cache
         self._length = 0
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -67,8 +70,8 @@ class EagleHead(nn.Module):
             h, e = self.native_inputs(features[0], next_embeds[0])
             return self.native.run(h, e, start)[None]
         h, x = self.inputs(features, next_embeds)
-        q = self.q(x).view(b, t, c.heads, c.head_dim).transpose(1, 2)
-        k = self.k(x).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        q = self._q_normed(self.q(x).view(b, t, c.heads, c.head_dim).transpose(1, 2))
+        k = self._k_normed(self.k(x).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2))
         v = self.v(x).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
         cos, sin = self._rope(torch.arange(start, start + t, device=h.device), h.dtype)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -96,8 +99,8 @@ class EagleHead(nn.Module):
             h, e = self.native_inputs(features, next_embeds)
             return self.native.run(h, e, slot, positions, visible)
         h, x = self.inputs(features, next_embeds)
-        q = self.q(x).view(n, c.heads, c.head_dim).transpose(0, 1)
-        k = self.k(x).view(n, c.kv_heads, c.head_dim).transpose(0, 1)
+        q = self._q_normed(self.q(x).view(n, c.heads, c.head_dim).transpose(0, 1))
+        k = self._k_normed(self.k(x).view(n, c.kv_heads, c.head_dim).transpose(0, 1))
         v = self.v(x).view(n, c.kv_heads, c.head_dim).transpose(0, 1)
         cos, sin = self._rope(positions, h.dtype)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -107,6 +110,12 @@ class EagleHead(nn.Module):
         h = h + self.o(out.transpose(0, 1).reshape(n, -1))
         x = self.mlp_norm(h)
         return h + self.down(F.silu(self.gate(x)) * self.up(x))
+
+    def _q_normed(self, q: torch.Tensor) -> torch.Tensor:
+        return q if self.q_norm is None else self.q_norm(q)
+
+    def _k_normed(self, k: torch.Tensor) -> torch.Tensor:
+        return k if self.k_norm is None else self.k_norm(k)
 
     def combine(self, features: torch.Tensor, next_embeds: torch.Tensor) -> torch.Tensor:
         """A position's input to the layer, from its feature and the embedding of the token after it."""

@@ -35,11 +35,13 @@ class Variant:
     aux_norm: an RMS norm over the target's states before fc, over all of them side by side ("whole",
     `norm_before_fc`) or over each layer's ("each", `fc_norm`); normed_residual: the layer's residual stream is
     hidden_norm(h) instead of h (`norm_before_residual`); normed_output: a draft step feeds back the final
-    norm's output instead of the layer's (`norm_output`)."""
+    norm's output instead of the layer's (`norm_output`); qk_norm: RMS norms over each head's queries and keys
+    before rotary (a Qwen3 layer, the library's draft layer for Qwen3 targets)."""
 
     aux_norm: str | None = None
     normed_residual: bool = False
     normed_output: bool = False
+    qk_norm: bool = False
 
 
 class Eagle3Head(EagleHead):
@@ -71,6 +73,9 @@ class Eagle3Head(EagleHead):
             self.aux_norms = nn.ModuleList(nn.RMSNorm(wide, eps=c.eps) for _ in c.aux_layers)
         elif variant.aux_norm is not None:
             raise ValueError(f"an EAGLE-3 head's norm before fc is 'whole' or 'each', not {variant.aux_norm!r}")
+        if variant.qk_norm:
+            self.q_norm = nn.RMSNorm(c.head_dim, eps=c.eps)
+            self.k_norm = nn.RMSNorm(c.head_dim, eps=c.eps)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """The target's layers' states (read) through fc, or the head's own output (fed back, already H wide)."""

@@ -23,8 +23,9 @@ KB = 16  # keys per block of the transposed key cache (native/step.cpp's KB)
 def applies(head: nn.Module) -> bool:
     """Whether the layer can run natively: an RMS norm before its attention (published EAGLE-1 heads have
     none: they keep the torch layer), the stream entering it as its residual (not a published EAGLE-3 head whose
-    residual is the normed stream) and every product's input whole blocks of 32."""
-    if getattr(getattr(head, "variant", None), "normed_residual", False):
+    residual is the normed stream), no norms over its queries and keys (a Qwen3 layer's) and every product's
+    input whole blocks of 32."""
+    if getattr(getattr(head, "variant", None), "normed_residual", False) or getattr(head, "q_norm", None) is not None:
         return False
     norm = getattr(head, "hidden_norm", None) if hasattr(head, "input_norm") else getattr(head, "attn_norm", None)
     if not isinstance(norm, nn.RMSNorm) or not isinstance(getattr(head, "mlp_norm", None), nn.RMSNorm):

@@ -287,14 +287,18 @@ def _variant(config: dict, state: dict, weights: Path) -> tuple[Variant, dict[st
     if unnamed:
         raise SpeculaError(f"the EAGLE-3 head {weights} has {unnamed[0]}, which its config.json does not say how to use "
                            "(norm_before_fc or fc_norm)")
+    qk = all(f"midlayer.self_attn.{n}_norm.weight" in state for n in "qk")  # a Qwen3 layer
+    if qk:
+        names.update({f"midlayer.self_attn.{n}_norm.weight": f"{n}_norm.weight" for n in "qk"})
     return Variant("whole" if before_fc else "each" if each else None, flag("norm_before_residual"),
-                   flag("norm_output")), names
+                   flag("norm_output"), qk), names
 
 
 def load_eagle3(folder: Path, target, config: dict) -> tuple[Eagle3Head, HeadInfo]:
     weights = _first(folder, EAGLE_FILES)
-    state = {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: v
-             for k, v in _read_weights(weights).items()}
+    raw = _read_weights(weights)
+    file_name = {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: k for k in raw}
+    state = {name: raw[k] for name, k in file_name.items()}
     if "fc.weight" not in state or "lm_head.weight" not in state:
         raise SpeculaError(f"{weights} is not an EAGLE-3 head: no fc.weight or lm_head.weight")
     # the speculators library nests the draft layer's own config (its dimensions, the target's vocabulary)
@@ -316,7 +320,12 @@ def load_eagle3(folder: Path, target, config: dict) -> tuple[Eagle3Head, HeadInf
     draft_vocab = state["lm_head.weight"].shape[0]
     cfg = replace(cfg, aux_layers=layers, draft_vocab=draft_vocab, target_hidden=target_hidden)
     head = Eagle3Head(cfg, int(embed.shape[0]) if embed is not None else None, variant)
-    _load_named(head, state, {**EAGLE3_KEYS, **norm_names}, weights, "EAGLE-3")
+    names = {**EAGLE3_KEYS, **norm_names}
+    # a tensor the formula has no place for (a bias, another norm) would draft by another formula without a word
+    unknown = [k for k in state if k not in names and k not in ("d2t", "t2d") and not k.endswith("rotary_emb.inv_freq")]
+    if unknown:
+        raise SpeculaError(f"the EAGLE-3 head {weights} has {file_name[unknown[0]]}, which this version does not run")
+    _load_named(head, state, names, weights, "EAGLE-3")
     t_vocab = target.model.get_output_embeddings().weight.shape[0]
     if "d2t" in state:
         ids = torch.arange(draft_vocab) + state["d2t"].long()

@@ -190,12 +190,13 @@ def test_every_published_head_keeps_greedy_identity(target, tmp_path, strategy):
                            max_new_tokens=24)
 
 
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3", "speculators-normed-output", "speculators-normed-residual"])
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3", "speculators-normed-output", "speculators-normed-residual",
+                                  "speculators-qwen3"])
 def test_published_eagle_heads_draft_in_bf16_through_the_compiled_library(tmp_path, ops, kind):
     """In bf16 with the compiled step's library loaded: an EAGLE-3 head's layer runs in one call of it (a
     speculators head's norms before fc and after the layer around it), an EAGLE-1 head (no norm before its
-    attention) and a head whose residual is the normed stream keep the torch layer over 4-bit block products;
-    all stay lossless."""
+    attention), a head whose residual is the normed stream and a Qwen3 layer (norms over its queries and keys)
+    keep the torch layer over 4-bit block products; all stay lossless."""
     import copy
 
     from specula.engine.heads.store import head_for_strategy
@@ -210,6 +211,8 @@ def test_published_eagle_heads_draft_in_bf16_through_the_compiled_library(tmp_pa
         _speculators_files(folder, low, seed=11, draft_vocab=10, aux_norm="each", normed_output=True)
     elif kind == "speculators-normed-residual":
         _speculators_files(folder, low, seed=11, draft_vocab=10, aux_norm="whole", normed_residual=True)
+    elif kind == "speculators-qwen3":
+        _speculators_files(folder, low, seed=11, draft_vocab=10, qk_norm=True)
     else:
         write_eagle1(folder, low, seed=4)
     head = head_for_strategy(low, str(folder), "eagle", "a head")
@@ -335,12 +338,13 @@ def _eagle3_files(folder, target, seed: int, draft_vocab: int, rope_scaling: dic
 
 
 def eagle3_reference(state, target, aux, tokens, k, rope_scaling: dict | None = None, aux_norm=None,
-                     normed_residual=False, normed_output=False):
+                     normed_residual=False, normed_output=False, qk_norm=False):
     """EAGLE-3's draft chain written from its formula (cnets.py): fc over the three layers' states; the
     layer's attention reads [input_layernorm(embedding), hidden_norm(h)], residual h; the head's own norm
     and LM head; token = draft id + d2t; the output before the norm fed back. With the speculators library's
     flags (its eagle3 model): an RMS norm over the three states before fc, side by side ("whole") or each
-    ("each"); the residual hidden_norm(h); the norm's output fed back."""
+    ("each"); the residual hidden_norm(h); the norm's output fed back; a Qwen3 layer's norms over each head's
+    queries and keys before rotary."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
@@ -374,6 +378,8 @@ def eagle3_reference(state, target, aux, tokens, k, rope_scaling: dict | None = 
             q = (x @ s["midlayer.self_attn.q_proj.weight"].T).view(t, 4, 16).transpose(0, 1)[None]
             kk = (x @ s["midlayer.self_attn.k_proj.weight"].T).view(t, 2, 16).transpose(0, 1)[None]
             v = (x @ s["midlayer.self_attn.v_proj.weight"].T).view(t, 2, 16).transpose(0, 1)[None]
+            if qk_norm:
+                q, kk = rms(q, s["midlayer.self_attn.q_norm.weight"]), rms(kk, s["midlayer.self_attn.k_norm.weight"])
             cos, sin = rotary(x[None], torch.arange(t)[None])
             q, kk = apply_rotary_pos_emb(q, kk, cos, sin)
             att = F.scaled_dot_product_attention(q, kk, v, is_causal=True, enable_gqa=True)[0].transpose(0, 1).reshape(t, 64)
@@ -424,7 +430,7 @@ def test_an_eagle3_checkpoint_drafts_what_its_formula_gives_and_stays_lossless(t
 
 
 def _speculators_files(folder, target, seed: int, draft_vocab: int, aux_norm=None, normed_residual=False,
-                       normed_output=False, layers=1):
+                       normed_output=False, qk_norm=False, layers=1, extra=None):
     """An EAGLE-3 head as the speculators library saves it (its Eagle3 model; the layout of vLLM's published
     heads): `layers.0.*`, the target's embeddings, the norms its flags add (`input_norm` over the three states
     side by side, `fc_norm.{i}` over each), the layer's config nested in `transformer_layer_config` and the
@@ -437,10 +443,13 @@ def _speculators_files(folder, target, seed: int, draft_vocab: int, aux_norm=Non
         state["input_norm.weight"] = 1 + 0.3 * torch.randn(3 * HIDDEN, generator=gen)
     elif aux_norm == "each":
         state.update({f"fc_norm.{j}.weight": 1 + 0.3 * torch.randn(HIDDEN, generator=gen) for j in range(3)})
+    if qk_norm:  # the library's Qwen3 draft layer
+        state.update({f"layers.0.self_attn.{n}_norm.weight": 1 + 0.3 * torch.randn(16, generator=gen) for n in "qk"})
     if layers > 1:
         state.update({k.replace("layers.0.", "layers.1.", 1): v.clone() for k, v in state.items() if k.startswith("layers.0.")})
+    state.update(extra or {})
     save_file(state, str(folder / "model.safetensors"))
-    layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": HIDDEN,
+    layer = {"model_type": "qwen3" if qk_norm else "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": HIDDEN,
              "intermediate_size": INTER, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
              "num_hidden_layers": layers, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "vocab_size": VOCAB,
              "max_position_embeddings": 512, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
@@ -460,6 +469,7 @@ SPECULATORS_VARIANTS = {
     "plain": {},
     "norm before fc, normed residual": {"aux_norm": "whole", "normed_residual": True},
     "fc norms, normed output": {"aux_norm": "each", "normed_output": True},
+    "a Qwen3 layer": {"qk_norm": True},
 }
 
 
@@ -471,7 +481,7 @@ def test_a_speculators_eagle3_head_drafts_what_its_formula_gives_and_stays_lossl
     model = tiny_model(vocab=VOCAB, layers=8, seed=10)
     target = loaded(model)
     folder = tmp_path / "speculator"
-    state = _speculators_files(folder, target, seed=14, draft_vocab=10, **flags)
+    state = _speculators_files(folder, target, seed=15, draft_vocab=10, **flags)
     assert published_kind(folder) == "eagle3" and head_strategy(folder) == "eagle"
     head, info = load_head(folder, target, kind="eagle")
     assert head.aux_layers == (2, 4, 5) and info.target_name == "tiny/target-8l"
@@ -483,7 +493,7 @@ def test_a_speculators_eagle3_head_drafts_what_its_formula_gives_and_stays_lossl
                                max_new_tokens=24)
 
 
-def test_a_speculators_head_of_several_layers_or_with_unnamed_norms_is_refused_in_one_line(tmp_path):
+def test_a_speculators_head_of_several_layers_or_with_unnamed_norms_or_tensors_is_refused_in_one_line(tmp_path):
     target = loaded(tiny_model(vocab=VOCAB, layers=8, seed=10))
     _speculators_files(tmp_path / "two", target, seed=15, draft_vocab=10, layers=2)
     with pytest.raises(SpeculaError, match="has 2 decoder layers; this version runs EAGLE-3 heads of one") as caught:
@@ -498,6 +508,9 @@ def test_a_speculators_head_of_several_layers_or_with_unnamed_norms_is_refused_i
     (folder / "config.json").write_text(json.dumps({**config, "fc_norm": True}))
     with pytest.raises(SpeculaError, match="both norm_before_fc and fc_norm"):
         load_head(folder, target, kind="eagle")
+    _speculators_files(tmp_path / "bias", target, seed=15, draft_vocab=10, extra={"layers.0.self_attn.q_proj.bias": torch.zeros(64)})
+    with pytest.raises(SpeculaError, match="has layers.0.self_attn.q_proj.bias, which this version does not run"):
+        load_head(tmp_path / "bias", target, kind="eagle")
 
 
 # Llama 3.1's rotary scaling at a small size: with head_dim 16 the wavelengths (6 to 20,000 positions) fall
