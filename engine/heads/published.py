@@ -431,6 +431,9 @@ def _info(kind: str, cfg: HeadConfig, folder: Path, config: dict) -> HeadInfo:
                     target_name=made_for_model(config), training={"published": str(folder)})
 
 
+LOADERS = {"eagle": load_eagle, "eagle3": load_eagle3, "medusa": load_medusa}  # by `published_kind`
+
+
 def named_hidden_size(config: dict) -> int | None:
     """The target hidden size a published head's config names (None where it names none: Medusa's)."""
     if speculators_layout(config):
@@ -441,20 +444,18 @@ def named_hidden_size(config: dict) -> int | None:
     return int(config.get("hidden_size") or 0) or None  # SafeAILab's EAGLE heads: the target's own config
 
 
-def fits(folder: Path, target) -> str | None:
-    """Why the published head in `folder` is not one for this loaded target (None when it is): ANOTHER_MODEL for
-    a head made for a model of other sizes or layers (told from its config alone where it names another hidden
-    size; else the head is loaded once, on the CPU in its own dtype), else the loader's reason."""
+def fits(folder: Path, target, kind: str) -> str | None:
+    """Why the published head of `kind` (`published_kind`'s) in `folder` is not one for this loaded target (None
+    when it is): ANOTHER_MODEL for a head made for a model of other sizes or layers (told from its config alone
+    where it names another hidden size; else the head is loaded once, on the CPU in its own dtype), else the
+    loader's reason."""
     folder = Path(folder)
-    kind = published_kind(folder)
-    if kind is None:
-        return f"{folder} holds no published draft head"
     config = _config(folder) or {}
     named = named_hidden_size(config)
     if named is not None and named != target.model.config.hidden_size:
         return ANOTHER_MODEL
     try:
-        {"eagle": load_eagle, "eagle3": load_eagle3, "medusa": load_medusa}[kind](folder, target, config)
+        LOADERS[kind](folder, target, config)
     except OtherModel:
         return ANOTHER_MODEL
     except SpeculaError as exc:
@@ -475,7 +476,7 @@ def load_published(folder: Path, target, dtype=None, kind: str | None = None) ->
     if kind is not None and found.rstrip("3") != kind:
         raise SpeculaError(f"{folder} holds a published {found} head, not the {kind} head this strategy needs")
     config = _config(folder)
-    head, info = {"eagle": load_eagle, "eagle3": load_eagle3, "medusa": load_medusa}[found](folder, target, config)
+    head, info = LOADERS[found](folder, target, config)
     head = head.to(device=target.device, dtype=dtype or target.dtype).eval()
     head.requires_grad_(False)
     return head, info

@@ -83,20 +83,8 @@ def head_folders() -> list[Path]:
     for root in (user, bundled):
         if root.is_dir():
             found += [d for d in sorted(root.iterdir())
-                      if (d / "head.json").is_file() or (root == user and _published(d))]
+                      if (d / "head.json").is_file() or (root == user and (d / "config.json").is_file())]
     return found
-
-
-def _published(folder: Path) -> bool:
-    """Whether a folder holds a head as its project publishes it (a config.json beside its weights)."""
-    from .published import published_kind
-
-    if not (folder / "config.json").is_file():
-        return False
-    try:
-        return published_kind(folder) is not None
-    except SpeculaError:  # an unreadable config.json or weights: find_heads says why
-        return True
 
 
 def head_for_strategy(target, head, kind: str, make: str) -> nn.Module:
@@ -219,17 +207,19 @@ def find_heads(target, skipped: list[str] | None = None) -> dict[str, list[Path]
 
 
 def _find_published(folder: Path, target, found: dict[str, list[Path]], skipped: list[str] | None) -> None:
-    """A published head in the user's heads folder, under its strategy where it loads for this target; one
-    made for a model of another size is passed over without a word, any other that does not load is named in
-    `skipped` with the loader's reason."""
+    """A published head in the user's heads folder, under its strategy where it loads for this target; a folder
+    holding no head (a config.json alone) or one made for a model of another size is passed over without a
+    word, any other that does not load is named in `skipped` with the loader's reason."""
     from .published import ANOTHER_MODEL, fits, published_kind
 
     try:
-        problem = fits(folder, target)
-        kind = published_kind(folder) if problem is None else None
-    except SpeculaError as exc:
+        kind = published_kind(folder)
+        if kind is None:
+            return
+        problem = fits(folder, target, kind)
+    except SpeculaError as exc:  # an unreadable config.json or weights
         problem = str(exc)
-    if problem is None and kind is not None:
+    if problem is None:
         found.setdefault("medusa" if kind == "medusa" else "eagle", []).append(folder)
     elif problem != ANOTHER_MODEL and skipped is not None:
         skipped.append(f"{problem}; it was skipped")

@@ -162,13 +162,12 @@ class ServerProcess:
 def start_servers(specs: list[str], log_dir: Path) -> list[ServerProcess]:
     """Servers of these speculation settings, started side by side (a start is mostly waiting on imports
     and loading, so two take little longer than one)."""
-    if _early is not None and _early[1] == list(specs):
-        _early[0].join(SETUP_TIMEOUT_S + 60)
+    early = _early if _early is not None and _early[1] == list(specs) else None
+    if early is not None:
+        early[0].join(SETUP_TIMEOUT_S + 60)
     setup(log_dir / "vllm-setup.log")
-    if _early is not None and _early[1] == list(specs) and _early[2]:
-        servers = _early[2]
-    else:
-        servers = [ServerProcess(spec, log_dir / f"vllm-{spec}.log") for spec in specs]
+    servers = (early[2] if early is not None and early[2]
+               else [ServerProcess(spec, log_dir / f"vllm-{spec}.log") for spec in specs])
     try:
         for server in servers:
             server.wait_ready()
