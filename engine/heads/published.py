@@ -64,18 +64,18 @@ def _config(folder: Path) -> dict | None:
 
 def _shards(index: Path) -> dict[str, Path]:
     """A split checkpoint's index: each tensor's file (in the index's folder, never outside it)."""
+    from ..remote.hub import weight_map
+
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-    except (OSError, ValueError, AttributeError) as exc:
-        raise SpeculaError(f"the draft head's {index} is unreadable: {first_line(exc)}") from None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise SpeculaError(f"the draft head's {index} names no files (no weight_map)")
+        names = weight_map(index)
+    except ValueError as exc:
+        raise SpeculaError(f"the draft head's {index} {exc}") from None
     files = {}
-    for key, name in weight_map.items():
-        path = index.parent / str(name)
-        if Path(str(name)).name != str(name) or not path.is_file():
+    for key, name in names.items():
+        path = index.parent / name
+        if Path(name).name != name or not path.is_file():
             raise SpeculaError(f"the draft head's {index} names {name}, which is not a file beside it")
-        files[str(key)] = path
+        files[key] = path
     return files
 
 

@@ -633,13 +633,25 @@ def download_head(repo_id: str, on_progress: Callable[[int, int], None] | None =
     return str(Path(path).parent)
 
 
+def weight_map(index: Path) -> dict[str, str]:
+    """A split checkpoint's index (`model.safetensors.index.json` and the like): each tensor's file name.
+    ValueError with the reason ("is unreadable: ...", "names no files ...") where it is unreadable or names none."""
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"is unreadable: {first_line(exc)}") from None
+    files = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise ValueError("names no files (no weight_map)")
+    return {str(k): str(v) for k, v in files.items()}
+
+
 def _index_files(index: Path, names: set[str], repo_id: str) -> list[str]:
     """The files a split checkpoint's index names, each one of the repository's top-level files."""
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {}
-    except (OSError, ValueError, AttributeError) as exc:
-        raise SpeculaError(f"'{repo_id}': {index.name} is unreadable: {first_line(exc)}") from None
-    files = sorted({str(v) for v in weight_map.values()})
+        files = sorted(set(weight_map(index).values()))
+    except ValueError as exc:
+        raise SpeculaError(f"'{repo_id}': {index.name} {exc}") from None
     missing = [f for f in files if f not in names or Path(f).name != f]
     if missing:
         raise SpeculaError(f"'{repo_id}': {index.name} names {missing[0]}, which the repository does not hold")

@@ -656,6 +656,10 @@ def test_a_head_split_into_several_files_loads_as_one(tmp_path, bin_files):
     index.write_text(json.dumps(data))
     with pytest.raises(SpeculaError, match="names ../elsewhere.safetensors, which is not a file beside it"):
         load_head(split, target, kind="eagle")
+    for text, why in (('{"weight_map": {}}', "names no files"), ("{not json", "is unreadable")):
+        index.write_text(text)
+        with pytest.raises(SpeculaError, match=f"the draft head's {index} {why}"):
+            load_head(split, target, kind="eagle")
 
 
 def test_a_split_head_downloads_with_every_file_its_index_names(tmp_path, monkeypatch):
@@ -675,10 +679,13 @@ def test_a_split_head_downloads_with_every_file_its_index_names(tmp_path, monkey
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
     broken = {n: data for n, data in repo.items() if n != "model-00002-of-00002.safetensors"}
-    with FakeHub({"someone/split-head": repo, "someone/broken-index": broken}) as server:
+    empty = repo | {"model.safetensors.index.json": b'{"weight_map": {}}'}
+    with FakeHub({"someone/split-head": repo, "someone/broken-index": broken, "someone/empty-index": empty}) as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
         got = Path(download_head("someone/split-head"))
         assert sorted(p.name for p in got.iterdir()) == sorted(n for n in repo if n != "README.md")
         assert load_head(got, target, kind="eagle")[0].aux_layers == (2, 4, 5)
         with pytest.raises(SpeculaError, match="names model-00002-of-00002.safetensors, which the repository does not hold"):
             download_head("someone/broken-index")
+        with pytest.raises(SpeculaError, match="'someone/empty-index': model.safetensors.index.json names no files"):
+            download_head("someone/empty-index")
