@@ -455,6 +455,14 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
       if (ancestors ? ancestors[r * t + j] : true) allowed[r * width + start + j] = 1;
   }
   const bool gather = ancestors || visible;  // rows that skip slots: their keys gathered for the softmax
+  // the first slots every row sees (a pass's cache, and a chain's or token tree's first row): their values are
+  // summed for all rows together, each value loaded once (a key's rank is its slot there, so each sum takes
+  // the same operations in the same order as a row's own loop)
+  int64_t shared = visible ? 0 : start;
+  for (bool all = true; all && shared < last;) {
+    for (int64_t r = 0; r < t && all; ++r) all = shared < ends[r] && allowed[r * width + shared];
+    shared += all;
+  }
   at::parallel_for(0, h, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> p(groups * t * width);  // (heads of the group, rows, slots)
     std::vector<float> total(groups * t);
@@ -462,7 +470,6 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
     std::vector<int64_t> rank(groups * t);
     std::vector<const float*> qs(groups * t);
     std::vector<float*> ps(groups * t), sp(groups * t), outs(groups * t);
-    std::vector<float> gathered(gather ? width : 0);
     for (int64_t g = begin / groups; g * groups < end; ++g) {  // a key/value head, and its query heads here
       const int64_t h0 = std::max(begin, g * groups), nh = std::min(end, (g + 1) * groups) - h0;
       const float* kh = kt + g * cap * hd;
@@ -483,12 +490,11 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
         float* pr = p.data() + hr * width;
         int64_t n = ends[r];
         float* e = pr;  // a chain row's keys are slots 0..n-1
-        if (gather) {  // a tree row's keys gathered in order: element i is key i, as in the chain
+        if (gather) {  // a tree row's keys moved together in order, in place: element i is key i, as in the chain
           const uint8_t* ok = allowed.data() + r * width;
-          n = 0;
-          for (int64_t i = 0; i < ends[r]; ++i)
-            if (ok[i]) gathered[n++] = pr[i];
-          e = gathered.data();
+          n = shared;  // the slots every row sees stay where they are
+          for (int64_t i = shared; i < ends[r]; ++i)
+            if (ok[i]) pr[n++] = pr[i];
         }
         float most[LANES];  // the largest score (a maximum is exact in any order: lanes, then across them)
         std::fill(most, most + LANES, -INFINITY);
@@ -507,17 +513,17 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
         for (int w = LANES / 2; w > 0; w /= 2)
           for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
         total[hr] = lanes[0];
-        if (gather) {  // back to the row's slots
+        if (gather) {  // back to the row's slots, from the last (key i never lies past its slot)
           const uint8_t* ok = allowed.data() + r * width;
-          for (int64_t k = 0, slot = 0; slot < ends[r]; ++slot)
-            if (ok[slot]) pr[slot] = e[k++];
+          for (int64_t k = n, slot = ends[r] - 1; slot >= shared; --slot)
+            if (ok[slot]) pr[slot] = pr[--k];
         }
       }
       std::fill(sums.begin(), sums.end(), 0.0f);
-      std::fill(rank.begin(), rank.end(), 0);
+      std::fill(rank.begin(), rank.end(), shared);  // a row's own slots start after the shared ones
       for (int64_t c0 = 0; c0 < last; c0 += VALUE_CHUNK) {  // each chunk of values once for all
-        // rows that see every slot: the slots all of them see together, then each row's own last ones
-        const int64_t common = gather ? c0 : std::min(c0 + VALUE_CHUNK, ends[0]);
+        // the slots all rows see together, then each row's own last ones
+        const int64_t common = std::min(c0 + VALUE_CHUNK, shared);
         if (common > c0) add_values_pairs(ps.data(), pairs, c0, common, v, hd, sp.data());
         for (int64_t hr = 0; hr < pairs; ++hr) {
           const int64_t r = hr % t, to = std::min(c0 + VALUE_CHUNK, ends[r]);
