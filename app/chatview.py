@@ -35,7 +35,7 @@ from specula.app.tokens import tooltip
 FLUSH_MS = 100  # streamed tokens reach the transcript at most this often
 SHOWN_TOKENS = 400  # about how much of a conversation is drawn when it opens (and per "earlier" page)
 EARLIER = "earlier"  # the anchor of the "Show earlier messages" link
-PLACEHOLDER = "Ask anything. Each token shows where it came from; hover one for details."
+PLACEHOLDER = "Ask anything. Hover a token to see where it came from."  # one line: Qt draws no more
 
 
 class ChatView(QTextBrowser):
