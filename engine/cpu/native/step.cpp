@@ -454,7 +454,7 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
     for (int64_t j = 0; j <= r; ++j)
       if (ancestors ? ancestors[r * t + j] : true) allowed[r * width + start + j] = 1;
   }
-  const bool gather = ancestors || visible;  // rows that skip slots: their keys gathered for the softmax
+  const bool gather = ancestors || visible;  // rows that skip slots: their keys moved together for the softmax
   // the first slots every row sees (a pass's cache, and a chain's or token tree's first row): their values are
   // summed for all rows together, each value loaded once (a key's rank is its slot there, so each sum takes
   // the same operations in the same order as a row's own loop)
@@ -488,8 +488,7 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
       for (int64_t hr = 0; hr < nh * t; ++hr) {  // softmax over the row's own keys, in order
         const int64_t r = hr % t;
         float* pr = p.data() + hr * width;
-        int64_t n = ends[r];
-        float* e = pr;  // a chain row's keys are slots 0..n-1
+        int64_t n = ends[r];  // a chain row's keys are slots 0..n-1
         if (gather) {  // a tree row's keys moved together in order, in place: element i is key i, as in the chain
           const uint8_t* ok = allowed.data() + r * width;
           n = shared;  // the slots every row sees stay where they are
@@ -500,16 +499,16 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
         std::fill(most, most + LANES, -INFINITY);
         int64_t i0 = 0;
         for (; i0 + LANES <= n; i0 += LANES)
-          for (int l = 0; l < LANES; ++l) most[l] = std::max(most[l], e[i0 + l]);
-        for (; i0 < n; ++i0) most[0] = std::max(most[0], e[i0]);
+          for (int l = 0; l < LANES; ++l) most[l] = std::max(most[l], pr[i0 + l]);
+        for (; i0 < n; ++i0) most[0] = std::max(most[0], pr[i0]);
         float m = *std::max_element(most, most + LANES);
 #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) e[i] = exp_fixed(e[i] - m);
+        for (int64_t i = 0; i < n; ++i) pr[i] = exp_fixed(pr[i] - m);
         float lanes[LANES] = {0};
         int64_t i = 0;
         for (; i + LANES <= n; i += LANES)
-          for (int l = 0; l < LANES; ++l) lanes[l] += e[i + l];
-        for (; i < n; ++i) lanes[i % LANES] += e[i];
+          for (int l = 0; l < LANES; ++l) lanes[l] += pr[i + l];
+        for (; i < n; ++i) lanes[i % LANES] += pr[i];
         for (int w = LANES / 2; w > 0; w /= 2)
           for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
         total[hr] = lanes[0];
