@@ -36,6 +36,7 @@ docs/PERFORMANCE.md). Q8_0 (one fp16 scale per 32 int8 codes) has no exact int4 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,6 +100,13 @@ def in_rows(product, x: torch.Tensor) -> torch.Tensor:
     return product(torch.cat([x, x[:1].expand(product.stable_rows - rows, -1)]))[:rows]
 
 
+@functools.cache
+def dense_bf16_kernels() -> bool:
+    """Whether oneDNN has bf16 kernels on this CPU (AVX-512 BF16 or AMX); without them a dense bf16 product
+    runs several times slower than in fp32 (AVX2 machines)."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def can_prepack(weight: torch.Tensor) -> bool:
     """oneDNN's prepacked product applies: a CPU, and fp32, or bf16 on a CPU with bf16 support in oneDNN.
     In fp32 it is also the one form whose rows round alike in calls of two to 32 rows (F.linear's fp32
@@ -108,7 +116,7 @@ def can_prepack(weight: torch.Tensor) -> bool:
         return False
     if weight.dtype == torch.float32:
         return True
-    return weight.dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return weight.dtype == torch.bfloat16 and dense_bf16_kernels()
 
 
 class Dense:

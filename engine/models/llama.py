@@ -31,6 +31,7 @@ from ..cpu.products import (
     Q4Blocks,
     Tiles,
     can_prepack,
+    dense_bf16_kernels,
     in_rows,
     int4_fits,
     stable_rows_of,
@@ -46,6 +47,9 @@ LLAMA_FAMILY = {"llama", "qwen2", "qwen3", "mistral"}
 _GROW = 256  # cache capacity grows in steps of this many positions
 _BLOCK = 32  # CPU attention reads keys in whole blocks of this many positions, the rest masked
 _MIN_ROWS = 4  # fewer query rows than this take another matrix kernel on the CPU, so pad up to it
+# Passes through the compiled step of more rows than this (prompts) run as passes of this many: a row's bits do not
+# depend on the pass it is in there, and a pass's attention holds every row's scores at once
+STEP_CHUNK = 256
 PREPACK_LIMIT_BYTES = 4 << 30  # larger models keep one copy of their dense weights (unpacked)
 # per model, beside it rather than on it (a copy of the model must not carry oneDNN's opaque weights,
 # which cannot be copied): its products from _fused_layers, and the compiled step's handle
@@ -497,7 +501,9 @@ class LlamaRunner:
             self._fast = self._compiled_step()
         if tree is not None and (start == 0 or len(tree) != t):
             raise ValueError("a tree continues a non-empty cache, one row per token")
-        if self._fast is not None and (start > 0 or t == 1):
+        if self._fast is not None and (start > 0 or t == 1 or (tree is None and prompt_through_step(self._fast, self.dtype))):
+            if t > STEP_CHUNK and tree is None:
+                return self._forward_in_chunks(tokens, last, start)
             return self._forward_compiled(tokens, last, tree, start, t)
         rows = bucket(t, self.floor) if self.static and start > 0 else None
         if rows is not None:
@@ -524,8 +530,9 @@ class LlamaRunner:
         return run(self.lm_head, _rms_norm(x[-last:], self.norm)).float()  # (last, V)
 
     def _forward_compiled(self, tokens: torch.Tensor, last: int, tree: TokenTree | None, start: int, t: int):
-        """The layer loop in one call of the compiled step (a prompt of several tokens stays eager: one
-        causal attention kernel over the whole prompt, and dense products for long ones)."""
+        """The layer loop in one call of the compiled step (a prompt of several tokens stays eager, one causal
+        attention kernel over the whole prompt and dense products for long ones, except where
+        `prompt_through_step`)."""
         end = start + t
         x = self.embed(tokens.to(self.device))
         if tree is None:
@@ -543,6 +550,20 @@ class LlamaRunner:
         weight, eps = self.norm
         h = fast.ops.rms_norm(x[-last:], weight, float(eps))
         return in_rows(self.lm_head if fast.lm_head is None else fast.lm_head, h).float()
+
+    def _forward_in_chunks(self, tokens: torch.Tensor, last: int, start: int) -> torch.Tensor:
+        """A long pass (a prompt) through the compiled step as passes of STEP_CHUNK rows, one after the other:
+        the same bits as one pass (each row's arithmetic depends on its own row and the cache before it)."""
+        t = tokens.shape[0]
+        first_kept = t - last  # the rows whose logits are returned
+        logits = []
+        for s in range(0, t, STEP_CHUNK):
+            n = min(STEP_CHUNK, t - s)
+            kept = s + n - max(s, first_kept)
+            out = self._forward_compiled(tokens[s : s + n], max(1, kept), None, start + s, n)
+            if kept > 0:
+                logits.append(out)
+        return torch.cat(logits)
 
     def _forward_static(self, tokens: torch.Tensor, last: int, tree: TokenTree | None, start: int, rows: int):
         """A pass after the prefill as a step of `rows` rows (models/static.py), through its graph where captured."""
@@ -730,6 +751,15 @@ class LlamaRunner:
         scores = torch.baddbmm(mask, q, self._k[i, :, :n_keys].transpose(1, 2))  # (KV, rows', n_keys)
         out = torch.bmm(scores.softmax(-1), self._v[i, :, :n_keys])[:, :rows]  # (KV, rows, hd)
         return out.to(self.dtype).reshape(self.n_heads, tg, self.head_dim)
+
+
+def prompt_through_step(fast: _StepHandle, dtype: torch.dtype) -> bool:
+    """Whether a prompt (a pass at an empty cache) runs through the compiled step rather than the eager forward:
+    where the step's products are all the file's own blocks (int8 inputs: AVX2's integer products) and the eager
+    forward's dense bf16 products have no fast kernel (oneDNN's bf16 needs AVX-512 BF16 or AMX: AMD before Zen 4,
+    Intel Core), a prompt reads about five times as fast so (docs/PERFORMANCE.md, "Prompts on a CPU without
+    AVX-512"). Elsewhere the eager forward's causal attention kernel reads long prompts faster."""
+    return dtype == torch.bfloat16 and set(fast.kinds) == {"blocks"} and not dense_bf16_kernels()
 
 
 @torch.inference_mode()

@@ -8,6 +8,7 @@ import torch
 from specula.engine.cpu import step as compiled
 from specula.engine.decoding.tree import TokenTree
 from specula.engine.drafters import DRAFTERS
+from specula.engine.models import llama
 from specula.engine.models.llama import step_rows
 from specula.engine.models.loading import LoadedModel
 from tests.support.tiny import assert_greedy_identity, head_options, native, perturbed, tiny_model
@@ -68,6 +69,56 @@ def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form, 
     runner.forward(torch.tensor([int(ids[c]), int(ids[c + 1]), 9]), last=3, tree=TokenTree((-1, 0, 0)))
     runner.keep(c, [0, 1])
     assert torch.equal(runner.forward(ids[c + 2 : c + 5], last=3), alone[2:5])
+
+
+@pytest.mark.parametrize("form", ["native", "fp32"])
+def test_a_prompt_read_in_chunks_gives_each_position_the_bits_of_single_steps(ops, form, monkeypatch):
+    """A prompt through the compiled step (where the CPU lacks dense bf16 kernels) runs as passes of STEP_CHUNK rows
+    from an empty cache, a long second turn too: every position's logits and hidden states are those of single
+    steps, whatever rows the caller keeps; in fp32 they are the model's forward."""
+    monkeypatch.setattr(llama, "STEP_CHUNK", 7)
+    monkeypatch.setattr(llama, "prompt_through_step", lambda fast, dtype: True)
+    model = tiny_model(vocab=64, layers=3, seed=5)
+    if form == "native":
+        target = _with_step(native(model))
+    else:
+        target = _with_step(LoadedModel(model, None, "tiny", torch.device("cpu"), torch.float32))
+    ids = torch.randint(0, 64, (45,), generator=torch.Generator().manual_seed(3))
+    alone = target.new_runner()
+    singles = torch.cat([alone.forward(ids[i : i + 1]) for i in range(45)])
+    chunked = target.new_runner()
+    whole = chunked.forward(ids[:30], last=30)  # five passes of 7 rows and one of 2
+    assert chunked.compiled and chunked.length == 30
+    assert torch.equal(whole, singles[:30])
+    assert torch.equal(chunked.forward(ids[30:45], last=4), singles[41:45])  # a second turn, the last 4 rows kept
+    assert torch.equal(chunked.features(0, 45), alone.features(0, 45))
+    for last in (1, 7, 8, 9):  # rows kept across a chunk's edge
+        chunked.truncate(0)
+        assert torch.equal(chunked.forward(ids[:30], last=last), singles[30 - last : 30]), last
+    if form == "fp32":
+        with torch.no_grad():
+            ref = model(ids[None]).logits[0].float()
+        assert torch.allclose(whole, ref[:30], atol=1e-4, rtol=1e-4), (whole - ref[:30]).abs().max()
+
+
+def test_prompts_run_through_the_step_only_where_its_products_are_faster(ops, monkeypatch):
+    """The file's blocks in bf16 on a CPU without oneDNN's bf16 kernels (AVX2): through the compiled step; with them,
+    or with dense weights (torch's products either way), or in fp32: the eager forward."""
+    model = tiny_model(vocab=64, layers=2, seed=6)
+    blocks = _with_step(native(model))
+    dense = _with_step(LoadedModel(tiny_model(vocab=64, layers=2, seed=6).to(torch.bfloat16), None, "tiny",
+                                   torch.device("cpu"), torch.bfloat16))
+    fp32 = _with_step(LoadedModel(tiny_model(vocab=64, layers=2, seed=6), None, "tiny", torch.device("cpu"), torch.float32))
+    chosen = {}
+    for fast_bf16 in (True, False):
+        monkeypatch.setattr(llama, "dense_bf16_kernels", lambda fast_bf16=fast_bf16: fast_bf16)
+        for name, target in (("blocks", blocks), ("dense", dense), ("fp32", fp32)):
+            runner = target.new_runner()
+            runner.forward(torch.tensor([1]))  # the answer's mode and products
+            assert runner.compiled
+            chosen[name, fast_bf16] = llama.prompt_through_step(runner._fast, runner.dtype)
+    assert chosen == {("blocks", True): False, ("dense", True): False, ("fp32", True): False,
+                      ("blocks", False): True, ("dense", False): False, ("fp32", False): False}
 
 
 def test_the_compiled_step_runs_the_files_blocks_and_the_eager_one_torchs(ops):
