@@ -35,17 +35,19 @@ def test_the_compiled_forward_is_the_models_forward_in_fp32(ops):
     assert torch.allclose(ours, ref, atol=1e-4, rtol=1e-4), (ours - ref).abs().max()
 
 
-@pytest.mark.parametrize("form,c", [("native", 40), ("mixed blocks", 40), ("bf16", 40), ("native", 301), ("fp32", 301)])
+@pytest.mark.parametrize("form,c", [("native", 40), ("mixed blocks", 40), ("bf16", 40), ("native", 301), ("fp32", 301),
+                                    ("fp32, heads of 64", 301)])
 def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form, c):
     """c: the context before the pass; 301 spans several blocks of keys scored together and several chunks of
-    values summed together, with an odd number of keys before the pass's rows (the sums take keys by rank)."""
-    model = tiny_model(vocab=64, layers=3, seed=6)
+    values summed together, with an odd number of keys before the pass's rows (the sums take keys by rank).
+    Heads of 64 dimensions (the bundled model's) are summed in several slices by the AVX2 path."""
+    model = tiny_model(vocab=64, layers=3, seed=6, head_dim=64 if "64" in form else 16)
     if form == "native":
         target = native(model)
     elif form == "mixed blocks":  # fused parts of several formats, and the LM head in Q8_0
         target = native(model, formats=("Q4_1", "Q8_0", "Q4_0"), head="Q8_0")
     else:  # dense weights: the attention's last bits reach the logits (int8 or bf16 activations round them off)
-        dtype = torch.float32 if form == "fp32" else torch.bfloat16
+        dtype = torch.float32 if form.startswith("fp32") else torch.bfloat16
         target = LoadedModel(model.to(dtype), None, "tiny", torch.device("cpu"), dtype)
     target = _with_step(target)
     ids = torch.randint(0, 64, (c + 20,), generator=torch.Generator().manual_seed(1))

@@ -7,7 +7,8 @@ import torch
 from specula.engine.models.loading import LoadedModel
 
 
-def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "llama", max_pos: int = 512):
+def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "llama", max_pos: int = 512,
+               head_dim: int = 16):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     config_cls, model_cls = {
@@ -21,7 +22,7 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=head_dim,
         max_position_embeddings=max_pos,
         tie_word_embeddings=False,
     )

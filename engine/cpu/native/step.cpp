@@ -375,6 +375,71 @@ inline void score_blocks(const float* qr, const float* kb, int64_t hd, int64_t n
 }
 #endif
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define SPECULA_ATTEND_AVX2 1
+// AVX2 (16 registers of 8 floats): PP query rows against NB blocks of keys, each key vector loaded once for all
+// of them; every score the same sum as score_blocks_portable's (an fma per dimension, in order, from zero).
+template <int NB, int PP>
+inline void score_pairs_avx2(const float* const* qs, const float* kb, int64_t hd, float* const* outs) {
+  __m256 acc[PP][NB][2];
+  for (int i = 0; i < PP; ++i)
+    for (int b = 0; b < NB; ++b) acc[i][b][0] = acc[i][b][1] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < hd; ++j) {
+    __m256 keys[NB][2];
+    for (int b = 0; b < NB; ++b)
+      keys[b][0] = _mm256_loadu_ps(kb + b * hd * KB + j * KB), keys[b][1] = _mm256_loadu_ps(kb + b * hd * KB + j * KB + 8);
+    for (int i = 0; i < PP; ++i) {
+      const __m256 qj = _mm256_broadcast_ss(qs[i] + j);
+      for (int b = 0; b < NB; ++b)
+        for (int h = 0; h < 2; ++h) acc[i][b][h] = _mm256_fmadd_ps(qj, keys[b][h], acc[i][b][h]);
+    }
+  }
+  for (int i = 0; i < PP; ++i)
+    for (int b = 0; b < NB; ++b)
+      _mm256_storeu_ps(outs[i] + b * KB, acc[i][b][0]), _mm256_storeu_ps(outs[i] + b * KB + 8, acc[i][b][1]);
+}
+
+// Slots from..to-1 of PP rows' weighted values (ranks are slots: a slot's parity names its sum), 16 dimensions at a
+// time (a row's two sums of them in 4 registers), each value vector loaded once for all rows; every sum the same
+// as add_values_portable's (an fma per slot, in slot order).
+template <int PP>
+inline void add_values_avx2(const float* const* ps, int64_t from, int64_t to, const float* v, int64_t hd, float* const* sums) {
+  for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+    __m256 a[PP][2][2];  // row, parity, half of the 16 dimensions
+    for (int i = 0; i < PP; ++i)
+      for (int odd = 0; odd < 2; ++odd)
+        for (int h = 0; h < 2; ++h) a[i][odd][h] = _mm256_loadu_ps(sums[i] + odd * hd + d0 + 8 * h);
+    auto one = [&](int64_t slot) {
+      const int odd = static_cast<int>(slot & 1);
+      const __m256 v0 = _mm256_loadu_ps(v + slot * hd + d0), v1 = _mm256_loadu_ps(v + slot * hd + d0 + 8);
+      for (int i = 0; i < PP; ++i) {
+        const __m256 pi = _mm256_broadcast_ss(ps[i] + slot);
+        a[i][odd][0] = _mm256_fmadd_ps(pi, v0, a[i][odd][0]);
+        a[i][odd][1] = _mm256_fmadd_ps(pi, v1, a[i][odd][1]);
+      }
+    };
+    int64_t s = from;
+    if (s < to && (s & 1)) one(s++);
+    for (; s + 2 <= to; s += 2) {
+      const float* e = v + s * hd + d0;
+      const float* o = e + hd;
+      const __m256 e0 = _mm256_loadu_ps(e), e1 = _mm256_loadu_ps(e + 8), o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);
+      for (int i = 0; i < PP; ++i) {
+        const __m256 pe = _mm256_broadcast_ss(ps[i] + s), po = _mm256_broadcast_ss(ps[i] + s + 1);
+        a[i][0][0] = _mm256_fmadd_ps(pe, e0, a[i][0][0]);
+        a[i][0][1] = _mm256_fmadd_ps(pe, e1, a[i][0][1]);
+        a[i][1][0] = _mm256_fmadd_ps(po, o0, a[i][1][0]);
+        a[i][1][1] = _mm256_fmadd_ps(po, o1, a[i][1][1]);
+      }
+    }
+    if (s < to) one(s);
+    for (int i = 0; i < PP; ++i)
+      for (int odd = 0; odd < 2; ++odd)
+        for (int h = 0; h < 2; ++h) _mm256_storeu_ps(sums[i] + odd * hd + d0 + 8 * h, a[i][odd][h]);
+  }
+}
+#endif
+
 inline int64_t add_values(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank, const float* v,
                           int64_t hd, float* sums) {
 #ifdef __AVX512F__
@@ -408,6 +473,16 @@ inline void score_pairs(const float* const* qs, int64_t n, const float* kb, int6
       i += take;
     }
   }
+#elif defined(SPECULA_ATTEND_AVX2)
+  for (int64_t b0 = 0; b0 < nb; b0 += 2) {  // two blocks of keys, two rows at a time: 13 registers
+    const bool two = nb - b0 >= 2;
+    const float* kbb = kb + b0 * hd * KB;
+    for (int64_t i = 0; i < n; i += 2) {
+      float* o[2] = {outs[i] + b0 * KB, i + 1 < n ? outs[i + 1] + b0 * KB : nullptr};
+      if (i + 1 < n) two ? score_pairs_avx2<2, 2>(qs + i, kbb, hd, o) : score_pairs_avx2<1, 2>(qs + i, kbb, hd, o);
+      else two ? score_pairs_avx2<2, 1>(qs + i, kbb, hd, o) : score_pairs_avx2<1, 1>(qs + i, kbb, hd, o);
+    }
+  }
 #else
   for (int64_t i = 0; i < n; ++i) score_blocks(qs[i], kb, hd, nb, outs[i]);
 #endif
@@ -427,6 +502,14 @@ inline void add_values_pairs(const float* const* ps, int64_t n, int64_t from, in
       else if (hd == 16 && m == 4) add_values_pairs_fixed<1, 4>(ps + i, from, to, v, sums + i);
       else
         for (int64_t k = i; k < i + m; ++k) add_values(ps[k], nullptr, from, to, from, v, hd, sums[k]);
+    }
+    return;
+  }
+#elif defined(SPECULA_ATTEND_AVX2)
+  if (hd % 16 == 0) {
+    for (int64_t i = 0; i < n; i += 2) {
+      if (i + 1 < n) add_values_avx2<2>(ps + i, from, to, v, hd, sums + i);
+      else add_values_avx2<1>(ps + i, from, to, v, hd, sums + i);
     }
     return;
   }
