@@ -136,9 +136,11 @@ def for_drafting(head: nn.Module) -> nn.Module:
     from ..cpu import step
 
     weight = next(head.parameters())
-    if not can_prepack(weight):
+    # blocks wherever the library is loaded: also on CPUs where oneDNN has no bf16 kernels (AVX2 only), whose
+    # dense bf16 products are the slowest form there
+    ops = step.ops() if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and HEAD_BLOCKS else None
+    if ops is None and not can_prepack(weight):
         return head
-    ops = step.ops() if weight.dtype == torch.bfloat16 and HEAD_BLOCKS else None
     if ops is not None and NATIVE_LAYER and isinstance(head, EagleHead) and native.applies(head):
         head.native = native.NativeLayer(ops, head, HEAD_BLOCKS)
     for name, module in list(head.named_modules()):
