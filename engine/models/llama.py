@@ -501,7 +501,7 @@ class LlamaRunner:
             self._fast = self._compiled_step()
         if tree is not None and (start == 0 or len(tree) != t):
             raise ValueError("a tree continues a non-empty cache, one row per token")
-        if self._fast is not None and (start > 0 or t == 1 or (tree is None and prompt_through_step(self._fast, self.dtype))):
+        if self._fast is not None and (start > 0 or t == 1 or prompt_through_step(self._fast, self.dtype)):
             if t > STEP_CHUNK and tree is None:
                 return self._forward_in_chunks(tokens, last, start)
             return self._forward_compiled(tokens, last, tree, start, t)
@@ -757,7 +757,7 @@ def prompt_through_step(fast: _StepHandle, dtype: torch.dtype) -> bool:
     """Whether a prompt (a pass at an empty cache) runs through the compiled step rather than the eager forward:
     where the step's products are all the file's own blocks (int8 inputs: AVX2's integer products) and the eager
     forward's dense bf16 products have no fast kernel (oneDNN's bf16 needs AVX-512 BF16 or AMX: AMD before Zen 4,
-    Intel Core), a prompt reads about five times as fast so (docs/PERFORMANCE.md, "Prompts on a CPU without
+    Intel Core), a prompt reads four to six times as fast so (docs/PERFORMANCE.md, "Prompts on a CPU without
     AVX-512"). Elsewhere the eager forward's causal attention kernel reads long prompts faster."""
     return dtype == torch.bfloat16 and set(fast.kinds) == {"blocks"} and not dense_bf16_kernels()
 
