@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specula.engine.cpu import step as compiled
-from specula.engine.cpu.products import BLOCK_FORMATS, Blocks, FileBlocks
+from specula.engine.cpu.products import _FILE_BLOCK, BLOCK_FORMATS, Blocks, FileBlocks
 
 PATHS = {"portable": 1, "avx2": 2, "avx512": 3, "amx": 4}
 
@@ -99,6 +99,39 @@ def test_every_path_and_row_count_gives_a_row_its_own_bits(ops, type_name, dtype
     if type_name not in K_QUANTS:  # random super-blocks are no weights; quantized ones are
         dense = x.float() @ weight.dequantize().T  # the activations' int8 rounding: about 1 part in 200
         assert ((results["portable"] - dense).norm() / dense.norm()) < 0.02
+
+
+# the bytes of a block (or super-block) that hold codes, by format: (start, end) in the file's block
+CODE_BYTES = {"Q4_0": [(2, 18)], "Q4_1": [(4, 20)], "Q5_0": [(2, 22)], "Q5_1": [(4, 24)], "Q8_0": [(2, 34)],
+              "Q4_K": [(16, 144)], "Q5_K": [(16, 176)], "Q6_K": [(0, 192)]}
+
+
+@pytest.mark.parametrize("type_name", sorted(BLOCK_FORMATS))
+def test_the_largest_codes_against_the_largest_inputs_sum_exactly(ops, type_name):
+    """Every code at its largest (Q8_0: at -128 and 127) against inputs that all quantize to +-127: the
+    integer sums the vector paths keep in 16 bits before widening them reach their largest here."""
+    k = 512
+    weight = _weight(24, k, seed=4, type_name=type_name)
+    size = _FILE_BLOCK[type_name][1]
+    raw = weight.data.clone().reshape(24, -1, size)
+    for start, end in CODE_BYTES[type_name]:
+        raw[:, :, start:end] = 0xFF
+    if type_name == "Q8_0":
+        raw[1::2, :, 2:34] = 0x80  # -128
+        raw[2::4, :, 2:34] = 0x7F  # 127
+    weight = FileBlocks(type_name, raw.reshape(24, -1), (24, k))
+    product = Blocks(ops, [weight], None, out_float=True)
+    x = torch.ones(4, k)
+    x[1] = -1
+    x[2, ::2] = -1  # the signs alternate, so that the pairs of products differ in sign
+    x[3, 1::4] = -1
+    paths = _paths(ops)
+    results = {path: _call(ops, path, product, x) for path in paths}
+    for path in paths:
+        assert torch.equal(results[path], results["portable"]), path
+        assert torch.equal(_call(ops, path, product, x[1:2]), results[path][1:2]), path
+    ref = reference(x, [weight])
+    assert torch.allclose(results["portable"].double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max())
 
 
 def test_fuzzed_shapes_formats_and_rows(ops):

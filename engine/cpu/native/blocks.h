@@ -423,6 +423,11 @@ SPECULA_AVX512 inline void scales_avx512(const uint8_t* tile, int64_t nb, int64_
   }
 }
 
+// How many chunks' products one int16 lane of _mm256_maddubs_epi16 (a pair of products per lane) can add up
+// before it is widened to int32, exactly (|q| <= 127): 4-bit codes 8 (8 x 2 x 15 x 127 = 30480 < 2^15), 5-bit 4
+// (31496), Q6_K's 6-bit 2 (32004; its halves of 4 chunks have their own scales), Q8_0's signed codes 1 (32258)
+constexpr int narrow_chunks(int64_t fmt) { return fmt == Q8_0 ? 1 : fmt == Q6_K ? 2 : five_bit(fmt) ? 4 : 8; }
+
 // AVX2: a tile as two halves of 8 columns, up to 4 rows at a time
 template <int R, int64_t fmt>
 SPECULA_AVX2 void tile_avx2(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, float* acc) {
@@ -444,13 +449,18 @@ SPECULA_AVX2 void tile_avx2(const uint8_t* tile, int64_t nb, const Acts& a, int6
       for (int r = 0; r < R; ++r) {
         const int8_t* q = a.codes(r0 + r, b);
         __m256i v[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};  // inputs 0-15, 16-31
-        for (int c = 0; c < 8; ++c) {
-          int32_t four;
-          std::memcpy(&four, q + 4 * c, 4);
-          __m256i x = _mm256_set1_epi32(four);
-          __m256i pairs = fmt == Q8_0 ? _mm256_maddubs_epi16(_mm256_abs_epi8(u[c]), _mm256_sign_epi8(x, u[c]))
-                                      : _mm256_maddubs_epi16(u[c], x);
-          v[c / 4] = _mm256_add_epi32(v[c / 4], _mm256_madd_epi16(pairs, ones));
+        constexpr int G = narrow_chunks(fmt);
+        for (int c0 = 0; c0 < 8; c0 += G) {  // G chunks' pairs added as int16, then widened once
+          __m256i n = _mm256_setzero_si256();
+          for (int c = c0; c < c0 + G; ++c) {
+            int32_t four;
+            std::memcpy(&four, q + 4 * c, 4);
+            __m256i x = _mm256_set1_epi32(four);
+            __m256i pairs = fmt == Q8_0 ? _mm256_maddubs_epi16(_mm256_abs_epi8(u[c]), _mm256_sign_epi8(x, u[c]))
+                                        : _mm256_maddubs_epi16(u[c], x);
+            n = c == c0 ? pairs : _mm256_add_epi16(n, pairs);
+          }
+          v[c0 / 4] = _mm256_add_epi32(v[c0 / 4], _mm256_madd_epi16(n, ones));
         }
         int64_t i = (r0 + r) * nb + b;
         __m256i t;
