@@ -233,8 +233,19 @@ def _plain_message(text: str) -> bool:
 def catalog_sentences(per_language: int = 1500, seed: int = 0,
                       root: Path | None = None) -> list[tuple[str, str]]:
     """(language name, a translated message) from the message catalogs of CATALOG_LANGUAGES: up to
-    `per_language` sentences each, chosen at random among the plain ones (`_plain_message`)."""
-    root = LOCALE_DIR if root is None else root
+    `per_language` sentences each, chosen at random among the plain ones (`_plain_message`). The machine's
+    own catalogs are read once per process (a few seconds)."""
+    if root is None:
+        return list(_system_catalog_sentences(per_language, seed))
+    return _catalog_sentences(per_language, seed, root)
+
+
+@functools.lru_cache(maxsize=4)
+def _system_catalog_sentences(per_language: int, seed: int) -> tuple[tuple[str, str], ...]:
+    return tuple(_catalog_sentences(per_language, seed, LOCALE_DIR))
+
+
+def _catalog_sentences(per_language: int, seed: int, root: Path) -> list[tuple[str, str]]:
     rng = random.Random(seed)
     out = []
     for code, language in CATALOG_LANGUAGES.items():
