@@ -79,17 +79,32 @@ def _shards(index: Path) -> dict[str, Path]:
     return files
 
 
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+def _read_weights(path: Path, shapes_only: bool = False) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors by name; `shapes_only`: as meta tensors (names, shapes and dtypes, no values)
+    read from a safetensors file's header or a memory-mapped torch file, so that a head is checked against
+    the model without reading its weights."""
     if path.name in INDEXES:  # every file the index names, each read as one file is
         state: dict[str, torch.Tensor] = {}
         for shard in sorted(set(_shards(path).values())):
-            state.update(_read_weights(shard))
+            state.update(_read_weights(shard, shapes_only))
         return state
     try:
         if path.suffix == ".safetensors":
+            from safetensors import safe_open
             from safetensors.torch import load_file
 
-            state = load_file(str(path))
+            if shapes_only:
+                with safe_open(str(path), framework="pt") as f:
+                    state = {k: _meta(f.get_slice(k)) for k in f.keys()}
+            else:
+                state = load_file(str(path))
+        elif shapes_only:
+            try:  # a zip file (torch's format since 1.6): mapped, not read
+                state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # the legacy format cannot be mapped
+                state = torch.load(str(path), map_location="cpu", weights_only=True)
+            if isinstance(state, dict):
+                state = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in state.items()}
         else:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated file, a pickle that would run code, not a checkpoint at all
@@ -99,18 +114,23 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                       "BOOL": torch.bool}
+
+
+def _meta(part) -> torch.Tensor:
+    """A safetensors slice's shape and dtype as a meta tensor."""
+    dtype = _SAFETENSORS_DTYPES.get(part.get_dtype())
+    if dtype is None:
+        raise ValueError(f"tensors of type {part.get_dtype()}")
+    return torch.empty(part.get_shape(), dtype=dtype, device="meta")
+
+
 def _weight_keys(path: Path) -> set[str]:
     if path.name in INDEXES:
         return set(_shards(path))
-    if path.suffix == ".safetensors":
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                return set(f.keys())
-        except Exception as exc:
-            raise SpeculaError(f"the draft head {path} is unreadable: {first_line(exc)[:200]}") from None
-    return set(_read_weights(path))
+    return set(_read_weights(path, shapes_only=True))
 
 
 def _first(folder: Path, names: tuple[str, ...]) -> Path | None:
@@ -221,9 +241,9 @@ EAGLE_KEYS = {  # the file's names -> the module's
 }
 
 
-def load_eagle(folder: Path, target, config: dict) -> tuple[PublishedEagle, HeadInfo]:
+def load_eagle(folder: Path, target, config: dict, shapes_only: bool = False) -> tuple[PublishedEagle, HeadInfo]:
     weights = _first(folder, EAGLE_FILES)
-    state = _read_weights(weights)
+    state = _read_weights(weights, shapes_only)
     if "fc.weight" not in state or "layers.0.self_attn.q_proj.weight" not in state:
         raise SpeculaError(f"{weights} is not an EAGLE head: no fc.weight or layers.0.self_attn.q_proj.weight")
     hidden = state["fc.weight"].shape[0]
@@ -294,9 +314,9 @@ def _variant(config: dict, state: dict, weights: Path) -> tuple[Variant, dict[st
                    flag("norm_output"), qk), names
 
 
-def load_eagle3(folder: Path, target, config: dict) -> tuple[Eagle3Head, HeadInfo]:
+def load_eagle3(folder: Path, target, config: dict, shapes_only: bool = False) -> tuple[Eagle3Head, HeadInfo]:
     weights = _first(folder, EAGLE_FILES)
-    raw = _read_weights(weights)
+    raw = _read_weights(weights, shapes_only)
     file_name = {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: k for k in raw}
     state = {name: raw[k] for name, k in file_name.items()}
     if "fc.weight" not in state or "lm_head.weight" not in state:
@@ -328,8 +348,8 @@ def load_eagle3(folder: Path, target, config: dict) -> tuple[Eagle3Head, HeadInf
     _load_named(head, state, names, weights, "EAGLE-3")
     t_vocab = target.model.get_output_embeddings().weight.shape[0]
     if "d2t" in state:
-        ids = torch.arange(draft_vocab) + state["d2t"].long()
-        if ids.shape != (draft_vocab,) or int(ids.min()) < 0 or int(ids.max()) >= t_vocab:
+        ids = torch.arange(draft_vocab, device=state["d2t"].device) + state["d2t"].long()
+        if ids.shape != (draft_vocab,) or (not ids.is_meta and (int(ids.min()) < 0 or int(ids.max()) >= t_vocab)):
             raise SpeculaError(f"the EAGLE-3 head {weights} maps its vocabulary past {target.name}'s {t_vocab} tokens")
         head.draft_ids = ids
     elif draft_vocab != t_vocab:
@@ -363,9 +383,9 @@ class PublishedMedusa(nn.Module):
         return torch.stack(out).float()
 
 
-def load_medusa(folder: Path, target, config: dict) -> tuple[PublishedMedusa, HeadInfo]:
+def load_medusa(folder: Path, target, config: dict, shapes_only: bool = False) -> tuple[PublishedMedusa, HeadInfo]:
     weights = _first(folder, MEDUSA_FILES)
-    state = _read_weights(weights)
+    state = _read_weights(weights, shapes_only)
     state = {k.removeprefix("medusa_heads."): v for k, v in state.items()}
     blocks: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
     lm: dict[int, torch.Tensor] = {}
@@ -447,15 +467,16 @@ def named_hidden_size(config: dict) -> int | None:
 def fits(folder: Path, target, kind: str) -> str | None:
     """Why the published head of `kind` (`published_kind`'s) in `folder` is not one for this loaded target (None
     when it is): ANOTHER_MODEL for a head made for a model of other sizes or layers (told from its config alone
-    where it names another hidden size; else the head is loaded once, on the CPU in its own dtype), else the
-    loader's reason."""
+    where it names another hidden size; else from its tensors' names and shapes: the loader runs over meta
+    tensors, reading no weights), else the loader's reason."""
     folder = Path(folder)
     config = _config(folder) or {}
     named = named_hidden_size(config)
     if named is not None and named != target.model.config.hidden_size:
         return ANOTHER_MODEL
     try:
-        LOADERS[kind](folder, target, config)
+        with torch.device("meta"):  # the head's module too: no memory, no initialisation
+            LOADERS[kind](folder, target, config, shapes_only=True)
     except OtherModel:
         return ANOTHER_MODEL
     except SpeculaError as exc:

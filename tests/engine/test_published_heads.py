@@ -621,6 +621,43 @@ def test_published_heads_put_in_the_users_heads_folder_are_found_for_their_model
     assert build_drafter("eagle", t8, head=str(session.heads["eagle"][0])).aux_layers == (2, 4, 5)
 
 
+def test_finding_published_heads_reads_no_weights(tmp_path, monkeypatch):
+    """Heads in the user's folder are checked against the model from their tensors' names and shapes (a
+    safetensors header, a memory-mapped torch file), reading no weights: a large head is read once, when it is
+    used."""
+    import safetensors.torch
+
+    from specula.engine.heads.store import find_heads
+
+    monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path / "data"))
+    heads = tmp_path / "data" / "heads"
+    t8 = loaded(tiny_model(vocab=VOCAB, layers=8, seed=10))
+    _speculators_files(heads / "a-speculator", t8, seed=16, draft_vocab=10)
+    write_eagle1(heads / "b-eagle1", t8, embed=True)
+    write_eagle1(heads / "c-other-vocab", loaded(tiny_model(vocab=VOCAB + 8, layers=2, seed=3)), embed=True)
+    (heads / "d-medusa").mkdir()
+    torch.save({"0.0.linear.weight": torch.zeros(HIDDEN, HIDDEN), "0.0.linear.bias": torch.zeros(HIDDEN)},
+               heads / "d-medusa" / "medusa_lm_head.pt")
+    (heads / "d-medusa" / "config.json").write_text(json.dumps({"medusa_num_heads": 1, "medusa_num_layers": 1}))
+    reads = []
+    load, load_file = torch.load, safetensors.torch.load_file
+
+    def counted_load(path, *args, **kwargs):
+        if not kwargs.get("mmap"):
+            reads.append(path)
+        return load(path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counted_load)
+    monkeypatch.setattr(safetensors.torch, "load_file", lambda path, *a, **k: reads.append(path) or load_file(path, *a, **k))
+    skipped: list[str] = []
+    found = find_heads(t8, skipped)
+    assert found["eagle"] == [heads / "a-speculator", heads / "b-eagle1"] and found["medusa"] == [heads / "d-medusa"]
+    assert skipped == [] and reads == []
+    for folder in (heads / "a-speculator", heads / "b-eagle1"):
+        load_head(folder, t8, kind="eagle")
+    assert len(reads) == 2  # read when used
+
+
 def _split(folder, state, bin_files=False):
     """The head's weights as a checkpoint in two files and an index naming them (its one file removed)."""
     keys = sorted(state)
