@@ -33,14 +33,15 @@ def bundled_bf16():
 
 
 def steps_and_pass(model: LoadedModel, prompt: torch.Tensor, draft: torch.Tensor, consistent: bool):
-    """Logits of `draft` fed one token at a time, and fed in one pass, after the same prompt."""
-    one, many = model.new_runner(), model.new_runner()
-    one.consistent = many.consistent = consistent
-    one.forward(prompt)
-    many.forward(prompt)
-    singles = torch.cat([one.forward(draft[j : j + 1]) for j in range(draft.shape[0])])
-    batch = many.forward(draft, last=draft.shape[0])
-    assert one.compiled == many.compiled == (model.step == "compiled" and consistent)  # the step asked for ran
+    """Logits of `draft` fed one token at a time, and fed in one pass, after the same prompt (read once: the
+    cache is cut back to it between the two, as a rejected draft's rollback does)."""
+    runner = model.new_runner()
+    runner.consistent = consistent
+    runner.forward(prompt)
+    singles = torch.cat([runner.forward(draft[j : j + 1]) for j in range(draft.shape[0])])
+    runner.truncate(prompt.shape[0])
+    batch = runner.forward(draft, last=draft.shape[0])
+    assert runner.compiled == (model.step == "compiled" and consistent)  # the step asked for ran
     return singles, batch
 
 
