@@ -134,6 +134,29 @@ def test_the_largest_codes_against_the_largest_inputs_sum_exactly(ops, type_name
     assert torch.allclose(results["portable"].double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_inputs_halfway_between_two_codes_round_to_even_on_every_path(ops, dtype):
+    """Each path's quantization of the inputs rounds an input halfway between two codes to the even one, as the
+    loop does: blocks whose largest input is 127 (a scale of exactly 1), the others at +-k.5."""
+    k = 64
+    weight = _weight(16, k, seed=5, type_name="Q8_0")
+    product = Blocks(ops, [weight], None, out_float=True)
+    halves = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, 126.5])
+    x = torch.zeros(3, k)
+    x[:, 0] = 127
+    x[:, 32] = -127
+    x[0, 1:32] = halves.repeat(4)[:31]
+    x[1, 33:64] = -halves.repeat(4)[:31]
+    x[2, 1:64:2] = halves.repeat(4)
+    x = x.to(dtype)
+    paths = _paths(ops)
+    results = {path: _call(ops, path, product, x) for path in paths}
+    for path in paths:
+        assert torch.equal(results[path], results["portable"]), path
+    ref = reference(x, [weight])  # numpy's rint: half to even
+    assert torch.allclose(results["portable"].double(), ref, rtol=1e-6, atol=1e-6 * ref.abs().max())
+
+
 def test_fuzzed_shapes_formats_and_rows(ops):
     gen = torch.Generator().manual_seed(3)
     paths = _paths(ops)
