@@ -79,10 +79,14 @@ def _shards(index: Path) -> dict[str, Path]:
     return files
 
 
+# an EAGLE-3 head's vocabulary maps and a Medusa head's token map: small, and their values are checked
+VALUE_KEYS = ("d2t", "t2d", "token_map")
+
+
 def _read_weights(path: Path, shapes_only: bool = False) -> dict[str, torch.Tensor]:
-    """A checkpoint's tensors by name; `shapes_only`: as meta tensors (names, shapes and dtypes, no values)
-    read from a safetensors file's header or a memory-mapped torch file, so that a head is checked against
-    the model without reading its weights."""
+    """A checkpoint's tensors by name; `shapes_only`: the weights as meta tensors (names, shapes and dtypes, no
+    values) read from a safetensors file's header or a memory-mapped torch file, so that a head is checked
+    against the model without reading its weights (the maps of VALUE_KEYS with their values)."""
     if path.name in INDEXES:  # every file the index names, each read as one file is
         state: dict[str, torch.Tensor] = {}
         for shard in sorted(set(_shards(path).values())):
@@ -95,7 +99,7 @@ def _read_weights(path: Path, shapes_only: bool = False) -> dict[str, torch.Tens
 
             if shapes_only:
                 with safe_open(str(path), framework="pt") as f:
-                    state = {k: _meta(f.get_slice(k)) for k in f.keys()}
+                    state = {k: f.get_tensor(k) if k in VALUE_KEYS else _meta(f.get_slice(k)) for k in f.keys()}
             else:
                 state = load_file(str(path))
         elif shapes_only:
@@ -104,7 +108,8 @@ def _read_weights(path: Path, shapes_only: bool = False) -> dict[str, torch.Tens
             except RuntimeError:  # the legacy format cannot be mapped
                 state = torch.load(str(path), map_location="cpu", weights_only=True)
             if isinstance(state, dict):
-                state = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+                state = {k: v.to("meta") if isinstance(v, torch.Tensor) and k not in VALUE_KEYS else v
+                         for k, v in state.items()}
         else:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated file, a pickle that would run code, not a checkpoint at all
@@ -349,7 +354,7 @@ def load_eagle3(folder: Path, target, config: dict, shapes_only: bool = False) -
     t_vocab = target.model.get_output_embeddings().weight.shape[0]
     if "d2t" in state:
         ids = torch.arange(draft_vocab, device=state["d2t"].device) + state["d2t"].long()
-        if ids.shape != (draft_vocab,) or (not ids.is_meta and (int(ids.min()) < 0 or int(ids.max()) >= t_vocab)):
+        if ids.shape != (draft_vocab,) or int(ids.min()) < 0 or int(ids.max()) >= t_vocab:
             raise SpeculaError(f"the EAGLE-3 head {weights} maps its vocabulary past {target.name}'s {t_vocab} tokens")
         head.draft_ids = ids
     elif draft_vocab != t_vocab:
