@@ -757,8 +757,8 @@ def prompt_through_step(fast: _StepHandle, dtype: torch.dtype) -> bool:
     """Whether a prompt (a pass at an empty cache) runs through the compiled step rather than the eager forward:
     where the step's products are all the file's own blocks (int8 inputs: AVX2's integer products) and the eager
     forward's dense bf16 products have no fast kernel (oneDNN's bf16 needs AVX-512 BF16 or AMX: AMD before Zen 4,
-    Intel Core), a prompt reads four to six times as fast so (docs/PERFORMANCE.md, "Prompts on a CPU without
-    AVX-512"). Elsewhere the eager forward's causal attention kernel reads long prompts faster."""
+    Intel Core), a prompt of up to 1,000 tokens reads five to nine times as fast so (docs/PERFORMANCE.md, "Prompts
+    on a CPU without AVX-512", "AVX2 products"). Elsewhere the eager forward's causal attention kernel reads long prompts faster."""
     return dtype == torch.bfloat16 and set(fast.kinds) == {"blocks"} and not dense_bf16_kernels()
 
 
