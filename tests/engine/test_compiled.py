@@ -35,6 +35,35 @@ def test_the_compiled_forward_is_the_models_forward_in_fp32(ops):
     assert torch.allclose(ours, ref, atol=1e-4, rtol=1e-4), (ours - ref).abs().max()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_silu_in_vectors_gives_every_element_the_bits_of_the_loop(ops, dtype):
+    """The step's silu(gate) * up, 8 elements at a time (AVX2) against one at a time, bit for bit: ordinary values,
+    the exponent's clamps, zeros, infinities, NaN, subnormals; rows shared between threads and a row whose length
+    leaves a remainder for the loop. And both near silu's definition."""
+    gen = torch.Generator().manual_seed(7)
+    special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 87.0, -87.0, 88.0, -88.0, 86.99, -87.01,
+                            88.5, -120.0, 1e-40, -1e-40, 1e30, -1e30, 0.5, -0.5, 3.0])
+    for rows, inter in [(3, 1536), (1, 1536), (2, 37), (5, 300)]:
+        gate = torch.randn(rows, inter, generator=gen) * 6
+        gate.view(-1)[: inter // 2] = torch.rand(inter // 2, generator=gen) * 200 - 100  # past both clamps
+        gate.view(-1)[-len(special):] = special  # the last row's tail: vectors and, for 37, the loop's remainder
+        up = torch.randn(rows, inter, generator=gen) * 3
+        up.view(-1)[:4] = torch.tensor([float("inf"), float("nan"), -0.0, 1e-39])
+        gu = torch.cat([gate, up], dim=1).to(dtype)
+        fast, loop = ops.silu_mul(gu, True), ops.silu_mul(gu, False)
+        bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+        both_nan = fast.isnan() & loop.isnan()
+        assert torch.equal(fast.isnan(), loop.isnan()), (rows, inter)
+        assert torch.equal(fast.view(bits)[~both_nan], loop.view(bits)[~both_nan]), (rows, inter)
+        if dtype == torch.bfloat16:
+            assert torch.all(fast.view(torch.int16)[both_nan] == 0x7FC0)  # bf16's one NaN, as c10 rounds it
+        g, u = gu[:, :inter].double(), gu[:, inter:].double()
+        want = g * torch.sigmoid(g) * u
+        finite = want.isfinite() & (g.abs() < 80)
+        tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+        assert torch.allclose(fast.double()[finite], want[finite], rtol=tol, atol=1e-30), (rows, inter)
+
+
 @pytest.mark.parametrize("form,c", [("native", 40), ("mixed blocks", 40), ("bf16", 40), ("native", 301), ("fp32", 301),
                                     ("fp32, heads of 64", 301)])
 def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form, c):

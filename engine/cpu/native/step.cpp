@@ -174,7 +174,9 @@ void rotate_and_store(const T* qkv, const float* cos, const float* sin, const in
       const T* x = row + head * hd;
       float* out = head < h ? q + (head * t + r) * hd : kc + ((head - h) * cap + start + r) * hd;
       float mul = head < h ? scale : 1.0f;
-      for (int64_t j = 0; j < hd; ++j) out[j] = (f(x[j]) * c[j] + f(x[(j + half) % hd]) * s[j]) * mul;
+      // each half with its partner in the other (two loops without a modulo, so that they run in vectors)
+      for (int64_t j = 0; j < half; ++j) out[j] = (f(x[j]) * c[j] + f(x[j + half]) * s[j]) * mul;
+      for (int64_t j = half; j < hd; ++j) out[j] = (f(x[j]) * c[j] + f(x[j - half]) * s[j]) * mul;
     }
     for (int64_t head = 0; head < kv; ++head) {
       const T* x = row + (h + kv + head) * hd;
@@ -624,17 +626,90 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
   });
 }
 
-// gate_up (T, 2I) -> silu(gate) * up (T, I)
+// silu(gate) * up of one element: gate / (1 + e^-gate) * up, rounded once to T
 template <typename T>
-void silu_mul(const T* gu, T* out, int64_t t, int64_t inter) {
-  for (int64_t r = 0; r < t; ++r) {
-    const T* g = gu + r * 2 * inter;
-    const T* u = g + inter;
-    for (int64_t j = 0; j < inter; ++j) {
-      float x = f(g[j]);
-      out[r * inter + j] = static_cast<T>(x / (1.0f + exp_fixed(-x)) * f(u[j]));
-    }
+inline T silu_one(T g, T u) {
+  float x = f(g);
+  return static_cast<T>(x / (1.0f + exp_fixed(-x)) * f(u));
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define SPECULA_SILU_VECTORS 1
+// exp_fixed on 8 lanes: the same operations in the same order (max and min with exp_fixed's operand order,
+// so a NaN passes through as there; the rounding to an integer in the current mode, as nearbyint)
+inline __m256 exp_fixed8(__m256 x) {
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_CUR_DIRECTION);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+// c10::BFloat16's rounding of 8 floats: to nearest, ties to even, a NaN as 0x7FC0
+inline void store8(c10::BFloat16* p, __m256 v) {
+  __m256i u = _mm256_castps_si256(v);
+  __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7FFF));
+  __m256i h = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  h = _mm256_blendv_epi8(h, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+#endif
+
+// Elements [from, to) of one row: 8 at a time where the build has AVX2 and `vectors`, each element with
+// silu_one's operations, so the same bits either way (and whatever the split between threads)
+template <typename T>
+void silu_mul_span(const T* g, const T* u, T* out, int64_t from, int64_t to, bool vectors) {
+  int64_t j = from;
+#ifdef SPECULA_SILU_VECTORS
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+    if (vectors)
+      for (; j + 8 <= to; j += 8) {
+        __m256 x = load8(g + j);
+        __m256 e = exp_fixed8(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)));
+        store8(out + j, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), load8(u + j)));
+      }
   }
+#endif
+  for (; j < to; ++j) out[j] = silu_one(g[j], u[j]);
+}
+
+constexpr int64_t SILU_SPAN = 256;  // elements of a row a thread takes at a time
+
+// gate_up (T, 2I) -> silu(gate) * up (T, I); a single row on the calling thread, more rows shared out
+template <typename T>
+void silu_mul(const T* gu, T* out, int64_t t, int64_t inter, bool vectors = true) {
+  const int64_t spans = (inter + SILU_SPAN - 1) / SILU_SPAN;
+  at::parallel_for(0, t * spans, spans + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) {
+      int64_t r = s / spans, from = s % spans * SILU_SPAN, to = std::min(inter, from + SILU_SPAN);
+      const T* g = gu + r * 2 * inter;
+      silu_mul_span(g + 0, g + inter, out + r * inter, from, to, vectors);
+    }
+  });
+}
+
+// silu_mul as an operation (tests): gate_up (T, 2I) -> (T, I), in vectors where the build has them or not
+Tensor silu_mul_op(const Tensor& gu_in, bool vectors) {
+  TORCH_CHECK(gu_in.dim() == 2 && gu_in.size(1) % 2 == 0, "gate_up: (rows, 2 * inter)");
+  Tensor gu = gu_in.contiguous();
+  Tensor out = at::empty({gu.size(0), gu.size(1) / 2}, gu.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gu.scalar_type(), "silu_mul", [&] {
+    silu_mul<scalar_t>(gu.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), gu.size(0), out.size(1), vectors);
+  });
+  return out;
 }
 
 // The registered model behind a handle, checked to have at least n_layers layers.
@@ -831,6 +906,7 @@ TORCH_LIBRARY(specula_step, lib) {
           "Tensor cos, Tensor sin, Tensor pos, int start, Tensor? visible) -> Tensor", &head_layer);
   lib.def("release(int handle) -> ()", &release);
   lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
+  lib.def("silu_mul(Tensor gate_up, bool vectors) -> Tensor", &silu_mul_op);
   lib.def("blocks_pack(Tensor raw, int format) -> Tensor", &blocks::pack_op);
   lib.def("blocks_mm(Tensor x, Tensor packed, Tensor parts, Tensor? bias, bool out_float) -> Tensor", &blocks::mm);
   lib.def("blocks_path(int path) -> int", &blocks::set_path);
