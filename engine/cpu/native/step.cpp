@@ -51,6 +51,41 @@ inline float exp_fixed(float x) {
   return p * scale;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+#define SPECULA_EXP_VECTORS 1
+// exp_fixed on 8 lanes: the same operations in the same order (max and min with exp_fixed's operand order,
+// so a NaN passes through as there; the rounding to an integer in the current mode, as nearbyint)
+inline __m256 exp_fixed8(__m256 x) {
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_CUR_DIRECTION);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+// c10::BFloat16's rounding of 8 floats: to nearest, ties to even, a NaN as 0x7FC0
+inline void store8(c10::BFloat16* p, __m256 v) {
+  __m256i u = _mm256_castps_si256(v);
+  __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7FFF));
+  __m256i h = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  h = _mm256_blendv_epi8(h, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+#endif
+
 template <typename T>
 inline float sum_squares(const T* a, int64_t n) {
   float acc[LANES] = {0};
@@ -587,8 +622,12 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
           for (int l = 0; l < LANES; ++l) most[l] = std::max(most[l], pr[i0 + l]);
         for (; i0 < n; ++i0) most[0] = std::max(most[0], pr[i0]);
         float m = *std::max_element(most, most + LANES);
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) pr[i] = exp_fixed(pr[i] - m);
+        int64_t e = 0;
+#ifdef SPECULA_EXP_VECTORS
+        for (const __m256 mv = _mm256_set1_ps(m); e + 8 <= n; e += 8)  // the same bits as the loop's
+          _mm256_storeu_ps(pr + e, exp_fixed8(_mm256_sub_ps(_mm256_loadu_ps(pr + e), mv)));
+#endif
+        for (; e < n; ++e) pr[e] = exp_fixed(pr[e] - m);
         float lanes[LANES] = {0};
         int64_t i = 0;
         for (; i + LANES <= n; i += LANES)
@@ -633,47 +672,13 @@ inline T silu_one(T g, T u) {
   return static_cast<T>(x / (1.0f + exp_fixed(-x)) * f(u));
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-#define SPECULA_SILU_VECTORS 1
-// exp_fixed on 8 lanes: the same operations in the same order (max and min with exp_fixed's operand order,
-// so a NaN passes through as there; the rounding to an integer in the current mode, as nearbyint)
-inline __m256 exp_fixed8(__m256 x) {
-  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_CUR_DIRECTION);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-}
-inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-// c10::BFloat16's rounding of 8 floats: to nearest, ties to even, a NaN as 0x7FC0
-inline void store8(c10::BFloat16* p, __m256 v) {
-  __m256i u = _mm256_castps_si256(v);
-  __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7FFF));
-  __m256i h = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-  h = _mm256_blendv_epi8(h, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-  __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
-}
-#endif
 
 // Elements [from, to) of one row: 8 at a time where the build has AVX2 and `vectors`, each element with
 // silu_one's operations, so the same bits either way (and whatever the split between threads)
 template <typename T>
 void silu_mul_span(const T* g, const T* u, T* out, int64_t from, int64_t to, bool vectors) {
   int64_t j = from;
-#ifdef SPECULA_SILU_VECTORS
+#ifdef SPECULA_EXP_VECTORS
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
     if (vectors)
       for (; j + 8 <= to; j += 8) {
