@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "blocks.h"
@@ -446,17 +447,17 @@ inline void add_values_avx2(const float* const* ps, int64_t from, int64_t to, co
     for (int i = 0; i < PP; ++i)
       for (int odd = 0; odd < 2; ++odd)
         for (int h = 0; h < 2; ++h) a[i][odd][h] = _mm256_loadu_ps(sums[i] + odd * hd + d0 + 8 * h);
-    auto one = [&](int64_t slot) {
-      const int odd = static_cast<int>(slot & 1);
+    // a single slot into the sum its parity names (the parity a constant: the sums stay in registers)
+    auto one = [&](int64_t slot, auto odd) {
       const __m256 v0 = _mm256_loadu_ps(v + slot * hd + d0), v1 = _mm256_loadu_ps(v + slot * hd + d0 + 8);
       for (int i = 0; i < PP; ++i) {
         const __m256 pi = _mm256_broadcast_ss(ps[i] + slot);
-        a[i][odd][0] = _mm256_fmadd_ps(pi, v0, a[i][odd][0]);
-        a[i][odd][1] = _mm256_fmadd_ps(pi, v1, a[i][odd][1]);
+        a[i][odd()][0] = _mm256_fmadd_ps(pi, v0, a[i][odd()][0]);
+        a[i][odd()][1] = _mm256_fmadd_ps(pi, v1, a[i][odd()][1]);
       }
     };
     int64_t s = from;
-    if (s < to && (s & 1)) one(s++);
+    if (s < to && (s & 1)) one(s++, std::integral_constant<int, 1>());
     for (; s + 2 <= to; s += 2) {
       const float* e = v + s * hd + d0;
       const float* o = e + hd;
@@ -469,7 +470,7 @@ inline void add_values_avx2(const float* const* ps, int64_t from, int64_t to, co
         a[i][1][1] = _mm256_fmadd_ps(po, o1, a[i][1][1]);
       }
     }
-    if (s < to) one(s);
+    if (s < to) one(s, std::integral_constant<int, 0>());  // s is even here
     for (int i = 0; i < PP; ++i)
       for (int odd = 0; odd < 2; ++odd)
         for (int h = 0; h < 2; ++h) _mm256_storeu_ps(sums[i] + odd * hd + d0 + 8 * h, a[i][odd][h]);
