@@ -52,7 +52,7 @@ inline float exp_fixed(float x) {
   return p * scale;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if SPECULA_X86 && defined(__AVX2__) && defined(__FMA__)
 #define SPECULA_EXP_VECTORS 1
 // exp_fixed on 8 lanes: the same operations in the same order (max and min with exp_fixed's operand order,
 // so a NaN passes through as there; the rounding to an integer in the current mode, as nearbyint)
@@ -70,10 +70,6 @@ inline __m256 exp_fixed8(__m256 x) {
   p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
   __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 }
 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 // c10::BFloat16's rounding of 8 floats: to nearest, ties to even, a NaN as 0x7FC0
@@ -673,7 +669,6 @@ inline T silu_one(T g, T u) {
   return static_cast<T>(x / (1.0f + exp_fixed(-x)) * f(u));
 }
 
-
 // Elements [from, to) of one row: 8 at a time where the build has AVX2 and `vectors`, each element with
 // silu_one's operations, so the same bits either way (and whatever the split between threads)
 template <typename T>
@@ -683,9 +678,9 @@ void silu_mul_span(const T* g, const T* u, T* out, int64_t from, int64_t to, boo
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
     if (vectors)
       for (; j + 8 <= to; j += 8) {
-        __m256 x = load8(g + j);
+        __m256 x = blocks::inputs8(g + j);
         __m256 e = exp_fixed8(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)));
-        store8(out + j, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), load8(u + j)));
+        store8(out + j, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), blocks::inputs8(u + j)));
       }
   }
 #endif
@@ -702,7 +697,7 @@ void silu_mul(const T* gu, T* out, int64_t t, int64_t inter, bool vectors = true
     for (int64_t s = begin; s < end; ++s) {
       int64_t r = s / spans, from = s % spans * SILU_SPAN, to = std::min(inter, from + SILU_SPAN);
       const T* g = gu + r * 2 * inter;
-      silu_mul_span(g + 0, g + inter, out + r * inter, from, to, vectors);
+      silu_mul_span(g, g + inter, out + r * inter, from, to, vectors);
     }
   });
 }
