@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -192,10 +193,11 @@ void release(int64_t handle) {
   if (handle >= 0 && handle < static_cast<int64_t>(registry.size())) registry[handle].layers.clear();
 }
 
-// qkv (T, (H + 2KV) * hd) -> queries (H, T, hd) fp32, rotated and scaled; keys rotated and values into the
-// fp32 cache at slots start..start+T-1. pos[r]: the rotary position of row r.
-template <typename T>
-void rotate_and_store(const T* qkv, const float* cos, const float* sin, const int64_t* pos, float* q, float* kc, float* vc,
+// qkv (T, (H + 2KV) * hd) -> queries (H, T, hd) fp32, rotated and scaled; keys rotated into the fp32 cache and
+// values into the value cache (fp32, or T itself: the same numbers) at slots start..start+T-1. pos[r]: the
+// rotary position of row r.
+template <typename T, typename V>
+void rotate_and_store(const T* qkv, const float* cos, const float* sin, const int64_t* pos, float* q, float* kc, V* vc,
                       int64_t t, int64_t h, int64_t kv, int64_t hd, int64_t cap, int64_t start, float scale) {
   int64_t half = hd / 2, width = (h + 2 * kv) * hd;
   for (int64_t r = 0; r < t; ++r) {
@@ -212,8 +214,8 @@ void rotate_and_store(const T* qkv, const float* cos, const float* sin, const in
     }
     for (int64_t head = 0; head < kv; ++head) {
       const T* x = row + (h + kv + head) * hd;
-      float* out = vc + (head * cap + start + r) * hd;
-      for (int64_t j = 0; j < hd; ++j) out[j] = f(x[j]);
+      V* out = vc + (head * cap + start + r) * hd;
+      for (int64_t j = 0; j < hd; ++j) out[j] = static_cast<V>(f(x[j]));
     }
   }
 }
@@ -261,21 +263,30 @@ inline void score_blocks_portable(const float* qr, const float* kb, int64_t hd, 
 
 // Slots from..to-1 of one row's weighted values into its two sums (sums: 2 x hd, kept between chunks);
 // ok: the slots the row sees (nullptr: all, and a slot's rank is the slot). Returns the rank after them.
+// Values V: fp32, or bf16 (a bf16 model's values, each widened exactly).
+template <typename V>
 inline int64_t add_values_portable(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank,
-                                   const float* v, int64_t hd, float* sums) {
+                                   const V* v, int64_t hd, float* sums) {
   if (!ok) rank = from;  // every slot seen: ranks are slots
   for (int64_t i = from; i < to; ++i) {
     if (ok && !ok[i]) continue;
     float* a = sums + (rank++ & 1) * hd;
-    const float* vi = v + i * hd;
+    const V* vi = v + i * hd;
     float pi = p[i];
-    for (int64_t j = 0; j < hd; ++j) a[j] = std::fma(pi, vi[j], a[j]);
+    for (int64_t j = 0; j < hd; ++j) a[j] = std::fma(pi, f(vi[j]), a[j]);
   }
   return rank;
 }
 
 #ifdef __AVX512F__
 static_assert(KB == 16, "a block of keys is one vector of 16 scores");
+
+// 16 values as fp32: loaded, or bf16 widened (exact)
+inline __m512 values16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 values16(const c10::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
 
 template <int NB>
 inline void score_blocks_fixed(const float* qr, const float* kb, int64_t hd, float* out) {
@@ -303,9 +314,9 @@ inline void score_blocks(const float* qr, const float* kb, int64_t hd, int64_t n
 }
 
 // add_values_portable with the two sums in registers (head_dim = 16 NV): the same operations in the same order.
-template <int NV>
+template <int NV, typename V>
 inline int64_t add_values_fixed(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank,
-                                const float* v, float* sums) {
+                                const V* v, float* sums) {
   constexpr int64_t hd = 16 * NV;
   __m512 a[2][NV];
   for (int k = 0; k < NV; ++k) a[0][k] = _mm512_loadu_ps(sums + 16 * k), a[1][k] = _mm512_loadu_ps(sums + hd + 16 * k);
@@ -313,27 +324,30 @@ inline int64_t add_values_fixed(const float* p, const uint8_t* ok, int64_t from,
   if (!ok) {  // ranks are slots: even slots to the first sum, odd ones to the second
     if (i < to && (i & 1)) {
       const __m512 pi = _mm512_set1_ps(p[i]);
-      for (int k = 0; k < NV; ++k) a[1][k] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(v + i * hd + 16 * k), a[1][k]);
+      for (int k = 0; k < NV; ++k) a[1][k] = _mm512_fmadd_ps(pi, values16(v + i * hd + 16 * k), a[1][k]);
       ++i;
     }
     for (; i + 2 <= to; i += 2) {
       const __m512 p0 = _mm512_set1_ps(p[i]), p1 = _mm512_set1_ps(p[i + 1]);
       for (int k = 0; k < NV; ++k) {
-        a[0][k] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v + i * hd + 16 * k), a[0][k]);
-        a[1][k] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v + (i + 1) * hd + 16 * k), a[1][k]);
+        a[0][k] = _mm512_fmadd_ps(p0, values16(v + i * hd + 16 * k), a[0][k]);
+        a[1][k] = _mm512_fmadd_ps(p1, values16(v + (i + 1) * hd + 16 * k), a[1][k]);
       }
     }
     if (i < to) {
       const __m512 pi = _mm512_set1_ps(p[i]);
-      for (int k = 0; k < NV; ++k) a[0][k] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(v + i * hd + 16 * k), a[0][k]);
+      for (int k = 0; k < NV; ++k) a[0][k] = _mm512_fmadd_ps(pi, values16(v + i * hd + 16 * k), a[0][k]);
     }
     rank = to;
   } else {
     for (; i < to; ++i) {
       if (!ok[i]) continue;
       const __m512 pi = _mm512_set1_ps(p[i]);
-      const int s = static_cast<int>(rank++ & 1);
-      for (int k = 0; k < NV; ++k) a[s][k] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(v + i * hd + 16 * k), a[s][k]);
+      auto add = [&](auto odd) {  // the parity a constant: the sums stay in registers
+        for (int k = 0; k < NV; ++k) a[odd()][k] = _mm512_fmadd_ps(pi, values16(v + i * hd + 16 * k), a[odd()][k]);
+      };
+      if (rank++ & 1) add(std::integral_constant<int, 1>());
+      else add(std::integral_constant<int, 0>());
     }
   }
   for (int k = 0; k < NV; ++k) _mm512_storeu_ps(sums + 16 * k, a[0][k]), _mm512_storeu_ps(sums + hd + 16 * k, a[1][k]);
@@ -371,25 +385,26 @@ inline void score_pairs_of(const float* const* qs, const float* kb, int64_t hd, 
 
 // Slots from..to-1 of several rows' weighted values (rows that see every slot: ranks are slots), each value
 // vector loaded once for all of them; every sum the same as add_values_fixed's.
-template <int NV, int PP>
-inline void add_values_pairs_fixed(const float* const* ps, int64_t from, int64_t to, const float* v, float* const* sums) {
+template <int NV, int PP, typename V>
+inline void add_values_pairs_fixed(const float* const* ps, int64_t from, int64_t to, const V* v, float* const* sums) {
   constexpr int64_t hd = 16 * NV;
   __m512 a[PP][2][NV];
   for (int i = 0; i < PP; ++i)
     for (int k = 0; k < NV; ++k)
       a[i][0][k] = _mm512_loadu_ps(sums[i] + 16 * k), a[i][1][k] = _mm512_loadu_ps(sums[i] + hd + 16 * k);
   int64_t s = from;
-  auto one = [&](int64_t slot) {  // a single slot into the sum its parity names
-    const int odd = static_cast<int>(slot & 1);
+  // a single slot into the sum its parity names (the parity a constant: the sums stay in registers)
+  auto one = [&](int64_t slot, auto odd) {
     for (int i = 0; i < PP; ++i) {
       const __m512 pi = _mm512_set1_ps(ps[i][slot]);
-      for (int k = 0; k < NV; ++k) a[i][odd][k] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(v + slot * hd + 16 * k), a[i][odd][k]);
+      for (int k = 0; k < NV; ++k)
+        a[i][odd()][k] = _mm512_fmadd_ps(pi, values16(v + slot * hd + 16 * k), a[i][odd()][k]);
     }
   };
-  if (s < to && (s & 1)) one(s++);
+  if (s < to && (s & 1)) one(s++, std::integral_constant<int, 1>());
   for (; s + 2 <= to; s += 2) {
     __m512 v0[NV], v1[NV];
-    for (int k = 0; k < NV; ++k) v0[k] = _mm512_loadu_ps(v + s * hd + 16 * k), v1[k] = _mm512_loadu_ps(v + (s + 1) * hd + 16 * k);
+    for (int k = 0; k < NV; ++k) v0[k] = values16(v + s * hd + 16 * k), v1[k] = values16(v + (s + 1) * hd + 16 * k);
     for (int i = 0; i < PP; ++i) {
       const __m512 p0 = _mm512_set1_ps(ps[i][s]), p1 = _mm512_set1_ps(ps[i][s + 1]);
       for (int k = 0; k < NV; ++k) {
@@ -398,7 +413,7 @@ inline void add_values_pairs_fixed(const float* const* ps, int64_t from, int64_t
       }
     }
   }
-  if (s < to) one(s);
+  if (s < to) one(s, std::integral_constant<int, 0>());  // s is even here
   for (int i = 0; i < PP; ++i)
     for (int k = 0; k < NV; ++k)
       _mm512_storeu_ps(sums[i] + 16 * k, a[i][0][k]), _mm512_storeu_ps(sums[i] + hd + 16 * k, a[i][1][k]);
@@ -436,8 +451,8 @@ inline void score_pairs_avx2(const float* const* qs, const float* kb, int64_t hd
 // Slots from..to-1 of PP rows' weighted values (ranks are slots: a slot's parity names its sum), 16 dimensions at a
 // time (a row's two sums of them in 4 registers), each value vector loaded once for all rows; every sum the same
 // as add_values_portable's (an fma per slot, in slot order).
-template <int PP>
-inline void add_values_avx2(const float* const* ps, int64_t from, int64_t to, const float* v, int64_t hd, float* const* sums) {
+template <int PP, typename V>
+inline void add_values_avx2(const float* const* ps, int64_t from, int64_t to, const V* v, int64_t hd, float* const* sums) {
   for (int64_t d0 = 0; d0 < hd; d0 += 16) {
     __m256 a[PP][2][2];  // row, parity, half of the 16 dimensions
     for (int i = 0; i < PP; ++i)
@@ -445,7 +460,7 @@ inline void add_values_avx2(const float* const* ps, int64_t from, int64_t to, co
         for (int h = 0; h < 2; ++h) a[i][odd][h] = _mm256_loadu_ps(sums[i] + odd * hd + d0 + 8 * h);
     // a single slot into the sum its parity names (the parity a constant: the sums stay in registers)
     auto one = [&](int64_t slot, auto odd) {
-      const __m256 v0 = _mm256_loadu_ps(v + slot * hd + d0), v1 = _mm256_loadu_ps(v + slot * hd + d0 + 8);
+      const __m256 v0 = blocks::inputs8(v + slot * hd + d0), v1 = blocks::inputs8(v + slot * hd + d0 + 8);
       for (int i = 0; i < PP; ++i) {
         const __m256 pi = _mm256_broadcast_ss(ps[i] + slot);
         a[i][odd()][0] = _mm256_fmadd_ps(pi, v0, a[i][odd()][0]);
@@ -455,9 +470,9 @@ inline void add_values_avx2(const float* const* ps, int64_t from, int64_t to, co
     int64_t s = from;
     if (s < to && (s & 1)) one(s++, std::integral_constant<int, 1>());
     for (; s + 2 <= to; s += 2) {
-      const float* e = v + s * hd + d0;
-      const float* o = e + hd;
-      const __m256 e0 = _mm256_loadu_ps(e), e1 = _mm256_loadu_ps(e + 8), o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);
+      const V* e = v + s * hd + d0;
+      const V* o = e + hd;
+      const __m256 e0 = blocks::inputs8(e), e1 = blocks::inputs8(e + 8), o0 = blocks::inputs8(o), o1 = blocks::inputs8(o + 8);
       for (int i = 0; i < PP; ++i) {
         const __m256 pe = _mm256_broadcast_ss(ps[i] + s), po = _mm256_broadcast_ss(ps[i] + s + 1);
         a[i][0][0] = _mm256_fmadd_ps(pe, e0, a[i][0][0]);
@@ -474,7 +489,8 @@ inline void add_values_avx2(const float* const* ps, int64_t from, int64_t to, co
 }
 #endif
 
-inline int64_t add_values(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank, const float* v,
+template <typename V>
+inline int64_t add_values(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank, const V* v,
                           int64_t hd, float* sums) {
 #ifdef __AVX512F__
   switch (hd) {
@@ -523,7 +539,8 @@ inline void score_pairs(const float* const* qs, int64_t n, const float* kb, int6
 }
 
 // Slots from..to-1 of n rows' weighted values, rows that see every slot (ranks are slots).
-inline void add_values_pairs(const float* const* ps, int64_t n, int64_t from, int64_t to, const float* v, int64_t hd,
+template <typename V>
+inline void add_values_pairs(const float* const* ps, int64_t n, int64_t from, int64_t to, const V* v, int64_t hd,
                              float* const* sums) {
 #ifdef __AVX512F__
   if (hd == 16 || hd == 32 || hd == 64) {
@@ -551,8 +568,20 @@ inline void add_values_pairs(const float* const* ps, int64_t n, int64_t from, in
   for (int64_t k = 0; k < n; ++k) add_values(ps[k], nullptr, from, to, from, v, hd, sums[k]);
 }
 
-template <typename T>
-void attend(const float* q, const float* kt, const float* vc, const bool* ancestors, const bool* visible, T* out,
+// n values as fp32 (bf16 ones widened: exact)
+template <typename V>
+inline void widen(const V* v, int64_t n, float* out) {
+  int64_t j = 0;
+#ifdef __AVX512F__
+  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(out + j, values16(v + j));
+#elif defined(SPECULA_ATTEND_AVX2)
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(out + j, blocks::inputs8(v + j));
+#endif
+  for (; j < n; ++j) out[j] = f(v[j]);
+}
+
+template <typename T, typename V>
+void attend(const float* q, const float* kt, const V* vc, const bool* ancestors, const bool* visible, T* out,
             int64_t t, int64_t h, int64_t kv, int64_t hd, int64_t cap, int64_t start) {
   int64_t groups = h / kv;
   int64_t last = start + t;  // slots scored: 0..last-1
@@ -587,10 +616,14 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
     std::vector<int64_t> rank(groups * t);
     std::vector<const float*> qs(groups * t);
     std::vector<float*> ps(groups * t), sp(groups * t), outs(groups * t);
+    // a pass's bf16 values, widened a chunk at a time: each value is widened once and then serves every row
+    // and head from the cache (a single step reads them as they are: it reads each once)
+    constexpr bool narrow = !std::is_same_v<V, float>;
+    std::unique_ptr<float[]> wide(narrow && t > 1 ? new float[last * hd] : nullptr);
     for (int64_t g = begin / groups; g * groups < end; ++g) {  // a key/value head, and its query heads here
       const int64_t h0 = std::max(begin, g * groups), nh = std::min(end, (g + 1) * groups) - h0;
       const float* kh = kt + g * cap * hd;
-      const float* v = vc + g * cap * hd;
+      const V* v = vc + g * cap * hd;
       const int64_t pairs = nh * t;  // (query head, row), head by head
       for (int64_t hr = 0; hr < pairs; ++hr) {
         qs[hr] = q + ((h0 + hr / t) * t + hr % t) * hd;
@@ -641,15 +674,23 @@ void attend(const float* q, const float* kt, const float* vc, const bool* ancest
       }
       std::fill(sums.begin(), sums.end(), 0.0f);
       std::fill(rank.begin(), rank.end(), shared);  // a row's own slots start after the shared ones
-      for (int64_t c0 = 0; c0 < last; c0 += VALUE_CHUNK) {  // each chunk of values once for all
-        // the slots all rows see together, then each row's own last ones
+      // the slots all rows see together, then each row's own last ones
+      auto sum_chunk = [&](int64_t c0, const auto* values) {
         const int64_t common = std::min(c0 + VALUE_CHUNK, shared);
-        if (common > c0) add_values_pairs(ps.data(), pairs, c0, common, v, hd, sp.data());
+        if (common > c0) add_values_pairs(ps.data(), pairs, c0, common, values, hd, sp.data());
         for (int64_t hr = 0; hr < pairs; ++hr) {
           const int64_t r = hr % t, to = std::min(c0 + VALUE_CHUNK, ends[r]);
           const int64_t from = std::max(c0, common);
           if (from < to)
-            rank[hr] = add_values(ps[hr], gather ? allowed.data() + r * width : nullptr, from, to, rank[hr], v, hd, sp[hr]);
+            rank[hr] = add_values(ps[hr], gather ? allowed.data() + r * width : nullptr, from, to, rank[hr], values, hd, sp[hr]);
+        }
+      };
+      for (int64_t c0 = 0; c0 < last; c0 += VALUE_CHUNK) {  // each chunk of values once for all
+        if (wide) {
+          widen(v + c0 * hd, (std::min(c0 + VALUE_CHUNK, last) - c0) * hd, wide.get() + c0 * hd);
+          sum_chunk(c0, static_cast<const float*>(wide.get()));
+        } else {
+          sum_chunk(c0, v);
         }
       }
       for (int64_t hr = 0; hr < nh * t; ++hr) {
@@ -725,6 +766,16 @@ const Model* model_of(int64_t handle, int64_t n_layers) {
   return m;
 }
 
+// fn(the value cache's data): fp32, or bf16 where the activations T are (their values are bf16 numbers already:
+// half the bytes for attention to read, the same sums).
+template <typename T, typename Fn>
+void with_values(const Tensor& v, Fn&& fn) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>)
+    if (v.scalar_type() == at::kBFloat16) return fn(v.data_ptr<c10::BFloat16>());
+  TORCH_CHECK(v.scalar_type() == at::kFloat, "a value cache in fp32, or in bf16 for a bf16 model");
+  fn(v.data_ptr<float>());
+}
+
 // A layer after its attention: x += o(attn), then x += down(silu(gate) * up) over the post-attention norm
 // (act: a (rows, inter) buffer).
 template <typename T>
@@ -746,7 +797,9 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
   const Model* m = model_of(handle, n_layers);
   Tensor x = x_in.contiguous().clone();
   int64_t t = x.size(0), h = m->n_heads, kv = m->n_kv, hd = m->head_dim, cap = k_cache.size(2);
-  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous(), "fp32 contiguous caches");
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes(),
+              "contiguous caches: fp32 keys, values of their shape");
   TORCH_CHECK(start + t <= cap, "the cache holds ", cap, " positions");
   TORCH_CHECK(cap % KB == 0 && kt_cache.is_contiguous() && kt_cache.numel() == k_cache.numel(), "a transposed key cache");
   TORCH_CHECK(0 <= kt_from && kt_from <= start, "kt_from within the cache");
@@ -769,12 +822,14 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
       float* kc = k_cache.data_ptr<float>() + layer_off;
       float* kt = kt_cache.data_ptr<float>() + layer_off;
       transpose_keys(kc, kt, kv, hd, cap, kt_from, start);
-      rotate_and_store<scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p, q.data_ptr<float>(),
-                                 kc, v_cache.data_ptr<float>() + layer_off, t, h, kv, hd, cap, start, static_cast<float>(m->scale));
-      transpose_keys(kc, kt, kv, hd, cap, start, start + t);
-      attend<scalar_t>(q.data_ptr<float>(), kt, v_cache.data_ptr<float>() + layer_off,
-                       anc.defined() ? anc.data_ptr<bool>() : nullptr, nullptr, attn.data_ptr<scalar_t>(), t, h, kv, hd, cap,
-                       start);
+      with_values<scalar_t>(v_cache, [&](auto* values) {
+        auto* vc = values + layer_off;
+        rotate_and_store(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p, q.data_ptr<float>(), kc, vc,
+                         t, h, kv, hd, cap, start, static_cast<float>(m->scale));
+        transpose_keys(kc, kt, kv, hd, cap, start, start + t);
+        attend(q.data_ptr<float>(), kt, vc, anc.defined() ? anc.data_ptr<bool>() : nullptr, nullptr, attn.data_ptr<scalar_t>(),
+               t, h, kv, hd, cap, start);
+      });
       finish_layer<scalar_t>(x, attn, act, layer, *m);
     }
   });
@@ -804,7 +859,7 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
     const Tensor& k = k_caches[b];
     TORCH_CHECK(k.scalar_type() == at::kFloat && k.is_contiguous() && v_caches[b].is_contiguous() && k.dim() == 4 &&
                     k.size(0) >= n_layers && k.size(1) == kv && k.size(3) == hd && v_caches[b].sizes() == k.sizes(),
-                "fp32 contiguous caches (layers, kv, capacity, head_dim)");
+                "contiguous caches (layers, kv, capacity, head_dim): fp32 keys, values of their shape");
     TORCH_CHECK(k.size(2) % KB == 0 && kt_caches[b].is_contiguous() && kt_caches[b].numel() == k.numel(), "a transposed key cache");
     TORCH_CHECK(0 <= kt_from[b] && kt_from[b] <= starts[b] && starts[b] < k.size(2), "row ", b, ": its start within its cache");
     TORCH_CHECK(cos[b].is_contiguous() && sin[b].is_contiguous() && cos[b].size(0) > starts[b] && cos[b].size(1) == hd &&
@@ -827,13 +882,15 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
           int64_t cap = k_caches[b].size(2), start = starts[b], layer_off = l * kv * cap * hd;
           float* kc = k_caches[b].data_ptr<float>() + layer_off;
           float* kt = kt_caches[b].data_ptr<float>() + layer_off;
-          float* vc = v_caches[b].data_ptr<float>() + layer_off;
           float* qb = q.data_ptr<float>() + b * h * hd;
           transpose_keys(kc, kt, kv, hd, cap, kt_from[b], start);
-          rotate_and_store<scalar_t>(qkv.data_ptr<scalar_t>() + b * qkv.size(1), cos[b].data_ptr<float>(), sin[b].data_ptr<float>(),
-                                     &start, qb, kc, vc, 1, h, kv, hd, cap, start, static_cast<float>(m->scale));
-          transpose_keys(kc, kt, kv, hd, cap, start, start + 1);
-          attend<scalar_t>(qb, kt, vc, nullptr, nullptr, attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start);
+          with_values<scalar_t>(v_caches[b], [&](auto* values) {
+            auto* vc = values + layer_off;
+            rotate_and_store(qkv.data_ptr<scalar_t>() + b * qkv.size(1), cos[b].data_ptr<float>(), sin[b].data_ptr<float>(),
+                             &start, qb, kc, vc, 1, h, kv, hd, cap, start, static_cast<float>(m->scale));
+            transpose_keys(kc, kt, kv, hd, cap, start, start + 1);
+            attend(qb, kt, vc, nullptr, nullptr, attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start);
+          });
         }
       });
       finish_layer<scalar_t>(x, attn, act, layer, *m);
@@ -856,7 +913,8 @@ Tensor head_layer(int64_t handle, const Tensor& h_in, const c10::optional<Tensor
   Tensor x = h_in.contiguous().clone();
   int64_t t = x.size(0), h = m->n_heads, kv = m->n_kv, hd = m->head_dim;
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(0) == kv && k_cache.size(2) == hd && k_cache.scalar_type() == at::kFloat &&
-                  k_cache.is_contiguous() && v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes(),
+                  v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes(),
               "fp32 contiguous caches (kv, capacity, head_dim)");
   int64_t cap = k_cache.size(1);
   TORCH_CHECK(start >= 0 && start + t <= cap, "the cache holds ", cap, " positions");
@@ -881,12 +939,12 @@ Tensor head_layer(int64_t handle, const Tensor& h_in, const c10::optional<Tensor
     Tensor qkv = layer.qkv(a).contiguous();
     float* kc = k_cache.data_ptr<float>();
     float* kt = kt_cache.data_ptr<float>();
-    rotate_and_store<scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p.data_ptr<int64_t>(),
-                               q.data_ptr<float>(), kc, v_cache.data_ptr<float>(), t, h, kv, hd, cap, start,
-                               static_cast<float>(m->scale));
+    float* vc = v_cache.data_ptr<float>();
+    rotate_and_store(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p.data_ptr<int64_t>(),
+                     q.data_ptr<float>(), kc, vc, t, h, kv, hd, cap, start, static_cast<float>(m->scale));
     transpose_keys(kc, kt, kv, hd, cap, start, start + t);
-    attend<scalar_t>(q.data_ptr<float>(), kt, v_cache.data_ptr<float>(), nullptr, vis.defined() ? vis.data_ptr<bool>() : nullptr,
-                     attn.data_ptr<scalar_t>(), t, h, kv, hd, cap, start);
+    attend(q.data_ptr<float>(), kt, vc, nullptr, vis.defined() ? vis.data_ptr<bool>() : nullptr, attn.data_ptr<scalar_t>(), t, h,
+           kv, hd, cap, start);
     finish_layer<scalar_t>(x, attn, act, layer, *m);
   });
   return x;
