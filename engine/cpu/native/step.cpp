@@ -246,6 +246,7 @@ void transpose_keys(const float* kc, float* kt, int64_t kv, int64_t hd, int64_t 
 // among the row's keys, as in the chain through a tree row.
 constexpr int SCORE_BLOCKS = 8;  // key blocks scored together (32 KB of keys): independent sums in flight
 constexpr int64_t VALUE_CHUNK = 128;  // slots of values summed for every head and row before the next ones
+static_assert(VALUE_CHUNK % 2 == 0, "a chunk starts at an even slot: a slot's parity names its sum");
 
 // nb (<= SCORE_BLOCKS) blocks of KB scores of query row qr against the transposed keys kb, each score a sum
 // over the head's dimensions in order.
@@ -610,16 +611,17 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
     shared += all;
   }
   at::parallel_for(0, h, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> p(groups * t * width);  // (heads of the group, rows, slots)
+    std::unique_ptr<float[]> p(new float[groups * t * width]);  // (heads of the group, rows, slots): all scored first
     std::vector<float> total(groups * t);
     std::vector<float> sums(groups * t * 2 * hd);
     std::vector<int64_t> rank(groups * t);
     std::vector<const float*> qs(groups * t);
-    std::vector<float*> ps(groups * t), sp(groups * t), outs(groups * t);
-    // a pass's bf16 values, widened a chunk at a time: each value is widened once and then serves every row
-    // and head from the cache (a single step reads them as they are: it reads each once)
-    constexpr bool narrow = !std::is_same_v<V, float>;
-    std::unique_ptr<float[]> wide(narrow && t > 1 ? new float[last * hd] : nullptr);
+    std::vector<float*> ps(groups * t), sp(groups * t), outs(groups * t), shifted(groups * t);
+    // a pass's bf16 values, widened a chunk at a time into a buffer the thread keeps: each value is widened once
+    // and then serves every row and head (a single step reads them as they are: it reads each once)
+    thread_local std::vector<float> wide;
+    const bool widen_values = !std::is_same_v<V, float> && t > 1;
+    if (widen_values) wide.resize(VALUE_CHUNK * hd);
     for (int64_t g = begin / groups; g * groups < end; ++g) {  // a key/value head, and its query heads here
       const int64_t h0 = std::max(begin, g * groups), nh = std::min(end, (g + 1) * groups) - h0;
       const float* kh = kt + g * cap * hd;
@@ -627,7 +629,7 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
       const int64_t pairs = nh * t;  // (query head, row), head by head
       for (int64_t hr = 0; hr < pairs; ++hr) {
         qs[hr] = q + ((h0 + hr / t) * t + hr % t) * hd;
-        ps[hr] = p.data() + hr * width;
+        ps[hr] = p.get() + hr * width;
         sp[hr] = sums.data() + hr * 2 * hd;
       }
       // each block of keys once for all (a row's scores past its own keys are made and never read)
@@ -637,7 +639,7 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
       }
       for (int64_t hr = 0; hr < nh * t; ++hr) {  // softmax over the row's own keys, in order
         const int64_t r = hr % t;
-        float* pr = p.data() + hr * width;
+        float* pr = p.get() + hr * width;
         int64_t n = ends[r];  // a chain row's keys are slots 0..n-1
         if (gather) {  // a tree row's keys moved together in order, in place: element i is key i, as in the chain
           const uint8_t* ok = allowed.data() + r * width;
@@ -674,23 +676,29 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
       }
       std::fill(sums.begin(), sums.end(), 0.0f);
       std::fill(rank.begin(), rank.end(), shared);  // a row's own slots start after the shared ones
-      // the slots all rows see together, then each row's own last ones
-      auto sum_chunk = [&](int64_t c0, const auto* values) {
+      // the slots all rows see together, then each row's own last ones; values + (slot - off) * hd: a slot's
+      // values (off: the chunk's first slot where they were widened into the chunk's buffer, an even number, so
+      // a slot's parity, which names its sum, stays)
+      auto sum_chunk = [&](int64_t c0, const auto* values, int64_t off) {
         const int64_t common = std::min(c0 + VALUE_CHUNK, shared);
-        if (common > c0) add_values_pairs(ps.data(), pairs, c0, common, values, hd, sp.data());
+        if (common > c0) {
+          for (int64_t hr = 0; hr < pairs; ++hr) shifted[hr] = ps[hr] + off;
+          add_values_pairs(shifted.data(), pairs, c0 - off, common - off, values, hd, sp.data());
+        }
         for (int64_t hr = 0; hr < pairs; ++hr) {
           const int64_t r = hr % t, to = std::min(c0 + VALUE_CHUNK, ends[r]);
           const int64_t from = std::max(c0, common);
           if (from < to)
-            rank[hr] = add_values(ps[hr], gather ? allowed.data() + r * width : nullptr, from, to, rank[hr], values, hd, sp[hr]);
+            rank[hr] = add_values(ps[hr] + off, gather ? allowed.data() + r * width + off : nullptr, from - off, to - off, rank[hr],
+                                  values, hd, sp[hr]);
         }
       };
       for (int64_t c0 = 0; c0 < last; c0 += VALUE_CHUNK) {  // each chunk of values once for all
-        if (wide) {
-          widen(v + c0 * hd, (std::min(c0 + VALUE_CHUNK, last) - c0) * hd, wide.get() + c0 * hd);
-          sum_chunk(c0, static_cast<const float*>(wide.get()));
+        if (widen_values) {
+          widen(v + c0 * hd, (std::min(c0 + VALUE_CHUNK, last) - c0) * hd, wide.data());
+          sum_chunk(c0, static_cast<const float*>(wide.data()), c0);
         } else {
-          sum_chunk(c0, v);
+          sum_chunk(c0, v, 0);
         }
       }
       for (int64_t hr = 0; hr < nh * t; ++hr) {
