@@ -365,9 +365,10 @@ class LlamaRunner:
         # whatever else the pass holds. Other devices use the fused kernel in the model's dtype.
         self.blocked = self.device.type == "cpu" and not static
         self.cache_dtype = torch.float32 if self.blocked else self.dtype
-        # A bf16 model's values are bf16 numbers: kept so, attention reads a quarter fewer bytes per step (the
-        # keys are rotated in fp32 and stay so) and sums the same numbers
-        self.value_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else self.cache_dtype
+        # A bf16 model's values are bf16 numbers: the compiled step keeps a bf16 copy of them (_vn, in step with
+        # _v where _kt is) for single steps, which read the whole cache each (a quarter fewer bytes, the same sums)
+        self.narrow_values = self.dtype == torch.bfloat16
+        self._vn = torch.empty(0)
         # Consistent rounding (CPU): every position meets the same kernels whether it is decoded alone or
         # inside a verify pass; with the blocked attention, speculation then reproduces plain decoding bit
         # for bit in bf16 too. Where a product's one-row kernel rounds differently from its multi-row one
@@ -458,7 +459,7 @@ class LlamaRunner:
             new_cap = _whole_blocks(new_cap)  # whole key blocks (positions past the window stay unused)
         shape = (len(self.layers), self.n_kv, new_cap, self.head_dim)
         k = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
-        v = torch.zeros(shape, dtype=self.value_dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
         if capacity:
             k[:, :, : self._length] = self._k[:, :, : self._length]
             v[:, :, : self._length] = self._v[:, :, : self._length]
@@ -546,7 +547,7 @@ class LlamaRunner:
         self._transposed_keys()
         aux = self._aux[start:end] if self.aux_layers else None
         x = fast.ops.forward(fast.handle, x, self._k, self._v, self._kt, self._kt_len, self._cos32, self._sin32, pos,
-                             start, ancestors, len(self.layers), aux, list(self.aux_layers))
+                             start, ancestors, len(self.layers), aux, list(self.aux_layers), self._vn)
         self._length = end
         self._kt_len = end
         self._feat[start:end] = x
@@ -619,10 +620,13 @@ class LlamaRunner:
         return (self.aux_layers, self._k, self._v, self._feat, self._aux, self._cos, self._sin)
 
     def _transposed_keys(self) -> None:
-        """The compiled step's transposed keys, allocated again (and filled from _k) when the cache grew."""
-        if self._kt.numel() != self._k.numel():
+        """The compiled step's transposed keys and bf16 values, allocated again (and filled from _k and _v) when the
+        cache grew."""
+        narrow = self._v.shape if self.narrow_values else (0,)
+        if self._kt.numel() != self._k.numel() or self._vn.shape != narrow:
             layers, kv, cap, hd = self._k.shape
             self._kt = torch.zeros((layers, kv, cap // 16, hd, 16), dtype=torch.float32, device=self.device)
+            self._vn = torch.zeros(narrow, dtype=torch.bfloat16, device=self.device)
             self._kt_len = 0
 
     def keep_layers(self, layers: tuple[int, ...]) -> None:
@@ -752,7 +756,7 @@ class LlamaRunner:
         if mask.shape[0] > rows:
             q = torch.cat([q, q[:, :1].expand(-1, mask.shape[0] - rows, -1)], dim=1)
         scores = torch.baddbmm(mask, q, self._k[i, :, :n_keys].transpose(1, 2))  # (KV, rows', n_keys)
-        out = torch.bmm(scores.softmax(-1), self._v[i, :, :n_keys].float())[:, :rows]  # (KV, rows, hd)
+        out = torch.bmm(scores.softmax(-1), self._v[i, :, :n_keys])[:, :rows]  # (KV, rows, hd)
         return out.to(self.dtype).reshape(self.n_heads, tg, self.head_dim)
 
 
@@ -787,7 +791,7 @@ def step_rows(runners: list[LlamaRunner], tokens: torch.Tensor) -> torch.Tensor:
     aux = torch.empty((x.shape[0], len(layers), x.shape[1]), dtype=x.dtype, device=x.device) if layers else None
     x = fast.ops.forward_rows(fast.handle, x, [r._k for r in runners], [r._v for r in runners], [r._kt for r in runners],
                               [r._kt_len for r in runners], [r._cos32 for r in runners], [r._sin32 for r in runners],
-                              [r._length for r in runners], len(first.layers), aux, list(layers))
+                              [r._length for r in runners], len(first.layers), [r._vn for r in runners], aux, list(layers))
     for b, r in enumerate(runners):
         if aux is not None:
             r._aux[r._length] = aux[b]

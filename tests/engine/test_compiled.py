@@ -102,37 +102,41 @@ def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form, 
     assert torch.equal(runner.forward(ids[c + 2 : c + 5], last=3), alone[2:5])
 
 
-@pytest.mark.parametrize("step", ["compiled", "eager"])
 @pytest.mark.parametrize("head_dim", [16, 64])
-def test_a_bf16_models_values_kept_in_bf16_give_the_bits_of_an_fp32_value_cache(ops, step, head_dim):
-    """A bf16 model's values are bf16 numbers: its value cache holds them so (half the bytes), and every prompt,
-    pass, tree, single step and batched step gets the logits an fp32 value cache gives, through the compiled
-    step's value sums (heads of 16 and 64 dimensions take different vector paths) and the eager attention."""
+def test_single_steps_read_a_bf16_models_values_from_a_bf16_copy_with_the_same_bits(ops, head_dim):
+    """A bf16 model's values are bf16 numbers: the compiled step keeps a bf16 copy of them for single steps (half
+    the bytes), kept in step with the fp32 cache through prompts, passes, trees, a kept path, single and batched
+    steps and a cache that grows, and every logit is the one the fp32 values give (heads of 16 and 64 dimensions
+    take different vector paths)."""
     model = tiny_model(vocab=64, layers=3, seed=11, head_dim=head_dim)
-    target = _with_step(LoadedModel(model.to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16), step)
+    target = _with_step(LoadedModel(model.to(torch.bfloat16), None, "tiny", torch.device("cpu"), torch.bfloat16))
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, 64, (n,), generator=gen) for n in (37, 300)]
-    follow = torch.randint(0, 64, (len(prompts), 6), generator=gen)
+    follow = torch.randint(0, 64, (len(prompts), 8), generator=gen)
 
-    def run(value_dtype):
+    def run(narrow):
         runners, out = [], []
         for prompt, more in zip(prompts, follow):
             runner = target.new_runner()
-            runner.value_dtype = value_dtype
+            runner.narrow_values = narrow
             out.append(runner.forward(prompt[:1]))
             out.append(runner.forward(prompt[1:], last=prompt.shape[0] - 1))
             out += [runner.forward(more[i : i + 1]) for i in range(3)]
-            out.append(runner.forward(more[3:], last=3))  # a pass of 3 rows
+            out.append(runner.forward(more[3:6], last=3))  # a pass of 3 rows
             out.append(runner.forward(more[:4], last=4, tree=TokenTree((-1, 0, 0, 2))))
             runner.keep(runner.length - 4, [0, 2, 3])
-            assert runner._v.dtype == value_dtype and runner.compiled == (step == "compiled")
+            out.append(runner.forward(more[6:7]))  # a single step over the kept path's moved slots
+            assert runner.compiled and runner._vn.dtype == torch.bfloat16
+            assert runner._vn.numel() == (runner._v.numel() if narrow else 0)
             runners.append(runner)
-        if step == "compiled":
-            out += [step_rows(runners, follow[:, i]) for i in range(2)]
+        out += [step_rows(runners, follow[:, i]) for i in range(2)]
+        if narrow:  # the copy holds the cache's values, bit for bit
+            for r in runners:
+                assert torch.equal(r._vn[:, :, : r.length].float(), r._v[:, :, : r.length])
         return torch.cat(out)
 
-    assert target.new_runner().value_dtype == torch.bfloat16
-    assert torch.equal(run(torch.bfloat16), run(torch.float32))
+    assert target.new_runner().narrow_values
+    assert torch.equal(run(True), run(False))
 
 
 @pytest.mark.parametrize("form", ["native", "fp32"])

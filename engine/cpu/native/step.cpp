@@ -193,11 +193,10 @@ void release(int64_t handle) {
   if (handle >= 0 && handle < static_cast<int64_t>(registry.size())) registry[handle].layers.clear();
 }
 
-// qkv (T, (H + 2KV) * hd) -> queries (H, T, hd) fp32, rotated and scaled; keys rotated into the fp32 cache and
-// values into the value cache (fp32, or T itself: the same numbers) at slots start..start+T-1. pos[r]: the
-// rotary position of row r.
-template <typename T, typename V>
-void rotate_and_store(const T* qkv, const float* cos, const float* sin, const int64_t* pos, float* q, float* kc, V* vc,
+// qkv (T, (H + 2KV) * hd) -> queries (H, T, hd) fp32, rotated and scaled; keys rotated and values into the
+// fp32 cache at slots start..start+T-1. pos[r]: the rotary position of row r.
+template <typename T>
+void rotate_and_store(const T* qkv, const float* cos, const float* sin, const int64_t* pos, float* q, float* kc, float* vc,
                       int64_t t, int64_t h, int64_t kv, int64_t hd, int64_t cap, int64_t start, float scale) {
   int64_t half = hd / 2, width = (h + 2 * kv) * hd;
   for (int64_t r = 0; r < t; ++r) {
@@ -214,8 +213,8 @@ void rotate_and_store(const T* qkv, const float* cos, const float* sin, const in
     }
     for (int64_t head = 0; head < kv; ++head) {
       const T* x = row + (h + kv + head) * hd;
-      V* out = vc + (head * cap + start + r) * hd;
-      for (int64_t j = 0; j < hd; ++j) out[j] = static_cast<V>(f(x[j]));
+      float* out = vc + (head * cap + start + r) * hd;
+      for (int64_t j = 0; j < hd; ++j) out[j] = f(x[j]);
     }
   }
 }
@@ -232,6 +231,14 @@ void transpose_keys(const float* kc, float* kt, int64_t kv, int64_t hd, int64_t 
     }
 }
 
+// Slots [from, to) of one layer's fp32 value cache (kv, cap, hd) copied into its bf16 twin: a bf16 model's values
+// are bf16 numbers, so the copy holds the same numbers in half the bytes (what a single step reads: it reads the
+// whole cache once, and that is most of its time at long contexts).
+void narrow_values(const float* vc, c10::BFloat16* vn, int64_t kv, int64_t hd, int64_t cap, int64_t from, int64_t to) {
+  for (int64_t head = 0; head < kv; ++head)
+    for (int64_t i = (head * cap + from) * hd, e = (head * cap + to) * hd; i < e; ++i) vn[i] = static_cast<c10::BFloat16>(vc[i]);
+}
+
 // Attention of query rows (H, T, hd) over the fp32 cache: row r sees slots 0..start-1 and the slots
 // start + j of the rows j it descends from (`ancestors` (T, T), or j <= r for a chain), in slot order;
 // or, where `visible` (T, start + T) is given, the slots up to start + r that it allows (a draft head's
@@ -246,7 +253,6 @@ void transpose_keys(const float* kc, float* kt, int64_t kv, int64_t hd, int64_t 
 // among the row's keys, as in the chain through a tree row.
 constexpr int SCORE_BLOCKS = 8;  // key blocks scored together (32 KB of keys): independent sums in flight
 constexpr int64_t VALUE_CHUNK = 128;  // slots of values summed for every head and row before the next ones
-static_assert(VALUE_CHUNK % 2 == 0, "a chunk starts at an even slot: a slot's parity names its sum");
 
 // nb (<= SCORE_BLOCKS) blocks of KB scores of query row qr against the transposed keys kb, each score a sum
 // over the head's dimensions in order.
@@ -569,18 +575,6 @@ inline void add_values_pairs(const float* const* ps, int64_t n, int64_t from, in
   for (int64_t k = 0; k < n; ++k) add_values(ps[k], nullptr, from, to, from, v, hd, sums[k]);
 }
 
-// n values as fp32 (bf16 ones widened: exact)
-template <typename V>
-inline void widen(const V* v, int64_t n, float* out) {
-  int64_t j = 0;
-#ifdef __AVX512F__
-  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(out + j, values16(v + j));
-#elif defined(SPECULA_ATTEND_AVX2)
-  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(out + j, blocks::inputs8(v + j));
-#endif
-  for (; j < n; ++j) out[j] = f(v[j]);
-}
-
 template <typename T, typename V>
 void attend(const float* q, const float* kt, const V* vc, const bool* ancestors, const bool* visible, T* out,
             int64_t t, int64_t h, int64_t kv, int64_t hd, int64_t cap, int64_t start) {
@@ -616,12 +610,7 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
     std::vector<float> sums(groups * t * 2 * hd);
     std::vector<int64_t> rank(groups * t);
     std::vector<const float*> qs(groups * t);
-    std::vector<float*> ps(groups * t), sp(groups * t), outs(groups * t), shifted(groups * t);
-    // a pass's bf16 values, widened a chunk at a time into a buffer the thread keeps: each value is widened once
-    // and then serves every row and head (a single step reads them as they are: it reads each once)
-    thread_local std::vector<float> wide;
-    const bool widen_values = !std::is_same_v<V, float> && t > 1;
-    if (widen_values) wide.resize(VALUE_CHUNK * hd);
+    std::vector<float*> ps(groups * t), sp(groups * t), outs(groups * t);
     for (int64_t g = begin / groups; g * groups < end; ++g) {  // a key/value head, and its query heads here
       const int64_t h0 = std::max(begin, g * groups), nh = std::min(end, (g + 1) * groups) - h0;
       const float* kh = kt + g * cap * hd;
@@ -676,29 +665,15 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
       }
       std::fill(sums.begin(), sums.end(), 0.0f);
       std::fill(rank.begin(), rank.end(), shared);  // a row's own slots start after the shared ones
-      // the slots all rows see together, then each row's own last ones; values + (slot - off) * hd: a slot's
-      // values (off: the chunk's first slot where they were widened into the chunk's buffer, an even number, so
-      // a slot's parity, which names its sum, stays)
-      auto sum_chunk = [&](int64_t c0, const auto* values, int64_t off) {
+      for (int64_t c0 = 0; c0 < last; c0 += VALUE_CHUNK) {  // each chunk of values once for all
+        // the slots all rows see together, then each row's own last ones
         const int64_t common = std::min(c0 + VALUE_CHUNK, shared);
-        if (common > c0) {
-          for (int64_t hr = 0; hr < pairs; ++hr) shifted[hr] = ps[hr] + off;
-          add_values_pairs(shifted.data(), pairs, c0 - off, common - off, values, hd, sp.data());
-        }
+        if (common > c0) add_values_pairs(ps.data(), pairs, c0, common, v, hd, sp.data());
         for (int64_t hr = 0; hr < pairs; ++hr) {
           const int64_t r = hr % t, to = std::min(c0 + VALUE_CHUNK, ends[r]);
           const int64_t from = std::max(c0, common);
           if (from < to)
-            rank[hr] = add_values(ps[hr] + off, gather ? allowed.data() + r * width + off : nullptr, from - off, to - off, rank[hr],
-                                  values, hd, sp[hr]);
-        }
-      };
-      for (int64_t c0 = 0; c0 < last; c0 += VALUE_CHUNK) {  // each chunk of values once for all
-        if (widen_values) {
-          widen(v + c0 * hd, (std::min(c0 + VALUE_CHUNK, last) - c0) * hd, wide.data());
-          sum_chunk(c0, static_cast<const float*>(wide.data()), c0);
-        } else {
-          sum_chunk(c0, v, 0);
+            rank[hr] = add_values(ps[hr], gather ? allowed.data() + r * width : nullptr, from, to, rank[hr], v, hd, sp[hr]);
         }
       }
       for (int64_t hr = 0; hr < nh * t; ++hr) {
@@ -774,14 +749,14 @@ const Model* model_of(int64_t handle, int64_t n_layers) {
   return m;
 }
 
-// fn(the value cache's data): fp32, or bf16 where the activations T are (their values are bf16 numbers already:
-// half the bytes for attention to read, the same sums).
-template <typename T, typename Fn>
-void with_values(const Tensor& v, Fn&& fn) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>)
-    if (v.scalar_type() == at::kBFloat16) return fn(v.data_ptr<c10::BFloat16>());
-  TORCH_CHECK(v.scalar_type() == at::kFloat, "a value cache in fp32, or in bf16 for a bf16 model");
-  fn(v.data_ptr<float>());
+// The bf16 copy of a value cache (v_narrow, or nullptr where none is kept), checked against the cache (v) and the
+// activations' dtype x: only a bf16 model's values are bf16 numbers.
+c10::BFloat16* narrow_copy(const c10::optional<Tensor>& v_narrow, const Tensor& v, const Tensor& x) {
+  if (!v_narrow || !v_narrow->defined() || v_narrow->numel() == 0) return nullptr;
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "a bf16 copy of the values is kept for a bf16 model only");
+  TORCH_CHECK(v_narrow->scalar_type() == at::kBFloat16 && v_narrow->is_contiguous() && v_narrow->sizes() == v.sizes(),
+              "v_narrow: a contiguous bf16 tensor of the value cache's shape");
+  return v_narrow->data_ptr<c10::BFloat16>();
 }
 
 // A layer after its attention: x += o(attn), then x += down(silu(gate) * up) over the post-attention norm
@@ -801,13 +776,14 @@ void finish_layer(Tensor& x, const Tensor& attn, Tensor& act, const Layer& layer
 Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const Tensor& v_cache, const Tensor& kt_cache,
                int64_t kt_from, const Tensor& cos, const Tensor& sin, const Tensor& pos, int64_t start,
                const c10::optional<Tensor>& ancestors, int64_t n_layers, const c10::optional<Tensor>& aux,
-               at::IntArrayRef aux_layers) {
+               at::IntArrayRef aux_layers, const c10::optional<Tensor>& v_narrow) {
   const Model* m = model_of(handle, n_layers);
   Tensor x = x_in.contiguous().clone();
   int64_t t = x.size(0), h = m->n_heads, kv = m->n_kv, hd = m->head_dim, cap = k_cache.size(2);
-  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  v_cache.sizes() == k_cache.sizes(),
-              "contiguous caches: fp32 keys, values of their shape");
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes(),
+              "fp32 contiguous caches");
+  c10::BFloat16* narrow = narrow_copy(v_narrow, v_cache, x);
   TORCH_CHECK(start + t <= cap, "the cache holds ", cap, " positions");
   TORCH_CHECK(cap % KB == 0 && kt_cache.is_contiguous() && kt_cache.numel() == k_cache.numel(), "a transposed key cache");
   TORCH_CHECK(0 <= kt_from && kt_from <= start, "kt_from within the cache");
@@ -829,15 +805,21 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
       Tensor qkv = layer.qkv(h1);
       float* kc = k_cache.data_ptr<float>() + layer_off;
       float* kt = kt_cache.data_ptr<float>() + layer_off;
+      float* vc = v_cache.data_ptr<float>() + layer_off;
+      c10::BFloat16* vn = narrow ? narrow + layer_off : nullptr;
       transpose_keys(kc, kt, kv, hd, cap, kt_from, start);
-      with_values<scalar_t>(v_cache, [&](auto* values) {
-        auto* vc = values + layer_off;
-        rotate_and_store(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p, q.data_ptr<float>(), kc, vc,
-                         t, h, kv, hd, cap, start, static_cast<float>(m->scale));
-        transpose_keys(kc, kt, kv, hd, cap, start, start + t);
-        attend(q.data_ptr<float>(), kt, vc, anc.defined() ? anc.data_ptr<bool>() : nullptr, nullptr, attn.data_ptr<scalar_t>(),
-               t, h, kv, hd, cap, start);
-      });
+      if (vn) narrow_values(vc, vn, kv, hd, cap, kt_from, start);
+      rotate_and_store(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p, q.data_ptr<float>(), kc, vc,
+                       t, h, kv, hd, cap, start, static_cast<float>(m->scale));
+      transpose_keys(kc, kt, kv, hd, cap, start, start + t);
+      if (vn) narrow_values(vc, vn, kv, hd, cap, start, start + t);
+      const bool* a = anc.defined() ? anc.data_ptr<bool>() : nullptr;
+      // a single step reads the bf16 copy (half the bytes, the same numbers); a pass, whose rows share each value
+      // read, the fp32 values (no widening to pay for each row)
+      const float* qf = q.data_ptr<float>();
+      scalar_t* o = attn.data_ptr<scalar_t>();
+      if (vn && t == 1) attend(qf, kt, static_cast<const c10::BFloat16*>(vn), a, nullptr, o, t, h, kv, hd, cap, start);
+      else attend(qf, kt, static_cast<const float*>(vc), a, nullptr, o, t, h, kv, hd, cap, start);
       finish_layer<scalar_t>(x, attn, act, layer, *m);
     }
   });
@@ -852,7 +834,7 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
 Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor>& k_caches, const std::vector<Tensor>& v_caches,
                     const std::vector<Tensor>& kt_caches, at::IntArrayRef kt_from, const std::vector<Tensor>& cos,
                     const std::vector<Tensor>& sin, at::IntArrayRef starts, int64_t n_layers,
-                    const c10::optional<Tensor>& aux, at::IntArrayRef aux_layers) {
+                    const std::vector<Tensor>& v_narrow, const c10::optional<Tensor>& aux, at::IntArrayRef aux_layers) {
   const Model* m = model_of(handle, n_layers);
   Tensor x = x_in.contiguous().clone();
   int64_t rows = x.size(0), h = m->n_heads, kv = m->n_kv, hd = m->head_dim;
@@ -863,11 +845,15 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
   TORCH_CHECK(k_caches.size() == n && v_caches.size() == n && kt_caches.size() == n && kt_from.size() == n &&
                   cos.size() == n && sin.size() == n && starts.size() == n,
               "one cache, rotary table and start per row");
+  TORCH_CHECK(v_narrow.empty() || v_narrow.size() == n, "a bf16 copy of the values for every row, or for none");
+  std::vector<c10::BFloat16*> narrow(n, nullptr);
   for (size_t b = 0; b < n; ++b) {
     const Tensor& k = k_caches[b];
-    TORCH_CHECK(k.scalar_type() == at::kFloat && k.is_contiguous() && v_caches[b].is_contiguous() && k.dim() == 4 &&
-                    k.size(0) >= n_layers && k.size(1) == kv && k.size(3) == hd && v_caches[b].sizes() == k.sizes(),
-                "contiguous caches (layers, kv, capacity, head_dim): fp32 keys, values of their shape");
+    TORCH_CHECK(k.scalar_type() == at::kFloat && v_caches[b].scalar_type() == at::kFloat && k.is_contiguous() &&
+                    v_caches[b].is_contiguous() && k.dim() == 4 && k.size(0) >= n_layers && k.size(1) == kv && k.size(3) == hd &&
+                    v_caches[b].sizes() == k.sizes(),
+                "fp32 contiguous caches (layers, kv, capacity, head_dim)");
+    if (!v_narrow.empty()) narrow[b] = narrow_copy(v_narrow[b], v_caches[b], x);
     TORCH_CHECK(k.size(2) % KB == 0 && kt_caches[b].is_contiguous() && kt_caches[b].numel() == k.numel(), "a transposed key cache");
     TORCH_CHECK(0 <= kt_from[b] && kt_from[b] <= starts[b] && starts[b] < k.size(2), "row ", b, ": its start within its cache");
     TORCH_CHECK(cos[b].is_contiguous() && sin[b].is_contiguous() && cos[b].size(0) > starts[b] && cos[b].size(1) == hd &&
@@ -890,15 +876,21 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
           int64_t cap = k_caches[b].size(2), start = starts[b], layer_off = l * kv * cap * hd;
           float* kc = k_caches[b].data_ptr<float>() + layer_off;
           float* kt = kt_caches[b].data_ptr<float>() + layer_off;
+          float* vc = v_caches[b].data_ptr<float>() + layer_off;
+          c10::BFloat16* vn = narrow[b] ? narrow[b] + layer_off : nullptr;
           float* qb = q.data_ptr<float>() + b * h * hd;
           transpose_keys(kc, kt, kv, hd, cap, kt_from[b], start);
-          with_values<scalar_t>(v_caches[b], [&](auto* values) {
-            auto* vc = values + layer_off;
-            rotate_and_store(qkv.data_ptr<scalar_t>() + b * qkv.size(1), cos[b].data_ptr<float>(), sin[b].data_ptr<float>(),
-                             &start, qb, kc, vc, 1, h, kv, hd, cap, start, static_cast<float>(m->scale));
-            transpose_keys(kc, kt, kv, hd, cap, start, start + 1);
-            attend(qb, kt, vc, nullptr, nullptr, attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start);
-          });
+          if (vn) narrow_values(vc, vn, kv, hd, cap, kt_from[b], start);
+          rotate_and_store(qkv.data_ptr<scalar_t>() + b * qkv.size(1), cos[b].data_ptr<float>(), sin[b].data_ptr<float>(),
+                           &start, qb, kc, vc, 1, h, kv, hd, cap, start, static_cast<float>(m->scale));
+          transpose_keys(kc, kt, kv, hd, cap, start, start + 1);
+          scalar_t* o = attn.data_ptr<scalar_t>() + b * h * hd;
+          if (vn) {
+            narrow_values(vc, vn, kv, hd, cap, start, start + 1);
+            attend(qb, kt, static_cast<const c10::BFloat16*>(vn), nullptr, nullptr, o, 1, h, kv, hd, cap, start);
+          } else {
+            attend(qb, kt, static_cast<const float*>(vc), nullptr, nullptr, o, 1, h, kv, hd, cap, start);
+          }
         }
       });
       finish_layer<scalar_t>(x, attn, act, layer, *m);
@@ -964,10 +956,12 @@ TORCH_LIBRARY(specula_step, lib) {
   lib.def("prepare(Tensor[] a, Tensor[] b, Tensor?[] bias, int[] kinds, Tensor[] norms, int n_heads, int n_kv, "
           "int head_dim, int inter, int[] min_rows, float eps, float scale) -> int", &prepare);
   lib.def("forward(int handle, Tensor x, Tensor k_cache, Tensor v_cache, Tensor kt_cache, int kt_from, Tensor cos, "
-          "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers, Tensor? aux=None, int[] aux_layers=[]) -> Tensor",
+          "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers, Tensor? aux=None, int[] aux_layers=[], "
+          "Tensor? v_narrow=None) -> Tensor",
           &forward);
   lib.def("forward_rows(int handle, Tensor x, Tensor[] k_caches, Tensor[] v_caches, Tensor[] kt_caches, int[] kt_from, "
-          "Tensor[] cos, Tensor[] sin, int[] starts, int n_layers, Tensor? aux=None, int[] aux_layers=[]) -> Tensor",
+          "Tensor[] cos, Tensor[] sin, int[] starts, int n_layers, Tensor[] v_narrow, Tensor? aux=None, "
+          "int[] aux_layers=[]) -> Tensor",
           &forward_rows);
   lib.def("head_layer(int handle, Tensor h, Tensor? e, Tensor? e_norm, Tensor k_cache, Tensor v_cache, Tensor kt_cache, "
           "Tensor cos, Tensor sin, Tensor pos, int start, Tensor? visible) -> Tensor", &head_layer);
