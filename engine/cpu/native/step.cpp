@@ -511,7 +511,9 @@ inline int64_t add_values(const float* p, const uint8_t* ok, int64_t from, int64
   return add_values_portable(p, ok, from, to, rank, v, hd, sums);
 }
 
-constexpr int64_t PAIRS = 3;  // query rows scored together against each block of keys
+// query rows scored together against each block of keys (AVX-512: 6 x 4 sums, 4 key vectors and a query's
+// broadcast in its 32 registers)
+constexpr int64_t PAIRS = 6;
 
 // Scores of n query rows (pairs of a query head and a row) against nb blocks of keys: score_blocks for each.
 inline void score_pairs(const float* const* qs, int64_t n, const float* kb, int64_t hd, int64_t nb, float* const* outs) {
@@ -521,12 +523,19 @@ inline void score_pairs(const float* const* qs, int64_t n, const float* kb, int6
     const int64_t m = std::min<int64_t>(4, nb - b0);
     const float* kbb = kb + b0 * hd * KB;
     for (int64_t i = 0; i < n;) {
-      const int64_t left = n - i, take = left == 4 ? 2 : std::min<int64_t>(PAIRS, left);  // never one alone
+      const int64_t left = n - i;
+      int64_t take = std::min<int64_t>(PAIRS, left);
+      if (left - take == 1) --take;  // never one alone
       float* o[PAIRS];
       for (int64_t k = 0; k < take; ++k) o[k] = outs[i + k] + b0 * KB;
-      if (take == 1) score_blocks(qs[i], kbb, hd, m, o[0]);
-      else if (take == 2) score_pairs_of<2>(qs + i, kbb, hd, m, o);
-      else score_pairs_of<3>(qs + i, kbb, hd, m, o);
+      switch (take) {
+        case 1: score_blocks(qs[i], kbb, hd, m, o[0]); break;
+        case 2: score_pairs_of<2>(qs + i, kbb, hd, m, o); break;
+        case 3: score_pairs_of<3>(qs + i, kbb, hd, m, o); break;
+        case 4: score_pairs_of<4>(qs + i, kbb, hd, m, o); break;
+        case 5: score_pairs_of<5>(qs + i, kbb, hd, m, o); break;
+        default: score_pairs_of<6>(qs + i, kbb, hd, m, o); break;
+      }
       i += take;
     }
   }
