@@ -544,7 +544,7 @@ class LlamaRunner:
         else:
             pos, ancestors = start + tree.depths(self.device), tree.ancestors(self.device)
         fast = self._fast
-        self._transposed_keys()
+        self._step_copies()
         aux = self._aux[start:end] if self.aux_layers else None
         x = fast.ops.forward(fast.handle, x, self._k, self._v, self._kt, self._kt_len, self._cos32, self._sin32, pos,
                              start, ancestors, len(self.layers), aux, list(self.aux_layers), self._vn)
@@ -619,7 +619,7 @@ class LlamaRunner:
         """What a captured step reads and writes: the buffers by identity, and the layers whose states it keeps."""
         return (self.aux_layers, self._k, self._v, self._feat, self._aux, self._cos, self._sin)
 
-    def _transposed_keys(self) -> None:
+    def _step_copies(self) -> None:
         """The compiled step's transposed keys and bf16 values, allocated again (and filled from _k and _v) when the
         cache grew."""
         narrow = self._v.shape if self.narrow_values else (0,)
@@ -785,7 +785,7 @@ def step_rows(runners: list[LlamaRunner], tokens: torch.Tensor) -> torch.Tensor:
                          "keeping the same layers' states")
     for r in runners:
         r._reserve(r._length + 1)
-        r._transposed_keys()
+        r._step_copies()
     first = runners[0]
     x = first.embed(tokens.to(first.device))
     aux = torch.empty((x.shape[0], len(layers), x.shape[1]), dtype=x.dtype, device=x.device) if layers else None

@@ -768,6 +768,21 @@ c10::BFloat16* narrow_copy(const c10::optional<Tensor>& v_narrow, const Tensor& 
   return v_narrow->data_ptr<c10::BFloat16>();
 }
 
+// One layer's cache writes and attention for t rows at slots start..start+t-1 (kc, kt, vc, vn: the layer's slices of
+// the caches): the rows' keys and values stored, the step's copies (the transposed keys, and the bf16 values where vn)
+// brought up to date from kt_from, then the attention. A single step reads the bf16 values (half the bytes, the
+// same numbers); a pass, whose rows share each value read, the fp32 ones (no widening to pay for each row).
+template <typename T>
+void store_and_attend(const T* qkv, const float* cos, const float* sin, const int64_t* pos, float* q, float* kc, float* kt,
+                      float* vc, c10::BFloat16* vn, int64_t kt_from, const bool* ancestors, T* out, int64_t t, int64_t h,
+                      int64_t kv, int64_t hd, int64_t cap, int64_t start, float scale) {
+  rotate_and_store(qkv, cos, sin, pos, q, kc, vc, t, h, kv, hd, cap, start, scale);
+  transpose_keys(kc, kt, kv, hd, cap, kt_from, start + t);
+  if (vn) narrow_values(vc, vn, kv, hd, cap, kt_from, start + t);
+  if (vn && t == 1) attend(q, kt, static_cast<const c10::BFloat16*>(vn), ancestors, nullptr, out, t, h, kv, hd, cap, start);
+  else attend(q, kt, static_cast<const float*>(vc), ancestors, nullptr, out, t, h, kv, hd, cap, start);
+}
+
 // A layer after its attention: x += o(attn), then x += down(silu(gate) * up) over the post-attention norm
 // (act: a (rows, inter) buffer).
 template <typename T>
@@ -812,23 +827,11 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
       int64_t layer_off = l * kv * cap * hd;
       Tensor h1 = rms_norm(x, layer.in_norm, m->eps);
       Tensor qkv = layer.qkv(h1);
-      float* kc = k_cache.data_ptr<float>() + layer_off;
-      float* kt = kt_cache.data_ptr<float>() + layer_off;
-      float* vc = v_cache.data_ptr<float>() + layer_off;
-      c10::BFloat16* vn = narrow ? narrow + layer_off : nullptr;
-      transpose_keys(kc, kt, kv, hd, cap, kt_from, start);
-      if (vn) narrow_values(vc, vn, kv, hd, cap, kt_from, start);
-      rotate_and_store(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p, q.data_ptr<float>(), kc, vc,
-                       t, h, kv, hd, cap, start, static_cast<float>(m->scale));
-      transpose_keys(kc, kt, kv, hd, cap, start, start + t);
-      if (vn) narrow_values(vc, vn, kv, hd, cap, start, start + t);
-      const bool* a = anc.defined() ? anc.data_ptr<bool>() : nullptr;
-      // a single step reads the bf16 copy (half the bytes, the same numbers); a pass, whose rows share each value
-      // read, the fp32 values (no widening to pay for each row)
-      const float* qf = q.data_ptr<float>();
-      scalar_t* o = attn.data_ptr<scalar_t>();
-      if (vn && t == 1) attend(qf, kt, static_cast<const c10::BFloat16*>(vn), a, nullptr, o, t, h, kv, hd, cap, start);
-      else attend(qf, kt, static_cast<const float*>(vc), a, nullptr, o, t, h, kv, hd, cap, start);
+      store_and_attend(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p, q.data_ptr<float>(),
+                       k_cache.data_ptr<float>() + layer_off, kt_cache.data_ptr<float>() + layer_off,
+                       v_cache.data_ptr<float>() + layer_off, narrow ? narrow + layer_off : nullptr, kt_from,
+                       anc.defined() ? anc.data_ptr<bool>() : nullptr, attn.data_ptr<scalar_t>(), t, h, kv, hd, cap, start,
+                       static_cast<float>(m->scale));
       finish_layer<scalar_t>(x, attn, act, layer, *m);
     }
   });
@@ -883,23 +886,11 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
       at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
           int64_t cap = k_caches[b].size(2), start = starts[b], layer_off = l * kv * cap * hd;
-          float* kc = k_caches[b].data_ptr<float>() + layer_off;
-          float* kt = kt_caches[b].data_ptr<float>() + layer_off;
-          float* vc = v_caches[b].data_ptr<float>() + layer_off;
-          c10::BFloat16* vn = narrow[b] ? narrow[b] + layer_off : nullptr;
-          float* qb = q.data_ptr<float>() + b * h * hd;
-          transpose_keys(kc, kt, kv, hd, cap, kt_from[b], start);
-          if (vn) narrow_values(vc, vn, kv, hd, cap, kt_from[b], start);
-          rotate_and_store(qkv.data_ptr<scalar_t>() + b * qkv.size(1), cos[b].data_ptr<float>(), sin[b].data_ptr<float>(),
-                           &start, qb, kc, vc, 1, h, kv, hd, cap, start, static_cast<float>(m->scale));
-          transpose_keys(kc, kt, kv, hd, cap, start, start + 1);
-          scalar_t* o = attn.data_ptr<scalar_t>() + b * h * hd;
-          if (vn) {
-            narrow_values(vc, vn, kv, hd, cap, start, start + 1);
-            attend(qb, kt, static_cast<const c10::BFloat16*>(vn), nullptr, nullptr, o, 1, h, kv, hd, cap, start);
-          } else {
-            attend(qb, kt, static_cast<const float*>(vc), nullptr, nullptr, o, 1, h, kv, hd, cap, start);
-          }
+          store_and_attend(qkv.data_ptr<scalar_t>() + b * qkv.size(1), cos[b].data_ptr<float>(), sin[b].data_ptr<float>(),
+                           &start, q.data_ptr<float>() + b * h * hd, k_caches[b].data_ptr<float>() + layer_off,
+                           kt_caches[b].data_ptr<float>() + layer_off, v_caches[b].data_ptr<float>() + layer_off,
+                           narrow[b] ? narrow[b] + layer_off : nullptr, kt_from[b], nullptr,
+                           attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start, static_cast<float>(m->scale));
         }
       });
       finish_layer<scalar_t>(x, attn, act, layer, *m);
