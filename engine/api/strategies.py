@@ -43,8 +43,9 @@ STRATEGIES: dict[str, StrategyCard] = {
                                "verified as a token tree", needs_head="medusa", default_k=4),
         StrategyCard("lookahead", "Jacobi iteration on a window of guesses plus a pool of n-grams collected from "
                                   "it (no extra weights)", default_k=5),
-        StrategyCard("auto", "chooses each step's drafter (prompt lookup, lookahead, trained heads) and draft "
-                             "length, or no draft, by the speed each has measured here", uses_heads=True,
+        StrategyCard("auto", "chooses each step's drafter (prompt lookup, the model's own phrases, lookahead, "
+                             "trained heads) and draft length, or no draft, by the speed each has measured here",
+                     uses_heads=True,
                      default_k=8),
     )
 }
@@ -90,6 +91,10 @@ STRATEGY_OPTIONS: dict[str, StrategyOption] = {
                        "(default on; --no-lookup: the head's nodes only)"),
         StrategyOption("skip", (str,), ("auto",), "auto: comma-separated strategies it must not use",
                        on_command_line=False),
+        StrategyOption("phrases", (bool, int), ("auto",),
+                       "auto: also drafts the model's own frequent phrases, the token that most often followed the "
+                       "last 2-4 tokens in its earlier answers (a table shipped for the model, and this session's "
+                       "answers), where prompt lookup has no longer match (default on; --no-phrases: off)"),
     )
 }
 

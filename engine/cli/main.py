@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print one JSON object")
     t = sub.add_parser("train-head", help="train a draft head for a model on its own answers (self-distillation)")
     _add_model_args(t)
-    t.add_argument("--kind", default="eagle", choices=["eagle", "eagle3", "medusa"])
+    t.add_argument("--kind", default="eagle", choices=["eagle", "eagle3", "medusa", "phrases"],
+                   help="phrases: no head, the model's own phrases counted from --data's answers (auto drafts them)")
     t.add_argument("--tokens", type=whole(100), default=20000, help="answer tokens to generate for training")
     t.add_argument("--epochs", type=whole(1), default=2)
     t.add_argument("--lr", type=positive_number, default=1e-3)

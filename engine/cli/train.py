@@ -10,6 +10,8 @@ from ..models.loading import load_model
 
 
 def run_train_cmd(args) -> int:
+    if args.kind == "phrases":
+        return _count_phrases(args)
     from ..drafters import build_drafter
     from ..heads.train import TrainOptions, check_options, default_out, progress_line, run_training
 
@@ -23,4 +25,29 @@ def run_train_cmd(args) -> int:
     result = run_training(target, options, say=progress_line, drafter=build_drafter("prompt-lookup", target))
     print(file=sys.stderr)
     print(result.summary())
+    return 0
+
+
+def _count_phrases(args) -> int:
+    """`--kind phrases`: the model's own phrases counted from a data folder's answers (no training)."""
+    import time
+
+    from ..api.errors import SpeculaError
+    from ..drafters.phrases import build_table, read_answers
+    from ..heads.train import default_out
+
+    if args.data is None:
+        raise SpeculaError("--kind phrases counts the answers of a data folder: give --data DIR")
+    out = args.out or default_out(args.model, "phrases")
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        raise SpeculaError(f"{out} is not empty: choose another --out or pass --overwrite")
+    answers = read_answers(args.data)  # before the model loads
+    spec = ModelSpec(args.model, args.device, args.dtype, args.weights, args.step)
+    target = load_model(spec, progress=lambda s: print(s, file=sys.stderr))
+    began = time.perf_counter()
+    table = build_table(target, answers)
+    table.save(out)
+    info = table.info
+    print(f"phrase table saved to {out}: {table.runs} runs from {info['answers']} answers "
+          f"({info['answer_tokens']} answer tokens), {time.perf_counter() - began:.0f} s")
     return 0

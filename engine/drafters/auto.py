@@ -1,21 +1,22 @@
 """`auto`: each step, the drafter and draft length with the most expected tokens per expected second, or
 nothing (a plain step) when no draft pays.
 
-Members: prompt lookup, lookahead, and every trained head found for the model (eagle, medusa). Prompt
-lookup is split by the situation: how long the earlier match of the conversation's last tokens is (1,
-2-3, 4 or more; with no match it cannot draft). Each of these choices keeps its own `DraftLength`: the
-share of its drafts kept at each position, and the recent times of its steps by draft length, timed by
-the decoder from one step's end to the next (the target's pass, the drafting, the bookkeeping). A plain
-step is valued at the answer's live plain-step cost (`DraftContext.plain_s`). So a member is compared
-with plain decoding and with the others at its own best length, not at a fixed one, and a member whose
-best length is shorter than its drafts pays only for what it drafts.
+Members: prompt lookup, the model's own phrases (`phrases.py`), lookahead, and every trained head found for
+the model (eagle, medusa). Prompt lookup is split by the situation: how long the earlier match of the
+conversation's last tokens is (1, 2-3, 4 or more; with no match it cannot draft). The phrases are offered
+where prompt lookup's match is one token or none, and where they have a draft. Each of these choices keeps its
+own `DraftLength`: the share of its drafts kept at each position, and the recent times of its steps by draft
+length, timed by the decoder from one step's end to the next (the target's pass, the drafting, the
+bookkeeping). A plain step is valued at the answer's live plain-step cost (`DraftContext.plain_s`). So a
+member is compared with plain decoding and with the others at its own best length, not at a fixed one, and a
+member whose best length is shorter than its drafts pays only for what it drafts.
 
 Each choice drafts its full length for its first WARMUP steps (members with a pass of their own only
 after HEADS_AFTER steps, one step in HEADS_EVERY); every EXPLORE_EVERY steps the least
 recently used choice drafts again, so that a member that would now pay is found, and a prompt-lookup choice
 that plain steps beat drafts one token every LOOKUP_RETRY of its steps (it costs next to nothing). Sampling with a seed,
 timings must not shape the answer: auto then drafts with prompt lookup where it has a match and takes
-plain steps elsewhere.
+plain steps elsewhere (not the phrases either: what they learned depends on the answers before).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..heads.store import read_info
 from .eagle import Eagle
 from .lookahead import Lookahead
 from .medusa import Medusa
+from .phrases import Phrases, table_for
 from .prompt_lookup import PromptLookup, longest_match
 
 HEAD_DRAFTERS = {Eagle.name: Eagle, Medusa.name: Medusa}  # the members that a trained head makes
@@ -56,8 +58,10 @@ class Auto(Drafter):
     description = STRATEGIES[name].description
     chooses_length = True  # the decoder gives it k and the step times (observe_step); it picks the length
 
-    def __init__(self, members: dict | None = None, lookup_k: int = 8, use_lookup: bool = True) -> None:
+    def __init__(self, members: dict | None = None, lookup_k: int = 8, use_lookup: bool = True,
+                 phrases: Phrases | None = None) -> None:
         self.lookup = PromptLookup()
+        self.phrases = phrases  # the model's own phrases (None: not used)
         self.use_lookup = use_lookup  # the user may keep auto from prompt lookup (option skip)
         self.lookup_k = lookup_k
         self.heads = dict(members or {})  # name -> (drafter, its own k): drafters other than prompt lookup
@@ -71,24 +75,30 @@ class Auto(Drafter):
         self.plain_s: float | None = None  # the plain-step cost when this step was proposed
 
     @classmethod
-    def build(cls, target, draft=None, heads=(), head=None, skip: str = "", **options) -> "Auto":
-        """`skip`: comma-separated strategies auto must not use (prompt-lookup, lookahead, eagle, medusa)."""
+    def build(cls, target, draft=None, heads=(), head=None, skip: str = "", phrases=None, **options) -> "Auto":
+        """`skip`: comma-separated strategies auto must not use (prompt-lookup, lookahead, eagle, medusa,
+        phrases); `phrases` false: the same as skipping them."""
         left_out = {name.strip() for name in (skip or "").split(",") if name.strip()}
         members = {} if "lookahead" in left_out else {"lookahead": (Lookahead(), default_k("lookahead"))}
         for folder in [*heads, *([head] if head else [])]:
             kind = read_info(Path(folder)).kind
             if kind not in members and kind not in left_out and kind in HEAD_DRAFTERS and target.uses_lean_forward:
                 members[kind] = (HEAD_DRAFTERS[kind].build(target, draft, head=folder), default_k(kind))
-        return cls(members, use_lookup="prompt-lookup" not in left_out)
+        use_phrases = "phrases" not in left_out and (phrases is None or bool(phrases))
+        return cls(members, use_lookup="prompt-lookup" not in left_out,
+                   phrases=Phrases(table_for(target)) if use_phrases else None)
 
     @property
     def members(self) -> tuple[str, ...]:
-        return ("none", *(("prompt-lookup",) if self.use_lookup else ()), *self.heads)
+        return ("none", *(("prompt-lookup",) if self.use_lookup else ()), *(("phrases",) if self.phrases else ()),
+                *self.heads)
 
     def reset(self) -> None:
         """A new generation: the measurements so far stay."""
         for drafter, _ in self.heads.values():
             drafter.reset()
+        if self.phrases is not None:
+            self.phrases.reset()
         self.chosen = self.member = None
 
     def _model(self, choice: str) -> DraftLength:
@@ -126,6 +136,8 @@ class Auto(Drafter):
         self.steps += 1
         self.chosen = self.member = None
         self.plain_s = ctx.plain_s
+        if self.phrases is not None:
+            self.phrases.see(ctx)  # learned whatever drafts the step: the answer so far
         if k <= 0:
             return empty_draft()
         n, _ = longest_match(ctx.tokens.numpy(), self.lookup.max_n) if self.use_lookup else (0, None)
@@ -133,11 +145,15 @@ class Auto(Drafter):
         if not ctx.timed:  # with a seed: the same steps whatever the timings
             choice, length = (lookup[0], self.lookup_k) if lookup else ("none", 0)
         else:
-            choice, length = self._pick([*lookup, *self.heads], ctx.plain_s)
+            phrase = self.phrases.draft(ctx, self.lookup_k) if self.phrases is not None and n <= 1 else None
+            phrases = ["phrases"] if phrase is not None and phrase.numel() else []
+            choice, length = self._pick([*lookup, *phrases, *self.heads], ctx.plain_s)
         self.chosen = choice
         self.last_used[choice] = self.steps
         if choice == "none" or length == 0:
             return empty_draft()
+        if choice == "phrases":
+            return Draft(phrase[: min(k, length)])
         self.member = self.heads[choice][0] if choice in self.heads else self.lookup
         return self.member.propose(ctx, min(k, length))
 

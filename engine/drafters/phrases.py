@@ -1,0 +1,287 @@
+"""The model's own phrases: which token followed each run of 2-4 tokens in the target's earlier answers, as a
+source of drafts that costs no model at all.
+
+A small chat model says the same things across answers (an answer's opening, "I hope this helps", a list's
+markup, a code block's last lines), so the token that most often followed the last few tokens in its own
+answers is often the one it picks again. A draft follows the longest run (4 tokens, then 3, then 2) whose
+favourite next token holds at least MIN_SHARE of at least MIN_COUNT occurrences, token by token, up to k.
+Prompt lookup finds what the conversation itself holds; this finds what the model's other answers hold, so
+`auto` offers it where prompt lookup has no match longer than one token.
+
+Two sources, counted together: a table shipped for a model (`phrases.npz` in a folder beside its heads; the
+bundled model's counts its 3.5 million answer tokens in training/, `specula train-head --kind phrases`), and
+the answers of this process, learned as they are decoded, so that any model gains from its own habits as a
+conversation goes on. Run keys are 64-bit hashes of the tokens (a collision proposes a wrong token, which
+the target rejects: drafts never change what is kept)."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from ..api.errors import SpeculaError, first_line
+from ..decoding.drafter import DraftContext
+
+ORDERS = (4, 3, 2)  # run lengths, longest first
+MIN_COUNT = 3  # a run seen fewer times says too little
+MIN_SHARE = 0.5  # the favourite's share of what followed the run
+# before the answer: the prompt's last tokens a learned run may start in (a chat template's opening of the
+# assistant's turn, so that answers' first tokens are learned too)
+PROMPT_TAIL = 3
+SESSION_RUNS = 500_000  # runs learned in this process before the learned counts start over
+_MULT = 0x9E3779B97F4A7C15
+_MASK = (1 << 64) - 1
+FILE, INFO = "phrases.npz", "phrases.json"
+FORMAT = 1
+
+
+def run_key(tokens: Sequence[int], n: int) -> int:
+    """The hash of the last n tokens (the same as `_run_keys`' for an array)."""
+    h = n
+    for t in tokens[len(tokens) - n :]:
+        h = (h * _MULT + int(t) + 1) & _MASK
+    return h
+
+
+def _run_keys(seq: np.ndarray, ends: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes of the n tokens ending at each of `ends` (uint64), and which of them hold no separator (-1)."""
+    h = np.full(ends.shape[0], n, dtype=np.uint64)
+    ok = np.ones(ends.shape[0], dtype=bool)
+    for back in range(n - 1, -1, -1):  # oldest token first
+        tok = seq[ends - back]
+        ok &= tok >= 0
+        h = h * np.uint64(_MULT) + (tok + 1).astype(np.uint64)  # modulo 2**64, as run_key's
+    return h, ok
+
+
+@dataclass
+class _Order:
+    keys: np.ndarray  # (R,) uint64, sorted
+    nexts: np.ndarray  # (R,) int64: each run's favourite next token
+    counts: np.ndarray  # (R,) int64: how often it followed
+    totals: np.ndarray  # (R,) int64: how often the run was followed at all
+
+    def find(self, key: int) -> tuple[int, int, int] | None:
+        i = int(np.searchsorted(self.keys, np.uint64(key)))
+        if i < self.keys.shape[0] and int(self.keys[i]) == key:
+            return int(self.nexts[i]), int(self.counts[i]), int(self.totals[i])
+        return None
+
+
+def _empty() -> _Order:
+    return _Order(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def count_runs(sequences: Iterable[Sequence[int]], n: int, min_count: int = MIN_COUNT,
+               min_share: float = MIN_SHARE) -> _Order:
+    """Every run of n tokens in the sequences with its favourite next token (ties: the smallest id), kept
+    where the run occurred at least min_count times and the favourite followed at least min_share of them."""
+    parts = [np.append(np.asarray(s, dtype=np.int64), -1) for s in sequences]
+    if not parts:
+        return _empty()
+    seq = np.concatenate(parts)
+    ends = np.arange(n - 1, seq.shape[0] - 1)
+    keys, ok = _run_keys(seq, ends, n)
+    nxt = seq[ends + 1]
+    ok &= nxt >= 0
+    keys, nxt = keys[ok], nxt[ok]
+    if keys.shape[0] == 0:
+        return _empty()
+    order = np.lexsort((nxt, keys))
+    keys, nxt = keys[order], nxt[order]
+    first = np.ones(keys.shape[0], dtype=bool)
+    first[1:] = (keys[1:] != keys[:-1]) | (nxt[1:] != nxt[:-1])
+    starts = np.flatnonzero(first)
+    pair_counts = np.diff(np.append(starts, keys.shape[0]))
+    keys, nxt = keys[starts], nxt[starts]
+    # within a run: by count, then by token id downwards, so that each run's last entry is its favourite
+    order = np.lexsort((-nxt, pair_counts, keys))
+    keys, nxt, pair_counts = keys[order], nxt[order], pair_counts[order]
+    last = np.ones(keys.shape[0], dtype=bool)
+    last[:-1] = keys[1:] != keys[:-1]
+    group_starts = np.flatnonzero(np.concatenate(([True], last[:-1])))
+    totals = np.add.reduceat(pair_counts, group_starts)
+    keys, nxt, counts = keys[last], nxt[last], pair_counts[last]
+    kept = (totals >= min_count) & (counts >= min_share * totals)
+    return _Order(keys[kept], nxt[kept], counts[kept], totals[kept])
+
+
+@dataclass
+class PhraseTable:
+    """Runs of ORDERS tokens -> the favourite next token, from a shipped table and this process's answers."""
+
+    orders: dict[int, _Order] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+    learned: dict[tuple[int, int], dict[int, int]] = field(default_factory=dict)  # (n, key) -> next -> count
+
+    @classmethod
+    def from_sequences(cls, sequences: Sequence[Sequence[int]], info: dict | None = None) -> "PhraseTable":
+        return cls({n: count_runs(sequences, n) for n in ORDERS}, dict(info or {}))
+
+    @property
+    def runs(self) -> int:
+        return sum(o.keys.shape[0] for o in self.orders.values())
+
+    def favourite(self, tokens: Sequence[int], n: int) -> tuple[int, int, int] | None:
+        """(token, its count, the run's total) for the last n tokens: the shipped counts and the learned ones
+        together (the shipped table keeps only each run's favourite: another token's shipped count is taken
+        as none)."""
+        key = run_key(tokens, n)
+        order = self.orders.get(n)
+        shipped = order.find(key) if order is not None else None
+        learned = self.learned.get((n, key))
+        if learned is None:
+            return shipped
+        best_token, best_count = None, 0
+        for token, c in learned.items():
+            c += shipped[1] if shipped is not None and token == shipped[0] else 0
+            if c > best_count or (c == best_count and token < best_token):
+                best_token, best_count = token, c
+        if shipped is not None and shipped[1] > best_count:
+            best_token, best_count = shipped[0], shipped[1]
+        return best_token, best_count, (shipped[2] if shipped is not None else 0) + sum(learned.values())
+
+    def draft(self, tokens: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens after `tokens`: each the favourite after the longest run that has a clear one."""
+        ctx = [int(t) for t in tokens[max(0, len(tokens) - max(ORDERS)) :]]
+        out: list[int] = []
+        while len(out) < k:
+            pick = None
+            for n in ORDERS:
+                if len(ctx) < n:
+                    continue
+                found = self.favourite(ctx, n)
+                if found is not None and found[2] >= MIN_COUNT and found[1] >= MIN_SHARE * found[2]:
+                    pick = found[0]
+                    break
+            if pick is None:
+                break
+            out.append(pick)
+            ctx.append(pick)
+        return out
+
+    def learn(self, tokens: Sequence[int], start: int) -> None:
+        """Count the runs that led to tokens[start:] (each token after the run of n before it)."""
+        if len(self.learned) > SESSION_RUNS:
+            self.learned.clear()
+        for i in range(max(start, 1), len(tokens)):
+            nxt = int(tokens[i])
+            for n in ORDERS:
+                if i >= n:
+                    seen = self.learned.setdefault((n, run_key(tokens[i - n : i], n)), {})
+                    seen[nxt] = seen.get(nxt, 0) + 1
+
+    def save(self, folder: Path) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        arrays = {}
+        for n, o in self.orders.items():
+            arrays.update({f"keys{n}": o.keys, f"nexts{n}": o.nexts.astype(np.int32),
+                           f"counts{n}": o.counts.astype(np.uint32), f"totals{n}": o.totals.astype(np.uint32)})
+        np.savez_compressed(folder / FILE, **arrays)
+        (folder / INFO).write_text(json.dumps({"format": FORMAT, **self.info}, indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, folder: Path) -> "PhraseTable":
+        folder = Path(folder)
+        try:
+            info = json.loads((folder / INFO).read_text(encoding="utf-8"))
+            with np.load(folder / FILE) as z:
+                orders = {n: _Order(z[f"keys{n}"].astype(np.uint64), z[f"nexts{n}"].astype(np.int64),
+                                    z[f"counts{n}"].astype(np.int64), z[f"totals{n}"].astype(np.int64)) for n in ORDERS}
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise SpeculaError(f"the phrase table in {folder} is unreadable: {first_line(exc)[:200]}") from None
+        if info.get("format") != FORMAT:
+            raise SpeculaError(f"the phrase table in {folder} has format {info.get('format')}; "
+                               f"this version reads {FORMAT}")
+        for o in orders.values():
+            if o.keys.shape[0] > 1 and not bool(np.all(o.keys[1:] > o.keys[:-1])):
+                raise SpeculaError(f"the phrase table in {folder} is unreadable: its runs are not in order")
+        return cls(orders, info)
+
+
+def read_answers(data: Path) -> list:
+    """The answers of a train-head data folder (DATA/answers.jsonl); a folder without any is refused."""
+    from ..heads.train import _read_answers
+
+    answers = _read_answers(Path(data) / "answers.jsonl")
+    if not answers:
+        raise SpeculaError(f"no answers in {data}: a train-head run of another kind with --data {data} makes them")
+    return answers
+
+
+def build_table(target, answers: list) -> PhraseTable:
+    """The phrase table of train-head answers (heads.train.Answer), made for `target`."""
+    from ..heads.config import target_fingerprint, vocabulary_fingerprint
+
+    sequences = [a.prompt[len(a.prompt) - PROMPT_TAIL :] + a.answer for a in answers]
+    info = {"target": target_fingerprint(target.model), "target_name": target.name,
+            "vocabulary": vocabulary_fingerprint(target.tokenizer), "answers": len(answers),
+            "answer_tokens": sum(len(a.answer) for a in answers), "orders": list(ORDERS), "min_count": MIN_COUNT,
+            "min_share": MIN_SHARE}
+    return PhraseTable.from_sequences(sequences, info)
+
+
+def phrase_folders() -> list[Path]:
+    """Folders holding a phrase table: the user's (DATA_DIR/heads/NAME) first, then the ones shipped."""
+    from ..api.paths import data_dir
+
+    found = []
+    for root in (data_dir() / "heads", Path(__file__).parent.parent / "heads" / "bundled"):
+        if root.is_dir():
+            found += [d for d in sorted(root.iterdir()) if (d / INFO).is_file() and (d / FILE).is_file()]
+    return found
+
+
+def table_for(target) -> PhraseTable:
+    """The first phrase table made for this model and tokenizer, else an empty one (this process's answers
+    fill it). A table that cannot be read is passed over: the drafts it would give are an optimisation."""
+    from ..heads.config import target_fingerprint, vocabulary_fingerprint
+
+    model = getattr(target, "model", None)
+    tokenizer = getattr(target, "tokenizer", None)
+    if model is None or not hasattr(model, "get_input_embeddings"):
+        return PhraseTable()
+    made_for = target_fingerprint(model)
+    vocabulary = vocabulary_fingerprint(tokenizer) if tokenizer is not None else None
+    for folder in phrase_folders():
+        try:
+            info = json.loads((folder / INFO).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if info.get("target") == made_for and (vocabulary is None or info.get("vocabulary") == vocabulary):
+            try:
+                return PhraseTable.load(folder)
+            except SpeculaError:
+                continue
+    return PhraseTable()
+
+
+class Phrases:
+    """A conversation's view of a phrase table: learns each answer's tokens as they come (`see`), drafts."""
+
+    def __init__(self, table: PhraseTable) -> None:
+        self.table = table
+        self.upto = 0  # tokens of the conversation learned so far
+
+    def reset(self) -> None:
+        self.upto = 0
+
+    def see(self, ctx: DraftContext) -> None:
+        """Learn the answer's tokens decoded since the last call."""
+        tokens = ctx.tokens
+        start = max(self.upto, ctx.prompt_len)
+        if tokens.shape[0] > start:
+            first = max(0, ctx.prompt_len - PROMPT_TAIL, start - max(ORDERS))
+            self.table.learn(tokens[first:].tolist(), start - first)
+        self.upto = tokens.shape[0]
+
+    def draft(self, ctx: DraftContext, k: int) -> torch.Tensor:
+        tail = ctx.tokens[max(0, ctx.tokens.shape[0] - max(ORDERS)) :].tolist()
+        return torch.tensor(self.table.draft(tail, k), dtype=torch.long)
