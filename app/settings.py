@@ -7,7 +7,8 @@ back to their defaults, unknown keys are ignored. Window geometry lives in QSett
 Versions: 1 had no strategy options; 2 adds `lookup_min_n`, `lookup_max_n` and `exit_layer` (None: the
 engine's default); 3 adds the backend (local engine or remote server) and the server's details; 4 adds
 `weights` (how a GGUF's 4-bit weights run: auto, native or dequantized); 5 `allow_http_key`, 6 `auto_skip`, 7
-`added_models`, 8 `eagle_trees` and `eagle_lookup` (eagle's token trees and prompt lookup's branch in them).
+`added_models`, 8 `eagle_trees` and `eagle_lookup` (eagle's token trees and prompt lookup's branch in them), 9
+`auto_phrases` (auto may draft the model's own phrases).
 `migrate` brings an older file's dict up to date before it is read, so old files load.
 
 An API key is never a setting: it comes from the environment variable named by `api_key_env` or from
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from specula.app.storage import read_json, remove_stale_temporaries, set_aside, write_json_atomic
 
-VERSION = 8
+VERSION = 9
 BACKENDS = ("local", "remote")
 WEIGHTS = ("auto", "native", "dequantized")  # specula.engine.api.paths.WEIGHT_NAMES (tested equal)
 FILE_NAME = "settings.json"
@@ -56,6 +57,7 @@ class Settings:
     auto_skip: str = ""  # comma-separated strategies auto must not use (Settings > Strategies)
     eagle_trees: bool = True  # eagle drafts token trees where the engine's tree passes are exact (else chains)
     eagle_lookup: bool = True  # eagle's trees hold prompt lookup's draft as a branch
+    auto_phrases: bool = True  # auto may draft the model's own phrases
     added_models: str = ""  # model folders and GGUF files the user added in the Models view, one a line
     # the backend: "local" (this engine) or "remote" (an OpenAI-compatible server that speculates itself)
     backend: str = "local"
@@ -81,6 +83,7 @@ class Settings:
         return request_options({"min_n": self.lookup_min_n, "max_n": self.lookup_max_n, "exit_layer": self.exit_layer,
                                 "tree": False if eagle and not self.eagle_trees else None,
                                 "lookup": False if eagle and not self.eagle_lookup else None,
+                                "phrases": False if self.strategy == "auto" and not self.auto_phrases else None,
                                 "skip": self.auto_skip if self.strategy == "auto" else None})
 
     @classmethod
@@ -140,7 +143,13 @@ def _v7_to_v8(data: dict) -> dict:
     return {"eagle_trees": True, "eagle_lookup": True, **data, "version": 8}
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8}  # version -> the step to the next version
+def _v8_to_v9(data: dict) -> dict:
+    """Version 9 added `auto_phrases`; a version 8 file takes the default (on)."""
+    return {"auto_phrases": True, **data, "version": 9}
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
+              8: _v8_to_v9}  # version -> the step to the next version
 
 
 def migrate(data: dict) -> dict:

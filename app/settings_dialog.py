@@ -89,9 +89,13 @@ class SettingsDialog(QDialog):
         self.eagle_lookup = QCheckBox("With prompt lookup's branch", checked=settings.eagle_lookup)
         self.eagle_lookup.setToolTip("Eagle's trees also hold what followed the conversation's last words earlier "
                                      "on (prompt lookup's draft): the head guesses free text, lookup copied text")
+        self.auto_phrases = QCheckBox("May draft the model's own phrases", checked=settings.auto_phrases)
+        self.auto_phrases.setToolTip("Auto may also draft what most often followed the last few words in the model's "
+                                     "earlier answers (a table shipped for the bundled model, and this session's "
+                                     "answers), where prompt lookup finds nothing longer")
         model_row, draft_row = _with_browse(self.model, self), _with_browse(self.draft, self)
         self.local_fields = (model_row, draft_row, self.device, self.dtype, self.weights, self.min_n, self.max_n,
-                             self.exit_layer, self.eagle_trees, self.eagle_lookup)
+                             self.exit_layer, self.eagle_trees, self.eagle_lookup, self.auto_phrases)
         form = QFormLayout()
         form.addRow("Backend", self.backend)
         form.addRow("System prompt", self.system)
@@ -123,7 +127,8 @@ class SettingsDialog(QDialog):
         self.strategies = StrategiesPage(settings, usable, {
             "prompt-lookup": [("Shortest n-gram", self.min_n), ("Longest n-gram", self.max_n)],
             "layer-skip": [("Exit layer", self.exit_layer)],
-            "eagle": [("", self.eagle_trees), ("", self.eagle_lookup)]})
+            "eagle": [("", self.eagle_trees), ("", self.eagle_lookup)],
+            "auto": [("", self.auto_phrases)]})
         self.tabs = QTabWidget()
         self.tabs.addTab(scroll, "General")
         self.tabs.addTab(_scrolling(self.strategies), "Strategies")
@@ -175,7 +180,8 @@ class SettingsDialog(QDialog):
         if low is not None and high is not None and low > high:
             low, high = high, low
         return {"lookup_min_n": low, "lookup_max_n": high, "exit_layer": exit_layer,
-                "eagle_trees": self.eagle_trees.isChecked(), "eagle_lookup": self.eagle_lookup.isChecked()}
+                "eagle_trees": self.eagle_trees.isChecked(), "eagle_lookup": self.eagle_lookup.isChecked(),
+                "auto_phrases": self.auto_phrases.isChecked()}
 
 
 def _scrolling(widget: QWidget) -> QScrollArea:

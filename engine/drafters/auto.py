@@ -90,7 +90,7 @@ class Auto(Drafter):
 
     @property
     def members(self) -> tuple[str, ...]:
-        return ("none", *(("prompt-lookup",) if self.use_lookup else ()), *(("phrases",) if self.phrases else ()),
+        return ("none", *(("prompt-lookup",) if self.use_lookup else ()), *(("phrases",) if self.phrases is not None else ()),
                 *self.heads)
 
     def reset(self) -> None:

@@ -119,7 +119,7 @@ def load_old(folder, old: dict):
     store.path.write_text(json.dumps(old))
     loaded = store.load()
     s = loaded.settings
-    assert loaded.notice is None and s.version == VERSION == 8
+    assert loaded.notice is None and s.version == VERSION == 9
     assert {k: getattr(s, k) for k in old if k != "version"} == {k: v for k, v in old.items() if k != "version"}
     return store, s
 
@@ -130,9 +130,10 @@ def test_a_version_1_file_still_loads_and_is_saved_as_the_current_version(tmp_pa
     assert s.strategy_options() == ()
     store.save(s)
     data = json.loads(store.path.read_text())
-    assert data["version"] == 8 and data["exit_layer"] is None and "lookup_min_n" in data and data["auto_skip"] == ""
+    assert data["version"] == 9 and data["exit_layer"] is None and "lookup_min_n" in data and data["auto_skip"] == ""
     assert data["backend"] == "local" and data["weights"] == "auto"
     assert data["eagle_trees"] is True and data["eagle_lookup"] is True  # eagle's defaults
+    assert data["auto_phrases"] is True
 
 
 def test_eagles_trees_and_lookup_branch_are_sent_off_only_when_turned_off_for_eagle(tmp_path):
@@ -140,6 +141,10 @@ def test_eagles_trees_and_lookup_branch_are_sent_off_only_when_turned_off_for_ea
     off = Settings(strategy="eagle", eagle_trees=False, eagle_lookup=False)
     assert off.strategy_options() == (("tree", False), ("lookup", False))
     assert replace(off, strategy="medusa").strategy_options() == ()  # eagle's switches, not medusa's trees
+    # auto's switch for the model's own phrases is sent only for auto
+    assert replace(off, auto_phrases=False).strategy_options() == (("tree", False), ("lookup", False))
+    assert Settings(strategy="auto").strategy_options() == ()
+    assert Settings(strategy="auto", auto_phrases=False).strategy_options() == (("phrases", False),)
     store = SettingsStore(tmp_path)
     store.save(off)
     assert store.load().settings == off
@@ -193,6 +198,8 @@ def test_strategy_options_from_the_dialog_reach_the_engine(make_window, qtbot, m
         dialog.eagle_trees.setChecked(True)
         assert dialog.eagle_lookup.isEnabled()
         dialog.eagle_lookup.setChecked(False)
+        assert dialog.auto_phrases.isChecked()
+        dialog.auto_phrases.setChecked(False)
         dialog.min_n.setValue(2)
         dialog.max_n.setValue(3)
         dialog.exit_layer.setValue(1)
@@ -205,7 +212,7 @@ def test_strategy_options_from_the_dialog_reach_the_engine(make_window, qtbot, m
     assert w.state == "ready" and not loads  # strategy options need no reload
     saved = SettingsStore(tmp_path / "config").load().settings
     assert (saved.lookup_min_n, saved.lookup_max_n, saved.exit_layer) == (2, 3, 1)
-    assert saved.eagle_trees and not saved.eagle_lookup
+    assert saved.eagle_trees and not saved.eagle_lookup and not saved.auto_phrases
     sent = []
     send = w.bridge.send
     w.bridge.send = lambda request: sent.append(request) or send(request)
@@ -219,6 +226,13 @@ def test_strategy_options_from_the_dialog_reach_the_engine(make_window, qtbot, m
     w.send_text("hello")
     ok, failed = wait_reply(qtbot, w)
     assert not ok and "exit layer" in failed.message and "exit layer" in w.view.toPlainText()
+    # auto without the model's own phrases: the engine's auto leaves them out
+    w.settings = replace(w.settings, strategy="auto", exit_layer=None)
+    w.send_text("hello hello")
+    ok, _ = wait_reply(qtbot, w)
+    assert ok and ("phrases", False) in sent[-1].options
+    autos = [d for d in tiny_session._drafters.values() if getattr(d, "name", "") == "auto"]
+    assert autos and autos[-1].phrases is None
 
 
 V2_FILE = {**V1_FILE, "version": 2, "lookup_min_n": 2, "lookup_max_n": 4, "exit_layer": None}
