@@ -17,6 +17,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from ..api.collector import collected_after
 from ..api.errors import SpeculaError, terminal_safe
 from ..api.strategies import STRATEGY_OPTIONS
 from ..api.types import K_MAX
@@ -244,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "strategies":
             return _strategies(args)
-        return _subcommand(args.command)(args)
+        with collected_after(freeze=True):  # the command's modules: torch, transformers
+            run = _subcommand(args.command)
+        return run(args)
     except SpeculaError as exc:
         print(f"specula: error: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT

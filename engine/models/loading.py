@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..api.collector import collected_after
 from ..api.errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError, UnsupportedModelError, first_line
 from ..api.paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_folder
 from ..api.types import BUNDLED, ModelSpec
@@ -142,6 +143,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     """Load a model and its tokenizer; `progress(text)` is called with human-readable stages."""
+    with collected_after():  # a model's many objects are made at once (api/collector.py)
+        return _load_model(spec, progress)
+
+
+def _load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     say = progress or (lambda text: None)
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)

@@ -1,0 +1,53 @@
+"""The cyclic collector held off while imports and a model's load make their many objects (api/collector.py)."""
+
+import gc
+import weakref
+
+import pytest
+
+from specula.engine.api import collector
+
+
+class Cycle:
+    def __init__(self):
+        self.me = self
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    monkeypatch.setattr(collector, "_froze", False)
+    yield
+    gc.unfreeze()
+    gc.enable()
+
+
+def test_no_collection_inside_one_after_it_and_none_inside_an_outer_block(fresh):
+    with collector.collected_after():
+        assert not gc.isenabled()
+        garbage = weakref.ref(Cycle())  # unreachable in a cycle: only the collector frees it
+        with collector.collected_after():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the inner block leaves it to the outer one
+        for _ in range(3000):
+            [Cycle() for _ in range(10)]  # far past the allocations that would start a collection
+        assert garbage() is not None
+    assert gc.isenabled()
+    assert garbage() is None  # collected at the end
+    with pytest.raises(RuntimeError):
+        with collector.collected_after():
+            raise RuntimeError("a failed load")
+    assert gc.isenabled()
+
+
+def test_the_first_imports_are_frozen_once_and_later_blocks_freeze_nothing(fresh):
+    before = gc.get_freeze_count()
+    with collector.collected_after(freeze=True):
+        pass
+    frozen = gc.get_freeze_count()
+    assert frozen > before and gc.isenabled()
+    later = weakref.ref(Cycle())
+    with collector.collected_after(freeze=True):
+        pass
+    assert gc.get_freeze_count() == frozen  # not again in this process
+    gc.collect()
+    assert later() is None  # what came after the first freeze is collected as before
