@@ -185,6 +185,18 @@ def test_bad_requests_get_openai_errors_with_the_right_status(served, body, stat
     assert set(reply["error"]) == {"message", "type", "param", "code"}
 
 
+def test_auto_with_and_without_the_models_own_phrases_answers_as_plain_decoding(served, session):
+    expected = local_answer(session, HELLO, 30)
+    for phrases in (True, False):
+        whole = served.client().chat.completions.create(
+            model="tiny", messages=HELLO, max_tokens=30, temperature=0,
+            extra_body={"specula": {"strategy": "auto", "options": {"phrases": phrases}}})
+        assert whole.choices[0].message.content == expected, phrases
+    got, reply = served.post("/v1/chat/completions",
+                             {"messages": HELLO, "specula": {"strategy": "auto", "options": {"phrases": "x"}}})
+    assert got == 400 and "phrases" in reply["error"]["message"], reply
+
+
 def test_a_body_that_is_not_json_is_a_400(served):
     status, text = served.request("POST", "/v1/chat/completions", b"{not json")
     assert status == 400 and "not valid JSON" in text
