@@ -72,3 +72,23 @@ for name, policy in policies.items():
     tokens, passes, cost = (sum(v[j] for v in per.values()) for j in range(3))
     cats = " ".join(f"{c} {v[0] / v[1]:.2f}" for c, v in per.items())
     print(f"{name:22s} tokens/pass {tokens / passes:.3f}  est {tokens / cost:.3f}  | {cats}")
+
+# where prompt lookup has no match longer than one token: how often the phrases' first token is the answer's, by
+# the run it came from and its share of what followed that run
+first = collections.defaultdict(lambda: [0, 0])
+for category, prompt, answer in cases:
+    for i in range(len(answer)):
+        ctx = prompt + answer[:i]
+        if lookup(ctx)[0] > 1:
+            continue
+        for n in (4, 3, 2):
+            found = table.favourite(ctx[-4:], n)
+            if found is not None and found[2] >= 3 and found[1] >= 0.5 * found[2]:
+                share = found[1] / found[2]
+                band = "0.9+" if share >= 0.9 else "0.7-0.9" if share >= 0.7 else "0.5-0.7"
+                first[(n, band)][0] += found[0] == answer[i]
+                first[(n, band)][1] += 1
+                break
+print("first token kept where lookup matches 1 token or none, by run length and share:")
+for (n, band), (kept, seen) in sorted(first.items()):
+    print(f"  run of {n}, share {band}: {kept / seen:.2f} of {seen}")
