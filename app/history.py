@@ -26,10 +26,13 @@ class TokenRecord:
     q: float | None = None
     branch: str | None = None  # a token-tree step: which branch the model kept
     inferred: bool = False  # a server's token: its origin was inferred from the stream's chunks
+    drafter: str | None = None  # auto's choice of drafter for the token's step
 
     def to_list(self) -> list:
         """Optional elements only when set, so older files and readers keep working."""
         row = [self.text, self.origin, self.step, self.draft_pos, self.p, self.q]
+        if self.drafter is not None:
+            return row + [self.branch, self.inferred, self.drafter]
         if self.inferred:
             return row + [self.branch, True]
         return row + [self.branch] if self.branch is not None else row
@@ -39,9 +42,10 @@ class TokenRecord:
         text, origin, step, draft_pos, p, q, *rest = row
         branch = rest[0] if rest and isinstance(rest[0], str) else None
         inferred = len(rest) > 1 and rest[1] is True
+        drafter = rest[2] if len(rest) > 2 and isinstance(rest[2], str) else None
         if not isinstance(text, str) or not isinstance(origin, str):
             raise ValueError("a token needs a text and an origin")
-        return cls(text, origin, int(step), draft_pos, p, q, branch, inferred)
+        return cls(text, origin, int(step), draft_pos, p, q, branch, inferred, drafter)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ INFERRED = "inferred from the server's stream chunks (the last token of a chunk 
 def record(token, inferred: bool = False) -> TokenRecord:
     """An specula.engine.api.events.Token as a plain record."""
     return TokenRecord(token.text, token.origin.value, token.step, token.draft_pos, token.p, token.q, token.branch,
-                       inferred)
+                       inferred, token.drafter)
 
 
 def step_records(step) -> list[TokenRecord]:
@@ -43,6 +43,8 @@ def tooltip(rec: TokenRecord) -> str:
     if rec.draft_pos is not None:
         where += f", draft position {rec.draft_pos + 1}"
     lines.append(where)
+    if rec.drafter:
+        lines.append("auto drafted this step with " + _escape(rec.drafter))
     if rec.branch:
         lines.append(_escape(rec.branch) + " (1 = the drafter's first choice at each level)")
     if rec.inferred:

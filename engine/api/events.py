@@ -28,6 +28,7 @@ class Token:
     p: float | None = None  # target probability of a draft token (sampling with a distribution)
     q: float | None = None  # drafter probability of a draft token
     branch: str | None = None  # a token-tree step: which branch won, e.g. "tree of 14 nodes, kept path 1·2·1"
+    drafter: str | None = None  # a drafting step of a strategy that chooses among drafters (auto): its choice
 
 
 @dataclass(frozen=True)

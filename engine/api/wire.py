@@ -61,7 +61,7 @@ def extension_json(request: GenerateRequest) -> dict:
 
 def token_json(token: Token) -> dict:
     out = {"id": token.id, "text": token.text, "origin": token.origin.value}
-    for name in ("draft_pos", "p", "q", "branch"):
+    for name in ("draft_pos", "p", "q", "branch", "drafter"):
         value = getattr(token, name)
         if value is not None:
             out[name] = value
@@ -70,7 +70,7 @@ def token_json(token: Token) -> dict:
 
 def token_from(data: dict, step: int) -> Token:
     return Token(int(data["id"]), str(data["text"]), Origin(data["origin"]), step, data.get("draft_pos"),
-                 data.get("p"), data.get("q"), data.get("branch"))
+                 data.get("p"), data.get("q"), data.get("branch"), data.get("drafter"))
 
 
 def started_json(event: Started) -> dict:

@@ -90,6 +90,11 @@ class Drafter:
     def observe_step(self, drafted: int, accepted: int, seconds: float) -> None:
         """A step this drafter proposed for: its counts and wall time (chooses_length drafters)."""
 
+    @property
+    def chose(self) -> str | None:
+        """For a strategy that chooses among drafters (auto): which one drafted this step, in words."""
+        return None
+
 
 def empty_draft() -> Draft:
     return Draft(torch.empty(0, dtype=torch.long))

@@ -279,6 +279,7 @@ class _Loop:
         length = self.length
         self.target.keep(length - 1, rows)  # the fed token and the kept drafts
         acc, drafted = len(rows) - 1, tree.height  # a tree's height: the longest chain it could have kept
+        chose = self.drafter.chose if drafted else None  # auto's member, named on the step's tokens
         self.drafter.observe(acc, checked.next_token)
         new = [tokens[r] for r in rows[1:]] + [checked.next_token]
         kept = self._append(new)
@@ -287,12 +288,13 @@ class _Loop:
         branch = None if tree.is_chain else tree.branch(rows)
         probs = checked.probs
         emitted = tuple(
-            Token(t, self._text(t), Origin.DRAFT, step, i, *probs.at(i), branch=branch) if i < acc
-            else Token(t, self._text(t), _origin_of_target_token(drafted, acc), step, branch=branch)
+            Token(t, self._text(t), Origin.DRAFT, step, i, *probs.at(i), branch=branch, drafter=chose) if i < acc
+            else Token(t, self._text(t), _origin_of_target_token(drafted, acc), step, branch=branch, drafter=chose)
             for i, t in enumerate(new[:kept])
         )
         # the ghost text: the drafter's first-choice continuation below the last kept node
-        rejected = tuple(Token(tokens[r], self._ghost(tokens[r]), Origin.REJECTED, step, acc + j, *probs.at(acc + j))
+        rejected = tuple(Token(tokens[r], self._ghost(tokens[r]), Origin.REJECTED, step, acc + j, *probs.at(acc + j),
+                               drafter=chose)
                          for j, r in enumerate(tree.first_choices_below(rows[-1])))
         elapsed, live = self._measured(drafted, len(emitted), t1 - t0)
         return Step(self.request_id, step, drafted, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed,

@@ -49,6 +49,13 @@ HEADS_EVERY = 3
 LOOKUP_RETRY = 8
 
 
+# a step's choice in words, for the tokens it drafted (a head's or lookahead's: its strategy's name)
+CHOICE_WORDS = {"prompt-lookup:1": "prompt lookup (a match of 1 token)",
+                "prompt-lookup:2-3": "prompt lookup (a match of 2-3 tokens)",
+                "prompt-lookup:4+": "prompt lookup (a match of 4 tokens or more)",
+                "phrases": "the model's own phrases"}
+
+
 def _lookup_bucket(n: int) -> str:
     return "prompt-lookup:1" if n <= 1 else "prompt-lookup:2-3" if n <= 3 else "prompt-lookup:4+"
 
@@ -156,6 +163,12 @@ class Auto(Drafter):
             return Draft(phrase[: min(k, length)])
         self.member = self.heads[choice][0] if choice in self.heads else self.lookup
         return self.member.propose(ctx, min(k, length))
+
+    @property
+    def chose(self) -> str | None:
+        if self.chosen is None or self.chosen == "none":
+            return None
+        return CHOICE_WORDS.get(self.chosen, self.chosen)
 
     @property
     def catch_up_s(self) -> float:

@@ -616,7 +616,7 @@ class TextStream:
                 out.append(token)
             elif self.stopped and start < upto:
                 out.append(Token(token.id, token.text[: upto - start], token.origin, token.step, token.draft_pos,
-                                 token.p, token.q, token.branch))
+                                 token.p, token.q, token.branch, token.drafter))
             elif not self.stopped:
                 keep.append((token, start, end))
         self._pending = keep

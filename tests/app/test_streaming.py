@@ -199,6 +199,22 @@ def test_tree_steps_say_which_branch_won_and_the_history_keeps_it(make_window, q
     assert TokenRecord.from_list(["a", "draft", 3, 0, None, None]).branch is None  # files from before
 
 
+def test_autos_steps_say_which_drafter_it_chose_and_the_history_keeps_it(make_window, qtbot):
+    from specula.app.history import TokenRecord
+
+    w = make_window(strategy="auto", max_new_tokens=60)
+    w.send_text("abc abc abc abc")
+    ok, finished = wait_reply(qtbot, w)
+    assert ok and finished.totals.drafted > 0
+    chosen = [r for r in w.view.records if r.drafter]
+    assert chosen and {r.origin for r in chosen} >= {"draft"}
+    assert all(r.drafter is None for r in w.view.records if r.origin == "target")  # plain steps: nothing chosen
+    assert "auto drafted this step with " + chosen[0].drafter in tooltip(chosen[0])
+    assert TokenRecord.from_list(chosen[0].to_list()) == chosen[0]
+    old = TokenRecord.from_list(["a", "draft", 3, 0, None, None, "tree of 3 nodes", True])  # files from before
+    assert old.drafter is None and old.branch == "tree of 3 nodes" and old.inferred
+
+
 @pytest.mark.parametrize("size", [(1024, 700)])  # 800x600: the window still needs about 850 px (issue 16)
 def test_the_window_stays_usable_at_small_sizes(make_window, qtbot, size):
     """The transcript, the composer with Send, the strategy and the speedup figure stay on screen."""

@@ -185,3 +185,23 @@ def test_train_head_counts_the_phrases_of_a_data_folder_for_the_model_that_finds
     assert_one_line_error(code, err, "--data")
     code, _, err = run_cli(capsys, *count, "--data", str(tmp_path), "--out", str(tmp_path / "elsewhere"))
     assert_one_line_error(code, err, "no answers in")
+
+
+def test_autos_choice_is_named_on_the_tokens_of_its_steps_and_crosses_the_wire():
+    from specula.engine.api.events import Origin, Token
+    from specula.engine.api.wire import token_from, token_json
+
+    target = loaded(tiny_model(vocab=64, layers=2, seed=0))
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]  # repeats: prompt lookup has matches
+    events = list(generate(target.new_runner(), Auto(phrases=Phrases(PhraseTable())), prompt,
+                           DecodeConfig(k=4, max_new_tokens=30)))
+    steps = [e for e in events if hasattr(e, "tokens") and e.step > 0]
+    drafting = [s for s in steps if s.drafted]
+    assert drafting and all(t.drafter and t.drafter.startswith("prompt lookup (a match of")
+                            for s in drafting for t in s.tokens + s.rejected)
+    assert all(t.drafter is None for s in steps if not s.drafted for t in s.tokens)
+    plain = list(generate(target.new_runner(), build_drafter("prompt-lookup", target), prompt,
+                          DecodeConfig(k=4, max_new_tokens=30)))
+    assert all(t.drafter is None for e in plain if hasattr(e, "tokens") for t in e.tokens)  # a single strategy
+    token = Token(3, "x", Origin.DRAFT, 2, 0, branch=None, drafter="the model's own phrases")
+    assert token_from(token_json(token), 2) == token
