@@ -97,8 +97,8 @@ class Auto(Drafter):
 
     @property
     def members(self) -> tuple[str, ...]:
-        return ("none", *(("prompt-lookup",) if self.use_lookup else ()), *(("phrases",) if self.phrases is not None else ()),
-                *self.heads)
+        return ("none", *(("prompt-lookup",) if self.use_lookup else ()),
+                *(("phrases",) if self.phrases is not None else ()), *self.heads)
 
     def reset(self) -> None:
         """A new generation: the measurements so far stay."""

@@ -229,11 +229,12 @@ def build_table(target, answers: list) -> PhraseTable:
 
 
 def phrase_folders() -> list[Path]:
-    """Folders holding a phrase table: the user's (DATA_DIR/heads/NAME) first, then the ones shipped."""
-    from ..api.paths import data_dir
+    """Folders holding a phrase table, where heads are found: the user's (DATA_DIR/heads/NAME) first, then the
+    ones shipped."""
+    from ..heads.store import heads_roots
 
     found = []
-    for root in (data_dir() / "heads", Path(__file__).parent.parent / "heads" / "bundled"):
+    for root in heads_roots():
         if root.is_dir():
             found += [d for d in sorted(root.iterdir()) if (d / INFO).is_file() and (d / FILE).is_file()]
     return found
@@ -242,14 +243,12 @@ def phrase_folders() -> list[Path]:
 def table_for(target) -> PhraseTable:
     """The first phrase table made for this model and tokenizer, else an empty one (this process's answers
     fill it). A table that cannot be read is passed over: the drafts it would give are an optimisation."""
-    from ..heads.config import target_fingerprint, vocabulary_fingerprint
+    from ..heads.store import fingerprints
 
-    model = getattr(target, "model", None)
-    tokenizer = getattr(target, "tokenizer", None)
-    if model is None or not hasattr(model, "get_input_embeddings"):
+    prints = fingerprints(target)
+    if prints is None:
         return PhraseTable()
-    made_for = target_fingerprint(model)
-    vocabulary = vocabulary_fingerprint(tokenizer) if tokenizer is not None else None
+    made_for, vocabulary = prints
     for folder in phrase_folders():
         try:
             info = json.loads((folder / INFO).read_text(encoding="utf-8"))

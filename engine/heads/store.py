@@ -74,11 +74,26 @@ def load_head(folder: Path, target, dtype=None, kind: str | None = None) -> tupl
     return head, info
 
 
+def heads_roots() -> tuple[Path, Path]:
+    """The user's heads folder (DATA_DIR/heads) and the shipped one: where heads (and phrase tables) are found."""
+    return data_dir() / "heads", Path(__file__).parent / "bundled"
+
+
+def fingerprints(target) -> tuple[str, str | None] | None:
+    """The loaded target's fingerprint and its tokenizer's (None without a tokenizer), which a head or a phrase
+    table made for it records; None for a model or tokenizer without the usual parts."""
+    try:
+        return (target_fingerprint(target.model),
+                vocabulary_fingerprint(target.tokenizer) if target.tokenizer is not None else None)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 def head_folders() -> list[Path]:
     """Where heads are looked for: the user's (DATA_DIR/heads/NAME, where `specula train-head` and the
     app write them, and where a head others published may be put as it was downloaded: its config.json and
     weights), then the ones that ship with Specula; a head in the user's folder comes first."""
-    user, bundled = data_dir() / "heads", Path(__file__).parent / "bundled"
+    user, bundled = heads_roots()
     found = []
     for root in (user, bundled):
         if root.is_dir():
@@ -183,11 +198,10 @@ def find_heads(target, skipped: list[str] | None = None) -> dict[str, list[Path]
     folders = head_folders()
     if not folders or not target.uses_lean_forward:
         return {}
-    try:
-        mine = target_fingerprint(target.model)
-        vocab = vocabulary_fingerprint(target.tokenizer) if target.tokenizer is not None else None
-    except (AttributeError, TypeError, ValueError):  # a model or tokenizer without the usual parts: no heads
+    prints = fingerprints(target)
+    if prints is None:  # a model or tokenizer without the usual parts: no heads
         return {}
+    mine, vocab = prints
     found: dict[str, list[Path]] = {}
     for folder in folders:
         if not (folder / "head.json").is_file():  # a published head: no fingerprints, so it is tried on the model
