@@ -31,7 +31,7 @@ from .eagle import Eagle
 from .lookahead import Lookahead
 from .medusa import Medusa
 from .phrases import Phrases, table_for
-from .prompt_lookup import PromptLookup, longest_match
+from .prompt_lookup import DRAFT_PER_MATCHED_TOKEN, PromptLookup, longest_match
 
 HEAD_DRAFTERS = {Eagle.name: Eagle, Medusa.name: Medusa}  # the members that a trained head makes
 
@@ -147,22 +147,26 @@ class Auto(Drafter):
             self.phrases.see(ctx)  # learned whatever drafts the step: the answer so far
         if k <= 0:
             return empty_draft()
-        n, _ = longest_match(ctx.tokens.numpy(), self.lookup.max_n) if self.use_lookup else (0, None)
+        # the match is found once a step: prompt lookup's draft, when chosen, is what follows it
+        n, start = longest_match(ctx.tokens.numpy(), self.lookup.max_n) if self.use_lookup else (0, 0)
         lookup = [_lookup_bucket(n)] if n else []
         if not ctx.timed:  # with a seed: the same steps whatever the timings
             choice, length = (lookup[0], self.lookup_k) if lookup else ("none", 0)
         else:
-            phrase = self.phrases.draft(ctx, self.lookup_k) if self.phrases is not None and n <= 1 else None
-            phrases = ["phrases"] if phrase is not None and phrase.numel() else []
-            choice, length = self._pick([*lookup, *phrases, *self.heads], ctx.plain_s)
+            # whether the phrases have a draft here: its first token says (the rest is looked up if chosen)
+            has_phrase = self.phrases is not None and n <= 1 and self.phrases.draft(ctx, 1).numel() > 0
+            choice, length = self._pick([*lookup, *(["phrases"] if has_phrase else []), *self.heads], ctx.plain_s)
         self.chosen = choice
         self.last_used[choice] = self.steps
         if choice == "none" or length == 0:
             return empty_draft()
         if choice == "phrases":
-            return Draft(phrase[: min(k, length)])
-        self.member = self.heads[choice][0] if choice in self.heads else self.lookup
-        return self.member.propose(ctx, min(k, length))
+            return Draft(self.phrases.draft(ctx, min(k, length)))
+        if choice in self.heads:
+            self.member = self.heads[choice][0]
+            return self.member.propose(ctx, min(k, length))
+        self.member = self.lookup
+        return Draft(ctx.tokens[start : start + min(k, length, DRAFT_PER_MATCHED_TOKEN * n)].clone())
 
     @property
     def chose(self) -> str | None:

@@ -205,3 +205,28 @@ def test_autos_choice_is_named_on_the_tokens_of_its_steps_and_crosses_the_wire()
     assert all(t.drafter is None for e in plain if hasattr(e, "tokens") for t in e.tokens)  # a single strategy
     token = Token(3, "x", Origin.DRAFT, 2, 0, branch=None, drafter="the model's own phrases")
     assert token_from(token_json(token), 2) == token
+
+
+def test_autos_drafts_are_its_members_own():
+    """auto finds the match once a step and looks the phrases up only when it picks them: what it drafts is
+    what prompt lookup and the phrase table draft themselves, at the length it chose."""
+    from specula.engine.drafters.prompt_lookup import PromptLookup
+
+    table = PhraseTable.from_sequences([[5, 6, 7, 8, 9, 10, 11, 12, 13]] * 4)
+    gen = torch.Generator().manual_seed(1)
+    seen = set()
+    for trial in range(60):
+        tokens = torch.randint(5, 9 + trial % 6, (4 + trial % 30,), generator=gen)
+        ctx = DraftContext(tokens, 2, SamplingParams(), None, plain_s=0.03, timed=True)
+        auto = Auto(phrases=Phrases(table))
+        for _ in range(8):  # its first drafts: each choice at full length while it is measured
+            draft = auto.propose(ctx, 6).tokens.tolist()
+            length = len(draft)
+            if auto.chosen.startswith("prompt-lookup"):
+                assert draft == PromptLookup().propose(ctx, 6).tokens.tolist()[:length] and length > 0
+            elif auto.chosen == "phrases":
+                assert draft == table.draft(tokens[-4:].tolist(), length) and length > 0
+            seen.add(auto.chosen.split(":")[0])
+            auto.observe(0, 0)
+            auto.observe_step(length, 0, 0.03 + 0.001 * length)
+    assert {"prompt-lookup", "phrases"} <= seen

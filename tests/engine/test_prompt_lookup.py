@@ -45,14 +45,17 @@ def test_match_search_agrees_with_brute_force():
     from specula.engine.drafters.prompt_lookup import longest_match
 
     gen = torch.Generator().manual_seed(0)
-    for trial in range(300):
-        tokens = torch.randint(0, 3 + trial % 5, (1 + trial % 40,), generator=gen)
+    for trial in range(600):
+        tokens = torch.randint(0, 2 + trial % 5, (1 + trial % 40,), generator=gen)
+        if trial % 3 == 0:  # a copy of an earlier stretch at the end: long matches (searched all at once)
+            tokens = torch.cat((tokens, tokens[: trial % 23]))
         ids = tokens.tolist()
-        best_n, best_start = 0, 0
-        for end in range(len(ids) - 1):  # earlier occurrence ending at `end`
-            n = 0
-            while n < 6 and end - n >= 0 and ids[end - n] == ids[len(ids) - 1 - n]:
-                n += 1
-            if n >= best_n and n > 0:
-                best_n, best_start = n, end + 1
-        assert longest_match(tokens.numpy(), 6) == (best_n, best_start), ids
+        for max_n in (1, 2, 3, 4, 6, 16):
+            best_n, best_start = 0, 0
+            for end in range(len(ids) - 1):  # earlier occurrence ending at `end`
+                n = 0
+                while n < max_n and end - n >= 0 and ids[end - n] == ids[len(ids) - 1 - n]:
+                    n += 1
+                if n >= best_n and n > 0:
+                    best_n, best_start = n, end + 1
+            assert longest_match(tokens.numpy(), max_n) == (best_n, best_start), (ids, max_n)
