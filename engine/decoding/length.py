@@ -39,11 +39,13 @@ class DraftLength:
         self.cost: dict[int, float] = {}  # draft length -> recent step time, in plain steps
         self.drafting_steps = 0
         self.steps = 0
+        self._best: dict[int, tuple[int, float]] = {}  # least -> (n, rate in tokens per plain step): until observed
 
     def observe(self, drafted: int, accepted: int, seconds: float, plain_s: float | None) -> None:
         """A step that drafted `drafted` tokens and kept `accepted`, its wall time, and the plain-step cost
         measured when it ran (None before any: its time is not booked)."""
         drafted = min(drafted, self.k)
+        self._best.clear()
         if drafted:  # acceptance follows the conversation: a long session's earlier topics fade
             self.reached = [self.FORGET * r for r in self.reached]
             self.kept = [self.FORGET * c for c in self.kept]
@@ -91,14 +93,23 @@ class DraftLength:
         return self.drafting_steps >= self.warmup
 
     def best(self, plain_s: float | None, least: int = 0) -> tuple[int, float]:
-        """(n, expected tokens per second) of the best length n >= least; (k, 0.0) while nothing is known."""
+        """(n, expected tokens per second) of the best length n >= least; (k, 0.0) while nothing is known.
+        Steps are timed in plain steps, so the best length does not depend on the plain-step cost now, which
+        only scales the rate: it is worked out again only after a new measurement (auto asks each of its
+        choices every step)."""
+        if least not in self._best:
+            self._best[least] = self._best_in_plain_steps(least)
+        best, rate = self._best[least]
+        return best, (rate / plain_s if plain_s else rate)
+
+    def _best_in_plain_steps(self, least: int) -> tuple[int, float]:
         best, best_rate, tokens = self.k, 0.0, 1.0
         for n in range(self.k + 1):
             if n:
                 if self.reached[n - 1] < 2:
                     break  # never measured that far: the drafter's own length decides
                 tokens += self.kept[n - 1] / (self.reached[n - 1] + self.PRIOR)
-            t = self._time(n, plain_s)
+            t = self._time(n, None)
             if n < least or t is None or t <= 0:
                 continue
             if tokens / t > best_rate:

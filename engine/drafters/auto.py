@@ -144,7 +144,7 @@ class Auto(Drafter):
         self.chosen = self.member = None
         self.plain_s = ctx.plain_s
         if self.phrases is not None:
-            self.phrases.see(ctx)  # learned whatever drafts the step: the answer so far
+            self.phrases.see(ctx)  # the answer so far, learned when it ends (whatever drafts the step)
         if k <= 0:
             return empty_draft()
         # the match is found once a step: prompt lookup's draft, when chosen, is what follows it

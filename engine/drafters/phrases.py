@@ -10,7 +10,7 @@ Prompt lookup finds what the conversation itself holds; this finds what the mode
 
 Two sources, counted together: a table shipped for a model (`phrases.npz` in a folder beside its heads; the
 bundled model's counts its 3.5 million answer tokens in training/, `specula train-head --kind phrases`), and
-the answers of this process, learned as they are decoded, so that any model gains from its own habits as a
+the answers of this process, each learned once it ends, so that any model gains from its own habits as a
 conversation goes on. Run keys are 64-bit hashes of the tokens (a collision proposes a wrong token, which
 the target rejects: drafts never change what is kept)."""
 
@@ -263,23 +263,26 @@ def table_for(target) -> PhraseTable:
 
 
 class Phrases:
-    """A conversation's view of a phrase table: learns each answer's tokens as they come (`see`), drafts."""
+    """A conversation's view of a phrase table: sees each answer as it comes (`see`) and learns it once it
+    ends (`reset`, as the next begins), drafts. Within an answer prompt lookup finds what it repeats; learning
+    between answers keeps the counting out of the decoding steps."""
 
     def __init__(self, table: PhraseTable) -> None:
         self.table = table
-        self.upto = 0  # tokens of the conversation learned so far
+        self.seen: tuple[torch.Tensor, int] | None = None  # the answer so far (the context) and its prompt's length
 
     def reset(self) -> None:
-        self.upto = 0
+        """The answer seen ends: learn it."""
+        if self.seen is not None:
+            tokens, prompt_len = self.seen
+            if tokens.shape[0] > prompt_len:
+                first = max(0, prompt_len - PROMPT_TAIL)
+                self.table.learn(tokens[first:].tolist(), prompt_len - first)
+        self.seen = None
 
     def see(self, ctx: DraftContext) -> None:
-        """Learn the answer's tokens decoded since the last call."""
-        tokens = ctx.tokens
-        start = max(self.upto, ctx.prompt_len)
-        if tokens.shape[0] > start:
-            first = max(0, ctx.prompt_len - PROMPT_TAIL, start - max(ORDERS))
-            self.table.learn(tokens[first:].tolist(), start - first)
-        self.upto = tokens.shape[0]
+        """The answer so far (learned when it ends)."""
+        self.seen = (ctx.tokens, ctx.prompt_len)
 
     def draft(self, ctx: DraftContext, k: int) -> torch.Tensor:
         tail = ctx.tokens[max(0, ctx.tokens.shape[0] - max(ORDERS)) :].tolist()

@@ -230,6 +230,25 @@ def test_what_was_learned_in_one_context_holds_in_another_of_other_step_costs():
     assert short_context[1] > 1 / 0.010  # and more than plain decoding's
 
 
+def test_the_best_length_is_worked_out_again_after_each_measurement_and_only_then():
+    """auto asks each choice's best length every step: it is kept between measurements (the plain-step cost
+    now only scales its rate) and follows every new one."""
+    import copy
+
+    from specula.engine.decoding.length import DraftLength
+
+    lengths = DraftLength(8)
+    train_lengths(lengths, 12, keep_rate=0.8, cost=lambda n: 0.010 * (1 + 0.05 * n))
+    first = lengths.best(plain_s=0.010)
+    assert lengths.best(plain_s=0.020) == (first[0], pytest.approx(first[1] / 2))
+    fresh = copy.deepcopy(lengths)
+    fresh._best.clear()
+    assert fresh.best(plain_s=0.010, least=1) == lengths.best(plain_s=0.010, least=1)
+    for _ in range(30):  # nothing past the first token is kept any more: shorter drafts
+        lengths.observe(8, 0, 0.010 * 1.4, 0.010)
+    assert lengths.best(plain_s=0.010)[0] < first[0]
+
+
 def test_a_step_is_booked_only_once_a_plain_step_was_measured():
     from specula.engine.decoding.length import DraftLength
 

@@ -56,6 +56,9 @@ def test_a_session_learns_the_answers_it_decodes_and_drafts_them_once_seen_often
         view.reset()
         for i in range(len(answer) + 1):  # the steps of one answer, as the decoder shows them
             view.see(DraftContext(torch.tensor(prompt + answer[:i]), len(prompt), params, None))
+        if _ < phrases.MIN_COUNT - 1:
+            assert table.draft([10, 11], 8) == []  # learned once the answer ends, and only seen twice yet
+    view.reset()  # the next answer begins: the last one is learned
     assert table.draft([10, 11], 8) == [12, 13, 14, 15]
     # the prompt's last PROMPT_TAIL tokens open the runs, its earlier tokens are never learned
     assert table.draft(prompt[-phrases.PROMPT_TAIL :], 2) == [10, 11]
