@@ -353,9 +353,11 @@ class _Lookup:
         """Count each pending draft's nodes whose tokens the answer has reached, up to the first wrong one."""
         length = context.shape[0]
         left = []
+        first = min((item[0] for item in self.pending), default=length)
+        answer = context[first:length].tolist() if length > first else []  # once for every pending draft
         for item in self.pending:
             at, bucket, path, judged = item
-            known = context[at:length].tolist() if length >= at else []
+            known = answer[at - first :] if length >= at else []
             done = False
             while judged < min(len(path), len(known)):
                 right = path[judged] == known[judged]

@@ -271,6 +271,14 @@ def test_the_lookup_branch_values_its_nodes_by_how_often_the_answer_went_on_so()
     assert lookup.rate(2, 1) > LOOKUP_PRIOR[2] and lookup.rate(2, 2) > LOOKUP_PRIOR[2]
     assert lookup.rate(2, 3) < LOOKUP_PRIOR[2] and lookup.rate(2, 4) == pytest.approx(LOOKUP_PRIOR[2])  # not reached
     assert lookup.draft(torch.tensor([5, 6, 7]), 8) == ([], [])  # no earlier match: no branch
+    # two drafts pending from two steps, judged together against what the answer went on with
+    lookup = _Lookup()
+    assert lookup.draft(context, 8)[0] == [4, 1, 2, 3]  # drafted after 7 tokens
+    assert lookup.draft(torch.cat([context, torch.tensor([4])]), 8)[0] == [1, 2, 3, 4]  # after 8: a 4-token match
+    lookup.judge(torch.cat([context, torch.tensor([4, 1, 2, 9])]))
+    assert not lookup.pending
+    assert lookup.rate(2, 3) > LOOKUP_PRIOR[2] > lookup.rate(2, 4)  # 4 1 2 kept, 3 not
+    assert lookup.rate(4, 2) > LOOKUP_PRIOR[4] > lookup.rate(4, 3)  # 1 2 kept, 3 not
 
 
 def test_a_tree_grows_a_level_only_while_its_likeliest_path_is_worth_the_levels_time(trained):
