@@ -5,6 +5,7 @@ strategy's greedy answers are plain decoding's, and without a compiler everythin
 import pytest
 import torch
 
+from specula.engine.cpu import products
 from specula.engine.cpu import step as compiled
 from specula.engine.decoding.tree import TokenTree
 from specula.engine.drafters import DRAFTERS
@@ -141,7 +142,7 @@ def test_single_steps_read_a_bf16_models_values_from_a_bf16_copy_with_the_same_b
 
 @pytest.mark.parametrize("form", ["native", "fp32"])
 def test_a_prompt_read_in_chunks_gives_each_position_the_bits_of_single_steps(ops, form, monkeypatch):
-    """A prompt through the compiled step (where the CPU lacks dense bf16 kernels) runs as passes of STEP_CHUNK rows
+    """A prompt through the compiled step (where its products are the file's blocks) runs as passes of STEP_CHUNK rows
     from an empty cache, a long second turn too: every position's logits and hidden states are those of single
     steps, whatever rows the caller keeps; in fp32 they are the model's forward."""
     monkeypatch.setattr(llama, "STEP_CHUNK", 7)
@@ -169,9 +170,9 @@ def test_a_prompt_read_in_chunks_gives_each_position_the_bits_of_single_steps(op
         assert torch.allclose(whole, ref[:30], atol=1e-4, rtol=1e-4), (whole - ref[:30]).abs().max()
 
 
-def test_prompts_run_through_the_step_only_where_its_products_are_faster(ops, monkeypatch):
-    """The file's blocks in bf16 on a CPU without oneDNN's bf16 kernels (AVX2): through the compiled step; with them,
-    or with dense weights (torch's products either way), or in fp32: the eager forward."""
+def test_prompts_run_through_the_step_where_its_products_are_the_files_blocks(ops, monkeypatch):
+    """The file's blocks in bf16, with oneDNN's bf16 kernels or without (AVX2): through the compiled step; dense
+    weights (torch's products either way) or fp32: the eager forward."""
     model = tiny_model(vocab=64, layers=2, seed=6)
     blocks = _with_step(native(model))
     dense = _with_step(LoadedModel(tiny_model(vocab=64, layers=2, seed=6).to(torch.bfloat16), None, "tiny",
@@ -179,13 +180,13 @@ def test_prompts_run_through_the_step_only_where_its_products_are_faster(ops, mo
     fp32 = _with_step(LoadedModel(tiny_model(vocab=64, layers=2, seed=6), None, "tiny", torch.device("cpu"), torch.float32))
     chosen = {}
     for fast_bf16 in (True, False):
-        monkeypatch.setattr(llama, "dense_bf16_kernels", lambda fast_bf16=fast_bf16: fast_bf16)
+        monkeypatch.setattr(products, "dense_bf16_kernels", lambda fast_bf16=fast_bf16: fast_bf16)
         for name, target in (("blocks", blocks), ("dense", dense), ("fp32", fp32)):
             runner = target.new_runner()
             runner.forward(torch.tensor([1]))  # the answer's mode and products
             assert runner.compiled
             chosen[name, fast_bf16] = llama.prompt_through_step(runner._fast, runner.dtype)
-    assert chosen == {("blocks", True): False, ("dense", True): False, ("fp32", True): False,
+    assert chosen == {("blocks", True): True, ("dense", True): False, ("fp32", True): False,
                       ("blocks", False): True, ("dense", False): False, ("fp32", False): False}
 
 
