@@ -187,12 +187,15 @@ class _Loop:
         """The target reads the prompt and chooses the first token (the last event). A prompt longer than
         PROMPT_CHUNK is read in chunks of it, with a PromptProgress after each once reading has taken
         PROGRESS_AFTER_S (every strategy reads a prompt the same way, so their answers stay the same)."""
-        self.target.truncate(0)
         layers = getattr(self.drafter, "aux_layers", ())
         if layers or getattr(self.target, "aux_layers", ()):  # the layers an EAGLE-3 head reads, or none again
             self.target.keep_layers(layers)
+        # what the cache holds of this prompt already (a conversation continued, an answer asked again) stays,
+        # where it holds the bits reading the prompt would give (`reusable`); the rest is read
+        reusable = getattr(self.target, "reusable", None)
+        self.target.truncate(reusable(self.ctx[: self.length]) if reusable is not None else 0)
         self.drafter.reset()
-        start = 0
+        start = self.target.length
         while self.length - start > PROMPT_CHUNK:
             self.target.forward(self.ctx[start : start + PROMPT_CHUNK])
             start += PROMPT_CHUNK

@@ -359,6 +359,7 @@ class LlamaRunner:
         self._kt = torch.empty(0)
         self._kt_len = 0
         self._length = 0
+        self._ids = torch.empty(0, dtype=torch.long)  # the token of each position the cache holds (host memory)
         # On the CPU, attention after the prefill runs in fp32 over an fp32 cache in key blocks (see
         # _attend_blocked): faster than bf16 attention there, and every position rounds the same way
         # whatever else the pass holds. Other devices use the fused kernel in the model's dtype.
@@ -442,6 +443,18 @@ class LlamaRunner:
         self._length = min(self._length, max(0, length))
         self._kt_len = min(self._kt_len, self._length)
 
+    def reusable(self, ids: torch.Tensor) -> int:
+        """How many leading positions of the prompt `ids` (T,) the cache already holds as reading it anew would
+        write them: the tokens it shares with what the cache holds, short of the prompt's last (read for its
+        logits). Only where every position's bits are those of single steps whatever pass wrote them (the
+        compiled step, prompts through it too: `prompt_through_step`); elsewhere 0."""
+        held = min(self._length, ids.shape[0] - 1)
+        fast = self._fast
+        if held <= 0 or fast is None or self.static or fast is not self._compiled_step() or not prompt_through_step(fast, self.dtype):
+            return 0
+        differ = torch.nonzero(self._ids[:held] != ids[:held].cpu())
+        return int(differ[0, 0]) if differ.numel() else held
+
     def _reserve(self, needed: int) -> None:
         if needed > self.max_len:
             window = context_window(self.model.config)
@@ -463,6 +476,9 @@ class LlamaRunner:
             k[:, :, : self._length] = self._k[:, :, : self._length]
             v[:, :, : self._length] = self._v[:, :, : self._length]
         self._k, self._v = k, v
+        ids = torch.zeros(new_cap, dtype=torch.long)
+        ids[: self._length] = self._ids[: self._length]
+        self._ids = ids
         feat = torch.zeros((new_cap, self.embed.weight.shape[1]), dtype=self.dtype, device=self.device)
         if capacity:
             feat[: self._length] = self._feat[: self._length]
@@ -500,6 +516,7 @@ class LlamaRunner:
         start = self._length
         end = start + t
         self._reserve(end)
+        self._ids[start:end] = tokens.cpu()
         if start == 0:  # a new answer: it runs in one mode throughout
             self._fast = self._compiled_step()
         if tree is not None and (start == 0 or len(tree) != t):
@@ -665,6 +682,7 @@ class LlamaRunner:
             self._k[:, :, target] = self._k[:, :, start + index]
             self._v[:, :, target] = self._v[:, :, start + index]
             self._feat[target] = self._feat[start + index]
+            self._ids[start : start + len(rows)] = self._ids[start + index.cpu()]
             if self.aux_layers:
                 self._aux[target] = self._aux[start + index]
             self._kt_len = min(self._kt_len, start)
@@ -796,6 +814,7 @@ def step_rows(runners: list[LlamaRunner], tokens: torch.Tensor) -> torch.Tensor:
         if aux is not None:
             r._aux[r._length] = aux[b]
         r._feat[r._length] = x[b]
+        r._ids[r._length] = tokens[b].cpu()
         r._length += 1
         r._kt_len = r._length
     weight, eps = first.norm

@@ -133,6 +133,12 @@ class Session:
             self._drafters[key] = build_drafter(strategy, self._need_target(), self.draft, **options)
         return self._drafters[key]
 
+    def forget(self) -> None:
+        """The next generation reads its whole prompt: nothing of what the cache holds is kept (the bench starts
+        each strategy's first turn alike, whatever ran before)."""
+        if self._runner is not None:
+            self._runner.truncate(0)
+
     def encode(self, request: GenerateRequest) -> list[int]:
         return prompts.encode(self._need_target().tokenizer, request.messages, request.chat)
 

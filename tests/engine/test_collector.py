@@ -1,6 +1,7 @@
 """The cyclic collector held off while imports and a model's load make their many objects (api/collector.py)."""
 
 import gc
+import time
 import weakref
 
 import pytest
@@ -15,6 +16,12 @@ class Cycle:
 
 @pytest.fixture
 def fresh(monkeypatch):
+    """The collector's switch is the process's: a model still loading in another thread (a worker an earlier test
+    left) holds it off until its load ends. Wait for that (generously), then start as a fresh process."""
+    deadline = time.monotonic() + 120
+    while not gc.isenabled() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gc.enable()
     monkeypatch.setattr(collector, "_froze", False)
     yield
     gc.unfreeze()

@@ -391,3 +391,75 @@ def test_a_damaged_library_in_the_cache_is_built_again(monkeypatch, tmp_path):
     compiled.prepare(wait=True)
     assert compiled.error() is None
     assert path.read_bytes().startswith(b"\x7fELF")  # rebuilt
+
+
+@pytest.mark.parametrize("strategy", ["none", "prompt-lookup", "eagle", "auto"])
+def test_a_conversation_continued_keeps_what_the_cache_holds_and_answers_as_if_read_anew(ops, strategy, tmp_path):
+    """A second turn's prompt begins with the first turn's prompt and answer: the cache keeps them (after chains,
+    a tree strategy's kept paths, another strategy's answer) and only the rest is read; every answer is the one a
+    runner reading the whole prompt anew gives, token for token. An answer asked again keeps all but the prompt's
+    last token."""
+    from specula.engine.api.events import Finished
+    from specula.engine.api.types import DecodeConfig
+    from specula.engine.decoding.loop import generate
+    from specula.engine.drafters import build_drafter
+
+    target = _with_step(native(tiny_model(vocab=64, layers=3, seed=9), formats=("Q4_1", "Q8_0"), head="Q8_0"))
+    drafter = build_drafter(strategy, target, None, **head_options(target, strategy, tmp_path))
+    config = DecodeConfig(k=4, max_new_tokens=24)
+    gen = torch.Generator().manual_seed(2)
+    kept_runner = target.new_runner()
+    rows = []
+    forward = kept_runner.forward
+    kept_runner.forward = lambda tokens, *a, **kw: rows.append(tokens.shape[0]) or forward(tokens, *a, **kw)
+    conversation = torch.randint(0, 64, (9,), generator=gen).tolist()
+    read = []
+    for turn in range(4):
+        held = kept_runner.length
+        reused = kept_runner.reusable(torch.tensor(conversation))
+        rows.clear()
+        warm = list(generate(kept_runner, drafter, conversation, config))[-1]
+        assert rows[0] == len(conversation) - reused  # the prompt's rest, read in one pass
+        cold = list(generate(target.new_runner(), build_drafter("none", target, None), conversation, config))[-1]
+        assert isinstance(warm, Finished) and warm.token_ids == cold.token_ids, (strategy, turn)
+        read.append((held, reused, len(conversation)))
+        if turn < 2:  # then the same prompt again
+            conversation += list(warm.token_ids) + torch.randint(0, 64, (5,), generator=gen).tolist()
+    assert read[0] == (0, 0, 9)
+    assert read[1][1] > 9 and read[2][1] > read[1][2]  # the earlier turns' prompts and answers at least
+    assert read[3][1] == read[3][2] - 1  # asked again: everything but the prompt's last token
+    # a prompt that departs from what the cache holds keeps the positions before it, and only those
+    changed = torch.tensor(conversation)
+    changed[5] = (changed[5] + 1) % 64
+    assert kept_runner.reusable(changed) == 5
+
+
+def test_only_a_cache_whose_bits_do_not_depend_on_the_pass_is_kept(ops, monkeypatch):
+    ids = torch.tensor([3, 4, 5, 6, 7, 8])
+    fp32 = _with_step(LoadedModel(tiny_model(vocab=64, layers=2, seed=6), None, "tiny", torch.device("cpu"), torch.float32))
+    runner = fp32.new_runner()
+    runner.forward(ids)
+    assert runner.reusable(ids) == 0  # a prompt read by the eager forward (dense products)
+    blocks = _with_step(native(tiny_model(vocab=64, layers=2, seed=6))).new_runner()
+    blocks.forward(ids)
+    assert blocks.reusable(ids) == 5
+    monkeypatch.setattr(llama, "prompt_through_step", lambda fast, dtype: False)
+    assert blocks.reusable(ids) == 0  # prompts read eagerly again: no longer the bits of steps
+    eager = _with_step(native(tiny_model(vocab=64, layers=2, seed=6)), "eager").new_runner()
+    eager.forward(ids)
+    assert eager.reusable(ids) == 0
+
+
+def test_the_tokens_the_cache_holds_follow_tree_passes_and_batched_steps(ops):
+    target = _with_step(native(tiny_model(vocab=64, layers=2, seed=3)))
+    runner = target.new_runner()
+    runner.forward(torch.tensor([1, 2, 3]))
+    runner.forward(torch.tensor([10, 11, 12, 13]), last=4, tree=TokenTree((-1, 0, 0, 2)))  # rows 0 -> 2 -> 3 kept
+    runner.keep(3, [0, 2, 3])
+    assert runner.reusable(torch.tensor([1, 2, 3, 10, 12, 13, 99])) == 6
+    assert runner.reusable(torch.tensor([1, 2, 3, 10, 11, 13, 99])) == 4
+    other = target.new_runner()
+    other.forward(torch.tensor([7, 8]))
+    step_rows([runner, other], torch.tensor([20, 21]))
+    assert runner.reusable(torch.tensor([1, 2, 3, 10, 12, 13, 20, 0])) == 7
+    assert other.reusable(torch.tensor([7, 8, 21, 0])) == 3

@@ -64,6 +64,9 @@ class Bench:
     def run_strategy(self, name: str, item: PromptItem) -> Run:
         strategy, flags = split_variant(name)
         options = self.options + variant_options(flags)
+        # every strategy reads the first turn's prompt whole (the cache kept by the strategy before would make
+        # its reading free); later turns keep what the first left, as in a conversation
+        self.session.forget()
         return self._run_turns(self.session, strategy, options, item)
 
     def run_remote(self, name: str, item: PromptItem) -> Run:
