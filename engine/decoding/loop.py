@@ -192,8 +192,7 @@ class _Loop:
             self.target.keep_layers(layers)
         # what the cache holds of this prompt already (a conversation continued, an answer asked again) stays,
         # where it holds the bits reading the prompt would give (`reusable`); the rest is read
-        reusable = getattr(self.target, "reusable", None)
-        self.target.truncate(reusable(self.ctx[: self.length]) if reusable is not None else 0)
+        self.target.truncate(self.target.reusable(self.ctx[: self.length]))
         self.drafter.reset()
         start = self.target.length
         while self.length - start > PROMPT_CHUNK:

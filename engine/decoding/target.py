@@ -36,6 +36,11 @@ class ModelRunner(Protocol):
         """Forget everything after the first `length` tokens."""
         ...
 
+    def reusable(self, ids: torch.Tensor) -> int:
+        """How many leading positions of the prompt `ids` (T,) the cache holds as reading it anew would write
+        them (kept by the prefill; at most T - 1), 0 where a runner cannot say."""
+        ...
+
     def keep(self, start: int, rows: list[int]) -> None:
         """After a pass that began at `start`: keep its rows `rows` (a root-to-node path, row 0 first) as
         positions start, start+1, ...; drop the rest. For a chain's rows this is a truncation."""

@@ -31,7 +31,7 @@ from .eagle import Eagle
 from .lookahead import Lookahead
 from .medusa import Medusa
 from .phrases import Phrases, table_for
-from .prompt_lookup import DRAFT_PER_MATCHED_TOKEN, PromptLookup, longest_match
+from .prompt_lookup import PromptLookup, continuation, longest_match
 
 HEAD_DRAFTERS = {Eagle.name: Eagle, Medusa.name: Medusa}  # the members that a trained head makes
 
@@ -166,7 +166,7 @@ class Auto(Drafter):
             self.member = self.heads[choice][0]
             return self.member.propose(ctx, min(k, length))
         self.member = self.lookup
-        return Draft(ctx.tokens[start : start + min(k, length, DRAFT_PER_MATCHED_TOKEN * n)].clone())
+        return Draft(continuation(ctx.tokens, n, start, min(k, length)).clone())
 
     @property
     def chose(self) -> str | None:

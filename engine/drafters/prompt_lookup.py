@@ -58,7 +58,13 @@ def matched_continuation(tokens: torch.Tensor, k: int, max_n: int) -> tuple[int,
     """tokens (L,) -> (n, the draft): the latest longest earlier match's length and up to min(k, 2n) tokens
     after it (none when n = 0)."""
     n, start = longest_match(tokens.numpy(), max_n)
-    return n, tokens[start : start + min(k, DRAFT_PER_MATCHED_TOKEN * n)]
+    return n, continuation(tokens, n, start, k)
+
+
+def continuation(tokens: torch.Tensor, n: int, start: int, k: int) -> torch.Tensor:
+    """The draft after a match of n tokens whose continuation starts at `start` (longest_match's): up to
+    min(k, 2n) tokens."""
+    return tokens[start : start + min(k, DRAFT_PER_MATCHED_TOKEN * n)]
 
 
 def find_continuation(tokens: torch.Tensor, k: int, min_n: int, max_n: int) -> torch.Tensor:

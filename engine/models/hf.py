@@ -49,6 +49,10 @@ class HFRunner:
         self._length += t
         return out.logits[0, -last:].float()  # (last, V)
 
+    def reusable(self, ids: torch.Tensor) -> int:
+        """0: transformers' forward reads a prompt with other kernels than its steps, so a prompt is read whole."""
+        return 0
+
     def truncate(self, length: int) -> None:
         if length >= self._length:
             return
