@@ -36,6 +36,34 @@ def test_the_compiled_forward_is_the_models_forward_in_fp32(ops):
     assert torch.allclose(ours, ref, atol=1e-4, rtol=1e-4), (ours - ref).abs().max()
 
 
+@pytest.mark.parametrize("form", ["fp32", "bf16", "native"])
+def test_a_models_biases_go_through_every_product_form_of_the_compiled_step(ops, form):
+    """A Qwen2 model's q/k/v biases (random, not the zeros a new model has) through the compiled step's products: F.linear
+    in fp32, the own bf16 tiles, the file's blocks; its logits are the eager forward's of the same weights (to the
+    rounding of bf16 activations, and of int8 ones in the blocks' products)."""
+    model = tiny_model(vocab=64, layers=3, seed=4, family="qwen2")
+    with torch.no_grad():
+        biases = [p for name, p in model.named_parameters() if name.endswith("bias")]
+        for p in biases:
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(5)) * 0.5)
+    assert biases
+    if form == "native":
+        target = native(model)
+    else:
+        dtype = torch.float32 if form == "fp32" else torch.bfloat16
+        target = LoadedModel(model.to(dtype), None, "tiny", torch.device("cpu"), dtype)
+    ids = torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(0))
+    logits = {}
+    for step in ("compiled", "eager"):
+        runner = _with_step(target, step).new_runner()
+        runner.forward(ids[:1])
+        passes = [runner.forward(ids[1:12], last=11)] + [runner.forward(ids[i : i + 1]) for i in range(12, 30)]
+        assert runner.compiled == (step == "compiled")
+        logits[step] = torch.cat(passes)
+    tol = 1e-4 if form == "fp32" else 0.1
+    assert torch.allclose(logits["compiled"], logits["eager"], atol=tol, rtol=0), (logits["compiled"] - logits["eager"]).abs().max()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_silu_in_vectors_gives_every_element_the_bits_of_the_loop(ops, dtype):
     """The step's silu(gate) * up, 8 elements at a time (AVX2) against one at a time, bit for bit: ordinary values,

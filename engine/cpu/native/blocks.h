@@ -847,6 +847,19 @@ inline Parts read_parts(const at::Tensor& parts, int64_t k, int64_t packed_bytes
   return out;
 }
 
+// The input size a packed weight was made for, from its first part's bytes (a tile holds nb blocks of the
+// format, and a K-quant's super-block scales every QK_K / QK of them): what read_parts then checks.
+inline int64_t input_size(const at::Tensor& parts, int64_t packed_bytes) {
+  TORCH_CHECK(parts.dim() == 2 && parts.size(0) > 0 && parts.size(1) == 3 && parts.scalar_type() == at::kLong, "parts: (P, 3) int64");
+  auto pc = parts.contiguous();
+  const int64_t* p = pc.data_ptr<int64_t>();
+  const int64_t fmt = p[0], cols = p[1], at = p[2], end = pc.size(0) > 1 ? p[5] : packed_bytes;
+  TORCH_CHECK(known(fmt) && cols > 0 && 0 <= at && at < end, "a part past the packed weight");
+  const int64_t per = QK_K / QK;  // blocks per super-block
+  const int64_t nb = (end - at) / tiles(cols) * per / (per * block_bytes(fmt) + super_bytes(fmt));
+  return nb * QK;
+}
+
 constexpr int64_t ROW_CHUNK = 64;  // rows a thread takes through its tiles before the next rows (prompts)
 
 // A tile's sums for m rows (acc: rows of COLS) -> its `cols` outputs from column col0 of y's rows (n wide),

@@ -7,6 +7,7 @@
 // decoded alone and inside a verify pass, and a tree node the same bits as the chain through it.
 
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -141,6 +142,45 @@ struct Product {
     op.callBoxed(&stack);
     return stack[0].toTensor();
   }
+  // The own products' tables, read once where the model is registered: a packed weight's parts (kind 3) and
+  // the bias in fp32 (kinds 3 and 4), as blocks::mm and tiles::mm would read them on every call.
+  blocks::Parts parts;
+  int64_t inputs = 0, outputs = 0;  // kinds 3 and 4
+  Tensor bias32;
+  void read_tables() {
+    if (kind == 3) {
+      inputs = blocks::input_size(b, a.numel());
+      parts = blocks::read_parts(b, inputs, a.numel());
+      outputs = parts.total_cols;
+    } else if (kind == 4) {
+      outputs = b.size(0);
+      inputs = a.numel() * 2 / tiles::tiles(outputs) / tiles::CHUNK * 2;
+      TORCH_CHECK(a.numel() * 2 == tiles::tiles(outputs) * tiles::tile_bytes(inputs), "bf16 tiles of ", outputs, " outputs");
+    }
+    if ((kind == 3 || kind == 4) && bias) {
+      TORCH_CHECK(bias->numel() == outputs, "a bias per output");
+      bias32 = bias->to(at::kFloat).contiguous();
+    }
+  }
+  // y = x @ W^T (+ b) into `buf` where the product is the engine's own (the file's blocks; bf16 tiles below a
+  // prompt's rows): the same arithmetic as their ops, without a new tensor or reading the tables again; `buf`
+  // is (re)made when its shape is not y's. Other forms return a new tensor. x: contiguous, in T.
+  template <typename T>
+  Tensor into(const Tensor& x, Tensor& buf) const {
+    const int64_t t = x.size(0);
+    const bool own = (kind == 3 || (kind == 4 && t < PROMPT_ROWS)) && t >= min_rows && t > 0;
+    if (!own) return (*this)(x);
+    TORCH_CHECK(x.is_contiguous() && x.size(1) == inputs, "a product's input of ", inputs, " columns");
+    if (!buf.defined() || buf.size(0) != t || buf.size(1) != outputs || buf.scalar_type() != x.scalar_type())
+      buf = at::empty({t, outputs}, x.options());
+    const float* bp = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
+    if (kind == 3)
+      blocks::product<T, T>(x.data_ptr<T>(), t, inputs, a.data_ptr<uint8_t>(), parts, bp, buf.data_ptr<T>());
+    else
+      tiles::product<T, T>(x.data_ptr<T>(), t, inputs, reinterpret_cast<const uint16_t*>(a.data_ptr<at::BFloat16>()),
+                           outputs, bp, buf.data_ptr<T>());
+    return buf;
+  }
   Tensor run(const Tensor& x) const {
     switch (kind) {
       case 0: return at::linear(x, a, bias);
@@ -179,7 +219,10 @@ int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, cons
   TORCH_CHECK(min_rows.size() == kinds.size(), "one min_rows per product");
   for (size_t l = 0; l < kinds.size() / 4; ++l) {
     Product p[4];
-    for (int i = 0; i < 4; ++i) p[i] = Product{kinds[4 * l + i], a[4 * l + i], b[4 * l + i], bias[4 * l + i], min_rows[4 * l + i]};
+    for (int i = 0; i < 4; ++i) {
+      p[i] = Product{kinds[4 * l + i], a[4 * l + i], b[4 * l + i], bias[4 * l + i], min_rows[4 * l + i]};
+      p[i].read_tables();
+    }
     m.layers.push_back(Layer{p[0], p[1], p[2], p[3], norms[2 * l], norms[2 * l + 1]});
   }
   std::lock_guard<std::mutex> g(registry_lock);
@@ -783,15 +826,38 @@ void store_and_attend(const T* qkv, const float* cos, const float* sin, const in
   else attend(q, kt, static_cast<const float*>(vc), ancestors, nullptr, out, t, h, kv, hd, cap, start);
 }
 
-// A layer after its attention: x += o(attn), then x += down(silu(gate) * up) over the post-attention norm
-// (act: a (rows, inter) buffer).
+// A pass's buffers, made at its first layer and reused by the others (the norms' outputs, the products'
+// outputs, SiLU's): no tensor is made per layer.
+struct Scratch {
+  Tensor normed, qkv, y, gate_up, act;
+};
+
+// x += y row by row, each element as ATen's add_ computes it (in T's op-math type, rounded once to T)
 template <typename T>
-void finish_layer(Tensor& x, const Tensor& attn, Tensor& act, const Layer& layer, const Model& m) {
-  x.add_(layer.o(attn));
-  Tensor h2 = rms_norm(x, layer.post_norm, m.eps);
-  Tensor gu = layer.gate_up(h2).contiguous();
-  silu_mul<T>(gu.data_ptr<T>(), act.data_ptr<T>(), x.size(0), m.inter);
-  x.add_(layer.down(act));
+void add_rows(Tensor& x, const Tensor& y_in) {
+  using M = at::opmath_type<T>;
+  const Tensor y = y_in.contiguous();
+  T* xp = x.data_ptr<T>();
+  const T* yp = y.data_ptr<T>();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) xp[i] = static_cast<T>(static_cast<M>(xp[i]) + static_cast<M>(yp[i]));
+}
+
+// rms_norm into the scratch buffer `out` (made when its shape is not x's)
+template <typename T>
+Tensor& rms_into(const Tensor& x, const Tensor& w, double eps, Tensor& out) {
+  if (!out.defined() || out.sizes() != x.sizes() || out.scalar_type() != x.scalar_type()) out = at::empty_like(x);
+  rms_rows<T>(x.data_ptr<T>(), w.data_ptr<T>(), out.data_ptr<T>(), x.size(0), x.size(1), static_cast<float>(eps));
+  return out;
+}
+
+// A layer after its attention: x += o(attn), then x += down(silu(gate) * up) over the post-attention norm.
+template <typename T>
+void finish_layer(Tensor& x, const Tensor& attn, Scratch& s, const Layer& layer, const Model& m) {
+  add_rows<T>(x, layer.o.into<T>(attn, s.y));
+  Tensor gu = layer.gate_up.into<T>(rms_into<T>(x, layer.post_norm, m.eps, s.normed), s.gate_up).contiguous();
+  if (!s.act.defined() || s.act.size(0) != x.size(0)) s.act = at::empty({x.size(0), m.inter}, x.options());
+  silu_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter);
+  add_rows<T>(x, layer.down.into<T>(s.act, s.y));
 }
 
 // x (T, D) after the embedding -> x after `n_layers` layers; the caches get the new keys and values.
@@ -816,7 +882,7 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
               "aux: (rows, layers kept, hidden) in x's dtype");
   Tensor q = at::empty({h, t, hd}, x.options().dtype(at::kFloat));
   Tensor attn = at::empty({t, h * hd}, x.options());
-  Tensor act = at::empty({t, m->inter}, x.options());
+  Scratch scratch;
   Tensor anc = ancestors ? ancestors->contiguous() : Tensor();
   const int64_t* p = pos.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "forward", [&] {
@@ -825,14 +891,13 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
       for (size_t j = 0; aux && j < aux_layers.size(); ++j)  // the hidden states entering the layers kept (EAGLE-3)
         if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
       int64_t layer_off = l * kv * cap * hd;
-      Tensor h1 = rms_norm(x, layer.in_norm, m->eps);
-      Tensor qkv = layer.qkv(h1);
+      Tensor qkv = layer.qkv.into<scalar_t>(rms_into<scalar_t>(x, layer.in_norm, m->eps, scratch.normed), scratch.qkv).contiguous();
       store_and_attend(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p, q.data_ptr<float>(),
                        k_cache.data_ptr<float>() + layer_off, kt_cache.data_ptr<float>() + layer_off,
                        v_cache.data_ptr<float>() + layer_off, narrow ? narrow + layer_off : nullptr, kt_from,
                        anc.defined() ? anc.data_ptr<bool>() : nullptr, attn.data_ptr<scalar_t>(), t, h, kv, hd, cap, start,
                        static_cast<float>(m->scale));
-      finish_layer<scalar_t>(x, attn, act, layer, *m);
+      finish_layer<scalar_t>(x, attn, scratch, layer, *m);
     }
   });
   return x;
@@ -874,14 +939,13 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
   }
   Tensor q = at::empty({rows, h, 1, hd}, x.options().dtype(at::kFloat));
   Tensor attn = at::empty({rows, h * hd}, x.options());
-  Tensor act = at::empty({rows, m->inter}, x.options());
+  Scratch scratch;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "forward_rows", [&] {
     for (int64_t l = 0; l < n_layers; ++l) {
       const Layer& layer = m->layers[l];
       for (size_t j = 0; aux && j < aux_layers.size(); ++j)  // the hidden states entering the layers kept (EAGLE-3)
         if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
-      Tensor h1 = rms_norm(x, layer.in_norm, m->eps);
-      Tensor qkv = layer.qkv(h1).contiguous();
+      Tensor qkv = layer.qkv.into<scalar_t>(rms_into<scalar_t>(x, layer.in_norm, m->eps, scratch.normed), scratch.qkv).contiguous();
       // a thread takes whole rows (attend's own split over heads runs inline inside this one)
       at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
@@ -893,7 +957,7 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
                            attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start, static_cast<float>(m->scale));
         }
       });
-      finish_layer<scalar_t>(x, attn, act, layer, *m);
+      finish_layer<scalar_t>(x, attn, scratch, layer, *m);
     }
   });
   return x;
@@ -930,13 +994,13 @@ Tensor head_layer(int64_t handle, const Tensor& h_in, const c10::optional<Tensor
   if (e) a = at::cat({rms_norm(*e, *e_norm, m->eps), a}, 1);
   Tensor q = at::empty({h, t, hd}, x.options().dtype(at::kFloat));
   Tensor attn = at::empty({t, h * hd}, x.options());
-  Tensor act = at::empty({t, m->inter}, x.options());
+  Scratch scratch;
   Tensor vis = visible ? visible->contiguous() : Tensor();
   Tensor p = pos.contiguous();
   for (int64_t r = 0; r < t; ++r)
     TORCH_CHECK(p.data_ptr<int64_t>()[r] >= 0 && p.data_ptr<int64_t>()[r] < cos.size(0), "a position past the rotary tables");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "head_layer", [&] {
-    Tensor qkv = layer.qkv(a).contiguous();
+    Tensor qkv = layer.qkv.into<scalar_t>(a.contiguous(), scratch.qkv).contiguous();
     float* kc = k_cache.data_ptr<float>();
     float* kt = kt_cache.data_ptr<float>();
     float* vc = v_cache.data_ptr<float>();
@@ -945,7 +1009,7 @@ Tensor head_layer(int64_t handle, const Tensor& h_in, const c10::optional<Tensor
     transpose_keys(kc, kt, kv, hd, cap, start, start + t);
     attend(q.data_ptr<float>(), kt, vc, nullptr, vis.defined() ? vis.data_ptr<bool>() : nullptr, attn.data_ptr<scalar_t>(), t, h,
            kv, hd, cap, start);
-    finish_layer<scalar_t>(x, attn, act, layer, *m);
+    finish_layer<scalar_t>(x, attn, scratch, layer, *m);
   });
   return x;
 }
