@@ -26,6 +26,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <omp.h>
 #include <c10/util/Half.h>
 
 // x86-64: the vector paths; elsewhere (ARM) the portable one only
@@ -224,11 +225,12 @@ struct Acts {
   }
 };
 
+// Blocks i0..i1-1 of x's rows (block i: row i / nb, block i % nb) into `a`, already shaped (Acts::shape): each
+// block's codes, scale and sums depend on its own 32 inputs only, so threads may take any share of them.
 template <typename T>
-void quantize(const T* x, int64_t rows, int64_t k, Acts& a) {
-  a.shape(rows, k);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < a.nb; ++b) {
+void quantize(const T* x, int64_t i0, int64_t i1, Acts& a) {
+  for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = i / a.nb, b = i % a.nb, k = a.nb * QK;
       const T* xb = x + r * k + b * QK;
       float v[QK], amax = 0.0f;
       for (int j = 0; j < QK; ++j) {
@@ -242,7 +244,7 @@ void quantize(const T* x, int64_t rows, int64_t k, Acts& a) {
         q[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
         h[j / 16] += q[j];
       }
-      a.put(r * a.nb + b, d, h[0], h[1]);
+      a.put(i, d, h[0], h[1]);
     }
 }
 
@@ -683,10 +685,9 @@ SPECULA_AVX512 inline __m512 inputs16(const c10::BFloat16* p) {
 SPECULA_AVX512 inline __m512 inputs16(const float* p) { return _mm512_loadu_ps(p); }
 
 template <typename T>
-SPECULA_AVX512 void quantize_avx512(const T* x, int64_t rows, int64_t k, Acts& a) {
-  a.shape(rows, k);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < a.nb; ++b) {
+SPECULA_AVX512 void quantize_avx512(const T* x, int64_t i0, int64_t i1, Acts& a) {
+  for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = i / a.nb, b = i % a.nb, k = a.nb * QK;
       const T* xb = x + r * k + b * QK;
       const __m512 v0 = inputs16(xb), v1 = inputs16(xb + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
@@ -699,7 +700,7 @@ SPECULA_AVX512 void quantize_avx512(const T* x, int64_t rows, int64_t k, Acts& a
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
       const int32_t h0 = _mm512_reduce_add_epi32(q0), h1 = _mm512_reduce_add_epi32(q1);
-      a.put(r * a.nb + b, d, h0, h1);
+      a.put(i, d, h0, h1);
     }
 }
 
@@ -719,12 +720,11 @@ SPECULA_AVX2 inline int32_t sum8(__m256i v) {
 }
 
 template <typename T>
-SPECULA_AVX2 void quantize_avx2(const T* x, int64_t rows, int64_t k, Acts& a) {
-  a.shape(rows, k);
+SPECULA_AVX2 void quantize_avx2(const T* x, int64_t i0, int64_t i1, Acts& a) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the packs' 4-byte groups back in input order
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < a.nb; ++b) {
+  for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = i / a.nb, b = i % a.nb, k = a.nb * QK;
       const T* xb = x + r * k + b * QK;
       __m256 v[4];
       for (int i = 0; i < 4; ++i) v[i] = inputs8(xb + 8 * i);
@@ -740,9 +740,8 @@ SPECULA_AVX2 void quantize_avx2(const T* x, int64_t rows, int64_t k, Acts& a) {
       __m256i q[4];
       for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], s), nearest));
       const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + (r * a.nb + b) * QK),
-                          _mm256_permutevar8x32_epi32(bytes, order));
-      a.put(r * a.nb + b, d, sum8(_mm256_add_epi32(q[0], q[1])), sum8(_mm256_add_epi32(q[2], q[3])));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + i * QK), _mm256_permutevar8x32_epi32(bytes, order));
+      a.put(i, d, sum8(_mm256_add_epi32(q[0], q[1])), sum8(_mm256_add_epi32(q[2], q[3])));
     }
 }
 
@@ -860,6 +859,9 @@ inline int64_t input_size(const at::Tensor& parts, int64_t packed_bytes) {
   return nb * QK;
 }
 
+// Activations of at least this many blocks are quantized by the product's threads together (a share each, then a
+// barrier); fewer (a single step's row) by the calling thread before them, where a barrier costs more than it saves
+constexpr int64_t TEAM_QUANTIZES = 64;
 constexpr int64_t ROW_CHUNK = 64;  // rows a thread takes through its tiles before the next rows (prompts)
 
 // A tile's sums for m rows (acc: rows of COLS) -> its `cols` outputs from column col0 of y's rows (n wide),
@@ -874,26 +876,29 @@ inline void store_rows(const float* acc, int64_t m, int64_t cols, const float* b
     }
 }
 
+// x's blocks i0..i1-1 quantized into `a` on this CPU's path
+template <typename T>
+void quantize_blocks(const T* x, int64_t i0, int64_t i1, Acts& a) {
+#if SPECULA_X86
+  if constexpr (std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, float>) {
+    if (path() >= AVX512) return quantize_avx512(x, i0, i1, a);
+    if (path() == AVX2) return quantize_avx2(x, i0, i1, a);
+  }
+#endif
+  quantize(x, i0, i1, a);
+}
+
 template <typename T, typename O>
 void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const Parts& parts, const float* bias, O* y) {
   thread_local Acts kept;  // kept between calls: no allocation once its buffers are large enough
   Acts& a = kept;  // the calling thread's (a name the worker threads' lambda would take as their own)
-#if SPECULA_X86
-  if constexpr (std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, float>) {
-    if (path() >= AVX512) quantize_avx512(x, rows, k, a);
-    else if (path() == AVX2) quantize_avx2(x, rows, k, a);
-    else quantize(x, rows, k, a);
-  } else {
-    quantize(x, rows, k, a);
-  }
-#else
-  quantize(x, rows, k, a);
-#endif
+  a.shape(rows, k);
   const int64_t nb = k / QK, n = parts.total_cols;
   const Path p = path();
   const bool amx = p == AMX && rows >= AMX_FROM;
   const int64_t step = amx ? AMX_ROWS : ROWS;
-  at::parallel_for(0, parts.total_tiles, 1, [&](int64_t begin, int64_t end) {
+  // tiles begin..end-1 for every row
+  auto tiles_of = [&](int64_t begin, int64_t end) {
     alignas(64) float acc[AMX_ROWS * COLS];
     int64_t configured = 0;  // the rows the tiles are configured for (tile registers are each thread's own)
     for (int64_t c0 = 0; c0 < rows; c0 += ROW_CHUNK) {
@@ -923,7 +928,31 @@ void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const P
       }
     }
     if (configured) amx_release();
-  });
+  };
+  const int64_t blocks = rows * nb, total = parts.total_tiles;
+  const bool team = blocks >= TEAM_QUANTIZES;
+  if (!team) quantize_blocks(x, 0, blocks, a);
+  if (at::get_num_threads() == 1 || at::in_parallel_region() || total < 2) {
+    if (team) quantize_blocks(x, 0, blocks, a);
+    tiles_of(0, total);
+    return;
+  }
+  // One team: with many blocks (several rows, a prompt's) each thread quantizes a share of them and, once all are
+  // (the barrier), takes its share of the tiles, as at::parallel_for would split them
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), tid = omp_get_thread_num();
+    if (team) {
+      quantize_blocks(x, blocks * tid / threads, blocks * (tid + 1) / threads, a);
+#pragma omp barrier
+    }
+    const int64_t chunk = (total + threads - 1) / threads, begin = tid * chunk;
+    if (begin < total) {
+      at::internal::ThreadIdGuard tid_guard(tid);
+      c10::ParallelGuard guard(true);
+      tiles_of(begin, std::min(total, begin + chunk));
+    }
+  }
 }
 
 // y = x @ W^T (+ bias): x (rows, k) in bf16, fp16 or fp32; y in x's dtype, or fp32 when `out_float`.
