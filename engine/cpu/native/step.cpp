@@ -673,10 +673,22 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
         ps[hr] = p.get() + hr * width;
         sp[hr] = sums.data() + hr * 2 * hd;
       }
-      // each block of keys once for all (a row's scores past its own keys are made and never read)
+      // each block of keys once for all the pairs whose row sees a slot of it: a row's scores past its own last
+      // key are never read, so a prompt chunk's first rows skip the chunk's later blocks (consecutive pairs are
+      // consecutive rows of a head, so those that need as many of these blocks are runs, each scored together)
       for (int64_t blk0 = 0; blk0 < blocks; blk0 += SCORE_BLOCKS) {
+        const int64_t nb = std::min<int64_t>(SCORE_BLOCKS, blocks - blk0);
+        auto need = [&](int64_t hr) {
+          return std::clamp<int64_t>((ends[hr % t] + KB - 1) / KB - blk0, 0, nb);
+        };
         for (int64_t hr = 0; hr < pairs; ++hr) outs[hr] = ps[hr] + blk0 * KB;
-        score_pairs(qs.data(), pairs, kh + blk0 * hd * KB, hd, std::min<int64_t>(SCORE_BLOCKS, blocks - blk0), outs.data());
+        for (int64_t i = 0; i < pairs;) {
+          const int64_t m = need(i);
+          int64_t j = i + 1;
+          while (j < pairs && need(j) == m) ++j;
+          if (m > 0) score_pairs(qs.data() + i, j - i, kh + blk0 * hd * KB, hd, m, outs.data() + i);
+          i = j;
+        }
       }
       for (int64_t hr = 0; hr < nh * t; ++hr) {  // softmax over the row's own keys, in order
         const int64_t r = hr % t;
