@@ -930,23 +930,20 @@ void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const P
     if (configured) amx_release();
   };
   const int64_t blocks = rows * nb, total = parts.total_tiles;
-  const bool team = blocks >= TEAM_QUANTIZES;
+  const bool parallel = at::get_num_threads() > 1 && !at::in_parallel_region() && total > 1;
+  const bool team = parallel && blocks >= TEAM_QUANTIZES;
   if (!team) quantize_blocks(x, 0, blocks, a);
-  if (at::get_num_threads() == 1 || at::in_parallel_region() || total < 2) {
-    if (team) quantize_blocks(x, 0, blocks, a);
-    tiles_of(0, total);
-    return;
-  }
+  if (!parallel) return tiles_of(0, total);
   // One team: with many blocks (several rows, a prompt's) each thread quantizes a share of them and, once all are
   // (the barrier), takes its share of the tiles, as at::parallel_for would split them
 #pragma omp parallel
   {
-    const int64_t threads = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t team_size = omp_get_num_threads(), tid = omp_get_thread_num();
     if (team) {
-      quantize_blocks(x, blocks * tid / threads, blocks * (tid + 1) / threads, a);
+      quantize_blocks(x, blocks * tid / team_size, blocks * (tid + 1) / team_size, a);
 #pragma omp barrier
     }
-    const int64_t chunk = (total + threads - 1) / threads, begin = tid * chunk;
+    const int64_t chunk = (total + team_size - 1) / team_size, begin = tid * chunk;
     if (begin < total) {
       at::internal::ThreadIdGuard tid_guard(tid);
       c10::ParallelGuard guard(true);

@@ -107,13 +107,19 @@ void rms_rows(const T* x, const T* w, T* out, int64_t rows, int64_t d, float eps
   }
 }
 
+// rms_rows over x's last dimension (x contiguous) into `out`, made when its shape is not x's (a pass's buffer)
+template <typename T>
+Tensor& rms_into(const Tensor& x, const Tensor& w, double eps, Tensor& out) {
+  if (!out.defined() || out.sizes() != x.sizes() || out.scalar_type() != x.scalar_type()) out = at::empty_like(x);
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  rms_rows<T>(x.data_ptr<T>(), w.data_ptr<T>(), out.data_ptr<T>(), rows, d, static_cast<float>(eps));
+  return out;
+}
+
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
-  auto xc = x.contiguous();
-  auto out = at::empty_like(xc);
-  int64_t d = xc.size(-1), rows = xc.numel() / d;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "rms_norm", [&] {
-    rms_rows<scalar_t>(xc.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, d, static_cast<float>(eps));
-  });
+  const Tensor xc = x.contiguous();
+  Tensor out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "rms_norm", [&] { rms_into<scalar_t>(xc, w, eps, out); });
   return out;
 }
 
@@ -852,14 +858,6 @@ void add_rows(Tensor& x, const Tensor& y_in) {
   T* xp = x.data_ptr<T>();
   const T* yp = y.data_ptr<T>();
   for (int64_t i = 0, n = x.numel(); i < n; ++i) xp[i] = static_cast<T>(static_cast<M>(xp[i]) + static_cast<M>(yp[i]));
-}
-
-// rms_norm into the scratch buffer `out` (made when its shape is not x's)
-template <typename T>
-Tensor& rms_into(const Tensor& x, const Tensor& w, double eps, Tensor& out) {
-  if (!out.defined() || out.sizes() != x.sizes() || out.scalar_type() != x.scalar_type()) out = at::empty_like(x);
-  rms_rows<T>(x.data_ptr<T>(), w.data_ptr<T>(), out.data_ptr<T>(), x.size(0), x.size(1), static_cast<float>(eps));
-  return out;
 }
 
 // A layer after its attention: x += o(attn), then x += down(silu(gate) * up) over the post-attention norm.
