@@ -56,14 +56,19 @@ def llama_config(preset: str):
     )
 
 
-def bundled_tokenizer_folder() -> Path:
-    """The cached folder the bundled GGUF is converted into (tokenizer files included), or the folder
-    SPECULA_TOKENIZER names (a machine without the bundled model: a copy of those files)."""
+def write_tokenizer(out: Path) -> None:
+    """The bundled model's tokenizer (built from its GGUF's metadata, chat template included) into `out`, or the
+    tokenizer files in the folder SPECULA_TOKENIZER names (a machine without the bundled model)."""
     if os.environ.get("SPECULA_TOKENIZER"):
-        return Path(os.environ["SPECULA_TOKENIZER"])
-    from specula.engine.models.loading import _converted_gguf, bundled_gguf_path
+        source = Path(os.environ["SPECULA_TOKENIZER"])
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copy(source / name, out / name)
+        return
+    from specula.engine.models.gguf import GGUFFile, tokenizer_from
+    from specula.engine.models.loading import bundled_gguf_path
 
-    return _converted_gguf(bundled_gguf_path(), lambda text: print(text, file=sys.stderr))
+    tokenizer_from(GGUFFile(bundled_gguf_path())).save_pretrained(out)
 
 
 def build(preset: str, out: Path, dtype: torch.dtype, device: str, seed: int) -> int:
@@ -80,10 +85,7 @@ def build(preset: str, out: Path, dtype: torch.dtype, device: str, seed: int) ->
     n_params = sum(p.numel() for p in model.parameters())
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)  # safetensors
-    source = bundled_tokenizer_folder()
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copy(source / name, out / name)
+    write_tokenizer(out)
     like = PRESETS[preset][-1]
     (out / "random_model.json").write_text(json.dumps(
         {"preset": preset, "shaped_like": like, "seed": seed, "parameters": n_params,

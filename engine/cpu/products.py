@@ -240,8 +240,9 @@ class FileBlocks:
     blocks in input order, the rows in transformers' order."""
 
     type_name: str  # one of BLOCK_FORMATS
-    data: torch.Tensor
+    data: torch.Tensor  # (out, bytes per row): the rows as stored (where a file keeps them: no copy)
     shape: tuple[int, int]
+    order: torch.Tensor | None = None  # the stored rows in transformers' order (GGUF permutes Llama's q/k), or None
 
     def __post_init__(self) -> None:
         weights, size = _FILE_BLOCK[self.type_name]
@@ -249,13 +250,17 @@ class FileBlocks:
         if inp % weights or tuple(self.data.shape) != (out, inp // weights * size):
             raise ValueError(f"{self.type_name} bytes of shape {tuple(self.data.shape)} do not hold a weight {self.shape}")
 
+    def ordered(self) -> torch.Tensor:
+        """The bytes with the rows in transformers' order (a copy where `order` reorders them)."""
+        return self.data if self.order is None else self.data[self.order]
+
     def rows(self, order: torch.Tensor) -> "FileBlocks":
-        """The weight's output rows `order` (GGUF permutes Llama's q/k rows; a check reads a few)."""
-        return FileBlocks(self.type_name, self.data[order].contiguous(), (len(order), self.shape[1]))
+        """The weight's output rows `order` (a check reads a few)."""
+        return FileBlocks(self.type_name, self.ordered()[order].contiguous(), (len(order), self.shape[1]))
 
     def q4(self) -> Q4Blocks | None:
         """The 4-bit groups torch's int4 kernel takes (None for the other formats)."""
-        raw = self.data.numpy()
+        raw = self.ordered().numpy()
         if self.type_name == "Q4_K":
             return q4k_from_gguf(raw, self.shape)
         if self.type_name in ("Q4_0", "Q4_1"):
@@ -266,7 +271,7 @@ class FileBlocks:
         """The fp32 weights (out, in) the file's blocks stand for (the gguf package's reference)."""
         from gguf import GGMLQuantizationType, dequantize
 
-        values = dequantize(self.data.numpy(), GGMLQuantizationType[self.type_name])
+        values = dequantize(self.ordered().numpy(), GGMLQuantizationType[self.type_name])
         return torch.from_numpy(values.reshape(self.shape).astype(np.float32))
 
     @staticmethod
@@ -295,7 +300,7 @@ class Blocks:
         self.source_type = "+".join(sorted({p.type_name for p in parts}))
         packed, table, at = [], [], 0
         for p in parts:
-            data = ops.blocks_pack(p.data, BLOCK_FORMATS[p.type_name])
+            data = ops.blocks_pack(p.ordered(), BLOCK_FORMATS[p.type_name])
             table.append([BLOCK_FORMATS[p.type_name], p.shape[0], at])
             packed.append(data)
             at += data.numel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..api.errors import SpeculaError
 from ..api.strategies import STRATEGIES
+from ..models.gguf import out_features
 from .model_drafter import ModelDrafter
 
 
@@ -15,4 +16,4 @@ class DraftModel(ModelDrafter):
     def build(cls, target, draft=None, **options) -> "DraftModel":
         if draft is None:
             raise SpeculaError("strategy 'draft-model' needs a draft model (--draft-model)")
-        return cls(draft.new_runner(), target.model.get_output_embeddings().weight.shape[0])
+        return cls(draft.new_runner(), out_features(target.model.get_output_embeddings()))

@@ -22,6 +22,7 @@ from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
 from ..decoding.sampling import process_logits, sample
 from ..heads.store import head_for_strategy
+from ..models.gguf import out_features, weight_device, weight_dtype, weight_rows
 from .prompt_lookup import matched_continuation
 
 TREE_CHILDREN = 4  # children looked at per expanded node
@@ -60,7 +61,7 @@ class Eagle(Drafter):
         self.own_logits = getattr(head, "draft_logits", None)
         norm = model.model.norm
         self.lm_head = model.get_output_embeddings()
-        self.vocab = self.lm_head.weight.shape[0]
+        self.vocab = out_features(self.lm_head)
         # the head runs in the model's dtype: in fp32 its weights and the draft vocabulary's LM-head rows
         # are twice the bytes, and drafting on a CPU took 1.75x as long (docs/PERFORMANCE.md)
         self.dtype = next(head.parameters()).dtype
@@ -72,8 +73,8 @@ class Eagle(Drafter):
         self.offset = 0
         self.fresh = 1  # positions the last step kept: what a proposal after it reads without catching up
         ids = head.draft_ids
-        self.ids = ids.to(self.lm_head.weight.device) if ids.numel() else None
-        self.sub_weight = (self.lm_head.weight[self.ids].to(self.dtype).contiguous()
+        self.ids = ids.to(weight_device(self.lm_head)) if ids.numel() else None
+        self.sub_weight = (weight_rows(self.lm_head, self.ids).to(self.dtype).contiguous()
                            if self.ids is not None and self.own_logits is None else None)
         self.id_list = self.ids.tolist() if self.ids is not None else None
         self.stop_below = stop_below  # greedy: no further draft token once the head's top guess is less likely
@@ -286,7 +287,7 @@ class Eagle(Drafter):
         if self.ids is None:
             if self.own_logits is not None:
                 return self.own_logits(out[None])[0][: self.vocab]
-            return self.lm_head(self._out(out[None]).to(self.lm_head.weight.dtype))[0].float()[: self.vocab]
+            return self.lm_head(self._out(out[None]).to(weight_dtype(self.lm_head)))[0].float()[: self.vocab]
         full = torch.full((self.vocab,), float("-inf"), device=out.device)
         full[self.ids] = self._draft_logits(out[None])[0]
         return full
@@ -297,7 +298,7 @@ class Eagle(Drafter):
             return self.own_logits(outs)
         h = self._out(outs)
         if self.ids is None:
-            return self.lm_head(h.to(self.lm_head.weight.dtype)).float()[:, : self.vocab]
+            return self.lm_head(h.to(weight_dtype(self.lm_head))).float()[:, : self.vocab]
         return torch.nn.functional.linear(h, self.sub_weight).float()
 
     def _token(self, index: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..api.errors import UnsupportedModelError
 from ..api.strategies import STRATEGIES
+from ..models.gguf import out_features
 from .model_drafter import ModelDrafter
 
 
@@ -21,4 +22,4 @@ class LayerSkip(ModelDrafter):
         if not 1 <= exit_layer < n:
             raise UnsupportedModelError(f"exit layer must be between 1 and {n - 1} for this model, got {exit_layer}")
         runner = target.new_runner().shallow(exit_layer)
-        return cls(runner, target.model.get_output_embeddings().weight.shape[0])
+        return cls(runner, out_features(target.model.get_output_embeddings()))

@@ -15,6 +15,7 @@ import torch
 from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft, sends_tree
 from ..heads.store import head_for_strategy
+from ..models.gguf import out_features, weight_device, weight_rows
 
 # paths of guess ranks, e.g. (0, 1): head 0's best guess, then head 1's second best below it; parents
 # come before children. Ten nodes: on a CPU each extra node adds about 1 ms to a pass.
@@ -30,10 +31,10 @@ class Medusa(Drafter):
         self.head = head
         self.norm = model.model.norm
         self.lm_head = model.get_output_embeddings()
-        self.vocab = self.lm_head.weight.shape[0]
+        self.vocab = out_features(self.lm_head)
         ids = head.draft_ids
-        self.ids = ids.to(self.lm_head.weight.device) if ids.numel() else None
-        self.weight = self.lm_head.weight[self.ids].contiguous() if self.ids is not None else self.lm_head.weight
+        self.ids = ids.to(weight_device(self.lm_head)) if ids.numel() else None
+        self.weight = weight_rows(self.lm_head, self.ids if self.ids is not None else slice(None)).contiguous()
         self.tree = tuple(path for path in tree if len(path) <= len(head.blocks))
         self.width = 1 + max(rank for path in self.tree for rank in path)
         self.force_tree = force_tree  # None: a tree where the target decides trees exactly, else the top chain

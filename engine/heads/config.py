@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..models.gguf import weight_rows
+
 FORMAT = 1
 
 
@@ -111,7 +113,8 @@ def target_fingerprint(model) -> str:
     shape = (cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.intermediate_size)
     digest.update(repr(shape).encode())
     with torch.no_grad():
-        parts = (model.get_input_embeddings().weight[:16, :64], model.get_output_embeddings().weight[-16:, :64])
+        parts = (weight_rows(model.get_input_embeddings(), slice(None, 16))[:, :64],
+                 weight_rows(model.get_output_embeddings(), slice(-16, None))[:, :64])
         # through bf16, then rounded: the same weights loaded in fp32, fp16 or bf16 give the same values
         sample = torch.cat([p.detach().to(torch.bfloat16).float().cpu().flatten() for p in parts])
     digest.update(sample.numpy().round(3).tobytes())

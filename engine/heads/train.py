@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from ..api.errors import SpeculaError, TrainingCancelled, first_line
 from ..api.prompts import Message, encode
 from ..decoding.drafter import Drafter, empty_draft
+from ..models.gguf import weight_rows
 from .config import HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head, default_aux_layers
@@ -688,10 +689,10 @@ class _Frozen:
 
     def __init__(self, target) -> None:
         model = target.model
-        self.embed = model.get_input_embeddings().weight.detach().float()
+        self.embed = weight_rows(model.get_input_embeddings(), slice(None)).detach().float()
         self.norm_w = model.model.norm.weight.detach().float()
         self.eps = model.model.norm.variance_epsilon
-        self.lm = model.get_output_embeddings().weight.detach().float()
+        self.lm = weight_rows(model.get_output_embeddings(), slice(None)).detach().float()
         self.device = self.embed.device  # where training runs: the target's device
 
     def logits(self, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:

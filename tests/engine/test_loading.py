@@ -77,37 +77,20 @@ def test_device_and_dtype_resolution():
             resolve_device("cuda")
 
 
-def test_bundled_gguf_is_converted_once(bundled_fp32, monkeypatch):
+def test_a_gguf_leaves_no_copy_in_the_cache_and_old_copies_go_once(tmp_path, monkeypatch):
+    """A GGUF is read as it is: loading one writes nothing to the cache but the compiled step; the fp32 copies an
+    earlier version kept there are removed at the next GGUF load, once, with a line saying how much was freed."""
+    monkeypatch.setenv("SPECULA_CACHE_DIR", str(tmp_path / "cache"))
+    old = tmp_path / "cache" / "gguf" / "SmolLM2-0123"
+    old.mkdir(parents=True)
+    (old / "model.safetensors").write_bytes(b"w" * 3_000_000)
     said = []
-    path = loading.bundled_gguf_path()
-    folder = loading._converted_gguf(path, said.append)  # the session fixture already converted it
-    assert said == []
-    assert (folder / "model.safetensors").is_file() and (folder / "done.json").is_file()
-
-
-def test_conversions_no_load_can_use_again_are_removed(tmp_path):
-    """A GGUF's fp32 conversion is kept while its file is there unchanged; one whose file is gone (a deleted
-    copy of the project) or changed (a new download) goes, and what is not a finished conversion stays."""
-    import json
-    import os
-
-    cache = tmp_path / "gguf"
-    files = {name: tmp_path / f"{name}.gguf" for name in ("kept", "gone", "changed")}
-    for name, path in files.items():
-        path.write_bytes(b"GGUF" + name.encode())
-        entry = cache / f"{name}-{loading._gguf_key(path)}"
-        entry.mkdir(parents=True)
-        (entry / "model.safetensors").write_bytes(b"weights")
-        (entry / "done.json").write_text(json.dumps({"source": str(path), "key": loading._gguf_key(path)}))
-    files["gone"].unlink()
-    stat = files["changed"].stat()
-    os.utime(files["changed"], ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))
-    (cache / "killed-part-way").mkdir()  # no done.json: a conversion in progress or killed, not judged here
-    (cache / "broken").mkdir()
-    (cache / "broken" / "done.json").write_text("{not json")
-    removed = loading.drop_stale_conversions(cache)
-    assert sorted(p.name.split("-")[0] for p in removed) == ["changed", "gone"]
-    assert sorted(p.name.split("-")[0] for p in cache.iterdir()) == ["broken", "kept", "killed"]
+    loading.load_model(ModelSpec("bundled", device="cpu", dtype="fp32"), progress=said.append)
+    assert any("removed the converted copies" in line and "0.0 GB freed" in line for line in said)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) in ([], ["compiled"])
+    said.clear()
+    loading.load_model(ModelSpec("bundled", device="cpu", dtype="fp32"), progress=said.append)
+    assert not any("removed" in line for line in said)
 
 
 def test_vocabulary_check_names_the_difference(bundled_fp32, other_vocab_folder):

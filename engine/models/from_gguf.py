@@ -1,0 +1,240 @@
+"""A model built from a GGUF file as the file stores it: no full-precision copy of its weights at any moment.
+
+The transformers module is made on the meta device (its parameters have shapes, no memory), then each of
+the file's tensors is placed, one at a time:
+- natively (a Llama-family model on the CPU in bf16 with the compiled step's library): the projections
+  and the LM head stay the file's blocks (`NativeWeights`, packed once into the products' layout; their
+  parameters stay on the meta device and nothing reads them), the token embedding is looked up from its
+  own format (`FileEmbedding`: rows dequantized as they are read), norms and biases become small tensors;
+- otherwise (other families, other devices or dtypes, `--weights dequantized`, types the products do not
+  run): dequantized one tensor at a time into the model's dtype on its device (peak: one tensor in fp32).
+transformers' GGUF tables name the tensors (`get_gguf_hf_weights_map`) and its per-architecture processors
+undo what llama.cpp's converter did to a dequantized tensor (Llama's q/k row order, Gemma's norms); for
+native blocks the q/k row order is undone by an index (`llama_row_order`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..api.errors import SpeculaError, first_line
+from ..cpu import step as cpu_step
+from ..cpu.products import BLOCK_FORMATS, Blocks
+from .gguf import LM_HEAD, FileEmbedding, FileHead, GGUFFile, NativeWeights, config_from, llama_row_order, tokenizer_from
+from .llama import LLAMA_FAMILY, build_products
+
+log = logging.getLogger(__name__)
+
+_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+RUNTIME_BYTES = 1 << 30  # torch, the tokenizer and the rest of a process, besides weights and cache
+
+
+def available_memory() -> int | None:
+    """Bytes of memory a new allocation can take without swapping (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_needed(file: GGUFFile, config, native: bool, dtype: torch.dtype) -> int:
+    """What loading the file takes, before any cache: the file's bytes natively, its parameters in `dtype`
+    otherwise, and the runtime."""
+    if native:
+        weights = sum(e.nbytes for e in file.tensors.values())
+    else:
+        elements = sum(int(torch.Size(e.shape).numel()) for e in file.tensors.values())
+        weights = elements * torch.empty(0, dtype=dtype).element_size()
+    return weights + RUNTIME_BYTES
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GB"
+
+
+def _native_products(config, device: torch.device, dtype: torch.dtype, weights: str, say):
+    """The compiled step's library to run the file's blocks with, or None and why not."""
+    if weights == "dequantized":
+        return None, "dequantized weights were asked for"
+    if device.type != "cpu":
+        return None, "the file's blocks run on the CPU only; on a GPU they are dequantized"
+    if dtype != torch.bfloat16:
+        return None, f"the file's blocks compute in bf16, not {str(dtype).removeprefix('torch.')} (use --dtype bf16)"
+    if config.model_type not in LLAMA_FAMILY:
+        return None, f"the architecture '{config.model_type}' has no lean forward"
+    if os.environ.get("SPECULA_PRODUCTS", "own").strip().lower() == "torch":
+        return None, "SPECULA_PRODUCTS=torch"
+    if cpu_step.ops() is None:
+        say("building the compiled step, which runs the file's blocks (once per machine)")
+    cpu_step.prepare(wait=True)
+    ops = cpu_step.ops()
+    if ops is None:
+        return None, f"the compiled step's library is not available ({cpu_step.error() or 'not built'})"
+    if ops.blocks_path(-1) < 2:
+        return None, "this CPU has no vector path for the file's blocks (x86-64 with AVX2 or better)"
+    return ops, ""
+
+
+def load(path: Path, device: torch.device, dtype: torch.dtype, weights: str, say=lambda text: None):
+    """(model, tokenizer, NativeWeights or None) from a GGUF file; `weights` "auto", "native" or "dequantized"."""
+    file = GGUFFile(path)
+    config = config_from(file)
+    tokenizer = tokenizer_from(file)
+    ops, why = _native_products(config, device, dtype, weights, say)
+    if ops is None and weights == "native":
+        raise SpeculaError(f"cannot run {file.path.name} with native weights: {why}")
+    if ops is None:
+        log.info("dequantized weights for %s: %s", file.path.name, why)
+    needed, free = memory_needed(file, config, ops is not None, dtype), available_memory()
+    if free is not None and device.type == "cpu" and needed > free:
+        raise SpeculaError(f"{file.path.name} needs about {_gib(needed)} of memory to load and {_gib(free)} is free: "
+                           "close other programs or pick a smaller file")
+    say(f"reading {file.path.name}")
+    model = _meta_model(config, dtype)
+    native = _place(file, model, config, device, dtype, ops)
+    model.eval()
+    if native is not None:
+        build_products(model, native)
+        file.release()  # the products hold the blocks now; the embedding's rows are read again as they are used
+    return model, tokenizer, native
+
+
+def _meta_model(config, dtype: torch.dtype) -> nn.Module:
+    """The transformers module with its parameters on the meta device (buffers such as rotary tables real)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with init_empty_weights(include_buffers=False):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except (ValueError, KeyError) as exc:
+        raise SpeculaError(f"transformers cannot build a '{config.model_type}' model: {first_line(exc)}") from None
+
+
+def _check_shape(model: nn.Module, name: str, shape: tuple[int, ...], tensor: str = "") -> None:
+    """A one-line error where the file's tensor for `name` is not the shape its metadata gives the model."""
+    module_name, _, attr = name.rpartition(".")
+    expected = tuple(getattr(model.get_submodule(module_name), attr).shape)
+    if expected != tuple(shape):
+        raise SpeculaError(f"tensor {tensor or name} has the shape {tuple(shape)}, where the file's metadata makes "
+                           f"it {expected}: the file is damaged or was made wrongly")
+
+
+def _set(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Parameter or buffer `name` becomes `value` (shapes checked: a file that disagrees with its metadata)."""
+    module_name, _, attr = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    _check_shape(model, name, tuple(value.shape))
+    if attr in module._parameters:
+        module._parameters[attr] = nn.Parameter(value, requires_grad=False)
+    else:
+        module._buffers[attr] = value
+
+
+def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype: torch.dtype, ops) -> NativeWeights | None:
+    """Every tensor of the file into `model` (see the module's text); the file's blocks natively where `ops`."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    processor = TENSOR_PROCESSORS.get(file.architecture, TensorProcessor)(config=config.to_dict())
+    try:
+        mapping = get_gguf_hf_weights_map(model, processor, model_type=file.architecture)
+    except NotImplementedError as exc:
+        raise SpeculaError(f"{file.path.name}: {first_line(exc)}") from None
+    native = NativeWeights() if ops is not None else None
+    n_head = config.num_attention_heads
+    n_kv = getattr(config, "num_key_value_heads", None) or n_head
+    placed = set()
+    dense = _dense_in_groups(file) if native is not None else set()
+    for entry in file.tensors.values():
+        if native is not None:
+            native.file_types[entry.type_name] += 1
+        if entry.name == "rope_freqs.weight":  # llama.cpp's per-dimension rotary factors (Llama 3.1's scaling)
+            _scale_rotary(model, file.dequantize(entry.name, torch.float32))
+            continue
+        hf = mapping.get(entry.name)
+        if hf is None:
+            log.info("%s: tensor %s has no place in a %s model", file.path.name, entry.name, config.model_type)
+            continue
+        module, _, attr = hf.rpartition(".")
+        blocks_ok = (native is not None and entry.type_name in BLOCK_FORMATS and len(entry.shape) == 2
+                     and entry.name not in dense)
+        if native is not None and (blocks_ok or hf == "model.embed_tokens.weight"):  # read as the file stores it
+            _check_shape(model, hf, entry.shape, entry.name)
+        if blocks_ok and attr == "weight" and (module == LM_HEAD or module.endswith(_PROJECTIONS)):
+            order = None
+            if file.architecture == "llama" and module.endswith(("q_proj", "k_proj")):
+                order = llama_row_order(entry.shape[0], n_head if module.endswith("q_proj") else n_kv)
+            blocks = file.blocks(entry.name)
+            native.tensors[module] = type(blocks)(blocks.type_name, blocks.data, blocks.shape, order)
+            placed.add(hf)
+            continue
+        if native is not None and hf == "model.embed_tokens.weight":
+            model.model.embed_tokens = FileEmbedding(file, entry.name, dtype)
+            placed.add(hf)
+            if config.tie_word_embeddings and blocks_ok:
+                native.tensors[LM_HEAD] = file.blocks(entry.name)
+                placed.add("lm_head.weight")
+            continue
+        value = file.dequantize(entry.name, torch.float32)
+        result = processor.process(weights=value.numpy(), name=entry.name, tensor_key_mapping=mapping,
+                                   parsed_parameters={"tensors": {}})
+        target = mapping.get(result.name, hf)
+        _set(model, target, torch.from_numpy(result.weights.copy() if not result.weights.flags.writeable
+                                              else result.weights).to(dtype=dtype, device=device))
+        placed.add(target)
+    if native is not None and LM_HEAD in native.tensors:
+        model.lm_head = FileHead(Blocks(ops, [native.tensors[LM_HEAD]], None, out_float=True), file,
+                                 "output.weight" if "output.weight" in file.tensors else "token_embd.weight", dtype)
+    elif config.tie_word_embeddings and "lm_head.weight" not in placed:
+        embed = model.get_input_embeddings()
+        if isinstance(embed, FileEmbedding):  # a tied head in a type the products do not run: its own dense copy
+            model.lm_head.weight = nn.Parameter(embed.rows(slice(None)).to(device), requires_grad=False)
+        else:
+            model.lm_head.weight = embed.weight
+        placed.add("lm_head.weight")
+    missing = [name for name, p in model.named_parameters() if p.is_meta and name not in placed]
+    if missing:
+        raise SpeculaError(f"{file.path.name} holds no tensor for {missing[0]}"
+                           f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: it is incomplete")
+    for name, buffer in model.named_buffers():
+        if buffer.device != device:
+            _set(model, name, buffer.to(device))
+    return native
+
+
+_FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))  # the products the lean forward runs as one
+
+
+def _dense_in_groups(file: GGUFFile) -> set[str]:
+    """The projections that are made dense although the products run their type: q/k/v and gate/up run as one
+    product each, so where one of a group is in a type the products do not run, the group is dense."""
+    dense = set()
+    layers = {name.split(".")[1] for name in file.tensors if name.startswith("blk.")}
+    for i in layers:
+        for group in _FUSED:
+            names = [f"blk.{i}.{part}.weight" for part in group]
+            if any(n in file.tensors and file.tensors[n].type_name not in BLOCK_FORMATS for n in names):
+                dense.update(names)
+    return dense
+
+
+def _scale_rotary(model: nn.Module, factors: torch.Tensor) -> None:
+    """Divide the rotary frequencies by llama.cpp's per-dimension factors, as its graph does."""
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    inv = getattr(rotary, "inv_freq", None)
+    if inv is None or inv.shape != factors.shape:
+        log.warning("rope_freqs of %s values does not fit this model's rotary: left out", factors.numel())
+        return
+    rotary.inv_freq = inv / factors.to(inv)
+    if hasattr(rotary, "original_inv_freq"):
+        rotary.original_inv_freq = rotary.inv_freq

@@ -1,0 +1,201 @@
+"""A GGUF file loaded as it is: config, tokenizer and template from its metadata, its blocks run as the file
+stores them, no full-precision copy of a weight at any moment, the same tokens through every strategy, and
+one line for every way a file can be wrong. The files are written by the tests (tests/support/gguf_files.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specula.engine.api.errors import SpeculaError
+from specula.engine.api.types import ModelSpec
+from specula.engine.drafters import DRAFTERS
+from specula.engine.models import from_gguf, gguf
+from specula.engine.models.loading import load_model
+from tests.support.gguf_files import tiny_llama, write_gguf
+from tests.support.tiny import assert_greedy_identity, head_options
+
+# what llama.cpp's quantizer writes for Q4_K_M: Q4_K, with Q6_K for attn_v, ffn_down and the embedding
+Q4_K_M = {"default": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "embed": "Q6_K", "output": "Q8_0"}
+FORMATS = {name: {"default": name} for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")}
+FORMATS["Q4_K_M"] = Q4_K_M
+# types the products do not run (made dense from the file, one tensor at a time), beside ones they do
+PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+FORMATS["mixed dense"] = {"default": "Q4_0", "attn_q": "Q3_K", "ffn_up": "F16", "ffn_gate": "BF16", "embed": "Q2_K"}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gguf")
+    model = tiny_llama(tied=False)
+    return {name: write_gguf(folder / f"{name.replace(' ', '-')}.gguf", model, types) for name, types in FORMATS.items()}
+
+
+def _load(path, **kw):
+    return load_model(ModelSpec(str(path), device="cpu", **{"dtype": "bf16", **kw}))
+
+
+def _greedy(target, prompt: list[int], strategy: str = "none", n: int = 24) -> list[int]:
+    from specula.engine.api.types import DecodeConfig
+    from specula.engine.decoding.loop import generate
+    from specula.engine.drafters import build_drafter
+
+    drafter = build_drafter(strategy, target, None)
+    return list(generate(target.new_runner(), drafter, prompt, DecodeConfig(k=4, max_new_tokens=n)))[-1].token_ids
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_each_format_runs_as_the_file_stores_it(files, name, monkeypatch):
+    dequantized = []
+    real = gguf.GGUFFile.dequantize
+    monkeypatch.setattr(gguf.GGUFFile, "dequantize", lambda self, n, dtype, rows=None: (
+        dequantized.append((n, rows is None)) or real(self, n, dtype, rows)))
+    target = _load(files[name])
+    roles = FORMATS[name]
+    kinds = {roles.get(r, roles["default"]) for r in PROJECTIONS if r not in _dense_roles(name)} & set(gguf.NATIVE_TYPES)
+    assert target.weights == f"{'/'.join(sorted(kinds))} (native)"
+    whole = {n for n, whole in dequantized if whole}
+    assert all("norm" in n or n.endswith(tuple(f"{t}.weight" for t in _dense_roles(name))) for n in whole), whole
+    params = dict(target.model.named_parameters())
+    for module, blocks in target.native.tensors.items():  # every projection the file's blocks run: no copy
+        assert blocks.type_name in gguf.NATIVE_TYPES
+        assert isinstance(target.model.lm_head, gguf.FileHead) if module == "lm_head" else params[f"{module}.weight"].is_meta
+    # the embedding is looked up from the file, row by row, in its own format
+    assert isinstance(target.model.get_input_embeddings(), gguf.FileEmbedding)
+    dense = _load(files[name], weights="dequantized")
+    assert dense.native is None and not any(p.is_meta for p in dense.model.parameters())
+    ids = torch.arange(100, 140)
+    ours, theirs = target.new_runner().forward(ids, last=40), dense.new_runner().forward(ids, last=40)
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.75  # int8 activations against dense bf16
+    prompt = list(range(300, 320))
+    assert _greedy(target, prompt, "prompt-lookup") == _greedy(target, prompt)
+
+
+def _dense_roles(name: str) -> tuple[str, ...]:
+    """The GGUF names of the roles a format writes in types the products do not run."""
+    roles = FORMATS[name]
+    dense = {role for role, t in roles.items() if role != "default" and t not in gguf.NATIVE_TYPES}
+    for group in (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up")):  # run as one product each
+        if dense & set(group):
+            dense |= set(group)
+    return tuple(dense)
+
+
+@pytest.mark.parametrize("strategy", sorted(set(DRAFTERS) - {"none"}))
+def test_greedy_speculation_over_a_gguf_as_it_is_is_identical_to_plain_decoding(files, strategy, tmp_path):
+    target = _load(files["Q4_K_M"])
+    options = head_options(target, strategy, tmp_path)
+    assert_greedy_identity(target, target, strategy, options, trials=3, longest_prompt=90, max_new_tokens=40)
+
+
+def test_the_dequantized_load_is_transformers_own_reading_of_the_file(tmp_path):
+    """Config, weights (Llama's q/k rows put back by transformers' own processor) and tokenizer as
+    transformers reads the file, without its fp32 copy of the whole model; the blocks, with the row order
+    undone by an index, give the same weights."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama(tied=True, seed=3), "Q8_0")
+    ours = _load(path, dtype="fp32")
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
+    mine, theirs = ours.model.state_dict(), ref.state_dict()
+    assert set(mine) == set(theirs) and all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "intermediate_size", "vocab_size", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings"):
+        assert getattr(ours.model.config, key) == getattr(ref.config, key), key
+    assert ours.model.config.rope_parameters["rope_theta"] == ref.config.rope_parameters["rope_theta"]
+    tok = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    chat = [{"role": "user", "content": "Hello there, how are you?"}]
+    assert ours.tokenizer.get_vocab() == tok.get_vocab()
+    assert ours.tokenizer.apply_chat_template(chat, add_generation_prompt=True) == tok.apply_chat_template(
+        chat, add_generation_prompt=True)
+    assert ours.eos_ids == {tok.eos_token_id}
+    native = _load(path)
+    dense = dict(ours.model.named_modules())
+    for module, blocks in native.native.tensors.items():
+        if module != "lm_head":
+            assert torch.equal(blocks.dequantize(), dense[module].weight), module
+
+
+def test_a_qwen2_file_with_biases_runs_natively_as_dequantized(tmp_path):
+    path = write_gguf(tmp_path / "q.gguf", tiny_llama("qwen2", tied=True, seed=4, bias=True), "Q8_0")
+    target, dense = _load(path), _load(path, weights="dequantized")
+    assert target.model.config.model_type == "qwen2" and target.weights == "Q8_0 (native)"
+    assert torch.count_nonzero(target.model.model.layers[0].self_attn.q_proj.bias) > 0
+    ids = torch.arange(7, 47)
+    ours, theirs = target.new_runner().forward(ids, last=40), dense.new_runner().forward(ids, last=40)
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.75
+    assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
+
+
+def test_llama_3_rotary_factors_in_the_file_scale_the_frequencies(tmp_path):
+    model = tiny_llama(seed=5)
+    half = model.config.head_dim // 2
+    factors = torch.linspace(1.0, 8.0, half)
+    plain = _load(write_gguf(tmp_path / "a.gguf", model, "Q8_0"))
+    scaled = _load(write_gguf(tmp_path / "b.gguf", model, "Q8_0", extra={"rope_freqs.weight": factors.numpy()}))
+    inv = plain.model.model.rotary_emb.inv_freq
+    assert torch.allclose(scaled.model.model.rotary_emb.inv_freq, inv / factors)
+
+
+def test_a_file_without_a_chat_template_loads_as_a_base_model(tmp_path):
+    base = _load(write_gguf(tmp_path / "base.gguf", tiny_llama(seed=6), "Q4_0", chat_template=False))
+    assert not base.tokenizer.chat_template
+    assert len(_greedy(base, [5, 6, 7], n=5)) == 5
+
+
+# -- a file that is wrong, in one line each -----------------------------------------------------------------
+
+def _one_line(exc: pytest.ExceptionInfo, *words: str) -> None:
+    text = str(exc.value)
+    assert "\n" not in text and all(w in text for w in words), text
+
+
+def test_a_truncated_file_says_where_it_ends(files, tmp_path):
+    data = files["Q4_0"].read_bytes()
+    for cut in (10, 5000, len(data) // 2, len(data) - 7):
+        path = tmp_path / f"cut{cut}.gguf"
+        path.write_bytes(data[:cut])
+        with pytest.raises(SpeculaError) as exc:
+            _load(path)
+        _one_line(exc, path.name, "truncated", f"{cut} bytes")
+
+
+def test_tensors_that_do_not_match_the_metadata_are_named(tmp_path):
+    model = tiny_llama(seed=7)
+    path = write_gguf(tmp_path / "m.gguf", model, "Q8_0")
+    header = path.read_bytes()
+    key = b"llama.feed_forward_length"
+    at = header.index(key) + len(key) + 4  # past the key and its type: the value
+    wrong = header[:at] + (384).to_bytes(4, "little") + header[at + 4:]
+    bad = tmp_path / "wrong-shape.gguf"
+    bad.write_bytes(wrong)
+    for weights in ("auto", "dequantized"):
+        with pytest.raises(SpeculaError) as exc:
+            _load(bad, weights=weights)
+        _one_line(exc, "blk.0.ffn", "384")
+
+
+def test_a_missing_tensor_an_unknown_architecture_and_an_unknown_type_are_named(tmp_path):
+    model = tiny_llama(seed=8)
+    with pytest.raises(SpeculaError) as exc:
+        _load(write_gguf(tmp_path / "missing.gguf", model, "Q8_0", drop=("blk.1.ffn_up.weight",)))
+    _one_line(exc, "missing.gguf", "holds no tensor for", "layers.1.mlp.up_proj")
+    with pytest.raises(SpeculaError) as exc:
+        _load(write_gguf(tmp_path / "arch.gguf", model, "Q8_0", arch="frobnicator"))
+    _one_line(exc, "arch.gguf", "architecture 'frobnicator'", "llama")
+    data = bytearray((path := write_gguf(tmp_path / "type.gguf", model, "Q8_0")).read_bytes())
+    entry = gguf.GGUFFile(path).tensors["blk.0.attn_q.weight"]
+    name = b"blk.0.attn_q.weight"
+    at = data.index(name) + len(name) + 4 + 8 * len(entry.shape)  # past the name, n_dims and dims: the type
+    data[at:at + 4] = (99).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(SpeculaError) as exc:
+        _load(path)
+    _one_line(exc, "blk.0.attn_q.weight", "99")
+
+
+def test_a_model_that_does_not_fit_in_memory_is_refused_before_loading(files, monkeypatch):
+    monkeypatch.setattr(from_gguf, "available_memory", lambda: 300 << 20)
+    with pytest.raises(SpeculaError) as exc:
+        _load(files["Q4_0"])
+    _one_line(exc, "Q4_0.gguf", "needs about 1.0 GB", "0.3 GB is free")

@@ -1,0 +1,138 @@
+"""GGUF files written by the tests themselves (the gguf package's writer), as llama.cpp's converter and
+quantizer lay them out: tiny Llama or Qwen2 models with the bundled model's tokenizer, each tensor in a
+format of the test's choosing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# where a K-quant block keeps its fp16 scales (d, dmin): random bytes elsewhere make a well-formed block
+_K_SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,)}
+_K_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q2_K": 84, "Q3_K": 110}
+
+
+def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layers: int = 2, vocab: int = 49152,
+               tied: bool = True, seed: int = 0, bias: bool = False):
+    """A random transformers model small enough to write in every format (inputs of 256: whole K-quant blocks)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[family]
+    config = config_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
+                        tie_word_embeddings=tied, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)  # sharper distributions: greedy text with structure
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape) * (0.5 if bias else 0.0))
+            elif "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape))
+    return model
+
+
+def _bundled_tokenizer() -> dict:
+    from specula.engine.api.gguf_header import read_header
+    from specula.engine.api.paths import bundled_gguf_path
+
+    return read_header(bundled_gguf_path(), keep=lambda key: key.startswith("tokenizer."), tensors=False).metadata
+
+
+def random_k_blocks(type_name: str, rows: int, inputs: int, seed: int) -> np.ndarray:
+    """Well-formed K-quant bytes (rows, bytes): random codes and scale bytes, small positive fp16 scales."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, inputs // 256, _K_BYTES[type_name]), dtype=np.uint8)
+    for at in _K_SCALES[type_name]:
+        blocks[..., at:at + 2] = rng.uniform(1e-4, 1e-3, (rows, inputs // 256, 1)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def _encode(weight: torch.Tensor, type_name: str, seed: int) -> tuple[np.ndarray, object]:
+    """A 2-D weight in a GGUF type: (bytes or values, the type). K-quants (which the gguf package cannot
+    quantize) are random well-formed blocks: the file, not the model, is then what the weights are."""
+    from gguf import GGMLQuantizationType, quantize
+
+    qtype = GGMLQuantizationType[type_name]
+    values = weight.detach().float().numpy()
+    if type_name in _K_BYTES:
+        return random_k_blocks(type_name, *values.shape, seed=seed), qtype
+    if type_name == "F32":
+        return values, qtype
+    if type_name == "F16":
+        return values.astype(np.float16), qtype
+    return quantize(values, qtype), qtype
+
+
+def _llama_permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
+    """What llama.cpp's converter does to Llama's q/k rows: each head's two rotary halves interleaved."""
+    rows = weight.shape[0]
+    return weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: str | None = None,
+               chat_template: bool = True, drop: tuple[str, ...] = (), extra: dict | None = None) -> Path:
+    """`model` as a GGUF file at `path`; `types`: one type for every 2-D weight, or by role ("embed",
+    "output", "attn_q", ..., "ffn_down", "default"). Norms and biases are F32 as llama.cpp writes them.
+    `drop`: tensor names left out; `extra`: more tensors (name -> fp32 array)."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    cfg = model.config
+    arch = arch or cfg.model_type
+    roles = {"default": types} if isinstance(types, str) else dict(types)
+    writer = GGUFWriter(str(path), arch)
+    writer.add_string("general.name", f"tiny {arch}")
+    for key, value in (("block_count", cfg.num_hidden_layers), ("context_length", cfg.max_position_embeddings),
+                       ("embedding_length", cfg.hidden_size), ("feed_forward_length", cfg.intermediate_size),
+                       ("attention.head_count", cfg.num_attention_heads),
+                       ("attention.head_count_kv", cfg.num_key_value_heads), ("rope.dimension_count", cfg.head_dim),
+                       ("vocab_size", cfg.vocab_size)):
+        writer.add_uint32(f"{arch}.{key}", int(value))
+    writer.add_float32(f"{arch}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
+    tok = _bundled_tokenizer()
+    writer.add_tokenizer_model(tok["tokenizer.ggml.model"])
+    writer.add_tokenizer_pre(tok.get("tokenizer.ggml.pre", "default"))
+    writer.add_token_list(tok["tokenizer.ggml.tokens"])
+    writer.add_token_types(tok["tokenizer.ggml.token_type"])
+    writer.add_token_merges(tok["tokenizer.ggml.merges"])
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+        if f"tokenizer.ggml.{key}" in tok:
+            writer.add_uint32(f"tokenizer.ggml.{key}", int(tok[f"tokenizer.ggml.{key}"]))
+    if chat_template:
+        writer.add_chat_template(tok["tokenizer.chat_template"])
+    names = {"model.embed_tokens.weight": ("token_embd.weight", "embed"), "model.norm.weight": ("output_norm.weight", None),
+             "lm_head.weight": ("output.weight", "output")}
+    layer_names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+                   "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                   "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for i in range(cfg.num_hidden_layers):
+        for hf, gg in layer_names.items():
+            for suffix in ("weight", "bias"):
+                names[f"model.layers.{i}.{hf}.{suffix}"] = (f"blk.{i}.{gg}.{suffix}", gg if suffix == "weight" else None)
+    state = model.state_dict()
+    for n, (hf, (name, role)) in enumerate(names.items()):
+        if hf not in state or name in drop or (hf == "lm_head.weight" and cfg.tie_word_embeddings):
+            continue
+        value = state[hf].detach().float()
+        if arch == "llama" and role in ("attn_q", "attn_k"):
+            value = _llama_permute(value, cfg.num_attention_heads if role == "attn_q" else cfg.num_key_value_heads)
+        if value.ndim == 1:
+            writer.add_tensor(name, value.numpy())
+            continue
+        type_name = roles.get(role, roles.get("default", "Q8_0"))
+        data, qtype = _encode(value, type_name, seed=n)
+        if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            writer.add_tensor(name, data)
+        else:
+            writer.add_tensor(name, data, raw_dtype=qtype)
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, np.asarray(array, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
