@@ -130,11 +130,11 @@ def _check_shape(model: nn.Module, name: str, shape: tuple[int, ...], tensor: st
                            f"it {expected}: the file is damaged or was made wrongly")
 
 
-def _set(model: nn.Module, name: str, value: torch.Tensor) -> None:
+def _set(model: nn.Module, name: str, value: torch.Tensor, tensor: str = "") -> None:
     """Parameter or buffer `name` becomes `value` (shapes checked: a file that disagrees with its metadata)."""
     module_name, _, attr = name.rpartition(".")
     module = model.get_submodule(module_name)
-    _check_shape(model, name, tuple(value.shape))
+    _check_shape(model, name, tuple(value.shape), tensor)
     if attr in module._parameters:
         module._parameters[attr] = nn.Parameter(value, requires_grad=False)
     else:
@@ -190,7 +190,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
                                    parsed_parameters={"tensors": {}})
         target = mapping.get(result.name, hf)
         _set(model, target, torch.from_numpy(result.weights.copy() if not result.weights.flags.writeable
-                                              else result.weights).to(dtype=dtype, device=device))
+                                              else result.weights).to(dtype=dtype, device=device), entry.name)
         placed.add(target)
     if native is not None and LM_HEAD in native.tensors:
         model.lm_head = FileHead(Blocks(ops, [native.tensors[LM_HEAD]], None, out_float=True), file,
