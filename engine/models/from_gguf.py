@@ -104,8 +104,10 @@ def load(path: Path, device: torch.device, dtype: torch.dtype, weights: str, say
     native = _place(file, model, config, device, dtype, ops)
     model.eval()
     if native is not None:
-        build_products(model, native)
-        file.release()  # the products hold the blocks now; the embedding's rows are read again as they are used
+        # the products hold the blocks once packed: the file's pages each layer read are given back after it
+        # (the embedding's rows are read again as they are used)
+        build_products(model, native, after_layer=file.release)
+        file.release()
     return model, tokenizer, native
 
 

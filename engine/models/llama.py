@@ -106,7 +106,8 @@ class _Layer:
         linears = (attn.q_proj, attn.k_proj, attn.v_proj)
         if any(lin.bias is not None for lin in linears) and not all(lin.bias is not None for lin in linears):
             raise ValueError("mixed projection biases")
-        blocks = native.blocks if native is not None else {}
+        as_is = attn.q_proj.weight.is_meta  # a GGUF loaded as it is: no int4 copies beside the file's blocks
+        blocks = native.blocks if native is not None and not as_is else {}
         tensors = native.tensors if native is not None else {}
         dtype = attn.q_proj.weight.dtype
         self.file_parts: list[list[FileBlocks] | None] = []  # per product: the file's blocks the compiled step runs
@@ -190,13 +191,17 @@ def _still_fused(layers: list[_Layer], model: torch.nn.Module) -> bool:
     )
 
 
-def _fused_layers(model: torch.nn.Module, native: NativeWeights | None) -> tuple[list[_Layer], Dense]:
+def _fused_layers(model: torch.nn.Module, native: NativeWeights | None, after_layer=None) -> tuple[list[_Layer], Dense]:
     """Build the products once per model and weight source: runners for the same model (the target,
-    layer skip, a draft that is the target itself) share them."""
+    layer skip, a draft that is the target itself) share them. `after_layer()` runs after each layer's."""
     cached = _FUSED.get(model)
     if cached is None or cached.native is not native or not _still_fused(cached.layers, model):
         prepack = _prepack(model)
-        layers = [_Layer(layer, f"model.layers.{i}", native, prepack) for i, layer in enumerate(model.model.layers)]
+        layers = []
+        for i, layer in enumerate(model.model.layers):
+            layers.append(_Layer(layer, f"model.layers.{i}", native, prepack))
+            if after_layer is not None:
+                after_layer()
         head = model.lm_head
         if isinstance(head, FileHead):
             lm_head = head.product
@@ -208,10 +213,10 @@ def _fused_layers(model: torch.nn.Module, native: NativeWeights | None) -> tuple
     return cached.layers, cached.lm_head
 
 
-def build_products(model: torch.nn.Module, native: NativeWeights | None) -> None:
+def build_products(model: torch.nn.Module, native: NativeWeights | None, after_layer=None) -> None:
     """Build the model's products now (the file's blocks packed into their layout), rather than at its first
-    runner: from_gguf.py gives back the file's pages it read once this is done."""
-    _fused_layers(model, native)
+    runner: from_gguf.py gives back the file's pages read for each layer (`after_layer`)."""
+    _fused_layers(model, native, after_layer)
 
 
 @dataclass(frozen=True)
