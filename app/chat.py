@@ -81,6 +81,7 @@ class ChatController(QObject):
         self.reply: Reply | None = None
         self.unsaved: set[str] = set()  # conversations whose last save failed
         self.loaded: set[str] = set()  # conversations whose turns were read (the others are titles only)
+        self.chat_template = True  # the loaded model has one (else messages continue as plain text)
         self.undeleted: set[str] = set()  # conversations whose deletion failed
         # id -> [(an answer made in this session, its events, its Finished)], the latest RUNS_KEPT, so that any
         # version of them shown again (Alt+Left, another chat and back) is drawn from its events
@@ -356,7 +357,7 @@ class ChatController(QObject):
         """Send the reply's request; False (with the error in the chat) when the engine refuses it."""
         reply = self.reply
         try:
-            request = build_request(reply.messages, reply.settings)
+            request = build_request(reply.messages, reply.settings, chat=self.chat_template)
         except ValueError as exc:  # the engine's SpeculaError: a setting it refuses
             self.reply = None
             self._fail(reply.conversation_id, str(exc))
@@ -478,16 +479,17 @@ class ChatController(QObject):
         self.view.add_turn(turn)
 
 
-def build_request(messages: tuple, s: Settings, token_probs: bool = True):
+def build_request(messages: tuple, s: Settings, token_probs: bool = True, chat: bool = True):
     """An engine GenerateRequest for these messages and settings (imports the engine: call it once a
     model is loaded); `token_probs`: each draft token's probabilities, for hovering it (a timed run leaves
-    them out: they cost a softmax a step)."""
+    them out: they cost a softmax a step); `chat`: through the model's chat template (False for a base model,
+    whose messages continue as plain text)."""
     from specula.engine.api.types import DecodeConfig, GenerateRequest
 
     config = DecodeConfig.for_strategy(s.strategy, s.k or None, temperature=s.temperature, top_k=s.top_k,
                                        top_p=s.top_p, adaptive_k=s.adaptive_k, max_new_tokens=s.max_new_tokens,
                                        seed=s.seed, token_probs=token_probs)
-    return GenerateRequest(messages, s.strategy, config, chat=True, options=s.strategy_options())
+    return GenerateRequest(messages, s.strategy, config, chat=chat, options=s.strategy_options())
 
 
 def _same_answer(a: Turn | None, b: Turn | None) -> bool:

@@ -89,6 +89,7 @@ class CompareController(QObject):
         self._settings: Settings | None = None
         self._request_id: int | None = None
         self._started = False
+        self.chat_template = True  # the loaded model has one (else messages continue as plain text)
 
     @property
     def running(self) -> bool:
@@ -137,7 +138,8 @@ class CompareController(QObject):
         self._started = False
         self._update(running=strategy)
         try:
-            request = build_request(self._messages, replace(self._settings, strategy=strategy), token_probs=False)
+            request = build_request(self._messages, replace(self._settings, strategy=strategy), token_probs=False,
+                                    chat=self.chat_template)
         except ValueError as exc:  # the engine's SpeculaError: a setting it refuses
             self._end(error=str(exc))
             return

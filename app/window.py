@@ -278,7 +278,10 @@ class MainWindow(QMainWindow):
 
     def _on_loaded(self, event) -> None:
         self.loaded = event
-        for warning in event.warnings:
+        self.chat.chat_template = self.compare.chat_template = event.chat
+        base = (f"{event.target.split(' (')[0]} has no chat template (a base model): "
+                "each message is continued as plain text")
+        for warning in event.warnings + (() if event.chat else (base,)):
             if warning not in self.notices.messages:
                 self.notices.add(warning)
         self.strategy_unavailable = None

@@ -174,6 +174,7 @@ class Loaded:
     warnings: tuple[str, ...] = ()  # what went wrong but did not stop the load (e.g. an unreadable head)
     weights: str = ""  # what the products run on, e.g. "Q4_1 (native)"; "" when it is `dtype`
     capabilities: Capabilities = field(default_factory=Capabilities)
+    chat: bool = True  # the model has a chat template; else (a base model) messages continue as plain text
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ def run_chat(args) -> int:
     if colour:
         print(f"Colours: {COLOURS[Origin.DRAFT]}accepted draft{RESET}, {COLOURS[Origin.CORRECTION]}correction"
               f"{RESET}, {COLOURS[Origin.BONUS]}bonus{RESET}, plain target.")
+    if not loaded.chat:
+        print("[this model has no chat template (a base model): each message is continued as plain text]")
     history: tuple[Message, ...] = ()
     while True:
         try:
@@ -80,7 +82,7 @@ def run_chat(args) -> int:
                 print(f"[{HELP}; strategies: {', '.join(loaded.strategies)}]")
             continue
         messages = conversation(line, args.system, history)
-        request = GenerateRequest(messages, strategy, config, True, strategy_options(args))
+        request = GenerateRequest(messages, strategy, config, loaded.chat, strategy_options(args))
         finished = _reply(backend, request, colour)
         if finished is not None:
             history = messages[1 if args.system else 0 :] + (Message("assistant", finished.text),)

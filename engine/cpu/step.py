@@ -234,6 +234,14 @@ class StepLibrary:
 LIBRARY = StepLibrary()
 
 
+def built() -> bool:
+    """Whether the library is loaded, or built for this machine and only needs loading."""
+    if LIBRARY.ops is not None:
+        return True
+    cxx = _compiler()
+    return cxx is not None and sys.platform == "linux" and library_path(cxx).is_file()
+
+
 def ops():
     """The loaded library's operations, or None."""
     return LIBRARY.ops

@@ -74,7 +74,7 @@ def _native_products(config, device: torch.device, dtype: torch.dtype, weights: 
         return None, f"the architecture '{config.model_type}' has no lean forward"
     if os.environ.get("SPECULA_PRODUCTS", "own").strip().lower() == "torch":
         return None, "SPECULA_PRODUCTS=torch"
-    if cpu_step.ops() is None:
+    if not cpu_step.built():
         say("building the compiled step, which runs the file's blocks (once per machine)")
     cpu_step.prepare(wait=True)
     ops = cpu_step.ops()

@@ -115,6 +115,7 @@ class Session:
             self.baseline,
             weights=t.weights,
             warnings=tuple(self.head_warnings),
+            chat=bool(getattr(t.tokenizer, "chat_template", None)),
         )
 
     def _need_target(self) -> LoadedModel:

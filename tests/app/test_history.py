@@ -232,3 +232,18 @@ def test_a_large_chat_is_read_in_the_background_and_takes_messages_once_read(mak
     assert w.chat.send("now", w.settings)
     ok, _ = wait_reply(qtbot, w)
     assert ok and [t.content for t in saved_history(tmp_path).load("big").turns][:2] == ["big question", "now"]
+
+
+def test_a_base_model_says_so_and_its_messages_continue_as_plain_text(make_window, qtbot, tiny_session, monkeypatch):
+    """A model without a chat template (a GGUF of a base model): one notice, and each message is continued as
+    plain text instead of an error."""
+    from tests.app.conftest import ChatTokenizer
+
+    monkeypatch.setattr(ChatTokenizer, "chat_template", None)
+    w = make_window(max_new_tokens=6)
+    tokenizer = tiny_session.target.tokenizer
+    assert any("no chat template" in m and "plain text" in m for m in w.notices.messages)
+    w.send_text("once upon a time")
+    ok, finished = wait_reply(qtbot, w)
+    assert ok and len(finished.token_ids) == 6
+    assert tokenizer.conversations == []  # the template was never asked for
