@@ -79,7 +79,7 @@ def read_header(path: Path, keep: Callable[[str], bool] = lambda key: True, tens
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
                 return _parse(buf, size, keep, tensors)
     except (struct.error, IndexError, UnicodeDecodeError, OverflowError, MemoryError):
-        raise GGUFError(f"the file is truncated or damaged ({size} bytes)") from None
+        raise GGUFError(f"the file is truncated ({size} bytes)") from None
 
 
 def _parse(buf, size: int, keep: Callable[[str], bool], with_tensors: bool) -> GGUFHeader:
@@ -93,7 +93,7 @@ def _parse(buf, size: int, keep: Callable[[str], bool], with_tensors: bool) -> G
     n_tensors, n_kv = struct.unpack_from("<" + count[1] * 2, buf, 8)
     at = 8 + 2 * width
     if n_tensors > size or n_kv > size:
-        raise GGUFError(f"the header counts {n_tensors} tensors and {n_kv} keys: the file is damaged")
+        raise GGUFError(f"the file is truncated ({size} bytes): its header counts {n_tensors} tensors and {n_kv} keys")
 
     def string(at: int) -> tuple[str, int]:
         (n,) = struct.unpack_from(count, buf, at)

@@ -79,8 +79,11 @@ def _native_products(config, device: torch.device, dtype: torch.dtype, weights: 
     cpu_step.prepare(wait=True)
     ops = cpu_step.ops()
     if ops is None:
+        say(f"the file's blocks cannot run here ({cpu_step.error() or 'the compiled step is not built'}): "
+            "its weights are dequantized, which takes more memory")
         return None, f"the compiled step's library is not available ({cpu_step.error() or 'not built'})"
     if ops.blocks_path(-1) < 2:
+        say("this CPU has no vector path for the file's blocks: its weights are dequantized, which takes more memory")
         return None, "this CPU has no vector path for the file's blocks (x86-64 with AVX2 or better)"
     return ops, ""
 
@@ -104,11 +107,18 @@ def load(path: Path, device: torch.device, dtype: torch.dtype, weights: str, say
     native = _place(file, model, config, device, dtype, ops)
     model.eval()
     if native is not None:
+        model.register_forward_pre_hook(_no_dense_forward)
         # the products hold the blocks once packed: the file's pages each layer read are given back after it
         # (the embedding's rows are read again as they are used)
         build_products(model, native, after_layer=file.release)
         file.release()
     return model, tokenizer, native
+
+
+def _no_dense_forward(module, args) -> None:
+    """transformers' forward over a file's blocks would read parameters that have no memory: say so instead."""
+    raise SpeculaError("this GGUF runs as the file stores it, through Specula's own forward: transformers' forward "
+                       "needs it loaded with --weights dequantized")
 
 
 def _meta_model(config, dtype: torch.dtype) -> nn.Module:

@@ -225,17 +225,6 @@ def test_a_truncated_gguf_file_says_so_with_its_size(capsys, tmp_path, monkeypat
     assert "unpack" not in err
 
 
-def test_a_cache_folder_that_is_a_file_is_named_before_any_conversion(capsys, tmp_path, monkeypatch):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a folder")
-    monkeypatch.setenv("SPECULA_CACHE_DIR", str(blocker))
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"not a gguf file at all")
-    code, _, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
-    assert code == 2
-    assert_one_line_error(code, err, "the cache folder", str(blocker), "SPECULA_CACHE_DIR")
-
-
 @pytest.mark.parametrize("command", ["bench", "export"])
 @pytest.mark.parametrize("where", ["file", "under-a-file"])
 def test_an_unusable_out_folder_fails_before_the_model_loads(capsys, tmp_path, command, where):

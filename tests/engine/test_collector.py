@@ -18,8 +18,15 @@ class Cycle:
 def fresh(monkeypatch):
     """The collector's switch is the process's: a model still loading in another thread (a worker an earlier test
     left) holds it off until its load ends. Wait for that (generously), then start as a fresh process."""
+    from specula.engine.cpu import governor
+
     deadline = time.monotonic() + 120
     while not gc.isenabled() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # the thread governor's sampler (started by an earlier test's answer) samples the machine for IDLE seconds after
+    # an answer's last step, making and freeing objects the test would see leave the frozen ones: wait until it sleeps
+    sampler = governor._GOVERNOR
+    while sampler is not None and sampler.clock() - sampler._last_tick < governor.IDLE + 1.0 and time.monotonic() < deadline:
         time.sleep(0.05)
     gc.enable()
     monkeypatch.setattr(collector, "_froze", False)

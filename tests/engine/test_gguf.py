@@ -62,6 +62,8 @@ def test_each_format_runs_as_the_file_stores_it(files, name, monkeypatch):
         assert isinstance(target.model.lm_head, gguf.FileHead) if module == "lm_head" else params[f"{module}.weight"].is_meta
     # the embedding is looked up from the file, row by row, in its own format
     assert isinstance(target.model.get_input_embeddings(), gguf.FileEmbedding)
+    with pytest.raises(SpeculaError, match="--weights dequantized"):  # transformers' forward would read nothing
+        target.model(torch.tensor([[1, 2, 3]]))
     dense = _load(files[name], weights="dequantized")
     assert dense.native is None and not any(p.is_meta for p in dense.model.parameters())
     ids = torch.arange(100, 140)
@@ -199,3 +201,17 @@ def test_a_model_that_does_not_fit_in_memory_is_refused_before_loading(files, mo
     with pytest.raises(SpeculaError) as exc:
         _load(files["Q4_0"])
     _one_line(exc, "Q4_0.gguf", "needs about 1.0 GB", "0.3 GB is free")
+
+
+def test_without_the_compiled_step_a_file_is_dequantized_and_says_why(files, monkeypatch):
+    from specula.engine.cpu import step
+
+    monkeypatch.setattr(step, "prepare", lambda wait: None)
+    monkeypatch.setattr(step, "ops", lambda: None)
+    monkeypatch.setattr(step, "error", lambda: "no C++ compiler found (set CXX, or install g++)")
+    said = []
+    model = load_model(ModelSpec(str(files["Q4_0"]), device="cpu", dtype="bf16"), progress=said.append)
+    assert model.native is None and model.weights == "bf16"
+    assert any("no C++ compiler" in line and "dequantized" in line for line in said)
+    with pytest.raises(SpeculaError, match="cannot run Q4_0.gguf with native weights: the compiled step"):
+        _load(files["Q4_0"], weights="native")
