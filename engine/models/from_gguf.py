@@ -115,6 +115,24 @@ def load(path: Path, device: torch.device, dtype: torch.dtype, weights: str, say
     return model, tokenizer, native
 
 
+def _names(file: GGUFFile, model: nn.Module, config) -> dict[str, str]:
+    """GGUF tensor name -> transformers parameter name, by the gguf package's table for the architecture (what
+    transformers' get_gguf_hf_weights_map does, once for the model rather than once per module)."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    arch = next((key for key, name in MODEL_ARCH_NAMES.items() if name == file.architecture), None)
+    if arch is None:
+        return {}
+    table = get_tensor_name_map(arch, config.num_hidden_layers)
+    mapping = {}
+    for hf in model.state_dict():
+        name, _, suffix = hf.rpartition(".")
+        found = table.get_name(name) if suffix in ("weight", "bias") else None
+        if found is not None:
+            mapping[f"{found}.{suffix}"] = hf
+    return mapping
+
+
 def _no_dense_forward(module, args) -> None:
     """transformers' forward over a file's blocks would read parameters that have no memory: say so instead."""
     raise SpeculaError("this GGUF runs as the file stores it, through Specula's own forward: transformers' forward "
@@ -158,10 +176,12 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
     processor = TENSOR_PROCESSORS.get(file.architecture, TensorProcessor)(config=config.to_dict())
-    try:
-        mapping = get_gguf_hf_weights_map(model, processor, model_type=file.architecture)
-    except NotImplementedError as exc:
-        raise SpeculaError(f"{file.path.name}: {first_line(exc)}") from None
+    mapping = _names(file, model, config)
+    if not set(file.tensors) <= set(mapping) | {"rope_freqs.weight"}:  # transformers' fuller map (MoE experts, ...)
+        try:
+            mapping = get_gguf_hf_weights_map(model, processor, model_type=file.architecture)
+        except NotImplementedError as exc:
+            raise SpeculaError(f"{file.path.name}: {first_line(exc)}") from None
     native = NativeWeights() if ops is not None else None
     n_head = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_head
@@ -197,6 +217,11 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
                 native.tensors[LM_HEAD] = file.blocks(entry.name)
                 placed.add("lm_head.weight")
             continue
+        as_is = file.view(entry.name, dtype) if native is not None and device.type == "cpu" else None
+        if as_is is not None and not (file.architecture == "llama" and module.endswith(("q_proj", "k_proj"))):
+            _set(model, hf, as_is, entry.name)  # the file's own bf16 (or fp32) values where it keeps them: no copy
+            placed.add(hf)
+            continue
         value = file.dequantize(entry.name, torch.float32)
         result = processor.process(weights=value.numpy(), name=entry.name, tensor_key_mapping=mapping,
                                    parsed_parameters={"tensors": {}})
@@ -209,8 +234,10 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
                                  "output.weight" if "output.weight" in file.tensors else "token_embd.weight", dtype)
     elif config.tie_word_embeddings and "lm_head.weight" not in placed:
         embed = model.get_input_embeddings()
-        if isinstance(embed, FileEmbedding):  # a tied head in a type the products do not run: its own dense copy
-            model.lm_head.weight = nn.Parameter(embed.rows(slice(None)).to(device), requires_grad=False)
+        if isinstance(embed, FileEmbedding):  # a tied head in a type the products do not run: dense, from the file
+            weight = file.view(embed.name, dtype)
+            weight = embed.rows(slice(None)).to(device) if weight is None else weight
+            model.lm_head.weight = nn.Parameter(weight, requires_grad=False)
         else:
             model.lm_head.weight = embed.weight
         placed.add("lm_head.weight")

@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 NATIVE_TYPES = tuple(BLOCK_FORMATS)  # the formats the compiled step's products run as they are
 LM_HEAD = "lm_head"  # the name the LM head's blocks go by
 _TOKENIZER_ARRAYS = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")  # read by the tokenizer's builder
-_DENSE = {"F32": np.float32, "F16": np.float16}  # types numpy reads as they are (BF16 through torch)
+_DENSE = {"F32": np.float32, "F16": np.float16}
+_STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}  # types that are a dtype as they are  # types numpy reads as they are (BF16 through torch)
 # GGUF architectures whose model type transformers names otherwise
 _MODEL_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe",
                 "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2", "command-r": "cohere"}
@@ -121,6 +122,14 @@ class GGUFFile:
         if order is not None:
             data = data[order]
         return FileBlocks(e.type_name, data, (int(e.shape[0]), int(e.shape[1])))
+
+    def view(self, name: str, dtype: torch.dtype) -> torch.Tensor | None:
+        """A tensor stored in `dtype` itself (BF16, F16, F32) where the file keeps it, torch's shape (no copy), or
+        None for any other type."""
+        e = self.tensors[name]
+        if _STORED.get(e.type_name) != dtype:
+            return None
+        return self.raw(name).view(dtype).reshape(e.shape)
 
     def dequantize(self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None) -> torch.Tensor:
         """A tensor's values in `dtype` and torch's shape (only its `rows` of a 2-D tensor when given): one

@@ -166,7 +166,9 @@ inline void pack(const uint8_t* raw, int64_t n, int64_t nb, int64_t fmt, uint8_t
   const int64_t bb = block_bytes(fmt), cb = code_bytes(fmt), tb = tile_bytes(fmt, nb);
   const int64_t row_bytes = nb * QK / file_inputs(fmt) * file_bytes(fmt);
   std::memset(out, 0, tiles(n) * tb);
-  for (int64_t col = 0; col < n; ++col) {
+  // tiles are disjoint: the threads take whole ones (a model's load packs every weight)
+  at::parallel_for(0, tiles(n), 1, [&](int64_t t0, int64_t t1) {
+  for (int64_t col = t0 * COLS; col < std::min(n, t1 * COLS); ++col) {
     int64_t t = col / COLS, c = col % COLS;
     uint8_t* tile = out + t * tb;
     for (int64_t b = 0; b < nb; ++b) {
@@ -197,6 +199,7 @@ inline void pack(const uint8_t* raw, int64_t n, int64_t nb, int64_t fmt, uint8_t
       }
     }
   }
+  });
 }
 
 // x's rows quantized per block of 32: codes, scale dx, the codes' sum S (and of each half of 16), dx * S
