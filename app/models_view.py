@@ -44,8 +44,9 @@ from PySide6.QtWidgets import (
 from specula.app import background
 from specula.app.flow import FlowLayout
 from specula.app.theme import mute
+from specula.engine.api.memory import available_memory, gigabytes, needed_for
 
-COLUMNS = ("Model", "Where", "Size", "Architecture", "Context", "Precision", "For the loaded model")
+COLUMNS = ("Model", "Where", "Size", "Memory to run", "Architecture", "Context", "Precision", "For the loaded model")
 RESULT_COLUMNS = ("Model on the Hub", "Downloads", "Likes", "Files")
 WHERE = {"bundled": "bundled", "local": "added", "cache": "Hugging Face cache"}
 
@@ -182,13 +183,15 @@ class ModelsView(QDialog):
         self.entries = list(found)
         loaded = self._loaded_entry()
         self.table.setRowCount(len(self.entries))
+        free = available_memory()
         for row, e in enumerate(self.entries):
-            cells = (e.name, WHERE.get(e.where, e.where), _size(e.size_bytes), e.architecture or "–",
+            memory, memory_tip = _memory(e, free)
+            cells = (e.name, WHERE.get(e.where, e.where), _size(e.size_bytes), memory, e.architecture or "–",
                      f"{e.context_length:,}" if e.context_length else "–", e.quantization or "–",
                      self._relation(e, loaded))
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
-                item.setToolTip(e.path or e.source)
+                item.setToolTip(memory_tip if col == 3 else e.path or e.source)
                 self.table.setItem(row, col, item)
         drafts = [e.name for e in self.entries if loaded is not None and self._can_draft(e, loaded)]
         what = f"{len(self.entries)} model{'s' if len(self.entries) != 1 else ''}"
@@ -502,6 +505,20 @@ def _table(columns: tuple[str, ...]) -> QTableWidget:
     header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
     header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
     return table
+
+
+def _memory(entry, free: int | None) -> tuple[str, str]:
+    """The memory column of an entry and its tooltip: what running it takes (a GGUF runs as the file stores it, a
+    folder's weights as they are stored, either with about 1 GB of runtime) against what is free now."""
+    if entry.size_bytes <= 0:
+        return "–", ""
+    needed = needed_for(entry.size_bytes)
+    tip = f"Running it takes about {gigabytes(needed)} of memory, besides what a long conversation adds"
+    if free is None:
+        return f"about {gigabytes(needed)}", tip + "."
+    if needed > free:
+        return f"{gigabytes(needed)}: more than free", tip + f": more than the {gigabytes(free)} free now."
+    return f"about {gigabytes(needed)}", tip + f"; {gigabytes(free)} is free now."
 
 
 def _size(n: int) -> str:

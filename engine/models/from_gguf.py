@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..api.errors import SpeculaError, first_line
+from ..api.memory import available_memory, gigabytes, needed_for
 from ..cpu import step as cpu_step
 from ..cpu.products import BLOCK_FORMATS, Blocks
 from .gguf import LM_HEAD, FileEmbedding, FileHead, GGUFFile, NativeWeights, config_from, llama_row_order, tokenizer_from
@@ -32,19 +33,6 @@ log = logging.getLogger(__name__)
 
 _PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-RUNTIME_BYTES = 1 << 30  # torch, the tokenizer and the rest of a process, besides weights and cache
-
-
-def available_memory() -> int | None:
-    """Bytes of memory a new allocation can take without swapping (MemAvailable), or None where unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def memory_needed(file: GGUFFile, config, native: bool, dtype: torch.dtype) -> int:
@@ -55,11 +43,7 @@ def memory_needed(file: GGUFFile, config, native: bool, dtype: torch.dtype) -> i
     else:
         elements = sum(int(torch.Size(e.shape).numel()) for e in file.tensors.values())
         weights = elements * torch.empty(0, dtype=dtype).element_size()
-    return weights + RUNTIME_BYTES
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GB"
+    return needed_for(weights)
 
 
 def _native_products(config, device: torch.device, dtype: torch.dtype, weights: str, say):
@@ -100,9 +84,10 @@ def load(path: Path, device: torch.device, dtype: torch.dtype, weights: str, say
         log.info("dequantized weights for %s: %s", file.path.name, why)
     needed, free = memory_needed(file, config, ops is not None, dtype), available_memory()
     if free is not None and device.type == "cpu" and needed > free:
-        raise SpeculaError(f"{file.path.name} needs about {_gib(needed)} of memory to load and {_gib(free)} is free: "
+        raise SpeculaError(f"{file.path.name} needs about {gigabytes(needed)} of memory to load and {gigabytes(free)} is free: "
                            "close other programs or pick a smaller file")
-    say(f"reading {file.path.name}")
+    say(f"reading {file.path.name} (it needs about {gigabytes(needed)} of memory"
+        + (f", {gigabytes(free)} free)" if free is not None else ")"))
     model = _meta_model(config, dtype)
     native = _place(file, model, config, device, dtype, ops)
     model.eval()

@@ -74,7 +74,7 @@ def test_download_with_progress_cancel_resume_then_use_the_model(make_window, qt
     saved = json.loads((tmp_path / "config" / "settings.json").read_text())
     assert saved["model_source"] == REPO and w.settings.model_source == REPO
     listed(view, qtbot, view.listings)  # read again once the model loaded
-    assert view.table.item(view.entries.index(view._loaded_entry()), 6).text().startswith("loaded")
+    assert view.table.item(view.entries.index(view._loaded_entry()), 7).text().startswith("loaded")
 
 
 def test_a_gguf_repository_asks_which_quantization(make_window, qtbot, hub, monkeypatch):
@@ -110,8 +110,10 @@ def test_drafts_for_the_loaded_model_are_the_ones_with_its_vocabulary(make_windo
     w.settings = w.settings.__class__(**{**w.settings.to_dict(), "model_source": "big"})
     w.loaded = replace(w.loaded, strategies=(*w.loaded.strategies, "eagle"))  # a trained head was found
     view._show_list([entry("big", "v1"), entry("small", "v1"), entry("other", "v2"), entry("unknown", "")])
-    column = [view.table.item(row, 6).text() for row in range(4)]
+    column = [view.table.item(row, 7).text() for row in range(4)]
     assert column == ["loaded · trained heads: eagle", "can draft (same vocabulary)", "", "vocabulary unknown"]
+    memory = view.table.item(0, 3)  # what running it takes: its 1 MB of weights and about 1 GB of runtime
+    assert memory.text() in ("about 1.0 GB", "1.0 GB: more than free") and "memory" in memory.toolTip()
     assert "Drafts for the loaded model: small." in view.status.text()
     view.select("other")
     assert not view.draft_button.isEnabled()
@@ -191,3 +193,14 @@ def test_the_models_view_opens_within_the_screen_and_fits_800_by_600(make_window
         assert child.isVisible() and right <= view.width(), (child.text(), right)
     for button in view.findChildren(QPushButton):  # none squeezed below its own size: they wrap instead
         assert not button.isVisible() or button.width() >= button.sizeHint().width(), button.text()
+
+
+def test_the_memory_a_model_needs_is_shown_against_what_is_free():
+    from specula.app.models_view import _memory
+
+    entry = ModelEntry("m.gguf", "m.gguf", "local", "/m/m.gguf", 3 << 30, "llama", 2048, "Q4_K_M", "")
+    assert _memory(entry, 16 << 30) == ("about 4.0 GB", "Running it takes about 4.0 GB of memory, besides what a long "
+                                        "conversation adds; 16.0 GB is free now.")
+    text, tip = _memory(entry, 2 << 30)
+    assert text == "4.0 GB: more than free" and "more than the 2.0 GB free now" in tip
+    assert _memory(entry, None)[0] == "about 4.0 GB"

@@ -197,7 +197,7 @@ def test_a_missing_tensor_an_unknown_architecture_and_an_unknown_type_are_named(
 
 
 def test_a_model_that_does_not_fit_in_memory_is_refused_before_loading(files, monkeypatch):
-    monkeypatch.setattr(from_gguf, "available_memory", lambda: 300 << 20)
+    monkeypatch.setattr(from_gguf, "available_memory", lambda: 300 << 20)  # as if 0.3 GB were free
     with pytest.raises(SpeculaError) as exc:
         _load(files["Q4_0"])
     _one_line(exc, "Q4_0.gguf", "needs about 1.0 GB", "0.3 GB is free")
