@@ -138,11 +138,11 @@ class GGUFFile:
         if e.type_id not in GGML_TYPES:
             raise UnsupportedModelError(f"{self.path.name}: tensor '{name}' is of GGML type {e.type_id}, "
                                         "which this version cannot read")
-        data = self.raw(name)
+        data = self.raw(name).numpy()
         shape = e.shape
         if rows is not None:
-            data, shape = data[rows.cpu()], (int(rows.numel()), *e.shape[1:])
-        values = _values(data.numpy(), e.type_name)
+            data, shape = data[rows.cpu().numpy()], (int(rows.numel()), *e.shape[1:])
+        values = _values(data, e.type_name)
         return torch.from_numpy(values.reshape(shape)).to(dtype)
 
     def release(self) -> None:
@@ -163,6 +163,10 @@ def _values(raw: np.ndarray, type_name: str) -> np.ndarray:
         return np.ascontiguousarray(raw).view(_DENSE[type_name]).astype(np.float32)
     if type_name == "BF16":
         return (np.ascontiguousarray(raw).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if type_name == "Q8_0":  # the bundled model's embedding, a row each step: the reference's arithmetic, inline
+        blocks = np.ascontiguousarray(raw).reshape(-1, 34)
+        d = blocks[:, :2].copy().view(np.float16).astype(np.float32)  # (blocks, 1)
+        return (d * blocks[:, 2:].view(np.int8).astype(np.float32)).reshape(*raw.shape[:-1], -1)
     from gguf import GGMLQuantizationType, dequantize
 
     try:

@@ -31,6 +31,13 @@ def files(tmp_path_factory):
     return {name: write_gguf(folder / f"{name.replace(' ', '-')}.gguf", model, types) for name, types in FORMATS.items()}
 
 
+@pytest.fixture(autouse=True)
+def embedding_from_the_file(monkeypatch):
+    """The tests' files are small: their embeddings would be copied (from_gguf.EMBED_COPY_BYTES); read them from the
+    file, as a user's larger model's."""
+    monkeypatch.setattr(from_gguf, "EMBED_COPY_BYTES", 0)
+
+
 def _load(path, **kw):
     return load_model(ModelSpec(str(path), device="cpu", **{"dtype": "bf16", **kw}))
 

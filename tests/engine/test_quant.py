@@ -191,8 +191,12 @@ def test_the_bundled_gguf_runs_natively_and_exactly(tmp_path, bundled_fp32):
     dense = dict(bundled_fp32.model.named_modules())
     for name in projections:
         assert torch.equal(model.native.tensors[name].dequantize(), dense[name].weight), name
-    # nothing in the model is a dense copy of a projection or the head: their parameters have no memory
+    # nothing in the model is a dense copy of a projection or the head: their parameters have no memory; the
+    # embedding, small, is a bf16 copy (looked up from the file's Q8_0 a step would cost more)
     assert all(p.is_meta for n, p in model.model.named_parameters() if n.endswith("proj.weight"))
+    embed = model.model.get_input_embeddings()
+    assert isinstance(embed, torch.nn.Embedding) and embed.weight.dtype == torch.bfloat16
+    assert torch.equal(embed.weight, dense["model.embed_tokens"].weight.to(torch.bfloat16))
     from specula.engine.cli.export import export
 
     out = export("bundled", tmp_path / "export")  # what a serving engine gets: the model's weights only
