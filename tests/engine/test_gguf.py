@@ -21,7 +21,8 @@ FORMATS = {name: {"default": name} for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", 
 FORMATS["Q4_K_M"] = Q4_K_M
 # types the products do not run (made dense from the file, one tensor at a time), beside ones they do
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-FORMATS["mixed dense"] = {"default": "Q4_0", "attn_q": "Q3_K", "ffn_up": "F16", "ffn_gate": "BF16", "embed": "Q2_K"}
+FORMATS["mixed dense"] = {"default": "Q4_0", "attn_q": "Q3_K", "ffn_up": "F16", "ffn_gate": "BF16", "embed": "Q2_K",
+                          "ffn_down": "IQ4_NL"}
 
 
 @pytest.fixture(scope="module")

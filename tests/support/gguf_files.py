@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-# where a K-quant block keeps its fp16 scales (d, dmin): random bytes elsewhere make a well-formed block
-_K_SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,)}
-_K_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q2_K": 84, "Q3_K": 110}
+# where a block the gguf package cannot quantize keeps its fp16 scales (d, dmin): random bytes elsewhere make a
+# well-formed block; and (weights, bytes) of a block
+_K_SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,), "IQ4_NL": (0,)}
+_K_BYTES = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q2_K": (256, 84), "Q3_K": (256, 110),
+            "IQ4_NL": (32, 18)}
 
 
 def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layers: int = 2, vocab: int = 49152,
@@ -43,11 +45,12 @@ def _bundled_tokenizer() -> dict:
 
 
 def random_k_blocks(type_name: str, rows: int, inputs: int, seed: int) -> np.ndarray:
-    """Well-formed K-quant bytes (rows, bytes): random codes and scale bytes, small positive fp16 scales."""
+    """Well-formed K-quant (or IQ4_NL) bytes (rows, bytes): random codes and scale bytes, small positive fp16 scales."""
     rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(rows, inputs // 256, _K_BYTES[type_name]), dtype=np.uint8)
+    weights, size = _K_BYTES[type_name]
+    blocks = rng.integers(0, 256, size=(rows, inputs // weights, size), dtype=np.uint8)
     for at in _K_SCALES[type_name]:
-        blocks[..., at:at + 2] = rng.uniform(1e-4, 1e-3, (rows, inputs // 256, 1)).astype(np.float16).view(np.uint8)
+        blocks[..., at:at + 2] = rng.uniform(1e-4, 1e-3, (rows, inputs // weights, 1)).astype(np.float16).view(np.uint8)
     return blocks.reshape(rows, -1)
 
 
