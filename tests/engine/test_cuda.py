@@ -76,6 +76,31 @@ def test_a_model_folder_loads_on_cuda_and_stays_lossless(tiny_folder):
     assert outputs["draft-model"] == outputs["none"]
 
 
+def test_a_gguf_goes_to_the_gpu_a_tensor_at_a_time_and_stays_lossless(tmp_path, monkeypatch):
+    """A GGUF on a GPU: every tensor dequantized alone straight onto the device (the host never holds the model in
+    full precision), the file's own weights, and speculation exact over them."""
+    from specula.engine.models import gguf
+    from tests.support.gguf_files import tiny_llama, write_gguf
+
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama(seed=9), "Q4_K")
+    host = []
+    real = gguf.GGUFFile.dequantize
+    monkeypatch.setattr(gguf.GGUFFile, "dequantize", lambda self, name, dtype, rows=None: (
+        host.append(name) or real(self, name, dtype, rows)))
+    target = load_model(ModelSpec(str(path), device="cuda", dtype="fp32"))
+    assert target.native is None and len(host) == len(set(host))  # each tensor once, one at a time
+    assert all(p.device.type == "cuda" and not p.is_meta for p in target.model.parameters())
+    dense = load_model(ModelSpec(str(path), device="cpu", dtype="fp32"))
+    for (name, p), (_, q) in zip(target.model.named_parameters(), dense.model.named_parameters()):
+        assert torch.equal(p.cpu(), q), name
+    prompt = target.tokenizer.encode("one two three one two three one two")
+    none = list(generate(target.new_runner(), build_drafter("none", target, None), prompt,
+                         DecodeConfig(k=4, max_new_tokens=32)))[-1].token_ids
+    lookup = list(generate(target.new_runner(), build_drafter("prompt-lookup", target, None), prompt,
+                           DecodeConfig(k=4, max_new_tokens=32)))[-1].token_ids
+    assert lookup == none
+
+
 # Static steps and CUDA graphs (models/static.py): what the GPU runs unless --step eager
 
 
