@@ -324,13 +324,16 @@ class Tiles:
     kind = "tiles"
 
     def __init__(self, ops, dense: Dense, out_float: bool = False) -> None:
-        if not dense.packed or dense.source.dtype != torch.bfloat16:
-            raise ValueError("tiles are made from a bf16 weight prepacked for oneDNN")
+        if dense.source.dtype != torch.bfloat16:
+            raise ValueError("tiles are made from a bf16 weight")
         self.ops = ops
         self.dense = dense
         self.out_features, self.in_features = dense.out_features, dense.in_features
         self.packed = ops.tiles_pack(dense.source.contiguous())
-        self.weight = dense.weight  # oneDNN's layout, for prompts
+        # oneDNN's layout for prompts, or the weight as it is (F.linear, 1.25x the time for a 256-row chunk here)
+        # where no prepacked copy was made (a GGUF's bf16 weights, where the file keeps them)
+        self.weight = dense.weight
+        self.kind = "tiles" if dense.packed else "tiles-plain"
         self.bias = dense.bias
         self.out_float = out_float
         self.stable_rows = 1  # a row's bits never depend on the call's other rows (tested)

@@ -156,8 +156,6 @@ class _Layer:
 def _prepack(model: torch.nn.Module) -> bool:
     """Prepack dense weights for oneDNN (a second copy of them) where it applies and they are small
     enough that the copy cannot exhaust memory."""
-    if any(p.is_meta for p in model.parameters()):  # a GGUF as it is: no second copy of what is dense
-        return False
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     return can_prepack(model.lm_head.weight) and total <= PREPACK_LIMIT_BYTES
 
@@ -196,7 +194,7 @@ def _fused_layers(model: torch.nn.Module, native: NativeWeights | None, after_la
     layer skip, a draft that is the target itself) share them. `after_layer()` runs after each layer's."""
     cached = _FUSED.get(model)
     if cached is None or cached.native is not native or not _still_fused(cached.layers, model):
-        prepack = _prepack(model)
+        prepack = native is None and _prepack(model)  # a GGUF's own weights: no second copy for oneDNN
         layers = []
         for i, layer in enumerate(model.model.layers):
             layers.append(_Layer(layer, f"model.layers.{i}", native, prepack))
@@ -240,8 +238,9 @@ class _StepHandle:
         # the own products where this CPU has a vector path for them (x86-64 with AVX2 or better)
         own = os.environ.get("SPECULA_PRODUCTS", "own").strip().lower() != "torch" and ops.blocks_path(-1) >= 2
 
-        def tiles_apply(p) -> bool:  # bf16 weights prepacked for oneDNN
-            return own and p.kind == "prepacked" and p.source.dtype == torch.bfloat16
+        def tiles_apply(p) -> bool:  # bf16 weights prepacked for oneDNN, or a GGUF's own (no prepacked copy)
+            return own and (p.kind == "prepacked" or (p.kind == "dense" and native is not None)) and (
+                p.source.dtype == torch.bfloat16)
 
         for layer in layers:
             for p, parts in zip(layer.products, layer.file_parts):
@@ -254,7 +253,7 @@ class _StepHandle:
                     a.append(p.packed), b.append(p.scale_zero)
                 elif p.kind == "blocks":
                     a.append(p.packed), b.append(p.parts)
-                elif p.kind == "tiles":
+                elif p.kind in ("tiles", "tiles-plain"):
                     a.append(p.packed), b.append(p.weight)
                 else:
                     a.append(p.weight), b.append(empty)
@@ -442,7 +441,7 @@ class LlamaRunner:
     @property
     def own_products(self) -> bool:
         """Whether the current answer's step runs the own products (over the file's blocks or bf16 weights)."""
-        return self._fast is not None and (self._fast.lm_head is not None or bool({"blocks", "tiles"} & set(self._fast.kinds)))
+        return self._fast is not None and (self._fast.lm_head is not None or bool({"blocks", "tiles", "tiles-plain"} & set(self._fast.kinds)))
 
     def _compiled_step(self) -> _StepHandle | None:
         """The compiled step for this model, where it is loaded and reproduces what this runner needs:

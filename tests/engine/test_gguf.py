@@ -98,6 +98,23 @@ def test_greedy_speculation_over_a_gguf_as_it_is_is_identical_to_plain_decoding(
     assert_greedy_identity(target, target, strategy, options, trials=3, longest_prompt=90, max_new_tokens=40)
 
 
+@pytest.mark.parametrize("name", ["Q4_K_M", "mixed dense"])
+@pytest.mark.parametrize("strategy", ["prompt-lookup", "auto"])
+def test_through_the_compiled_step_speculation_over_a_gguf_is_plain_decoding(files, name, strategy, tmp_path):
+    """The compiled step over the file's blocks, and over the bf16 weights of its dense groups (tiles, whose prompts
+    take F.linear over the weights as they are: no prepacked copy), prompts long enough to be read in chunks."""
+    from specula.engine.cpu import step
+
+    step.prepare(wait=True)
+    target = load_model(ModelSpec(str(files[name]), device="cpu", dtype="bf16", step="compiled"))
+    runner = target.new_runner()
+    runner.forward(torch.arange(5, 75))
+    assert runner.compiled
+    kinds = set(runner._fast.kinds)
+    assert kinds == {"blocks"} if name == "Q4_K_M" else {"blocks", "tiles-plain"} <= kinds
+    assert_greedy_identity(target, None, strategy, {}, trials=3, longest_prompt=300, max_new_tokens=32)
+
+
 def test_the_dequantized_load_is_transformers_own_reading_of_the_file(tmp_path):
     """Config, weights (Llama's q/k rows put back by transformers' own processor) and tokenizer as
     transformers reads the file, without its fp32 copy of the whole model; the blocks, with the row order

@@ -109,5 +109,9 @@ def test_bad_inputs_get_one_line_reasons(ops):
         ops.tiles_mm(torch.zeros(1, 6, dtype=torch.bfloat16), packed, 16, None, False)
     with pytest.raises(RuntimeError, match="a bias per output"):
         ops.tiles_mm(torch.zeros(1, 8, dtype=torch.bfloat16), packed, 16, torch.zeros(3), False)
-    with pytest.raises(ValueError, match="prepacked"):
-        Tiles(ops, Dense(torch.zeros(16, 8, dtype=torch.bfloat16), None, prepack=False))
+    with pytest.raises(ValueError, match="bf16"):
+        Tiles(ops, Dense(torch.zeros(16, 8), None, prepack=False))
+    # a bf16 weight kept as it is (a GGUF's): prompts take F.linear over it instead of oneDNN's prepacked copy
+    plain = Tiles(ops, Dense(torch.ones(16, 8, dtype=torch.bfloat16), None, prepack=False))
+    assert plain.kind == "tiles-plain" and torch.equal(plain(torch.ones(64, 8, dtype=torch.bfloat16)),
+                                                       torch.full((64, 16), 8.0, dtype=torch.bfloat16))
