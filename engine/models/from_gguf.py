@@ -88,8 +88,8 @@ def load(path: Path, device: torch.device, dtype: torch.dtype, weights: str, say
         log.info("dequantized weights for %s: %s", file.path.name, why)
     needed, free = memory_needed(file, config, ops is not None, dtype), available_memory()
     if free is not None and device.type == "cpu" and needed > free:
-        raise SpeculaError(f"{file.path.name} needs about {gigabytes(needed)} of memory to load and {gigabytes(free)} is free: "
-                           "close other programs or pick a smaller file")
+        raise SpeculaError(f"{file.path.name} needs about {gigabytes(needed)} of memory to load and "
+                           f"{gigabytes(free)} is free: close other programs or pick a smaller file")
     say(f"reading {file.path.name} (it needs about {gigabytes(needed)} of memory"
         + (f", {gigabytes(free)} free)" if free is not None else ")"))
     model = _meta_model(config, dtype)

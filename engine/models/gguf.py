@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 
 NATIVE_TYPES = tuple(BLOCK_FORMATS)  # the formats the compiled step's products run as they are
 LM_HEAD = "lm_head"  # the name the LM head's blocks go by
-_TOKENIZER_ARRAYS = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")  # read by the tokenizer's builder
-_DENSE = {"F32": np.float32, "F16": np.float16}
-_STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}  # types that are a dtype as they are  # types numpy reads as they are (BF16 through torch)
+# the tokenizer's large arrays, which its builder reads itself
+_TOKENIZER_ARRAYS = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
+_DENSE = {"F32": np.float32, "F16": np.float16}  # types numpy reads as they are (BF16 by its bits)
+_STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}  # types that are a dtype as they are
 # GGUF architectures whose model type transformers names otherwise
 _MODEL_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe",
                 "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2", "command-r": "cohere"}
@@ -248,7 +249,8 @@ def config_from(file: GGUFFile):
     values = dict(GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {}))
     for key, value in file.metadata.items():
         prefix, _, rest = key.partition(".")
-        renames = table if prefix == arch else GGUF_CONFIG_MAPPING.get(prefix) if prefix in ("general", "tokenizer") else None
+        shared = GGUF_CONFIG_MAPPING.get(prefix) if prefix in ("general", "tokenizer") else None
+        renames = table if prefix == arch else shared
         if renames is None or renames.get(rest) in (None, -1):
             continue
         values[renames[rest]] = value
