@@ -173,8 +173,8 @@ def _load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     if spec.weights == "native" and gguf is None:
         raise SpeculaError("native weights need a GGUF file: this model is dense, use --weights auto")
     say(f"loading {name}")
+    drop_old_conversions(say)
     if gguf is not None:
-        drop_old_conversions(say)
         model, tokenizer, native = from_gguf.load(gguf, device, dtype, spec.weights, say)
     else:
         model, tokenizer = _from_pretrained(folder, dtype)
@@ -325,7 +325,7 @@ def _eos_ids(model, tokenizer) -> frozenset[int]:
 
 def drop_old_conversions(say=lambda text: None) -> int:
     """Remove the fp32 copies of GGUF files that earlier versions kept in the cache (each the model's size in
-    fp32; nothing reads them now), once, saying how much was freed; the bytes freed."""
+    fp32; nothing reads them now), at the first load of any model, saying how much was freed; the bytes freed."""
     folder = cache_dir() / "gguf"
     if not folder.is_dir():
         return 0
