@@ -60,8 +60,11 @@ def test_the_first_imports_are_frozen_once_and_later_blocks_freeze_nothing(fresh
     frozen = gc.get_freeze_count()
     assert frozen > before and gc.isenabled()
     later = weakref.ref(Cycle())
+    kept = [Cycle() for _ in range(1000)]  # a second freeze would take these in
     with collector.collected_after(freeze=True):
         pass
-    assert gc.get_freeze_count() == frozen  # not again in this process
+    # not again in this process (another thread, such as the thread governor's sampler or tqdm's monitor, may free a
+    # few frozen objects meanwhile: the count can fall, it cannot grow by a freeze's worth)
+    assert gc.get_freeze_count() < frozen + len(kept)
     gc.collect()
     assert later() is None  # what came after the first freeze is collected as before
