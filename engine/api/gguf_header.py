@@ -23,16 +23,19 @@ from pathlib import Path
 from .errors import SpeculaError
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-# GGML's tensor types: name and (weights, bytes) of one block (a plain number is a block of one)
-GGML_TYPES = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
-    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50),
-    20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136),
-    24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8),
-    29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
-}
+
+
+def ggml_type(type_id: int) -> tuple[str, int, int] | None:
+    """A GGML tensor type's name and the (weights, bytes) of one of its blocks, by the gguf package's tables (read
+    where a tensor table is, not for the metadata alone); None for a type it does not know."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        kind = GGMLQuantizationType(type_id)
+    except ValueError:
+        return None
+    weights, nbytes = GGML_QUANT_SIZES[kind]
+    return kind.name, weights, nbytes
 
 
 class GGUFError(SpeculaError):
@@ -46,13 +49,14 @@ class TensorEntry:
 
     name: str
     type_id: int
+    type_name: str  # GGML's name of the type ("Q4_K"), or "type N" for one the gguf package does not know
     shape: tuple[int, ...]
     offset: int
     nbytes: int
 
     @property
-    def type_name(self) -> str:
-        return GGML_TYPES[self.type_id][0] if self.type_id in GGML_TYPES else f"type {self.type_id}"
+    def known(self) -> bool:
+        return not self.type_name.startswith("type ")
 
 
 @dataclass(frozen=True)
@@ -153,14 +157,15 @@ def _parse(buf, size: int, keep: Callable[[str], bool], with_tensors: bool) -> G
         elements = 1
         for d in shape:
             elements *= d
-        if type_id in GGML_TYPES:
-            _, weights, nbytes = GGML_TYPES[type_id]
+        known = ggml_type(type_id)
+        if known is not None:
+            type_name, weights, nbytes = known
             if elements % weights:
-                raise GGUFError(f"tensor '{name}' of {elements} weights is not whole {GGML_TYPES[type_id][0]} blocks")
+                raise GGUFError(f"tensor '{name}' of {elements} weights is not whole {type_name} blocks")
             nbytes *= elements // weights
         else:
-            nbytes = 0  # an unknown type: refused where the tensor is read, with its name
-        entry = TensorEntry(name, type_id, shape, start + offset, nbytes)
+            type_name, nbytes = f"type {type_id}", 0  # an unknown type: refused where the tensor is read, with its name
+        entry = TensorEntry(name, type_id, type_name, shape, start + offset, nbytes)
         if entry.offset + nbytes > size:
             raise GGUFError(f"the file is truncated ({size} bytes): tensor '{name}' ends at byte {entry.offset + nbytes}")
         tensors[name] = entry

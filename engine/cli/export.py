@@ -1,6 +1,7 @@
 """`specula export --model M --out DIR`: the model as a plain safetensors folder that serving engines
 (vLLM, SGLang) load. A GGUF file (the bundled model included) is written dequantized to fp32 there (the
-one place Specula makes such a copy, because the folder is asked for); a folder or Hub snapshot is copied. The config names its architecture, which engines need to pick the model class.
+one place Specula makes such a copy, because the folder is asked for); a folder or Hub snapshot is copied.
+The config names its architecture, which engines need to pick the model class.
 """
 
 from __future__ import annotations

@@ -95,12 +95,13 @@ def load(path: Path, device: torch.device, dtype: torch.dtype, weights: str, say
     model = _meta_model(config, dtype)
     native = _place(file, model, config, device, dtype, ops)
     model.eval()
-    if native is not None:
+    if any(p.is_meta for p in model.parameters()):
         model.register_forward_pre_hook(_no_dense_forward)
+    if native is not None:
         # the products hold the blocks once packed: the file's pages each layer read are given back after it
         # (the embedding's rows are read again as they are used)
         build_products(model, native, after_layer=file.release)
-        file.release()
+        log.info("%s: %s", file.path.name, native.summary)
     return model, tokenizer, native
 
 
@@ -171,7 +172,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
             mapping = get_gguf_hf_weights_map(model, processor, model_type=file.architecture)
         except NotImplementedError as exc:
             raise SpeculaError(f"{file.path.name}: {first_line(exc)}") from None
-    native = NativeWeights() if ops is not None else None
+    native = NativeWeights(file=file) if ops is not None else None
     n_head = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_head
     placed = set()
@@ -195,8 +196,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
             order = None
             if file.architecture == "llama" and module.endswith(("q_proj", "k_proj")):
                 order = llama_row_order(entry.shape[0], n_head if module.endswith("q_proj") else n_kv)
-            blocks = file.blocks(entry.name)
-            native.tensors[module] = type(blocks)(blocks.type_name, blocks.data, blocks.shape, order)
+            native.tensors[module] = file.blocks(entry.name, order)
             placed.add(hf)
             continue
         if native is not None and hf == "model.embed_tokens.weight":

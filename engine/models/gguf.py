@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..api.errors import SpeculaError, UnsupportedModelError
-from ..api.gguf_header import GGML_TYPES, GGUFError, GGUFHeader, TensorEntry, read_header
+from ..api.gguf_header import GGUFError, GGUFHeader, TensorEntry, read_header
 from ..cpu.products import BLOCK_FORMATS, Blocks, FileBlocks, Q4Blocks
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ class NativeWeights:
 
     tensors: dict[str, FileBlocks] = field(default_factory=dict)
     file_types: Counter = field(default_factory=Counter)  # GGUF tensor type -> tensors of that type
+    file: "GGUFFile | None" = field(default=None, repr=False, compare=False)  # where the bytes are, when a file's
     _q4: dict[str, Q4Blocks] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -59,7 +60,7 @@ class NativeWeights:
 
     @property
     def summary(self) -> str:
-        """e.g. "Q4_1 native (210 tensors), Q8_0 native (1 tensors); F32 x61 dequantized"."""
+        """e.g. "Q4_1 native (210 tensors), Q8_0 native (1 tensors); F32 x61 dense"."""
         native = Counter()
         for b in self.tensors.values():
             native[b.type_name] += 1
@@ -90,9 +91,10 @@ class GGUFFile:
         self.tensors: dict[str, TensorEntry] = self.header.tensors
         self.metadata = self.header.metadata
         self.architecture = self.header.architecture
-        self._file = open(self.path, "rb")  # noqa: SIM115 - kept open with the map it backs
-        # copy-on-write (never written): torch takes its pages as they are, and nothing is read until used
-        self._map = mmap.mmap(self._file.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        # copy-on-write (never written): torch takes its pages as they are, and nothing is read until used (the
+        # map keeps the file open itself)
+        with open(self.path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self._array = np.frombuffer(self._map, dtype=np.uint8)
 
     def __repr__(self) -> str:
@@ -117,12 +119,10 @@ class GGUFFile:
         return torch.from_numpy(self._array[e.offset:e.offset + e.nbytes].reshape(rows, -1))
 
     def blocks(self, name: str, order: torch.Tensor | None = None) -> FileBlocks:
-        """A 2-D tensor in one of BLOCK_FORMATS as the file stores it, its rows in `order` (a copy then)."""
+        """A 2-D tensor in one of BLOCK_FORMATS as the file stores it, its rows read in `order` where given (the
+        bytes stay the file's: reordered only as they are packed)."""
         e = self.tensors[name]
-        data = self.raw(name)
-        if order is not None:
-            data = data[order]
-        return FileBlocks(e.type_name, data, (int(e.shape[0]), int(e.shape[1])))
+        return FileBlocks(e.type_name, self.raw(name), (int(e.shape[0]), int(e.shape[1])), order)
 
     def view(self, name: str, dtype: torch.dtype) -> torch.Tensor | None:
         """A tensor stored in `dtype` itself (BF16, F16, F32) where the file keeps it, torch's shape (no copy), or
@@ -136,7 +136,7 @@ class GGUFFile:
         """A tensor's values in `dtype` and torch's shape (only its `rows` of a 2-D tensor when given): one
         tensor at a time, through fp32 (the gguf package's reference dequantization)."""
         e = self.tensors[name]
-        if e.type_id not in GGML_TYPES:
+        if not e.known:
             raise UnsupportedModelError(f"{self.path.name}: tensor '{name}' is of GGML type {e.type_id}, "
                                         "which this version cannot read")
         data = self.raw(name).numpy()
@@ -153,9 +153,6 @@ class GGUFFile:
             self._map.madvise(mmap.MADV_DONTNEED)
         except (AttributeError, OSError, ValueError):  # a platform without madvise: the pages stay
             pass
-
-    def close(self) -> None:
-        self._file.close()
 
 
 def _values(raw: np.ndarray, type_name: str) -> np.ndarray:

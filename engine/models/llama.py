@@ -37,7 +37,7 @@ from ..cpu.products import (
 )
 from ..cpu.step import StepMode
 from ..decoding.tree import TokenTree
-from .gguf import LM_HEAD, FileEmbedding, FileHead, NativeWeights, out_features, weight_device, weight_dtype
+from .gguf import LM_HEAD, FileHead, NativeWeights, out_features, weight_device, weight_dtype
 from .static import BUCKETS, FLOOR, StepGraphs, StepInputs, bucket, static_context, step_inputs
 
 log = logging.getLogger(__name__)
@@ -459,9 +459,8 @@ class LlamaRunner:
         if cached is None or cached.layers is not layers or cached.ops is not ops:
             cached = _StepHandle(ops, layers, self.lm_head, self.model.config, self.scale, self.native)
             _STEPS[self.model] = cached
-            embed = self.embed
-            if isinstance(embed, FileEmbedding):  # a GGUF's pages the step's products were made from: given back
-                embed.file.release()
+            if self.native is not None and self.native.file is not None:
+                self.native.file.release()  # a GGUF's pages the step's products were made from: given back
         return cached
 
     @property

@@ -102,9 +102,6 @@ class Bench:
 
     def run_peer(self, peer: str, item: PromptItem) -> Run:
         target = self.session.target
-        if target.native is not None and any(p.is_meta for p in target.model.parameters()):
-            raise SpeculaError(f"peer '{peer}' runs transformers' forward, which needs dense weights: this GGUF runs "
-                               "as the file stores it (add --weights dequantized to bench it beside the peer)")
         history: tuple[Message, ...] = ()
         run = Run((), 0, 0.0)
         kwargs = dict(do_sample=False, max_new_tokens=self.config.max_new_tokens, eos_token_id=sorted(target.eos_ids))
