@@ -323,24 +323,43 @@ class Tiles:
 
     kind = "tiles"
 
-    def __init__(self, ops, dense: Dense, out_float: bool = False) -> None:
-        if dense.source.dtype != torch.bfloat16:
+    def __init__(self, ops, dense: Dense | None, out_float: bool = False, *, parts: list[torch.Tensor] = (),
+                 bias: torch.Tensor | None = None) -> None:
+        parts = [dense.source] if dense is not None else list(parts)
+        if not parts or any(p.dtype != torch.bfloat16 for p in parts):
             raise ValueError("tiles are made from a bf16 weight")
         self.ops = ops
         self.dense = dense
-        self.out_features, self.in_features = dense.out_features, dense.in_features
-        self.packed = ops.tiles_pack(dense.source.contiguous())
-        # oneDNN's layout for prompts, or the weight as it is (F.linear, 1.25x the time for a 256-row chunk here)
-        # where no prepacked copy was made (a GGUF's bf16 weights, where the file keeps them)
-        self.weight = dense.weight
-        self.kind = "tiles" if dense.packed else "tiles-plain"
-        self.bias = dense.bias
+        self.out_features, self.in_features = sum(p.shape[0] for p in parts), parts[0].shape[1]
+        self.packed = ops.tiles_pack_parts(parts)
+        if dense is not None:
+            # oneDNN's layout for prompts, or the weight as it is (F.linear, 1.25x the time for a 256-row chunk
+            # here) where no prepacked copy was made (a GGUF's tied bf16 head, where the file keeps it)
+            self.weight = dense.weight
+            self.kind = "tiles" if dense.packed else "tiles-plain"
+            self.bias = dense.bias
+        else:
+            # the tiles alone (a GGUF's dense weights, `alone`): prompts unpack them for the call; the empty
+            # (outputs, 0) tensor gives the compiled step their number
+            self.weight = torch.empty((self.out_features, 0), dtype=torch.bfloat16)
+            self.kind = "tiles-unpack"
+            self.bias = bias
         self.out_float = out_float
         self.stable_rows = 1  # a row's bits never depend on the call's other rows (tested)
 
+    @classmethod
+    def alone(cls, ops, parts: list[torch.Tensor], bias: torch.Tensor | None) -> Tiles:
+        """Tiles of the weight `parts` make stacked along the outputs (fused q/k/v: no stacked copy is made),
+        with no other copy kept (the caller may drop the parts): prompts' calls unpack the tiles into one
+        scratch weight of the calling thread and take F.linear over it, the same bits as over the weight."""
+        return cls(ops, None, parts=parts, bias=bias)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= PROMPT_ROWS:
-            y = self.dense(x)
+            if self.dense is None:
+                y = self.ops.tiles_linear(x, self.packed, self.out_features, self.bias)
+            else:
+                y = self.dense(x)
             return y.float() if self.out_float else y
         return self.ops.tiles_mm(x, self.packed, self.out_features, self.bias, self.out_float)
 

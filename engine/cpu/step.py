@@ -51,7 +51,7 @@ class StepMode(str, Enum):
 
 STEP_MODES = tuple(mode.value for mode in StepMode)
 # a product's form as `prepare` takes it (native/step.cpp's Product::kind), by the form's `kind` in cpu/products.py
-PRODUCT_KINDS = {"dense": 0, "prepacked": 1, "int4": 2, "blocks": 3, "tiles": 4, "tiles-plain": 5}
+PRODUCT_KINDS = {"dense": 0, "prepacked": 1, "int4": 2, "blocks": 3, "tiles": 4, "tiles-plain": 5, "tiles-unpack": 6}
 SOURCE = Path(__file__).parent / "native" / "step.cpp"
 BUILD_TIMEOUT_S = 600
 

@@ -95,13 +95,13 @@ def load(path: Path, device: torch.device, dtype: torch.dtype, weights: str, say
     model = _meta_model(config, dtype)
     native = _place(file, model, config, device, dtype, ops)
     model.eval()
-    if any(p.is_meta for p in model.parameters()):
-        model.register_forward_pre_hook(_no_dense_forward)
     if native is not None:
-        # the products hold the blocks once packed: the file's pages each layer read are given back after it
-        # (the embedding's rows are read again as they are used)
+        # the products hold the blocks once packed (dense bf16 weights as tiles, their copies dropped): the file's
+        # pages each layer read are given back after it (the embedding's rows are read again as they are used)
         build_products(model, native, after_layer=file.release)
         log.info("%s: %s", file.path.name, native.summary)
+    if any(p.is_meta for p in model.parameters()):
+        model.register_forward_pre_hook(_no_dense_forward)
     return model, tokenizer, native
 
 

@@ -98,6 +98,15 @@ def _fuse_rows(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | 
     return weight, bias
 
 
+def own_ops():
+    """The compiled step's library where its own products run here (x86-64 with AVX2 or better, and
+    SPECULA_PRODUCTS=torch not asked), or None."""
+    if os.environ.get("SPECULA_PRODUCTS", "own").strip().lower() == "torch":
+        return None
+    ops = cpu_step.ops()
+    return ops if ops is not None and ops.blocks_path(-1) >= 2 else None
+
+
 class _Layer:
     """One decoder layer's products (fused q/k/v, o, fused gate/up, down) and norms."""
 
@@ -124,6 +133,17 @@ class _Layer:
                 self.file_parts.append(parts)
                 biases = [m.bias.detach() for m in mods if m.bias is not None]
                 return Blocks(cpu_step.ops(), parts, torch.cat(biases) if len(biases) == len(mods) else None)
+            ops = own_ops() if native is not None and mods[0].weight.device.type == "cpu" else None
+            if ops is not None and mods[0].weight.dtype == torch.bfloat16:
+                # a GGUF's dense bf16 weights (its own bf16 values, or another type made dense): tiles only, the
+                # module's copies dropped (their parameters go to the meta device, as a file's blocks' do)
+                self.file_parts.append(parts)
+                biases = [m.bias.detach() for m in mods if m.bias is not None]
+                tiles = Tiles.alone(ops, [m.weight.detach() for m in mods], torch.cat(biases) if len(biases) == len(mods) else None)
+                for m in mods:
+                    m.weight = torch.nn.Parameter(torch.empty(m.weight.shape, dtype=m.weight.dtype, device="meta"),
+                                                  requires_grad=False)
+                return tiles
             if len(mods) == 1:
                 weight, bias = mods[0].weight.detach(), None if mods[0].bias is None else mods[0].bias.detach()
             else:
@@ -170,7 +190,7 @@ def _probe(layers: list[_Layer], lm_head: Dense, dtype: torch.dtype, device: tor
     for product in [p for layer in layers for p in layer.products] + [lm_head]:
         shapes.setdefault((product.kind, product.in_features, product.out_features), []).append(product)
     for key, products in shapes.items():
-        if key[0] == "blocks":  # a row's bits never depend on the call's other rows (by construction, tested)
+        if key[0] in ("blocks", "tiles-unpack"):  # a row's bits never depend on the call's other rows (tested)
             continue
         rows = stable_rows_of(products, dtype, device) if device.type == "cpu" else 2
         if rows == 0 and dtype != torch.float32:  # fp32 near ties: too rare to matter
@@ -235,8 +255,7 @@ class _StepHandle:
     def __init__(self, ops, layers: list[_Layer], lm_head, cfg, scale: float, native: NativeWeights | None) -> None:
         a, b, bias, names, norms, min_rows = [], [], [], [], [], []
         empty = torch.empty(0)
-        # the own products where this CPU has a vector path for them (x86-64 with AVX2 or better)
-        own = os.environ.get("SPECULA_PRODUCTS", "own").strip().lower() != "torch" and ops.blocks_path(-1) >= 2
+        own = own_ops() is not None
 
         def tiles_apply(p) -> bool:  # bf16 weights prepacked for oneDNN, or a GGUF's own (no prepacked copy)
             return own and (p.kind == "prepacked" or (p.kind == "dense" and native is not None)) and (
@@ -253,7 +272,7 @@ class _StepHandle:
                     a.append(p.packed), b.append(p.scale_zero)
                 elif p.kind == "blocks":
                     a.append(p.packed), b.append(p.parts)
-                elif p.kind in ("tiles", "tiles-plain"):
+                elif p.kind in ("tiles", "tiles-plain", "tiles-unpack"):
                     a.append(p.packed), b.append(p.weight)
                 else:
                     a.append(p.weight), b.append(empty)
@@ -441,7 +460,7 @@ class LlamaRunner:
     @property
     def own_products(self) -> bool:
         """Whether the current answer's step runs the own products (over the file's blocks or bf16 weights)."""
-        return self._fast is not None and (self._fast.lm_head is not None or bool({"blocks", "tiles", "tiles-plain"} & set(self._fast.kinds)))
+        return self._fast is not None and (self._fast.lm_head is not None or bool({"blocks", "tiles", "tiles-plain", "tiles-unpack"} & set(self._fast.kinds)))
 
     def _compiled_step(self) -> _StepHandle | None:
         """The compiled step for this model, where it is loaded and reproduces what this runner needs:

@@ -68,6 +68,9 @@ def test_each_format_runs_as_the_file_stores_it(files, name, monkeypatch):
     for module, blocks in target.native.tensors.items():  # every projection the file's blocks run: no copy
         assert blocks.type_name in gguf.NATIVE_TYPES
         assert isinstance(target.model.lm_head, gguf.FileHead) if module == "lm_head" else params[f"{module}.weight"].is_meta
+    # projections in types the products do not run are tiles alone (their groups' copies dropped): no module
+    # keeps a weight of any projection
+    assert all(p.is_meta for n, p in params.items() if n.endswith(tuple(f"{m}.weight" for m in from_gguf._PROJECTIONS)))
     # the embedding is looked up from the file, row by row, in its own format
     assert isinstance(target.model.get_input_embeddings(), gguf.FileEmbedding)
     with pytest.raises(SpeculaError, match="--weights dequantized"):  # transformers' forward would read nothing
@@ -101,8 +104,8 @@ def test_greedy_speculation_over_a_gguf_as_it_is_is_identical_to_plain_decoding(
 @pytest.mark.parametrize("name", ["Q4_K_M", "mixed dense"])
 @pytest.mark.parametrize("strategy", ["prompt-lookup", "auto"])
 def test_through_the_compiled_step_speculation_over_a_gguf_is_plain_decoding(files, name, strategy, tmp_path):
-    """The compiled step over the file's blocks, and over the bf16 weights of its dense groups (tiles, whose prompts
-    take F.linear over the weights as they are: no prepacked copy), prompts long enough to be read in chunks."""
+    """The compiled step over the file's blocks, and over the bf16 weights of its dense groups (tiles alone, whose
+    prompts unpack them: no other copy), prompts long enough to be read in chunks."""
     from specula.engine.cpu import step
 
     step.prepare(wait=True)
@@ -111,7 +114,7 @@ def test_through_the_compiled_step_speculation_over_a_gguf_is_plain_decoding(fil
     runner.forward(torch.arange(5, 75))
     assert runner.compiled
     kinds = set(runner._fast.kinds)
-    assert kinds == {"blocks"} if name == "Q4_K_M" else {"blocks", "tiles-plain"} <= kinds
+    assert kinds == {"blocks"} if name == "Q4_K_M" else {"blocks", "tiles-unpack"} <= kinds
     assert_greedy_identity(target, None, strategy, {}, trials=3, longest_prompt=300, max_new_tokens=32)
 
 

@@ -115,3 +115,23 @@ def test_bad_inputs_get_one_line_reasons(ops):
     plain = Tiles(ops, Dense(torch.ones(16, 8, dtype=torch.bfloat16), None, prepack=False))
     assert plain.kind == "tiles-plain" and torch.equal(plain(torch.ones(64, 8, dtype=torch.bfloat16)),
                                                        torch.full((64, 16), 8.0, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("shape", [(16, 8), (37, 70), (48, 2 * 200), (130, 64)])
+def test_tiles_alone_unpack_to_their_weight_and_prompts_get_f_linears_bits(ops, shape):
+    """Tiles with no other copy (a GGUF's dense weights): the tiles unpack to the weight bit for bit, whatever its
+    shape, and a prompt's call gives F.linear's bits over the weight (through the calling thread's scratch, used
+    again by a smaller product after a larger one); below PROMPT_ROWS rows, the tiles' own arithmetic."""
+    w = _weight(*shape, seed=shape[0])
+    bias = torch.randn(shape[0]).bfloat16()
+    alone = Tiles.alone(ops, [w[: shape[0] // 3].clone(), w[shape[0] // 3 :].clone()], bias)  # stacked: fused q/k/v
+    assert alone.kind == "tiles-unpack" and alone.weight.shape == (shape[0], 0) and alone.dense is None
+    assert torch.equal(ops.tiles_unpack(alone.packed, *shape), w) and torch.equal(alone.packed, ops.tiles_pack(w))
+    big = Tiles.alone(ops, [_weight(300, shape[1], seed=1)], None)
+    x = torch.randn(PROMPT_ROWS + 5, shape[1]).bfloat16()
+    big(x)  # the scratch grows to the larger weight; the smaller one reads only its part of it
+    assert torch.equal(alone(x), torch.nn.functional.linear(x, w, bias))
+    one = x[:3]
+    assert torch.equal(alone(one), ops.tiles_mm(one, alone.packed, shape[0], bias, False))
+    with pytest.raises(RuntimeError, match="does not hold"):
+        ops.tiles_linear(torch.zeros(PROMPT_ROWS, shape[1] + 2, dtype=torch.bfloat16), alone.packed, shape[0], None)

@@ -128,10 +128,10 @@ constexpr int64_t PROMPT_ROWS = 64;  // as cpu/products.py's: calls of this many
 // A product y = x @ W^T (+ b) in one of the engine's forms (cpu/products.py).
 struct Product {
   // 0: F.linear, 1: oneDNN prepacked, 2: torch's int4 kernel, 3: the file's blocks (blocks.h), 4: bf16 tiles (tiles.h),
-  // 5: bf16 tiles whose prompts take F.linear over the weight as it is
+  // 5: bf16 tiles whose prompts take F.linear over the weight as it is, 6: bf16 tiles alone (prompts unpack them)
   int64_t kind;
   // weight | packed weight | int4 codes and scale-and-zero | tiled blocks and their parts | tiles and the packed weight
-  // | tiles and the weight
+  // | tiles and the weight | tiles and an (outputs, 0) tensor that gives their number
   Tensor a, b;
   c10::optional<Tensor> bias;
   // A call of fewer rows than `min_rows` runs as that many, the first row repeated: products whose one-row
@@ -160,12 +160,12 @@ struct Product {
       inputs = blocks::input_size(b, a.numel());
       parts = blocks::read_parts(b, inputs, a.numel());
       outputs = parts.total_cols;
-    } else if (kind == 4 || kind == 5) {
+    } else if (kind == 4 || kind == 5 || kind == 6) {
       outputs = b.size(0);
       inputs = a.numel() * 2 / tiles::tiles(outputs) / tiles::CHUNK * 2;
       TORCH_CHECK(a.numel() * 2 == tiles::tiles(outputs) * tiles::tile_bytes(inputs), "bf16 tiles of ", outputs, " outputs");
     }
-    if ((kind == 3 || kind == 4 || kind == 5) && bias) {
+    if ((kind == 3 || kind == 4 || kind == 5 || kind == 6) && bias) {
       TORCH_CHECK(bias->numel() == outputs, "a bias per output");
       bias32 = bias->to(at::kFloat).contiguous();
     }
@@ -176,7 +176,7 @@ struct Product {
   template <typename T>
   Tensor into(const Tensor& x, Tensor& buf) const {
     const int64_t t = x.size(0);
-    const bool own = (kind == 3 || ((kind == 4 || kind == 5) && t < PROMPT_ROWS)) && t >= min_rows && t > 0;
+    const bool own = (kind == 3 || ((kind == 4 || kind == 5 || kind == 6) && t < PROMPT_ROWS)) && t >= min_rows && t > 0;
     if (!own) return (*this)(x);
     TORCH_CHECK(x.is_contiguous() && x.size(1) == inputs, "a product's input of ", inputs, " columns");
     if (!buf.defined() || buf.size(0) != t || buf.size(1) != outputs || buf.scalar_type() != x.scalar_type())
@@ -198,6 +198,8 @@ struct Product {
         return x.size(0) >= PROMPT_ROWS ? prepacked(x, b) : tiles::mm(x, a, b.size(0), bias, false);
       case 5:  // the same, b the weight as it is (a GGUF's, where the file keeps it: no prepacked copy)
         return x.size(0) >= PROMPT_ROWS ? at::linear(x, b, bias) : tiles::mm(x, a, b.size(0), bias, false);
+      case 6:  // the same over the tiles unpacked for the call (no plain copy of the weight is kept)
+        return x.size(0) >= PROMPT_ROWS ? tiles::linear(x, a, b.size(0), bias) : tiles::mm(x, a, b.size(0), bias, false);
       default: {
         Tensor y = at::_weight_int4pack_mm_for_cpu(x, a, 32, b);
         return bias ? y.add_(*bias) : y;
@@ -1050,5 +1052,8 @@ TORCH_LIBRARY(specula_step, lib) {
   lib.def("blocks_mm(Tensor x, Tensor packed, Tensor parts, Tensor? bias, bool out_float) -> Tensor", &blocks::mm);
   lib.def("blocks_path(int path) -> int", &blocks::set_path);
   lib.def("tiles_pack(Tensor w) -> Tensor", &tiles::pack_op);
+  lib.def("tiles_pack_parts(Tensor[] parts) -> Tensor", &tiles::pack_parts_op);
   lib.def("tiles_mm(Tensor x, Tensor packed, int n, Tensor? bias, bool out_float) -> Tensor", &tiles::mm);
+  lib.def("tiles_linear(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor", &tiles::linear);
+  lib.def("tiles_unpack(Tensor packed, int n, int k) -> Tensor", &tiles::unpack_op);
 }

@@ -37,15 +37,32 @@ inline float bf16(uint16_t h) {
   return v;
 }
 
-// w (n, k) bf16 as uint16 -> the tiled layout (tiles(n) * tile_bytes(k)), columns past n zero
+// rows[col] (n rows of k bf16 values as uint16: one weight, or several stacked along the outputs) -> the tiled
+// layout (tiles(n) * tile_bytes(k)), columns past n zero; the tiles in parallel, each a transpose of 16 columns x
+// k/2 pairs (blocks of 16 pairs: whole cache lines read from each row)
+inline void pack_rows(const std::vector<const uint16_t*>& rows, int64_t n, int64_t k, uint16_t* out) {
+  const int64_t pairs = k / 2, per_tile = tile_bytes(k) / 4;  // uint32 pairs per tile
+  uint32_t* o = reinterpret_cast<uint32_t*>(out);
+  at::parallel_for(0, tiles(n), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      uint32_t* tile = o + t * per_tile;
+      const int64_t col0 = t * COLS, cols = std::min(COLS, n - col0);
+      if (cols < COLS) std::memset(tile, 0, per_tile * 4);
+      for (int64_t q0 = 0; q0 < pairs; q0 += 16) {
+        const int64_t q1 = std::min(pairs, q0 + 16);
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint32_t* row = reinterpret_cast<const uint32_t*>(rows[col0 + c]);
+          for (int64_t q = q0; q < q1; ++q) tile[q * COLS + c] = row[q];
+        }
+      }
+    }
+  });
+}
+
 inline void pack(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
-  const int64_t per_tile = tile_bytes(k) / 2;  // uint16 values
-  std::memset(out, 0, tiles(n) * tile_bytes(k));
-  for (int64_t col = 0; col < n; ++col) {
-    uint16_t* tile = out + (col / COLS) * per_tile;
-    const int64_t c = col % COLS;
-    for (int64_t j = 0; j < k; ++j) tile[(j / 2) * (CHUNK / 2) + 2 * c + j % 2] = w[col * k + j];
-  }
+  std::vector<const uint16_t*> rows(n);
+  for (int64_t col = 0; col < n; ++col) rows[col] = w + col * k;
+  pack_rows(rows, n, k, out);
 }
 
 // acc (R x 16) of one tile for rows x[0..R-1] (fp32, k apart): the portable path
@@ -181,15 +198,73 @@ inline at::Tensor mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t n
   return y;
 }
 
-// w (n, k) bf16 -> the tiled layout, as a flat bf16 tensor
-inline at::Tensor pack_op(const at::Tensor& w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16, "w: (outputs, inputs) bf16");
-  TORCH_CHECK(w.size(1) % 2 == 0, "an odd input size ", w.size(1));
-  auto c = w.contiguous();
-  const int64_t n = c.size(0), k = c.size(1);
-  auto out = at::empty({tiles(n) * tile_bytes(k) / 2}, c.options());
-  pack(reinterpret_cast<const uint16_t*>(c.data_ptr<at::BFloat16>()), n, k, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
+// The tiled layout back to w (n, k): each tile's chunks hold its 16 columns' pairs of inputs, so a column's
+// row of w is the 4-byte pairs at one place of every chunk (a transpose of k/2 x 16 pairs per tile).
+inline void unpack(const uint16_t* packed, int64_t n, int64_t k, uint16_t* w) {
+  const int64_t pairs = k / 2, per_tile = tile_bytes(k) / 4;  // uint32 pairs per tile
+  const uint32_t* in = reinterpret_cast<const uint32_t*>(packed);
+  uint32_t* out = reinterpret_cast<uint32_t*>(w);
+  at::parallel_for(0, tiles(n), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint32_t* tile = in + t * per_tile;
+      const int64_t col0 = t * COLS, cols = std::min(COLS, n - col0);
+      for (int64_t q0 = 0; q0 < pairs; q0 += 16) {  // 16 pairs of every column at a time: whole cache lines
+        const int64_t q1 = std::min(pairs, q0 + 16);
+        for (int64_t c = 0; c < cols; ++c)
+          for (int64_t q = q0; q < q1; ++q) out[(col0 + c) * pairs + q] = tile[q * COLS + c];
+      }
+    }
+  });
+}
+
+// y = x @ W^T (+ bias) for a prompt's many rows where only the tiles are kept: W unpacked into the calling
+// thread's scratch (kept for its next call: the largest product's size) and multiplied by ATen's product,
+// as over the weight itself (the same bits as at::linear over w).
+inline at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0, "x: (rows, inputs)");
+  const int64_t k = x.size(1);
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() && n > 0 &&
+              packed.numel() * 2 == tiles(n) * tile_bytes(k), "the packed weight does not hold ", n, " outputs of ", k, " inputs");
+  thread_local at::Tensor scratch;
+  if (!scratch.defined() || scratch.numel() < n * k) scratch = at::empty({n * k}, packed.options());
+  at::Tensor w = scratch.narrow(0, 0, n * k).view({n, k});
+  unpack(reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), n, k,
+         reinterpret_cast<uint16_t*>(w.data_ptr<at::BFloat16>()));
+  return at::linear(x, w, bias);
+}
+
+// the tiled layout -> w (n, k), a new tensor
+inline at::Tensor unpack_op(const at::Tensor& packed, int64_t n, int64_t k) {
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() && n > 0 && k % 2 == 0 &&
+              packed.numel() * 2 == tiles(n) * tile_bytes(k), "the packed weight does not hold ", n, " outputs of ", k, " inputs");
+  auto w = at::empty({n, k}, packed.options());
+  unpack(reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), n, k, reinterpret_cast<uint16_t*>(w.data_ptr<at::BFloat16>()));
+  return w;
+}
+
+// weights (n_i, k) bf16, stacked along the outputs as one (sum n_i, k) weight without a copy of it -> the tiled
+// layout, as a flat bf16 tensor
+inline at::Tensor pack_parts_op(const std::vector<at::Tensor>& parts) {
+  TORCH_CHECK(!parts.empty(), "no weight to pack");
+  std::vector<at::Tensor> kept;
+  std::vector<const uint16_t*> rows;
+  const int64_t k = parts[0].dim() == 2 ? parts[0].size(1) : -1;
+  for (const auto& w : parts) {
+    TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16, "w: (outputs, inputs) bf16");
+    TORCH_CHECK(w.size(1) == k, "weights of one input size to stack");
+    TORCH_CHECK(k % 2 == 0, "an odd input size ", k);
+    kept.push_back(w.contiguous());
+    const uint16_t* base = reinterpret_cast<const uint16_t*>(kept.back().data_ptr<at::BFloat16>());
+    for (int64_t r = 0; r < w.size(0); ++r) rows.push_back(base + r * k);
+  }
+  const int64_t n = static_cast<int64_t>(rows.size());
+  TORCH_CHECK(n > 0, "no outputs to pack");
+  auto out = at::empty({tiles(n) * tile_bytes(k) / 2}, parts[0].options());
+  pack_rows(rows, n, k, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
   return out;
 }
+
+// w (n, k) bf16 -> the tiled layout, as a flat bf16 tensor
+inline at::Tensor pack_op(const at::Tensor& w) { return pack_parts_op({w}); }
 
 }  // namespace tiles
