@@ -243,3 +243,30 @@ def test_without_the_compiled_step_a_file_is_dequantized_and_says_why(files, mon
     assert any("no C++ compiler" in line and "dequantized" in line for line in said)
     with pytest.raises(SpeculaError, match="cannot run Q4_0.gguf with native weights: the compiled step"):
         _load(files["Q4_0"], weights="native")
+
+
+def test_old_converted_copies_are_removed_once_and_a_cache_that_cannot_be_written_costs_nothing(files, monkeypatch,
+                                                                                               tmp_path):
+    """An earlier version's fp32 copies are removed at the next load, with a line saying how much was freed; a
+    cache folder that cannot be written (here a path under a file: refused even to root) neither stops a GGUF's
+    load nor leaves anything behind, since loading one writes nothing there."""
+    cache = tmp_path / "cache"
+    old = cache / "gguf" / "abc123"
+    old.mkdir(parents=True)
+    (old / "model.safetensors").write_bytes(b"\0" * 3_000_000)
+    monkeypatch.setenv("SPECULA_CACHE_DIR", str(cache))
+    said = []
+    load_model(ModelSpec(str(files["Q4_0"]), device="cpu", dtype="bf16"), progress=said.append)
+    assert not (cache / "gguf").exists()
+    assert [line for line in said if "earlier version" in line] == [
+        "removed the converted copies of GGUF files an earlier version kept (0.0 GB freed)"]
+    said.clear()
+    load_model(ModelSpec(str(files["Q4_0"]), device="cpu", dtype="bf16"), progress=said.append)
+    assert not any("earlier version" in line for line in said)  # once
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("SPECULA_CACHE_DIR", str(blocked / "cache"))
+    model = load_model(ModelSpec(str(files["Q4_0"]), device="cpu", dtype="bf16"))
+    assert model.native is not None and blocked.is_file() and blocked.read_text() == ""
+    prompt = list(range(300, 312))
+    assert _greedy(model, prompt, n=8) == _greedy(_load(files["Q4_0"]), prompt, n=8)
