@@ -281,7 +281,7 @@ class MainWindow(QMainWindow):
         self.chat.chat_template = self.compare.chat_template = event.chat
         base = (f"{event.target.split(' (')[0]} has no chat template (a base model): "
                 "each message is continued as plain text")
-        for warning in event.warnings + (() if event.chat else (base,)):
+        for warning in event.warnings + (() if event.chat else (base,)) + ((event.path,) if event.path else ()):
             if warning not in self.notices.messages:
                 self.notices.add(warning)
         self.strategy_unavailable = None

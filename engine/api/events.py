@@ -175,6 +175,7 @@ class Loaded:
     weights: str = ""  # what the products run on, e.g. "Q4_1 (native)"; "" when it is `dtype`
     capabilities: Capabilities = field(default_factory=Capabilities)
     chat: bool = True  # the model has a chat template; else (a base model) messages continue as plain text
+    path: str = ""  # one line where the model does not run Specula's own forward: the path it takes instead
 
 
 @dataclass(frozen=True)

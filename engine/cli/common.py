@@ -94,7 +94,7 @@ def open_backend(args, progress, measure_baseline: bool = True) -> tuple[Backend
     session = Session()
     loaded = session.load(LoadRequest(model_spec(args), args.draft_model, measure_baseline=measure_baseline,
                                       draft_head=getattr(args, "draft_head", None)), progress)
-    for warning in loaded.warnings:
+    for warning in loaded.warnings + ((loaded.path,) if loaded.path else ()):
         print(f"specula: note: {warning}", file=sys.stderr)
     session.drafter(args.strategy, dict(strategy_options(args)))
     return session, loaded

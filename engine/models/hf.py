@@ -1,5 +1,14 @@
 """Any transformers causal LM as a `decoding.target.ModelRunner`, through its own cache: the fallback
-for architectures without the lean forward (`models.llama.LlamaRunner`)."""
+for architectures without the lean forward (`models.llama.LlamaRunner`).
+
+Exactness. transformers' forward does not give a row the same bits in every call: its matrix products take
+other kernels for one row than for several and change again at some numbers of rows, and its attention
+kernels group a row's keys by the call's whole length (measured here: a pass's rows part from single steps'
+once the pass crosses some lengths of the cache, in bf16 and fp32, Gemma 3 and GPT-NeoX alike). No padding or
+size of call is exact at every length, so a verify pass runs one row at a time, each row the call plain
+decoding makes: speculation on this path keeps the answer exactly and gains nothing (the load says so); the
+prompt is read in one pass, as plain decoding reads it.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +20,9 @@ from ..api.errors import UnsupportedModelError
 
 
 class HFRunner:
-    """Fallback for architectures without a lean forward: transformers' model and DynamicCache."""
+    """Fallback for architectures without a lean forward: transformers' model and a DynamicCache whose layers
+    all keep every position (a sliding-window layer's cache cannot be cut back once its window is full; the
+    attention masks still see only the window)."""
 
     keeps_features = False
     exact_trees = False  # it takes no trees at all
@@ -23,7 +34,7 @@ class HFRunner:
         self.max_len = max_len
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.device = next(model.parameters()).device
-        self._new_cache = lambda: DynamicCache(config=model.config)
+        self._new_cache = lambda: DynamicCache()
         self._cache = self._new_cache()
         self._length = 0
         params = inspect.signature(model.forward).parameters
@@ -38,6 +49,8 @@ class HFRunner:
         if tree is not None and not tree.is_chain:
             raise UnsupportedModelError("token trees need the lean forward (the Llama family); this model takes chains")
         t = tokens.shape[0]
+        if 1 < t == last:  # a verify pass: each row as the single step plain decoding would take
+            return torch.cat([self.forward(tokens[i : i + 1]) for i in range(t)])
         positions = torch.arange(self._length, self._length + t, device=self.device)
         out = self.model(
             input_ids=tokens.to(self.device)[None],

@@ -69,6 +69,17 @@ class LoadedModel:
         return llama.context_window(self.model.config)
 
     @property
+    def path(self) -> str:
+        """One line where this model does not run the lean forward (an architecture it does not know, or its
+        own forward asked for): the path it takes instead and what that costs; "" where it runs it."""
+        if self.uses_lean_forward:
+            return ""
+        kind = self.model.config.model_type
+        why = "asked for" if self.lean is False and llama.supports(self.model) else f"Specula's own forward does not run '{kind}' yet"
+        return (f"{kind} runs through transformers' forward ({why}): slower, no compiled step, token trees or draft "
+                "heads, and its verify passes check a row at a time to keep the answer exact, so speculation gains nothing")
+
+    @property
     def step_status(self) -> str:
         """The decoding step new answers take: "compiled", "compiling" or "eager" (with why, where the
         compiled step was wanted and cannot be built); "static" or "graphs" for static steps (models/static.py)."""

@@ -265,7 +265,9 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
 
     async def health(request: Request) -> Response:
         ready = service.state == "ready"
-        return JSONResponse({"status": service.state, "message": service.message}, status_code=200 if ready else 503)
+        path = service.loaded.path if service.loaded is not None else ""
+        return JSONResponse({"status": service.state, "message": service.message, **({"path": path} if path else {})},
+                            status_code=200 if ready else 503)
 
     # ---- control -----------------------------------------------------------------------------------
 

@@ -116,6 +116,7 @@ class Session:
             weights=t.weights,
             warnings=tuple(self.head_warnings),
             chat=bool(getattr(t.tokenizer, "chat_template", None)),
+            path=t.path,
         )
 
     def _need_target(self) -> LoadedModel:
