@@ -1,4 +1,4 @@
-"""Build a randomly initialised Llama-family model folder of a realistic size, for timing on a GPU.
+"""Build a randomly initialised Llama-family model folder (Llama, Qwen3) of a realistic size, for timing.
 
 usage: python scripts/random_model.py PRESET OUT_DIR [--dtype bf16|fp16|fp32] [--device cpu|cuda] [--seed N]
        python scripts/random_model.py --list
@@ -37,17 +37,20 @@ PRESETS = {
     "llama-1b": (2048, 8192, 16, 32, 8, 64, True, 500000.0, "Llama 3.2 1B"),
     "llama-3b": (3072, 8192, 28, 24, 8, 128, True, 500000.0, "Llama 3.2 3B"),
     "llama-8b": (4096, 14336, 32, 32, 8, 128, False, 500000.0, "Llama 3.1 8B"),
+    "qwen3-1.7b": (2048, 6144, 28, 16, 8, 128, True, 1000000.0, "Qwen3-1.7B"),
 }
+FAMILIES = {"qwen3-1.7b": "qwen3"}  # the presets of another family than Llama (per-head q/k norms)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
 
 
 def llama_config(preset: str):
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, Qwen3Config
 
     hidden, inter, layers, heads, kv, head_dim, tied, theta, _ = PRESETS[preset]
-    return LlamaConfig(
+    config_cls = Qwen3Config if FAMILIES.get(preset) == "qwen3" else LlamaConfig
+    return config_cls(
         vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, tie_word_embeddings=tied,
         max_position_embeddings=CONTEXT, rms_norm_eps=1e-5, hidden_act="silu",
@@ -73,14 +76,14 @@ def write_tokenizer(out: Path) -> None:
 
 def build(preset: str, out: Path, dtype: torch.dtype, device: str, seed: int) -> int:
     """Write the model folder; returns the parameter count."""
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     config = llama_config(preset)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = LlamaForCausalLM._from_config(config, dtype=dtype)  # created in place on the device
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # created in place on the device
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
     out.mkdir(parents=True, exist_ok=True)

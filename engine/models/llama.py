@@ -98,6 +98,15 @@ def _fuse_rows(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | 
     return weight, bias
 
 
+def _head_norms_fit(layers: list[_Layer]) -> bool:
+    """Whether the compiled step runs these per-head norms (Qwen3's): RMS norms with the layers' own epsilon."""
+    return all(
+        layer.q_norm is not None and layer.k_norm is not None
+        and getattr(layer.q_norm, "variance_epsilon", None) == layer.in_norm[1] == getattr(layer.k_norm, "variance_epsilon", None)
+        for layer in layers
+    )
+
+
 def own_ops():
     """The compiled step's library where its own products run here (x86-64 with AVX2 or better, and
     SPECULA_PRODUCTS=torch not asked), or None."""
@@ -133,7 +142,8 @@ class _Layer:
                 self.file_parts.append(parts)
                 biases = [m.bias.detach() for m in mods if m.bias is not None]
                 return Blocks(cpu_step.ops(), parts, torch.cat(biases) if len(biases) == len(mods) else None)
-            ops = own_ops() if native is not None and mods[0].weight.device.type == "cpu" else None
+            from_file = native is not None and native.file is not None  # a GGUF loaded as it is (from_gguf.py)
+            ops = own_ops() if from_file and mods[0].weight.device.type == "cpu" else None
             if ops is not None and mods[0].weight.dtype == torch.bfloat16:
                 # a GGUF's dense bf16 weights (its own bf16 values, or another type made dense): tiles only, the
                 # module's copies dropped (their parameters go to the meta device, as a file's blocks' do)
@@ -279,6 +289,8 @@ class _StepHandle:
                 bias.append(p.bias)
                 min_rows.append(p.stable_rows)
             norms += [layer.in_norm[0], layer.post_norm[0]]
+            if layer.q_norm is not None:  # Qwen3: each query and key head normed before rotary
+                norms += [layer.q_norm.weight.detach(), layer.k_norm.weight.detach()]
         head = native.tensors.get(LM_HEAD) if native is not None else None
         if isinstance(lm_head, Blocks):  # the file's blocks already (a GGUF as it is)
             self.lm_head = lm_head
@@ -464,11 +476,11 @@ class LlamaRunner:
 
     def _compiled_step(self) -> _StepHandle | None:
         """The compiled step for this model, where it is loaded and reproduces what this runner needs:
-        the CPU's blocked attention with consistent rounding, no per-head norms (Qwen3). Products that
+        the CPU's blocked attention with consistent rounding (Qwen3's per-head norms included). Products that
         round a lone row differently run a single step as two rows there too."""
         if self.step == StepMode.EAGER or not (self.blocked and self.consistent):
             return None
-        if self.layers and self.layers[0].q_norm is not None:
+        if self.layers and self.layers[0].q_norm is not None and not _head_norms_fit(self.layers):
             return None
         ops = cpu_step.ops()
         if ops is None:

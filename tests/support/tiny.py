@@ -9,11 +9,12 @@ from specula.engine.models.loading import LoadedModel
 
 def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "llama", max_pos: int = 512,
                head_dim: int = 16):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     config_cls, model_cls = {
         "llama": (LlamaConfig, LlamaForCausalLM),
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     }[family]
     config = config_cls(
         vocab_size=vocab,
@@ -31,6 +32,10 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
     # sharper distributions than the default init, so greedy text has structure and drafts get accepted
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in model.named_parameters():  # Qwen3's per-head norms: weights other than the ones they start as
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(1 + 0.5 * torch.randn(p.shape, generator=gen))
     return model
 
 

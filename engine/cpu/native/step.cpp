@@ -211,6 +211,7 @@ struct Product {
 struct Layer {
   Product qkv, o, gate_up, down;
   Tensor in_norm, post_norm;
+  Tensor q_norm, k_norm;  // per-head norms of the queries and keys before rotary (Qwen3), or undefined
 };
 
 struct Model {
@@ -222,12 +223,15 @@ struct Model {
 std::mutex registry_lock;
 std::deque<Model> registry;  // a deque: entries stay where they are as others are added
 
-// products: per layer qkv, o, gate_up, down, each as (kind, a, b, bias, min_rows) in five lists
+// products: per layer qkv, o, gate_up, down, each as (kind, a, b, bias, min_rows) in five lists; norms: per layer
+// the one before attention and the one before the MLP, then (4 per layer) the per-head q and k norms (Qwen3)
 int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::vector<c10::optional<Tensor>>& bias,
                 const std::vector<int64_t>& kinds, const std::vector<Tensor>& norms, int64_t n_heads, int64_t n_kv,
                 int64_t head_dim, int64_t inter, const std::vector<int64_t>& min_rows, double eps, double scale) {
   Model m{{}, n_heads, n_kv, head_dim, inter, eps, scale};
-  TORCH_CHECK(kinds.size() % 4 == 0 && norms.size() == kinds.size() / 2, "4 products and 2 norms per layer");
+  TORCH_CHECK(kinds.size() % 4 == 0 && (norms.size() == kinds.size() / 2 || norms.size() == kinds.size()),
+              "4 products and 2 or 4 norms per layer");
+  const size_t per = norms.size() / (kinds.size() / 4);
   TORCH_CHECK(min_rows.size() == kinds.size(), "one min_rows per product");
   for (size_t l = 0; l < kinds.size() / 4; ++l) {
     Product p[4];
@@ -235,7 +239,12 @@ int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, cons
       p[i] = Product{kinds[4 * l + i], a[4 * l + i], b[4 * l + i], bias[4 * l + i], min_rows[4 * l + i]};
       p[i].read_tables();
     }
-    m.layers.push_back(Layer{p[0], p[1], p[2], p[3], norms[2 * l], norms[2 * l + 1]});
+    Layer layer{p[0], p[1], p[2], p[3], norms[per * l], norms[per * l + 1], Tensor(), Tensor()};
+    if (per == 4) {
+      layer.q_norm = norms[per * l + 2], layer.k_norm = norms[per * l + 3];
+      TORCH_CHECK(layer.q_norm.numel() == head_dim && layer.k_norm.numel() == head_dim, "per-head norms of ", head_dim);
+    }
+    m.layers.push_back(layer);
   }
   std::lock_guard<std::mutex> g(registry_lock);
   registry.push_back(std::move(m));
@@ -850,6 +859,21 @@ void store_and_attend(const T* qkv, const float* cos, const float* sin, const in
   else attend(q, kt, static_cast<const float*>(vc), ancestors, nullptr, out, t, h, kv, hd, cap, start);
 }
 
+// Qwen3's per-head norms, in place on a pass's q/k/v rows (t, (H + 2KV) * hd): each query and key head as the
+// layer's norms are (rms_rows), before rotary; nothing where the layer has none.
+template <typename T>
+void head_norms(Tensor& qkv, const Layer& layer, const Model& m) {
+  if (!layer.q_norm.defined()) return;
+  const int64_t h = m.n_heads, kv = m.n_kv, hd = m.head_dim, t = qkv.size(0), width = qkv.size(1);
+  T* base = qkv.data_ptr<T>();
+  const float eps = static_cast<float>(m.eps);
+  for (int64_t r = 0; r < t; ++r) {
+    T* row = base + r * width;
+    rms_rows<T>(row, layer.q_norm.data_ptr<T>(), row, h, hd, eps);
+    rms_rows<T>(row + h * hd, layer.k_norm.data_ptr<T>(), row + h * hd, kv, hd, eps);
+  }
+}
+
 // A pass's buffers, made at its first layer and reused by the others (the norms' outputs, the products'
 // outputs, SiLU's): no tensor is made per layer.
 struct Scratch {
@@ -908,6 +932,7 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
         if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
       int64_t layer_off = l * kv * cap * hd;
       Tensor qkv = layer.qkv.into<scalar_t>(rms_into<scalar_t>(x, layer.in_norm, m->eps, scratch.normed), scratch.qkv).contiguous();
+      head_norms<scalar_t>(qkv, layer, *m);
       store_and_attend(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p, q.data_ptr<float>(),
                        k_cache.data_ptr<float>() + layer_off, kt_cache.data_ptr<float>() + layer_off,
                        v_cache.data_ptr<float>() + layer_off, narrow ? narrow + layer_off : nullptr, kt_from,
@@ -962,6 +987,7 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
       for (size_t j = 0; aux && j < aux_layers.size(); ++j)  // the hidden states entering the layers kept (EAGLE-3)
         if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
       Tensor qkv = layer.qkv.into<scalar_t>(rms_into<scalar_t>(x, layer.in_norm, m->eps, scratch.normed), scratch.qkv).contiguous();
+      head_norms<scalar_t>(qkv, layer, *m);
       // a thread takes whole rows (attend's own split over heads runs inline inside this one)
       at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
