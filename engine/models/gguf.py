@@ -260,6 +260,10 @@ def config_from(file: GGUFFile):
     for key in ("num_key_value_heads",):  # some files give one per layer
         if isinstance(values.get(key), list):
             values[key] = max(values[key])
+    # the heads' width where the file gives it (transformers' table leaves it out for some families, e.g. Qwen3,
+    # whose config then assumes 128)
+    if isinstance(file.metadata.get(f"{arch}.attention.key_length"), int) and "head_dim" not in values:
+        values["head_dim"] = int(file.metadata[f"{arch}.attention.key_length"])
     try:
         return AutoConfig.for_model(**values)
     except (ValueError, TypeError, KeyError) as exc:

@@ -157,6 +157,24 @@ def test_a_qwen2_file_with_biases_runs_natively_as_dequantized(tmp_path):
     assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
 
 
+@pytest.mark.parametrize("strategy", ["prompt-lookup", "auto"])
+def test_a_qwen3_file_runs_its_blocks_through_the_compiled_step(tmp_path, strategy):
+    """Qwen3's per-head norms read from the file (attn_q_norm, attn_k_norm) run in the compiled step with the file's
+    blocks; speculation keeps plain decoding's answer."""
+    from specula.engine.cpu import step
+
+    step.prepare(wait=True)
+    path = write_gguf(tmp_path / "qwen3.gguf", tiny_llama("qwen3", seed=4), "Q4_0")
+    target = load_model(ModelSpec(str(path), device="cpu", dtype="bf16", step="compiled"))
+    assert target.model.config.model_type == "qwen3" and target.weights == "Q4_0 (native)"
+    runner = target.new_runner()
+    runner.forward(torch.arange(5, 40))
+    runner.forward(torch.tensor([7]))
+    assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
+    assert not target.model.model.layers[0].self_attn.q_norm.weight.is_meta
+    assert_greedy_identity(target, None, strategy, {}, trials=3, longest_prompt=60, max_new_tokens=32)
+
+
 def test_llama_3_rotary_factors_in_the_file_scale_the_frequencies(tmp_path):
     model = tiny_llama(seed=5)
     half = model.config.head_dim // 2

@@ -19,9 +19,10 @@ _K_BYTES = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q2_K": 
 def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layers: int = 2, vocab: int = 49152,
                tied: bool = True, seed: int = 0, bias: bool = False):
     """A random transformers model small enough to write in every format (inputs of 256: whole K-quant blocks)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[family]
+    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                             "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[family]
     config = config_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
                         tie_word_embeddings=tied, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
@@ -92,6 +93,7 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
                        ("embedding_length", cfg.hidden_size), ("feed_forward_length", cfg.intermediate_size),
                        ("attention.head_count", cfg.num_attention_heads),
                        ("attention.head_count_kv", cfg.num_key_value_heads), ("rope.dimension_count", cfg.head_dim),
+                       ("attention.key_length", cfg.head_dim), ("attention.value_length", cfg.head_dim),
                        ("vocab_size", cfg.vocab_size)):
         writer.add_uint32(f"{arch}.{key}", int(value))
     writer.add_float32(f"{arch}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
@@ -111,7 +113,8 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
              "lm_head.weight": ("output.weight", "output")}
     layer_names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
                    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-                   "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+                   "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+                   "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}  # Qwen3's per-head norms
     for i in range(cfg.num_hidden_layers):
         for hf, gg in layer_names.items():
             for suffix in ("weight", "bias"):
