@@ -298,13 +298,13 @@ class Blocks:
         self.in_features = parts[0].shape[1]
         self.out_features = sum(p.shape[0] for p in parts)
         self.source_type = "+".join(sorted({p.type_name for p in parts}))
-        packed, table, at = [], [], 0
-        for p in parts:
-            data = ops.blocks_pack(p.ordered(), BLOCK_FORMATS[p.type_name])
-            table.append([BLOCK_FORMATS[p.type_name], p.shape[0], at])
-            packed.append(data)
-            at += data.numel()
-        self.packed = torch.cat(packed)
+        raws = [p.ordered() for p in parts]
+        formats = [BLOCK_FORMATS[p.type_name] for p in parts]
+        table, at = [], 0
+        for raw, fmt, p in zip(raws, formats, parts):
+            table.append([fmt, p.shape[0], at])
+            at += ops.blocks_packed_bytes(raw.shape[0], raw.shape[1], fmt)
+        self.packed = ops.blocks_pack_parts(raws, formats)  # the parts one after the other, packed in place
         self.parts = torch.tensor(table, dtype=torch.int64)
         self.bias = bias
         self.out_float = out_float

@@ -980,17 +980,41 @@ inline at::Tensor mm(const at::Tensor& x_in, const at::Tensor& packed, const at:
   return y;
 }
 
-// raw (n, bytes per row) uint8, the file's rows -> the tiled layout
-inline at::Tensor pack_op(const at::Tensor& raw, int64_t fmt) {
+// The tiled layout's bytes for n rows of row_bytes bytes of the file in format fmt (0 for a row that is not whole
+// blocks: pack_op names it)
+inline int64_t packed_bytes(int64_t n, int64_t row_bytes, int64_t fmt) {
   TORCH_CHECK(known(fmt), "unknown block format ", fmt);
-  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == at::kByte, "raw: (rows, bytes) uint8");
-  auto r = raw.contiguous();
-  int64_t n = r.size(0), fb = file_bytes(fmt);
-  TORCH_CHECK(r.size(1) % fb == 0, "a row of ", r.size(1), " bytes is not whole blocks of ", fb);
-  int64_t nb = r.size(1) / fb * file_inputs(fmt) / QK;
-  auto out = at::empty({tiles(n) * tile_bytes(fmt, nb)}, r.options());
-  pack(r.data_ptr<uint8_t>(), n, nb, fmt, out.data_ptr<uint8_t>());
+  const int64_t fb = file_bytes(fmt);
+  if (row_bytes % fb) return 0;
+  return tiles(n) * tile_bytes(fmt, row_bytes / fb * file_inputs(fmt) / QK);
+}
+
+// raws[i] (n_i, bytes per row) uint8, the file's rows in format fmts[i] -> their tiled layouts one after the other
+// in one tensor (a fused product's parts: no copy to join them)
+inline at::Tensor pack_parts_op(const std::vector<at::Tensor>& raws, at::IntArrayRef fmts) {
+  TORCH_CHECK(!raws.empty() && raws.size() == fmts.size(), "a format per part");
+  std::vector<at::Tensor> kept;
+  int64_t total = 0;
+  for (size_t i = 0; i < raws.size(); ++i) {
+    TORCH_CHECK(known(fmts[i]), "unknown block format ", fmts[i]);
+    TORCH_CHECK(raws[i].dim() == 2 && raws[i].scalar_type() == at::kByte, "raw: (rows, bytes) uint8");
+    kept.push_back(raws[i].contiguous());
+    const int64_t fb = file_bytes(fmts[i]);
+    TORCH_CHECK(kept.back().size(1) % fb == 0, "a row of ", kept.back().size(1), " bytes is not whole blocks of ", fb);
+    total += packed_bytes(kept.back().size(0), kept.back().size(1), fmts[i]);
+  }
+  auto out = at::empty({total}, kept[0].options());
+  int64_t at_byte = 0;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const at::Tensor& r = kept[i];
+    const int64_t n = r.size(0), nb = r.size(1) / file_bytes(fmts[i]) * file_inputs(fmts[i]) / QK;
+    pack(r.data_ptr<uint8_t>(), n, nb, fmts[i], out.data_ptr<uint8_t>() + at_byte);
+    at_byte += packed_bytes(n, r.size(1), fmts[i]);
+  }
   return out;
 }
+
+// raw (n, bytes per row) uint8, the file's rows -> the tiled layout
+inline at::Tensor pack_op(const at::Tensor& raw, int64_t fmt) { return pack_parts_op({raw}, {fmt}); }
 
 }  // namespace blocks

@@ -1075,6 +1075,8 @@ TORCH_LIBRARY(specula_step, lib) {
   lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
   lib.def("silu_mul(Tensor gate_up, bool vectors) -> Tensor", &silu_mul_op);
   lib.def("blocks_pack(Tensor raw, int format) -> Tensor", &blocks::pack_op);
+  lib.def("blocks_pack_parts(Tensor[] raws, int[] formats) -> Tensor", &blocks::pack_parts_op);
+  lib.def("blocks_packed_bytes(int rows, int row_bytes, int format) -> int", &blocks::packed_bytes);
   lib.def("blocks_mm(Tensor x, Tensor packed, Tensor parts, Tensor? bias, bool out_float) -> Tensor", &blocks::mm);
   lib.def("blocks_path(int path) -> int", &blocks::set_path);
   lib.def("tiles_pack(Tensor w) -> Tensor", &tiles::pack_op);
