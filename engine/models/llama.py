@@ -37,12 +37,13 @@ from ..cpu.products import (
 )
 from ..cpu.step import StepMode
 from ..decoding.tree import TokenTree
+from .arch import LEAN_TYPES, describe
 from .gguf import LM_HEAD, FileHead, NativeWeights, out_features, weight_device, weight_dtype
 from .static import BUCKETS, FLOOR, StepGraphs, StepInputs, bucket, static_context, step_inputs
 
 log = logging.getLogger(__name__)
 
-LLAMA_FAMILY = {"llama", "qwen2", "qwen3", "mistral"}
+LLAMA_FAMILY = set(LEAN_TYPES)
 _GROW = 256  # cache capacity grows in steps of this many positions
 _BLOCK = 32  # CPU attention reads keys in whole blocks of this many positions, the rest masked
 _MIN_ROWS = 4  # fewer query rows than this take another matrix kernel on the CPU, so pad up to it
@@ -57,9 +58,9 @@ _STEPS: "weakref.WeakKeyDictionary[torch.nn.Module, _StepHandle]" = weakref.Weak
 
 
 def supports(model: torch.nn.Module) -> bool:
-    """True when the lean forward reproduces this model's own forward."""
+    """True when the lean forward reproduces this model's own forward (arch.describe: nothing it lacks)."""
     cfg = model.config
-    if cfg.model_type not in LLAMA_FAMILY:
+    if cfg.model_type not in LLAMA_FAMILY or describe(cfg).gaps:
         return False
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     rope_type = getattr(rotary, "rope_type", "default")

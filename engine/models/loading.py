@@ -26,6 +26,7 @@ from ..cpu import step as compiled
 from ..cpu.step import StepMode
 from ..decoding.target import ModelRunner
 from . import from_gguf, llama
+from .arch import describe
 from .gguf import LM_HEAD, NativeWeights
 from .hf import HFRunner
 
@@ -75,7 +76,9 @@ class LoadedModel:
         if self.uses_lean_forward:
             return ""
         kind = self.model.config.model_type
-        why = "asked for" if self.lean is False and llama.supports(self.model) else f"Specula's own forward does not run '{kind}' yet"
+        gaps = describe(self.model.config).gaps
+        why = ("asked for" if self.lean is False and llama.supports(self.model)
+               else f"Specula's own forward does not compute {', '.join(gaps) or 'its rotary scaling'} yet")
         return (f"{kind} runs through transformers' forward ({why}): slower, no compiled step, token trees or draft "
                 "heads, and its verify passes check a row at a time to keep the answer exact, so speculation gains nothing")
 

@@ -96,11 +96,35 @@ def test_a_sliding_window_model_steps_and_rolls_back_past_its_window():
         assert torch.allclose(got, whole[start + 2 : start + 5], atol=1e-4, rtol=1e-4)
 
 
-def test_the_load_says_which_path_a_family_takes():
+def test_the_load_says_which_path_a_family_takes_and_why():
     target = _loaded(_neox(), torch.float32)
-    assert target.path.startswith("gpt_neox runs through transformers' forward (Specula's own forward does not run")
+    assert target.path.startswith("gpt_neox runs through transformers' forward (Specula's own forward does not "
+                                  "compute a GELU MLP yet)")
     assert "\n" not in target.path
+    gemma = _loaded(_gemma3(), torch.float32).path
+    assert "does not compute a GELU-tanh MLP, norms scaled by 1 + w, norms after attention and the MLP" in gemma
     from tests.support.tiny import loaded, tiny_model
 
     assert loaded(tiny_model()).path == ""
     assert loaded(tiny_model(), lean=False).path.startswith("llama runs through transformers' forward (asked for)")
+
+
+@pytest.mark.parametrize("model_type,gaps", [
+    ("llama", ()), ("qwen2", ()), ("qwen3", ()), ("mistral", ()),
+    ("mixtral", ("a mixture of experts (8 a layer)",)),
+    ("qwen3_moe", ("a mixture of experts (128 a layer)",)),
+    ("smollm3", ("layers without rotary",)),
+    ("phi3", ("fused q/k/v and gate/up weights",)),
+    ("granite", ("residual and logit multipliers",)),
+    ("gemma2", ("a GELU-tanh MLP", "norms scaled by 1 + w", "norms after attention and the MLP", "scaled embeddings",
+                "soft-capped logits", "sliding-window layers")),
+    ("gemma3", ("a vision tower", "a GELU-tanh MLP", "norms scaled by 1 + w", "norms after attention and the MLP",
+                "scaled embeddings", "sliding-window layers", "per-head q/k norms of this family")),
+    ("falcon", ("a layer shape it does not know",)),
+])
+def test_an_architecture_is_described_from_its_config_with_what_the_own_forward_lacks(model_type, gaps):
+    from transformers import AutoConfig
+
+    from specula.engine.models.arch import describe
+
+    assert describe(AutoConfig.for_model(model_type)).gaps == gaps
