@@ -1,7 +1,7 @@
 """A model's architecture as data: what its decoder computes, read from its transformers config.
 
 `describe(config)` gives an `Architecture`; `Architecture.gaps` names what of it Specula's own forward
-(`llama.py`: RMS norms before attention and the MLP, SiLU-gated MLP, rotary on every layer, full
+(`llama.py`: RMS norms before attention and the MLP, SiLU-gated MLP, rotary (or none, per layer), full
 attention, optional q/k/v biases and per-head q/k norms) does not compute, in a user's words. A model with
 no gaps runs the lean forward and the compiled step; one with gaps runs transformers' forward, and the
 load's one line (`LoadedModel.path`) says which of them sent it there.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})  # layers of the Llama shape (llama.LLAMA_FAMILY)
+LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "smollm3"})  # layers of the Llama shape (llama.LLAMA_FAMILY)
 _ACTIVATIONS = {"gelu_pytorch_tanh": "GELU-tanh", "gelu_new": "GELU-tanh", "gelu": "GELU", "relu": "ReLU"}
 
 
@@ -28,7 +28,7 @@ class Architecture:
     embedding_scale: bool = False  # embeddings multiplied by a factor (Gemma's sqrt(hidden), Granite's)
     soft_capping: bool = False  # attention or final logits soft-capped (Gemma 2)
     sliding_layers: int = 0  # layers attending over a sliding window only (Gemma 2/3, Mistral's window)
-    layers_without_rotary: int = 0  # SmolLM3
+    layers_without_rotary: int = 0  # SmolLM3 (the lean forward skips rotary there)
     partial_rotary: bool = False  # rotary over part of each head (Phi, GPT-NeoX)
     multipliers: bool = False  # residual or logit multipliers (Granite)
     fused_weights: bool = False  # q/k/v and gate/up stored as one weight each (Phi-3)
@@ -55,8 +55,6 @@ class Architecture:
             gaps.append("soft-capped logits")
         if self.sliding_layers:
             gaps.append("sliding-window layers")
-        if self.layers_without_rotary:
-            gaps.append("layers without rotary")
         if self.partial_rotary:
             gaps.append("rotary over part of each head")
         if self.multipliers:

@@ -174,6 +174,7 @@ class _Layer:
         self.act = mlp.act_fn
         self.in_norm = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
         self.post_norm = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        self.rotary = bool(getattr(attn, "use_rope", True))  # SmolLM3's layers without rotary
         self.q_norm = getattr(attn, "q_norm", None)  # Qwen3 normalises each head before rotary
         self.k_norm = getattr(attn, "k_norm", None)
         # to see the model's weights replaced (a copy, .to(dtype or device)) after the products were built
@@ -307,7 +308,8 @@ class _StepHandle:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.handle = ops.prepare(a, b, bias, [cpu_step.PRODUCT_KINDS[k] for k in names], norms, cfg.num_attention_heads,
                                   getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, head_dim,
-                                  layers[0].inter, min_rows, float(layers[0].in_norm[1]), float(scale))
+                                  layers[0].inter, min_rows, float(layers[0].in_norm[1]), float(scale),
+                                  [i for i, layer in enumerate(layers) if not layer.rotary])
 
     def __del__(self) -> None:
         try:
@@ -799,7 +801,8 @@ class LlamaRunner:
             qk = torch.cat((layer.q_norm(qkv[:h]), layer.k_norm(qkv[h : h + kv])))
         else:
             qk = qkv[: h + kv]
-        qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin  # rotary on queries and keys at once
+        if layer.rotary:
+            qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin  # rotary on queries and keys at once
         return qk[:h], qk[h:], v
 
     def _attention(self, i: int, layer: _Layer, x, cos, sin, start: int, t: int, plan, run):

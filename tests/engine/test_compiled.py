@@ -20,16 +20,19 @@ def _with_step(model: LoadedModel, step: str = "compiled") -> LoadedModel:
     return model
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_the_compiled_forward_is_the_models_forward_in_fp32(ops, family):
-    """Against transformers' own forward in fp32: norms (Qwen3's per-head norms of queries and keys too), rotary,
-    grouped-query attention, SiLU."""
-    model = tiny_model(vocab=64, layers=3, seed=4, family=family)  # 4 query heads over 2 KV heads
-    target = _with_step(LoadedModel(model, None, "tiny", torch.device("cpu"), torch.float32))
+@pytest.mark.parametrize("family", ["llama", "qwen3", "smollm3"])
+@pytest.mark.parametrize("step", ["compiled", "eager"])
+def test_the_lean_forward_is_the_models_forward_in_fp32(ops, family, step):
+    """The compiled step and the eager lean forward against transformers' own forward in fp32: norms (Qwen3's
+    per-head norms of queries and keys too), rotary (none on SmolLM3's every fourth layer), grouped-query
+    attention, SiLU."""
+    model = tiny_model(vocab=64, layers=4, seed=4, family=family)  # 4 query heads over 2 KV heads
+    target = _with_step(LoadedModel(model, None, "tiny", torch.device("cpu"), torch.float32), step)
+    assert target.uses_lean_forward
     runner = target.new_runner()
     ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(0))
     runner.forward(ids[:1])  # a one-token prompt starts the answer in the compiled mode
-    assert runner.compiled
+    assert runner.compiled == (step == "compiled")
     ours = [runner.forward(ids[1:20], last=19)]  # one pass of 19 rows, then single steps
     ours += [runner.forward(ids[i : i + 1]) for i in range(20, 40)]
     ours = torch.cat(ours)
@@ -96,14 +99,16 @@ def test_silu_in_vectors_gives_every_element_the_bits_of_the_loop(ops, dtype):
 
 
 @pytest.mark.parametrize("form,c", [("native", 40), ("mixed blocks", 40), ("bf16", 40), ("native", 301), ("fp32", 301),
-                                    ("fp32, heads of 64", 301), ("qwen3 bf16", 40), ("qwen3 native", 301)])
+                                    ("fp32, heads of 64", 301), ("qwen3 bf16", 40), ("qwen3 native", 301),
+                                    ("smollm3 native", 40)])
 def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form, c):
     """c: the context before the pass; 301 spans several blocks of keys scored together and several chunks of
     values summed together, with an odd number of keys before the pass's rows (the sums take keys by rank).
     Heads of 64 dimensions (the bundled model's) are summed in several slices by the AVX2 path."""
-    model = tiny_model(vocab=64, layers=3, seed=6, head_dim=64 if "64" in form else 16,
-                       family="qwen3" if form.startswith("qwen3") else "llama")
-    form = form.removeprefix("qwen3 ")
+    family = form.split()[0] if form.startswith(("qwen3", "smollm3")) else "llama"
+    model = tiny_model(vocab=64, layers=4 if family == "smollm3" else 3, seed=6, head_dim=64 if "64" in form else 16,
+                       family=family)
+    form = form.removeprefix(f"{family} ")
     if form == "native":
         target = native(model)
     elif form == "mixed blocks":  # fused parts of several formats, and the LM head in Q8_0
@@ -288,11 +293,12 @@ def test_greedy_speculation_through_the_compiled_step_is_plain_decoding(ops, str
     assert runner.compiled  # the answers above ran through it
 
 
-@pytest.mark.parametrize("strategy", ["prompt-lookup", "eagle"])
-def test_a_qwen3_model_runs_through_the_compiled_step_and_speculation_is_plain_decoding(ops, strategy, tmp_path):
-    """Qwen3's per-head norms of the queries and keys run in the compiled step (it once fell back to the eager
-    forward without a word): the step is taken, and speculation over it keeps plain decoding's answer."""
-    target = _with_step(native(tiny_model(vocab=64, layers=4, seed=9, family="qwen3"), formats=("Q4_0", "Q8_0")))
+@pytest.mark.parametrize("family,strategy", [("qwen3", "prompt-lookup"), ("qwen3", "eagle"), ("smollm3", "prompt-lookup")])
+def test_qwen3_and_smollm3_run_through_the_compiled_step_and_speculation_is_plain_decoding(ops, family, strategy, tmp_path):
+    """Qwen3's per-head norms of the queries and keys and SmolLM3's layers without rotary run in the compiled step
+    (Qwen3 once fell back to the eager forward without a word, SmolLM3 to transformers' forward): the step is taken,
+    and speculation over it keeps plain decoding's answer."""
+    target = _with_step(native(tiny_model(vocab=64, layers=4, seed=9, family=family), formats=("Q4_0", "Q8_0")))
     runner = target.new_runner()
     runner.forward(torch.tensor([1, 2, 3]))
     runner.forward(torch.tensor([4]))

@@ -113,7 +113,7 @@ def test_the_load_says_which_path_a_family_takes_and_why():
     ("llama", ()), ("qwen2", ()), ("qwen3", ()), ("mistral", ()),
     ("mixtral", ("a mixture of experts (8 a layer)",)),
     ("qwen3_moe", ("a mixture of experts (128 a layer)",)),
-    ("smollm3", ("layers without rotary",)),
+    ("smollm3", ()),  # its layers without rotary: the lean forward skips rotary there
     ("phi3", ("fused q/k/v and gate/up weights",)),
     ("granite", ("residual and logit multipliers",)),
     ("gemma2", ("a GELU-tanh MLP", "norms scaled by 1 + w", "norms after attention and the MLP", "scaled embeddings",

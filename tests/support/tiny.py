@@ -9,12 +9,22 @@ from specula.engine.models.loading import LoadedModel
 
 def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "llama", max_pos: int = 512,
                head_dim: int = 16):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        SmolLM3Config,
+        SmolLM3ForCausalLM,
+    )
 
     config_cls, model_cls = {
         "llama": (LlamaConfig, LlamaForCausalLM),
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),  # every fourth layer without rotary
     }[family]
     config = config_cls(
         vocab_size=vocab,
@@ -26,6 +36,8 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
         head_dim=head_dim,
         max_position_embeddings=max_pos,
         tie_word_embeddings=False,
+        # token ids within a tiny vocabulary (SmolLM3's defaults point past it), as Llama's defaults are
+        **({"pad_token_id": None, "bos_token_id": 1, "eos_token_id": 2} if family == "smollm3" else {}),
     )
     torch.manual_seed(seed)
     model = model_cls(config).eval()

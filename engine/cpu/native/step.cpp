@@ -212,6 +212,7 @@ struct Layer {
   Product qkv, o, gate_up, down;
   Tensor in_norm, post_norm;
   Tensor q_norm, k_norm;  // per-head norms of the queries and keys before rotary (Qwen3), or undefined
+  bool rotary = true;  // false: the layer's queries and keys take no rotary (SmolLM3's every fourth layer)
 };
 
 struct Model {
@@ -227,7 +228,8 @@ std::deque<Model> registry;  // a deque: entries stay where they are as others a
 // the one before attention and the one before the MLP, then (4 per layer) the per-head q and k norms (Qwen3)
 int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::vector<c10::optional<Tensor>>& bias,
                 const std::vector<int64_t>& kinds, const std::vector<Tensor>& norms, int64_t n_heads, int64_t n_kv,
-                int64_t head_dim, int64_t inter, const std::vector<int64_t>& min_rows, double eps, double scale) {
+                int64_t head_dim, int64_t inter, const std::vector<int64_t>& min_rows, double eps, double scale,
+                at::IntArrayRef no_rotary) {
   Model m{{}, n_heads, n_kv, head_dim, inter, eps, scale};
   TORCH_CHECK(kinds.size() % 4 == 0 && (norms.size() == kinds.size() / 2 || norms.size() == kinds.size()),
               "4 products and 2 or 4 norms per layer");
@@ -244,6 +246,7 @@ int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, cons
       layer.q_norm = norms[per * l + 2], layer.k_norm = norms[per * l + 3];
       TORCH_CHECK(layer.q_norm.numel() == head_dim && layer.k_norm.numel() == head_dim, "per-head norms of ", head_dim);
     }
+    layer.rotary = std::find(no_rotary.begin(), no_rotary.end(), static_cast<int64_t>(l)) == no_rotary.end();
     m.layers.push_back(layer);
   }
   std::lock_guard<std::mutex> g(registry_lock);
@@ -258,10 +261,12 @@ void release(int64_t handle) {
 }
 
 // qkv (T, (H + 2KV) * hd) -> queries (H, T, hd) fp32, rotated and scaled; keys rotated and values into the
-// fp32 cache at slots start..start+T-1. pos[r]: the rotary position of row r.
+// fp32 cache at slots start..start+T-1. pos[r]: the rotary position of row r. `rotary` false: queries and keys as
+// they are (a layer without rotary), the same operations with cos 1 and sin 0.
 template <typename T>
 void rotate_and_store(const T* qkv, const float* cos, const float* sin, const int64_t* pos, float* q, float* kc, float* vc,
-                      int64_t t, int64_t h, int64_t kv, int64_t hd, int64_t cap, int64_t start, float scale) {
+                      int64_t t, int64_t h, int64_t kv, int64_t hd, int64_t cap, int64_t start, float scale,
+                      bool rotary = true) {
   int64_t half = hd / 2, width = (h + 2 * kv) * hd;
   for (int64_t r = 0; r < t; ++r) {
     const float* c = cos + pos[r] * hd;
@@ -271,6 +276,10 @@ void rotate_and_store(const T* qkv, const float* cos, const float* sin, const in
       const T* x = row + head * hd;
       float* out = head < h ? q + (head * t + r) * hd : kc + ((head - h) * cap + start + r) * hd;
       float mul = head < h ? scale : 1.0f;
+      if (!rotary) {
+        for (int64_t j = 0; j < hd; ++j) out[j] = f(x[j]) * mul;
+        continue;
+      }
       // each half with its partner in the other (two loops without a modulo, so that they run in vectors)
       for (int64_t j = 0; j < half; ++j) out[j] = (f(x[j]) * c[j] + f(x[j + half]) * s[j]) * mul;
       for (int64_t j = half; j < hd; ++j) out[j] = (f(x[j]) * c[j] + f(x[j - half]) * s[j]) * mul;
@@ -851,8 +860,8 @@ c10::BFloat16* narrow_copy(const c10::optional<Tensor>& v_narrow, const Tensor& 
 template <typename T>
 void store_and_attend(const T* qkv, const float* cos, const float* sin, const int64_t* pos, float* q, float* kc, float* kt,
                       float* vc, c10::BFloat16* vn, int64_t kt_from, const bool* ancestors, T* out, int64_t t, int64_t h,
-                      int64_t kv, int64_t hd, int64_t cap, int64_t start, float scale) {
-  rotate_and_store(qkv, cos, sin, pos, q, kc, vc, t, h, kv, hd, cap, start, scale);
+                      int64_t kv, int64_t hd, int64_t cap, int64_t start, float scale, bool rotary) {
+  rotate_and_store(qkv, cos, sin, pos, q, kc, vc, t, h, kv, hd, cap, start, scale, rotary);
   transpose_keys(kc, kt, kv, hd, cap, kt_from, start + t);
   if (vn) narrow_values(vc, vn, kv, hd, cap, kt_from, start + t);
   if (vn && t == 1) attend(q, kt, static_cast<const c10::BFloat16*>(vn), ancestors, nullptr, out, t, h, kv, hd, cap, start);
@@ -937,7 +946,7 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
                        k_cache.data_ptr<float>() + layer_off, kt_cache.data_ptr<float>() + layer_off,
                        v_cache.data_ptr<float>() + layer_off, narrow ? narrow + layer_off : nullptr, kt_from,
                        anc.defined() ? anc.data_ptr<bool>() : nullptr, attn.data_ptr<scalar_t>(), t, h, kv, hd, cap, start,
-                       static_cast<float>(m->scale));
+                       static_cast<float>(m->scale), layer.rotary);
       finish_layer<scalar_t>(x, attn, scratch, layer, *m);
     }
   });
@@ -996,7 +1005,8 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
                            &start, q.data_ptr<float>() + b * h * hd, k_caches[b].data_ptr<float>() + layer_off,
                            kt_caches[b].data_ptr<float>() + layer_off, v_caches[b].data_ptr<float>() + layer_off,
                            narrow[b] ? narrow[b] + layer_off : nullptr, kt_from[b], nullptr,
-                           attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start, static_cast<float>(m->scale));
+                           attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start, static_cast<float>(m->scale),
+                           layer.rotary);
         }
       });
       finish_layer<scalar_t>(x, attn, scratch, layer, *m);
@@ -1060,7 +1070,7 @@ Tensor head_layer(int64_t handle, const Tensor& h_in, const c10::optional<Tensor
 
 TORCH_LIBRARY(specula_step, lib) {
   lib.def("prepare(Tensor[] a, Tensor[] b, Tensor?[] bias, int[] kinds, Tensor[] norms, int n_heads, int n_kv, "
-          "int head_dim, int inter, int[] min_rows, float eps, float scale) -> int", &prepare);
+          "int head_dim, int inter, int[] min_rows, float eps, float scale, int[] no_rotary=[]) -> int", &prepare);
   lib.def("forward(int handle, Tensor x, Tensor k_cache, Tensor v_cache, Tensor kt_cache, int kt_from, Tensor cos, "
           "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers, Tensor? aux=None, int[] aux_layers=[], "
           "Tensor? v_narrow=None) -> Tensor",
