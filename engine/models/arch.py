@@ -38,31 +38,21 @@ class Architecture:
     @property
     def gaps(self) -> tuple[str, ...]:
         """What of this architecture Specula's own forward does not compute (empty: it runs it)."""
-        gaps = []
-        if self.experts:
-            gaps.append(f"a mixture of experts ({self.experts} a layer)")
-        if self.vision:
-            gaps.append("a vision tower")
-        if self.activation not in ("silu", "swish"):
-            gaps.append(f"a {_ACTIVATIONS.get(self.activation, self.activation)} MLP")
-        if self.norm_offset:
-            gaps.append(f"norms scaled by {self.norm_offset:g} + w")
-        if self.sandwich_norms:
-            gaps.append("norms after attention and the MLP")
-        if self.embedding_scale:
-            gaps.append("scaled embeddings")
-        if self.soft_capping:
-            gaps.append("soft-capped logits")
-        if self.sliding_layers:
-            gaps.append("sliding-window layers")
-        if self.partial_rotary:
-            gaps.append("rotary over part of each head")
-        if self.multipliers:
-            gaps.append("residual and logit multipliers")
-        if self.fused_weights:
-            gaps.append("fused q/k/v and gate/up weights")
-        if self.head_norms and self.model_type not in LEAN_TYPES:
-            gaps.append("per-head q/k norms of this family")
+        found = (
+            (self.experts, f"a mixture of experts ({self.experts} a layer)"),
+            (self.vision, "a vision tower"),
+            (self.activation not in ("silu", "swish"), f"a {_ACTIVATIONS.get(self.activation, self.activation)} MLP"),
+            (self.norm_offset, f"norms scaled by {self.norm_offset:g} + w"),
+            (self.sandwich_norms, "norms after attention and the MLP"),
+            (self.embedding_scale, "scaled embeddings"),
+            (self.soft_capping, "soft-capped logits"),
+            (self.sliding_layers, "sliding-window layers"),
+            (self.partial_rotary, "rotary over part of each head"),
+            (self.multipliers, "residual and logit multipliers"),
+            (self.fused_weights, "fused q/k/v and gate/up weights"),
+            (self.head_norms and self.model_type not in LEAN_TYPES, "per-head q/k norms of this family"),
+        )
+        gaps = [text for present, text in found if present]
         if not gaps and self.model_type not in LEAN_TYPES:
             gaps.append("a layer shape it does not know")
         return tuple(gaps)

@@ -135,22 +135,24 @@ class _Layer:
             parts = [tensors.get(f"{prefix}.{n}") for n in names]
             return parts if all(p is not None and p.type_name in BLOCK_FORMATS for p in parts) else None
 
+        def joined_bias(mods: tuple[torch.nn.Linear, ...]) -> torch.Tensor | None:
+            biases = [m.bias.detach() for m in mods if m.bias is not None]
+            return torch.cat(biases) if len(biases) == len(mods) else None
+
         def product(names: tuple[str, ...], mods: tuple[torch.nn.Linear, ...]):
             parts = file_parts(names)
             if mods[0].weight.is_meta:  # a GGUF loaded as it is (from_gguf.py): the file's blocks are the weight
                 if parts is None or cpu_step.ops() is None:
                     raise ValueError(f"{prefix}: no weights but the file's blocks, and nothing to run them with")
                 self.file_parts.append(parts)
-                biases = [m.bias.detach() for m in mods if m.bias is not None]
-                return Blocks(cpu_step.ops(), parts, torch.cat(biases) if len(biases) == len(mods) else None)
+                return Blocks(cpu_step.ops(), parts, joined_bias(mods))
             from_file = native is not None and native.file is not None  # a GGUF loaded as it is (from_gguf.py)
             ops = own_ops() if from_file and mods[0].weight.device.type == "cpu" else None
             if ops is not None and mods[0].weight.dtype == torch.bfloat16:
                 # a GGUF's dense bf16 weights (its own bf16 values, or another type made dense): tiles only, the
                 # module's copies dropped (their parameters go to the meta device, as a file's blocks' do)
                 self.file_parts.append(parts)
-                biases = [m.bias.detach() for m in mods if m.bias is not None]
-                tiles = Tiles.alone(ops, [m.weight.detach() for m in mods], torch.cat(biases) if len(biases) == len(mods) else None)
+                tiles = Tiles.alone(ops, [m.weight.detach() for m in mods], joined_bias(mods))
                 for m in mods:
                     m.weight = torch.nn.Parameter(torch.empty(m.weight.shape, dtype=m.weight.dtype, device="meta"),
                                                   requires_grad=False)

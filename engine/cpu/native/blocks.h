@@ -982,11 +982,12 @@ inline at::Tensor mm(const at::Tensor& x_in, const at::Tensor& packed, const at:
 
 // The tiled layout's bytes for n rows of row_bytes bytes of the file in format fmt (0 for a row that is not whole
 // blocks: pack_op names it)
+inline int64_t row_blocks(int64_t row_bytes, int64_t fmt) { return row_bytes / file_bytes(fmt) * file_inputs(fmt) / QK; }
+
 inline int64_t packed_bytes(int64_t n, int64_t row_bytes, int64_t fmt) {
   TORCH_CHECK(known(fmt), "unknown block format ", fmt);
-  const int64_t fb = file_bytes(fmt);
-  if (row_bytes % fb) return 0;
-  return tiles(n) * tile_bytes(fmt, row_bytes / fb * file_inputs(fmt) / QK);
+  if (row_bytes % file_bytes(fmt)) return 0;
+  return tiles(n) * tile_bytes(fmt, row_blocks(row_bytes, fmt));
 }
 
 // raws[i] (n_i, bytes per row) uint8, the file's rows in format fmts[i] -> their tiled layouts one after the other
@@ -1007,8 +1008,8 @@ inline at::Tensor pack_parts_op(const std::vector<at::Tensor>& raws, at::IntArra
   int64_t at_byte = 0;
   for (size_t i = 0; i < kept.size(); ++i) {
     const at::Tensor& r = kept[i];
-    const int64_t n = r.size(0), nb = r.size(1) / file_bytes(fmts[i]) * file_inputs(fmts[i]) / QK;
-    pack(r.data_ptr<uint8_t>(), n, nb, fmts[i], out.data_ptr<uint8_t>() + at_byte);
+    const int64_t n = r.size(0);
+    pack(r.data_ptr<uint8_t>(), n, row_blocks(r.size(1), fmts[i]), fmts[i], out.data_ptr<uint8_t>() + at_byte);
     at_byte += packed_bytes(n, r.size(1), fmts[i]);
   }
   return out;

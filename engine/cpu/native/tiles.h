@@ -217,14 +217,19 @@ inline void unpack(const uint16_t* packed, int64_t n, int64_t k, uint16_t* w) {
   });
 }
 
+// that `packed` is the tiled layout of n outputs of k inputs, bf16 and contiguous
+inline void check_holds(const at::Tensor& packed, int64_t n, int64_t k) {
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() && n > 0 && k % 2 == 0 &&
+              packed.numel() * 2 == tiles(n) * tile_bytes(k), "the packed weight does not hold ", n, " outputs of ", k, " inputs");
+}
+
 // y = x @ W^T (+ bias) for a prompt's many rows where only the tiles are kept: W unpacked into the calling
 // thread's scratch (kept for its next call: the largest product's size) and multiplied by ATen's product,
 // as over the weight itself (the same bits as at::linear over w).
 inline at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0, "x: (rows, inputs)");
+  TORCH_CHECK(x.dim() == 2, "x: (rows, inputs)");
   const int64_t k = x.size(1);
-  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() && n > 0 &&
-              packed.numel() * 2 == tiles(n) * tile_bytes(k), "the packed weight does not hold ", n, " outputs of ", k, " inputs");
+  check_holds(packed, n, k);
   thread_local at::Tensor scratch;
   if (!scratch.defined() || scratch.numel() < n * k) scratch = at::empty({n * k}, packed.options());
   at::Tensor w = scratch.narrow(0, 0, n * k).view({n, k});
@@ -235,8 +240,7 @@ inline at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
 
 // the tiled layout -> w (n, k), a new tensor
 inline at::Tensor unpack_op(const at::Tensor& packed, int64_t n, int64_t k) {
-  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() && n > 0 && k % 2 == 0 &&
-              packed.numel() * 2 == tiles(n) * tile_bytes(k), "the packed weight does not hold ", n, " outputs of ", k, " inputs");
+  check_holds(packed, n, k);
   auto w = at::empty({n, k}, packed.options());
   unpack(reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), n, k, reinterpret_cast<uint16_t*>(w.data_ptr<at::BFloat16>()));
   return w;
