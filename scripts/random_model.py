@@ -1,4 +1,4 @@
-"""Build a randomly initialised Llama-family model folder (Llama, Qwen3) of a realistic size, for timing.
+"""Build a randomly initialised model folder (Llama, Qwen3, Gemma 3) of a realistic size, for timing.
 
 usage: python scripts/random_model.py PRESET OUT_DIR [--dtype bf16|fp16|fp32] [--device cpu|cuda] [--seed N]
        python scripts/random_model.py --list
@@ -38,17 +38,27 @@ PRESETS = {
     "llama-3b": (3072, 8192, 28, 24, 8, 128, True, 500000.0, "Llama 3.2 3B"),
     "llama-8b": (4096, 14336, 32, 32, 8, 128, False, 500000.0, "Llama 3.1 8B"),
     "qwen3-1.7b": (2048, 6144, 28, 16, 8, 128, True, 1000000.0, "Qwen3-1.7B"),
+    "gemma3-1b": (1152, 6912, 26, 4, 1, 256, True, 1000000.0, "Gemma 3 1B"),
 }
-FAMILIES = {"qwen3-1.7b": "qwen3"}  # the presets of another family than Llama (per-head q/k norms)
+# the presets of another family than Llama: Qwen3 (per-head q/k norms), Gemma 3 (its norms, GELU-tanh, five local
+# layers of a 512-position window with a base of 10,000 to one global layer)
+FAMILIES = {"qwen3-1.7b": "qwen3", "gemma3-1b": "gemma3"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
 
 
 def llama_config(preset: str):
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
 
     hidden, inter, layers, heads, kv, head_dim, tied, theta, _ = PRESETS[preset]
+    if FAMILIES.get(preset) == "gemma3":
+        return Gemma3TextConfig(
+            vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+            num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, tie_word_embeddings=tied,
+            max_position_embeddings=CONTEXT, rms_norm_eps=1e-6, sliding_window=512, query_pre_attn_scalar=head_dim,
+            bos_token_id=1, eos_token_id=2, pad_token_id=2,
+        )
     config_cls = Qwen3Config if FAMILIES.get(preset) == "qwen3" else LlamaConfig
     return config_cls(
         vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,

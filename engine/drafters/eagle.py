@@ -22,6 +22,7 @@ from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
 from ..decoding.sampling import process_logits, sample
 from ..heads.store import head_for_strategy
+from ..models.arch import final_norm
 from ..models.gguf import out_features, weight_device, weight_dtype, weight_rows
 from .prompt_lookup import matched_continuation
 
@@ -59,14 +60,13 @@ class Eagle(Drafter):
         # final norm and LM head over their vocabulary
         self.aux_layers = tuple(getattr(head, "aux_layers", ()))
         self.own_logits = getattr(head, "draft_logits", None)
-        norm = model.model.norm
         self.lm_head = model.get_output_embeddings()
         self.vocab = out_features(self.lm_head)
         # the head runs in the model's dtype: in fp32 its weights and the draft vocabulary's LM-head rows
         # are twice the bytes, and drafting on a CPU took 1.75x as long (docs/PERFORMANCE.md)
         self.dtype = next(head.parameters()).dtype
-        self.norm_w = norm.weight.detach().to(self.dtype)
-        self.eps = norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
+        norm_w, self.eps = final_norm(model)
+        self.norm_w = norm_w.to(self.dtype)
         self.synced = 0  # positions the head has read with the target's real features
         # positions before this one were skipped (a read goes back READ_WINDOW positions at most): the head's
         # cache slot and rotary position of position p are p - offset (rotary attention sees differences only)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from ..api.errors import SpeculaError, TrainingCancelled, first_line
 from ..api.prompts import Message, encode
 from ..decoding.drafter import Drafter, empty_draft
+from ..models.arch import embedding_scale, final_norm
 from ..models.gguf import weight_rows
 from .config import HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
 from .eagle import EagleHead
@@ -689,9 +690,9 @@ class _Frozen:
 
     def __init__(self, target) -> None:
         model = target.model
-        self.embed = weight_rows(model.get_input_embeddings(), slice(None)).detach().float()
-        self.norm_w = model.model.norm.weight.detach().float()
-        self.eps = model.model.norm.variance_epsilon
+        embed = model.get_input_embeddings()
+        self.embed = weight_rows(embed, slice(None)).detach().float() * embedding_scale(embed)
+        self.norm_w, self.eps = final_norm(model)
         self.lm = weight_rows(model.get_output_embeddings(), slice(None)).detach().float()
         self.device = self.embed.device  # where training runs: the target's device
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "smollm3"})  # layers of the Llama shape (llama.LLAMA_FAMILY)
+# the families Specula's own forward runs (llama.LLAMA_FAMILY): the Llama layer, and Gemma 3's (text)
+LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3_text"})
+GELU_TANH = frozenset({"gelu_pytorch_tanh", "gelu_new"})  # GELU by its tanh approximation
 _ACTIVATIONS = {"gelu_pytorch_tanh": "GELU-tanh", "gelu_new": "GELU-tanh", "gelu": "GELU", "relu": "ReLU"}
 
 
@@ -37,16 +39,20 @@ class Architecture:
 
     @property
     def gaps(self) -> tuple[str, ...]:
-        """What of this architecture Specula's own forward does not compute (empty: it runs it)."""
+        """What of this architecture Specula's own forward does not compute (empty: it runs it). Gemma 3's offset
+        norms, four norms a layer, scaled embeddings (its embedding module scales them) and sliding-window layers
+        (each with its kind's rotary) it does, for that family."""
+        gemma3 = self.model_type == "gemma3_text"
         found = (
             (self.experts, f"a mixture of experts ({self.experts} a layer)"),
             (self.vision, "a vision tower"),
-            (self.activation not in ("silu", "swish"), f"a {_ACTIVATIONS.get(self.activation, self.activation)} MLP"),
-            (self.norm_offset, f"norms scaled by {self.norm_offset:g} + w"),
-            (self.sandwich_norms, "norms after attention and the MLP"),
-            (self.embedding_scale, "scaled embeddings"),
+            (self.activation not in ("silu", "swish", *GELU_TANH),
+             f"a {_ACTIVATIONS.get(self.activation, self.activation)} MLP"),
+            (self.norm_offset and not gemma3, f"norms scaled by {self.norm_offset:g} + w"),
+            (self.sandwich_norms and not gemma3, "norms after attention and the MLP"),
+            (self.embedding_scale and not gemma3, "scaled embeddings"),
             (self.soft_capping, "soft-capped logits"),
-            (self.sliding_layers, "sliding-window layers"),
+            (self.sliding_layers and not gemma3, "sliding-window layers"),
             (self.partial_rotary, "rotary over part of each head"),
             (self.multipliers, "residual and logit multipliers"),
             (self.fused_weights, "fused q/k/v and gate/up weights"),
@@ -56,6 +62,18 @@ class Architecture:
         if not gaps and self.model_type not in LEAN_TYPES:
             gaps.append("a layer shape it does not know")
         return tuple(gaps)
+
+
+def final_norm(model) -> tuple:
+    """The model's final RMS norm as (its scale in fp32, epsilon): the weight, plus Gemma's 1."""
+    norm = model.model.norm
+    eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+    return norm.weight.detach().float() + describe(model.config).norm_offset, eps
+
+
+def embedding_scale(module) -> float:
+    """What the model multiplies its token embeddings by (Gemma's sqrt(hidden)); 1.0 for most."""
+    return float(getattr(module, "scalar_embed_scale", 1.0))
 
 
 def describe(config) -> Architecture:
@@ -93,3 +111,4 @@ def describe(config) -> Architecture:
         experts=experts,
         vision=vision,
     )
+

@@ -26,6 +26,7 @@ from ..api.errors import SpeculaError, first_line
 from ..api.memory import available_memory, gigabytes, needed_for
 from ..cpu import step as cpu_step
 from ..cpu.products import BLOCK_FORMATS, Blocks
+from .arch import embedding_scale
 from .gguf import LM_HEAD, FileEmbedding, FileHead, GGUFFile, NativeWeights, config_from, llama_row_order, tokenizer_from
 from .llama import LLAMA_FAMILY, build_products
 
@@ -204,13 +205,15 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
             if entry.shape[0] * entry.shape[1] * 2 <= EMBED_COPY_BYTES:  # small: a dense copy, looked up faster
                 _set(model, hf, file.dequantize(entry.name, dtype), entry.name)
             else:
-                model.model.embed_tokens = FileEmbedding(file, entry.name, dtype)
+                model.model.embed_tokens = FileEmbedding(file, entry.name, dtype,
+                                                         embedding_scale(model.model.embed_tokens))
             if config.tie_word_embeddings and blocks_ok:
                 native.tensors[LM_HEAD] = file.blocks(entry.name)
                 placed.add("lm_head.weight")
             continue
         as_is = file.view(entry.name, dtype) if native is not None and device.type == "cpu" else None
-        if as_is is not None and not (file.architecture == "llama" and module.endswith(("q_proj", "k_proj"))):
+        if as_is is not None and not (file.architecture == "llama" and module.endswith(("q_proj", "k_proj"))) and not (
+                _OFFSET_NORMS.get(file.architecture) and hf.endswith("norm.weight")):
             _set(model, hf, as_is, entry.name)  # the file's own bf16 (or fp32) values where it keeps them: no copy
             placed.add(hf)
             continue
@@ -243,6 +246,8 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
     return native
 
 
+# families whose norms llama.cpp's converter stores as 1 + w (transformers' processor takes the 1 off again)
+_OFFSET_NORMS = {"gemma": True, "gemma2": True, "gemma3": True}
 _FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))  # the products the lean forward runs as one
 
 

@@ -176,13 +176,16 @@ def _values(raw: np.ndarray, type_name: str) -> np.ndarray:
 class FileEmbedding(nn.Module):
     """The token embedding read from the file as it stores it: each row looked up is dequantized then."""
 
-    def __init__(self, file: GGUFFile, name: str, dtype: torch.dtype) -> None:
+    def __init__(self, file: GGUFFile, name: str, dtype: torch.dtype, scale: float = 1.0) -> None:
         super().__init__()
         self.file, self.name, self.dtype = file, name, dtype
         self.num_embeddings, self.embedding_dim = file.entry(name).shape
+        self.scalar_embed_scale = scale  # the rows looked up are multiplied by it in the model's dtype (Gemma's)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.file.dequantize(self.name, self.dtype, rows=ids.reshape(-1))  # (N, D)
+        if self.scalar_embed_scale != 1.0:
+            rows = rows * torch.tensor(self.scalar_embed_scale, dtype=self.dtype)
         return rows.to(ids.device).reshape(*ids.shape, self.embedding_dim)
 
     def rows(self, index) -> torch.Tensor:
@@ -264,6 +267,10 @@ def config_from(file: GGUFFile):
     # whose config then assumes 128)
     if isinstance(file.metadata.get(f"{arch}.attention.key_length"), int) and "head_dim" not in values:
         values["head_dim"] = int(file.metadata[f"{arch}.attention.key_length"])
+    if arch == "gemma3" and "query_pre_attn_scalar" not in values and "head_dim" in values:
+        # llama.cpp scales Gemma 3's queries by the heads' width (27B's, 62 layers: by hidden / heads)
+        wide = values.get("num_hidden_layers") == 62 and values.get("num_attention_heads")
+        values["query_pre_attn_scalar"] = values["hidden_size"] // values["num_attention_heads"] if wide else values["head_dim"]
     try:
         return AutoConfig.for_model(**values)
     except (ValueError, TypeError, KeyError) as exc:

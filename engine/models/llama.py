@@ -16,6 +16,7 @@ import logging
 import os
 import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +38,7 @@ from ..cpu.products import (
 )
 from ..cpu.step import StepMode
 from ..decoding.tree import TokenTree
-from .arch import LEAN_TYPES, describe
+from .arch import GELU_TANH, LEAN_TYPES, describe
 from .gguf import LM_HEAD, FileHead, NativeWeights, out_features, weight_device, weight_dtype
 from .static import BUCKETS, FLOOR, StepGraphs, StepInputs, bucket, static_context, step_inputs
 
@@ -63,15 +64,37 @@ def supports(model: torch.nn.Module) -> bool:
     if cfg.model_type not in LLAMA_FAMILY or describe(cfg).gaps:
         return False
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    try:
+        tables = _rotary_tables(model)
+    except AttributeError:
+        return False
     rope_type = getattr(rotary, "rope_type", "default")
-    if rotary is None or not hasattr(rotary, "inv_freq") or rope_type == "dynamic":
+    if "dynamic" in (rope_type.values() if isinstance(rope_type, dict) else (rope_type,)) or not tables:
         return False
     layer = model.model.layers[0]
     parts = [(layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
              (layer.mlp, ("gate_proj", "up_proj", "down_proj", "act_fn")),
-             (layer.input_layernorm, ("weight", "variance_epsilon")),
-             (model.model.norm, ("weight", "variance_epsilon"))]
+             (layer.input_layernorm, ("weight",)),
+             (model.model.norm, ("weight",))]
     return all(hasattr(module, name) for module, names in parts for name in names)
+
+
+def _rope_kinds(model: torch.nn.Module) -> tuple[str | None, ...]:
+    """The kinds of layer that have their own rotary table (Gemma 3: its local and global layers, each with its
+    base), in transformers' order; (None,): one table for every layer."""
+    rotary = model.model.rotary_emb
+    if hasattr(rotary, "inv_freq") or not getattr(rotary, "layer_types", None):
+        return (None,)
+    return tuple(rotary.layer_types)
+
+
+def _rotary_tables(model: torch.nn.Module) -> list[tuple[torch.Tensor, float]]:
+    """(inverse frequencies, attention scaling) of each of the model's rotary tables (_rope_kinds)."""
+    rotary = model.model.rotary_emb
+    kinds = _rope_kinds(model)
+    if kinds == (None,):
+        return [(rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)))]
+    return [(getattr(rotary, f"{kind}_inv_freq"), float(getattr(rotary, f"{kind}_attention_scaling", 1.0))) for kind in kinds]
 
 
 def context_window(config) -> int:
@@ -99,11 +122,31 @@ def _fuse_rows(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | 
     return weight, bias
 
 
+class Norm(NamedTuple):
+    """An RMS norm as the lean forward runs it: its scale and epsilon. `wide`: the scale is fp32 and multiplies the
+    normalised fp32 rows before they are rounded to the model's dtype (Gemma's `1 + w`, folded into `weight`);
+    otherwise transformers' Llama norm: rounded first, then scaled in the model's dtype."""
+
+    weight: torch.Tensor
+    eps: float
+    wide: bool = False
+
+
+def _norm_of(module: torch.nn.Module, offset: float = 0.0) -> Norm:
+    """A transformers RMS norm module as a Norm; `offset` (Gemma's 1) is added to its weight in fp32."""
+    weight = module.weight.detach()
+    eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+    if offset:
+        return Norm((weight.float() + offset).contiguous(), eps, True)
+    return Norm(weight, eps)
+
+
 def _head_norms_fit(layers: list[_Layer]) -> bool:
-    """Whether the compiled step runs these per-head norms (Qwen3's): RMS norms with the layers' own epsilon."""
+    """Whether the compiled step runs these per-head norms (Qwen3's, Gemma 3's): RMS norms of the kind and
+    epsilon of the layers' own."""
     return all(
         layer.q_norm is not None and layer.k_norm is not None
-        and getattr(layer.q_norm, "variance_epsilon", None) == layer.in_norm[1] == getattr(layer.k_norm, "variance_epsilon", None)
+        and layer.q_norm.eps == layer.in_norm.eps == layer.k_norm.eps and layer.q_norm.wide == layer.in_norm.wide
         for layer in layers
     )
 
@@ -120,8 +163,10 @@ def own_ops():
 class _Layer:
     """One decoder layer's products (fused q/k/v, o, fused gate/up, down) and norms."""
 
-    def __init__(self, layer: torch.nn.Module, prefix: str, native: NativeWeights | None, prepack: bool) -> None:
+    def __init__(self, layer: torch.nn.Module, prefix: str, native: NativeWeights | None, prepack: bool,
+                 arch_config, rope_kinds: tuple[str | None, ...]) -> None:
         attn, mlp = layer.self_attn, layer.mlp
+        arch = describe(arch_config)
         linears = (attn.q_proj, attn.k_proj, attn.v_proj)
         if any(lin.bias is not None for lin in linears) and not all(lin.bias is not None for lin in linears):
             raise ValueError("mixed projection biases")
@@ -174,11 +219,24 @@ class _Layer:
         self.down = product(("mlp.down_proj",), (mlp.down_proj,))
         self.inter = mlp.gate_proj.weight.shape[0]
         self.act = mlp.act_fn
-        self.in_norm = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
-        self.post_norm = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        self.gelu = arch.activation in GELU_TANH  # the gate's activation: GELU with tanh (Gemma), else SiLU
+        offset = arch.norm_offset
+        self.in_norm = _norm_of(layer.input_layernorm, offset)
+        if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma's four norms: around attention and around the MLP
+            self.post_norm = _norm_of(layer.pre_feedforward_layernorm, offset)  # the MLP's input
+            self.attn_out_norm: Norm | None = _norm_of(layer.post_attention_layernorm, offset)
+            self.mlp_out_norm: Norm | None = _norm_of(layer.post_feedforward_layernorm, offset)
+        else:
+            self.post_norm = _norm_of(layer.post_attention_layernorm, offset)
+            self.attn_out_norm = self.mlp_out_norm = None
         self.rotary = bool(getattr(attn, "use_rope", True))  # SmolLM3's layers without rotary
-        self.q_norm = getattr(attn, "q_norm", None)  # Qwen3 normalises each head before rotary
-        self.k_norm = getattr(attn, "k_norm", None)
+        # each query and key head normed before rotary (Qwen3, Gemma 3)
+        self.q_norm = _norm_of(attn.q_norm, offset) if getattr(attn, "q_norm", None) is not None else None
+        self.k_norm = _norm_of(attn.k_norm, offset) if getattr(attn, "k_norm", None) is not None else None
+        # a sliding-window layer sees the last `window` positions up to its own (0: all); its rotary is that of its
+        # kind of layer (Gemma 3's local and global layers have their own bases): an index into rope_kinds(config)
+        self.window = int(getattr(attn, "sliding_window", None) or 0) if getattr(attn, "is_sliding", False) else 0
+        self.rope_set = rope_kinds.index(getattr(attn, "layer_type", None)) if getattr(attn, "layer_type", None) in rope_kinds else 0
         # to see the model's weights replaced (a copy, .to(dtype or device)) after the products were built
         self._watch = tuple((p, p.data_ptr()) for p in (attn.q_proj.weight, mlp.gate_proj.weight))
 
@@ -231,7 +289,7 @@ def _fused_layers(model: torch.nn.Module, native: NativeWeights | None, after_la
         prepack = native is None and _prepack(model)  # a GGUF's own weights: no second copy for oneDNN
         layers = []
         for i, layer in enumerate(model.model.layers):
-            layers.append(_Layer(layer, f"model.layers.{i}", native, prepack))
+            layers.append(_Layer(layer, f"model.layers.{i}", native, prepack, model.config, _rope_kinds(model)))
             if after_layer is not None:
                 after_layer()
         head = model.lm_head
@@ -270,6 +328,8 @@ class _StepHandle:
         a, b, bias, names, norms, min_rows = [], [], [], [], [], []
         empty = torch.empty(0)
         own = own_ops() is not None
+        per = 6 if any(layer.attn_out_norm is not None for layer in layers) else (
+            4 if any(layer.q_norm is not None for layer in layers) else 2)  # norms a layer
 
         def tiles_apply(p) -> bool:  # bf16 weights prepacked for oneDNN, or a GGUF's own (no prepacked copy)
             return own and (p.kind == "prepacked" or (p.kind == "dense" and native is not None)) and (
@@ -292,9 +352,11 @@ class _StepHandle:
                     a.append(p.weight), b.append(empty)
                 bias.append(p.bias)
                 min_rows.append(p.stable_rows)
-            norms += [layer.in_norm[0], layer.post_norm[0]]
-            if layer.q_norm is not None:  # Qwen3: each query and key head normed before rotary
-                norms += [layer.q_norm.weight.detach(), layer.k_norm.weight.detach()]
+            norms += [layer.in_norm.weight, layer.post_norm.weight]
+            if per >= 4:  # Qwen3, Gemma 3: each query and key head normed before rotary
+                norms += [n.weight if n is not None else empty for n in (layer.q_norm, layer.k_norm)]
+            if per == 6:  # Gemma: the attention's and the MLP's outputs normed
+                norms += [n.weight if n is not None else empty for n in (layer.attn_out_norm, layer.mlp_out_norm)]
         head = native.tensors.get(LM_HEAD) if native is not None else None
         if isinstance(lm_head, Blocks):  # the file's blocks already (a GGUF as it is)
             self.lm_head = lm_head
@@ -310,8 +372,10 @@ class _StepHandle:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.handle = ops.prepare(a, b, bias, [cpu_step.PRODUCT_KINDS[k] for k in names], norms, cfg.num_attention_heads,
                                   getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, head_dim,
-                                  layers[0].inter, min_rows, float(layers[0].in_norm[1]), float(scale),
-                                  [i for i, layer in enumerate(layers) if not layer.rotary])
+                                  layers[0].inter, min_rows, float(layers[0].in_norm.eps), float(scale),
+                                  [i for i, layer in enumerate(layers) if not layer.rotary],
+                                  [layer.window for layer in layers], [layer.rope_set for layer in layers],
+                                  layers[0].in_norm.wide, layers[0].gelu)
 
     def __del__(self) -> None:
         try:
@@ -333,6 +397,13 @@ def _block_mask(allowed: torch.Tensor) -> tuple[int, torch.Tensor]:
         allowed = torch.cat([allowed, allowed[:1].expand(_MIN_ROWS - rows, -1)])
     mask = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device)
     return rows, mask.masked_fill_(~allowed, float("-inf"))
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """A prompt's attention where a sliding window cuts it: the keys each row sees (T, T) bool."""
+
+    mask: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -368,15 +439,24 @@ def _call(product, x: torch.Tensor) -> torch.Tensor:
 
 
 def _mlp(layer, h: torch.Tensor, run) -> torch.Tensor:
-    """The gated MLP of a layer over normed rows h (T, D)."""
+    """The gated MLP of a layer over normed rows h (T, D), its output normed where the layer norms it (Gemma)."""
     gate, up = run(layer.gate_up, h).split(layer.inter, dim=-1)
-    return run(layer.down, layer.act(gate) * up)
+    out = run(layer.down, layer.act(gate) * up)
+    return out if layer.mlp_out_norm is None else _rms_norm(out, layer.mlp_out_norm)
 
 
-def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
-    """transformers' RMSNorm: normalise in fp32, cast back, scale."""
-    weight, eps = norm
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+def _rms_norm(x: torch.Tensor, norm: Norm) -> torch.Tensor:
+    """transformers' RMSNorm: normalise in fp32, cast back, scale (Gemma's: scale in fp32, then cast back)."""
+    if norm.wide:
+        return (F.rms_norm(x.float(), (x.shape[-1],), eps=norm.eps) * norm.weight).to(x.dtype)
+    return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.eps).to(x.dtype)
+
+
+def _layer(runner, i: int, layer: _Layer, x: torch.Tensor, cos, sin, start: int, t: int, plans, run) -> torch.Tensor:
+    """One decoder layer of the eager lean forward over rows x (T, D)."""
+    attn = runner._attention(i, layer, _rms_norm(x, layer.in_norm), cos, sin, start, t, plans[layer.window], run)
+    x = x + (attn if layer.attn_out_norm is None else _rms_norm(attn, layer.attn_out_norm))
+    return x + _mlp(layer, _rms_norm(x, layer.post_norm), run)
 
 
 class LlamaRunner:
@@ -395,7 +475,7 @@ class LlamaRunner:
         layers, self.lm_head = _fused_layers(model, native)
         self.layers = layers[: n_layers or cfg.num_hidden_layers]
         self.embed = model.model.embed_tokens
-        self.norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
+        self.norm = _norm_of(model.model.norm, describe(cfg).norm_offset)
         self.vocab_size = out_features(model.lm_head)
         # static (models/static.py, a GPU's step): the cache is allocated once for `max_len` positions (and a
         # scratch slot) and every step after the prefill runs in a bucket of fixed shape, at least `floor`
@@ -411,10 +491,10 @@ class LlamaRunner:
         self.groups = self.n_heads // self.n_kv
         attn0 = model.model.layers[0].self_attn
         self.scale = getattr(attn0, "scaling", self.head_dim**-0.5)
-        rotary = model.model.rotary_emb
-        self._inv_freq = rotary.inv_freq.float().to(self.device)  # (head_dim/2,)
-        self._rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
-        self._cos = self._sin = torch.empty(0)
+        # one rotary table per kind of layer that has its own (arch.rope_kinds): (inverse frequencies, scaling)
+        self._rotary = [(inv.float().to(self.device), scale) for inv, scale in _rotary_tables(model)]
+        self._windows = sorted({layer.window for layer in self.layers})  # 0: full attention
+        self._cos = self._sin = torch.empty(0)  # (tables, capacity, head_dim)
         self._k = self._v = torch.empty(0)  # (layers, n_kv, capacity, head_dim)
         # the compiled step's keys, transposed in blocks of 16 (layers, n_kv, capacity / 16, head_dim, 16),
         # in step with _k for the first _kt_len slots
@@ -551,19 +631,23 @@ class LlamaRunner:
         if capacity and self._aux.shape[1:] == aux.shape[1:]:
             aux[: self._length] = self._aux[: self._length]
         self._aux = aux
-        # rotary tables for every position the cache can hold, computed in fp32 as transformers does
+        # rotary tables for every position the cache can hold, computed in fp32 as transformers does, one per kind
+        # of layer with its own (tables, cap, head_dim)
         pos = torch.arange(new_cap, device=self.device, dtype=torch.float32)
-        freqs = torch.outer(pos, self._inv_freq)  # (cap, head_dim/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (cap, head_dim)
-        self._cos = (emb.cos() * self._rope_scale).to(self.dtype)
-        # rotate_half(x) * sin == roll(x, half) * [-sin | sin] bit for bit, in two fewer operations
-        sin = (emb.sin() * self._rope_scale).to(self.dtype)
         half = self.head_dim // 2
-        self._sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        cos32, sin32 = [], []
+        for inv_freq, scale in self._rotary:
+            freqs = torch.outer(pos, inv_freq)  # (cap, head_dim/2)
+            emb = torch.cat((freqs, freqs), dim=-1)  # (cap, head_dim)
+            cos32.append(emb.cos() * scale)
+            sin = emb.sin() * scale
+            # rotate_half(x) * sin == roll(x, half) * [-sin | sin] bit for bit, in two fewer operations
+            sin32.append(torch.cat((-sin[:, :half], sin[:, half:]), dim=-1))
+        self._cos = torch.stack(cos32).to(self.dtype)
+        self._sin = torch.stack(sin32).to(self.dtype)
         # the compiled step's tables: fp32, not rounded to the model's dtype
-        self._cos32 = (emb.cos() * self._rope_scale).contiguous()
-        sin32 = emb.sin() * self._rope_scale
-        self._sin32 = torch.cat((-sin32[:, :half], sin32[:, half:]), dim=-1).contiguous()
+        self._cos32 = torch.stack(cos32).contiguous()
+        self._sin32 = torch.stack(sin32).contiguous()
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, last: int = 1, tree: TokenTree | None = None) -> torch.Tensor:
@@ -596,19 +680,20 @@ class LlamaRunner:
         run = in_rows if self.consistent else _call
         x = self.embed(tokens.to(self.device))  # (rows, D)
         if tree is None:
-            cos = self._cos[start:end]  # (T, hd)
-            sin = self._sin[start:end]
-            plan = self._plan(start, t)
+            cos = self._cos[:, start:end]  # (tables, T, hd)
+            sin = self._sin[:, start:end]
+            plans = {window: self._plan(start, t, window) for window in self._windows}
         else:
-            positions = start + tree.depths(self.device)  # (T,)
-            cos = self._cos[positions]
-            sin = self._sin[positions]
-            plan = self._tree_plan(start, tree.ancestors(self.device))
+            depths = tree.depths(self.device)
+            positions = start + depths  # (T,)
+            cos = self._cos[:, positions]
+            sin = self._sin[:, positions]
+            ancestors = tree.ancestors(self.device)
+            plans = {window: self._tree_plan(start, ancestors, depths, window) for window in self._windows}
         for i, layer in enumerate(self.layers):
             if i in self.aux_layers:
                 self._aux[start:end, self.aux_layers.index(i)] = x
-            x = x + self._attention(i, layer, _rms_norm(x, layer.in_norm), cos, sin, start, t, plan, run)
-            x = x + _mlp(layer, _rms_norm(x, layer.post_norm), run)
+            x = _layer(self, i, layer, x, cos, sin, start, t, plans, run)
         self._length = end
         self._feat[start:end] = x
         return run(self.lm_head, _rms_norm(x[-last:], self.norm)).float()  # (last, V)
@@ -631,8 +716,7 @@ class LlamaRunner:
         self._length = end
         self._kt_len = end
         self._feat[start:end] = x
-        weight, eps = self.norm
-        h = fast.ops.rms_norm(x[-last:], weight, float(eps))
+        h = fast.ops.rms_norm(x[-last:], self.norm.weight, self.norm.eps, self.norm.wide)
         return in_rows(self.lm_head if fast.lm_head is None else fast.lm_head, h).float()
 
     def _forward_in_chunks(self, tokens: torch.Tensor, last: int, start: int) -> torch.Tensor:
@@ -671,13 +755,19 @@ class LlamaRunner:
         keys = self._k.shape[2]
         h, kv, hd = self.n_heads, self.n_kv, self.head_dim
         x = self.embed(inp.tokens)
-        cos, sin = self._cos[inp.positions], self._sin[inp.positions]
-        # row r sees the slots before `start`, its ancestors' slots in this pass, and slot 0 (a padding
-        # row is never left without a key)
+        cos, sin = self._cos[:, inp.positions], self._sin[:, inp.positions]
+        # row r sees the slots before `start`, its ancestors' slots in this pass (in a sliding-window layer those
+        # within the window of its position), and slot 0 where it sees nothing else (a padding row)
         allowed = (torch.arange(keys, device=x.device) < inp.start).expand(rows, keys).clone()
         allowed.scatter_(1, inp.slots.expand(rows, rows), inp.ancestors)
-        allowed[:, 0] = True
-        mask = allowed.repeat(self.groups, 1)  # (groups*R, keys): grouped queries as extra rows of their KV head
+        masks = {}
+        for window in self._windows:
+            seen = allowed
+            if window:
+                seen = seen & (torch.arange(keys, device=x.device)[None, :] > inp.positions[:, None] - window)
+            seen = seen.clone()
+            seen[:, 0] |= ~seen.any(1)
+            masks[window] = seen.repeat(self.groups, 1)  # (groups*R, keys): grouped queries as extra rows of their KV head
         for i, layer in enumerate(self.layers):
             if i in self.aux_layers:
                 self._aux[:, self.aux_layers.index(i)].index_copy_(0, inp.slots, x)
@@ -685,8 +775,9 @@ class LlamaRunner:
             self._k[i].index_copy_(1, inp.slots, k)
             self._v[i].index_copy_(1, inp.slots, v)
             out = F.scaled_dot_product_attention(q.reshape(kv, self.groups * rows, hd), self._k[i], self._v[i],
-                                                 attn_mask=mask, scale=self.scale).view(h, rows, hd)
-            x = x + layer.o_proj(out.transpose(0, 1).reshape(rows, -1))
+                                                 attn_mask=masks[layer.window], scale=self.scale).view(h, rows, hd)
+            out = layer.o_proj(out.transpose(0, 1).reshape(rows, -1))
+            x = x + (out if layer.attn_out_norm is None else _rms_norm(out, layer.attn_out_norm))
             x = x + _mlp(layer, _rms_norm(x, layer.post_norm), _call)
         self._feat.index_copy_(0, inp.slots, x)
         return self.lm_head(_rms_norm(x, self.norm)).float()
@@ -753,33 +844,45 @@ class LlamaRunner:
         self._length = start + len(rows)
         self._kt_len = min(self._kt_len, self._length)  # the dropped rows' slots are rewritten later
 
-    def _tree_plan(self, start: int, ancestors: torch.Tensor):
-        """Masks for a tree pass: every row sees the cache before `start` and its own ancestors."""
+    def _tree_plan(self, start: int, ancestors: torch.Tensor, depths: torch.Tensor, window: int = 0):
+        """Masks for a tree pass: every row sees the cache before `start` and its own ancestors (with a `window`,
+        those among them within it of the row's position)."""
         t = ancestors.shape[0]
         dev = self.device
         n_keys = _whole_blocks(start + t) if self.blocked else start + t
         allowed = torch.zeros((t, n_keys), dtype=torch.bool, device=dev)
         allowed[:, :start] = True
         allowed[:, start : start + t] = ancestors
+        if window:
+            positions = torch.arange(n_keys, device=dev)
+            positions[start : start + t] = start + depths
+            allowed &= positions[None, :] > (start + depths)[:, None] - window
         allowed = allowed.repeat(self.groups, 1)  # (groups*T, n_keys)
         if not self.blocked:
             return FusedPlan(allowed)
         rows, mask = _block_mask(allowed)
         return BlockedPlan((KeyBlock(0, t, n_keys, rows, mask),))
 
-    def _plan(self, start: int, t: int) -> FusedPlan | BlockedPlan | None:
-        """How this pass attends: None for the prefill's causal kernel; otherwise, on the CPU, the key
-        blocks of its row groups; elsewhere a mask for the fused kernel."""
+    def _plan(self, start: int, t: int, window: int = 0) -> PrefillPlan | FusedPlan | BlockedPlan | None:
+        """How this pass attends: None for the prefill's causal kernel (a mask where a sliding `window` cuts it);
+        otherwise, on the CPU, the key blocks of its row groups; elsewhere a mask for the fused kernel."""
         end = start + t
-        if start == 0 and t > 1:
-            return None
         dev = self.device
+
+        def seen(keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:  # (queries, keys) bool
+            allowed = keys[None, :] <= queries[:, None]
+            return allowed & (keys[None, :] > queries[:, None] - window) if window else allowed
+
+        if start == 0 and t > 1:
+            if window and t > window:
+                return PrefillPlan(seen(torch.arange(t, device=dev), torch.arange(t, device=dev)))
+            return None
         if not self.blocked:
-            if t == 1:
+            if t == 1 and not (window and end > window):
                 return FusedPlan(None)
             keys = torch.arange(end, device=dev)
             queries = torch.arange(start, end, device=dev)
-            return FusedPlan((keys[None, :] <= queries[:, None]).repeat(self.groups, 1))  # (groups*T, end)
+            return FusedPlan(seen(keys, queries).repeat(self.groups, 1))  # (groups*T, end)
         groups = []
         r0 = 0
         while r0 < t:  # rows whose own key count rounds up to the same block count form one group
@@ -787,7 +890,7 @@ class LlamaRunner:
             r1 = min(t, n_keys - start)
             keys = torch.arange(n_keys, device=dev)
             queries = torch.arange(start + r0, start + r1, device=dev)
-            allowed = (keys[None, :] <= queries[:, None]).repeat(self.groups, 1)  # (groups*Tg, n_keys)
+            allowed = seen(keys, queries).repeat(self.groups, 1)  # (groups*Tg, n_keys)
             rows, mask = _block_mask(allowed)
             groups.append(KeyBlock(r0, r1, n_keys, rows, mask))
             r0 = r1
@@ -800,11 +903,12 @@ class LlamaRunner:
         qkv = run(layer.qkv, x).view(t, h + 2 * kv, hd).transpose(0, 1)  # (H+2KV, T, hd)
         v = qkv[h + kv :]  # (KV, T, hd)
         if layer.q_norm is not None:
-            qk = torch.cat((layer.q_norm(qkv[:h]), layer.k_norm(qkv[h : h + kv])))
+            qk = torch.cat((_rms_norm(qkv[:h], layer.q_norm), _rms_norm(qkv[h : h + kv], layer.k_norm)))
         else:
             qk = qkv[: h + kv]
-        if layer.rotary:
-            qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin  # rotary on queries and keys at once
+        if layer.rotary:  # rotary on queries and keys at once, with the table of the layer's kind
+            cos, sin = cos[layer.rope_set], sin[layer.rope_set]
+            qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin
         return qk[:h], qk[h:], v
 
     def _attention(self, i: int, layer: _Layer, x, cos, sin, start: int, t: int, plan, run):
@@ -815,6 +919,10 @@ class LlamaRunner:
         self._v[i, :, start:end] = v
         if plan is None:  # prefill: plain causal attention, the fused kernel applies
             out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=self.scale, enable_gqa=True)
+            return run(layer.o_proj, out[0].transpose(0, 1).reshape(t, -1))
+        if isinstance(plan, PrefillPlan):  # prefill of a sliding-window layer longer than its window
+            out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=plan.mask, scale=self.scale,
+                                                 enable_gqa=True)
             return run(layer.o_proj, out[0].transpose(0, 1).reshape(t, -1))
         if isinstance(plan, BlockedPlan):
             out = torch.cat([self._attend_blocked(i, q[:, b.first_row:b.end_row], b) for b in plan.blocks], dim=1)
@@ -882,6 +990,5 @@ def step_rows(runners: list[LlamaRunner], tokens: torch.Tensor) -> torch.Tensor:
         r._ids[r._length] = tokens[b].cpu()
         r._length += 1
         r._kt_len = r._length
-    weight, eps = first.norm
-    h = fast.ops.rms_norm(x, weight, float(eps))
+    h = fast.ops.rms_norm(x, first.norm.weight, first.norm.eps, first.norm.wide)
     return in_rows(first.lm_head if fast.lm_head is None else fast.lm_head, h).float()

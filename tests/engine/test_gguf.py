@@ -11,6 +11,7 @@ from specula.engine.api.errors import SpeculaError
 from specula.engine.api.types import ModelSpec
 from specula.engine.drafters import DRAFTERS
 from specula.engine.models import from_gguf, gguf
+from specula.engine.models.gguf import GGUFFile
 from specula.engine.models.loading import load_model
 from tests.support.gguf_files import tiny_llama, write_gguf
 from tests.support.tiny import assert_greedy_identity, head_options
@@ -172,6 +173,44 @@ def test_a_qwen3_file_runs_its_blocks_through_the_compiled_step(tmp_path, strate
     runner.forward(torch.tensor([7]))
     assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
     assert not target.model.model.layers[0].self_attn.q_norm.weight.is_meta
+    assert_greedy_identity(target, None, strategy, {}, trials=3, longest_prompt=60, max_new_tokens=32)
+
+
+def test_a_gemma3_file_is_read_as_llama_cpp_writes_it(tmp_path):
+    """Gemma 3 as llama.cpp's converter lays it out (norms stored as 1 + w, four a layer, post_attention_norm and
+    post_ffw_norm, the window in the metadata, five local layers to one global): read in fp32 from F32 tensors, the
+    lean forward gives the original model's logits past the window; its embedding is scaled, where it is read from
+    the file too."""
+    model = tiny_llama("gemma3", layers=6, seed=6, vocab=4096, tied=True)
+    path = write_gguf(tmp_path / "g.gguf", model, "F32")
+    ours = _load(path, dtype="fp32")
+    cfg = ours.model.config
+    assert cfg.model_type == "gemma3_text" and cfg.sliding_window == 16 and cfg.query_pre_attn_scalar == cfg.head_dim
+    assert cfg.layer_types == model.config.layer_types and cfg.layer_types.count("full_attention") == 1
+    assert ours.uses_lean_forward and ours.path == ""
+    ids = torch.randint(0, 4096, (48,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids[None]).logits[0].float()
+    got = ours.new_runner().forward(ids, last=48)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+    embedding = gguf.FileEmbedding(GGUFFile(path), "token_embd.weight", torch.float32, 4.0)
+    assert torch.equal(embedding(ids), model.model.embed_tokens.weight[ids] * 4.0)
+
+
+@pytest.mark.parametrize("strategy", ["prompt-lookup", "auto"])
+def test_a_gemma3_file_runs_its_blocks_through_the_compiled_step(tmp_path, strategy):
+    from specula.engine.cpu import step
+
+    step.prepare(wait=True)
+    path = write_gguf(tmp_path / "gemma3.gguf", tiny_llama("gemma3", layers=6, seed=7), {"default": "Q4_0", "embed": "Q8_0"})
+    target = load_model(ModelSpec(str(path), device="cpu", dtype="bf16", step="compiled"))
+    assert target.model.config.model_type == "gemma3_text" and target.weights.endswith("(native)")
+    embed = target.model.model.embed_tokens  # looked up from the file, scaled by sqrt(hidden) as Gemma's is
+    assert isinstance(embed, gguf.FileEmbedding) and embed.scalar_embed_scale == 16.0
+    runner = target.new_runner()
+    runner.forward(torch.arange(5, 40))
+    runner.forward(torch.tensor([7]))
+    assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
     assert_greedy_identity(target, None, strategy, {}, trials=3, longest_prompt=60, max_new_tokens=32)
 
 

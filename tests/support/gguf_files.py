@@ -18,14 +18,25 @@ _K_BYTES = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q2_K": 
 
 def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layers: int = 2, vocab: int = 49152,
                tied: bool = True, seed: int = 0, bias: bool = False):
-    """A random transformers model small enough to write in every format (inputs of 256: whole K-quant blocks)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    """A random transformers model small enough to write in every format (inputs of 256: whole K-quant blocks).
+    "gemma3" (text): llama.cpp's layout of it, five local layers (a window of 16 positions) to one global."""
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                             "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[family]
+                             "qwen3": (Qwen3Config, Qwen3ForCausalLM), "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM)}[family]
+    extra = {"sliding_window": 16, "query_pre_attn_scalar": hidden // 4} if family == "gemma3" else {}
     config = config_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
-                        tie_word_embeddings=tied, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+                        tie_word_embeddings=tied, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, **extra)
     torch.manual_seed(seed)
     model = model_cls(config).eval()
     with torch.no_grad():
@@ -33,8 +44,8 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.copy_(torch.randn(p.shape) * (0.5 if bias else 0.0))
-            elif "norm" in name:
-                p.copy_(1 + 0.1 * torch.randn(p.shape))
+            elif "norm" in name:  # Gemma's norms scale by 1 + w
+                p.copy_((0 if family == "gemma3" else 1) + 0.1 * torch.randn(p.shape))
     return model
 
 
@@ -85,7 +96,8 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
     from gguf import GGMLQuantizationType, GGUFWriter
 
     cfg = model.config
-    arch = arch or cfg.model_type
+    arch = arch or cfg.model_type.removesuffix("_text")
+    gemma = arch.startswith("gemma")
     roles = {"default": types} if isinstance(types, str) else dict(types)
     writer = GGUFWriter(str(path), arch)
     writer.add_string("general.name", f"tiny {arch}")
@@ -96,8 +108,11 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
                        ("attention.key_length", cfg.head_dim), ("attention.value_length", cfg.head_dim),
                        ("vocab_size", cfg.vocab_size)):
         writer.add_uint32(f"{arch}.{key}", int(value))
-    writer.add_float32(f"{arch}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
+    rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)  # Gemma 3: the global layers' base
+    writer.add_float32(f"{arch}.rope.freq_base", float(rope["rope_theta"]))
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
+    if getattr(cfg, "sliding_window", None) and gemma:
+        writer.add_uint32(f"{arch}.attention.sliding_window", int(cfg.sliding_window))
     tok = _bundled_tokenizer()
     writer.add_tokenizer_model(tok["tokenizer.ggml.model"])
     writer.add_tokenizer_pre(tok.get("tokenizer.ggml.pre", "default"))
@@ -115,6 +130,9 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
                    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
                    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}  # Qwen3's per-head norms
+    if gemma:  # four norms a layer: around attention and around the MLP
+        layer_names.update({"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                            "post_feedforward_layernorm": "post_ffw_norm"})
     for i in range(cfg.num_hidden_layers):
         for hf, gg in layer_names.items():
             for suffix in ("weight", "bias"):
@@ -127,6 +145,8 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
         if arch == "llama" and role in ("attn_q", "attn_k"):
             value = _llama_permute(value, cfg.num_attention_heads if role == "attn_q" else cfg.num_key_value_heads)
         if value.ndim == 1:
+            if gemma and hf.endswith("norm.weight"):  # llama.cpp's converter stores Gemma's 1 + w
+                value = value + 1
             writer.add_tensor(name, value.numpy())
             continue
         type_name = roles.get(role, roles.get("default", "Q8_0"))

@@ -8,8 +8,12 @@ from specula.engine.models.loading import LoadedModel
 
 
 def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "llama", max_pos: int = 512,
-               head_dim: int = 16):
+               head_dim: int = 16, window: int = 8):
+    """A tiny random model of a family; "gemma3" (text): local layers of a `window` of positions, one global
+    layer in two, each kind with its rotary base, norms of 1 + w with random w."""
     from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
         LlamaConfig,
         LlamaForCausalLM,
         Qwen2Config,
@@ -25,7 +29,14 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),  # every fourth layer without rotary
+        "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
     }[family]
+    extra = {}
+    if family == "smollm3":  # token ids within a tiny vocabulary (SmolLM3's defaults point past it), as Llama's are
+        extra = {"pad_token_id": None, "bos_token_id": 1, "eos_token_id": 2}
+    elif family == "gemma3":
+        extra = {"sliding_window": window, "sliding_window_pattern": 2, "query_pre_attn_scalar": head_dim,
+                 "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
     config = config_cls(
         vocab_size=vocab,
         hidden_size=64,
@@ -36,8 +47,7 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
         head_dim=head_dim,
         max_position_embeddings=max_pos,
         tie_word_embeddings=False,
-        # token ids within a tiny vocabulary (SmolLM3's defaults point past it), as Llama's defaults are
-        **({"pad_token_id": None, "bos_token_id": 1, "eos_token_id": 2} if family == "smollm3" else {}),
+        **extra,
     )
     torch.manual_seed(seed)
     model = model_cls(config).eval()
@@ -47,7 +57,9 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
         gen = torch.Generator().manual_seed(seed)
         for name, p in model.named_parameters():  # Qwen3's per-head norms: weights other than the ones they start as
             if name.endswith(("q_norm.weight", "k_norm.weight")):
-                p.copy_(1 + 0.5 * torch.randn(p.shape, generator=gen))
+                p.copy_((0 if family == "gemma3" else 1) + 0.5 * torch.randn(p.shape, generator=gen))
+            elif family == "gemma3" and name.endswith("norm.weight"):  # Gemma's 1 + w, w not the zeros it starts as
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
     return model
 
 

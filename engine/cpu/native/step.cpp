@@ -107,19 +107,36 @@ void rms_rows(const T* x, const T* w, T* out, int64_t rows, int64_t d, float eps
   }
 }
 
-// rms_rows over x's last dimension (x contiguous) into `out`, made when its shape is not x's (a pass's buffer)
+// Gemma's RMSNorm: normalise in fp32, scale by the fp32 weight (its 1 + w), round once to the model's dtype
 template <typename T>
-Tensor& rms_into(const Tensor& x, const Tensor& w, double eps, Tensor& out) {
+void rms_rows_wide(const T* x, const float* w, T* out, int64_t rows, int64_t d, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * d;
+    float inv = 1.0f / std::sqrt(sum_squares(xr, d) / static_cast<float>(d) + eps);
+    for (int64_t j = 0; j < d; ++j) out[r * d + j] = static_cast<T>(w[j] * (f(xr[j]) * inv));
+  }
+}
+
+// rms_rows over x's last dimension (x contiguous) into `out`, made when its shape is not x's (a pass's buffer);
+// `wide`: rms_rows_wide with an fp32 weight
+template <typename T>
+Tensor& rms_into(const Tensor& x, const Tensor& w, double eps, Tensor& out, bool wide = false) {
   if (!out.defined() || out.sizes() != x.sizes() || out.scalar_type() != x.scalar_type()) out = at::empty_like(x);
   const int64_t d = x.size(-1), rows = x.numel() / d;
-  rms_rows<T>(x.data_ptr<T>(), w.data_ptr<T>(), out.data_ptr<T>(), rows, d, static_cast<float>(eps));
+  if (wide) {
+    TORCH_CHECK(w.scalar_type() == at::kFloat && w.numel() == d, "a wide norm's weight: fp32, one per element");
+    rms_rows_wide<T>(x.data_ptr<T>(), w.data_ptr<float>(), out.data_ptr<T>(), rows, d, static_cast<float>(eps));
+  } else {
+    rms_rows<T>(x.data_ptr<T>(), w.data_ptr<T>(), out.data_ptr<T>(), rows, d, static_cast<float>(eps));
+  }
   return out;
 }
 
-Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps, bool wide = false) {
   const Tensor xc = x.contiguous();
   Tensor out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "rms_norm", [&] { rms_into<scalar_t>(xc, w, eps, out); });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "rms_norm",
+                                  [&] { rms_into<scalar_t>(xc, w, eps, out, wide); });
   return out;
 }
 
@@ -211,29 +228,42 @@ struct Product {
 struct Layer {
   Product qkv, o, gate_up, down;
   Tensor in_norm, post_norm;
-  Tensor q_norm, k_norm;  // per-head norms of the queries and keys before rotary (Qwen3), or undefined
+  Tensor q_norm, k_norm;  // per-head norms of the queries and keys before rotary (Qwen3, Gemma 3), or undefined
+  Tensor attn_out_norm, mlp_out_norm;  // norms of the attention's and the MLP's outputs (Gemma), or undefined
   bool rotary = true;  // false: the layer's queries and keys take no rotary (SmolLM3's every fourth layer)
+  int64_t window = 0;  // a sliding-window layer sees the keys of the last `window` positions up to its own; 0: all
+  int64_t rope_set = 0;  // which of the rotary tables the layer reads (Gemma 3: its local or global base)
 };
 
 struct Model {
   std::vector<Layer> layers;
   int64_t n_heads, n_kv, head_dim, inter;
   double eps, scale;
+  bool wide_norms = false;  // Gemma's norms: fp32 weights, the rows scaled before rounding (rms_rows_wide)
+  bool gelu = false;  // the MLP's gate through GELU (tanh), not SiLU
 };
+
+// A norm tensor given as empty: the layer has none
+inline Tensor optional_norm(const Tensor& t) { return t.numel() ? t : Tensor(); }
 
 std::mutex registry_lock;
 std::deque<Model> registry;  // a deque: entries stay where they are as others are added
 
 // products: per layer qkv, o, gate_up, down, each as (kind, a, b, bias, min_rows) in five lists; norms: per layer
-// the one before attention and the one before the MLP, then (4 per layer) the per-head q and k norms (Qwen3)
+// the one before attention and the one before the MLP, then (4 or 6 per layer) the per-head q and k norms (Qwen3,
+// Gemma 3), then (6 per layer) those of the attention's and the MLP's outputs (Gemma); an empty tensor where a
+// layer has none. windows, rope_sets: per layer (or none: 0 each); wide_norms, gelu: as Model's.
 int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::vector<c10::optional<Tensor>>& bias,
                 const std::vector<int64_t>& kinds, const std::vector<Tensor>& norms, int64_t n_heads, int64_t n_kv,
                 int64_t head_dim, int64_t inter, const std::vector<int64_t>& min_rows, double eps, double scale,
-                at::IntArrayRef no_rotary) {
-  Model m{{}, n_heads, n_kv, head_dim, inter, eps, scale};
-  TORCH_CHECK(kinds.size() % 4 == 0 && (norms.size() == kinds.size() / 2 || norms.size() == kinds.size()),
-              "4 products and 2 or 4 norms per layer");
-  const size_t per = norms.size() / (kinds.size() / 4);
+                at::IntArrayRef no_rotary, at::IntArrayRef windows, at::IntArrayRef rope_sets, bool wide_norms, bool gelu) {
+  Model m{{}, n_heads, n_kv, head_dim, inter, eps, scale, wide_norms, gelu};
+  const size_t n_layers = kinds.size() / 4;
+  TORCH_CHECK(kinds.size() % 4 == 0 && n_layers > 0 && norms.size() % n_layers == 0, "4 products per layer");
+  const size_t per = norms.size() / n_layers;
+  TORCH_CHECK(per == 2 || per == 4 || per == 6, "2, 4 or 6 norms per layer");
+  TORCH_CHECK(windows.empty() || windows.size() == n_layers, "a window per layer, or none");
+  TORCH_CHECK(rope_sets.empty() || rope_sets.size() == n_layers, "a rotary table per layer, or none");
   TORCH_CHECK(min_rows.size() == kinds.size(), "one min_rows per product");
   for (size_t l = 0; l < kinds.size() / 4; ++l) {
     Product p[4];
@@ -241,12 +271,20 @@ int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, cons
       p[i] = Product{kinds[4 * l + i], a[4 * l + i], b[4 * l + i], bias[4 * l + i], min_rows[4 * l + i]};
       p[i].read_tables();
     }
-    Layer layer{p[0], p[1], p[2], p[3], norms[per * l], norms[per * l + 1], Tensor(), Tensor()};
-    if (per == 4) {
-      layer.q_norm = norms[per * l + 2], layer.k_norm = norms[per * l + 3];
-      TORCH_CHECK(layer.q_norm.numel() == head_dim && layer.k_norm.numel() == head_dim, "per-head norms of ", head_dim);
+    Layer layer{p[0], p[1], p[2], p[3], norms[per * l], norms[per * l + 1], Tensor(), Tensor(), Tensor(), Tensor()};
+    if (per >= 4) {
+      layer.q_norm = optional_norm(norms[per * l + 2]), layer.k_norm = optional_norm(norms[per * l + 3]);
+      TORCH_CHECK(layer.q_norm.defined() == layer.k_norm.defined(), "per-head norms of both queries and keys, or of neither");
+      TORCH_CHECK(!layer.q_norm.defined() || (layer.q_norm.numel() == head_dim && layer.k_norm.numel() == head_dim),
+                  "per-head norms of ", head_dim);
     }
+    if (per == 6) layer.attn_out_norm = optional_norm(norms[per * l + 4]), layer.mlp_out_norm = optional_norm(norms[per * l + 5]);
+    for (const Tensor* w : {&layer.in_norm, &layer.post_norm, &layer.q_norm, &layer.k_norm, &layer.attn_out_norm, &layer.mlp_out_norm})
+      TORCH_CHECK(!w->defined() || !wide_norms || w->scalar_type() == at::kFloat, "wide norms' weights are fp32");
     layer.rotary = std::find(no_rotary.begin(), no_rotary.end(), static_cast<int64_t>(l)) == no_rotary.end();
+    layer.window = windows.empty() ? 0 : windows[l];
+    layer.rope_set = rope_sets.empty() ? 0 : rope_sets[l];
+    TORCH_CHECK(layer.window >= 0 && layer.rope_set >= 0, "windows and rotary tables are not negative");
     m.layers.push_back(layer);
   }
   std::lock_guard<std::mutex> g(registry_lock);
@@ -396,8 +434,8 @@ inline void score_blocks(const float* qr, const float* kb, int64_t hd, int64_t n
 // add_values_portable with the two sums in registers (head_dim = 16 NV): the same operations in the same order.
 template <int NV, typename V>
 inline int64_t add_values_fixed(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank,
-                                const V* v, float* sums) {
-  constexpr int64_t hd = 16 * NV;
+                                const V* v, float* sums, int64_t hd = 16 * NV) {
+  // hd: the values' row and the sums' stride; wider than 16 NV, the first 16 NV dimensions of them (a slice)
   __m512 a[2][NV];
   for (int k = 0; k < NV; ++k) a[0][k] = _mm512_loadu_ps(sums + 16 * k), a[1][k] = _mm512_loadu_ps(sums + hd + 16 * k);
   int64_t i = from;
@@ -578,7 +616,13 @@ inline int64_t add_values(const float* p, const uint8_t* ok, int64_t from, int64
     case 32: return add_values_fixed<2>(p, ok, from, to, rank, v, sums);
     case 64: return add_values_fixed<4>(p, ok, from, to, rank, v, sums);
     case 128: return add_values_fixed<8>(p, ok, from, to, rank, v, sums);
-    default: break;
+    default:
+      if (hd % 128 == 0) {  // wider heads (Gemma's 256) in slices of 128 dimensions: each element's sums as they were
+        int64_t after = rank;
+        for (int64_t d0 = 0; d0 < hd; d0 += 128) after = add_values_fixed<8>(p, ok, from, to, rank, v + d0, sums + d0, hd);
+        return after;
+      }
+      break;
   }
 #endif
   return add_values_portable(p, ok, from, to, rank, v, hd, sums);
@@ -657,9 +701,13 @@ inline void add_values_pairs(const float* const* ps, int64_t n, int64_t from, in
   for (int64_t k = 0; k < n; ++k) add_values(ps[k], nullptr, from, to, from, v, hd, sums[k]);
 }
 
+// With a sliding `window` (> 0), row r at rotary position pos[r] sees only the slots of positions above
+// pos[r] - window: the cache's slots from pos[r] - window + 1 on, and the rows of this pass (pos) within it; its
+// keys are then gathered as a tree row's are, so a position's sums are the same alone and in a pass.
 template <typename T, typename V>
 void attend(const float* q, const float* kt, const V* vc, const bool* ancestors, const bool* visible, T* out,
-            int64_t t, int64_t h, int64_t kv, int64_t hd, int64_t cap, int64_t start) {
+            int64_t t, int64_t h, int64_t kv, int64_t hd, int64_t cap, int64_t start, const int64_t* pos = nullptr,
+            int64_t window = 0) {
   int64_t groups = h / kv;
   int64_t last = start + t;  // slots scored: 0..last-1
   int64_t blocks = (last + KB - 1) / KB;
@@ -667,21 +715,27 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
   // allowed[r * width + slot]: whether row r sees the slot
   std::vector<uint8_t> allowed(t * width, 0);
   std::vector<int64_t> ends(t);  // one past row r's last slot
+  int64_t lowest = start;  // the first slot any row sees (below it, nothing is scored or summed)
+  bool cut = false;  // whether a window hides some of the cache from a row
   for (int64_t r = 0; r < t; ++r) {
     ends[r] = start + r + 1;
     if (visible) {
       for (int64_t slot = 0; slot < ends[r]; ++slot) allowed[r * width + slot] = visible[r * last + slot];
+      lowest = 0;
       continue;
     }
-    std::fill(allowed.begin() + r * width, allowed.begin() + r * width + start, 1);
+    const int64_t first = window > 0 && pos ? std::max<int64_t>(0, pos[r] - window + 1) : 0;  // the first position seen
+    cut = cut || first > 0;
+    lowest = std::min(lowest, std::min(first, start));
+    std::fill(allowed.begin() + r * width + std::min(first, start), allowed.begin() + r * width + start, 1);
     for (int64_t j = 0; j <= r; ++j)
-      if (ancestors ? ancestors[r * t + j] : true) allowed[r * width + start + j] = 1;
+      if ((ancestors ? ancestors[r * t + j] : true) && (!pos || pos[j] >= first)) allowed[r * width + start + j] = 1;
   }
-  const bool gather = ancestors || visible;  // rows that skip slots: their keys moved together for the softmax
+  const bool gather = ancestors || visible || cut;  // rows that skip slots: their keys moved together for the softmax
   // the first slots every row sees (a pass's cache, and a chain's or token tree's first row): their values are
   // summed for all rows together, each value loaded once (a key's rank is its slot there, so each sum takes
   // the same operations in the same order as a row's own loop)
-  int64_t shared = visible ? 0 : start;
+  int64_t shared = visible || cut ? 0 : start;
   for (bool all = true; all && shared < last;) {
     for (int64_t r = 0; r < t && all; ++r) all = shared < ends[r] && allowed[r * width + shared];
     shared += all;
@@ -706,7 +760,7 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
       // each block of keys once for all the pairs whose row sees a slot of it: a row's scores past its own last
       // key are never read, so a prompt chunk's first rows skip the chunk's later blocks (consecutive pairs are
       // consecutive rows of a head, so those that need as many of these blocks are runs, each scored together)
-      for (int64_t blk0 = 0; blk0 < blocks; blk0 += SCORE_BLOCKS) {
+      for (int64_t blk0 = lowest / KB; blk0 < blocks; blk0 += SCORE_BLOCKS) {
         const int64_t nb = std::min<int64_t>(SCORE_BLOCKS, blocks - blk0);
         auto need = [&](int64_t hr) {
           return std::clamp<int64_t>((ends[hr % t] + KB - 1) / KB - blk0, 0, nb);
@@ -759,7 +813,7 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
       }
       std::fill(sums.begin(), sums.end(), 0.0f);
       std::fill(rank.begin(), rank.end(), shared);  // a row's own slots start after the shared ones
-      for (int64_t c0 = 0; c0 < last; c0 += VALUE_CHUNK) {  // each chunk of values once for all
+      for (int64_t c0 = lowest / VALUE_CHUNK * VALUE_CHUNK; c0 < last; c0 += VALUE_CHUNK) {  // each chunk of values once for all
         // the slots all rows see together, then each row's own last ones
         const int64_t common = std::min(c0 + VALUE_CHUNK, shared);
         if (common > c0) add_values_pairs(ps.data(), pairs, c0, common, v, hd, sp.data());
@@ -831,6 +885,66 @@ Tensor silu_mul_op(const Tensor& gu_in, bool vectors) {
   return out;
 }
 
+// GELU (tanh) of gate times up, one element: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * up, the tanh as
+// 1 - 2 / (1 + e^2y) from exp_fixed, rounded once to T
+constexpr float GELU_C = 0.7978845608028654f, GELU_K = 0.044715f;
+template <typename T>
+inline T gelu_one(T g, T u) {
+  float x = f(g);
+  float y = GELU_C * (x + GELU_K * (x * x * x));
+  float th = 1.0f - 2.0f / (1.0f + exp_fixed(y + y));
+  return static_cast<T>(0.5f * x * (1.0f + th) * f(u));
+}
+
+// gelu_one over elements [from, to) of one row, 8 at a time where the build has AVX2 and `vectors` (the same
+// operations in the same order: the same bits either way)
+template <typename T>
+void gelu_mul_span(const T* g, const T* u, T* out, int64_t from, int64_t to, bool vectors) {
+  int64_t j = from;
+#ifdef SPECULA_EXP_VECTORS
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+    if (vectors) {
+      const __m256 c = _mm256_set1_ps(GELU_C), k = _mm256_set1_ps(GELU_K), one = _mm256_set1_ps(1.0f),
+                   two = _mm256_set1_ps(2.0f), half = _mm256_set1_ps(0.5f);
+      for (; j + 8 <= to; j += 8) {
+        __m256 x = blocks::inputs8(g + j);
+        __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+        __m256 y = _mm256_mul_ps(c, _mm256_add_ps(x, _mm256_mul_ps(k, cube)));
+        __m256 e = exp_fixed8(_mm256_add_ps(y, y));
+        __m256 th = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(one, e)));
+        __m256 a = _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, th));
+        store8(out + j, _mm256_mul_ps(a, blocks::inputs8(u + j)));
+      }
+    }
+  }
+#endif
+  for (; j < to; ++j) out[j] = gelu_one(g[j], u[j]);
+}
+
+// gate_up (T, 2I) -> gelu(gate) * up (T, I), shared out as silu_mul
+template <typename T>
+void gelu_mul(const T* gu, T* out, int64_t t, int64_t inter, bool vectors = true) {
+  const int64_t spans = (inter + SILU_SPAN - 1) / SILU_SPAN;
+  at::parallel_for(0, t * spans, spans + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) {
+      int64_t r = s / spans, from = s % spans * SILU_SPAN, to = std::min(inter, from + SILU_SPAN);
+      const T* g = gu + r * 2 * inter;
+      gelu_mul_span(g, g + inter, out + r * inter, from, to, vectors);
+    }
+  });
+}
+
+// gelu_mul as an operation (tests), as silu_mul_op
+Tensor gelu_mul_op(const Tensor& gu_in, bool vectors) {
+  TORCH_CHECK(gu_in.dim() == 2 && gu_in.size(1) % 2 == 0, "gate_up: (rows, 2 * inter)");
+  Tensor gu = gu_in.contiguous();
+  Tensor out = at::empty({gu.size(0), gu.size(1) / 2}, gu.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gu.scalar_type(), "gelu_mul", [&] {
+    gelu_mul<scalar_t>(gu.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), gu.size(0), out.size(1), vectors);
+  });
+  return out;
+}
+
 // The registered model behind a handle, checked to have at least n_layers layers.
 const Model* model_of(int64_t handle, int64_t n_layers) {
   const Model* m;
@@ -860,12 +974,20 @@ c10::BFloat16* narrow_copy(const c10::optional<Tensor>& v_narrow, const Tensor& 
 template <typename T>
 void store_and_attend(const T* qkv, const float* cos, const float* sin, const int64_t* pos, float* q, float* kc, float* kt,
                       float* vc, c10::BFloat16* vn, int64_t kt_from, const bool* ancestors, T* out, int64_t t, int64_t h,
-                      int64_t kv, int64_t hd, int64_t cap, int64_t start, float scale, bool rotary) {
+                      int64_t kv, int64_t hd, int64_t cap, int64_t start, float scale, bool rotary, int64_t window) {
   rotate_and_store(qkv, cos, sin, pos, q, kc, vc, t, h, kv, hd, cap, start, scale, rotary);
   transpose_keys(kc, kt, kv, hd, cap, kt_from, start + t);
   if (vn) narrow_values(vc, vn, kv, hd, cap, kt_from, start + t);
-  if (vn && t == 1) attend(q, kt, static_cast<const c10::BFloat16*>(vn), ancestors, nullptr, out, t, h, kv, hd, cap, start);
-  else attend(q, kt, static_cast<const float*>(vc), ancestors, nullptr, out, t, h, kv, hd, cap, start);
+  if (vn && t == 1)
+    attend(q, kt, static_cast<const c10::BFloat16*>(vn), ancestors, nullptr, out, t, h, kv, hd, cap, start, pos, window);
+  else attend(q, kt, static_cast<const float*>(vc), ancestors, nullptr, out, t, h, kv, hd, cap, start, pos, window);
+}
+
+// The first of a layer's rotary tables: the tables (sets, positions, head_dim) or (positions, head_dim) for one set
+inline const float* rope_table(const Tensor& table, const Layer& layer) {
+  const int64_t sets = table.dim() == 3 ? table.size(0) : 1;
+  TORCH_CHECK(layer.rope_set < sets, "a layer reads rotary table ", layer.rope_set, " of ", sets);
+  return table.data_ptr<float>() + layer.rope_set * table.size(-2) * table.size(-1);
 }
 
 // Qwen3's per-head norms, in place on a pass's q/k/v rows (t, (H + 2KV) * hd): each query and key head as the
@@ -878,15 +1000,20 @@ void head_norms(Tensor& qkv, const Layer& layer, const Model& m) {
   const float eps = static_cast<float>(m.eps);
   for (int64_t r = 0; r < t; ++r) {
     T* row = base + r * width;
-    rms_rows<T>(row, layer.q_norm.data_ptr<T>(), row, h, hd, eps);
-    rms_rows<T>(row + h * hd, layer.k_norm.data_ptr<T>(), row + h * hd, kv, hd, eps);
+    if (m.wide_norms) {
+      rms_rows_wide<T>(row, layer.q_norm.data_ptr<float>(), row, h, hd, eps);
+      rms_rows_wide<T>(row + h * hd, layer.k_norm.data_ptr<float>(), row + h * hd, kv, hd, eps);
+    } else {
+      rms_rows<T>(row, layer.q_norm.data_ptr<T>(), row, h, hd, eps);
+      rms_rows<T>(row + h * hd, layer.k_norm.data_ptr<T>(), row + h * hd, kv, hd, eps);
+    }
   }
 }
 
 // A pass's buffers, made at its first layer and reused by the others (the norms' outputs, the products'
 // outputs, SiLU's): no tensor is made per layer.
 struct Scratch {
-  Tensor normed, qkv, y, gate_up, act;
+  Tensor normed, qkv, y, gate_up, act, out_normed;
 };
 
 // x += y row by row, each element as ATen's add_ computes it (in T's op-math type, rounded once to T)
@@ -899,14 +1026,22 @@ void add_rows(Tensor& x, const Tensor& y_in) {
   for (int64_t i = 0, n = x.numel(); i < n; ++i) xp[i] = static_cast<T>(static_cast<M>(xp[i]) + static_cast<M>(yp[i]));
 }
 
-// A layer after its attention: x += o(attn), then x += down(silu(gate) * up) over the post-attention norm.
+// y, or y normed where the layer norms its attention's or MLP's output (`norm` defined: Gemma)
+template <typename T>
+const Tensor& out_norm(const Tensor& y, const Tensor& norm, Scratch& s, const Model& m) {
+  return norm.defined() ? rms_into<T>(y.contiguous(), norm, m.eps, s.out_normed, m.wide_norms) : y;
+}
+
+// A layer after its attention: x += o(attn), then x += down(act(gate) * up) over the norm before the MLP (each
+// output normed first where the layer norms it).
 template <typename T>
 void finish_layer(Tensor& x, const Tensor& attn, Scratch& s, const Layer& layer, const Model& m) {
-  add_rows<T>(x, layer.o.into<T>(attn, s.y));
-  Tensor gu = layer.gate_up.into<T>(rms_into<T>(x, layer.post_norm, m.eps, s.normed), s.gate_up).contiguous();
+  add_rows<T>(x, out_norm<T>(layer.o.into<T>(attn, s.y), layer.attn_out_norm, s, m));
+  Tensor gu = layer.gate_up.into<T>(rms_into<T>(x, layer.post_norm, m.eps, s.normed, m.wide_norms), s.gate_up).contiguous();
   if (!s.act.defined() || s.act.size(0) != x.size(0)) s.act = at::empty({x.size(0), m.inter}, x.options());
-  silu_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter);
-  add_rows<T>(x, layer.down.into<T>(s.act, s.y));
+  if (m.gelu) gelu_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter);
+  else silu_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter);
+  add_rows<T>(x, out_norm<T>(layer.down.into<T>(s.act, s.y), layer.mlp_out_norm, s, m));
 }
 
 // x (T, D) after the embedding -> x after `n_layers` layers; the caches get the new keys and values.
@@ -940,13 +1075,14 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
       for (size_t j = 0; aux && j < aux_layers.size(); ++j)  // the hidden states entering the layers kept (EAGLE-3)
         if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
       int64_t layer_off = l * kv * cap * hd;
-      Tensor qkv = layer.qkv.into<scalar_t>(rms_into<scalar_t>(x, layer.in_norm, m->eps, scratch.normed), scratch.qkv).contiguous();
+      Tensor qkv = layer.qkv.into<scalar_t>(rms_into<scalar_t>(x, layer.in_norm, m->eps, scratch.normed, m->wide_norms),
+                                            scratch.qkv).contiguous();
       head_norms<scalar_t>(qkv, layer, *m);
-      store_and_attend(qkv.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p, q.data_ptr<float>(),
+      store_and_attend(qkv.data_ptr<scalar_t>(), rope_table(cos, layer), rope_table(sin, layer), p, q.data_ptr<float>(),
                        k_cache.data_ptr<float>() + layer_off, kt_cache.data_ptr<float>() + layer_off,
                        v_cache.data_ptr<float>() + layer_off, narrow ? narrow + layer_off : nullptr, kt_from,
                        anc.defined() ? anc.data_ptr<bool>() : nullptr, attn.data_ptr<scalar_t>(), t, h, kv, hd, cap, start,
-                       static_cast<float>(m->scale), layer.rotary);
+                       static_cast<float>(m->scale), layer.rotary, layer.window);
       finish_layer<scalar_t>(x, attn, scratch, layer, *m);
     }
   });
@@ -983,7 +1119,7 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
     if (!v_narrow.empty()) narrow[b] = narrow_copy(v_narrow[b], v_caches[b], x);
     TORCH_CHECK(k.size(2) % KB == 0 && kt_caches[b].is_contiguous() && kt_caches[b].numel() == k.numel(), "a transposed key cache");
     TORCH_CHECK(0 <= kt_from[b] && kt_from[b] <= starts[b] && starts[b] < k.size(2), "row ", b, ": its start within its cache");
-    TORCH_CHECK(cos[b].is_contiguous() && sin[b].is_contiguous() && cos[b].size(0) > starts[b] && cos[b].size(1) == hd &&
+    TORCH_CHECK(cos[b].is_contiguous() && sin[b].is_contiguous() && cos[b].size(-2) > starts[b] && cos[b].size(-1) == hd &&
                     sin[b].sizes() == cos[b].sizes() && cos[b].scalar_type() == at::kFloat && sin[b].scalar_type() == at::kFloat,
                 "fp32 rotary tables covering each row's position");
   }
@@ -995,18 +1131,19 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
       const Layer& layer = m->layers[l];
       for (size_t j = 0; aux && j < aux_layers.size(); ++j)  // the hidden states entering the layers kept (EAGLE-3)
         if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
-      Tensor qkv = layer.qkv.into<scalar_t>(rms_into<scalar_t>(x, layer.in_norm, m->eps, scratch.normed), scratch.qkv).contiguous();
+      Tensor qkv = layer.qkv.into<scalar_t>(rms_into<scalar_t>(x, layer.in_norm, m->eps, scratch.normed, m->wide_norms),
+                                            scratch.qkv).contiguous();
       head_norms<scalar_t>(qkv, layer, *m);
       // a thread takes whole rows (attend's own split over heads runs inline inside this one)
       at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
           int64_t cap = k_caches[b].size(2), start = starts[b], layer_off = l * kv * cap * hd;
-          store_and_attend(qkv.data_ptr<scalar_t>() + b * qkv.size(1), cos[b].data_ptr<float>(), sin[b].data_ptr<float>(),
+          store_and_attend(qkv.data_ptr<scalar_t>() + b * qkv.size(1), rope_table(cos[b], layer), rope_table(sin[b], layer),
                            &start, q.data_ptr<float>() + b * h * hd, k_caches[b].data_ptr<float>() + layer_off,
                            kt_caches[b].data_ptr<float>() + layer_off, v_caches[b].data_ptr<float>() + layer_off,
                            narrow[b] ? narrow[b] + layer_off : nullptr, kt_from[b], nullptr,
                            attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start, static_cast<float>(m->scale),
-                           layer.rotary);
+                           layer.rotary, layer.window);
         }
       });
       finish_layer<scalar_t>(x, attn, scratch, layer, *m);
@@ -1042,8 +1179,8 @@ Tensor head_layer(int64_t handle, const Tensor& h_in, const c10::optional<Tensor
   TORCH_CHECK(!visible || (visible->scalar_type() == at::kBool && visible->size(0) == t && visible->size(1) == start + t),
               "visible: (rows, start + rows) bool");
   TORCH_CHECK(!e || (e_norm && e->sizes() == x.sizes() && e->scalar_type() == x.scalar_type()), "e: as h, with its norm");
-  Tensor a = rms_norm(x, layer.in_norm, m->eps);
-  if (e) a = at::cat({rms_norm(*e, *e_norm, m->eps), a}, 1);
+  Tensor a = rms_norm(x, layer.in_norm, m->eps, m->wide_norms);
+  if (e) a = at::cat({rms_norm(*e, *e_norm, m->eps, m->wide_norms), a}, 1);
   Tensor q = at::empty({h, t, hd}, x.options().dtype(at::kFloat));
   Tensor attn = at::empty({t, h * hd}, x.options());
   Scratch scratch;
@@ -1070,7 +1207,8 @@ Tensor head_layer(int64_t handle, const Tensor& h_in, const c10::optional<Tensor
 
 TORCH_LIBRARY(specula_step, lib) {
   lib.def("prepare(Tensor[] a, Tensor[] b, Tensor?[] bias, int[] kinds, Tensor[] norms, int n_heads, int n_kv, "
-          "int head_dim, int inter, int[] min_rows, float eps, float scale, int[] no_rotary=[]) -> int", &prepare);
+          "int head_dim, int inter, int[] min_rows, float eps, float scale, int[] no_rotary=[], int[] windows=[], "
+          "int[] rope_sets=[], bool wide_norms=False, bool gelu=False) -> int", &prepare);
   lib.def("forward(int handle, Tensor x, Tensor k_cache, Tensor v_cache, Tensor kt_cache, int kt_from, Tensor cos, "
           "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers, Tensor? aux=None, int[] aux_layers=[], "
           "Tensor? v_narrow=None) -> Tensor",
@@ -1082,8 +1220,9 @@ TORCH_LIBRARY(specula_step, lib) {
   lib.def("head_layer(int handle, Tensor h, Tensor? e, Tensor? e_norm, Tensor k_cache, Tensor v_cache, Tensor kt_cache, "
           "Tensor cos, Tensor sin, Tensor pos, int start, Tensor? visible) -> Tensor", &head_layer);
   lib.def("release(int handle) -> ()", &release);
-  lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
+  lib.def("rms_norm(Tensor x, Tensor w, float eps, bool wide=False) -> Tensor", &rms_norm);
   lib.def("silu_mul(Tensor gate_up, bool vectors) -> Tensor", &silu_mul_op);
+  lib.def("gelu_mul(Tensor gate_up, bool vectors) -> Tensor", &gelu_mul_op);
   lib.def("blocks_pack(Tensor raw, int format) -> Tensor", &blocks::pack_op);
   lib.def("blocks_pack_parts(Tensor[] raws, int[] formats) -> Tensor", &blocks::pack_parts_op);
   lib.def("blocks_packed_bytes(int rows, int row_bytes, int format) -> int", &blocks::packed_bytes);
