@@ -885,15 +885,14 @@ Tensor silu_mul_op(const Tensor& gu_in, bool vectors) {
   return out;
 }
 
-// GELU (tanh) of gate times up, one element: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * up, the tanh as
-// 1 - 2 / (1 + e^2y) from exp_fixed, rounded once to T
+// GELU (tanh) of gate times up, one element: 0.5 g (1 + tanh(y)) = g / (1 + e^-2y), y = sqrt(2/pi) (g + 0.044715 g^3)
+// (no cancellation where tanh nears -1), e^x from exp_fixed, rounded once to T
 constexpr float GELU_C = 0.7978845608028654f, GELU_K = 0.044715f;
 template <typename T>
 inline T gelu_one(T g, T u) {
   float x = f(g);
   float y = GELU_C * (x + GELU_K * (x * x * x));
-  float th = 1.0f - 2.0f / (1.0f + exp_fixed(y + y));
-  return static_cast<T>(0.5f * x * (1.0f + th) * f(u));
+  return static_cast<T>(x / (1.0f + exp_fixed(-(y + y))) * f(u));
 }
 
 // gelu_one over elements [from, to) of one row, 8 at a time where the build has AVX2 and `vectors` (the same
@@ -905,15 +904,13 @@ void gelu_mul_span(const T* g, const T* u, T* out, int64_t from, int64_t to, boo
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
     if (vectors) {
       const __m256 c = _mm256_set1_ps(GELU_C), k = _mm256_set1_ps(GELU_K), one = _mm256_set1_ps(1.0f),
-                   two = _mm256_set1_ps(2.0f), half = _mm256_set1_ps(0.5f);
+                   sign = _mm256_set1_ps(-0.0f);
       for (; j + 8 <= to; j += 8) {
         __m256 x = blocks::inputs8(g + j);
         __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
         __m256 y = _mm256_mul_ps(c, _mm256_add_ps(x, _mm256_mul_ps(k, cube)));
-        __m256 e = exp_fixed8(_mm256_add_ps(y, y));
-        __m256 th = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(one, e)));
-        __m256 a = _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, th));
-        store8(out + j, _mm256_mul_ps(a, blocks::inputs8(u + j)));
+        __m256 e = exp_fixed8(_mm256_xor_ps(_mm256_add_ps(y, y), sign));
+        store8(out + j, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), blocks::inputs8(u + j)));
       }
     }
   }
