@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # the families Specula's own forward runs (llama.LLAMA_FAMILY): the Llama layer, and Gemma 3's (text)
-LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3_text"})
+LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3_text", "phi3"})
 GELU_TANH = frozenset({"gelu_pytorch_tanh", "gelu_new"})  # GELU by its tanh approximation
 _ACTIVATIONS = {"gelu_pytorch_tanh": "GELU-tanh", "gelu_new": "GELU-tanh", "gelu": "GELU", "relu": "ReLU"}
 
@@ -42,7 +42,7 @@ class Architecture:
         """What of this architecture Specula's own forward does not compute (empty: it runs it). Gemma 3's offset
         norms, four norms a layer, scaled embeddings (its embedding module scales them) and sliding-window layers
         (each with its kind's rotary) it does, for that family."""
-        gemma3 = self.model_type == "gemma3_text"
+        gemma3, phi3 = self.model_type == "gemma3_text", self.model_type == "phi3"
         found = (
             (self.experts, f"a mixture of experts ({self.experts} a layer)"),
             (self.vision, "a vision tower"),
@@ -53,9 +53,9 @@ class Architecture:
             (self.embedding_scale and not gemma3, "scaled embeddings"),
             (self.soft_capping, "soft-capped logits"),
             (self.sliding_layers and not gemma3, "sliding-window layers"),
-            (self.partial_rotary, "rotary over part of each head"),
+            (self.partial_rotary and not phi3, "rotary over part of each head"),
             (self.multipliers, "residual and logit multipliers"),
-            (self.fused_weights, "fused q/k/v and gate/up weights"),
+            (self.fused_weights and not phi3, "fused q/k/v and gate/up weights"),
             (self.head_norms and self.model_type not in LEAN_TYPES, "per-head q/k norms of this family"),
         )
         gaps = [text for present, text in found if present]

@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 # a larger one (a 128k vocabulary: 0.5-1 GB) is read from the file, where a few tenths of a ms are under 1% of a step
 EMBED_COPY_BYTES = 64 << 20
 _PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                "self_attn.qkv_proj", "mlp.gate_up_proj")  # Phi-3's fused ones
+_IN_CONFIG = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}  # rotary, not weights
 
 
 def memory_needed(file: GGUFFile, config, native: bool, dtype: torch.dtype) -> int:
@@ -168,7 +170,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
 
     processor = TENSOR_PROCESSORS.get(file.architecture, TensorProcessor)(config=config.to_dict())
     mapping = _names(file, model, config)
-    if not set(file.tensors) <= set(mapping) | {"rope_freqs.weight"}:  # transformers' fuller map (MoE experts, ...)
+    if not set(file.tensors) <= set(mapping) | _IN_CONFIG:  # transformers' fuller map (MoE experts, ...)
         try:
             mapping = get_gguf_hf_weights_map(model, processor, model_type=file.architecture)
         except NotImplementedError as exc:
@@ -183,6 +185,8 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
             native.file_types[entry.type_name] += 1
         if entry.name == "rope_freqs.weight":  # llama.cpp's per-dimension rotary factors (Llama 3.1's scaling)
             _scale_rotary(model, file.dequantize(entry.name, torch.float32))
+            continue
+        if entry.name in _IN_CONFIG:  # Phi-3's longrope factors: read into the config (gguf.config_from)
             continue
         hf = mapping.get(entry.name)
         if hf is None:

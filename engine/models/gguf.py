@@ -267,6 +267,8 @@ def config_from(file: GGUFFile):
     # whose config then assumes 128)
     if isinstance(file.metadata.get(f"{arch}.attention.key_length"), int) and "head_dim" not in values:
         values["head_dim"] = int(file.metadata[f"{arch}.attention.key_length"])
+    if arch == "phi3":
+        _phi3_rotary(file, values)
     if arch == "gemma3" and "query_pre_attn_scalar" not in values and "head_dim" in values:
         # llama.cpp scales Gemma 3's queries by the heads' width (27B's, 62 layers: by hidden / heads)
         wide = values.get("num_hidden_layers") == 62 and values.get("num_attention_heads")
@@ -276,6 +278,26 @@ def config_from(file: GGUFFile):
     except (ValueError, TypeError, KeyError) as exc:
         raise UnsupportedModelError(f"{file.path.name}: its metadata does not make a '{model_type}' config "
                                     f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+
+
+def _phi3_rotary(file: GGUFFile, values: dict) -> None:
+    """Phi-3's rotary as llama.cpp's converter writes it: over `rope.dimension_count` of each head's dimensions
+    (Phi-4-mini: 3/4), longrope's factors as the tensors rope_factors_long and rope_factors_short, the window the
+    factors were trained for as rope.scaling.original_context_length; its sliding window 0 for none (Phi-4)."""
+    meta = file.metadata
+    head_dim = values["hidden_size"] // values["num_attention_heads"]
+    rotated = int(meta.get("phi3.rope.dimension_count") or head_dim)
+    rope = {"rope_type": "default", "rope_theta": float(values.get("rope_theta", 10000.0)),
+            "partial_rotary_factor": rotated / head_dim}
+    if "rope_factors_long.weight" in file.tensors and "rope_factors_short.weight" in file.tensors:
+        original = int(meta.get("phi3.rope.scaling.original_context_length") or values["max_position_embeddings"])
+        rope.update(rope_type="longrope", original_max_position_embeddings=original,
+                    long_factor=file.dequantize("rope_factors_long.weight", torch.float32).tolist(),
+                    short_factor=file.dequantize("rope_factors_short.weight", torch.float32).tolist())
+        values["original_max_position_embeddings"] = original
+    values["rope_parameters"] = rope
+    window = meta.get("phi3.attention.sliding_window")
+    values["sliding_window"] = int(window) if window else None
 
 
 def tokenizer_from(file: GGUFFile):

@@ -72,11 +72,30 @@ def supports(model: torch.nn.Module) -> bool:
     if "dynamic" in (rope_type.values() if isinstance(rope_type, dict) else (rope_type,)) or not tables:
         return False
     layer = model.model.layers[0]
-    parts = [(layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-             (layer.mlp, ("gate_proj", "up_proj", "down_proj", "act_fn")),
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv = ("qkv_proj",) if hasattr(attn, "qkv_proj") else ("q_proj", "k_proj", "v_proj")  # Phi-3's fused weights
+    gate_up = ("gate_up_proj",) if hasattr(mlp, "gate_up_proj") else ("gate_proj", "up_proj")
+    parts = [(attn, (*qkv, "o_proj")),
+             (mlp, (*gate_up, "down_proj")),
              (layer.input_layernorm, ("weight",)),
              (model.model.norm, ("weight",))]
-    return all(hasattr(module, name) for module, names in parts for name in names)
+    activation = hasattr(mlp, "act_fn") or hasattr(mlp, "activation_fn")
+    return activation and all(hasattr(module, name) for module, names in parts for name in names)
+
+
+def _projections(layer: torch.nn.Module) -> tuple[tuple, tuple]:
+    """A layer's ((names, modules) of q/k/v, (names, modules) of gate/up): three and two modules, or one each where
+    the model stores them fused (Phi-3's qkv_proj and gate_up_proj, in the same row order)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    if hasattr(attn, "qkv_proj"):
+        qkv = (("self_attn.qkv_proj",), (attn.qkv_proj,))
+    else:
+        qkv = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), (attn.q_proj, attn.k_proj, attn.v_proj))
+    if hasattr(mlp, "gate_up_proj"):
+        gate_up = (("mlp.gate_up_proj",), (mlp.gate_up_proj,))
+    else:
+        gate_up = (("mlp.gate_proj", "mlp.up_proj"), (mlp.gate_proj, mlp.up_proj))
+    return qkv, gate_up
 
 
 def _rope_kinds(model: torch.nn.Module) -> tuple[str | None, ...]:
@@ -88,13 +107,36 @@ def _rope_kinds(model: torch.nn.Module) -> tuple[str | None, ...]:
     return tuple(rotary.layer_types)
 
 
-def _rotary_tables(model: torch.nn.Module) -> list[tuple[torch.Tensor, float]]:
-    """(inverse frequencies, attention scaling) of each of the model's rotary tables (_rope_kinds)."""
+@dataclass(frozen=True)
+class RotaryTable:
+    """One rotary table: inverse frequencies (as many as half the rotated dimensions: fewer than half a head where
+    only part of it rotates, Phi-4-mini's), the attention scaling, and for `longrope` (Phi-3.5, Phi-4-mini) the
+    frequencies of the positions from `long_from` on."""
+
+    inv_freq: torch.Tensor
+    scale: float = 1.0
+    long_inv_freq: torch.Tensor | None = None
+    long_from: int = 0
+
+
+def _rotary_tables(model: torch.nn.Module) -> list[RotaryTable]:
+    """The model's rotary tables (_rope_kinds). transformers' longrope takes its long factors for every position of a
+    call that reaches past the original window; here a position takes them from there on, whatever the call (the
+    same for every call within the window and for steps past it)."""
     rotary = model.model.rotary_emb
     kinds = _rope_kinds(model)
     if kinds == (None,):
-        return [(rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)))]
-    return [(getattr(rotary, f"{kind}_inv_freq"), float(getattr(rotary, f"{kind}_attention_scaling", 1.0))) for kind in kinds]
+        scale = float(getattr(rotary, "attention_scaling", 1.0))
+        if getattr(rotary, "rope_type", "default") == "longrope":
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            original = int(getattr(model.config, "original_max_position_embeddings", None)
+                           or model.config.rope_parameters.get("original_max_position_embeddings"))
+            long_inv, _ = ROPE_INIT_FUNCTIONS["longrope"](model.config, rotary.inv_freq.device, seq_len=original + 1)
+            return [RotaryTable(rotary.original_inv_freq, scale, long_inv, original)]
+        return [RotaryTable(rotary.inv_freq, scale)]
+    return [RotaryTable(getattr(rotary, f"{kind}_inv_freq"), float(getattr(rotary, f"{kind}_attention_scaling", 1.0)))
+            for kind in kinds]
 
 
 def context_window(config) -> int:
@@ -167,13 +209,13 @@ class _Layer:
                  arch_config, rope_kinds: tuple[str | None, ...]) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         arch = describe(arch_config)
-        linears = (attn.q_proj, attn.k_proj, attn.v_proj)
+        (qkv_names, linears), (gate_up_names, gate_up) = _projections(layer)
         if any(lin.bias is not None for lin in linears) and not all(lin.bias is not None for lin in linears):
             raise ValueError("mixed projection biases")
-        as_is = attn.q_proj.weight.is_meta  # a GGUF loaded as it is: no int4 copies beside the file's blocks
+        as_is = linears[0].weight.is_meta  # a GGUF loaded as it is: no int4 copies beside the file's blocks
         blocks = native.blocks if native is not None and not as_is else {}
         tensors = native.tensors if native is not None else {}
-        dtype = attn.q_proj.weight.dtype
+        dtype = linears[0].weight.dtype
         self.file_parts: list[list[FileBlocks] | None] = []  # per product: the file's blocks the compiled step runs
 
         def file_parts(names: tuple[str, ...]) -> list[FileBlocks] | None:
@@ -213,12 +255,12 @@ class _Layer:
                 return Int4(Q4Blocks.cat([blocks[k] for k in keys]), bias, dtype, dense=Dense(weight, bias))
             return Dense(weight, bias, prepack)
 
-        self.qkv = product(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), linears)
+        self.qkv = product(qkv_names, linears)
         self.o_proj = product(("self_attn.o_proj",), (attn.o_proj,))
-        self.gate_up = product(("mlp.gate_proj", "mlp.up_proj"), (mlp.gate_proj, mlp.up_proj))
+        self.gate_up = product(gate_up_names, gate_up)
         self.down = product(("mlp.down_proj",), (mlp.down_proj,))
-        self.inter = mlp.gate_proj.weight.shape[0]
-        self.act = mlp.act_fn
+        self.inter = sum(m.weight.shape[0] for m in gate_up) // 2
+        self.act = mlp.act_fn if hasattr(mlp, "act_fn") else mlp.activation_fn  # Phi-3 names it so
         self.gelu = arch.activation in GELU_TANH  # the gate's activation: GELU with tanh (Gemma), else SiLU
         offset = arch.norm_offset
         self.in_norm = _norm_of(layer.input_layernorm, offset)
@@ -235,10 +277,13 @@ class _Layer:
         self.k_norm = _norm_of(attn.k_norm, offset) if getattr(attn, "k_norm", None) is not None else None
         # a sliding-window layer sees the last `window` positions up to its own (0: all); its rotary is that of its
         # kind of layer (Gemma 3's local and global layers have their own bases): an index into rope_kinds(config)
-        self.window = int(getattr(attn, "sliding_window", None) or 0) if getattr(attn, "is_sliding", False) else 0
+        if hasattr(attn, "is_sliding"):
+            self.window = int(getattr(attn, "sliding_window", None) or 0) if attn.is_sliding else 0
+        else:  # Phi-3: every layer attends over the config's window
+            self.window = int(getattr(arch_config, "sliding_window", None) or 0) if arch.model_type == "phi3" else 0
         self.rope_set = rope_kinds.index(getattr(attn, "layer_type", None)) if getattr(attn, "layer_type", None) in rope_kinds else 0
         # to see the model's weights replaced (a copy, .to(dtype or device)) after the products were built
-        self._watch = tuple((p, p.data_ptr()) for p in (attn.q_proj.weight, mlp.gate_proj.weight))
+        self._watch = tuple((p, p.data_ptr()) for p in _watched(layer))
 
     @property
     def products(self) -> tuple:
@@ -272,11 +317,16 @@ def _probe(layers: list[_Layer], lm_head: Dense, dtype: torch.dtype, device: tor
             product.stable_rows = rows or 2
 
 
+def _watched(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights whose replacement (a copy of the model, .to(dtype or device)) means the products are stale."""
+    (_, qkv), (_, gate_up) = _projections(layer)
+    return qkv[0].weight, gate_up[0].weight
+
+
 def _still_fused(layers: list[_Layer], model: torch.nn.Module) -> bool:
     """False when the model's weights were replaced since fusing (a copy, .to(dtype or device))."""
     return len(layers) == len(model.model.layers) and all(
-        all(p is now and p.data_ptr() == ptr for (p, ptr), now in zip(mine._watch, (layer.self_attn.q_proj.weight,
-                                                                                     layer.mlp.gate_proj.weight)))
+        all(p is now and p.data_ptr() == ptr for (p, ptr), now in zip(mine._watch, _watched(layer)))
         for mine, layer in zip(layers, model.model.layers)
     )
 
@@ -492,7 +542,8 @@ class LlamaRunner:
         attn0 = model.model.layers[0].self_attn
         self.scale = getattr(attn0, "scaling", self.head_dim**-0.5)
         # one rotary table per kind of layer that has its own (arch.rope_kinds): (inverse frequencies, scaling)
-        self._rotary = [(inv.float().to(self.device), scale) for inv, scale in _rotary_tables(model)]
+        self._rotary = _rotary_tables(model)
+        self.rotary_dims = 2 * self._rotary[0].inv_freq.shape[0]  # the dimensions of a head that rotate (all, or a part)
         self._windows = sorted({layer.window for layer in self.layers})  # 0: full attention
         self._cos = self._sin = torch.empty(0)  # (tables, capacity, head_dim)
         self._k = self._v = torch.empty(0)  # (layers, n_kv, capacity, head_dim)
@@ -634,13 +685,16 @@ class LlamaRunner:
         # rotary tables for every position the cache can hold, computed in fp32 as transformers does, one per kind
         # of layer with its own (tables, cap, head_dim)
         pos = torch.arange(new_cap, device=self.device, dtype=torch.float32)
-        half = self.head_dim // 2
         cos32, sin32 = [], []
-        for inv_freq, scale in self._rotary:
-            freqs = torch.outer(pos, inv_freq)  # (cap, head_dim/2)
-            emb = torch.cat((freqs, freqs), dim=-1)  # (cap, head_dim)
-            cos32.append(emb.cos() * scale)
-            sin = emb.sin() * scale
+        half = self.rotary_dims // 2
+        for table in self._rotary:
+            freqs = torch.outer(pos, table.inv_freq.float().to(self.device))  # (cap, rotated/2)
+            if table.long_inv_freq is not None:
+                late = pos[table.long_from :]
+                freqs[table.long_from :] = torch.outer(late, table.long_inv_freq.float().to(self.device))
+            emb = torch.cat((freqs, freqs), dim=-1)  # (cap, rotated dims)
+            cos32.append(emb.cos() * table.scale)
+            sin = emb.sin() * table.scale
             # rotate_half(x) * sin == roll(x, half) * [-sin | sin] bit for bit, in two fewer operations
             sin32.append(torch.cat((-sin[:, :half], sin[:, half:]), dim=-1))
         self._cos = torch.stack(cos32).to(self.dtype)
@@ -908,7 +962,12 @@ class LlamaRunner:
             qk = qkv[: h + kv]
         if layer.rotary:  # rotary on queries and keys at once, with the table of the layer's kind
             cos, sin = cos[layer.rope_set], sin[layer.rope_set]
-            qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin
+            rd = self.rotary_dims
+            if rd == self.head_dim:
+                qk = qk * cos + qk.roll(rd // 2, -1) * sin
+            else:  # the first rd dimensions of each head rotate, the rest pass as they are (Phi-4-mini)
+                rot = qk[..., :rd]
+                qk = torch.cat((rot * cos + rot.roll(rd // 2, -1) * sin, qk[..., rd:]), dim=-1)
         return qk[:h], qk[h:], v
 
     def _attention(self, i: int, layer: _Layer, x, cos, sin, start: int, t: int, plan, run):

@@ -214,6 +214,34 @@ def test_a_gemma3_file_runs_its_blocks_through_the_compiled_step(tmp_path, strat
     assert_greedy_identity(target, None, strategy, {}, trials=3, longest_prompt=60, max_new_tokens=32)
 
 
+def test_a_phi3_file_is_read_as_llama_cpp_writes_it_and_runs_its_fused_blocks(tmp_path):
+    """Phi-3 as llama.cpp's converter lays it out (attn_qkv and ffn_up fused, the rotated dimensions, longrope's factors
+    as tensors, the window): read in fp32 from F32 tensors it gives the original model's logits (within the factors'
+    original window of 64, where transformers takes the short ones); in Q8_0 its fused blocks run through the compiled
+    step and speculation keeps plain decoding's answer past that window."""
+    from specula.engine.cpu import step
+
+    model = tiny_llama("phi3", layers=2, seed=8, vocab=4096, tied=False)
+    ours = _load(write_gguf(tmp_path / "p.gguf", model, "F32"), dtype="fp32")
+    rope = ours.model.config.rope_parameters
+    assert ours.model.config.model_type == "phi3" and rope["rope_type"] == "longrope"
+    assert rope["partial_rotary_factor"] == 0.75 and ours.model.config.sliding_window == 24 and ours.path == ""
+    assert torch.allclose(torch.tensor(rope["long_factor"]), torch.tensor(model.config.rope_parameters["long_factor"]))
+    ids = torch.randint(0, 4096, (60,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids[None]).logits[0].float()
+    got = ours.new_runner().forward(ids, last=60)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+    step.prepare(wait=True)
+    path = write_gguf(tmp_path / "q.gguf", model, "Q8_0")
+    target = load_model(ModelSpec(str(path), device="cpu", dtype="bf16", step="compiled"))
+    runner = target.new_runner()
+    runner.forward(torch.arange(5, 40))
+    runner.forward(torch.tensor([7]))
+    assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
+    assert_greedy_identity(target, None, "prompt-lookup", {}, trials=3, longest_prompt=90, max_new_tokens=32)
+
+
 def test_llama_3_rotary_factors_in_the_file_scale_the_frequencies(tmp_path):
     model = tiny_llama(seed=5)
     half = model.config.head_dim // 2

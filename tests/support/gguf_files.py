@@ -19,11 +19,14 @@ _K_BYTES = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q2_K": 
 def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layers: int = 2, vocab: int = 49152,
                tied: bool = True, seed: int = 0, bias: bool = False):
     """A random transformers model small enough to write in every format (inputs of 256: whole K-quant blocks).
-    "gemma3" (text): llama.cpp's layout of it, five local layers (a window of 16 positions) to one global."""
+    "gemma3" (text): llama.cpp's layout of it, five local layers (a window of 16 positions) to one global. "phi3":
+    fused q/k/v and gate/up, Phi-4-mini's rotary, a window of 24 positions."""
     from transformers import (
         Gemma3ForCausalLM,
         Gemma3TextConfig,
         LlamaConfig,
+        Phi3Config,
+        Phi3ForCausalLM,
         LlamaForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
@@ -32,8 +35,16 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
     )
 
     config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                             "qwen3": (Qwen3Config, Qwen3ForCausalLM), "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM)}[family]
+                             "qwen3": (Qwen3Config, Qwen3ForCausalLM), "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
+                             "phi3": (Phi3Config, Phi3ForCausalLM)}[family]
     extra = {"sliding_window": 16, "query_pre_attn_scalar": hidden // 4} if family == "gemma3" else {}
+    if family == "phi3":  # Phi-4-mini's rotary: over 3/4 of each head, longrope's factors (long ones past 64)
+        pairs = hidden // 4 * 3 // 8
+        gen = torch.Generator().manual_seed(seed + 1)
+        extra = {"sliding_window": 24, "original_max_position_embeddings": 64, "pad_token_id": 0,
+                 "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                                     "short_factor": (1 + torch.rand(pairs, generator=gen)).tolist(),
+                                     "long_factor": (1 + 4 * torch.rand(pairs, generator=gen)).tolist()}}
     config = config_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
                         tie_word_embeddings=tied, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, **extra)
@@ -104,7 +115,8 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
     for key, value in (("block_count", cfg.num_hidden_layers), ("context_length", cfg.max_position_embeddings),
                        ("embedding_length", cfg.hidden_size), ("feed_forward_length", cfg.intermediate_size),
                        ("attention.head_count", cfg.num_attention_heads),
-                       ("attention.head_count_kv", cfg.num_key_value_heads), ("rope.dimension_count", cfg.head_dim),
+                       ("attention.head_count_kv", cfg.num_key_value_heads),
+                       ("rope.dimension_count", cfg.head_dim * cfg.rope_parameters.get("partial_rotary_factor", 1.0)),
                        ("attention.key_length", cfg.head_dim), ("attention.value_length", cfg.head_dim),
                        ("vocab_size", cfg.vocab_size)):
         writer.add_uint32(f"{arch}.{key}", int(value))
@@ -130,6 +142,16 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
                    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
                    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}  # Qwen3's per-head norms
+    if arch == "phi3":  # q/k/v and gate/up stored fused, as transformers' Phi-3 holds them
+        layer_names.update({"self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
+                            "mlp.gate_up_proj": "ffn_up"})
+        rope = cfg.rope_parameters
+        if cfg.sliding_window:
+            writer.add_uint32("phi3.attention.sliding_window", int(cfg.sliding_window))
+        if rope.get("rope_type") == "longrope":
+            writer.add_uint32("phi3.rope.scaling.original_context_length", int(rope["original_max_position_embeddings"]))
+            extra = {**(extra or {}), "rope_factors_long.weight": rope["long_factor"],
+                     "rope_factors_short.weight": rope["short_factor"]}
     if gemma:  # four norms a layer: around attention and around the MLP
         layer_names.update({"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                             "post_feedforward_layernorm": "post_ffw_norm"})

@@ -10,9 +10,13 @@ from specula.engine.models.loading import LoadedModel
 def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "llama", max_pos: int = 512,
                head_dim: int = 16, window: int = 8):
     """A tiny random model of a family; "gemma3" (text): local layers of a `window` of positions, one global
-    layer in two, each kind with its rotary base, norms of 1 + w with random w."""
+    layer in two, each kind with its rotary base, norms of 1 + w with random w. "phi3": fused q/k/v and gate/up
+    weights, rotary over 3/4 of each head with longrope's factors (the long ones from position 64), every layer
+    attending over a `window` of positions."""
     from transformers import (
         Gemma3ForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
         Gemma3TextConfig,
         LlamaConfig,
         LlamaForCausalLM,
@@ -30,6 +34,7 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),  # every fourth layer without rotary
         "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
+        "phi3": (Phi3Config, Phi3ForCausalLM),
     }[family]
     extra = {}
     if family == "smollm3":  # token ids within a tiny vocabulary (SmolLM3's defaults point past it), as Llama's are
@@ -37,6 +42,14 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
     elif family == "gemma3":
         extra = {"sliding_window": window, "sliding_window_pattern": 2, "query_pre_attn_scalar": head_dim,
                  "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    elif family == "phi3":
+        pairs = head_dim * 3 // 8  # rotary over 3/4 of a head: this many frequencies
+        gen = torch.Generator().manual_seed(seed + 1)
+        extra = {"sliding_window": window, "original_max_position_embeddings": 64, "pad_token_id": 0,
+                 "bos_token_id": 1, "eos_token_id": 2,
+                 "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                                     "short_factor": (1 + torch.rand(pairs, generator=gen)).tolist(),
+                                     "long_factor": (1 + 4 * torch.rand(pairs, generator=gen)).tolist()}}
     config = config_cls(
         vocab_size=vocab,
         hidden_size=64,

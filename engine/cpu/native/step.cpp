@@ -300,15 +300,17 @@ void release(int64_t handle) {
 
 // qkv (T, (H + 2KV) * hd) -> queries (H, T, hd) fp32, rotated and scaled; keys rotated and values into the
 // fp32 cache at slots start..start+T-1. pos[r]: the rotary position of row r. `rotary` false: queries and keys as
-// they are (a layer without rotary), the same operations with cos 1 and sin 0.
+// they are (a layer without rotary), the same operations with cos 1 and sin 0. rd: the dimensions of a head that
+// rotate (the tables' width; hd, or fewer: the rest pass as they are, Phi-4-mini's).
 template <typename T>
 void rotate_and_store(const T* qkv, const float* cos, const float* sin, const int64_t* pos, float* q, float* kc, float* vc,
                       int64_t t, int64_t h, int64_t kv, int64_t hd, int64_t cap, int64_t start, float scale,
-                      bool rotary = true) {
-  int64_t half = hd / 2, width = (h + 2 * kv) * hd;
+                      bool rotary = true, int64_t rd = 0) {
+  if (rd <= 0) rd = hd;
+  int64_t half = rd / 2, width = (h + 2 * kv) * hd;
   for (int64_t r = 0; r < t; ++r) {
-    const float* c = cos + pos[r] * hd;
-    const float* s = sin + pos[r] * hd;  // sin with its first half negated: rotate_half folded in
+    const float* c = cos + pos[r] * rd;
+    const float* s = sin + pos[r] * rd;  // sin with its first half negated: rotate_half folded in
     const T* row = qkv + r * width;
     for (int64_t head = 0; head < h + kv; ++head) {
       const T* x = row + head * hd;
@@ -320,7 +322,8 @@ void rotate_and_store(const T* qkv, const float* cos, const float* sin, const in
       }
       // each half with its partner in the other (two loops without a modulo, so that they run in vectors)
       for (int64_t j = 0; j < half; ++j) out[j] = (f(x[j]) * c[j] + f(x[j + half]) * s[j]) * mul;
-      for (int64_t j = half; j < hd; ++j) out[j] = (f(x[j]) * c[j] + f(x[j - half]) * s[j]) * mul;
+      for (int64_t j = half; j < rd; ++j) out[j] = (f(x[j]) * c[j] + f(x[j - half]) * s[j]) * mul;
+      for (int64_t j = rd; j < hd; ++j) out[j] = f(x[j]) * mul;
     }
     for (int64_t head = 0; head < kv; ++head) {
       const T* x = row + (h + kv + head) * hd;
@@ -971,8 +974,9 @@ c10::BFloat16* narrow_copy(const c10::optional<Tensor>& v_narrow, const Tensor& 
 template <typename T>
 void store_and_attend(const T* qkv, const float* cos, const float* sin, const int64_t* pos, float* q, float* kc, float* kt,
                       float* vc, c10::BFloat16* vn, int64_t kt_from, const bool* ancestors, T* out, int64_t t, int64_t h,
-                      int64_t kv, int64_t hd, int64_t cap, int64_t start, float scale, bool rotary, int64_t window) {
-  rotate_and_store(qkv, cos, sin, pos, q, kc, vc, t, h, kv, hd, cap, start, scale, rotary);
+                      int64_t kv, int64_t hd, int64_t cap, int64_t start, float scale, bool rotary, int64_t window,
+                      int64_t rd) {
+  rotate_and_store(qkv, cos, sin, pos, q, kc, vc, t, h, kv, hd, cap, start, scale, rotary, rd);
   transpose_keys(kc, kt, kv, hd, cap, kt_from, start + t);
   if (vn) narrow_values(vc, vn, kv, hd, cap, kt_from, start + t);
   if (vn && t == 1)
@@ -1058,6 +1062,9 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
   TORCH_CHECK(start + t <= cap, "the cache holds ", cap, " positions");
   TORCH_CHECK(cap % KB == 0 && kt_cache.is_contiguous() && kt_cache.numel() == k_cache.numel(), "a transposed key cache");
   TORCH_CHECK(0 <= kt_from && kt_from <= start, "kt_from within the cache");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous() && sin.sizes() == cos.sizes() &&
+                  cos.size(-1) <= hd && cos.size(-1) % 2 == 0,
+              "fp32 rotary tables ([tables,] positions, rotated dimensions)");
   TORCH_CHECK(!aux || (aux->dim() == 3 && aux->size(0) == t && aux->size(1) == static_cast<int64_t>(aux_layers.size()) &&
                        aux->size(2) == x.size(1) && aux->scalar_type() == x.scalar_type()),
               "aux: (rows, layers kept, hidden) in x's dtype");
@@ -1079,7 +1086,7 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
                        k_cache.data_ptr<float>() + layer_off, kt_cache.data_ptr<float>() + layer_off,
                        v_cache.data_ptr<float>() + layer_off, narrow ? narrow + layer_off : nullptr, kt_from,
                        anc.defined() ? anc.data_ptr<bool>() : nullptr, attn.data_ptr<scalar_t>(), t, h, kv, hd, cap, start,
-                       static_cast<float>(m->scale), layer.rotary, layer.window);
+                       static_cast<float>(m->scale), layer.rotary, layer.window, cos.size(-1));
       finish_layer<scalar_t>(x, attn, scratch, layer, *m);
     }
   });
@@ -1116,7 +1123,8 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
     if (!v_narrow.empty()) narrow[b] = narrow_copy(v_narrow[b], v_caches[b], x);
     TORCH_CHECK(k.size(2) % KB == 0 && kt_caches[b].is_contiguous() && kt_caches[b].numel() == k.numel(), "a transposed key cache");
     TORCH_CHECK(0 <= kt_from[b] && kt_from[b] <= starts[b] && starts[b] < k.size(2), "row ", b, ": its start within its cache");
-    TORCH_CHECK(cos[b].is_contiguous() && sin[b].is_contiguous() && cos[b].size(-2) > starts[b] && cos[b].size(-1) == hd &&
+    TORCH_CHECK(cos[b].is_contiguous() && sin[b].is_contiguous() && cos[b].size(-2) > starts[b] && cos[b].size(-1) <= hd &&
+                    cos[b].size(-1) % 2 == 0 &&
                     sin[b].sizes() == cos[b].sizes() && cos[b].scalar_type() == at::kFloat && sin[b].scalar_type() == at::kFloat,
                 "fp32 rotary tables covering each row's position");
   }
@@ -1140,7 +1148,7 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
                            kt_caches[b].data_ptr<float>() + layer_off, v_caches[b].data_ptr<float>() + layer_off,
                            narrow[b] ? narrow[b] + layer_off : nullptr, kt_from[b], nullptr,
                            attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start, static_cast<float>(m->scale),
-                           layer.rotary, layer.window);
+                           layer.rotary, layer.window, cos[b].size(-1));
         }
       });
       finish_layer<scalar_t>(x, attn, scratch, layer, *m);
