@@ -1,4 +1,4 @@
-"""Build a randomly initialised model folder (Llama, Qwen3, Gemma 3) of a realistic size, for timing.
+"""Build a randomly initialised model folder (Llama, Qwen3, Gemma 3, Phi-4-mini) of a realistic size, for timing.
 
 usage: python scripts/random_model.py PRESET OUT_DIR [--dtype bf16|fp16|fp32] [--device cpu|cuda] [--seed N]
        python scripts/random_model.py --list
@@ -39,19 +39,31 @@ PRESETS = {
     "llama-8b": (4096, 14336, 32, 32, 8, 128, False, 500000.0, "Llama 3.1 8B"),
     "qwen3-1.7b": (2048, 6144, 28, 16, 8, 128, True, 1000000.0, "Qwen3-1.7B"),
     "gemma3-1b": (1152, 6912, 26, 4, 1, 256, True, 1000000.0, "Gemma 3 1B"),
+    "phi4-mini": (3072, 8192, 32, 24, 8, 128, True, 10000.0, "Phi-4-mini"),
 }
 # the presets of another family than Llama: Qwen3 (per-head q/k norms), Gemma 3 (its norms, GELU-tanh, five local
 # layers of a 512-position window with a base of 10,000 to one global layer)
-FAMILIES = {"qwen3-1.7b": "qwen3", "gemma3-1b": "gemma3"}
+# Phi-4-mini (Phi-3's layers: fused q/k/v and gate/up, rotary over 3/4 of each head, longrope's factors)
+FAMILIES = {"qwen3-1.7b": "qwen3", "gemma3-1b": "gemma3", "phi4-mini": "phi3"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
 
 
 def llama_config(preset: str):
-    from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
+    from transformers import Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen3Config
 
     hidden, inter, layers, heads, kv, head_dim, tied, theta, _ = PRESETS[preset]
+    if FAMILIES.get(preset) == "phi3":
+        pairs = head_dim * 3 // 8  # longrope's factors, one per rotated pair (their values do not change a step's cost)
+        return Phi3Config(
+            vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+            num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=tied,
+            max_position_embeddings=CONTEXT, original_max_position_embeddings=4096, rms_norm_eps=1e-5,
+            sliding_window=None, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+            rope_parameters={"rope_type": "longrope", "rope_theta": theta, "partial_rotary_factor": 0.75,
+                             "short_factor": [1.0] * pairs, "long_factor": [1.0 + i / 4 for i in range(pairs)]},
+        )
     if FAMILIES.get(preset) == "gemma3":
         return Gemma3TextConfig(
             vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
@@ -99,6 +111,9 @@ def build(preset: str, out: Path, dtype: torch.dtype, device: str, seed: int) ->
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)  # safetensors
     write_tokenizer(out)
+    if FAMILIES.get(preset) == "phi3":  # as Phi-4's own folder names it: llama.cpp's converter reads it as GPT-2's BPE
+        settings = out / "tokenizer_config.json"
+        settings.write_text(json.dumps({**json.loads(settings.read_text()), "tokenizer_class": "GPT2Tokenizer"}, indent=2))
     like = PRESETS[preset][-1]
     (out / "random_model.json").write_text(json.dumps(
         {"preset": preset, "shaped_like": like, "seed": seed, "parameters": n_params,
