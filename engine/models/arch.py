@@ -1,10 +1,11 @@
 """A model's architecture as data: what its decoder computes, read from its transformers config.
 
 `describe(config)` gives an `Architecture`; `Architecture.gaps` names what of it Specula's own forward
-(`llama.py`: RMS norms before attention and the MLP, SiLU-gated MLP, rotary (or none, per layer), full
-attention, optional q/k/v biases and per-head q/k norms) does not compute, in a user's words. A model with
-no gaps runs the lean forward and the compiled step; one with gaps runs transformers' forward, and the
-load's one line (`LoadedModel.path`) says which of them sent it there.
+(`llama.py`: RMS norms before attention and the MLP, and Gemma 3's four of its own kind; a SiLU- or GELU-tanh-gated
+MLP; rotary over all or part of each head, or none, per layer, with its kind of layer's table; full or sliding-window
+attention; optional q/k/v biases and per-head q/k norms; fused or separate projections) does not compute, in a
+user's words. A model with no gaps runs the lean forward and the compiled step; one with gaps runs transformers'
+forward, and the load's one line (`LoadedModel.path`) says which of them sent it there.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # the families Specula's own forward runs (llama.LLAMA_FAMILY): the Llama layer, and Gemma 3's (text)
-LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3_text", "phi3"})
+LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "gemma3_text", "phi3"})
 GELU_TANH = frozenset({"gelu_pytorch_tanh", "gelu_new"})  # GELU by its tanh approximation
 _ACTIVATIONS = {"gelu_pytorch_tanh": "GELU-tanh", "gelu_new": "GELU-tanh", "gelu": "GELU", "relu": "ReLU"}
 
@@ -52,7 +53,7 @@ class Architecture:
             (self.sandwich_norms and not gemma3, "norms after attention and the MLP"),
             (self.embedding_scale and not gemma3, "scaled embeddings"),
             (self.soft_capping, "soft-capped logits"),
-            (self.sliding_layers and not gemma3, "sliding-window layers"),
+            (self.sliding_layers and self.model_type not in LEAN_TYPES, "sliding-window layers"),
             (self.partial_rotary and not phi3, "rotary over part of each head"),
             (self.multipliers, "residual and logit multipliers"),
             (self.fused_weights and not phi3, "fused q/k/v and gate/up weights"),
@@ -88,9 +89,8 @@ def describe(config) -> Architecture:
     layer_types = get("layer_types") or ()
     sliding = sum(1 for kind in layer_types if kind == "sliding_attention")
     window = get("sliding_window")
-    if not sliding and window and (get("use_sliding_window") or model_type == "mistral"):
-        # Mistral's window applies to every layer: the lean forward caps the context at it instead (exact there)
-        sliding = 0 if model_type == "mistral" else int(get("num_hidden_layers") or 0)
+    if not sliding and window and (get("use_sliding_window") or model_type in ("mistral", "phi3")):
+        sliding = int(get("num_hidden_layers") or 0)  # one window over every layer
     no_rope = get("no_rope_layers") or ()
     partial = float(get("partial_rotary_factor", 1.0) or 1.0) < 1.0 or float(get("rotary_pct", 1.0) or 1.0) < 1.0
     return Architecture(

@@ -1,4 +1,5 @@
-"""A lean forward for the Llama family (Llama, Qwen2/3, Mistral, SmolLM) over a static KV cache.
+"""A lean forward for the Llama family and its relatives (Llama, Qwen2/3, Mistral, Ministral, SmolLM2/3, Gemma 3,
+Phi-3/4-mini: arch.LEAN_TYPES) over a static KV cache.
 
 It reuses the loaded transformers modules' weights (projections, norms, MLP) and replaces what costs on
 the hot path: the q/k/v and gate/up projections run as one product each (the modules' parameters become
@@ -45,6 +46,8 @@ from .static import BUCKETS, FLOOR, StepGraphs, StepInputs, bucket, static_conte
 log = logging.getLogger(__name__)
 
 LLAMA_FAMILY = set(LEAN_TYPES)
+# families whose every layer attends over the config's sliding window (transformers passes it to each layer's mask)
+WINDOW_EVERYWHERE = frozenset({"mistral", "phi3"})
 _GROW = 256  # cache capacity grows in steps of this many positions
 _BLOCK = 32  # CPU attention reads keys in whole blocks of this many positions, the rest masked
 _MIN_ROWS = 4  # fewer query rows than this take another matrix kernel on the CPU, so pad up to it
@@ -140,12 +143,8 @@ def _rotary_tables(model: torch.nn.Module) -> list[RotaryTable]:
 
 
 def context_window(config) -> int:
-    window = int(getattr(config, "max_position_embeddings", 2048) or 2048)
-    sliding = getattr(config, "sliding_window", None)
-    uses_sliding = config.model_type == "mistral" or getattr(config, "use_sliding_window", False)
-    if sliding and uses_sliding:
-        window = min(window, int(sliding))  # within the window, full attention is exact
-    return window
+    """The positions a model reads: its own limit (a sliding window is kept per layer, not a limit)."""
+    return int(getattr(config, "max_position_embeddings", 2048) or 2048)
 
 
 def _fuse_rows(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -277,10 +276,12 @@ class _Layer:
         self.k_norm = _norm_of(attn.k_norm, offset) if getattr(attn, "k_norm", None) is not None else None
         # a sliding-window layer sees the last `window` positions up to its own (0: all); its rotary is that of its
         # kind of layer (Gemma 3's local and global layers have their own bases): an index into rope_kinds(config)
-        if hasattr(attn, "is_sliding"):
-            self.window = int(getattr(attn, "sliding_window", None) or 0) if attn.is_sliding else 0
-        else:  # Phi-3: every layer attends over the config's window
-            self.window = int(getattr(arch_config, "sliding_window", None) or 0) if arch.model_type == "phi3" else 0
+        if hasattr(attn, "sliding_window"):  # a layer's own (Gemma 3, Ministral, Qwen2/3: None where it sees all)
+            self.window = int(attn.sliding_window or 0)
+        elif arch.model_type in WINDOW_EVERYWHERE:
+            self.window = int(getattr(arch_config, "sliding_window", None) or 0)
+        else:
+            self.window = 0
         self.rope_set = rope_kinds.index(getattr(attn, "layer_type", None)) if getattr(attn, "layer_type", None) in rope_kinds else 0
         # to see the model's weights replaced (a copy, .to(dtype or device)) after the products were built
         self._watch = tuple((p, p.data_ptr()) for p in _watched(layer))

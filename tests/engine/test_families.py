@@ -122,7 +122,7 @@ def test_the_load_says_which_path_a_family_takes_and_why():
 
 
 @pytest.mark.parametrize("model_type,gaps", [
-    ("llama", ()), ("qwen2", ()), ("qwen3", ()), ("mistral", ()),
+    ("llama", ()), ("qwen2", ()), ("qwen3", ()), ("mistral", ()), ("ministral", ()),
     ("mixtral", ("a mixture of experts (8 a layer)",)),
     ("qwen3_moe", ("a mixture of experts (128 a layer)",)),
     ("smollm3", ()),  # its layers without rotary: the lean forward skips rotary there

@@ -12,14 +12,19 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
     """A tiny random model of a family; "gemma3" (text): local layers of a `window` of positions, one global
     layer in two, each kind with its rotary base, norms of 1 + w with random w. "phi3": fused q/k/v and gate/up
     weights, rotary over 3/4 of each head with longrope's factors (the long ones from position 64), every layer
-    attending over a `window` of positions."""
+    attending over a `window` of positions. "mistral": one window over every layer; "ministral": windowed and full
+    layers in turn."""
     from transformers import (
         Gemma3ForCausalLM,
-        Phi3Config,
-        Phi3ForCausalLM,
         Gemma3TextConfig,
         LlamaConfig,
         LlamaForCausalLM,
+        MinistralConfig,
+        MinistralForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
         Qwen3Config,
@@ -35,6 +40,8 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
         "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),  # every fourth layer without rotary
         "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
         "phi3": (Phi3Config, Phi3ForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),  # one window over every layer
+        "ministral": (MinistralConfig, MinistralForCausalLM),  # windowed and full layers in turn
     }[family]
     extra = {}
     if family == "smollm3":  # token ids within a tiny vocabulary (SmolLM3's defaults point past it), as Llama's are
@@ -42,6 +49,11 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
     elif family == "gemma3":
         extra = {"sliding_window": window, "sliding_window_pattern": 2, "query_pre_attn_scalar": head_dim,
                  "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    elif family == "mistral":
+        extra = {"sliding_window": window}
+    elif family == "ministral":
+        extra = {"sliding_window": window, "layer_types": ["sliding_attention", "full_attention"] * (layers // 2)
+                 + ["sliding_attention"] * (layers % 2)}
     elif family == "phi3":
         pairs = head_dim * 3 // 8  # rotary over 3/4 of a head: this many frequencies
         gen = torch.Generator().manual_seed(seed + 1)
