@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # the families Specula's own forward runs (llama.LLAMA_FAMILY): the Llama layer, and Gemma 3's (text)
-LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "gemma3_text", "phi3"})
+LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "gemma3_text", "phi3", "granite"})
 GELU_TANH = frozenset({"gelu_pytorch_tanh", "gelu_new"})  # GELU by its tanh approximation
 _ACTIVATIONS = {"gelu_pytorch_tanh": "GELU-tanh", "gelu_new": "GELU-tanh", "gelu": "GELU", "relu": "ReLU"}
 
@@ -51,11 +51,11 @@ class Architecture:
              f"a {_ACTIVATIONS.get(self.activation, self.activation)} MLP"),
             (self.norm_offset and not gemma3, f"norms scaled by {self.norm_offset:g} + w"),
             (self.sandwich_norms and not gemma3, "norms after attention and the MLP"),
-            (self.embedding_scale and not gemma3, "scaled embeddings"),
+            (self.embedding_scale and not gemma3 and self.model_type != "granite", "scaled embeddings"),
             (self.soft_capping, "soft-capped logits"),
             (self.sliding_layers and self.model_type not in LEAN_TYPES, "sliding-window layers"),
             (self.partial_rotary and not phi3, "rotary over part of each head"),
-            (self.multipliers, "residual and logit multipliers"),
+            (self.multipliers and self.model_type != "granite", "residual and logit multipliers"),
             (self.fused_weights and not phi3, "fused q/k/v and gate/up weights"),
             (self.head_norms and self.model_type not in LEAN_TYPES, "per-head q/k norms of this family"),
         )

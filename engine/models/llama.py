@@ -426,7 +426,7 @@ class _StepHandle:
                                   layers[0].inter, min_rows, float(layers[0].in_norm.eps), float(scale),
                                   [i for i, layer in enumerate(layers) if not layer.rotary],
                                   [layer.window for layer in layers], [layer.rope_set for layer in layers],
-                                  layers[0].in_norm.wide, layers[0].gelu)
+                                  layers[0].in_norm.wide, layers[0].gelu, _multipliers(cfg).residual)
 
     def __del__(self) -> None:
         try:
@@ -506,8 +506,39 @@ def _rms_norm(x: torch.Tensor, norm: Norm) -> torch.Tensor:
 def _layer(runner, i: int, layer: _Layer, x: torch.Tensor, cos, sin, start: int, t: int, plans, run) -> torch.Tensor:
     """One decoder layer of the eager lean forward over rows x (T, D)."""
     attn = runner._attention(i, layer, _rms_norm(x, layer.in_norm), cos, sin, start, t, plans[layer.window], run)
-    x = x + (attn if layer.attn_out_norm is None else _rms_norm(attn, layer.attn_out_norm))
-    return x + _mlp(layer, _rms_norm(x, layer.post_norm), run)
+    x = x + _residual(runner, attn if layer.attn_out_norm is None else _rms_norm(attn, layer.attn_out_norm))
+    return x + _residual(runner, _mlp(layer, _rms_norm(x, layer.post_norm), run))
+
+
+def _residual(runner, y: torch.Tensor) -> torch.Tensor:
+    """A layer's attention or MLP output as it is added to the residual stream (Granite's multiplier; most: as it is)."""
+    m = runner.multipliers.residual
+    return y if m == 1.0 else y * m
+
+
+@dataclass(frozen=True)
+class Multipliers:
+    """Granite's: the embeddings', each output's before the residual add, and the logits' divisor."""
+
+    embedding: float = 1.0
+    residual: float = 1.0
+    logits: float = 1.0
+
+
+def _multipliers(config) -> Multipliers:
+    get = lambda name: float(getattr(config, name, 1.0) or 1.0)  # noqa: E731
+    return Multipliers(get("embedding_multiplier"), get("residual_multiplier"), get("logits_scaling"))
+
+
+class _Multiplied(torch.nn.Module):
+    """An embedding whose rows are multiplied by a number, in the model's dtype (Granite's embedding multiplier)."""
+
+    def __init__(self, embed: torch.nn.Module, multiplier: float) -> None:
+        super().__init__()
+        self.embed, self.multiplier = embed, multiplier
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(ids) * self.multiplier
 
 
 class LlamaRunner:
@@ -525,7 +556,12 @@ class LlamaRunner:
         self._fast: _StepHandle | None = None
         layers, self.lm_head = _fused_layers(model, native)
         self.layers = layers[: n_layers or cfg.num_hidden_layers]
+        # Granite's multipliers (1 elsewhere): of the embeddings, of each layer's attention and MLP outputs before they
+        # are added, and the logits' divisor
+        self.multipliers = _multipliers(cfg)
         self.embed = model.model.embed_tokens
+        if self.multipliers.embedding != 1.0:
+            self.embed = _Multiplied(self.embed, self.multipliers.embedding)
         self.norm = _norm_of(model.model.norm, describe(cfg).norm_offset)
         self.vocab_size = out_features(model.lm_head)
         # static (models/static.py, a GPU's step): the cache is allocated once for `max_len` positions (and a
@@ -584,6 +620,10 @@ class LlamaRunner:
                 self.graphs = StepGraphs(self._static_step, self._idle_inputs, self._buffers,
                                          tuple(b for b in BUCKETS if b >= floor) or BUCKETS[-1:], self.device)
                 self.graphs.start()
+
+    def _scaled(self, logits: torch.Tensor) -> torch.Tensor:
+        """fp32 logits divided by the model's logits scaling (Granite's; most have none)."""
+        return logits if self.multipliers.logits == 1.0 else logits / self.multipliers.logits
 
     @property
     def exact_trees(self) -> bool:
@@ -751,7 +791,7 @@ class LlamaRunner:
             x = _layer(self, i, layer, x, cos, sin, start, t, plans, run)
         self._length = end
         self._feat[start:end] = x
-        return run(self.lm_head, _rms_norm(x[-last:], self.norm)).float()  # (last, V)
+        return self._scaled(run(self.lm_head, _rms_norm(x[-last:], self.norm)).float())  # (last, V)
 
     def _forward_compiled(self, tokens: torch.Tensor, last: int, tree: TokenTree | None, start: int, t: int):
         """The layer loop in one call of the compiled step (a prompt of several tokens stays eager, one causal
@@ -772,7 +812,7 @@ class LlamaRunner:
         self._kt_len = end
         self._feat[start:end] = x
         h = fast.ops.rms_norm(x[-last:], self.norm.weight, self.norm.eps, self.norm.wide)
-        return in_rows(self.lm_head if fast.lm_head is None else fast.lm_head, h).float()
+        return self._scaled(in_rows(self.lm_head if fast.lm_head is None else fast.lm_head, h).float())
 
     def _forward_in_chunks(self, tokens: torch.Tensor, last: int, start: int) -> torch.Tensor:
         """A long pass (a prompt) through the compiled step as passes of STEP_CHUNK rows, one after the other:
@@ -832,10 +872,10 @@ class LlamaRunner:
             out = F.scaled_dot_product_attention(q.reshape(kv, self.groups * rows, hd), self._k[i], self._v[i],
                                                  attn_mask=masks[layer.window], scale=self.scale).view(h, rows, hd)
             out = layer.o_proj(out.transpose(0, 1).reshape(rows, -1))
-            x = x + (out if layer.attn_out_norm is None else _rms_norm(out, layer.attn_out_norm))
-            x = x + _mlp(layer, _rms_norm(x, layer.post_norm), _call)
+            x = x + _residual(self, out if layer.attn_out_norm is None else _rms_norm(out, layer.attn_out_norm))
+            x = x + _residual(self, _mlp(layer, _rms_norm(x, layer.post_norm), _call))
         self._feat.index_copy_(0, inp.slots, x)
-        return self.lm_head(_rms_norm(x, self.norm)).float()
+        return self._scaled(self.lm_head(_rms_norm(x, self.norm)).float())
 
     def _idle_inputs(self, rows: int) -> StepInputs:
         """A step of padding rows only (they write the scratch slot): what graphs are captured on."""
@@ -1051,4 +1091,4 @@ def step_rows(runners: list[LlamaRunner], tokens: torch.Tensor) -> torch.Tensor:
         r._length += 1
         r._kt_len = r._length
     h = fast.ops.rms_norm(x, first.norm.weight, first.norm.eps, first.norm.wide)
-    return in_rows(first.lm_head if fast.lm_head is None else fast.lm_head, h).float()
+    return first._scaled(in_rows(first.lm_head if fast.lm_head is None else fast.lm_head, h).float())

@@ -13,10 +13,12 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
     layer in two, each kind with its rotary base, norms of 1 + w with random w. "phi3": fused q/k/v and gate/up
     weights, rotary over 3/4 of each head with longrope's factors (the long ones from position 64), every layer
     attending over a `window` of positions. "mistral": one window over every layer; "ministral": windowed and full
-    layers in turn."""
+    layers in turn. "granite": its multipliers."""
     from transformers import (
         Gemma3ForCausalLM,
         Gemma3TextConfig,
+        GraniteConfig,
+        GraniteForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
         MinistralConfig,
@@ -42,6 +44,7 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
         "phi3": (Phi3Config, Phi3ForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),  # one window over every layer
         "ministral": (MinistralConfig, MinistralForCausalLM),  # windowed and full layers in turn
+        "granite": (GraniteConfig, GraniteForCausalLM),  # multipliers of embeddings, outputs, attention, logits
     }[family]
     extra = {}
     if family == "smollm3":  # token ids within a tiny vocabulary (SmolLM3's defaults point past it), as Llama's are
@@ -49,6 +52,9 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
     elif family == "gemma3":
         extra = {"sliding_window": window, "sliding_window_pattern": 2, "query_pre_attn_scalar": head_dim,
                  "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    elif family == "granite":
+        extra = {"embedding_multiplier": 6.0, "residual_multiplier": 0.22, "attention_multiplier": 0.2,
+                 "logits_scaling": 4.0}
     elif family == "mistral":
         extra = {"sliding_window": window}
     elif family == "ministral":

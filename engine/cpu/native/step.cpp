@@ -241,6 +241,7 @@ struct Model {
   double eps, scale;
   bool wide_norms = false;  // Gemma's norms: fp32 weights, the rows scaled before rounding (rms_rows_wide)
   bool gelu = false;  // the MLP's gate through GELU (tanh), not SiLU
+  double residual = 1.0;  // each attention and MLP output times this before it is added (Granite's multiplier)
 };
 
 // A norm tensor given as empty: the layer has none
@@ -256,8 +257,9 @@ std::deque<Model> registry;  // a deque: entries stay where they are as others a
 int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::vector<c10::optional<Tensor>>& bias,
                 const std::vector<int64_t>& kinds, const std::vector<Tensor>& norms, int64_t n_heads, int64_t n_kv,
                 int64_t head_dim, int64_t inter, const std::vector<int64_t>& min_rows, double eps, double scale,
-                at::IntArrayRef no_rotary, at::IntArrayRef windows, at::IntArrayRef rope_sets, bool wide_norms, bool gelu) {
-  Model m{{}, n_heads, n_kv, head_dim, inter, eps, scale, wide_norms, gelu};
+                at::IntArrayRef no_rotary, at::IntArrayRef windows, at::IntArrayRef rope_sets, bool wide_norms, bool gelu,
+                double residual) {
+  Model m{{}, n_heads, n_kv, head_dim, inter, eps, scale, wide_norms, gelu, residual};
   const size_t n_layers = kinds.size() / 4;
   TORCH_CHECK(kinds.size() % 4 == 0 && n_layers > 0 && norms.size() % n_layers == 0, "4 products per layer");
   const size_t per = norms.size() / n_layers;
@@ -1017,13 +1019,20 @@ struct Scratch {
   Tensor normed, qkv, y, gate_up, act, out_normed;
 };
 
-// x += y row by row, each element as ATen's add_ computes it (in T's op-math type, rounded once to T)
+// x += y row by row, each element as ATen's add_ computes it (in T's op-math type, rounded once to T); with a
+// multiplier m != 1, x += y * m as ATen computes the two (y * m rounded to T first: Granite's residual multiplier)
 template <typename T>
-void add_rows(Tensor& x, const Tensor& y_in) {
+void add_rows(Tensor& x, const Tensor& y_in, double m = 1.0) {
   using M = at::opmath_type<T>;
   const Tensor y = y_in.contiguous();
   T* xp = x.data_ptr<T>();
   const T* yp = y.data_ptr<T>();
+  if (m != 1.0) {
+    const M mm = static_cast<M>(m);
+    for (int64_t i = 0, n = x.numel(); i < n; ++i)
+      xp[i] = static_cast<T>(static_cast<M>(xp[i]) + static_cast<M>(static_cast<T>(static_cast<M>(yp[i]) * mm)));
+    return;
+  }
   for (int64_t i = 0, n = x.numel(); i < n; ++i) xp[i] = static_cast<T>(static_cast<M>(xp[i]) + static_cast<M>(yp[i]));
 }
 
@@ -1037,12 +1046,12 @@ const Tensor& out_norm(const Tensor& y, const Tensor& norm, Scratch& s, const Mo
 // output normed first where the layer norms it).
 template <typename T>
 void finish_layer(Tensor& x, const Tensor& attn, Scratch& s, const Layer& layer, const Model& m) {
-  add_rows<T>(x, out_norm<T>(layer.o.into<T>(attn, s.y), layer.attn_out_norm, s, m));
+  add_rows<T>(x, out_norm<T>(layer.o.into<T>(attn, s.y), layer.attn_out_norm, s, m), m.residual);
   Tensor gu = layer.gate_up.into<T>(rms_into<T>(x, layer.post_norm, m.eps, s.normed, m.wide_norms), s.gate_up).contiguous();
   if (!s.act.defined() || s.act.size(0) != x.size(0)) s.act = at::empty({x.size(0), m.inter}, x.options());
   if (m.gelu) gelu_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter);
   else silu_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter);
-  add_rows<T>(x, out_norm<T>(layer.down.into<T>(s.act, s.y), layer.mlp_out_norm, s, m));
+  add_rows<T>(x, out_norm<T>(layer.down.into<T>(s.act, s.y), layer.mlp_out_norm, s, m), m.residual);
 }
 
 // x (T, D) after the embedding -> x after `n_layers` layers; the caches get the new keys and values.
@@ -1213,7 +1222,7 @@ Tensor head_layer(int64_t handle, const Tensor& h_in, const c10::optional<Tensor
 TORCH_LIBRARY(specula_step, lib) {
   lib.def("prepare(Tensor[] a, Tensor[] b, Tensor?[] bias, int[] kinds, Tensor[] norms, int n_heads, int n_kv, "
           "int head_dim, int inter, int[] min_rows, float eps, float scale, int[] no_rotary=[], int[] windows=[], "
-          "int[] rope_sets=[], bool wide_norms=False, bool gelu=False) -> int", &prepare);
+          "int[] rope_sets=[], bool wide_norms=False, bool gelu=False, float residual=1.0) -> int", &prepare);
   lib.def("forward(int handle, Tensor x, Tensor k_cache, Tensor v_cache, Tensor kt_cache, int kt_from, Tensor cos, "
           "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers, Tensor? aux=None, int[] aux_layers=[], "
           "Tensor? v_narrow=None) -> Tensor",
