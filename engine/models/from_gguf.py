@@ -27,7 +27,7 @@ from ..api.memory import available_memory, gigabytes, needed_for
 from ..cpu import step as cpu_step
 from ..cpu.products import BLOCK_FORMATS, Blocks
 from .arch import embedding_scale
-from .gguf import LM_HEAD, FileEmbedding, FileHead, GGUFFile, NativeWeights, config_from, llama_row_order, tokenizer_from
+from .gguf import LM_HEAD, PERMUTED_QK, FileEmbedding, FileHead, GGUFFile, NativeWeights, config_from, llama_row_order, tokenizer_from
 from .llama import LLAMA_FAMILY, build_products
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,9 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
     """Every tensor of the file into `model` (see the module's text); the file's blocks natively where `ops`."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-    processor = TENSOR_PROCESSORS.get(file.architecture, TensorProcessor)(config=config.to_dict())
+    # Granite's q/k rows are permuted as Llama's are (llama.cpp's converter writes it as a Llama model)
+    kind = "llama" if file.architecture in PERMUTED_QK else file.architecture
+    processor = TENSOR_PROCESSORS.get(kind, TensorProcessor)(config=config.to_dict())
     mapping = _names(file, model, config)
     if not set(file.tensors) <= set(mapping) | _IN_CONFIG:  # transformers' fuller map (MoE experts, ...)
         try:
@@ -199,7 +201,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
             _check_shape(model, hf, entry.shape, entry.name)
         if blocks_ok and attr == "weight" and (module == LM_HEAD or module.endswith(_PROJECTIONS)):
             order = None
-            if file.architecture == "llama" and module.endswith(("q_proj", "k_proj")):
+            if file.architecture in PERMUTED_QK and module.endswith(("q_proj", "k_proj")):
                 order = llama_row_order(entry.shape[0], n_head if module.endswith("q_proj") else n_kv)
             native.tensors[module] = file.blocks(entry.name, order)
             placed.add(hf)
@@ -216,7 +218,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
                 placed.add("lm_head.weight")
             continue
         as_is = file.view(entry.name, dtype) if native is not None and device.type == "cpu" else None
-        if as_is is not None and not (file.architecture == "llama" and module.endswith(("q_proj", "k_proj"))) and not (
+        if as_is is not None and not (file.architecture in PERMUTED_QK and module.endswith(("q_proj", "k_proj"))) and not (
                 _OFFSET_NORMS.get(file.architecture) and hf.endswith("norm.weight")):
             _set(model, hf, as_is, entry.name)  # the file's own bf16 (or fp32) values where it keeps them: no copy
             placed.add(hf)

@@ -235,13 +235,25 @@ def out_features(module: nn.Module) -> int:
     return module.out_features if hasattr(module, "out_features") else module.weight.shape[0]
 
 
+# llama.cpp architectures whose q/k rows its converter permutes as it does Llama's
+PERMUTED_QK = frozenset({"llama", "granite"})
+# GGUF keys of architectures transformers' table leaves out: Granite is Llama's with its four multipliers
+_CONFIG_KEYS = {"granite": {
+    "context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size", "rope.freq_base": "rope_theta",
+    "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size",
+    "embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
+    "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"}}
+
+
 def config_from(file: GGUFFile):
     """The transformers config the file's metadata describes (transformers' own table of GGUF keys)."""
     from transformers import AutoConfig
     from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
 
     arch, model_type = file.architecture, file.model_type
-    table = GGUF_CONFIG_MAPPING.get(model_type) or GGUF_CONFIG_MAPPING.get(arch)
+    table = GGUF_CONFIG_MAPPING.get(model_type) or GGUF_CONFIG_MAPPING.get(arch) or _CONFIG_KEYS.get(arch)
     if not arch or table is None:
         known = ", ".join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ("general", "tokenizer")))
         raise UnsupportedModelError(f"{file.path.name}: architecture '{arch or 'none given'}' is not one Specula "

@@ -242,6 +242,32 @@ def test_a_phi3_file_is_read_as_llama_cpp_writes_it_and_runs_its_fused_blocks(tm
     assert_greedy_identity(target, None, "prompt-lookup", {}, trials=3, longest_prompt=90, max_new_tokens=32)
 
 
+def test_a_granite_file_is_read_with_its_multipliers_and_its_q_k_rows_put_back(tmp_path):
+    """Granite as llama.cpp writes it (a Llama layout, q/k rows permuted, its four multipliers in the metadata, which
+    transformers' table does not read): its config, its logits in fp32 from F32 tensors, and its blocks in Q8_0 through
+    the compiled step, speculation keeping plain decoding's answer."""
+    from specula.engine.cpu import step
+
+    model = tiny_llama("granite", layers=2, seed=9, vocab=4096, tied=True)
+    ours = _load(write_gguf(tmp_path / "g.gguf", model, "F32"), dtype="fp32")
+    cfg = ours.model.config
+    assert cfg.model_type == "granite" and ours.path == ""
+    assert (cfg.embedding_multiplier, cfg.residual_multiplier, cfg.logits_scaling) == (12.0, pytest.approx(0.22), 8.0)
+    ids = torch.randint(0, 4096, (40,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids[None]).logits[0].float()
+    got = ours.new_runner().forward(ids, last=40)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+    step.prepare(wait=True)
+    target = load_model(ModelSpec(str(write_gguf(tmp_path / "q.gguf", model, "Q8_0")), device="cpu", dtype="bf16",
+                                  step="compiled"))
+    runner = target.new_runner()
+    runner.forward(torch.arange(5, 40))
+    runner.forward(torch.tensor([7]))
+    assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
+    assert_greedy_identity(target, None, "prompt-lookup", {}, trials=3, longest_prompt=60, max_new_tokens=32)
+
+
 def test_llama_3_rotary_factors_in_the_file_scale_the_frequencies(tmp_path):
     model = tiny_llama(seed=5)
     half = model.config.head_dim // 2

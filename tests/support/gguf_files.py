@@ -24,10 +24,12 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
     from transformers import (
         Gemma3ForCausalLM,
         Gemma3TextConfig,
+        GraniteConfig,
+        GraniteForCausalLM,
         LlamaConfig,
+        LlamaForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
-        LlamaForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
         Qwen3Config,
@@ -36,8 +38,11 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
 
     config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                              "qwen3": (Qwen3Config, Qwen3ForCausalLM), "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
-                             "phi3": (Phi3Config, Phi3ForCausalLM)}[family]
+                             "phi3": (Phi3Config, Phi3ForCausalLM), "granite": (GraniteConfig, GraniteForCausalLM)}[family]
     extra = {"sliding_window": 16, "query_pre_attn_scalar": hidden // 4} if family == "gemma3" else {}
+    if family == "granite":
+        extra = {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0156,
+                 "logits_scaling": 8.0}
     if family == "phi3":  # Phi-4-mini's rotary: over 3/4 of each head, longrope's factors (long ones past 64)
         pairs = hidden // 4 * 3 // 8
         gen = torch.Generator().manual_seed(seed + 1)
@@ -142,6 +147,10 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
                    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
                    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}  # Qwen3's per-head norms
+    if arch == "granite":  # its four multipliers
+        for key, name in (("embedding_scale", "embedding_multiplier"), ("residual_scale", "residual_multiplier"),
+                          ("attention.scale", "attention_multiplier"), ("logit_scale", "logits_scaling")):
+            writer.add_float32(f"granite.{key}", float(getattr(cfg, name)))
     if arch == "phi3":  # q/k/v and gate/up stored fused, as transformers' Phi-3 holds them
         layer_names.update({"self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
                             "mlp.gate_up_proj": "ffn_up"})
@@ -164,7 +173,7 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
         if hf not in state or name in drop or (hf == "lm_head.weight" and cfg.tie_word_embeddings):
             continue
         value = state[hf].detach().float()
-        if arch == "llama" and role in ("attn_q", "attn_k"):
+        if arch in ("llama", "granite") and role in ("attn_q", "attn_k"):
             value = _llama_permute(value, cfg.num_attention_heads if role == "attn_q" else cfg.num_key_value_heads)
         if value.ndim == 1:
             if gemma and hf.endswith("norm.weight"):  # llama.cpp's converter stores Gemma's 1 + w
