@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # the families Specula's own forward runs (llama.LLAMA_FAMILY): the Llama layer, and Gemma 3's (text)
-LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "gemma3_text", "phi3", "granite"})
+LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "gemma3_text", "phi3", "granite",
+                        "olmo2"})
 GELU_TANH = frozenset({"gelu_pytorch_tanh", "gelu_new"})  # GELU by its tanh approximation
 _ACTIVATIONS = {"gelu_pytorch_tanh": "GELU-tanh", "gelu_new": "GELU-tanh", "gelu": "GELU", "relu": "ReLU"}
 
@@ -50,7 +51,7 @@ class Architecture:
             (self.activation not in ("silu", "swish", *GELU_TANH),
              f"a {_ACTIVATIONS.get(self.activation, self.activation)} MLP"),
             (self.norm_offset and not gemma3, f"norms scaled by {self.norm_offset:g} + w"),
-            (self.sandwich_norms and not gemma3, "norms after attention and the MLP"),
+            (self.sandwich_norms and self.model_type not in LEAN_TYPES, "norms after attention and the MLP"),
             (self.embedding_scale and not gemma3 and self.model_type != "granite", "scaled embeddings"),
             (self.soft_capping, "soft-capped logits"),
             (self.sliding_layers and self.model_type not in LEAN_TYPES, "sliding-window layers"),

@@ -46,6 +46,7 @@ from .static import BUCKETS, FLOOR, StepGraphs, StepInputs, bucket, static_conte
 log = logging.getLogger(__name__)
 
 LLAMA_FAMILY = set(LEAN_TYPES)
+WIDE_NORMS = frozenset({"olmo2"})  # families whose norms scale the fp32 rows by w before rounding (besides Gemma's)
 # families whose every layer attends over the config's sliding window (transformers passes it to each layer's mask)
 WINDOW_EVERYWHERE = frozenset({"mistral", "phi3"})
 _GROW = 256  # cache capacity grows in steps of this many positions
@@ -80,7 +81,7 @@ def supports(model: torch.nn.Module) -> bool:
     gate_up = ("gate_up_proj",) if hasattr(mlp, "gate_up_proj") else ("gate_proj", "up_proj")
     parts = [(attn, (*qkv, "o_proj")),
              (mlp, (*gate_up, "down_proj")),
-             (layer.input_layernorm, ("weight",)),
+             (getattr(layer, "input_layernorm", None) or getattr(layer, "post_feedforward_layernorm", None), ("weight",)),
              (model.model.norm, ("weight",))]
     activation = hasattr(mlp, "act_fn") or hasattr(mlp, "activation_fn")
     return activation and all(hasattr(module, name) for module, names in parts for name in names)
@@ -173,13 +174,24 @@ class Norm(NamedTuple):
     wide: bool = False
 
 
-def _norm_of(module: torch.nn.Module, offset: float = 0.0) -> Norm:
-    """A transformers RMS norm module as a Norm; `offset` (Gemma's 1) is added to its weight in fp32."""
+def _norm_of(module: torch.nn.Module, offset: float = 0.0, wide: bool = False) -> Norm:
+    """A transformers RMS norm module as a Norm; `offset` (Gemma's 1) is added to its weight in fp32; `wide`: the
+    weight scales the fp32 rows before they are rounded (Gemma's and OLMo 2's kind)."""
     weight = module.weight.detach()
     eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
-    if offset:
+    if offset or wide:
         return Norm((weight.float() + offset).contiguous(), eps, True)
     return Norm(weight, eps)
+
+
+def _wide_norms(arch) -> bool:
+    """Whether the model's norms scale in fp32 before rounding (Gemma's 1 + w, OLMo 2's w)."""
+    return bool(arch.norm_offset) or arch.model_type in WIDE_NORMS
+
+
+def _first_norm(layer) -> Norm:
+    """A layer's first norm (they share their epsilon and kind)."""
+    return next(n for n in (layer.in_norm, layer.post_norm, layer.attn_out_norm, layer.mlp_out_norm) if n is not None)
 
 
 def _head_norms_fit(layers: list[_Layer]) -> bool:
@@ -187,7 +199,7 @@ def _head_norms_fit(layers: list[_Layer]) -> bool:
     epsilon of the layers' own."""
     return all(
         layer.q_norm is not None and layer.k_norm is not None
-        and layer.q_norm.eps == layer.in_norm.eps == layer.k_norm.eps and layer.q_norm.wide == layer.in_norm.wide
+        and layer.q_norm.eps == _first_norm(layer).eps == layer.k_norm.eps and layer.q_norm.wide == _first_norm(layer).wide
         for layer in layers
     )
 
@@ -261,19 +273,29 @@ class _Layer:
         self.inter = sum(m.weight.shape[0] for m in gate_up) // 2
         self.act = mlp.act_fn if hasattr(mlp, "act_fn") else mlp.activation_fn  # Phi-3 names it so
         self.gelu = arch.activation in GELU_TANH  # the gate's activation: GELU with tanh (Gemma), else SiLU
-        offset = arch.norm_offset
-        self.in_norm = _norm_of(layer.input_layernorm, offset)
+        offset, wide = arch.norm_offset, _wide_norms(arch)
+        # the norms of a layer's inputs (None: the input as it is, OLMo 2's) and of its outputs (None: none)
+        self.in_norm: Norm | None = None
+        self.post_norm: Norm | None = None  # the MLP's input
+        self.attn_out_norm: Norm | None = None
+        self.mlp_out_norm: Norm | None = None
         if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma's four norms: around attention and around the MLP
-            self.post_norm = _norm_of(layer.pre_feedforward_layernorm, offset)  # the MLP's input
-            self.attn_out_norm: Norm | None = _norm_of(layer.post_attention_layernorm, offset)
-            self.mlp_out_norm: Norm | None = _norm_of(layer.post_feedforward_layernorm, offset)
+            self.in_norm = _norm_of(layer.input_layernorm, offset, wide)
+            self.post_norm = _norm_of(layer.pre_feedforward_layernorm, offset, wide)
+            self.attn_out_norm = _norm_of(layer.post_attention_layernorm, offset, wide)
+            self.mlp_out_norm = _norm_of(layer.post_feedforward_layernorm, offset, wide)
+        elif not hasattr(layer, "input_layernorm"):  # OLMo 2: the outputs normed, not the inputs
+            self.attn_out_norm = _norm_of(layer.post_attention_layernorm, offset, wide)
+            self.mlp_out_norm = _norm_of(layer.post_feedforward_layernorm, offset, wide)
         else:
-            self.post_norm = _norm_of(layer.post_attention_layernorm, offset)
-            self.attn_out_norm = self.mlp_out_norm = None
+            self.in_norm = _norm_of(layer.input_layernorm, offset, wide)
+            self.post_norm = _norm_of(layer.post_attention_layernorm, offset, wide)
         self.rotary = bool(getattr(attn, "use_rope", True))  # SmolLM3's layers without rotary
-        # each query and key head normed before rotary (Qwen3, Gemma 3)
-        self.q_norm = _norm_of(attn.q_norm, offset) if getattr(attn, "q_norm", None) is not None else None
-        self.k_norm = _norm_of(attn.k_norm, offset) if getattr(attn, "k_norm", None) is not None else None
+        # each query and key head normed before rotary (Qwen3, Gemma 3), or all query heads together and all key heads
+        # together (OLMo 2: norms as wide as the projections, `whole_qk_norms`)
+        self.q_norm = _norm_of(attn.q_norm, offset, wide) if getattr(attn, "q_norm", None) is not None else None
+        self.k_norm = _norm_of(attn.k_norm, offset, wide) if getattr(attn, "k_norm", None) is not None else None
+        self.whole_qk_norms = self.q_norm is not None and self.q_norm.weight.numel() != attn.head_dim
         # a sliding-window layer sees the last `window` positions up to its own (0: all); its rotary is that of its
         # kind of layer (Gemma 3's local and global layers have their own bases): an index into rope_kinds(config)
         if hasattr(attn, "sliding_window"):  # a layer's own (Gemma 3, Ministral, Qwen2/3: None where it sees all)
@@ -403,7 +425,7 @@ class _StepHandle:
                     a.append(p.weight), b.append(empty)
                 bias.append(p.bias)
                 min_rows.append(p.stable_rows)
-            norms += [layer.in_norm.weight, layer.post_norm.weight]
+            norms += [n.weight if n is not None else empty for n in (layer.in_norm, layer.post_norm)]
             if per >= 4:  # Qwen3, Gemma 3: each query and key head normed before rotary
                 norms += [n.weight if n is not None else empty for n in (layer.q_norm, layer.k_norm)]
             if per == 6:  # Gemma: the attention's and the MLP's outputs normed
@@ -423,10 +445,10 @@ class _StepHandle:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.handle = ops.prepare(a, b, bias, [cpu_step.PRODUCT_KINDS[k] for k in names], norms, cfg.num_attention_heads,
                                   getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, head_dim,
-                                  layers[0].inter, min_rows, float(layers[0].in_norm.eps), float(scale),
+                                  layers[0].inter, min_rows, float(_first_norm(layers[0]).eps), float(scale),
                                   [i for i, layer in enumerate(layers) if not layer.rotary],
                                   [layer.window for layer in layers], [layer.rope_set for layer in layers],
-                                  layers[0].in_norm.wide, layers[0].gelu, _multipliers(cfg).residual)
+                                  _first_norm(layers[0]).wide, layers[0].gelu, _multipliers(cfg).residual)
 
     def __del__(self) -> None:
         try:
@@ -496,8 +518,10 @@ def _mlp(layer, h: torch.Tensor, run) -> torch.Tensor:
     return out if layer.mlp_out_norm is None else _rms_norm(out, layer.mlp_out_norm)
 
 
-def _rms_norm(x: torch.Tensor, norm: Norm) -> torch.Tensor:
-    """transformers' RMSNorm: normalise in fp32, cast back, scale (Gemma's: scale in fp32, then cast back)."""
+def _rms_norm(x: torch.Tensor, norm: Norm | None) -> torch.Tensor:
+    """transformers' RMSNorm: normalise in fp32, cast back, scale (Gemma's: scale in fp32, then cast back); None: x."""
+    if norm is None:
+        return x
     if norm.wide:
         return (F.rms_norm(x.float(), (x.shape[-1],), eps=norm.eps) * norm.weight).to(x.dtype)
     return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.eps).to(x.dtype)
@@ -562,7 +586,7 @@ class LlamaRunner:
         self.embed = model.model.embed_tokens
         if self.multipliers.embedding != 1.0:
             self.embed = _Multiplied(self.embed, self.multipliers.embedding)
-        self.norm = _norm_of(model.model.norm, describe(cfg).norm_offset)
+        self.norm = _norm_of(model.model.norm, describe(cfg).norm_offset, _wide_norms(describe(cfg)))
         self.vocab_size = out_features(model.lm_head)
         # static (models/static.py, a GPU's step): the cache is allocated once for `max_len` positions (and a
         # scratch slot) and every step after the prefill runs in a bucket of fixed shape, at least `floor`
@@ -995,9 +1019,13 @@ class LlamaRunner:
         """Normed rows (T, D) -> queries (H, T, hd), keys and values (KV, T, hd), rotary applied."""
         t = x.shape[0]
         h, kv, hd = self.n_heads, self.n_kv, self.head_dim
-        qkv = run(layer.qkv, x).view(t, h + 2 * kv, hd).transpose(0, 1)  # (H+2KV, T, hd)
+        flat = run(layer.qkv, x)
+        if layer.whole_qk_norms:  # OLMo 2: all query heads normed together, and all key heads
+            flat = torch.cat((_rms_norm(flat[:, : h * hd], layer.q_norm), _rms_norm(flat[:, h * hd : (h + kv) * hd], layer.k_norm),
+                              flat[:, (h + kv) * hd :]), dim=1)
+        qkv = flat.view(t, h + 2 * kv, hd).transpose(0, 1)  # (H+2KV, T, hd)
         v = qkv[h + kv :]  # (KV, T, hd)
-        if layer.q_norm is not None:
+        if layer.q_norm is not None and not layer.whole_qk_norms:
             qk = torch.cat((_rms_norm(qkv[:h], layer.q_norm), _rms_norm(qkv[h : h + kv], layer.k_norm)))
         else:
             qk = qkv[: h + kv]

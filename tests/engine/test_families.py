@@ -128,6 +128,7 @@ def test_the_load_says_which_path_a_family_takes_and_why():
     ("smollm3", ()),  # its layers without rotary: the lean forward skips rotary there
     ("phi3", ()),  # its fused weights, part of each head rotating (Phi-4-mini), longrope
     ("granite", ()),  # its multipliers
+    ("olmo2", ()),  # its norms after attention and the MLP only, q/k norms over all heads
     ("gemma2", ("norms scaled by 1 + w", "norms after attention and the MLP", "scaled embeddings",
                 "soft-capped logits", "sliding-window layers")),
     ("gemma3_text", ()),  # its offset norms, four a layer, scaled embeddings, GELU-tanh, local and global layers

@@ -13,7 +13,8 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
     layer in two, each kind with its rotary base, norms of 1 + w with random w. "phi3": fused q/k/v and gate/up
     weights, rotary over 3/4 of each head with longrope's factors (the long ones from position 64), every layer
     attending over a `window` of positions. "mistral": one window over every layer; "ministral": windowed and full
-    layers in turn. "granite": its multipliers."""
+    layers in turn. "granite": its multipliers. "olmo2": its norms after attention and the MLP, q/k norms over all
+    heads."""
     from transformers import (
         Gemma3ForCausalLM,
         Gemma3TextConfig,
@@ -25,6 +26,8 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
         MinistralForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        Olmo2Config,
+        Olmo2ForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen2Config,
@@ -45,6 +48,7 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
         "mistral": (MistralConfig, MistralForCausalLM),  # one window over every layer
         "ministral": (MinistralConfig, MinistralForCausalLM),  # windowed and full layers in turn
         "granite": (GraniteConfig, GraniteForCausalLM),  # multipliers of embeddings, outputs, attention, logits
+        "olmo2": (Olmo2Config, Olmo2ForCausalLM),  # norms of the outputs only, q/k norms over all heads
     }[family]
     extra = {}
     if family == "smollm3":  # token ids within a tiny vocabulary (SmolLM3's defaults point past it), as Llama's are
@@ -55,6 +59,8 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
     elif family == "granite":
         extra = {"embedding_multiplier": 6.0, "residual_multiplier": 0.22, "attention_multiplier": 0.2,
                  "logits_scaling": 4.0}
+    elif family == "olmo2":
+        extra = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
     elif family == "mistral":
         extra = {"sliding_window": window}
     elif family == "ministral":
@@ -91,6 +97,8 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
                 p.copy_((0 if family == "gemma3" else 1) + 0.5 * torch.randn(p.shape, generator=gen))
             elif family == "gemma3" and name.endswith("norm.weight"):  # Gemma's 1 + w, w not the zeros it starts as
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+            elif family == "olmo2" and name.endswith("norm.weight"):  # norms other than the ones they start as
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
     return model
 
 

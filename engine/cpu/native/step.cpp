@@ -273,12 +273,14 @@ int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, cons
       p[i] = Product{kinds[4 * l + i], a[4 * l + i], b[4 * l + i], bias[4 * l + i], min_rows[4 * l + i]};
       p[i].read_tables();
     }
-    Layer layer{p[0], p[1], p[2], p[3], norms[per * l], norms[per * l + 1], Tensor(), Tensor(), Tensor(), Tensor()};
+    Layer layer{p[0], p[1], p[2], p[3], optional_norm(norms[per * l]), optional_norm(norms[per * l + 1]), Tensor(), Tensor(),
+                Tensor(), Tensor()};
     if (per >= 4) {
       layer.q_norm = optional_norm(norms[per * l + 2]), layer.k_norm = optional_norm(norms[per * l + 3]);
       TORCH_CHECK(layer.q_norm.defined() == layer.k_norm.defined(), "per-head norms of both queries and keys, or of neither");
-      TORCH_CHECK(!layer.q_norm.defined() || (layer.q_norm.numel() == head_dim && layer.k_norm.numel() == head_dim),
-                  "per-head norms of ", head_dim);
+      TORCH_CHECK(!layer.q_norm.defined() || (layer.q_norm.numel() == head_dim && layer.k_norm.numel() == head_dim) ||
+                      (layer.q_norm.numel() == n_heads * head_dim && layer.k_norm.numel() == n_kv * head_dim),
+                  "q/k norms per head of ", head_dim, " or over all heads");
     }
     if (per == 6) layer.attn_out_norm = optional_norm(norms[per * l + 4]), layer.mlp_out_norm = optional_norm(norms[per * l + 5]);
     for (const Tensor* w : {&layer.in_norm, &layer.post_norm, &layer.q_norm, &layer.k_norm, &layer.attn_out_norm, &layer.mlp_out_norm})
@@ -1001,14 +1003,17 @@ void head_norms(Tensor& qkv, const Layer& layer, const Model& m) {
   const int64_t h = m.n_heads, kv = m.n_kv, hd = m.head_dim, t = qkv.size(0), width = qkv.size(1);
   T* base = qkv.data_ptr<T>();
   const float eps = static_cast<float>(m.eps);
+  // a norm as wide as the heads together (OLMo 2) takes all query heads as one row, and all key heads as one
+  const bool whole = layer.q_norm.numel() != hd;
+  const int64_t qn = whole ? 1 : h, qd = whole ? h * hd : hd, kn = whole ? 1 : kv, kd = whole ? kv * hd : hd;
   for (int64_t r = 0; r < t; ++r) {
     T* row = base + r * width;
     if (m.wide_norms) {
-      rms_rows_wide<T>(row, layer.q_norm.data_ptr<float>(), row, h, hd, eps);
-      rms_rows_wide<T>(row + h * hd, layer.k_norm.data_ptr<float>(), row + h * hd, kv, hd, eps);
+      rms_rows_wide<T>(row, layer.q_norm.data_ptr<float>(), row, qn, qd, eps);
+      rms_rows_wide<T>(row + h * hd, layer.k_norm.data_ptr<float>(), row + h * hd, kn, kd, eps);
     } else {
-      rms_rows<T>(row, layer.q_norm.data_ptr<T>(), row, h, hd, eps);
-      rms_rows<T>(row + h * hd, layer.k_norm.data_ptr<T>(), row + h * hd, kv, hd, eps);
+      rms_rows<T>(row, layer.q_norm.data_ptr<T>(), row, qn, qd, eps);
+      rms_rows<T>(row + h * hd, layer.k_norm.data_ptr<T>(), row + h * hd, kn, kd, eps);
     }
   }
 }
@@ -1036,6 +1041,12 @@ void add_rows(Tensor& x, const Tensor& y_in, double m = 1.0) {
   for (int64_t i = 0, n = x.numel(); i < n; ++i) xp[i] = static_cast<T>(static_cast<M>(xp[i]) + static_cast<M>(yp[i]));
 }
 
+// x normed by a layer's input norm, or x itself where the layer has none (OLMo 2)
+template <typename T>
+const Tensor& in_normed(const Tensor& x, const Tensor& norm, Tensor& out, const Model& m) {
+  return norm.defined() ? rms_into<T>(x, norm, m.eps, out, m.wide_norms) : x;
+}
+
 // y, or y normed where the layer norms its attention's or MLP's output (`norm` defined: Gemma)
 template <typename T>
 const Tensor& out_norm(const Tensor& y, const Tensor& norm, Scratch& s, const Model& m) {
@@ -1047,7 +1058,7 @@ const Tensor& out_norm(const Tensor& y, const Tensor& norm, Scratch& s, const Mo
 template <typename T>
 void finish_layer(Tensor& x, const Tensor& attn, Scratch& s, const Layer& layer, const Model& m) {
   add_rows<T>(x, out_norm<T>(layer.o.into<T>(attn, s.y), layer.attn_out_norm, s, m), m.residual);
-  Tensor gu = layer.gate_up.into<T>(rms_into<T>(x, layer.post_norm, m.eps, s.normed, m.wide_norms), s.gate_up).contiguous();
+  Tensor gu = layer.gate_up.into<T>(in_normed<T>(x, layer.post_norm, s.normed, m), s.gate_up).contiguous();
   if (!s.act.defined() || s.act.size(0) != x.size(0)) s.act = at::empty({x.size(0), m.inter}, x.options());
   if (m.gelu) gelu_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter);
   else silu_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter);
@@ -1088,8 +1099,7 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
       for (size_t j = 0; aux && j < aux_layers.size(); ++j)  // the hidden states entering the layers kept (EAGLE-3)
         if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
       int64_t layer_off = l * kv * cap * hd;
-      Tensor qkv = layer.qkv.into<scalar_t>(rms_into<scalar_t>(x, layer.in_norm, m->eps, scratch.normed, m->wide_norms),
-                                            scratch.qkv).contiguous();
+      Tensor qkv = layer.qkv.into<scalar_t>(in_normed<scalar_t>(x, layer.in_norm, scratch.normed, *m), scratch.qkv).contiguous();
       head_norms<scalar_t>(qkv, layer, *m);
       store_and_attend(qkv.data_ptr<scalar_t>(), rope_table(cos, layer), rope_table(sin, layer), p, q.data_ptr<float>(),
                        k_cache.data_ptr<float>() + layer_off, kt_cache.data_ptr<float>() + layer_off,
@@ -1145,8 +1155,7 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
       const Layer& layer = m->layers[l];
       for (size_t j = 0; aux && j < aux_layers.size(); ++j)  // the hidden states entering the layers kept (EAGLE-3)
         if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
-      Tensor qkv = layer.qkv.into<scalar_t>(rms_into<scalar_t>(x, layer.in_norm, m->eps, scratch.normed, m->wide_norms),
-                                            scratch.qkv).contiguous();
+      Tensor qkv = layer.qkv.into<scalar_t>(in_normed<scalar_t>(x, layer.in_norm, scratch.normed, *m), scratch.qkv).contiguous();
       head_norms<scalar_t>(qkv, layer, *m);
       // a thread takes whole rows (attend's own split over heads runs inline inside this one)
       at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
