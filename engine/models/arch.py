@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 # the families Specula's own forward runs (llama.LLAMA_FAMILY): the Llama layer, and Gemma 3's (text)
 LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "gemma3_text", "phi3", "granite",
-                        "olmo2"})
+                        "olmo2", "gemma2"})
 GELU_TANH = frozenset({"gelu_pytorch_tanh", "gelu_new"})  # GELU by its tanh approximation
 _ACTIVATIONS = {"gelu_pytorch_tanh": "GELU-tanh", "gelu_new": "GELU-tanh", "gelu": "GELU", "relu": "ReLU"}
 
@@ -44,7 +44,7 @@ class Architecture:
         """What of this architecture Specula's own forward does not compute (empty: it runs it). Gemma 3's offset
         norms, four norms a layer, scaled embeddings (its embedding module scales them) and sliding-window layers
         (each with its kind's rotary) it does, for that family."""
-        gemma3, phi3 = self.model_type == "gemma3_text", self.model_type == "phi3"
+        gemma3, phi3 = self.model_type in ("gemma3_text", "gemma2"), self.model_type == "phi3"
         found = (
             (self.experts, f"a mixture of experts ({self.experts} a layer)"),
             (self.vision, "a vision tower"),
@@ -53,7 +53,7 @@ class Architecture:
             (self.norm_offset and not gemma3, f"norms scaled by {self.norm_offset:g} + w"),
             (self.sandwich_norms and self.model_type not in LEAN_TYPES, "norms after attention and the MLP"),
             (self.embedding_scale and not gemma3 and self.model_type != "granite", "scaled embeddings"),
-            (self.soft_capping, "soft-capped logits"),
+            (self.soft_capping and self.model_type != "gemma2", "soft-capped logits"),
             (self.sliding_layers and self.model_type not in LEAN_TYPES, "sliding-window layers"),
             (self.partial_rotary and not phi3, "rotary over part of each head"),
             (self.multipliers and self.model_type != "granite", "residual and logit multipliers"),
@@ -93,7 +93,9 @@ def describe(config) -> Architecture:
     if not sliding and window and (get("use_sliding_window") or model_type in ("mistral", "phi3")):
         sliding = int(get("num_hidden_layers") or 0)  # one window over every layer
     no_rope = get("no_rope_layers") or ()
-    partial = float(get("partial_rotary_factor", 1.0) or 1.0) < 1.0 or float(get("rotary_pct", 1.0) or 1.0) < 1.0
+    rope = get("rope_parameters") or {}
+    factor = rope.get("partial_rotary_factor", get("partial_rotary_factor", 1.0)) if isinstance(rope, dict) else 1.0
+    partial = float(factor or 1.0) < 1.0 or float(get("rotary_pct", 1.0) or 1.0) < 1.0
     return Architecture(
         model_type=model_type,
         activation=str(act),

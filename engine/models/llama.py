@@ -448,7 +448,8 @@ class _StepHandle:
                                   layers[0].inter, min_rows, float(_first_norm(layers[0]).eps), float(scale),
                                   [i for i, layer in enumerate(layers) if not layer.rotary],
                                   [layer.window for layer in layers], [layer.rope_set for layer in layers],
-                                  _first_norm(layers[0]).wide, layers[0].gelu, _multipliers(cfg).residual)
+                                  _first_norm(layers[0]).wide, layers[0].gelu, _multipliers(cfg).residual,
+                                  float(getattr(cfg, "attn_logit_softcapping", None) or 0.0))
 
     def __del__(self) -> None:
         try:
@@ -534,6 +535,21 @@ def _layer(runner, i: int, layer: _Layer, x: torch.Tensor, cos, sin, start: int,
     return x + _residual(runner, _mlp(layer, _rms_norm(x, layer.post_norm), run))
 
 
+def _cap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """Soft-capping: cap * tanh(x / cap)."""
+    return torch.tanh(x / cap) * cap
+
+
+def _capped_attention(q, k, v, allowed: torch.Tensor, scale: float, cap: float) -> torch.Tensor:
+    """Attention with soft-capped scores in fp32: queries (H, T, hd) over keys and values (KV, N, hd), row r seeing
+    the keys `allowed` (T, N) gives -> (H, T, hd) in q's dtype."""
+    groups = q.shape[0] // k.shape[0]
+    k, v = k.float().repeat_interleave(groups, 0), v.float().repeat_interleave(groups, 0)
+    scores = _cap(torch.matmul(q.float(), k.transpose(1, 2)) * scale, cap)
+    scores = scores.masked_fill(~allowed[None], float("-inf"))
+    return torch.matmul(scores.softmax(-1), v).to(q.dtype)
+
+
 def _residual(runner, y: torch.Tensor) -> torch.Tensor:
     """A layer's attention or MLP output as it is added to the residual stream (Granite's multiplier; most: as it is)."""
     m = runner.multipliers.residual
@@ -583,6 +599,9 @@ class LlamaRunner:
         # Granite's multipliers (1 elsewhere): of the embeddings, of each layer's attention and MLP outputs before they
         # are added, and the logits' divisor
         self.multipliers = _multipliers(cfg)
+        # Gemma 2's soft-capping of attention scores and of the final logits (0: none)
+        self.softcap = float(getattr(cfg, "attn_logit_softcapping", None) or 0.0)
+        self.final_softcap = float(getattr(cfg, "final_logit_softcapping", None) or 0.0)
         self.embed = model.model.embed_tokens
         if self.multipliers.embedding != 1.0:
             self.embed = _Multiplied(self.embed, self.multipliers.embedding)
@@ -646,8 +665,10 @@ class LlamaRunner:
                 self.graphs.start()
 
     def _scaled(self, logits: torch.Tensor) -> torch.Tensor:
-        """fp32 logits divided by the model's logits scaling (Granite's; most have none)."""
-        return logits if self.multipliers.logits == 1.0 else logits / self.multipliers.logits
+        """fp32 logits divided by the model's logits scaling (Granite's), or soft-capped (Gemma 2's); most: as they are."""
+        if self.multipliers.logits != 1.0:
+            logits = logits / self.multipliers.logits
+        return _cap(logits, self.final_softcap) if self.final_softcap else logits
 
     @property
     def exact_trees(self) -> bool:
@@ -893,8 +914,11 @@ class LlamaRunner:
             q, k, v = self._project(layer, _rms_norm(x, layer.in_norm), cos, sin, _call)
             self._k[i].index_copy_(1, inp.slots, k)
             self._v[i].index_copy_(1, inp.slots, v)
-            out = F.scaled_dot_product_attention(q.reshape(kv, self.groups * rows, hd), self._k[i], self._v[i],
-                                                 attn_mask=masks[layer.window], scale=self.scale).view(h, rows, hd)
+            if self.softcap:
+                out = _capped_attention(q, self._k[i], self._v[i], masks[layer.window][:rows], self.scale, self.softcap)
+            else:
+                out = F.scaled_dot_product_attention(q.reshape(kv, self.groups * rows, hd), self._k[i], self._v[i],
+                                                     attn_mask=masks[layer.window], scale=self.scale).view(h, rows, hd)
             out = layer.o_proj(out.transpose(0, 1).reshape(rows, -1))
             x = x + _residual(self, out if layer.attn_out_norm is None else _rms_norm(out, layer.attn_out_norm))
             x = x + _residual(self, _mlp(layer, _rms_norm(x, layer.post_norm), _call))
@@ -1045,6 +1069,14 @@ class LlamaRunner:
         q, k, v = self._project(layer, x, cos, sin, run)
         self._k[i, :, start:end] = k
         self._v[i, :, start:end] = v
+        if self.softcap and not isinstance(plan, BlockedPlan):  # Gemma 2's capped scores: no fused kernel has them
+            if plan is None or isinstance(plan, PrefillPlan):
+                allowed = torch.ones(t, t, dtype=torch.bool, device=q.device).tril() if plan is None else plan.mask
+                out = _capped_attention(q, k, v, allowed, self.scale, self.softcap)
+            else:
+                allowed = torch.ones(t, end, dtype=torch.bool, device=q.device) if plan.mask is None else plan.mask[:t]
+                out = _capped_attention(q, self._k[i, :, :end], self._v[i, :, :end], allowed, self.scale, self.softcap)
+            return run(layer.o_proj, out.transpose(0, 1).reshape(t, -1))
         if plan is None:  # prefill: plain causal attention, the fused kernel applies
             out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=self.scale, enable_gqa=True)
             return run(layer.o_proj, out[0].transpose(0, 1).reshape(t, -1))
@@ -1073,7 +1105,10 @@ class LlamaRunner:
         q = (q.float() * self.scale).reshape(self.n_kv, rows, self.head_dim)
         if mask.shape[0] > rows:
             q = torch.cat([q, q[:, :1].expand(-1, mask.shape[0] - rows, -1)], dim=1)
-        scores = torch.baddbmm(mask, q, self._k[i, :, :n_keys].transpose(1, 2))  # (KV, rows', n_keys)
+        if self.softcap:  # Gemma 2: each score capped, cap * tanh(score / cap), before the mask
+            scores = _cap(torch.bmm(q, self._k[i, :, :n_keys].transpose(1, 2)), self.softcap) + mask
+        else:
+            scores = torch.baddbmm(mask, q, self._k[i, :, :n_keys].transpose(1, 2))  # (KV, rows', n_keys)
         out = torch.bmm(scores.softmax(-1), self._v[i, :, :n_keys])[:, :rows]  # (KV, rows, hd)
         return out.to(self.dtype).reshape(self.n_heads, tg, self.head_dim)
 

@@ -21,7 +21,7 @@ def _with_step(model: LoadedModel, step: str = "compiled") -> LoadedModel:
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "smollm3", "gemma3", "phi3", "mistral", "ministral", "granite",
-                                    "olmo2"])
+                                    "olmo2", "gemma2"])
 @pytest.mark.parametrize("step", ["compiled", "eager"])
 def test_the_lean_forward_is_the_models_forward_in_fp32(ops, family, step):
     """The compiled step and the eager lean forward against transformers' own forward in fp32: norms (Qwen3's
@@ -111,14 +111,14 @@ def test_the_activation_in_vectors_gives_every_element_the_bits_of_the_loop(ops,
                                     ("smollm3 native", 40), ("gemma3 bf16", 40), ("gemma3 native", 301),
                                     ("gemma3 fp32", 5), ("gemma3 native, heads of 256", 301), ("phi3 bf16", 40),
                                     ("phi3 native", 301), ("ministral native", 301), ("granite bf16", 40),
-                                    ("olmo2 native", 40)])
+                                    ("olmo2 native", 40), ("gemma2 native", 301)])
 def test_a_position_gets_the_same_bits_alone_in_a_pass_and_in_a_tree(ops, form, c):
     """c: the context before the pass; 301 spans several blocks of keys scored together and several chunks of
     values summed together, with an odd number of keys before the pass's rows (the sums take keys by rank).
     Heads of 64 dimensions (the bundled model's) are summed in several slices by the AVX2 path. Gemma 3's local
     layers see 8 positions: past the window a row's keys are gathered as a tree row's; from c = 5 a pass's rows
     straddle the window's first cut."""
-    family = form.split()[0] if form.startswith(("qwen3", "smollm3", "gemma3", "phi3", "ministral", "granite", "olmo2")) else "llama"
+    family = form.split()[0] if form.startswith(("qwen3", "smollm3", "gemma3", "phi3", "ministral", "granite", "olmo2", "gemma2")) else "llama"
     model = tiny_model(vocab=64, layers=4 if family == "smollm3" else 3, seed=6, family=family,
                        head_dim=64 if "64" in form else 256 if "256" in form else 16)
     form = form.removeprefix(f"{family} ")
@@ -308,7 +308,8 @@ def test_greedy_speculation_through_the_compiled_step_is_plain_decoding(ops, str
 
 @pytest.mark.parametrize("family,strategy", [("qwen3", "prompt-lookup"), ("qwen3", "eagle"), ("smollm3", "prompt-lookup"),
                                              ("gemma3", "prompt-lookup"), ("gemma3", "eagle"), ("phi3", "prompt-lookup"),
-                                             ("granite", "prompt-lookup"), ("olmo2", "prompt-lookup")])
+                                             ("granite", "prompt-lookup"), ("olmo2", "prompt-lookup"),
+                                             ("gemma2", "prompt-lookup")])
 def test_qwen3_smollm3_and_gemma3_run_through_the_compiled_step_and_speculation_is_plain_decoding(ops, family, strategy,
                                                                                                 tmp_path):
     """Qwen3's per-head norms of the queries and keys, SmolLM3's layers without rotary and Gemma 3's layers run in the

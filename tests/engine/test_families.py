@@ -40,7 +40,17 @@ def _neox(seed: int = 0):
     return GPTNeoXForCausalLM(config).eval()
 
 
-FAMILIES = {"gemma2": _gemma2, "gpt_neox": _neox}  # soft-capping, partial rotary: transformers' forward
+def _stablelm(seed: int = 0):
+    from transformers import StableLmConfig, StableLmForCausalLM
+
+    config = StableLmConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                            partial_rotary_factor=0.25)
+    torch.manual_seed(seed)
+    return StableLmForCausalLM(config).eval()
+
+
+FAMILIES = {"stablelm": _stablelm, "gpt_neox": _neox}  # layer norms, partial rotary: transformers' forward
 
 
 def _sharpen(model):
@@ -110,11 +120,12 @@ def test_a_sliding_window_model_steps_and_rolls_back_past_its_window():
 def test_the_load_says_which_path_a_family_takes_and_why():
     target = _loaded(_neox(), torch.float32)
     assert target.path.startswith("gpt_neox runs through transformers' forward (Specula's own forward does not "
-                                  "compute a GELU MLP yet)")
+                                  "compute a GELU MLP, rotary over part of each head yet)")
     assert "\n" not in target.path
-    gemma = _loaded(_gemma2(), torch.float32).path
-    assert "does not compute norms scaled by 1 + w, norms after attention and the MLP, scaled embeddings" in gemma
-    assert _loaded(_gemma3(), torch.float32).path == ""  # Gemma 3 (text) runs Specula's own forward
+    stablelm = _loaded(_stablelm(), torch.float32).path
+    assert "does not compute rotary over part of each head" in stablelm
+    assert _loaded(_gemma3(), torch.float32).path == ""  # Gemma 2 and 3 (text) run Specula's own forward
+    assert _loaded(_gemma2(), torch.float32).path == ""
     from tests.support.tiny import loaded, tiny_model
 
     assert loaded(tiny_model()).path == ""
@@ -129,8 +140,7 @@ def test_the_load_says_which_path_a_family_takes_and_why():
     ("phi3", ()),  # its fused weights, part of each head rotating (Phi-4-mini), longrope
     ("granite", ()),  # its multipliers
     ("olmo2", ()),  # its norms after attention and the MLP only, q/k norms over all heads
-    ("gemma2", ("norms scaled by 1 + w", "norms after attention and the MLP", "scaled embeddings",
-                "soft-capped logits", "sliding-window layers")),
+    ("gemma2", ()),  # Gemma 3's layers less q/k norms, soft-capped scores and logits
     ("gemma3_text", ()),  # its offset norms, four a layer, scaled embeddings, GELU-tanh, local and global layers
     ("gemma3", ("a vision tower",)),
     ("falcon", ("a layer shape it does not know",)),

@@ -14,8 +14,10 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
     weights, rotary over 3/4 of each head with longrope's factors (the long ones from position 64), every layer
     attending over a `window` of positions. "mistral": one window over every layer; "ministral": windowed and full
     layers in turn. "granite": its multipliers. "olmo2": its norms after attention and the MLP, q/k norms over all
-    heads."""
+    heads. "gemma2": Gemma's layers with soft-capped attention scores (at 5) and logits (at 30)."""
     from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
         Gemma3ForCausalLM,
         Gemma3TextConfig,
         GraniteConfig,
@@ -44,6 +46,7 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),  # every fourth layer without rotary
         "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
+        "gemma2": (Gemma2Config, Gemma2ForCausalLM),  # soft-capped scores and logits, local and global layers
         "phi3": (Phi3Config, Phi3ForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),  # one window over every layer
         "ministral": (MinistralConfig, MinistralForCausalLM),  # windowed and full layers in turn
@@ -59,6 +62,9 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
     elif family == "granite":
         extra = {"embedding_multiplier": 6.0, "residual_multiplier": 0.22, "attention_multiplier": 0.2,
                  "logits_scaling": 4.0}
+    elif family == "gemma2":
+        extra = {"sliding_window": window, "query_pre_attn_scalar": head_dim, "attn_logit_softcapping": 5.0,
+                 "final_logit_softcapping": 30.0, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
     elif family == "olmo2":
         extra = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
     elif family == "mistral":
@@ -95,7 +101,7 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
         for name, p in model.named_parameters():  # Qwen3's per-head norms: weights other than the ones they start as
             if name.endswith(("q_norm.weight", "k_norm.weight")):
                 p.copy_((0 if family == "gemma3" else 1) + 0.5 * torch.randn(p.shape, generator=gen))
-            elif family == "gemma3" and name.endswith("norm.weight"):  # Gemma's 1 + w, w not the zeros it starts as
+            elif family in ("gemma2", "gemma3") and name.endswith("norm.weight"):  # Gemma's 1 + w, w not the zeros it starts as
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen))
             elif family == "olmo2" and name.endswith("norm.weight"):  # norms other than the ones they start as
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))

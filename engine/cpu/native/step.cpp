@@ -56,6 +56,9 @@ inline float exp_fixed(float x) {
 
 #if SPECULA_X86 && defined(__AVX2__) && defined(__FMA__)
 #define SPECULA_EXP_VECTORS 1
+// tanh from exp_fixed: 1 - 2 / (1 + e^2z) (about 1e-7 off near 0, where it is small; its bits the same everywhere)
+inline float tanh_fixed(float z) { return 1.0f - 2.0f / (1.0f + exp_fixed(z + z)); }
+
 // exp_fixed on 8 lanes: the same operations in the same order (max and min with exp_fixed's operand order,
 // so a NaN passes through as there; the rounding to an integer in the current mode, as nearbyint)
 inline __m256 exp_fixed8(__m256 x) {
@@ -242,6 +245,7 @@ struct Model {
   bool wide_norms = false;  // Gemma's norms: fp32 weights, the rows scaled before rounding (rms_rows_wide)
   bool gelu = false;  // the MLP's gate through GELU (tanh), not SiLU
   double residual = 1.0;  // each attention and MLP output times this before it is added (Granite's multiplier)
+  double softcap = 0.0;  // attention scores capped at cap * tanh(score / cap) (Gemma 2); 0: none
 };
 
 // A norm tensor given as empty: the layer has none
@@ -258,8 +262,8 @@ int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, cons
                 const std::vector<int64_t>& kinds, const std::vector<Tensor>& norms, int64_t n_heads, int64_t n_kv,
                 int64_t head_dim, int64_t inter, const std::vector<int64_t>& min_rows, double eps, double scale,
                 at::IntArrayRef no_rotary, at::IntArrayRef windows, at::IntArrayRef rope_sets, bool wide_norms, bool gelu,
-                double residual) {
-  Model m{{}, n_heads, n_kv, head_dim, inter, eps, scale, wide_norms, gelu, residual};
+                double residual, double softcap) {
+  Model m{{}, n_heads, n_kv, head_dim, inter, eps, scale, wide_norms, gelu, residual, softcap};
   const size_t n_layers = kinds.size() / 4;
   TORCH_CHECK(kinds.size() % 4 == 0 && n_layers > 0 && norms.size() % n_layers == 0, "4 products per layer");
   const size_t per = norms.size() / n_layers;
@@ -714,7 +718,7 @@ inline void add_values_pairs(const float* const* ps, int64_t n, int64_t from, in
 template <typename T, typename V>
 void attend(const float* q, const float* kt, const V* vc, const bool* ancestors, const bool* visible, T* out,
             int64_t t, int64_t h, int64_t kv, int64_t hd, int64_t cap, int64_t start, const int64_t* pos = nullptr,
-            int64_t window = 0) {
+            int64_t window = 0, float softcap = 0.0f) {
   int64_t groups = h / kv;
   int64_t last = start + t;  // slots scored: 0..last-1
   int64_t blocks = (last + KB - 1) / KB;
@@ -791,6 +795,8 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
           for (int64_t i = shared; i < ends[r]; ++i)
             if (ok[i]) pr[n++] = pr[i];
         }
+        if (softcap > 0.0f)  // Gemma 2: each of the row's scores capped, in a loop of its own (no lanes: the same bits)
+          for (int64_t i = 0; i < n; ++i) pr[i] = softcap * tanh_fixed(pr[i] / softcap);
         float most[LANES];  // the largest score (a maximum is exact in any order: lanes, then across them)
         std::fill(most, most + LANES, -INFINITY);
         int64_t i0 = 0;
@@ -979,13 +985,14 @@ template <typename T>
 void store_and_attend(const T* qkv, const float* cos, const float* sin, const int64_t* pos, float* q, float* kc, float* kt,
                       float* vc, c10::BFloat16* vn, int64_t kt_from, const bool* ancestors, T* out, int64_t t, int64_t h,
                       int64_t kv, int64_t hd, int64_t cap, int64_t start, float scale, bool rotary, int64_t window,
-                      int64_t rd) {
+                      int64_t rd, float softcap) {
   rotate_and_store(qkv, cos, sin, pos, q, kc, vc, t, h, kv, hd, cap, start, scale, rotary, rd);
   transpose_keys(kc, kt, kv, hd, cap, kt_from, start + t);
   if (vn) narrow_values(vc, vn, kv, hd, cap, kt_from, start + t);
   if (vn && t == 1)
-    attend(q, kt, static_cast<const c10::BFloat16*>(vn), ancestors, nullptr, out, t, h, kv, hd, cap, start, pos, window);
-  else attend(q, kt, static_cast<const float*>(vc), ancestors, nullptr, out, t, h, kv, hd, cap, start, pos, window);
+    attend(q, kt, static_cast<const c10::BFloat16*>(vn), ancestors, nullptr, out, t, h, kv, hd, cap, start, pos, window,
+           softcap);
+  else attend(q, kt, static_cast<const float*>(vc), ancestors, nullptr, out, t, h, kv, hd, cap, start, pos, window, softcap);
 }
 
 // The first of a layer's rotary tables: the tables (sets, positions, head_dim) or (positions, head_dim) for one set
@@ -1105,7 +1112,8 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
                        k_cache.data_ptr<float>() + layer_off, kt_cache.data_ptr<float>() + layer_off,
                        v_cache.data_ptr<float>() + layer_off, narrow ? narrow + layer_off : nullptr, kt_from,
                        anc.defined() ? anc.data_ptr<bool>() : nullptr, attn.data_ptr<scalar_t>(), t, h, kv, hd, cap, start,
-                       static_cast<float>(m->scale), layer.rotary, layer.window, cos.size(-1));
+                       static_cast<float>(m->scale), layer.rotary, layer.window, cos.size(-1),
+                       static_cast<float>(m->softcap));
       finish_layer<scalar_t>(x, attn, scratch, layer, *m);
     }
   });
@@ -1166,7 +1174,7 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
                            kt_caches[b].data_ptr<float>() + layer_off, v_caches[b].data_ptr<float>() + layer_off,
                            narrow[b] ? narrow[b] + layer_off : nullptr, kt_from[b], nullptr,
                            attn.data_ptr<scalar_t>() + b * h * hd, 1, h, kv, hd, cap, start, static_cast<float>(m->scale),
-                           layer.rotary, layer.window, cos[b].size(-1));
+                           layer.rotary, layer.window, cos[b].size(-1), static_cast<float>(m->softcap));
         }
       });
       finish_layer<scalar_t>(x, attn, scratch, layer, *m);
@@ -1231,7 +1239,8 @@ Tensor head_layer(int64_t handle, const Tensor& h_in, const c10::optional<Tensor
 TORCH_LIBRARY(specula_step, lib) {
   lib.def("prepare(Tensor[] a, Tensor[] b, Tensor?[] bias, int[] kinds, Tensor[] norms, int n_heads, int n_kv, "
           "int head_dim, int inter, int[] min_rows, float eps, float scale, int[] no_rotary=[], int[] windows=[], "
-          "int[] rope_sets=[], bool wide_norms=False, bool gelu=False, float residual=1.0) -> int", &prepare);
+          "int[] rope_sets=[], bool wide_norms=False, bool gelu=False, float residual=1.0, float softcap=0.0) -> int",
+          &prepare);
   lib.def("forward(int handle, Tensor x, Tensor k_cache, Tensor v_cache, Tensor kt_cache, int kt_from, Tensor cos, "
           "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers, Tensor? aux=None, int[] aux_layers=[], "
           "Tensor? v_narrow=None) -> Tensor",
