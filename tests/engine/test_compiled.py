@@ -531,3 +531,17 @@ def test_the_tokens_the_cache_holds_follow_tree_passes_and_batched_steps(ops):
     step_rows([runner, other], torch.tensor([20, 21]))
     assert runner.reusable(torch.tensor([1, 2, 3, 10, 12, 13, 20, 0])) == 7
     assert other.reusable(torch.tensor([7, 8, 21, 0])) == 3
+
+
+@pytest.mark.parametrize("family,kind", [("gemma3", "eagle3"), ("phi3", "medusa"), ("olmo2", "eagle3"), ("gemma2", "medusa"),
+                                         ("granite", "eagle")])
+def test_draft_heads_train_on_every_family_and_keep_plain_decodings_answer(ops, family, kind, tmp_path):
+    """train-head's kinds on the families the compiled step runs (the target's own final norm and scaled embeddings
+    where the family has them; EAGLE-3 reading three of its layers): the head trains, loads, drafts tokens that are
+    accepted, and the answers are `none`'s."""
+    from tests.support.tiny import quick_head
+
+    target = _with_step(native(tiny_model(vocab=64, layers=4, seed=11, family=family), formats=("Q8_0",)))
+    head = quick_head(target, tmp_path / kind, sequences=4, length=24, epochs=2, kind=kind)
+    strategy = "medusa" if kind == "medusa" else "eagle"
+    assert_greedy_identity(target, None, strategy, {"head": str(head)}, trials=2, longest_prompt=40, max_new_tokens=32)

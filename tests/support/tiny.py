@@ -156,6 +156,7 @@ def quick_head(target: LoadedModel, folder, sequences: int = 16, length: int = 4
     from specula.engine.decoding.loop import generate
     from specula.engine.drafters import build_drafter
     from specula.engine.heads.store import save_head
+    from specula.engine.heads.eagle3 import default_aux_layers
     from specula.engine.heads.train import _with_features, head_info, train_head
 
     gen = torch.Generator().manual_seed(seed)
@@ -164,9 +165,12 @@ def quick_head(target: LoadedModel, folder, sequences: int = 16, length: int = 4
     for _ in range(sequences):
         prompt = torch.randint(0, vocab, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
         events = list(generate(target.new_runner(), build_drafter("none", target), prompt, DecodeConfig(max_new_tokens=length)))
-        seqs.append(_with_features(target, prompt, list(events[-1].token_ids)))
+        layers = default_aux_layers(target.model.config.num_hidden_layers) if kind == "eagle3" else ()
+        seqs.append(_with_features(target, prompt, list(events[-1].token_ids), layers))
     head = train_head(target, seqs, epochs=epochs, lr=3e-3, seed=seed, kind=kind, batch=1)
-    save_head(head.to(target.dtype), head_info(target, kind, sequences * length, epochs, None), folder)
+    stored = "eagle" if kind == "eagle3" else kind  # the eagle strategy drafts with EAGLE-3 heads too (as train-head saves them)
+    config = head.config if kind != "medusa" else None
+    save_head(head.to(target.dtype), head_info(target, stored, sequences * length, epochs, None, config), folder)
     return folder
 
 
