@@ -228,10 +228,24 @@ def q4_quantize(weight: torch.Tensor, type_name: str = "Q4_1") -> Q4Blocks:
     return FileBlocks.quantize(weight, type_name).q4()
 
 
-# `Blocks`' file types, by GGML's number; the weights and bytes of one of their blocks
-BLOCK_FORMATS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-_FILE_BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
-               "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
+@dataclass(frozen=True)
+class BlockFormat:
+    """A GGUF block format `Blocks` runs as the file stores it: its name, GGML's number for it (the compiled step's
+    `Format`), and the weights and bytes of one of its blocks (a K-quant's super-block) in a row."""
+
+    name: str
+    ggml_type: int
+    inputs: int
+    bytes: int
+
+
+# The one table of the formats the own products run; blocks.h's `Format`, `file_inputs` and `file_bytes` and the gguf
+# package's sizes are checked against it (tests/engine/test_blocks.py)
+BLOCK_TABLE = (BlockFormat("Q4_0", 2, 32, 18), BlockFormat("Q4_1", 3, 32, 20), BlockFormat("Q5_0", 6, 32, 22),
+               BlockFormat("Q5_1", 7, 32, 24), BlockFormat("Q8_0", 8, 32, 34), BlockFormat("Q4_K", 12, 256, 144),
+               BlockFormat("Q5_K", 13, 256, 176), BlockFormat("Q6_K", 14, 256, 210))
+BLOCK_FORMATS = {f.name: f.ggml_type for f in BLOCK_TABLE}  # `Blocks`' file types, by GGML's number
+_FILE_BLOCK = {f.name: (f.inputs, f.bytes) for f in BLOCK_TABLE}
 
 
 @dataclass(frozen=True)

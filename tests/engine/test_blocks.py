@@ -236,3 +236,19 @@ def test_the_source_builds_for_a_cpu_without_avx2_or_avx512(tmp_path):
     for flags, build in builds:
         _, errors = build.communicate(timeout=600)
         assert build.returncode == 0, (flags, errors[-2000:])
+
+
+def test_the_table_of_formats_is_the_compiled_steps_and_the_gguf_packages(ops):
+    """cpu/products.py's BLOCK_TABLE is the one list of the formats the own products run: each format's number, block
+    weights and bytes are those blocks.h packs and the gguf package reads; a number outside it is no format there."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from specula.engine.cpu.products import BLOCK_TABLE
+
+    assert [f.name for f in BLOCK_TABLE] == list(BLOCK_FORMATS)
+    for f in BLOCK_TABLE:
+        assert GGMLQuantizationType[f.name].value == f.ggml_type, f.name
+        assert GGML_QUANT_SIZES[GGMLQuantizationType[f.name]] == (f.inputs, f.bytes), f.name
+        assert list(ops.blocks_file_layout(f.ggml_type)) == [1, f.inputs, f.bytes], f.name
+    for other in (0, 1, 9, 10, 11, 15, 30):  # F32, F16, Q8_1, Q2_K, Q3_K, Q8_K, BF16: not block formats there
+        assert ops.blocks_file_layout(other)[0] == 0, other

@@ -94,6 +94,12 @@ constexpr int32_t code_zero(int64_t fmt) {
 }
 inline int64_t tiles(int64_t n) { return (n + COLS - 1) / COLS; }
 
+// a format's (whether it is one of Format, weights and bytes of one block of a row in the file): what the Python table
+// of formats (cpu/products.py, BLOCK_TABLE) is checked against
+inline std::vector<int64_t> file_layout_op(int64_t fmt) {
+  return {known(fmt) ? 1 : 0, known(fmt) ? file_inputs(fmt) : 0, known(fmt) ? file_bytes(fmt) : 0};
+}
+
 inline float half(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
 
 // One row's block of 32 weights as the file gives it: codes (unsigned, before the zero), and the scales.

@@ -1258,6 +1258,7 @@ TORCH_LIBRARY(specula_step, lib) {
   lib.def("blocks_pack(Tensor raw, int format) -> Tensor", &blocks::pack_op);
   lib.def("blocks_pack_parts(Tensor[] raws, int[] formats) -> Tensor", &blocks::pack_parts_op);
   lib.def("blocks_packed_bytes(int rows, int row_bytes, int format) -> int", &blocks::packed_bytes);
+  lib.def("blocks_file_layout(int format) -> int[]", &blocks::file_layout_op);
   lib.def("blocks_mm(Tensor x, Tensor packed, Tensor parts, Tensor? bias, bool out_float) -> Tensor", &blocks::mm);
   lib.def("blocks_path(int path) -> int", &blocks::set_path);
   lib.def("tiles_pack(Tensor w) -> Tensor", &tiles::pack_op);
