@@ -281,10 +281,13 @@ def config_from(file: GGUFFile):
         values["head_dim"] = int(file.metadata[f"{arch}.attention.key_length"])
     if arch == "phi3":
         _phi3_rotary(file, values)
-    if arch == "gemma3" and "query_pre_attn_scalar" not in values and "head_dim" in values:
-        # llama.cpp scales Gemma 3's queries by the heads' width (27B's, 62 layers: by hidden / heads)
-        wide = values.get("num_hidden_layers") == 62 and values.get("num_attention_heads")
+    if arch in ("gemma2", "gemma3") and "query_pre_attn_scalar" not in values and "head_dim" in values:
+        # llama.cpp scales Gemma's queries by the heads' width (the 27B models', 46 and 62 layers: by hidden / heads)
+        wide = values.get("num_hidden_layers") == {"gemma2": 46, "gemma3": 62}[arch]
         values["query_pre_attn_scalar"] = values["hidden_size"] // values["num_attention_heads"] if wide else values["head_dim"]
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2's, which transformers' table leaves out
+        if isinstance(file.metadata.get(f"{arch}.{key}"), (int, float)) and key not in values:
+            values[key] = float(file.metadata[f"{arch}.{key}"])
     try:
         return AutoConfig.for_model(**values)
     except (ValueError, TypeError, KeyError) as exc:

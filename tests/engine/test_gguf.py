@@ -197,6 +197,32 @@ def test_a_gemma3_file_is_read_as_llama_cpp_writes_it(tmp_path):
     assert torch.equal(embedding(ids), model.model.embed_tokens.weight[ids] * 4.0)
 
 
+def test_a_gemma2_file_is_read_with_its_soft_capping_and_runs_its_blocks(tmp_path):
+    """Gemma 2 as llama.cpp writes it (norms as 1 + w, the soft-capping values and the window in the metadata, local and
+    global layers in turn): its fp32 logits from F32 tensors are the original model's past the window; in Q8_0 its
+    blocks run through the compiled step and speculation keeps plain decoding's answer."""
+    from specula.engine.cpu import step
+
+    model = tiny_llama("gemma2", layers=4, seed=10, vocab=4096, tied=True)
+    ours = _load(write_gguf(tmp_path / "g.gguf", model, "F32"), dtype="fp32")
+    cfg = ours.model.config
+    assert cfg.model_type == "gemma2" and ours.path == "" and cfg.sliding_window == 16
+    assert (cfg.attn_logit_softcapping, cfg.final_logit_softcapping, cfg.query_pre_attn_scalar) == (5.0, 30.0, 64)
+    ids = torch.randint(0, 4096, (40,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids[None]).logits[0].float()
+    got = ours.new_runner().forward(ids, last=40)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+    step.prepare(wait=True)
+    target = load_model(ModelSpec(str(write_gguf(tmp_path / "q.gguf", model, "Q8_0")), device="cpu", dtype="bf16",
+                                  step="compiled"))
+    runner = target.new_runner()
+    runner.forward(torch.arange(5, 40))
+    runner.forward(torch.tensor([7]))
+    assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
+    assert_greedy_identity(target, None, "prompt-lookup", {}, trials=3, longest_prompt=60, max_new_tokens=32)
+
+
 @pytest.mark.parametrize("strategy", ["prompt-lookup", "auto"])
 def test_a_gemma3_file_runs_its_blocks_through_the_compiled_step(tmp_path, strategy):
     from specula.engine.cpu import step

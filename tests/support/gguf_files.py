@@ -22,6 +22,8 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
     "gemma3" (text): llama.cpp's layout of it, five local layers (a window of 16 positions) to one global. "phi3":
     fused q/k/v and gate/up, Phi-4-mini's rotary, a window of 24 positions."""
     from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
         Gemma3ForCausalLM,
         Gemma3TextConfig,
         GraniteConfig,
@@ -38,8 +40,12 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
 
     config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                              "qwen3": (Qwen3Config, Qwen3ForCausalLM), "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
-                             "phi3": (Phi3Config, Phi3ForCausalLM), "granite": (GraniteConfig, GraniteForCausalLM)}[family]
+                             "phi3": (Phi3Config, Phi3ForCausalLM), "granite": (GraniteConfig, GraniteForCausalLM),
+                             "gemma2": (Gemma2Config, Gemma2ForCausalLM)}[family]
     extra = {"sliding_window": 16, "query_pre_attn_scalar": hidden // 4} if family == "gemma3" else {}
+    if family == "gemma2":  # soft-capped scores and logits, local and global layers in turn
+        extra = {"sliding_window": 16, "query_pre_attn_scalar": hidden // 4, "attn_logit_softcapping": 5.0,
+                 "final_logit_softcapping": 30.0}
     if family == "granite":
         extra = {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0156,
                  "logits_scaling": 8.0}
@@ -61,7 +67,7 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
             if name.endswith("bias"):
                 p.copy_(torch.randn(p.shape) * (0.5 if bias else 0.0))
             elif "norm" in name:  # Gemma's norms scale by 1 + w
-                p.copy_((0 if family == "gemma3" else 1) + 0.1 * torch.randn(p.shape))
+                p.copy_((0 if family.startswith("gemma") else 1) + 0.1 * torch.randn(p.shape))
     return model
 
 
@@ -130,6 +136,9 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
     if getattr(cfg, "sliding_window", None) and gemma:
         writer.add_uint32(f"{arch}.attention.sliding_window", int(cfg.sliding_window))
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2's
+        if getattr(cfg, key, None):
+            writer.add_float32(f"{arch}.{key}", float(getattr(cfg, key)))
     tok = _bundled_tokenizer()
     writer.add_tokenizer_model(tok["tokenizer.ggml.model"])
     writer.add_tokenizer_pre(tok.get("tokenizer.ggml.pre", "default"))
