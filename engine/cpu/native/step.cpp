@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "blocks.h"
+#include "simd.h"
 #include "tiles.h"
 
 using at::Tensor;
@@ -32,60 +33,16 @@ constexpr int LANES = 16;  // partial sums of a dot product or a sum of squares,
 template <typename T>
 inline float f(T v) { return static_cast<float>(v); }
 
-// e^x from +, *, fma and rounding only (Cephes' expf polynomial, about 1 ulp), so that an element gets
+// e^x from +, *, fma and rounding only (Cephes' expf polynomial, about 1 ulp; simd.h), so that an element gets
 // the same bits whether the compiler runs it in a vector lane or in a loop's scalar remainder: the
 // library's vector and scalar exp need not agree, and which elements fall in the remainder depends on
 // a loop's length and alignment. The library is built with -ffp-contract=off: no fusing but these.
-inline float exp_fixed(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r) + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
+inline float exp_fixed(float x) { return simd::exp_fixed(x); }
 
 #if SPECULA_X86 && defined(__AVX2__) && defined(__FMA__)
 #define SPECULA_EXP_VECTORS 1
-// tanh from exp_fixed: 1 - 2 / (1 + e^2z) (about 1e-7 off near 0, where it is small; its bits the same everywhere)
-inline float tanh_fixed(float z) { return 1.0f - 2.0f / (1.0f + exp_fixed(z + z)); }
-
-// exp_fixed on 8 lanes: the same operations in the same order (max and min with exp_fixed's operand order,
-// so a NaN passes through as there; the rounding to an integer in the current mode, as nearbyint)
-inline __m256 exp_fixed8(__m256 x) {
-  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_CUR_DIRECTION);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-// c10::BFloat16's rounding of 8 floats: to nearest, ties to even, a NaN as 0x7FC0
-inline void store8(c10::BFloat16* p, __m256 v) {
-  __m256i u = _mm256_castps_si256(v);
-  __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7FFF));
-  __m256i h = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-  h = _mm256_blendv_epi8(h, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-  __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
-}
+// exp_fixed on 8 lanes: the same operations in the same order
+inline __m256 exp_fixed8(__m256 x) { return simd::exp_fixed(x); }
 #endif
 
 template <typename T>
@@ -796,7 +753,7 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
             if (ok[i]) pr[n++] = pr[i];
         }
         if (softcap > 0.0f)  // Gemma 2: each of the row's scores capped, in a loop of its own (no lanes: the same bits)
-          for (int64_t i = 0; i < n; ++i) pr[i] = softcap * tanh_fixed(pr[i] / softcap);
+          for (int64_t i = 0; i < n; ++i) pr[i] = softcap * simd::tanh_fixed(pr[i] / softcap);
         float most[LANES];  // the largest score (a maximum is exact in any order: lanes, then across them)
         std::fill(most, most + LANES, -INFINITY);
         int64_t i0 = 0;
@@ -847,29 +804,23 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
   });
 }
 
-// silu(gate) * up of one element: gate / (1 + e^-gate) * up, rounded once to T
-template <typename T>
-inline T silu_one(T g, T u) {
-  float x = f(g);
-  return static_cast<T>(x / (1.0f + exp_fixed(-x)) * f(u));
+// op over elements [from, to): simd::gated_span for float and bf16, one element at a time in float otherwise (fp16,
+// double), rounded once to T
+template <typename T, typename Op>
+inline void gated_span(const T* g, const T* u, T* out, int64_t from, int64_t to, bool vectors, Op op) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+    simd::gated_span(g, u, out, from, to, vectors, op);
+  } else {
+    for (int64_t j = from; j < to; ++j) out[j] = static_cast<T>(op(f(g[j]), f(u[j])));
+  }
 }
 
-// Elements [from, to) of one row: 8 at a time where the build has AVX2 and `vectors`, each element with
-// silu_one's operations, so the same bits either way (and whatever the split between threads)
+// silu(gate) * up of elements [from, to) of one row (simd::silu_gate: gate / (1 + e^-gate) * up, rounded once to T):
+// in vectors where the build has them and `vectors`, each element with the same operations, so the same bits
+// either way (and whatever the split between threads)
 template <typename T>
 void silu_mul_span(const T* g, const T* u, T* out, int64_t from, int64_t to, bool vectors) {
-  int64_t j = from;
-#ifdef SPECULA_EXP_VECTORS
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
-    if (vectors)
-      for (; j + 8 <= to; j += 8) {
-        __m256 x = blocks::inputs8(g + j);
-        __m256 e = exp_fixed8(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)));
-        store8(out + j, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), blocks::inputs8(u + j)));
-      }
-  }
-#endif
-  for (; j < to; ++j) out[j] = silu_one(g[j], u[j]);
+  gated_span(g, u, out, from, to, vectors, [](auto a, auto b) { return simd::silu_gate(a, b); });
 }
 
 constexpr int64_t SILU_SPAN = 256;  // elements of a row a thread takes at a time
@@ -898,37 +849,10 @@ Tensor silu_mul_op(const Tensor& gu_in, bool vectors) {
   return out;
 }
 
-// GELU (tanh) of gate times up, one element: 0.5 g (1 + tanh(y)) = g / (1 + e^-2y), y = sqrt(2/pi) (g + 0.044715 g^3)
-// (no cancellation where tanh nears -1), e^x from exp_fixed, rounded once to T
-constexpr float GELU_C = 0.7978845608028654f, GELU_K = 0.044715f;
-template <typename T>
-inline T gelu_one(T g, T u) {
-  float x = f(g);
-  float y = GELU_C * (x + GELU_K * (x * x * x));
-  return static_cast<T>(x / (1.0f + exp_fixed(-(y + y))) * f(u));
-}
-
-// gelu_one over elements [from, to) of one row, 8 at a time where the build has AVX2 and `vectors` (the same
-// operations in the same order: the same bits either way)
+// GELU (tanh) of gate times up over elements [from, to) of one row (simd::gelu_gate), as silu_mul_span
 template <typename T>
 void gelu_mul_span(const T* g, const T* u, T* out, int64_t from, int64_t to, bool vectors) {
-  int64_t j = from;
-#ifdef SPECULA_EXP_VECTORS
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
-    if (vectors) {
-      const __m256 c = _mm256_set1_ps(GELU_C), k = _mm256_set1_ps(GELU_K), one = _mm256_set1_ps(1.0f),
-                   sign = _mm256_set1_ps(-0.0f);
-      for (; j + 8 <= to; j += 8) {
-        __m256 x = blocks::inputs8(g + j);
-        __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-        __m256 y = _mm256_mul_ps(c, _mm256_add_ps(x, _mm256_mul_ps(k, cube)));
-        __m256 e = exp_fixed8(_mm256_xor_ps(_mm256_add_ps(y, y), sign));
-        store8(out + j, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), blocks::inputs8(u + j)));
-      }
-    }
-  }
-#endif
-  for (; j < to; ++j) out[j] = gelu_one(g[j], u[j]);
+  gated_span(g, u, out, from, to, vectors, [](auto a, auto b) { return simd::gelu_gate(a, b); });
 }
 
 // gate_up (T, 2I) -> gelu(gate) * up (T, I), shared out as silu_mul
