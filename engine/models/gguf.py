@@ -237,14 +237,17 @@ def out_features(module: nn.Module) -> int:
 
 # llama.cpp architectures whose q/k rows its converter permutes as it does Llama's
 PERMUTED_QK = frozenset({"llama", "granite"})
-# GGUF keys of architectures transformers' table leaves out: Granite is Llama's with its four multipliers
-_CONFIG_KEYS = {"granite": {
+# GGUF keys of architectures transformers' table leaves out: OLMo 2's are Llama's, Granite's add its four multipliers
+_LLAMA_KEYS = {
     "context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
     "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size", "rope.freq_base": "rope_theta",
     "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
-    "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size",
-    "embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
-    "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"}}
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size"}
+_CONFIG_KEYS = {
+    "granite": {**_LLAMA_KEYS, "embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
+                "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"},
+    "olmo2": _LLAMA_KEYS,
+}
 
 
 def config_from(file: GGUFFile):

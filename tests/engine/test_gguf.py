@@ -294,6 +294,30 @@ def test_a_granite_file_is_read_with_its_multipliers_and_its_q_k_rows_put_back(t
     assert_greedy_identity(target, None, "prompt-lookup", {}, trials=3, longest_prompt=60, max_new_tokens=32)
 
 
+def test_an_olmo2_file_is_read_and_runs_its_blocks(tmp_path):
+    """OLMo 2 as llama.cpp writes it (its keys, which transformers' table does not read; post_attention_norm and
+    post_ffw_norm, q/k norms over all heads): its fp32 logits from F32 tensors are the original model's; in Q8_0 its
+    blocks run through the compiled step and speculation keeps plain decoding's answer."""
+    from specula.engine.cpu import step
+
+    model = tiny_llama("olmo2", layers=2, seed=12, vocab=4096, tied=False)
+    ours = _load(write_gguf(tmp_path / "o.gguf", model, "F32"), dtype="fp32")
+    assert ours.model.config.model_type == "olmo2" and ours.path == ""
+    ids = torch.randint(0, 4096, (40,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids[None]).logits[0].float()
+    got = ours.new_runner().forward(ids, last=40)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+    step.prepare(wait=True)
+    target = load_model(ModelSpec(str(write_gguf(tmp_path / "q.gguf", model, "Q8_0")), device="cpu", dtype="bf16",
+                                  step="compiled"))
+    runner = target.new_runner()
+    runner.forward(torch.arange(5, 40))
+    runner.forward(torch.tensor([7]))
+    assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
+    assert_greedy_identity(target, None, "prompt-lookup", {}, trials=3, longest_prompt=60, max_new_tokens=32)
+
+
 def test_llama_3_rotary_factors_in_the_file_scale_the_frequencies(tmp_path):
     model = tiny_llama(seed=5)
     half = model.config.head_dim // 2

@@ -30,6 +30,8 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
         GraniteForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
+        Olmo2Config,
+        Olmo2ForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen2Config,
@@ -41,7 +43,7 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
     config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                              "qwen3": (Qwen3Config, Qwen3ForCausalLM), "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
                              "phi3": (Phi3Config, Phi3ForCausalLM), "granite": (GraniteConfig, GraniteForCausalLM),
-                             "gemma2": (Gemma2Config, Gemma2ForCausalLM)}[family]
+                             "gemma2": (Gemma2Config, Gemma2ForCausalLM), "olmo2": (Olmo2Config, Olmo2ForCausalLM)}[family]
     extra = {"sliding_window": 16, "query_pre_attn_scalar": hidden // 4} if family == "gemma3" else {}
     if family == "gemma2":  # soft-capped scores and logits, local and global layers in turn
         extra = {"sliding_window": 16, "query_pre_attn_scalar": hidden // 4, "attn_logit_softcapping": 5.0,
@@ -170,6 +172,8 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
             writer.add_uint32("phi3.rope.scaling.original_context_length", int(rope["original_max_position_embeddings"]))
             extra = {**(extra or {}), "rope_factors_long.weight": rope["long_factor"],
                      "rope_factors_short.weight": rope["short_factor"]}
+    if arch == "olmo2":  # norms after attention and the MLP only
+        layer_names.update({"post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"})
     if gemma:  # four norms a layer: around attention and around the MLP
         layer_names.update({"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                             "post_feedforward_layernorm": "post_ffw_norm"})
