@@ -236,8 +236,9 @@ def out_features(module: nn.Module) -> int:
 
 
 # llama.cpp architectures whose q/k rows its converter permutes as it does Llama's
-PERMUTED_QK = frozenset({"llama", "granite"})
-# GGUF keys of architectures transformers' table leaves out: OLMo 2's are Llama's, Granite's add its four multipliers
+PERMUTED_QK = frozenset({"llama", "granite", "smollm3"})
+# GGUF keys of architectures transformers' table leaves out: OLMo 2's and SmolLM3's are Llama's, Granite's add its
+# four multipliers
 _LLAMA_KEYS = {
     "context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
     "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size", "rope.freq_base": "rope_theta",
@@ -247,6 +248,7 @@ _CONFIG_KEYS = {
     "granite": {**_LLAMA_KEYS, "embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
                 "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"},
     "olmo2": _LLAMA_KEYS,
+    "smollm3": _LLAMA_KEYS,  # its every fourth layer without rotary: transformers' default, as llama.cpp's
 }
 
 

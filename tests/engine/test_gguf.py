@@ -294,6 +294,20 @@ def test_a_granite_file_is_read_with_its_multipliers_and_its_q_k_rows_put_back(t
     assert_greedy_identity(target, None, "prompt-lookup", {}, trials=3, longest_prompt=60, max_new_tokens=32)
 
 
+def test_a_smollm3_file_is_read_with_its_layers_without_rotary(tmp_path):
+    """SmolLM3 as llama.cpp writes it (a Llama layout, q/k rows permuted; every fourth layer without rotary, which the
+    file does not say and both take as the family's): its fp32 logits from F32 tensors are the original model's."""
+    model = tiny_llama("smollm3", layers=4, seed=13, vocab=4096, tied=True)
+    ours = _load(write_gguf(tmp_path / "s.gguf", model, "F32"), dtype="fp32")
+    assert ours.model.config.model_type == "smollm3" and ours.path == ""
+    assert ours.model.config.no_rope_layers == model.config.no_rope_layers and 0 in model.config.no_rope_layers
+    ids = torch.randint(0, 4096, (40,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids[None]).logits[0].float()
+    got = ours.new_runner().forward(ids, last=40)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+
+
 def test_an_olmo2_file_is_read_and_runs_its_blocks(tmp_path):
     """OLMo 2 as llama.cpp writes it (its keys, which transformers' table does not read; post_attention_norm and
     post_ffw_norm, q/k norms over all heads): its fp32 logits from F32 tensors are the original model's; in Q8_0 its

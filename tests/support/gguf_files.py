@@ -38,16 +38,21 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
         Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
+        SmolLM3Config,
+        SmolLM3ForCausalLM,
     )
 
     config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                              "qwen3": (Qwen3Config, Qwen3ForCausalLM), "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
                              "phi3": (Phi3Config, Phi3ForCausalLM), "granite": (GraniteConfig, GraniteForCausalLM),
-                             "gemma2": (Gemma2Config, Gemma2ForCausalLM), "olmo2": (Olmo2Config, Olmo2ForCausalLM)}[family]
+                             "gemma2": (Gemma2Config, Gemma2ForCausalLM), "olmo2": (Olmo2Config, Olmo2ForCausalLM),
+                             "smollm3": (SmolLM3Config, SmolLM3ForCausalLM)}[family]
     extra = {"sliding_window": 16, "query_pre_attn_scalar": hidden // 4} if family == "gemma3" else {}
     if family == "gemma2":  # soft-capped scores and logits, local and global layers in turn
         extra = {"sliding_window": 16, "query_pre_attn_scalar": hidden // 4, "attn_logit_softcapping": 5.0,
                  "final_logit_softcapping": 30.0}
+    if family == "smollm3":  # token ids within the vocabulary (its defaults point past a small one)
+        extra = {"pad_token_id": 0}
     if family == "granite":
         extra = {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0156,
                  "logits_scaling": 8.0}
@@ -186,7 +191,7 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
         if hf not in state or name in drop or (hf == "lm_head.weight" and cfg.tie_word_embeddings):
             continue
         value = state[hf].detach().float()
-        if arch in ("llama", "granite") and role in ("attn_q", "attn_k"):
+        if arch in ("llama", "granite", "smollm3") and role in ("attn_q", "attn_k"):
             value = _llama_permute(value, cfg.num_attention_heads if role == "attn_q" else cfg.num_key_value_heads)
         if value.ndim == 1:
             if gemma and hf.endswith("norm.weight"):  # llama.cpp's converter stores Gemma's 1 + w
