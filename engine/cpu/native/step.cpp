@@ -333,18 +333,100 @@ void narrow_values(const float* vc, c10::BFloat16* vn, int64_t kv, int64_t hd, i
 constexpr int SCORE_BLOCKS = 8;  // key blocks scored together (32 KB of keys): independent sums in flight
 constexpr int64_t VALUE_CHUNK = 128;  // slots of values summed for every head and row before the next ones
 
-// nb (<= SCORE_BLOCKS) blocks of KB scores of query row qr against the transposed keys kb, each score a sum
-// over the head's dimensions in order.
-inline void score_blocks_portable(const float* qr, const float* kb, int64_t hd, int64_t nb, float* out) {
-  float s[SCORE_BLOCKS][KB] = {{0}};
+// PP query rows (pairs of a query head and a row) against NB blocks of KB keys (the transposed keys kb), on the
+// vector vocabulary (simd.h) with registers V: each score a sum over the head's dimensions in order, an fma per
+// dimension from zero, so the same bits in any V; each key vector loaded once for all the rows.
+template <typename V, int NB, int PP>
+inline void score_tile(const float* const* qs, const float* kb, int64_t hd, float* const* outs) {
+  constexpr int P = KB / simd::width<V>;  // vectors per block of keys
+  V acc[PP][NB][P];
+  for (int i = 0; i < PP; ++i)
+    for (int b = 0; b < NB; ++b)
+      for (int k = 0; k < P; ++k) acc[i][b][k] = simd::splat<V>(0.0f);
   for (int64_t j = 0; j < hd; ++j) {
-    float qj = qr[j];
-    for (int64_t b = 0; b < nb; ++b) {
-#pragma omp simd
-      for (int l = 0; l < KB; ++l) s[b][l] = std::fma(qj, kb[b * hd * KB + j * KB + l], s[b][l]);
+    V keys[NB][P];
+    for (int b = 0; b < NB; ++b)
+      for (int k = 0; k < P; ++k) keys[b][k] = simd::load<V>(kb + b * hd * KB + j * KB + k * simd::width<V>);
+    for (int i = 0; i < PP; ++i) {
+      const V qj = simd::splat<V>(qs[i][j]);
+      for (int b = 0; b < NB; ++b)
+        for (int k = 0; k < P; ++k) acc[i][b][k] = simd::fma(qj, keys[b][k], acc[i][b][k]);
     }
   }
-  for (int64_t b = 0; b < nb; ++b) std::copy(s[b], s[b] + KB, out + b * KB);
+  for (int i = 0; i < PP; ++i)
+    for (int b = 0; b < NB; ++b)
+      for (int k = 0; k < P; ++k) simd::store(outs[i] + b * KB + k * simd::width<V>, acc[i][b][k]);
+}
+
+// PP rows' weighted values of slots from..to-1 into their two sums, ranks being slots (a slot's parity names its sum),
+// on the vector vocabulary: NW vectors V of dimensions d0.. of each (hd: the values' row and the sums' stride), each
+// value vector loaded once for all the rows; every sum an fma per slot in slot order, as add_values_portable's.
+template <typename V, int NW, int PP, typename T>
+inline void value_tile(const float* const* ps, int64_t from, int64_t to, const T* v, int64_t hd, int64_t d0,
+                       float* const* sums) {
+  constexpr int W = simd::width<V>;
+  V a[PP][2][NW];
+  for (int i = 0; i < PP; ++i)
+    for (int odd = 0; odd < 2; ++odd)
+      for (int k = 0; k < NW; ++k) a[i][odd][k] = simd::load<V>(sums[i] + odd * hd + d0 + k * W);
+  auto one = [&](int64_t slot, auto odd) {  // a single slot into the sum its parity names (a constant: in registers)
+    V vals[NW];
+    for (int k = 0; k < NW; ++k) vals[k] = simd::load<V>(v + slot * hd + d0 + k * W);
+    for (int i = 0; i < PP; ++i) {
+      const V pi = simd::splat<V>(ps[i][slot]);
+      for (int k = 0; k < NW; ++k) a[i][odd()][k] = simd::fma(pi, vals[k], a[i][odd()][k]);
+    }
+  };
+  int64_t s = from;
+  if (s < to && (s & 1)) one(s++, std::integral_constant<int, 1>());
+  for (; s + 2 <= to; s += 2) {
+    V v0[NW], v1[NW];
+    for (int k = 0; k < NW; ++k)
+      v0[k] = simd::load<V>(v + s * hd + d0 + k * W), v1[k] = simd::load<V>(v + (s + 1) * hd + d0 + k * W);
+    for (int i = 0; i < PP; ++i) {
+      const V p0 = simd::splat<V>(ps[i][s]), p1 = simd::splat<V>(ps[i][s + 1]);
+      for (int k = 0; k < NW; ++k) {
+        a[i][0][k] = simd::fma(p0, v0[k], a[i][0][k]);
+        a[i][1][k] = simd::fma(p1, v1[k], a[i][1][k]);
+      }
+    }
+  }
+  if (s < to) one(s, std::integral_constant<int, 0>());  // s is even here
+  for (int i = 0; i < PP; ++i)
+    for (int odd = 0; odd < 2; ++odd)
+      for (int k = 0; k < NW; ++k) simd::store(sums[i] + odd * hd + d0 + k * W, a[i][odd][k]);
+}
+
+// One row's weighted values of slots from..to-1: those `ok` lets it see, ranked from `rank` (a key's rank names its
+// sum), or every slot (ok null: ranks are slots); value_tile's vectors. Returns the rank after them.
+template <typename V, int NW, typename T>
+inline int64_t value_row(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank, const T* v, int64_t hd,
+                         int64_t d0, float* sums) {
+  if (!ok) {
+    value_tile<V, NW, 1>(&p, from, to, v, hd, d0, &sums);
+    return to;
+  }
+  constexpr int W = simd::width<V>;
+  V a[2][NW];
+  for (int odd = 0; odd < 2; ++odd)
+    for (int k = 0; k < NW; ++k) a[odd][k] = simd::load<V>(sums + odd * hd + d0 + k * W);
+  for (int64_t i = from; i < to; ++i) {
+    if (!ok[i]) continue;
+    const V pi = simd::splat<V>(p[i]);
+    auto add = [&](auto odd) {  // the parity a constant: the sums stay in registers
+      for (int k = 0; k < NW; ++k) a[odd()][k] = simd::fma(pi, simd::load<V>(v + i * hd + d0 + k * W), a[odd()][k]);
+    };
+    if (rank++ & 1) add(std::integral_constant<int, 1>());
+    else add(std::integral_constant<int, 0>());
+  }
+  for (int odd = 0; odd < 2; ++odd)
+    for (int k = 0; k < NW; ++k) simd::store(sums + odd * hd + d0 + k * W, a[odd][k]);
+  return rank;
+}
+
+// nb (<= SCORE_BLOCKS) blocks of KB scores of query row qr, one float at a time (no vector path)
+inline void score_blocks_portable(const float* qr, const float* kb, int64_t hd, int64_t nb, float* out) {
+  for (int64_t b = 0; b < nb; ++b) score_tile<float, 1, 1>(&qr, kb + b * hd * KB, hd, &out), out += KB;
 }
 
 // Slots from..to-1 of one row's weighted values into its two sums (sums: 2 x hd, kept between chunks);
@@ -367,22 +449,9 @@ inline int64_t add_values_portable(const float* p, const uint8_t* ok, int64_t fr
 #ifdef __AVX512F__
 static_assert(KB == 16, "a block of keys is one vector of 16 scores");
 
-// 16 values as fp32: loaded, or bf16 widened (exact)
-inline __m512 values16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 values16(const c10::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
 template <int NB>
 inline void score_blocks_fixed(const float* qr, const float* kb, int64_t hd, float* out) {
-  __m512 acc[NB];
-  for (int b = 0; b < NB; ++b) acc[b] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < hd; ++j) {
-    const __m512 qj = _mm512_set1_ps(qr[j]);
-    for (int b = 0; b < NB; ++b) acc[b] = _mm512_fmadd_ps(qj, _mm512_loadu_ps(kb + b * hd * KB + j * KB), acc[b]);
-  }
-  for (int b = 0; b < NB; ++b) _mm512_storeu_ps(out + b * KB, acc[b]);
+  score_tile<__m512, NB, 1>(&qr, kb, hd, &out);
 }
 
 // The same sums in registers.
@@ -404,59 +473,14 @@ template <int NV, typename V>
 inline int64_t add_values_fixed(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank,
                                 const V* v, float* sums, int64_t hd = 16 * NV) {
   // hd: the values' row and the sums' stride; wider than 16 NV, the first 16 NV dimensions of them (a slice)
-  __m512 a[2][NV];
-  for (int k = 0; k < NV; ++k) a[0][k] = _mm512_loadu_ps(sums + 16 * k), a[1][k] = _mm512_loadu_ps(sums + hd + 16 * k);
-  int64_t i = from;
-  if (!ok) {  // ranks are slots: even slots to the first sum, odd ones to the second
-    if (i < to && (i & 1)) {
-      const __m512 pi = _mm512_set1_ps(p[i]);
-      for (int k = 0; k < NV; ++k) a[1][k] = _mm512_fmadd_ps(pi, values16(v + i * hd + 16 * k), a[1][k]);
-      ++i;
-    }
-    for (; i + 2 <= to; i += 2) {
-      const __m512 p0 = _mm512_set1_ps(p[i]), p1 = _mm512_set1_ps(p[i + 1]);
-      for (int k = 0; k < NV; ++k) {
-        a[0][k] = _mm512_fmadd_ps(p0, values16(v + i * hd + 16 * k), a[0][k]);
-        a[1][k] = _mm512_fmadd_ps(p1, values16(v + (i + 1) * hd + 16 * k), a[1][k]);
-      }
-    }
-    if (i < to) {
-      const __m512 pi = _mm512_set1_ps(p[i]);
-      for (int k = 0; k < NV; ++k) a[0][k] = _mm512_fmadd_ps(pi, values16(v + i * hd + 16 * k), a[0][k]);
-    }
-    rank = to;
-  } else {
-    for (; i < to; ++i) {
-      if (!ok[i]) continue;
-      const __m512 pi = _mm512_set1_ps(p[i]);
-      auto add = [&](auto odd) {  // the parity a constant: the sums stay in registers
-        for (int k = 0; k < NV; ++k) a[odd()][k] = _mm512_fmadd_ps(pi, values16(v + i * hd + 16 * k), a[odd()][k]);
-      };
-      if (rank++ & 1) add(std::integral_constant<int, 1>());
-      else add(std::integral_constant<int, 0>());
-    }
-  }
-  for (int k = 0; k < NV; ++k) _mm512_storeu_ps(sums + 16 * k, a[0][k]), _mm512_storeu_ps(sums + hd + 16 * k, a[1][k]);
-  return rank;
+  return value_row<__m512, NV>(p, ok, from, to, rank, v, hd, 0, sums);
 }
 
 // Several query rows (PP: pairs of a query head and a row) against the same blocks of keys: each key vector
 // loaded once for all of them; every score the same sum as score_blocks_fixed's.
 template <int NB, int PP>
 inline void score_pairs_fixed(const float* const* qs, const float* kb, int64_t hd, float* const* outs) {
-  __m512 acc[PP][NB];
-  for (int i = 0; i < PP; ++i)
-    for (int b = 0; b < NB; ++b) acc[i][b] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < hd; ++j) {
-    __m512 keys[NB];
-    for (int b = 0; b < NB; ++b) keys[b] = _mm512_loadu_ps(kb + b * hd * KB + j * KB);
-    for (int i = 0; i < PP; ++i) {
-      const __m512 qj = _mm512_set1_ps(qs[i][j]);
-      for (int b = 0; b < NB; ++b) acc[i][b] = _mm512_fmadd_ps(qj, keys[b], acc[i][b]);
-    }
-  }
-  for (int i = 0; i < PP; ++i)
-    for (int b = 0; b < NB; ++b) _mm512_storeu_ps(outs[i] + b * KB, acc[i][b]);
+  score_tile<__m512, NB, PP>(qs, kb, hd, outs);
 }
 
 template <int PP>
@@ -473,36 +497,7 @@ inline void score_pairs_of(const float* const* qs, const float* kb, int64_t hd, 
 // vector loaded once for all of them; every sum the same as add_values_fixed's.
 template <int NV, int PP, typename V>
 inline void add_values_pairs_fixed(const float* const* ps, int64_t from, int64_t to, const V* v, float* const* sums) {
-  constexpr int64_t hd = 16 * NV;
-  __m512 a[PP][2][NV];
-  for (int i = 0; i < PP; ++i)
-    for (int k = 0; k < NV; ++k)
-      a[i][0][k] = _mm512_loadu_ps(sums[i] + 16 * k), a[i][1][k] = _mm512_loadu_ps(sums[i] + hd + 16 * k);
-  int64_t s = from;
-  // a single slot into the sum its parity names (the parity a constant: the sums stay in registers)
-  auto one = [&](int64_t slot, auto odd) {
-    for (int i = 0; i < PP; ++i) {
-      const __m512 pi = _mm512_set1_ps(ps[i][slot]);
-      for (int k = 0; k < NV; ++k)
-        a[i][odd()][k] = _mm512_fmadd_ps(pi, values16(v + slot * hd + 16 * k), a[i][odd()][k]);
-    }
-  };
-  if (s < to && (s & 1)) one(s++, std::integral_constant<int, 1>());
-  for (; s + 2 <= to; s += 2) {
-    __m512 v0[NV], v1[NV];
-    for (int k = 0; k < NV; ++k) v0[k] = values16(v + s * hd + 16 * k), v1[k] = values16(v + (s + 1) * hd + 16 * k);
-    for (int i = 0; i < PP; ++i) {
-      const __m512 p0 = _mm512_set1_ps(ps[i][s]), p1 = _mm512_set1_ps(ps[i][s + 1]);
-      for (int k = 0; k < NV; ++k) {
-        a[i][0][k] = _mm512_fmadd_ps(p0, v0[k], a[i][0][k]);
-        a[i][1][k] = _mm512_fmadd_ps(p1, v1[k], a[i][1][k]);
-      }
-    }
-  }
-  if (s < to) one(s, std::integral_constant<int, 0>());  // s is even here
-  for (int i = 0; i < PP; ++i)
-    for (int k = 0; k < NV; ++k)
-      _mm512_storeu_ps(sums[i] + 16 * k, a[i][0][k]), _mm512_storeu_ps(sums[i] + hd + 16 * k, a[i][1][k]);
+  value_tile<__m512, NV, PP>(ps, from, to, v, 16 * NV, 0, sums);
 }
 #else
 inline void score_blocks(const float* qr, const float* kb, int64_t hd, int64_t nb, float* out) {
@@ -516,22 +511,7 @@ inline void score_blocks(const float* qr, const float* kb, int64_t hd, int64_t n
 // of them; every score the same sum as score_blocks_portable's (an fma per dimension, in order, from zero).
 template <int NB, int PP>
 inline void score_pairs_avx2(const float* const* qs, const float* kb, int64_t hd, float* const* outs) {
-  __m256 acc[PP][NB][2];
-  for (int i = 0; i < PP; ++i)
-    for (int b = 0; b < NB; ++b) acc[i][b][0] = acc[i][b][1] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < hd; ++j) {
-    __m256 keys[NB][2];
-    for (int b = 0; b < NB; ++b)
-      keys[b][0] = _mm256_loadu_ps(kb + b * hd * KB + j * KB), keys[b][1] = _mm256_loadu_ps(kb + b * hd * KB + j * KB + 8);
-    for (int i = 0; i < PP; ++i) {
-      const __m256 qj = _mm256_broadcast_ss(qs[i] + j);
-      for (int b = 0; b < NB; ++b)
-        for (int h = 0; h < 2; ++h) acc[i][b][h] = _mm256_fmadd_ps(qj, keys[b][h], acc[i][b][h]);
-    }
-  }
-  for (int i = 0; i < PP; ++i)
-    for (int b = 0; b < NB; ++b)
-      _mm256_storeu_ps(outs[i] + b * KB, acc[i][b][0]), _mm256_storeu_ps(outs[i] + b * KB + 8, acc[i][b][1]);
+  score_tile<__m256, NB, PP>(qs, kb, hd, outs);
 }
 
 // Slots from..to-1 of PP rows' weighted values (ranks are slots: a slot's parity names its sum), 16 dimensions at a
@@ -539,39 +519,7 @@ inline void score_pairs_avx2(const float* const* qs, const float* kb, int64_t hd
 // as add_values_portable's (an fma per slot, in slot order).
 template <int PP, typename V>
 inline void add_values_avx2(const float* const* ps, int64_t from, int64_t to, const V* v, int64_t hd, float* const* sums) {
-  for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-    __m256 a[PP][2][2];  // row, parity, half of the 16 dimensions
-    for (int i = 0; i < PP; ++i)
-      for (int odd = 0; odd < 2; ++odd)
-        for (int h = 0; h < 2; ++h) a[i][odd][h] = _mm256_loadu_ps(sums[i] + odd * hd + d0 + 8 * h);
-    // a single slot into the sum its parity names (the parity a constant: the sums stay in registers)
-    auto one = [&](int64_t slot, auto odd) {
-      const __m256 v0 = blocks::inputs8(v + slot * hd + d0), v1 = blocks::inputs8(v + slot * hd + d0 + 8);
-      for (int i = 0; i < PP; ++i) {
-        const __m256 pi = _mm256_broadcast_ss(ps[i] + slot);
-        a[i][odd()][0] = _mm256_fmadd_ps(pi, v0, a[i][odd()][0]);
-        a[i][odd()][1] = _mm256_fmadd_ps(pi, v1, a[i][odd()][1]);
-      }
-    };
-    int64_t s = from;
-    if (s < to && (s & 1)) one(s++, std::integral_constant<int, 1>());
-    for (; s + 2 <= to; s += 2) {
-      const V* e = v + s * hd + d0;
-      const V* o = e + hd;
-      const __m256 e0 = blocks::inputs8(e), e1 = blocks::inputs8(e + 8), o0 = blocks::inputs8(o), o1 = blocks::inputs8(o + 8);
-      for (int i = 0; i < PP; ++i) {
-        const __m256 pe = _mm256_broadcast_ss(ps[i] + s), po = _mm256_broadcast_ss(ps[i] + s + 1);
-        a[i][0][0] = _mm256_fmadd_ps(pe, e0, a[i][0][0]);
-        a[i][0][1] = _mm256_fmadd_ps(pe, e1, a[i][0][1]);
-        a[i][1][0] = _mm256_fmadd_ps(po, o0, a[i][1][0]);
-        a[i][1][1] = _mm256_fmadd_ps(po, o1, a[i][1][1]);
-      }
-    }
-    if (s < to) one(s, std::integral_constant<int, 0>());  // s is even here
-    for (int i = 0; i < PP; ++i)
-      for (int odd = 0; odd < 2; ++odd)
-        for (int h = 0; h < 2; ++h) _mm256_storeu_ps(sums[i] + odd * hd + d0 + 8 * h, a[i][odd][h]);
-  }
+  for (int64_t d0 = 0; d0 < hd; d0 += 16) value_tile<__m256, 2, PP>(ps, from, to, v, hd, d0, sums);  // 16 dimensions at a time
 }
 #endif
 
