@@ -261,3 +261,23 @@ def test_generate_with_step_static_gives_the_eager_answer(tiny_folder, capsys):
                      "--json"]) == 0
         answers.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
     assert answers[0]["token_ids"] == answers[1]["token_ids"] and len(answers[1]["token_ids"]) > 0
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gemma2", "phi3", "granite", "olmo2", "ministral"])
+def test_static_steps_of_every_family_give_the_eager_forwards_logits_in_fp32(family):
+    """A GPU's step reads a layer as the eager forward does: Gemma's norms and windows (8 positions, passed early here),
+    Gemma 2's soft-capping, Phi-3's fused weights and partial rotary, Granite's multipliers, OLMo 2's norms; chains and
+    a tree."""
+    model = tiny_model(vocab=64, layers=4, seed=3, family=family, max_pos=128)
+    eager, fixed = with_step(loaded(model), "eager").new_runner(), with_step(loaded(model), "static").new_runner()
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 64, (12,), generator=gen)
+    torch.testing.assert_close(fixed.forward(prompt), eager.forward(prompt), rtol=1e-5, atol=1e-5)
+    for t in (1, 3, 8, 20):
+        tokens = torch.randint(0, 64, (t,), generator=gen)
+        torch.testing.assert_close(fixed.forward(tokens, last=t), eager.forward(tokens, last=t), rtol=1e-5, atol=1e-5)
+        eager.truncate(eager.length - t // 2)
+        fixed.truncate(fixed.length - t // 2)
+    tree, tokens = TokenTree((-1, 0, 0, 1, 2, 2)), torch.tensor([5, 9, 11, 3, 7, 2])
+    torch.testing.assert_close(fixed.forward(tokens, last=6, tree=tree), eager.forward(tokens, last=6, tree=tree),
+                               rtol=1e-5, atol=1e-5)
