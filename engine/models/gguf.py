@@ -284,6 +284,14 @@ def config_from(file: GGUFFile):
     # whose config then assumes 128)
     if isinstance(file.metadata.get(f"{arch}.attention.key_length"), int) and "head_dim" not in values:
         values["head_dim"] = int(file.metadata[f"{arch}.attention.key_length"])
+    scaling = file.metadata.get(f"{arch}.rope.scaling.type")
+    factor = file.metadata.get(f"{arch}.rope.scaling.factor")
+    if scaling in ("linear", "yarn") and isinstance(factor, (int, float)) and factor > 1 and arch != "phi3":
+        # rotary scaling as llama.cpp's converter writes it (Gemma 3 4B and larger: linear, 8, on its global layers)
+        values["rope_scaling"] = {"rope_type": scaling, "factor": float(factor)}
+        original = file.metadata.get(f"{arch}.rope.scaling.original_context_length")
+        if scaling == "yarn" and isinstance(original, int):
+            values["rope_scaling"]["original_max_position_embeddings"] = original
     if arch == "phi3":
         _phi3_rotary(file, values)
     if arch in ("gemma2", "gemma3") and "query_pre_attn_scalar" not in values and "head_dim" in values:

@@ -178,14 +178,17 @@ def test_a_qwen3_file_runs_its_blocks_through_the_compiled_step(tmp_path, strate
 
 def test_a_gemma3_file_is_read_as_llama_cpp_writes_it(tmp_path):
     """Gemma 3 as llama.cpp's converter lays it out (norms stored as 1 + w, four a layer, post_attention_norm and
-    post_ffw_norm, the window in the metadata, five local layers to one global): read in fp32 from F32 tensors, the
+    post_ffw_norm, the window in the metadata, five local layers to one global, the global layers' linear rotary scaling
+    of 4B and larger): read in fp32 from F32 tensors, the
     lean forward gives the original model's logits past the window; its embedding is scaled, where it is read from
     the file too."""
-    model = tiny_llama("gemma3", layers=6, seed=6, vocab=4096, tied=True)
+    model = tiny_llama("gemma3", layers=6, seed=6, vocab=4096, tied=True, rope_scaling=8.0)  # Gemma 3 4B's rotary
     path = write_gguf(tmp_path / "g.gguf", model, "F32")
     ours = _load(path, dtype="fp32")
     cfg = ours.model.config
     assert cfg.model_type == "gemma3_text" and cfg.sliding_window == 16 and cfg.query_pre_attn_scalar == cfg.head_dim
+    assert cfg.rope_parameters["full_attention"]["rope_type"] == "linear" and cfg.rope_parameters["full_attention"]["factor"] == 8
+    assert cfg.rope_parameters["sliding_attention"]["rope_type"] == "default"
     assert cfg.layer_types == model.config.layer_types and cfg.layer_types.count("full_attention") == 1
     assert ours.uses_lean_forward and ours.path == ""
     ids = torch.randint(0, 4096, (48,), generator=torch.Generator().manual_seed(3))

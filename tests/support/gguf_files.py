@@ -17,7 +17,7 @@ _K_BYTES = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q2_K": 
 
 
 def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layers: int = 2, vocab: int = 49152,
-               tied: bool = True, seed: int = 0, bias: bool = False):
+               tied: bool = True, seed: int = 0, bias: bool = False, rope_scaling: float = 0.0):
     """A random transformers model small enough to write in every format (inputs of 256: whole K-quant blocks).
     "gemma3" (text): llama.cpp's layout of it, five local layers (a window of 16 positions) to one global. "phi3":
     fused q/k/v and gate/up, Phi-4-mini's rotary, a window of 24 positions."""
@@ -48,6 +48,8 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
                              "gemma2": (Gemma2Config, Gemma2ForCausalLM), "olmo2": (Olmo2Config, Olmo2ForCausalLM),
                              "smollm3": (SmolLM3Config, SmolLM3ForCausalLM)}[family]
     extra = {"sliding_window": 16, "query_pre_attn_scalar": hidden // 4} if family == "gemma3" else {}
+    if family == "gemma3" and rope_scaling:  # Gemma 3 4B's: linear, on the global layers only
+        extra["rope_scaling"] = {"rope_type": "linear", "factor": rope_scaling}
     if family == "gemma2":  # soft-capped scores and logits, local and global layers in turn
         extra = {"sliding_window": 16, "query_pre_attn_scalar": hidden // 4, "attn_logit_softcapping": 5.0,
                  "final_logit_softcapping": 30.0}
@@ -140,6 +142,9 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
         writer.add_uint32(f"{arch}.{key}", int(value))
     rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)  # Gemma 3: the global layers' base
     writer.add_float32(f"{arch}.rope.freq_base", float(rope["rope_theta"]))
+    if rope.get("rope_type") == "linear":  # as llama.cpp's converter writes it (Gemma 3 4B's global layers)
+        writer.add_string(f"{arch}.rope.scaling.type", "linear")
+        writer.add_float32(f"{arch}.rope.scaling.factor", float(rope["factor"]))
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
     if getattr(cfg, "sliding_window", None) and gemma:
         writer.add_uint32(f"{arch}.attention.sliding_window", int(cfg.sliding_window))
