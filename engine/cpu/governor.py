@@ -6,8 +6,8 @@ product waits for it: on two cores with one busy program, decoding with two thre
 and with one at 79-85 (docs/PERFORMANCE.md). So while the decoder runs, a background thread samples how
 many threads other programs are running (Linux's /proc/stat `procs_running` less this process's running
 threads) every INTERVAL seconds, at jittered times, and between decode steps the governor uses the cores
-the others leave free on average over the last WINDOW seconds: at least one thread, at most the count it
-started with. Samples taken at the decoder's own step boundaries would not do: a window process drawing
+the others leave free on average over the last WINDOW seconds of this answer (`begin`: what ran while no answer
+did is forgotten): at least one thread, at most the count it started with. Samples taken at the decoder's own step boundaries would not do: a window process drawing
 the step just streamed is running exactly then, while it uses a core a tenth of the time.
 
 Losslessness: where the thread count changes a product's bits, an answer decoded while the count
@@ -147,6 +147,14 @@ class ThreadGovernor:
         # draws now and then (the window) leaves it to us
         others = int(sum(n for _, n in recent) / len(recent) + 1 - BUSY)
         return max(1, min(self.full, self.cores - others))
+
+    def begin(self) -> None:
+        """An answer starts: forget the samples taken while none ran. Another program's work that ended before this
+        answer (a peer's answer in a bench, a compile, the window drawing) would otherwise take threads for the first
+        WINDOW seconds of it, most of a short answer; work that goes on is seen again within MIN_SAMPLES looks, and
+        the count chosen under it carries over from the last answer meanwhile."""
+        with self._lock:
+            self.samples.clear()
 
     def tick(self, runner=None) -> int:
         """Between decode steps: set the thread count the recent samples ask for; return the count in

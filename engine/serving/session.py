@@ -176,4 +176,5 @@ class Session:
         if runner is None or runner.device.type != "cpu":
             return None
         threads = governor()
+        threads.begin()
         return lambda: threads.tick(runner)

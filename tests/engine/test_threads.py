@@ -93,6 +93,26 @@ def test_old_samples_leave_the_window(target):
     assert all(t >= machine.now - WINDOW for t, _ in gov.samples)
 
 
+def test_what_ran_between_answers_takes_no_threads_from_the_next_one(target):
+    """A program busy while no answer ran (a peer's answer in a bench) ended just before this one: the answer keeps the
+    full count, where the window's old samples took a thread for most of a short answer. Load that goes on is seen
+    again after MIN_SAMPLES looks, and a count chosen under it carries over to the next answer meanwhile."""
+    machine, runner = Machine(), started(target)
+    gov = governed(machine)
+    look(gov, machine, [2])  # the peer, while we waited
+    gov.begin()
+    machine.others = 0
+    assert gov.tick(runner) == 2
+    for _ in range(MIN_SAMPLES - 1):
+        machine.now += 0.025
+        gov.sample()
+        assert gov.tick(runner) == 2
+    assert watch(gov, machine, [1], runner) == 1  # busy during the answer: a thread given up
+    gov.begin()  # the next answer, the program still busy
+    assert gov.tick(runner) == 1
+    assert watch(gov, machine, [1], runner) == 1
+
+
 def test_a_count_that_changes_bits_is_never_used(target, monkeypatch):
     machine, runner = Machine(), started(target)
     gov = governed(machine)
@@ -179,6 +199,9 @@ def test_a_session_on_the_cpu_consults_the_governor_before_every_decode_step(tar
         def tick(self, runner=None):
             self.runners.append(runner)
             return 2
+
+        def begin(self):
+            self.runners.clear()
 
     gov = Counting()
     monkeypatch.setattr(session_module, "governor", lambda: gov)
