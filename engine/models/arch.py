@@ -16,6 +16,13 @@ from dataclasses import dataclass
 LEAN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "gemma3_text", "phi3", "granite",
                         "olmo2", "gemma2"})
 GELU_TANH = frozenset({"gelu_pytorch_tanh", "gelu_new"})  # GELU by its tanh approximation
+_GEMMA = frozenset({"gemma2", "gemma3_text"})
+# the features of Architecture Specula's own forward computes, and for which families
+_NATIVE_IN = {
+    "norm_offset": _GEMMA, "sandwich_norms": LEAN_TYPES, "embedding_scale": _GEMMA | {"granite"},
+    "soft_capping": frozenset({"gemma2"}), "sliding_layers": LEAN_TYPES, "partial_rotary": frozenset({"phi3"}),
+    "multipliers": frozenset({"granite"}), "fused_weights": frozenset({"phi3"}), "head_norms": LEAN_TYPES,
+}
 _ACTIVATIONS = {"gelu_pytorch_tanh": "GELU-tanh", "gelu_new": "GELU-tanh", "gelu": "GELU", "relu": "ReLU"}
 
 
@@ -41,24 +48,23 @@ class Architecture:
 
     @property
     def gaps(self) -> tuple[str, ...]:
-        """What of this architecture Specula's own forward does not compute (empty: it runs it). Gemma 3's offset
-        norms, four norms a layer, scaled embeddings (its embedding module scales them) and sliding-window layers
-        (each with its kind's rotary) it does, for that family."""
-        gemma3, phi3 = self.model_type in ("gemma3_text", "gemma2"), self.model_type == "phi3"
+        """What of this architecture Specula's own forward does not compute (empty: it runs it): a feature counts
+        where the family is not among those `_NATIVE_IN` names for it (their modules tell the forward how)."""
+        native = lambda feature: self.model_type in _NATIVE_IN[feature]  # noqa: E731
         found = (
             (self.experts, f"a mixture of experts ({self.experts} a layer)"),
             (self.vision, "a vision tower"),
             (self.activation not in ("silu", "swish", *GELU_TANH),
              f"a {_ACTIVATIONS.get(self.activation, self.activation)} MLP"),
-            (self.norm_offset and not gemma3, f"norms scaled by {self.norm_offset:g} + w"),
-            (self.sandwich_norms and self.model_type not in LEAN_TYPES, "norms after attention and the MLP"),
-            (self.embedding_scale and not gemma3 and self.model_type != "granite", "scaled embeddings"),
-            (self.soft_capping and self.model_type != "gemma2", "soft-capped logits"),
-            (self.sliding_layers and self.model_type not in LEAN_TYPES, "sliding-window layers"),
-            (self.partial_rotary and not phi3, "rotary over part of each head"),
-            (self.multipliers and self.model_type != "granite", "residual and logit multipliers"),
-            (self.fused_weights and not phi3, "fused q/k/v and gate/up weights"),
-            (self.head_norms and self.model_type not in LEAN_TYPES, "per-head q/k norms of this family"),
+            (self.norm_offset and not native("norm_offset"), f"norms scaled by {self.norm_offset:g} + w"),
+            (self.sandwich_norms and not native("sandwich_norms"), "norms after attention and the MLP"),
+            (self.embedding_scale and not native("embedding_scale"), "scaled embeddings"),
+            (self.soft_capping and not native("soft_capping"), "soft-capped logits"),
+            (self.sliding_layers and not native("sliding_layers"), "sliding-window layers"),
+            (self.partial_rotary and not native("partial_rotary"), "rotary over part of each head"),
+            (self.multipliers and not native("multipliers"), "residual and logit multipliers"),
+            (self.fused_weights and not native("fused_weights"), "fused q/k/v and gate/up weights"),
+            (self.head_norms and not native("head_norms"), "per-head q/k norms of this family"),
         )
         gaps = [text for present, text in found if present]
         if not gaps and self.model_type not in LEAN_TYPES:

@@ -76,11 +76,13 @@ def supports(model: torch.nn.Module) -> bool:
     if "dynamic" in (rope_type.values() if isinstance(rope_type, dict) else (rope_type,)) or not tables:
         return False
     layer = model.model.layers[0]
+    try:
+        _projections(layer)  # q/k/v and gate/up, separate or fused
+    except AttributeError:
+        return False
     attn, mlp = layer.self_attn, layer.mlp
-    qkv = ("qkv_proj",) if hasattr(attn, "qkv_proj") else ("q_proj", "k_proj", "v_proj")  # Phi-3's fused weights
-    gate_up = ("gate_up_proj",) if hasattr(mlp, "gate_up_proj") else ("gate_proj", "up_proj")
-    parts = [(attn, (*qkv, "o_proj")),
-             (mlp, (*gate_up, "down_proj")),
+    parts = [(attn, ("o_proj",)),
+             (mlp, ("down_proj",)),
              (getattr(layer, "input_layernorm", None) or getattr(layer, "post_feedforward_layernorm", None), ("weight",)),
              (model.model.norm, ("weight",))]
     activation = hasattr(mlp, "act_fn") or hasattr(mlp, "activation_fn")
@@ -217,9 +219,8 @@ class _Layer:
     """One decoder layer's products (fused q/k/v, o, fused gate/up, down) and norms."""
 
     def __init__(self, layer: torch.nn.Module, prefix: str, native: NativeWeights | None, prepack: bool,
-                 arch_config, rope_kinds: tuple[str | None, ...]) -> None:
+                 config, arch, rope_kinds: tuple[str | None, ...]) -> None:
         attn, mlp = layer.self_attn, layer.mlp
-        arch = describe(arch_config)
         (qkv_names, linears), (gate_up_names, gate_up) = _projections(layer)
         if any(lin.bias is not None for lin in linears) and not all(lin.bias is not None for lin in linears):
             raise ValueError("mixed projection biases")
@@ -301,7 +302,7 @@ class _Layer:
         if hasattr(attn, "sliding_window"):  # a layer's own (Gemma 3, Ministral, Qwen2/3: None where it sees all)
             self.window = int(attn.sliding_window or 0)
         elif arch.model_type in WINDOW_EVERYWHERE:
-            self.window = int(getattr(arch_config, "sliding_window", None) or 0)
+            self.window = int(getattr(config, "sliding_window", None) or 0)
         else:
             self.window = 0
         self.rope_set = rope_kinds.index(getattr(attn, "layer_type", None)) if getattr(attn, "layer_type", None) in rope_kinds else 0
@@ -361,8 +362,9 @@ def _fused_layers(model: torch.nn.Module, native: NativeWeights | None, after_la
     if cached is None or cached.native is not native or not _still_fused(cached.layers, model):
         prepack = native is None and _prepack(model)  # a GGUF's own weights: no second copy for oneDNN
         layers = []
+        arch, kinds = describe(model.config), _rope_kinds(model)
         for i, layer in enumerate(model.model.layers):
-            layers.append(_Layer(layer, f"model.layers.{i}", native, prepack, model.config, _rope_kinds(model)))
+            layers.append(_Layer(layer, f"model.layers.{i}", native, prepack, model.config, arch, kinds))
             if after_layer is not None:
                 after_layer()
         head = model.lm_head
@@ -397,7 +399,8 @@ class _StepHandle:
     LM head's too; other weights keep the products the eager forward uses. Where only the portable path
     applies (not x86-64), or SPECULA_PRODUCTS=torch asks (to compare), torch's products stay."""
 
-    def __init__(self, ops, layers: list[_Layer], lm_head, cfg, scale: float, native: NativeWeights | None) -> None:
+    def __init__(self, ops, layers: list[_Layer], lm_head, cfg, scale: float, native: NativeWeights | None,
+                 residual: float = 1.0, softcap: float = 0.0) -> None:
         a, b, bias, names, norms, min_rows = [], [], [], [], [], []
         empty = torch.empty(0)
         own = own_ops() is not None
@@ -448,8 +451,7 @@ class _StepHandle:
                                   layers[0].inter, min_rows, float(_first_norm(layers[0]).eps), float(scale),
                                   [i for i, layer in enumerate(layers) if not layer.rotary],
                                   [layer.window for layer in layers], [layer.rope_set for layer in layers],
-                                  _first_norm(layers[0]).wide, layers[0].gelu, _multipliers(cfg).residual,
-                                  float(getattr(cfg, "attn_logit_softcapping", None) or 0.0))
+                                  _first_norm(layers[0]).wide, layers[0].gelu, residual, softcap)
 
     def __del__(self) -> None:
         try:
@@ -515,8 +517,7 @@ def _call(product, x: torch.Tensor) -> torch.Tensor:
 def _mlp(layer, h: torch.Tensor, run) -> torch.Tensor:
     """The gated MLP of a layer over normed rows h (T, D), its output normed where the layer norms it (Gemma)."""
     gate, up = run(layer.gate_up, h).split(layer.inter, dim=-1)
-    out = run(layer.down, layer.act(gate) * up)
-    return out if layer.mlp_out_norm is None else _rms_norm(out, layer.mlp_out_norm)
+    return _rms_norm(run(layer.down, layer.act(gate) * up), layer.mlp_out_norm)
 
 
 def _rms_norm(x: torch.Tensor, norm: Norm | None) -> torch.Tensor:
@@ -531,7 +532,12 @@ def _rms_norm(x: torch.Tensor, norm: Norm | None) -> torch.Tensor:
 def _layer(runner, i: int, layer: _Layer, x: torch.Tensor, cos, sin, start: int, t: int, plans, run) -> torch.Tensor:
     """One decoder layer of the eager lean forward over rows x (T, D)."""
     attn = runner._attention(i, layer, _rms_norm(x, layer.in_norm), cos, sin, start, t, plans[layer.window], run)
-    x = x + _residual(runner, attn if layer.attn_out_norm is None else _rms_norm(attn, layer.attn_out_norm))
+    return _after_attention(runner, layer, x, attn, run)
+
+
+def _after_attention(runner, layer: _Layer, x: torch.Tensor, attn: torch.Tensor, run) -> torch.Tensor:
+    """The rest of a layer once its attention's output (after o_proj) is known: both residual adds and the MLP."""
+    x = x + _residual(runner, _rms_norm(attn, layer.attn_out_norm))
     return x + _residual(runner, _mlp(layer, _rms_norm(x, layer.post_norm), run))
 
 
@@ -605,7 +611,8 @@ class LlamaRunner:
         self.embed = model.model.embed_tokens
         if self.multipliers.embedding != 1.0:
             self.embed = _Multiplied(self.embed, self.multipliers.embedding)
-        self.norm = _norm_of(model.model.norm, describe(cfg).norm_offset, _wide_norms(describe(cfg)))
+        arch = describe(cfg)
+        self.norm = _norm_of(model.model.norm, arch.norm_offset, _wide_norms(arch))
         self.vocab_size = out_features(model.lm_head)
         # static (models/static.py, a GPU's step): the cache is allocated once for `max_len` positions (and a
         # scratch slot) and every step after the prefill runs in a bucket of fixed shape, at least `floor`
@@ -710,7 +717,8 @@ class LlamaRunner:
         layers, _ = _fused_layers(self.model, self.native)
         cached = _STEPS.get(self.model)
         if cached is None or cached.layers is not layers or cached.ops is not ops:
-            cached = _StepHandle(ops, layers, self.lm_head, self.model.config, self.scale, self.native)
+            cached = _StepHandle(ops, layers, self.lm_head, self.model.config, self.scale, self.native,
+                                 self.multipliers.residual, self.softcap)
             _STEPS[self.model] = cached
             if self.native is not None and self.native.file is not None:
                 self.native.file.release()  # a GGUF's pages the step's products were made from: given back
@@ -919,9 +927,7 @@ class LlamaRunner:
             else:
                 out = F.scaled_dot_product_attention(q.reshape(kv, self.groups * rows, hd), self._k[i], self._v[i],
                                                      attn_mask=masks[layer.window], scale=self.scale).view(h, rows, hd)
-            out = layer.o_proj(out.transpose(0, 1).reshape(rows, -1))
-            x = x + _residual(self, out if layer.attn_out_norm is None else _rms_norm(out, layer.attn_out_norm))
-            x = x + _residual(self, _mlp(layer, _rms_norm(x, layer.post_norm), _call))
+            x = _after_attention(self, layer, x, layer.o_proj(out.transpose(0, 1).reshape(rows, -1)), _call)
         self._feat.index_copy_(0, inp.slots, x)
         return self._scaled(self.lm_head(_rms_norm(x, self.norm)).float())
 

@@ -763,66 +763,42 @@ inline void gated_span(const T* g, const T* u, T* out, int64_t from, int64_t to,
   }
 }
 
-// silu(gate) * up of elements [from, to) of one row (simd::silu_gate: gate / (1 + e^-gate) * up, rounded once to T):
-// in vectors where the build has them and `vectors`, each element with the same operations, so the same bits
-// either way (and whatever the split between threads)
-template <typename T>
-void silu_mul_span(const T* g, const T* u, T* out, int64_t from, int64_t to, bool vectors) {
-  gated_span(g, u, out, from, to, vectors, [](auto a, auto b) { return simd::silu_gate(a, b); });
-}
+// The MLP's gated activations: simd::silu_gate (gate / (1 + e^-gate) * up) and simd::gelu_gate (GELU-tanh of gate
+// times up), each rounded once to T
+struct Silu {
+  template <typename V>
+  V operator()(V g, V u) const { return simd::silu_gate(g, u); }
+};
+struct Gelu {
+  template <typename V>
+  V operator()(V g, V u) const { return simd::gelu_gate(g, u); }
+};
 
 constexpr int64_t SILU_SPAN = 256;  // elements of a row a thread takes at a time
 
-// gate_up (T, 2I) -> silu(gate) * up (T, I); a single row on the calling thread, more rows shared out
-template <typename T>
-void silu_mul(const T* gu, T* out, int64_t t, int64_t inter, bool vectors = true) {
+// gate_up (T, 2I) -> act(gate) * up (T, I); a single row on the calling thread, more rows shared out. Each element in
+// vectors where the build has them and `vectors` with the same operations as alone, so the same bits either way (and
+// whatever the split between threads)
+template <typename T, typename Op>
+void gated_mul(const T* gu, T* out, int64_t t, int64_t inter, Op op, bool vectors = true) {
   const int64_t spans = (inter + SILU_SPAN - 1) / SILU_SPAN;
   at::parallel_for(0, t * spans, spans + 1, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) {
       int64_t r = s / spans, from = s % spans * SILU_SPAN, to = std::min(inter, from + SILU_SPAN);
       const T* g = gu + r * 2 * inter;
-      silu_mul_span(g, g + inter, out + r * inter, from, to, vectors);
+      gated_span(g, g + inter, out + r * inter, from, to, vectors, op);
     }
   });
 }
 
-// silu_mul as an operation (tests): gate_up (T, 2I) -> (T, I), in vectors where the build has them or not
-Tensor silu_mul_op(const Tensor& gu_in, bool vectors) {
+// gated_mul as an operation (tests): gate_up (T, 2I) -> (T, I), in vectors where the build has them or not
+template <typename Op>
+Tensor gated_mul_op(const Tensor& gu_in, bool vectors) {
   TORCH_CHECK(gu_in.dim() == 2 && gu_in.size(1) % 2 == 0, "gate_up: (rows, 2 * inter)");
   Tensor gu = gu_in.contiguous();
   Tensor out = at::empty({gu.size(0), gu.size(1) / 2}, gu.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gu.scalar_type(), "silu_mul", [&] {
-    silu_mul<scalar_t>(gu.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), gu.size(0), out.size(1), vectors);
-  });
-  return out;
-}
-
-// GELU (tanh) of gate times up over elements [from, to) of one row (simd::gelu_gate), as silu_mul_span
-template <typename T>
-void gelu_mul_span(const T* g, const T* u, T* out, int64_t from, int64_t to, bool vectors) {
-  gated_span(g, u, out, from, to, vectors, [](auto a, auto b) { return simd::gelu_gate(a, b); });
-}
-
-// gate_up (T, 2I) -> gelu(gate) * up (T, I), shared out as silu_mul
-template <typename T>
-void gelu_mul(const T* gu, T* out, int64_t t, int64_t inter, bool vectors = true) {
-  const int64_t spans = (inter + SILU_SPAN - 1) / SILU_SPAN;
-  at::parallel_for(0, t * spans, spans + 1, [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s) {
-      int64_t r = s / spans, from = s % spans * SILU_SPAN, to = std::min(inter, from + SILU_SPAN);
-      const T* g = gu + r * 2 * inter;
-      gelu_mul_span(g, g + inter, out + r * inter, from, to, vectors);
-    }
-  });
-}
-
-// gelu_mul as an operation (tests), as silu_mul_op
-Tensor gelu_mul_op(const Tensor& gu_in, bool vectors) {
-  TORCH_CHECK(gu_in.dim() == 2 && gu_in.size(1) % 2 == 0, "gate_up: (rows, 2 * inter)");
-  Tensor gu = gu_in.contiguous();
-  Tensor out = at::empty({gu.size(0), gu.size(1) / 2}, gu.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gu.scalar_type(), "gelu_mul", [&] {
-    gelu_mul<scalar_t>(gu.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), gu.size(0), out.size(1), vectors);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gu.scalar_type(), "gated_mul", [&] {
+    gated_mul<scalar_t>(gu.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), gu.size(0), out.size(1), Op{}, vectors);
   });
   return out;
 }
@@ -939,8 +915,8 @@ void finish_layer(Tensor& x, const Tensor& attn, Scratch& s, const Layer& layer,
   add_rows<T>(x, out_norm<T>(layer.o.into<T>(attn, s.y), layer.attn_out_norm, s, m), m.residual);
   Tensor gu = layer.gate_up.into<T>(in_normed<T>(x, layer.post_norm, s.normed, m), s.gate_up).contiguous();
   if (!s.act.defined() || s.act.size(0) != x.size(0)) s.act = at::empty({x.size(0), m.inter}, x.options());
-  if (m.gelu) gelu_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter);
-  else silu_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter);
+  if (m.gelu) gated_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter, Gelu{});
+  else gated_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter, Silu{});
   add_rows<T>(x, out_norm<T>(layer.down.into<T>(s.act, s.y), layer.mlp_out_norm, s, m), m.residual);
 }
 
@@ -1125,8 +1101,8 @@ TORCH_LIBRARY(specula_step, lib) {
           "Tensor cos, Tensor sin, Tensor pos, int start, Tensor? visible) -> Tensor", &head_layer);
   lib.def("release(int handle) -> ()", &release);
   lib.def("rms_norm(Tensor x, Tensor w, float eps, bool wide=False) -> Tensor", &rms_norm);
-  lib.def("silu_mul(Tensor gate_up, bool vectors) -> Tensor", &silu_mul_op);
-  lib.def("gelu_mul(Tensor gate_up, bool vectors) -> Tensor", &gelu_mul_op);
+  lib.def("silu_mul(Tensor gate_up, bool vectors) -> Tensor", &gated_mul_op<Silu>);
+  lib.def("gelu_mul(Tensor gate_up, bool vectors) -> Tensor", &gated_mul_op<Gelu>);
   lib.def("blocks_pack(Tensor raw, int format) -> Tensor", &blocks::pack_op);
   lib.def("blocks_pack_parts(Tensor[] raws, int[] formats) -> Tensor", &blocks::pack_parts_op);
   lib.def("blocks_packed_bytes(int rows, int row_bytes, int format) -> int", &blocks::packed_bytes);
