@@ -158,33 +158,50 @@ def test_a_qwen2_file_with_biases_runs_natively_as_dequantized(tmp_path):
     assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
 
 
-@pytest.mark.parametrize("strategy", ["prompt-lookup", "auto"])
-def test_a_qwen3_file_runs_its_blocks_through_the_compiled_step(tmp_path, strategy):
-    """Qwen3's per-head norms read from the file (attn_q_norm, attn_k_norm) run in the compiled step with the file's
-    blocks; speculation keeps plain decoding's answer."""
+def _reads_back(model, path, positions: int = 40):
+    """`model` written as F32 at `path` and read in fp32: the lean forward's logits of `positions` tokens are the
+    original model's. Returns the loaded model."""
+    ours = _load(write_gguf(path, model, "F32"), dtype="fp32")
+    ids = torch.randint(0, model.config.vocab_size, (positions,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids[None]).logits[0].float()
+    got = ours.new_runner().forward(ids, last=positions)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+    return ours
+
+
+def _blocks_through_the_step(path, strategy: str = "prompt-lookup", longest_prompt: int = 60):
+    """The file at `path` loaded natively: its blocks (and nothing else) run through the compiled step, and `strategy`'s
+    greedy answers are plain decoding's. Returns the loaded model."""
     from specula.engine.cpu import step
 
     step.prepare(wait=True)
-    path = write_gguf(tmp_path / "qwen3.gguf", tiny_llama("qwen3", seed=4), "Q4_0")
     target = load_model(ModelSpec(str(path), device="cpu", dtype="bf16", step="compiled"))
-    assert target.model.config.model_type == "qwen3" and target.weights == "Q4_0 (native)"
     runner = target.new_runner()
     runner.forward(torch.arange(5, 40))
     runner.forward(torch.tensor([7]))
     assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
+    assert_greedy_identity(target, None, strategy, {}, trials=3, longest_prompt=longest_prompt, max_new_tokens=32)
+    return target
+
+
+@pytest.mark.parametrize("strategy", ["prompt-lookup", "auto"])
+def test_a_qwen3_file_runs_its_blocks_through_the_compiled_step(tmp_path, strategy):
+    """Qwen3's per-head norms read from the file (attn_q_norm, attn_k_norm) run in the compiled step with the file's
+    blocks; speculation keeps plain decoding's answer."""
+    path = write_gguf(tmp_path / "qwen3.gguf", tiny_llama("qwen3", seed=4), "Q4_0")
+    target = _blocks_through_the_step(path, strategy)
+    assert target.model.config.model_type == "qwen3" and target.weights == "Q4_0 (native)"
     assert not target.model.model.layers[0].self_attn.q_norm.weight.is_meta
-    assert_greedy_identity(target, None, strategy, {}, trials=3, longest_prompt=60, max_new_tokens=32)
 
 
 def test_a_gemma3_file_is_read_as_llama_cpp_writes_it(tmp_path):
     """Gemma 3 as llama.cpp's converter lays it out (norms stored as 1 + w, four a layer, post_attention_norm and
     post_ffw_norm, the window in the metadata, five local layers to one global, the global layers' linear rotary scaling
-    of 4B and larger): read in fp32 from F32 tensors, the
-    lean forward gives the original model's logits past the window; its embedding is scaled, where it is read from
-    the file too."""
+    of 4B and larger): read in fp32 from F32 tensors, the lean forward gives the original model's logits past the window;
+    its embedding is scaled, where it is read from the file too."""
     model = tiny_llama("gemma3", layers=6, seed=6, vocab=4096, tied=True, rope_scaling=8.0)  # Gemma 3 4B's rotary
-    path = write_gguf(tmp_path / "g.gguf", model, "F32")
-    ours = _load(path, dtype="fp32")
+    ours = _reads_back(model, tmp_path / "g.gguf", positions=48)
     cfg = ours.model.config
     assert cfg.model_type == "gemma3_text" and cfg.sliding_window == 16 and cfg.query_pre_attn_scalar == cfg.head_dim
     assert cfg.rope_parameters["full_attention"]["rope_type"] == "linear" and cfg.rope_parameters["full_attention"]["factor"] == 8
@@ -192,11 +209,7 @@ def test_a_gemma3_file_is_read_as_llama_cpp_writes_it(tmp_path):
     assert cfg.layer_types == model.config.layer_types and cfg.layer_types.count("full_attention") == 1
     assert ours.uses_lean_forward and ours.path == ""
     ids = torch.randint(0, 4096, (48,), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        want = model(ids[None]).logits[0].float()
-    got = ours.new_runner().forward(ids, last=48)
-    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
-    embedding = gguf.FileEmbedding(GGUFFile(path), "token_embd.weight", torch.float32, 4.0)
+    embedding = gguf.FileEmbedding(GGUFFile(tmp_path / "g.gguf"), "token_embd.weight", torch.float32, 4.0)
     assert torch.equal(embedding(ids), model.model.embed_tokens.weight[ids] * 4.0)
 
 
@@ -204,43 +217,21 @@ def test_a_gemma2_file_is_read_with_its_soft_capping_and_runs_its_blocks(tmp_pat
     """Gemma 2 as llama.cpp writes it (norms as 1 + w, the soft-capping values and the window in the metadata, local and
     global layers in turn): its fp32 logits from F32 tensors are the original model's past the window; in Q8_0 its
     blocks run through the compiled step and speculation keeps plain decoding's answer."""
-    from specula.engine.cpu import step
-
     model = tiny_llama("gemma2", layers=4, seed=10, vocab=4096, tied=True)
-    ours = _load(write_gguf(tmp_path / "g.gguf", model, "F32"), dtype="fp32")
+    ours = _reads_back(model, tmp_path / "g.gguf")
     cfg = ours.model.config
     assert cfg.model_type == "gemma2" and ours.path == "" and cfg.sliding_window == 16
     assert (cfg.attn_logit_softcapping, cfg.final_logit_softcapping, cfg.query_pre_attn_scalar) == (5.0, 30.0, 64)
-    ids = torch.randint(0, 4096, (40,), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        want = model(ids[None]).logits[0].float()
-    got = ours.new_runner().forward(ids, last=40)
-    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
-    step.prepare(wait=True)
-    target = load_model(ModelSpec(str(write_gguf(tmp_path / "q.gguf", model, "Q8_0")), device="cpu", dtype="bf16",
-                                  step="compiled"))
-    runner = target.new_runner()
-    runner.forward(torch.arange(5, 40))
-    runner.forward(torch.tensor([7]))
-    assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
-    assert_greedy_identity(target, None, "prompt-lookup", {}, trials=3, longest_prompt=60, max_new_tokens=32)
+    _blocks_through_the_step(write_gguf(tmp_path / "q.gguf", model, "Q8_0"))
 
 
 @pytest.mark.parametrize("strategy", ["prompt-lookup", "auto"])
 def test_a_gemma3_file_runs_its_blocks_through_the_compiled_step(tmp_path, strategy):
-    from specula.engine.cpu import step
-
-    step.prepare(wait=True)
     path = write_gguf(tmp_path / "gemma3.gguf", tiny_llama("gemma3", layers=6, seed=7), {"default": "Q4_0", "embed": "Q8_0"})
-    target = load_model(ModelSpec(str(path), device="cpu", dtype="bf16", step="compiled"))
+    target = _blocks_through_the_step(path, strategy)
     assert target.model.config.model_type == "gemma3_text" and target.weights.endswith("(native)")
     embed = target.model.model.embed_tokens  # looked up from the file, scaled by sqrt(hidden) as Gemma's is
     assert isinstance(embed, gguf.FileEmbedding) and embed.scalar_embed_scale == 16.0
-    runner = target.new_runner()
-    runner.forward(torch.arange(5, 40))
-    runner.forward(torch.tensor([7]))
-    assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
-    assert_greedy_identity(target, None, strategy, {}, trials=3, longest_prompt=60, max_new_tokens=32)
 
 
 def test_a_phi3_file_is_read_as_llama_cpp_writes_it_and_runs_its_fused_blocks(tmp_path):
@@ -248,91 +239,44 @@ def test_a_phi3_file_is_read_as_llama_cpp_writes_it_and_runs_its_fused_blocks(tm
     as tensors, the window): read in fp32 from F32 tensors it gives the original model's logits (within the factors'
     original window of 64, where transformers takes the short ones); in Q8_0 its fused blocks run through the compiled
     step and speculation keeps plain decoding's answer past that window."""
-    from specula.engine.cpu import step
-
     model = tiny_llama("phi3", layers=2, seed=8, vocab=4096, tied=False)
-    ours = _load(write_gguf(tmp_path / "p.gguf", model, "F32"), dtype="fp32")
+    ours = _reads_back(model, tmp_path / "p.gguf", positions=60)
     rope = ours.model.config.rope_parameters
     assert ours.model.config.model_type == "phi3" and rope["rope_type"] == "longrope"
     assert rope["partial_rotary_factor"] == 0.75 and ours.model.config.sliding_window == 24 and ours.path == ""
     assert torch.allclose(torch.tensor(rope["long_factor"]), torch.tensor(model.config.rope_parameters["long_factor"]))
-    ids = torch.randint(0, 4096, (60,), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        want = model(ids[None]).logits[0].float()
-    got = ours.new_runner().forward(ids, last=60)
-    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
-    step.prepare(wait=True)
-    path = write_gguf(tmp_path / "q.gguf", model, "Q8_0")
-    target = load_model(ModelSpec(str(path), device="cpu", dtype="bf16", step="compiled"))
-    runner = target.new_runner()
-    runner.forward(torch.arange(5, 40))
-    runner.forward(torch.tensor([7]))
-    assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
-    assert_greedy_identity(target, None, "prompt-lookup", {}, trials=3, longest_prompt=90, max_new_tokens=32)
+    _blocks_through_the_step(write_gguf(tmp_path / "q.gguf", model, "Q8_0"), longest_prompt=90)
 
 
 def test_a_granite_file_is_read_with_its_multipliers_and_its_q_k_rows_put_back(tmp_path):
     """Granite as llama.cpp writes it (a Llama layout, q/k rows permuted, its four multipliers in the metadata, which
     transformers' table does not read): its config, its logits in fp32 from F32 tensors, and its blocks in Q8_0 through
     the compiled step, speculation keeping plain decoding's answer."""
-    from specula.engine.cpu import step
-
     model = tiny_llama("granite", layers=2, seed=9, vocab=4096, tied=True)
-    ours = _load(write_gguf(tmp_path / "g.gguf", model, "F32"), dtype="fp32")
+    ours = _reads_back(model, tmp_path / "g.gguf")
     cfg = ours.model.config
     assert cfg.model_type == "granite" and ours.path == ""
     assert (cfg.embedding_multiplier, cfg.residual_multiplier, cfg.logits_scaling) == (12.0, pytest.approx(0.22), 8.0)
-    ids = torch.randint(0, 4096, (40,), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        want = model(ids[None]).logits[0].float()
-    got = ours.new_runner().forward(ids, last=40)
-    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
-    step.prepare(wait=True)
-    target = load_model(ModelSpec(str(write_gguf(tmp_path / "q.gguf", model, "Q8_0")), device="cpu", dtype="bf16",
-                                  step="compiled"))
-    runner = target.new_runner()
-    runner.forward(torch.arange(5, 40))
-    runner.forward(torch.tensor([7]))
-    assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
-    assert_greedy_identity(target, None, "prompt-lookup", {}, trials=3, longest_prompt=60, max_new_tokens=32)
+    _blocks_through_the_step(write_gguf(tmp_path / "q.gguf", model, "Q8_0"))
 
 
 def test_a_smollm3_file_is_read_with_its_layers_without_rotary(tmp_path):
     """SmolLM3 as llama.cpp writes it (a Llama layout, q/k rows permuted; every fourth layer without rotary, which the
     file does not say and both take as the family's): its fp32 logits from F32 tensors are the original model's."""
     model = tiny_llama("smollm3", layers=4, seed=13, vocab=4096, tied=True)
-    ours = _load(write_gguf(tmp_path / "s.gguf", model, "F32"), dtype="fp32")
+    ours = _reads_back(model, tmp_path / "s.gguf")
     assert ours.model.config.model_type == "smollm3" and ours.path == ""
     assert ours.model.config.no_rope_layers == model.config.no_rope_layers and 0 in model.config.no_rope_layers
-    ids = torch.randint(0, 4096, (40,), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        want = model(ids[None]).logits[0].float()
-    got = ours.new_runner().forward(ids, last=40)
-    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
 
 
 def test_an_olmo2_file_is_read_and_runs_its_blocks(tmp_path):
     """OLMo 2 as llama.cpp writes it (its keys, which transformers' table does not read; post_attention_norm and
     post_ffw_norm, q/k norms over all heads): its fp32 logits from F32 tensors are the original model's; in Q8_0 its
     blocks run through the compiled step and speculation keeps plain decoding's answer."""
-    from specula.engine.cpu import step
-
     model = tiny_llama("olmo2", layers=2, seed=12, vocab=4096, tied=False)
-    ours = _load(write_gguf(tmp_path / "o.gguf", model, "F32"), dtype="fp32")
+    ours = _reads_back(model, tmp_path / "o.gguf")
     assert ours.model.config.model_type == "olmo2" and ours.path == ""
-    ids = torch.randint(0, 4096, (40,), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        want = model(ids[None]).logits[0].float()
-    got = ours.new_runner().forward(ids, last=40)
-    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
-    step.prepare(wait=True)
-    target = load_model(ModelSpec(str(write_gguf(tmp_path / "q.gguf", model, "Q8_0")), device="cpu", dtype="bf16",
-                                  step="compiled"))
-    runner = target.new_runner()
-    runner.forward(torch.arange(5, 40))
-    runner.forward(torch.tensor([7]))
-    assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
-    assert_greedy_identity(target, None, "prompt-lookup", {}, trials=3, longest_prompt=60, max_new_tokens=32)
+    _blocks_through_the_step(write_gguf(tmp_path / "q.gguf", model, "Q8_0"))
 
 
 def test_llama_3_rotary_factors_in_the_file_scale_the_frequencies(tmp_path):

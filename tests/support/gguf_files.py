@@ -21,32 +21,9 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
     """A random transformers model small enough to write in every format (inputs of 256: whole K-quant blocks).
     "gemma3" (text): llama.cpp's layout of it, five local layers (a window of 16 positions) to one global. "phi3":
     fused q/k/v and gate/up, Phi-4-mini's rotary, a window of 24 positions."""
-    from transformers import (
-        Gemma2Config,
-        Gemma2ForCausalLM,
-        Gemma3ForCausalLM,
-        Gemma3TextConfig,
-        GraniteConfig,
-        GraniteForCausalLM,
-        LlamaConfig,
-        LlamaForCausalLM,
-        Olmo2Config,
-        Olmo2ForCausalLM,
-        Phi3Config,
-        Phi3ForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-        SmolLM3Config,
-        SmolLM3ForCausalLM,
-    )
+    from tests.support.tiny import family_classes, longrope
 
-    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                             "qwen3": (Qwen3Config, Qwen3ForCausalLM), "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
-                             "phi3": (Phi3Config, Phi3ForCausalLM), "granite": (GraniteConfig, GraniteForCausalLM),
-                             "gemma2": (Gemma2Config, Gemma2ForCausalLM), "olmo2": (Olmo2Config, Olmo2ForCausalLM),
-                             "smollm3": (SmolLM3Config, SmolLM3ForCausalLM)}[family]
+    config_cls, model_cls = family_classes(family)
     extra = {"sliding_window": 16, "query_pre_attn_scalar": hidden // 4} if family == "gemma3" else {}
     if family == "gemma3" and rope_scaling:  # Gemma 3 4B's: linear, on the global layers only
         extra["rope_scaling"] = {"rope_type": "linear", "factor": rope_scaling}
@@ -59,12 +36,8 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
         extra = {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0156,
                  "logits_scaling": 8.0}
     if family == "phi3":  # Phi-4-mini's rotary: over 3/4 of each head, longrope's factors (long ones past 64)
-        pairs = hidden // 4 * 3 // 8
-        gen = torch.Generator().manual_seed(seed + 1)
         extra = {"sliding_window": 24, "original_max_position_embeddings": 64, "pad_token_id": 0,
-                 "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
-                                     "short_factor": (1 + torch.rand(pairs, generator=gen)).tolist(),
-                                     "long_factor": (1 + 4 * torch.rand(pairs, generator=gen)).tolist()}}
+                 "rope_parameters": longrope(hidden // 4 * 3 // 8, seed + 1)}
     config = config_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
                         tie_word_embeddings=tied, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, **extra)

@@ -7,6 +7,39 @@ import torch
 from specula.engine.models.loading import LoadedModel
 
 
+# each family the tests build: its transformers config and model classes, by name
+_FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),  # every fourth layer without rotary
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),  # soft-capped scores and logits, local and global layers
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),  # one window over every layer
+    "ministral": ("MinistralConfig", "MinistralForCausalLM"),  # windowed and full layers in turn
+    "granite": ("GraniteConfig", "GraniteForCausalLM"),  # multipliers of embeddings, outputs, attention, logits
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),  # norms of the outputs only, q/k norms over all heads
+}
+
+
+def family_classes(family: str) -> tuple[type, type]:
+    """(config class, model class) of a family the tests build."""
+    import transformers
+
+    config_name, model_name = _FAMILIES[family]
+    return getattr(transformers, config_name), getattr(transformers, model_name)
+
+
+def longrope(pairs: int, seed: int) -> dict:
+    """Phi-4-mini's rotary for a tiny model: over 3/4 of each head (`pairs` frequencies), longrope's random short and
+    long factors."""
+    gen = torch.Generator().manual_seed(seed)
+    return {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "short_factor": (1 + torch.rand(pairs, generator=gen)).tolist(),
+            "long_factor": (1 + 4 * torch.rand(pairs, generator=gen)).tolist()}
+
+
 def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "llama", max_pos: int = 512,
                head_dim: int = 16, window: int = 8):
     """A tiny random model of a family; "gemma3" (text): local layers of a `window` of positions, one global
@@ -15,44 +48,7 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
     attending over a `window` of positions. "mistral": one window over every layer; "ministral": windowed and full
     layers in turn. "granite": its multipliers. "olmo2": its norms after attention and the MLP, q/k norms over all
     heads. "gemma2": Gemma's layers with soft-capped attention scores (at 5) and logits (at 30)."""
-    from transformers import (
-        Gemma2Config,
-        Gemma2ForCausalLM,
-        Gemma3ForCausalLM,
-        Gemma3TextConfig,
-        GraniteConfig,
-        GraniteForCausalLM,
-        LlamaConfig,
-        LlamaForCausalLM,
-        MinistralConfig,
-        MinistralForCausalLM,
-        MistralConfig,
-        MistralForCausalLM,
-        Olmo2Config,
-        Olmo2ForCausalLM,
-        Phi3Config,
-        Phi3ForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-        SmolLM3Config,
-        SmolLM3ForCausalLM,
-    )
-
-    config_cls, model_cls = {
-        "llama": (LlamaConfig, LlamaForCausalLM),
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-        "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),  # every fourth layer without rotary
-        "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
-        "gemma2": (Gemma2Config, Gemma2ForCausalLM),  # soft-capped scores and logits, local and global layers
-        "phi3": (Phi3Config, Phi3ForCausalLM),
-        "mistral": (MistralConfig, MistralForCausalLM),  # one window over every layer
-        "ministral": (MinistralConfig, MinistralForCausalLM),  # windowed and full layers in turn
-        "granite": (GraniteConfig, GraniteForCausalLM),  # multipliers of embeddings, outputs, attention, logits
-        "olmo2": (Olmo2Config, Olmo2ForCausalLM),  # norms of the outputs only, q/k norms over all heads
-    }[family]
+    config_cls, model_cls = family_classes(family)
     extra = {}
     if family == "smollm3":  # token ids within a tiny vocabulary (SmolLM3's defaults point past it), as Llama's are
         extra = {"pad_token_id": None, "bos_token_id": 1, "eos_token_id": 2}
@@ -73,13 +69,8 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
         extra = {"sliding_window": window, "layer_types": ["sliding_attention", "full_attention"] * (layers // 2)
                  + ["sliding_attention"] * (layers % 2)}
     elif family == "phi3":
-        pairs = head_dim * 3 // 8  # rotary over 3/4 of a head: this many frequencies
-        gen = torch.Generator().manual_seed(seed + 1)
         extra = {"sliding_window": window, "original_max_position_embeddings": 64, "pad_token_id": 0,
-                 "bos_token_id": 1, "eos_token_id": 2,
-                 "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
-                                     "short_factor": (1 + torch.rand(pairs, generator=gen)).tolist(),
-                                     "long_factor": (1 + 4 * torch.rand(pairs, generator=gen)).tolist()}}
+                 "bos_token_id": 1, "eos_token_id": 2, "rope_parameters": longrope(head_dim * 3 // 8, seed + 1)}
     config = config_cls(
         vocab_size=vocab,
         hidden_size=64,
