@@ -896,28 +896,23 @@ void add_rows(Tensor& x, const Tensor& y_in, double m = 1.0) {
   for (int64_t i = 0, n = x.numel(); i < n; ++i) xp[i] = static_cast<T>(static_cast<M>(xp[i]) + static_cast<M>(yp[i]));
 }
 
-// x normed by a layer's input norm, or x itself where the layer has none (OLMo 2)
+// x normed into `out` by one of a layer's norms, or x itself where the layer has none there (an input norm: OLMo 2's
+// layers; an output norm: all but Gemma's and OLMo 2's)
 template <typename T>
-const Tensor& in_normed(const Tensor& x, const Tensor& norm, Tensor& out, const Model& m) {
-  return norm.defined() ? rms_into<T>(x, norm, m.eps, out, m.wide_norms) : x;
-}
-
-// y, or y normed where the layer norms its attention's or MLP's output (`norm` defined: Gemma)
-template <typename T>
-const Tensor& out_norm(const Tensor& y, const Tensor& norm, Scratch& s, const Model& m) {
-  return norm.defined() ? rms_into<T>(y.contiguous(), norm, m.eps, s.out_normed, m.wide_norms) : y;
+const Tensor& normed(const Tensor& x, const Tensor& norm, Tensor& out, const Model& m) {
+  return norm.defined() ? rms_into<T>(x.contiguous(), norm, m.eps, out, m.wide_norms) : x;
 }
 
 // A layer after its attention: x += o(attn), then x += down(act(gate) * up) over the norm before the MLP (each
 // output normed first where the layer norms it).
 template <typename T>
 void finish_layer(Tensor& x, const Tensor& attn, Scratch& s, const Layer& layer, const Model& m) {
-  add_rows<T>(x, out_norm<T>(layer.o.into<T>(attn, s.y), layer.attn_out_norm, s, m), m.residual);
-  Tensor gu = layer.gate_up.into<T>(in_normed<T>(x, layer.post_norm, s.normed, m), s.gate_up).contiguous();
+  add_rows<T>(x, normed<T>(layer.o.into<T>(attn, s.y), layer.attn_out_norm, s.out_normed, m), m.residual);
+  Tensor gu = layer.gate_up.into<T>(normed<T>(x, layer.post_norm, s.normed, m), s.gate_up).contiguous();
   if (!s.act.defined() || s.act.size(0) != x.size(0)) s.act = at::empty({x.size(0), m.inter}, x.options());
   if (m.gelu) gated_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter, Gelu{});
   else gated_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter, Silu{});
-  add_rows<T>(x, out_norm<T>(layer.down.into<T>(s.act, s.y), layer.mlp_out_norm, s, m), m.residual);
+  add_rows<T>(x, normed<T>(layer.down.into<T>(s.act, s.y), layer.mlp_out_norm, s.out_normed, m), m.residual);
 }
 
 // x (T, D) after the embedding -> x after `n_layers` layers; the caches get the new keys and values.
@@ -954,7 +949,7 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
       for (size_t j = 0; aux && j < aux_layers.size(); ++j)  // the hidden states entering the layers kept (EAGLE-3)
         if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
       int64_t layer_off = l * kv * cap * hd;
-      Tensor qkv = layer.qkv.into<scalar_t>(in_normed<scalar_t>(x, layer.in_norm, scratch.normed, *m), scratch.qkv).contiguous();
+      Tensor qkv = layer.qkv.into<scalar_t>(normed<scalar_t>(x, layer.in_norm, scratch.normed, *m), scratch.qkv).contiguous();
       head_norms<scalar_t>(qkv, layer, *m);
       store_and_attend(qkv.data_ptr<scalar_t>(), rope_table(cos, layer), rope_table(sin, layer), p, q.data_ptr<float>(),
                        k_cache.data_ptr<float>() + layer_off, kt_cache.data_ptr<float>() + layer_off,
@@ -1011,7 +1006,7 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
       const Layer& layer = m->layers[l];
       for (size_t j = 0; aux && j < aux_layers.size(); ++j)  // the hidden states entering the layers kept (EAGLE-3)
         if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
-      Tensor qkv = layer.qkv.into<scalar_t>(in_normed<scalar_t>(x, layer.in_norm, scratch.normed, *m), scratch.qkv).contiguous();
+      Tensor qkv = layer.qkv.into<scalar_t>(normed<scalar_t>(x, layer.in_norm, scratch.normed, *m), scratch.qkv).contiguous();
       head_norms<scalar_t>(qkv, layer, *m);
       // a thread takes whole rows (attend's own split over heads runs inline inside this one)
       at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
