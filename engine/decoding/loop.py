@@ -29,7 +29,7 @@ from .detok import Detokenizer
 from .drafter import DraftContext, Drafter
 from .length import next_k
 from .sampling import choose
-from .speedup import PlainHistory, SpeedupMeter, probe_due
+from .speedup import PlainHistory, SpeedupMeter
 from .target import ModelRunner
 from .tree import TokenTree
 from .verify import Verdict, verify, walk_tree, walk_tree_sampling
@@ -116,10 +116,7 @@ def generate(
         if between_steps is not None:
             between_steps()
         meter = loop.meter
-        if seeded:  # this answer's own samples and a fixed gap: the same steps every time
-            probe = k > 0 and probe_due(len(meter.samples), meter.since_plain)
-        else:
-            probe = k > 0 and probe_due(len(meter.pool), meter.since_plain, meter.relative_error)
+        probe = k > 0 and meter.probe_due(own_only=seeded)
         plain_s = meter.plain_step_s
         n = 0 if probe else lengths.choose(plain_s) if lengths is not None else k
         step = loop.step(n)
@@ -217,10 +214,8 @@ class _Loop:
         self.step_seconds = seconds
         plain_s = max(1e-9, seconds - draft_s) if drafted == 0 else None
         # the first step after the prompt runs cold (about 1.5 plain steps here): if plain, it counts for
-        # itself only, not as a sample of the others
-        sample = self.stats.steps > 1
-        self.meter.add(emitted, seconds, plain_s, sample)
-        if plain_s is not None and sample:
+        # itself only, not as a sample of the others; the meter keeps the samples that stand for `none`
+        if self.meter.add(emitted, seconds, plain_s, sample=self.stats.steps > 1):
             self.plain.add(plain_s)
         m = self.meter
         return elapsed, {"speedup": m.value, "speedup_err": m.error, "plain_step_s": m.plain_step_s}

@@ -1,12 +1,19 @@
 """The live speedup, measured inside each answer, and the plain-decoding baseline.
 
 speedup = P / T over the answer's decode steps (the prefill excluded): T is the wall time they took, P
-what plain decoding would have taken for the same tokens, measured in the same answer: every step that
-drafted nothing is a plain decoding step, and its time (its drafting excluded) is a sample of the plain
-step's cost now. The decoder makes such a step now and then when the strategy makes none of its own
-(`probe_due`). A speculative step's tokens are costed at the mean of the plain samples on either side of
-it in time, so a machine that slows down (another program) slows both sides of the ratio alike. Its
-uncertainty is the standard error of those samples.
+what plain decoding would have taken for the same tokens, measured in the same answer: a step that drafted
+nothing, following SETTLE such steps, is plain decoding as `none` runs it, and its time (its drafting
+excluded) is a sample of the plain step's cost now. The decoder makes such steps now and then when the
+strategy makes none of its own (`SpeedupMeter.probe_due`: a short run of plain steps). A speculative step's tokens are
+costed at the mean of the plain samples on either side of it in time, so a machine that slows down
+(another program) slows both sides of the ratio alike. Its uncertainty is the standard error of those
+samples.
+
+Why a run and not one plain step: a plain step right after a verify pass, or after any pause between
+steps, costs more than one in the middle of plain decoding (here 10-17% after a pass of 4-8 rows, fading
+over about six plain steps; 20-85% after a pause of 5-20 ms), and `none`, which the figure stands for,
+never pays that. Timed alone, such a step made the figure read about a tenth high. The steps that settle
+a run are costed like speculative ones, at the samples' mean: their own time is in T like every step's.
 """
 
 from __future__ import annotations
@@ -46,22 +53,12 @@ def measure_baseline(runner, lengths=(32, 512), repeats: int = 5) -> BaselineCos
 
 
 MIN_PLAIN = 3  # plain samples an answer needs before its speedup is more than a guess
-PROBE_EVERY = 24  # then, at most this many decode steps between plain steps
-NOISY_GAP = 8  # ... or this many while the plain samples scatter (the machine is busy with other work)
+SETTLE = 4  # plain steps in a row before the next one is a sample of plain decoding's cost
+RUN_SAMPLES = 2  # samples a run of plain steps gives before drafting resumes
+PROBE_EVERY = 64  # then, at most this many decode steps between runs
+NOISY_GAP = 24  # ... or this many while the samples scatter (the machine is busy with other work)
 NOISY = 0.05  # relative standard error above which the samples scatter
-EARLY_GAP = 2  # until it has MIN_PLAIN: a plain step after this many speculative ones
 RECENT_S = 30.0  # plain samples from earlier answers younger than this count for a new answer
-
-
-def probe_due(samples: int, since_plain: int, relative_error: float | None = None) -> bool:
-    """Whether the next decode step should be a plain one (no draft) to measure plain decoding's cost:
-    a few early in an answer that has no recent samples, then one every PROBE_EVERY steps that a
-    strategy spends drafting, or every NOISY_GAP while the samples scatter. A plain step is lossless
-    (it is what `none` does); it costs the answer the tokens a draft would have added, a few percent."""
-    if samples < MIN_PLAIN:
-        return since_plain >= EARLY_GAP
-    noisy = relative_error is not None and relative_error > NOISY
-    return since_plain >= (NOISY_GAP if noisy else PROBE_EVERY)
 
 
 class SpeedupMeter:
@@ -81,8 +78,10 @@ class SpeedupMeter:
         self.plain_s = 0.0  # what plain decoding would have taken for the tokens of closed stretches
         self.spent_s = 0.0  # what the decode steps took
         self.tokens = 0
-        self.since_plain = 0  # decode steps since the last plain one
-        self._open = 0  # tokens of speculative steps since the last plain sample
+        self.since_plain = 0  # decode steps since the last sample
+        self.plain_run = 0  # plain steps in a row up to the latest step
+        self.run_samples = 0  # ... and the samples they gave
+        self._open = 0  # tokens of steps since the last sample, to be costed at the samples' mean
         self.speculative = 0  # decode steps that drafted
 
     @property
@@ -90,27 +89,48 @@ class SpeedupMeter:
         pool = self.samples or self.seeds
         return pool[-1] if pool else None
 
-    def add(self, tokens: int, seconds: float, plain_s: float | None = None, sample: bool = True) -> None:
-        """A decode step: its tokens and wall time; for a plain step, its plain time, a sample of plain
-        decoding's cost unless `sample` is False (it counts only for itself: the first step, cold)."""
+    def add(self, tokens: int, seconds: float, plain_s: float | None = None, sample: bool = True) -> bool:
+        """A decode step: its tokens and wall time; for a plain step, its plain time. A plain step after
+        SETTLE plain steps is a sample of plain decoding's cost (returns True); one after fewer is costed
+        like a speculative step; one with `sample` False (the first step, cold) counts for itself only."""
         self.tokens += tokens
         self.spent_s += seconds
+        settled = self.plain_run >= SETTLE
+        self.plain_run = 0 if plain_s is None else self.plain_run + 1
+        self.run_samples *= plain_s is not None
         if plain_s is not None and not sample:
             self.plain_s += tokens * plain_s
-            return
-        if plain_s is None:
+            return False
+        if plain_s is None or not settled:
             self._open += tokens
             self.since_plain += 1
-            self.speculative += 1
-            return
+            self.speculative += plain_s is None
+            return False
         last = self._last  # older answers' samples (stale) never blend into a measured stretch
         self.plain_s += self._open * (plain_s if last is None else (last + plain_s) / 2)
         self.plain_s += tokens * plain_s
         self._open = self.since_plain = 0
+        self.run_samples += 1
         self.samples.append(plain_s)
         delta = plain_s - self._mean
         self._mean += delta / len(self.samples)
         self._m2 += delta * (plain_s - self._mean)
+        return True
+
+    def probe_due(self, own_only: bool = False) -> bool:
+        """Whether the next decode step should be a plain one (no draft) to measure plain decoding's cost:
+        from the start of an answer without recent samples until it has MIN_PLAIN, then a run every
+        PROBE_EVERY steps, or every NOISY_GAP while the samples scatter; a run goes on until it gives
+        RUN_SAMPLES samples (SETTLE plain steps first). `own_only`: count this answer's samples only and keep
+        the gap fixed (a seeded answer takes the same steps every time). A plain step is lossless (it is
+        what `none` does); it costs the answer the tokens a draft would have added: one step in eleven, a
+        few percent of the speedup."""
+        if len(self.samples if own_only else self.pool) < MIN_PLAIN:
+            return True
+        if 0 < self.run_samples < RUN_SAMPLES:
+            return True
+        error = None if own_only else self.relative_error
+        return self.since_plain >= (NOISY_GAP if error is not None and error > NOISY else PROBE_EVERY)
 
     @property
     def pool(self) -> list[float]:

@@ -46,6 +46,13 @@ def feed(meter, steps):
         meter.add(tokens, seconds, seconds if plain else None)
 
 
+def probe(seconds):
+    """A probe as the decoder makes it: SETTLE plain steps, then the sample (here all of one cost)."""
+    from specula.engine.decoding.speedup import SETTLE
+
+    return [(1, seconds, True)] * (SETTLE + 1)
+
+
 def test_plain_decoding_measures_a_speedup_of_exactly_one():
     from specula.engine.decoding.speedup import SpeedupMeter
 
@@ -59,8 +66,9 @@ def test_speedup_is_plain_time_for_the_tokens_over_the_time_spent():
 
     m = SpeedupMeter()
     # plain steps cost 10 ms; a speculative step 15 ms for 3 tokens: 30 ms of plain decoding
-    feed(m, [(1, 0.010, True)] + [(3, 0.015, False)] * 20 + [(1, 0.010, True)] + [(3, 0.015, False)] * 20)
-    expected = (2 * 0.010 + 40 * 3 * 0.010) / (2 * 0.010 + 40 * 0.015)
+    feed(m, probe(0.010) + [(3, 0.015, False)] * 20 + probe(0.010) + [(3, 0.015, False)] * 20)
+    n = len(probe(0.010))
+    expected = (2 * n * 0.010 + 40 * 3 * 0.010) / (2 * n * 0.010 + 40 * 0.015)
     assert m.value == pytest.approx(expected)
     assert m.plain_step_s == pytest.approx(0.010)
 
@@ -68,21 +76,22 @@ def test_speedup_is_plain_time_for_the_tokens_over_the_time_spent():
 def test_a_machine_that_slows_down_mid_answer_slows_both_sides_of_the_ratio():
     """Another program takes half the machine after 60 steps: every step, plain or speculative, takes
     twice as long from then on. The true speedup is unchanged, and the meter still says it."""
-    from specula.engine.decoding.speedup import PROBE_EVERY, SpeedupMeter, probe_due
+    from specula.engine.decoding.speedup import MIN_PLAIN, NOISY_GAP, PROBE_EVERY, RUN_SAMPLES, SETTLE, SpeedupMeter
 
-    m, truth = SpeedupMeter(), 3 * 0.010 / 0.016
-    for i in range(240):
+    m, truth, n = SpeedupMeter(), 3 * 0.010 / 0.016, 480
+    for i in range(n):
         slow = 2.0 if i >= 60 else 1.0
-        if probe_due(len(m.pool), m.since_plain):
+        if m.probe_due():
             m.add(1, 0.010 * slow, 0.010 * slow)
         else:
             m.add(3, 0.016 * slow)
-    plain_steps = len(m.samples)
-    assert 240 / PROBE_EVERY <= plain_steps <= 240 / PROBE_EVERY + 4  # a few early, then one in PROBE_EVERY
+    # a run at the start, then one every PROBE_EVERY, or NOISY_GAP once the samples scatter (the slowdown)
+    assert len(m.samples) >= MIN_PLAIN + RUN_SAMPLES * (n // (PROBE_EVERY + SETTLE + RUN_SAMPLES) - 1)
+    assert n - m.speculative <= SETTLE + MIN_PLAIN + (SETTLE + RUN_SAMPLES) * (n // NOISY_GAP + 1)
     # with the plain steps' own lower yield counted in, within 5% of the speculative steps' own ratio
     assert m.value == pytest.approx(truth, rel=0.05)
     # a load-time figure (the old way) would have said the speculative steps after the slowdown were slow
-    assert (240 * 3 * 0.010) / m.spent_s < 0.75 * truth
+    assert (n * 3 * 0.010) / m.spent_s < 0.75 * truth
 
 
 def test_the_uncertainty_shrinks_with_more_plain_samples_and_is_shown_while_large():
@@ -90,9 +99,9 @@ def test_the_uncertainty_shrinks_with_more_plain_samples_and_is_shown_while_larg
     from specula.engine.decoding.speedup import SpeedupMeter
 
     m = SpeedupMeter()
-    feed(m, [(1, 0.010, True), (3, 0.015, False)])
+    feed(m, probe(0.010) + [(3, 0.015, False)])
     assert m.error is None and speedup_text(m.value, m.error).startswith("~")  # one sample: a guess
-    feed(m, [(1, 0.014, True), (3, 0.015, False), (1, 0.007, True)])
+    feed(m, probe(0.014) + [(3, 0.015, False)] + probe(0.007))
     wide = m.error
     assert wide is not None and "±" in speedup_text(m.value, wide)
     feed(m, [(1, 0.010 + 0.0005 * (i % 2), True) for i in range(60)])
@@ -107,7 +116,7 @@ def test_the_relative_error_is_the_samples_standard_error_however_long_the_answe
     import random
     import statistics
 
-    from specula.engine.decoding.speedup import MIN_PLAIN, SpeedupMeter
+    from specula.engine.decoding.speedup import MIN_PLAIN, SETTLE, SpeedupMeter
 
     def definition(pool):
         return statistics.stdev(pool) / (statistics.fmean(pool) * math.sqrt(len(pool)))
@@ -117,27 +126,28 @@ def test_the_relative_error_is_the_samples_standard_error_however_long_the_answe
     assert m.relative_error == pytest.approx(definition([0.0040, 0.0052]), rel=1e-9)
     own = []
     for i in range(2000):
-        own.append(0.004 + 0.002 * rng.random() + (0.01 if i % 97 == 0 else 0.0))  # now and then a slow one
-        m.add(1, own[-1], own[-1])
         if i % 3 == 0:
-            m.add(4, 0.006)  # speculative steps add no sample
+            assert not m.add(4, 0.006)  # speculative steps add no sample, nor the plain steps settling after
+            assert not any(m.add(1, 0.020, 0.020) for _ in range(SETTLE))
+        own.append(0.004 + 0.002 * rng.random() + (0.01 if i % 97 == 0 else 0.0))  # now and then a slow one
+        assert m.add(1, own[-1], own[-1])
         pool = own if len(own) >= MIN_PLAIN else [0.0040, 0.0052, *own]
         if i < 5 or i % 199 == 0:
             assert m.relative_error == pytest.approx(definition(pool), rel=1e-9)
 
 
 def test_a_new_answer_starts_from_recent_plain_samples_instead_of_probing_at_once():
-    from specula.engine.decoding.speedup import MIN_PLAIN, PlainHistory, SpeedupMeter, probe_due
+    from specula.engine.decoding.speedup import MIN_PLAIN, PlainHistory, SpeedupMeter
 
     history = PlainHistory()
     for _ in range(MIN_PLAIN):
         history.add(0.010)
     m = SpeedupMeter(history.seeds())
-    assert not probe_due(len(m.pool), 5)  # enough recent samples: no early probes
+    assert not m.probe_due()  # enough recent samples: no early probes
     m.add(3, 0.015)
     assert m.value == pytest.approx(3 * 0.010 / 0.015)
     fresh = SpeedupMeter()
-    assert probe_due(len(fresh.pool), 2) and not probe_due(len(fresh.pool), 1)
+    assert fresh.probe_due()  # none: plain steps from the start until it has its own
 
 
 def test_a_short_answer_long_after_the_last_is_costed_from_older_samples_as_an_estimate(monkeypatch):
@@ -146,7 +156,7 @@ def test_a_short_answer_long_after_the_last_is_costed_from_older_samples_as_an_e
     then replaces them."""
     from specula.engine.api.metrics import speedup_text
     from specula.engine.decoding import speedup
-    from specula.engine.decoding.speedup import MIN_PLAIN, RECENT_S, PlainHistory, SpeedupMeter, probe_due
+    from specula.engine.decoding.speedup import MIN_PLAIN, RECENT_S, PlainHistory, SpeedupMeter
 
     clock = [1000.0]
     monkeypatch.setattr(speedup.time, "monotonic", lambda: clock[0])
@@ -156,14 +166,15 @@ def test_a_short_answer_long_after_the_last_is_costed_from_older_samples_as_an_e
     clock[0] += RECENT_S + 30
     assert history.seeds() == [] and history.latest() == [0.012, 0.011, 0.009]
     m = SpeedupMeter(history.seeds(), history.latest())
-    assert probe_due(len(m.pool), 2)  # it still measures its own as early as without them
+    assert m.probe_due()  # it still measures its own as early as without them
     m.add(3, 0.015)
     m.add(3, 0.015)
     assert m.value == pytest.approx(6 * 0.009 / 0.030) and m.error is None
     assert speedup_text(m.value, m.error) == "~1.80×"
     assert SpeedupMeter().value is None  # nothing at all: no figure
-    m.add(1, 0.010, 0.010)  # its own sample: the open stretch is costed from it alone
-    assert m.value == pytest.approx((6 * 0.010 + 0.010) / 0.040) and len(m.pool) == 1 < MIN_PLAIN
+    feed(m, probe(0.010))  # its own sample: the open stretch (and the steps settling) costed from it alone
+    n = len(probe(0.010))
+    assert m.value == pytest.approx((6 + n) * 0.010 / (0.030 + n * 0.010)) and len(m.pool) == 1 < MIN_PLAIN
 
 
 def test_live_metrics_show_the_engines_speedup_when_the_steps_carry_it():
