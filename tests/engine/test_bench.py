@@ -215,3 +215,37 @@ def test_steps_trace_has_every_decoding_step(bench):
         assert len([s for s in mine if s["step"] > 0]) + len({s["turn"] for s in mine}) == run["target_forwards"]
         assert all(s["step"] == 0 for s in mine if s["step"] == 0 and s["drafted"] == 0)
         assert {s["turn"] for s in mine} == set(range(len({s["turn"] for s in mine})))
+
+
+def test_the_bench_checks_itself_with_none_measured_first_and_last(bench):
+    """`none` runs first and last in each prompt's turn; the report gives both rates and says whether they
+    agree within 5% (here nothing else runs: a tiny model, so only that the figures are there)."""
+    _, out_dir = bench
+    fl = json.loads((out_dir / "bench.json").read_text())["none_first_last"]
+    assert fl["first_tokens_per_s"] > 0 and fl["last_tokens_per_s"] > 0
+    assert fl["change"] == pytest.approx(fl["last_tokens_per_s"] / fl["first_tokens_per_s"] - 1)
+    assert "`none` measured first and last in each prompt's turn" in (out_dir / "bench.md").read_text()
+
+
+def test_a_run_that_slows_the_one_after_it_is_named_and_a_peer_on_this_machine_too():
+    from specula.engine.cli.bench.command import on_this_machine
+    from specula.engine.cli.bench.report import to_markdown
+
+    item = PromptItem(("x",), 1, "a")
+
+    def none(decode_s):
+        return Run((1, 2, 3), 3, decode_s + 0.1, decoded=2, decode_s=decode_s)
+
+    def summary(first_s, last_s):
+        results = {"none": [(item, Run.mean_of(none(first_s), none(last_s)))], "prompt-lookup": [(item, none(0.5))]}
+        return summarize(results, "tiny", "cpu", "fp32", 16)
+
+    quiet, biased = summary(1.0, 1.02), summary(1.0, 1.5)
+    assert quiet["overall"]["prompt-lookup"]["decode_speedup"] == pytest.approx(1.01 / 0.5)  # against their mean
+    assert biased["none_first_last"]["change"] == pytest.approx(1.0 / 1.5 - 1)
+    assert "within 5%" in to_markdown(quiet) and "more than 5% apart" not in to_markdown(quiet)
+    assert "more than 5% apart" in to_markdown(biased)
+    biased["same_machine"] = ["llama"]
+    assert "Server peer llama runs on this machine" in to_markdown(biased)
+    assert on_this_machine("http://127.0.0.1:8080") and on_this_machine("http://localhost:8080/v1")
+    assert not on_this_machine("http://192.0.2.7:8080")  # a documentation address: another machine

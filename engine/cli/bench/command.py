@@ -50,6 +50,7 @@ def run_bench_cmd(args) -> int:
     summary["step"] = session.target.step_status
     for name, backend in remotes.items():
         summary.setdefault("servers", {})[name] = backend.describe().device
+    summary["same_machine"] = [name for name, url in servers.items() if on_this_machine(url)]
     summary["k"] = {name: default_k(split_variant(name)[0]) if args.k is None else args.k for name in strategies}
     if args.out:
         write_out(args.out, summary, results)
@@ -72,3 +73,20 @@ def connect_servers(servers: dict[str, str], api_key_env: str, verify_tls: bool,
                                        allow_http_key=allow_http_key))
         remotes[name] = backend
     return remotes
+
+
+def on_this_machine(url: str) -> bool:
+    """Whether a server peer's URL names this machine (loopback, or one of its own addresses)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    try:
+        own = set(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        own = set()
+    return any(a.startswith("127.") or a in ("::1", "0.0.0.0", "::") or a in own for a in addresses)

@@ -135,8 +135,37 @@ def summarize(results: dict[str, list], model: str, device: str, dtype: str, max
             "identical": whole["identical"],
             "kind": "server" if name in servers else "peer" if name in PEERS else "strategy",
         }
-    return {"model": model, "device": device, "dtype": dtype, "max_new_tokens": max_new_tokens,
-            "rows": rows, "overall": overall, "spec_bench": spec_bench_view(results)}
+    summary = {"model": model, "device": device, "dtype": dtype, "max_new_tokens": max_new_tokens,
+               "rows": rows, "overall": overall, "spec_bench": spec_bench_view(results)}
+    halves = [r.first_last for _, r in base_all or () if r.first_last]
+    if halves:
+        first, last = ([h[i] for h in halves] for i in (0, 1))
+        rates = [_ratio(sum(r.decoded for r in runs), sum(r.decode_s for r in runs)) for runs in (first, last)]
+        summary["none_first_last"] = {"first_tokens_per_s": rates[0], "last_tokens_per_s": rates[1],
+                                      "change": rates[1] / rates[0] - 1 if rates[0] and rates[1] else None}
+    return summary
+
+
+FIRST_LAST_TOLERANCE = 0.05  # `none` first and last in a prompt's turn: further apart, the run biases itself
+
+
+def _checks(summary: dict) -> str:
+    """The bench's checks of itself, in words: `none` measured first and last, and peers on this machine."""
+    lines = []
+    fl = summary.get("none_first_last")
+    if fl and fl["change"] is not None:
+        text = (f"`none` measured first and last in each prompt's turn: {fl['first_tokens_per_s']:.1f} and "
+                f"{fl['last_tokens_per_s']:.1f} tokens/s after the first token ({fl['change']:+.1%})")
+        if abs(fl["change"]) <= FIRST_LAST_TOLERANCE:
+            lines.append(text + ": within 5%, no run in the turn slows the one after it.")
+        else:
+            lines.append(f"**{text}: more than 5% apart.** Something in the run slows what follows it (a peer on the "
+                         "same cores, another program); its ratios carry that.")
+    for name in summary.get("same_machine", ()):
+        lines.append(f"Server peer {name} runs on this machine: it shares the cores with the strategies (and takes "
+                     "some CPU while idle). Compare it like for like (`specula serve` as a peer beside it), and "
+                     "strategies against each other with no peer running.")
+    return "".join(line + "\n\n" for line in lines)
 
 
 def _fmt(value, pattern="{:.2f}") -> str:
@@ -161,7 +190,7 @@ def to_markdown(summary: dict) -> str:
     for name, where in summary.get("servers", {}).items():
         head += (f"\n\nServer peer {name}: {where}. Its acceptance comes from the server's spec-decode counters; "
                  "its identity is against this process's `none`, which runs another build of the model")
-    head += "\n\n"
+    head += "\n\n" + _checks(summary)
     lines = ["| strategy | category | n | speedup vs none | vs hf | tokens/s | accepted length | acceptance | identical |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:

@@ -1,7 +1,9 @@
 """`specula bench`: every strategy and peer on the same prompts, in one process, interleaved.
 
 For each prompt, every strategy (and transformers peer) runs back to back, so drift in machine speed
-hits all alike; `--repeat` runs the round several times and keeps each run's median wall time. Ratios,
+hits all alike; `none`, the reference, runs first and last in each prompt's turn (its time: the mean of the
+two; their difference: the bench's check that no run slows the one after it); `--repeat` runs the round
+several times and keeps each run's median wall time. Ratios,
 not absolute times, are the result: speedup = total wall time of `none` / total wall time of the
 strategy on the same prompts (per category; overall = mean of the category speedups).
 """
@@ -46,6 +48,14 @@ class Run:
     decoded: int = 0  # tokens after each turn's first (the prefill's)
     decode_s: float = 0.0  # the time they took
     live: SpeedupSum = field(default_factory=SpeedupSum)  # the live speedup the turns measured
+    # `none` beside other runs: its runs measured first and last in the prompt's turn, this one their mean
+    first_last: tuple[Run, Run] | None = None
+
+    @classmethod
+    def mean_of(cls, first: Run, last: Run) -> Run:
+        """`none` measured first and last in a prompt's turn: the same tokens, the mean of the two times."""
+        return replace(first, wall_s=(first.wall_s + last.wall_s) / 2, decode_s=(first.decode_s + last.decode_s) / 2,
+                       first_last=(first, last))
 
 
 class Bench:
@@ -170,8 +180,8 @@ def variant_options(flags: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
 
 def median_run(runs: list[Run]) -> Run:
     best = sorted(runs, key=lambda r: r.wall_s)[len(runs) // 2]
-    best.wall_s = statistics.median(r.wall_s for r in runs)
-    return best
+    return replace(best, wall_s=statistics.median(r.wall_s for r in runs),
+                   decode_s=statistics.median(r.decode_s for r in runs))
 
 
 def select(items: list[PromptItem], categories: list[str] | None, limit: int | None) -> list[PromptItem]:
@@ -195,15 +205,25 @@ def run_bench(session: Session, items: list[PromptItem], names: list[str], confi
     for name in names:
         bench.run(name, warm)
     results: dict[str, list[tuple[PromptItem, Run]]] = {n: [] for n in names}
-    total = len(items) * len(names) * repeat
+    # interleaved: every strategy on this prompt, back to back; `none`, the reference, first and last, so that
+    # whatever a run leaves behind (a peer on the same cores) shows as the two differing (sandwiched)
+    order = ["none", *(n for n in names if n != "none"), "none"] if "none" in names and len(names) > 1 else names
+    total = len(items) * len(order) * repeat
     done = 0
     for item in items:
         runs: dict[str, list[Run]] = defaultdict(list)
         for _ in range(repeat):
-            for name in names:  # interleaved: every strategy on this prompt, back to back
-                runs[name].append(bench.run(name, item))
+            first = None
+            for name in order:
+                run = bench.run(name, item)
                 done += 1
                 _progress(done, total, item, name)
+                if name == "none" and len(order) > 1:
+                    if first is None:
+                        first = run
+                        continue
+                    run = Run.mean_of(first, run)
+                runs[name].append(run)
         for name in names:
             results[name].append((item, median_run(runs[name])))
     print(file=sys.stderr)
