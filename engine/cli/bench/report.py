@@ -262,6 +262,8 @@ def write_out(folder: Path, summary: dict, results: dict[str, list]) -> None:
                     "decoded": run.decoded, "decode_s": run.decode_s,
                     "decode_speedup": _decode_ratio([run], [b]) if b else None,
                     "live_speedup": run.live.value, "live_error": run.live.error,
+                    **({"first_decode_s": run.first_last[0].decode_s, "last_decode_s": run.first_last[1].decode_s}
+                       if run.first_last else {}),
                 }) + "\n")
     with (folder / "steps.jsonl").open("w", encoding="utf-8") as f:  # every decoding step of every run
         for name, pairs in results.items():
