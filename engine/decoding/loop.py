@@ -161,7 +161,8 @@ class _Loop:
         self.out_ids: list[int] = []
         self.stats = StepTotals()
         self.plain = plain
-        self.meter = SpeedupMeter(plain.seeds(), plain.latest())
+        self.meter = SpeedupMeter()  # from the prefill on, with earlier samples of the step this answer runs
+        self.step_kind = ""
         self.last_elapsed = 0.0  # when the previous step ended (since t_start)
         self.step_seconds = 0.0  # the last decode step's wall time (DraftLength learns from it)
         # whether timings may shape the steps: not when sampling with a seed (a greedy answer is the target's
@@ -199,6 +200,9 @@ class _Loop:
             if elapsed >= PROGRESS_AFTER_S:
                 yield PromptProgress(self.request_id, start, self.length, elapsed)  # the caller may stop here
         logits = self.target.forward(self.ctx[start : self.length])  # (1, V)
+        # the kind of step the answer runs is chosen as it starts: earlier plain samples count if of that kind
+        self.step_kind = getattr(self.target, "step_kind", "eager")
+        self.meter = SpeedupMeter(self.plain.seeds(self.step_kind), self.plain.latest(self.step_kind))
         first = int(choose(logits[-1], self.params, self.gen))
         self.stats.prefill_s = time.perf_counter() - self.t_start
         kept = self._append([first])
@@ -216,7 +220,7 @@ class _Loop:
         # the first step after the prompt runs cold (about 1.5 plain steps here): if plain, it counts for
         # itself only, not as a sample of the others; the meter keeps the samples that stand for `none`
         if self.meter.add(emitted, seconds, plain_s, sample=self.stats.steps > 1):
-            self.plain.add(plain_s)
+            self.plain.add(plain_s, self.step_kind)
         m = self.meter
         return elapsed, {"speedup": m.value, "speedup_err": m.error, "plain_step_s": m.plain_step_s}
 

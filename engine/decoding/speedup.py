@@ -182,18 +182,20 @@ class SpeedupMeter:
 
 class PlainHistory:
     """A model's recent plain-step samples across answers (a Session keeps one): a new answer starts
-    from those younger than RECENT_S instead of probing at once."""
+    from those younger than RECENT_S instead of probing at once. Each is kept with the kind of step it
+    timed ("compiled", "eager"...): an answer takes only its own kind's (the first answers after a start may
+    run on the eager step while the compiled one is built)."""
 
     def __init__(self) -> None:
-        self._items: deque[tuple[float, float]] = deque(maxlen=4 * MIN_PLAIN)
+        self._items: deque[tuple[float, float, str]] = deque(maxlen=4 * MIN_PLAIN)
 
-    def add(self, seconds: float) -> None:
-        self._items.append((time.monotonic(), seconds))
+    def add(self, seconds: float, kind: str = "") -> None:
+        self._items.append((time.monotonic(), seconds, kind))
 
-    def seeds(self) -> list[float]:
+    def seeds(self, kind: str = "") -> list[float]:
         now = time.monotonic()
-        return [s for t, s in self._items if now - t <= RECENT_S][-MIN_PLAIN:]
+        return [s for t, s, k in self._items if now - t <= RECENT_S and k == kind][-MIN_PLAIN:]
 
-    def latest(self) -> list[float]:
+    def latest(self, kind: str = "") -> list[float]:
         """The latest samples, however old (a new answer's last resort: SpeedupMeter's `stale`)."""
-        return [s for _, s in self._items][-MIN_PLAIN:]
+        return [s for _, s, k in self._items if k == kind][-MIN_PLAIN:]

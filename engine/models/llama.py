@@ -703,6 +703,12 @@ class LlamaRunner:
         """Whether the current answer's step runs the own products (over the file's blocks or bf16 weights)."""
         return self._fast is not None and (self._fast.lm_head is not None or bool({"blocks", "tiles", "tiles-plain", "tiles-unpack"} & set(self._fast.kinds)))
 
+    @property
+    def step_kind(self) -> str:
+        """The step the current answer runs (chosen when it starts): "compiled", "static" or "eager"; plain
+        steps' times are comparable within one kind only (the live speedup's samples)."""
+        return "compiled" if self._fast is not None else "static" if self.static else "eager"
+
     def _compiled_step(self) -> _StepHandle | None:
         """The compiled step for this model, where it is loaded and reproduces what this runner needs:
         the CPU's blocked attention with consistent rounding (Qwen3's per-head norms included). Products that

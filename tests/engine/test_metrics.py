@@ -275,3 +275,18 @@ def test_the_choice_waits_for_measurements():
 
     lengths = DraftLength(6)
     assert lengths.choose(plain_s=0.010) == 6  # nothing measured yet: the strategy's own length
+
+
+def test_an_answer_takes_earlier_samples_of_its_own_kind_of_step_only():
+    """The first answers after a start may run on the eager step while the compiled one is built: their plain
+    samples never stand for a compiled answer's plain decoding (it measures its own)."""
+    from specula.engine.decoding.speedup import MIN_PLAIN, PlainHistory, SpeedupMeter
+
+    history = PlainHistory()
+    for _ in range(MIN_PLAIN):
+        history.add(0.030, "eager")
+    assert history.seeds("compiled") == [] and history.latest("compiled") == []
+    m = SpeedupMeter(history.seeds("compiled"), history.latest("compiled"))
+    m.add(3, 0.015)
+    assert m.value is None and m.probe_due()
+    assert history.seeds("eager") == [0.030] * MIN_PLAIN
