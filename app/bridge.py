@@ -56,6 +56,7 @@ class ModelChoice:
     verify_tls: bool = True
     allow_http_key: bool = False
     draft_head: str = ""  # empty: the heads found for the model
+    first: object = None  # an answer as the first ones will ask (a GenerateRequest), run as the model loads
 
     @classmethod
     def from_settings(cls, s) -> "ModelChoice":
@@ -77,7 +78,7 @@ class ModelChoice:
 
         spec = ModelSpec(self.source, device=self.device, dtype=self.dtype, weights=self.weights)
         return LoadRequest(spec, draft=self.draft or None, measure_baseline=self.measure_baseline,
-                           draft_head=self.draft_head or None)
+                           draft_head=self.draft_head or None, prepare=self.first)
 
 
 class EngineDied(RuntimeError):

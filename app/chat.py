@@ -492,6 +492,18 @@ def build_request(messages: tuple, s: Settings, token_probs: bool = True, chat: 
     return GenerateRequest(messages, s.strategy, config, chat=chat, options=s.strategy_options())
 
 
+def first_answer(s: Settings):
+    """An answer as the first ones will ask (the strategy and settings chosen), for the engine to run while
+    the model loads, so that the first answer after a start runs at the speed of the next; None for a
+    server, or settings that make no request (the answer that asks says why)."""
+    if s.remote:
+        return None
+    try:
+        return build_request((), s)
+    except ValueError:
+        return None
+
+
 def _same_answer(a: Turn | None, b: Turn | None) -> bool:
     """The same answer, though perhaps another Turn object (a version shown again keeps its text, tokens and
     summary)."""

@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 
 from specula.app import actions
 from specula.app.bridge import EngineBridge, ModelChoice
-from specula.app.chat import ChatController
+from specula.app.chat import ChatController, first_answer
 from specula.app.chatview import ChatView
 from specula.app.compare import CompareController
 from specula.app.composer import Composer
@@ -256,7 +256,7 @@ class MainWindow(QMainWindow):
         """Load the model named by the settings (the answer arrives as events)."""
         s = self.settings
         self._set_state("loading")
-        self.bridge.load(ModelChoice.from_settings(s))
+        self.bridge.load(replace(ModelChoice.from_settings(s), first=first_answer(s)))
 
     def _on_event(self, event) -> None:
         for controller in (self.chat, self.compare):

@@ -43,8 +43,12 @@ STRATEGIES: dict[str, StrategyCard] = {
                                "verified as a token tree", needs_head="medusa", default_k=4),
         StrategyCard("lookahead", "Jacobi iteration on a window of guesses plus a pool of n-grams collected from "
                                   "it (no extra weights)", default_k=5),
-        StrategyCard("auto", "chooses each step's drafter (prompt lookup, the model's own phrases, lookahead, "
-                             "trained heads) and draft length, or no draft, by the speed each has measured here",
+        StrategyCard("suffix", "continuations of the last tokens found in this conversation and in every earlier "
+                               "answer of the model, scored by how often each followed (no extra weights)",
+                     default_k=8),
+        StrategyCard("auto", "chooses each step's drafter (prompt lookup, the model's earlier answers, its own "
+                             "phrases, lookahead, trained heads) and draft length, or no draft, by the speed each "
+                             "has measured here",
                      uses_heads=True,
                      default_k=8),
     )
@@ -81,7 +85,7 @@ STRATEGY_OPTIONS: dict[str, StrategyOption] = {
         StrategyOption("max_n", (int,), ("prompt-lookup",), "prompt-lookup: longest n-gram to match"),
         StrategyOption("exit_layer", (int,), ("layer-skip",), "layer-skip: layers used for drafting"),
         StrategyOption("head", (str,), ("eagle", "medusa", "auto"), "eagle: a folder written by `specula train-head`"),
-        StrategyOption("tree", (bool, int), ("eagle", "medusa", "lookahead"),
+        StrategyOption("tree", (bool, int), ("eagle", "medusa", "lookahead", "suffix"),
                        "token trees (--no-tree: chains only). By default eagle drafts EAGLE-2 dynamic trees, sized by "
                        "measured costs, where tree passes decide as chains do (the compiled step on a CPU, a GPU), and "
                        "medusa and lookahead send trees on a GPU; --tree forces them (a tree pass that runs eagerly "

@@ -92,6 +92,10 @@ class LoadRequest:
     # a draft head: a folder (Specula's, or an EAGLE-1/2/3 or Medusa head as published) or a Hub id; it comes
     # first among the heads of its kind for this model
     draft_head: str | None = None
+    # an answer as the first ones will ask (its strategy, options and settings; its messages are not read):
+    # the drafter is made and a short answer run with it before the load says it is ready, so that the first
+    # answer after a start runs at the speed of the next
+    prepare: GenerateRequest | None = None
 
 
 @dataclass(frozen=True)

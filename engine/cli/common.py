@@ -13,7 +13,7 @@ from ..api.backend import Backend
 from ..api.errors import SpeculaError
 from ..api.events import Loaded
 from ..api.strategies import STRATEGIES, STRATEGY_OPTIONS, request_options
-from ..api.types import DecodeConfig, LoadRequest, ModelSpec, RemoteLoadRequest
+from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec, RemoteLoadRequest
 from ..remote.backend import RemoteBackend
 from ..serving.session import Session
 
@@ -92,8 +92,10 @@ def open_backend(args, progress, measure_baseline: bool = True) -> tuple[Backend
         return backend, backend.describe()
     check_strategy(args)
     session = Session()
+    # the first answer at the speed of the next: one like it is run as the model loads
+    first = GenerateRequest((), args.strategy, decode_config(args), getattr(args, "chat", True), strategy_options(args))
     loaded = session.load(LoadRequest(model_spec(args), args.draft_model, measure_baseline=measure_baseline,
-                                      draft_head=getattr(args, "draft_head", None)), progress)
+                                      draft_head=getattr(args, "draft_head", None), prepare=first), progress)
     for warning in loaded.warnings + ((loaded.path,) if loaded.path else ()):
         print(f"specula: note: {warning}", file=sys.stderr)
     session.drafter(args.strategy, dict(strategy_options(args)))

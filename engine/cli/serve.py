@@ -12,7 +12,7 @@ import time
 
 from ..api.errors import SpeculaError
 from ..api.strategies import STRATEGIES
-from ..api.types import LoadRequest, ModelSpec
+from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
@@ -101,7 +101,7 @@ def run_serve(args) -> int:
     shown = f"[{host}]" if ":" in host else host
     initial = None if args.no_model else LoadRequest(ModelSpec(args.model, args.device, args.dtype, args.weights, args.step),
                                                       args.draft_model, measure_baseline=not args.no_baseline,
-                                                      draft_head=args.draft_head)
+                                                      draft_head=args.draft_head, prepare=first_answer(args))
     service = EngineService()
     app = create_app(service, model_aliases=(args.model,), strategy=args.strategy, k=args.k, api_key=key,
                      initial=initial, port=port, max_body=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
@@ -118,3 +118,11 @@ def run_serve(args) -> int:
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, http=Protocol)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def first_answer(args) -> GenerateRequest | None:
+    """An answer as requests that name no strategy will ask, run as the model loads (the first request
+    then runs at the speed of the next)."""
+    if args.strategy == "server":
+        return None
+    return GenerateRequest((), args.strategy, DecodeConfig.for_strategy(args.strategy, args.k))

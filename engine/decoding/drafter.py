@@ -38,7 +38,8 @@ class Drafter:
     """What every strategy is: `propose` drafts, `observe` hears what the target kept. The other hooks
     are declared here with what they do by default, and a strategy overrides the ones it needs:
 
-    - `reset`: a new generation starts (default: nothing to forget);
+    - `reset`: a new generation starts (default: nothing to forget); `finished(tokens, prompt_len)`: one
+      ended, with the whole conversation (drafters that learn from the model's answers);
     - `observe_tree(best)`, for drafters that learn from every scored node (`learns_from_tree`, lookahead):
       before observe(), the target's argmax after each scored draft token (key: its index in Draft.tokens);
     - `observe_step(drafted, accepted, seconds)`, for drafters that choose each step's draft length
@@ -86,6 +87,10 @@ class Drafter:
 
     def observe_tree(self, best: dict[int, int]) -> None:
         """The target's argmax after each scored draft token (learns_from_tree drafters)."""
+
+    def finished(self, tokens: torch.Tensor, prompt_len: int) -> None:
+        """The answer ended (or was cancelled): the whole conversation, its prompt's `prompt_len` tokens
+        then the answer (drafters that learn from the model's answers)."""
 
     def observe_step(self, drafted: int, accepted: int, seconds: float) -> None:
         """A step this drafter proposed for: its counts and wall time (chooses_length drafters)."""

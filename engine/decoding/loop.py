@@ -307,6 +307,7 @@ class _Loop:
 
     def finish(self) -> Finished:
         wall = time.perf_counter() - self.t_start
+        self.drafter.finished(self.ctx[: self.n_prompt + len(self.out_ids)], self.n_prompt)
         if self.detok:
             self.detok.flush()
         totals = self.stats.totals(len(self.out_ids), wall)

@@ -55,6 +55,7 @@ def measure_baseline(runner, lengths=(32, 512), repeats: int = 5) -> BaselineCos
 MIN_PLAIN = 3  # plain samples an answer needs before its speedup is more than a guess
 SETTLE = 4  # plain steps in a row before the next one is a sample of plain decoding's cost
 RUN_SAMPLES = 2  # samples a run of plain steps gives before drafting resumes
+EARLY_GAP = 2  # an answer without recent samples: speculative steps before its first run
 PROBE_EVERY = 64  # then, at most this many decode steps between runs
 NOISY_GAP = 24  # ... or this many while the samples scatter (the machine is busy with other work)
 NOISY = 0.05  # relative standard error above which the samples scatter
@@ -119,14 +120,15 @@ class SpeedupMeter:
 
     def probe_due(self, own_only: bool = False) -> bool:
         """Whether the next decode step should be a plain one (no draft) to measure plain decoding's cost:
-        from the start of an answer without recent samples until it has MIN_PLAIN, then a run every
+        in an answer without recent samples, a run after its first EARLY_GAP steps until it has MIN_PLAIN
+        (the step after the prompt drafts, as in every answer), then a run every
         PROBE_EVERY steps, or every NOISY_GAP while the samples scatter; a run goes on until it gives
         RUN_SAMPLES samples (SETTLE plain steps first). `own_only`: count this answer's samples only and keep
         the gap fixed (a seeded answer takes the same steps every time). A plain step is lossless (it is
         what `none` does); it costs the answer the tokens a draft would have added: one step in eleven, a
         few percent of the speedup."""
-        if len(self.samples if own_only else self.pool) < MIN_PLAIN:
-            return True
+        if len(self.samples if own_only else self.pool) < MIN_PLAIN:  # a run that goes on until there are enough
+            return self.plain_run > 0 or self.since_plain >= EARLY_GAP
         if 0 < self.run_samples < RUN_SAMPLES:
             return True
         error = None if own_only else self.relative_error

@@ -20,6 +20,7 @@ from .lookahead import Lookahead
 from .medusa import Medusa
 from .none import NoDraft
 from .prompt_lookup import PromptLookup
+from .suffix import Suffix
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ _BUILDERS: dict[str, Callable[..., Drafter]] = {
     Eagle.name: Eagle.build,
     Medusa.name: Medusa.build,
     Lookahead.name: Lookahead.build,
+    Suffix.name: Suffix.build,
     Auto.name: Auto.build,
 }
 DRAFTERS: dict[str, StrategyInfo] = {name: StrategyInfo(**vars(card), build=_BUILDERS[name])

@@ -1,8 +1,9 @@
 """`auto`: each step, the drafter and draft length with the most expected tokens per expected second, or
 nothing (a plain step) when no draft pays.
 
-Members: prompt lookup, the model's own phrases (`phrases.py`), lookahead, and every trained head found for
-the model (eagle, medusa). Prompt lookup is split by the situation: how long the earlier match of the
+Members: prompt lookup, the model's earlier answers (`suffix.py`), the model's own phrases (`phrases.py`),
+lookahead, and every trained head found for the model (eagle, medusa). The earlier answers are offered where
+the conversation's last tokens occur in them. Prompt lookup is split by the situation: how long the earlier match of the
 conversation's last tokens is (1, 2-3, 4 or more; with no match it cannot draft). The phrases are offered
 where prompt lookup's match is one token or none, and where they have a draft. Each of these choices keeps its
 own `DraftLength`: the share of its drafts kept at each position, and the recent times of its steps by draft
@@ -32,6 +33,7 @@ from .lookahead import Lookahead
 from .medusa import Medusa
 from .phrases import Phrases, table_for
 from .prompt_lookup import PromptLookup, continuation, longest_match
+from .suffix import Suffix, index_for
 
 HEAD_DRAFTERS = {Eagle.name: Eagle, Medusa.name: Medusa}  # the members that a trained head makes
 
@@ -53,7 +55,8 @@ LOOKUP_RETRY = 8
 CHOICE_WORDS = {"prompt-lookup:1": "prompt lookup (a match of 1 token)",
                 "prompt-lookup:2-3": "prompt lookup (a match of 2-3 tokens)",
                 "prompt-lookup:4+": "prompt lookup (a match of 4 tokens or more)",
-                "phrases": "the model's own phrases"}
+                "phrases": "the model's own phrases",
+                "suffix": "the model's earlier answers"}
 
 
 def _lookup_bucket(n: int) -> str:
@@ -66,9 +69,10 @@ class Auto(Drafter):
     chooses_length = True  # the decoder gives it k and the step times (observe_step); it picks the length
 
     def __init__(self, members: dict | None = None, lookup_k: int = 8, use_lookup: bool = True,
-                 phrases: Phrases | None = None) -> None:
+                 phrases: Phrases | None = None, suffix: Suffix | None = None) -> None:
         self.lookup = PromptLookup()
         self.phrases = phrases  # the model's own phrases (None: not used)
+        self.suffix = suffix  # the model's earlier answers (None: not used)
         self.use_lookup = use_lookup  # the user may keep auto from prompt lookup (option skip)
         self.lookup_k = lookup_k
         self.heads = dict(members or {})  # name -> (drafter, its own k): drafters other than prompt lookup
@@ -93,11 +97,13 @@ class Auto(Drafter):
                 members[kind] = (HEAD_DRAFTERS[kind].build(target, draft, head=folder), default_k(kind))
         use_phrases = "phrases" not in left_out and (phrases is None or bool(phrases))
         return cls(members, use_lookup="prompt-lookup" not in left_out,
-                   phrases=Phrases(table_for(target)) if use_phrases else None)
+                   phrases=Phrases(table_for(target)) if use_phrases else None,
+                   suffix=Suffix(index_for(target)) if "suffix" not in left_out else None)
 
     @property
     def members(self) -> tuple[str, ...]:
         return ("none", *(("prompt-lookup",) if self.use_lookup else ()),
+                *(("suffix",) if self.suffix is not None else ()),
                 *(("phrases",) if self.phrases is not None else ()), *self.heads)
 
     def reset(self) -> None:
@@ -155,13 +161,18 @@ class Auto(Drafter):
         else:
             # whether the phrases have a draft here: its first token says (the rest is looked up if chosen)
             has_phrase = self.phrases is not None and n <= 1 and self.phrases.draft(ctx, 1).numel() > 0
-            choice, length = self._pick([*lookup, *(["phrases"] if has_phrase else []), *self.heads], ctx.plain_s)
+            earlier = self.suffix is not None and self.suffix.in_history(ctx.tokens)
+            choice, length = self._pick([*lookup, *(["suffix"] if earlier else []), *(["phrases"] if has_phrase else []),
+                                         *self.heads], ctx.plain_s)
         self.chosen = choice
         self.last_used[choice] = self.steps
         if choice == "none" or length == 0:
             return empty_draft()
         if choice == "phrases":
             return Draft(self.phrases.draft(ctx, min(k, length)))
+        if choice == "suffix":
+            self.member = self.suffix
+            return self.suffix.propose(ctx, min(k, length))
         if choice in self.heads:
             self.member = self.heads[choice][0]
             return self.member.propose(ctx, min(k, length))
@@ -191,6 +202,10 @@ class Auto(Drafter):
         for drafter, _ in self.heads.values():
             if drafter is not self.member:
                 drafter.passed(accepted)
+
+    def finished(self, tokens, prompt_len: int) -> None:
+        if self.suffix is not None:
+            self.suffix.finished(tokens, prompt_len)
 
     def observe_step(self, drafted: int, accepted: int, seconds: float) -> None:
         """The decoder's timing of the step this drafter proposed for: booked under its choice."""

@@ -49,8 +49,11 @@ def load_payload(request: LoadRequest | RemoteLoadRequest) -> dict:
         key = resolve_api_key(root, request.api_key_env, request.use_keyring, request.api_key)
         return {"server": {**server, "api_key": key} if key else server}
     spec = request.target
-    return {"model": spec.source, "draft": request.draft, "device": spec.device, "dtype": spec.dtype,
+    body = {"model": spec.source, "draft": request.draft, "device": spec.device, "dtype": spec.dtype,
             "weights": spec.weights, "measure_baseline": request.measure_baseline, "draft_head": request.draft_head}
+    if request.prepare is not None and request.prepare.strategy != "server":
+        body["prepare"] = wire.extension_json(request.prepare)
+    return body
 
 
 class EngineClient:

@@ -252,6 +252,13 @@ def _served(model: str | None, info: ValidationInfo) -> str | None:
     return model
 
 
+def _known(strategy: str) -> str:
+    """A strategy of the catalogue (a load's `prepare`: what the model can use is known once it loaded)."""
+    if strategy not in STRATEGIES:
+        raise _fault(_UNKNOWN_STRATEGY, "prepare.strategy", choices=", ".join(STRATEGIES))
+    return strategy
+
+
 def _usable(strategy: str, info: ValidationInfo) -> str:
     """A strategy the loaded model can use (one of the catalogue, or the loaded backend's own)."""
     usable = info.context.strategies
@@ -693,12 +700,27 @@ class _LoadFields(_Body):
     draft: Any = None
     draft_head: Any = None
     measure_baseline: Any = None
+    prepare: Any = None
 
 
 class RemoteLoadBody(_LoadFields):
     """A load with `server`: that server is relayed, and the other fields are not read."""
 
     server: ServerBody
+
+
+class PrepareBody(_Body):
+    """`prepare` in a load: an answer as the first ones will ask, in the `specula` extension's fields; the
+    load makes its drafter and runs a short answer with it before it says it is ready."""
+
+    strategy: Annotated[str, _says(_UNKNOWN_STRATEGY, "prepare.strategy", choices=", ".join(STRATEGIES)),
+                        AfterValidator(_known)]
+    k: Count = None
+    adaptive_k: Flag = None
+    token_probs: Flag = None
+    cut_at_window: Flag = None
+    k_max: Count = None
+    options: Annotated[StrategyOptions | None, BeforeValidator(_or_none)] = None
 
 
 class LoadBody(_LoadFields):
@@ -712,6 +734,7 @@ class LoadBody(_LoadFields):
     draft: Annotated[str | None, _says("'draft' must be a model source", "draft")] = None
     draft_head: Annotated[str | None, _says("'draft_head' must be a draft head's folder or Hub id", "draft_head")] = None
     measure_baseline: Flag = None
+    prepare: Annotated[PrepareBody | None, BeforeValidator(_or_none)] = None
 
 
 class TrainBody(_Body):
@@ -733,7 +756,20 @@ def parse_load(body: object) -> LoadRequest | RemoteLoadRequest:
     load = _validate(LoadBody, body)
     spec = ModelSpec(load.model, load.device, load.dtype, load.weights)
     return LoadRequest(spec, load.draft or None, measure_baseline=load.measure_baseline is not False,
-                       draft_head=load.draft_head or None)
+                       draft_head=load.draft_head or None, prepare=_prepared(load.prepare))
+
+
+def _prepared(ext: PrepareBody | None) -> GenerateRequest | None:
+    """A load's `prepare` as the answer it stands for (no messages: the engine gives its own)."""
+    if ext is None:
+        return None
+    try:
+        config = DecodeConfig.for_strategy(ext.strategy, ext.k, adaptive_k=bool(ext.adaptive_k),
+                                           token_probs=bool(ext.token_probs), fit_window=not ext.cut_at_window,
+                                           **({} if ext.k_max is None else {"k_max": ext.k_max}))
+    except SpeculaError as exc:
+        raise _bad(str(exc), "prepare") from None
+    return GenerateRequest((), ext.strategy, config, options=_options(ext.options))
 
 
 def parse_train(body: object) -> TrainRequest:

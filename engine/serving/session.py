@@ -7,17 +7,21 @@ between requests builds (or reuses) a drafter and never reloads the target.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Iterator
 
 from ..api import prompts
 from ..api.errors import SpeculaError
 from ..api.events import BaselineCost, Finished, Loaded, Started, Step, Trained
+from ..api.prompts import Message
 from ..api.types import GenerateRequest, LoadRequest, ModelSpec, TrainRequest
 from ..cpu.governor import governor
 from ..decoding.loop import generate
 from ..decoding.speedup import PlainHistory, measure_baseline
 from ..drafters import DRAFTERS, build_drafter
 from ..models.loading import LoadedModel, check_same_vocabulary, load_model
+
+WARM_UP_TOKENS = 16  # the short answer a load runs with the strategy it prepares
 
 
 class Session:
@@ -48,7 +52,28 @@ class Session:
         if request.measure_baseline:
             say("measuring plain decoding speed")
             self.baseline = measure_baseline(self._runner)
+        if request.prepare is not None:
+            say(f"warming up ({request.prepare.strategy})")
+            self.prepare(request.prepare)
         return self.describe()
+
+    def prepare(self, request: GenerateRequest) -> None:
+        """Make the drafter `request` asks for and run a short answer with it: what the first answer after a
+        start would pay on top of the next (the drafter's making, its heads read, the first passes' and the
+        sampler's first calls, the detokenizer) is paid before the model is ready. A strategy that cannot
+        run here is left for the answer that asks for it to report."""
+        if request.strategy not in DRAFTERS:
+            return
+        target = self._need_target()
+        chat = request.chat and bool(getattr(target.tokenizer, "chat_template", None))
+        config = replace(request.config, max_new_tokens=WARM_UP_TOKENS)
+        try:
+            for _ in self.generate(replace(request, messages=(Message("user", "Hello."),), config=config, chat=chat)):
+                pass
+        except SpeculaError:
+            pass
+        finally:  # the cache keeps what it read (the chat template's opening, as after any answer)
+            self.plain = PlainHistory()  # the first answer measures plain decoding itself
 
     def use(self, target: LoadedModel, draft: LoadedModel | None = None) -> None:
         """Adopt already loaded models (tests build tiny ones in memory)."""

@@ -147,7 +147,10 @@ def test_a_new_answer_starts_from_recent_plain_samples_instead_of_probing_at_onc
     m.add(3, 0.015)
     assert m.value == pytest.approx(3 * 0.010 / 0.015)
     fresh = SpeedupMeter()
-    assert fresh.probe_due()  # none: plain steps from the start until it has its own
+    assert not fresh.probe_due()  # none: the step after the prompt drafts, then a run until it has its own
+    fresh.add(3, 0.015)
+    fresh.add(3, 0.015)
+    assert fresh.probe_due()
 
 
 def test_a_short_answer_long_after_the_last_is_costed_from_older_samples_as_an_estimate(monkeypatch):
@@ -166,9 +169,10 @@ def test_a_short_answer_long_after_the_last_is_costed_from_older_samples_as_an_e
     clock[0] += RECENT_S + 30
     assert history.seeds() == [] and history.latest() == [0.012, 0.011, 0.009]
     m = SpeedupMeter(history.seeds(), history.latest())
-    assert m.probe_due()  # it still measures its own as early as without them
+    assert not m.probe_due()  # it still measures its own as early as without them
     m.add(3, 0.015)
     m.add(3, 0.015)
+    assert m.probe_due()
     assert m.value == pytest.approx(6 * 0.009 / 0.030) and m.error is None
     assert speedup_text(m.value, m.error) == "~1.80×"
     assert SpeedupMeter().value is None  # nothing at all: no figure
@@ -287,6 +291,7 @@ def test_an_answer_takes_earlier_samples_of_its_own_kind_of_step_only():
         history.add(0.030, "eager")
     assert history.seeds("compiled") == [] and history.latest("compiled") == []
     m = SpeedupMeter(history.seeds("compiled"), history.latest("compiled"))
+    m.add(3, 0.015)
     m.add(3, 0.015)
     assert m.value is None and m.probe_due()
     assert history.seeds("eager") == [0.030] * MIN_PLAIN

@@ -152,6 +152,8 @@ def helper():
         ("lookahead", SamplingParams(temperature=0.9)),
         ("auto", SamplingParams(temperature=1.0)),
         ("eagle-tree", SamplingParams(temperature=0.8, top_p=0.95)),
+        ("suffix", SamplingParams(temperature=0.9)),  # drafts from the earlier samples' answers too
+        ("suffix-tree", SamplingParams(temperature=1.0)),
         ("draft-model at once", SamplingParams(temperature=1.0)),  # a GPU's rule: one wait per pass
         ("prompt-lookup at once", SamplingParams(temperature=0.8, top_p=0.9)),
     ],
@@ -165,8 +167,8 @@ def test_speculative_sampling_matches_the_target_distribution(models, helper, st
 
         strategy = strategy.removesuffix(" at once")
         monkeypatch.setattr(verify, "ONE_WAIT_DEVICES", frozenset({"cpu"}))
-    if strategy == "eagle-tree":  # an EAGLE-2 tree, verified by recursive rejection over siblings
-        strategy, options["tree"] = "eagle", 1
+    if strategy.endswith("-tree"):  # a tree, verified by recursive rejection over siblings
+        strategy, options["tree"] = strategy.removesuffix("-tree"), 1
     if strategy in ("eagle", "medusa", "auto"):  # untrained heads: draft distributions far from the target's
         from specula.engine.heads.config import HeadConfig
         from specula.engine.heads.eagle import EagleHead

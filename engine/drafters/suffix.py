@@ -1,0 +1,296 @@
+"""`suffix`: continuations of the conversation's last tokens found in everything the model has said, scored
+by how often each followed (the SuffixDecoding method; vLLM ships it as `suffix`).
+
+Two places are searched, as one: this conversation so far (what prompt lookup searches), and every earlier
+answer of the model, each with its prompt's last PROMPT_TAIL tokens (the chat template's opening of the
+answer), kept in a `SuffixIndex`: one token corpus with an index of its ORDER-token runs, bounded to
+MAX_TOKENS (the oldest answers leave first) and kept across sessions in the user's data folder, one file per
+model. Where the conversation's last ORDER tokens occur, each occurrence's match is extended backwards (up
+to MAX_MATCH tokens); the occurrences whose match is at least half the longest one's are kept, and their
+continuations make a tree in which each node counts the occurrences (weighted by their match length) that
+continue through it. A node's share of the root's weight is how often that continuation was right here.
+
+The draft is the tree's best nodes, best first, while their share is at least MIN_SHARE and their number at
+most SPEC_FACTOR x the longest match (a long match says the text repeats: a bigger draft pays), sent as a
+token tree where trees are exact and cheap (`sends_tree`), else as its best chain: at each node the child
+with the most weight. The phrases table is the same idea for one token after 2-4; this is whole
+continuations after up to MAX_MATCH. Nothing here runs a model: a draft costs a few hundred microseconds.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..api.errors import first_line
+from ..api.strategies import STRATEGIES
+from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft, sends_tree
+
+ORDER = 3  # tokens in the runs the index is keyed by
+MAX_MATCH = 32  # the longest match looked for, in tokens
+MAX_OCCURRENCES = 64  # the latest occurrences of the last ORDER tokens considered, in each place
+MAX_TOKENS = 1 << 20  # the corpus's bound (about 16 bytes a token with its index)
+PROMPT_TAIL = 3  # the prompt's last tokens kept before each answer
+MIN_SHARE = 0.2  # a node drafted: at least this share of the root's weight continues through it
+SPEC_FACTOR = 1.0  # nodes drafted per token of the longest match (at least 2)
+SAVE_EVERY_S = 60.0  # the corpus is written at most this often (and when the process ends cleanly)
+FORMAT = 1
+_MULT = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _keys(tokens: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes of the ORDER tokens ending at each of `ends`, and which hold no separator (-1)."""
+    h = np.full(ends.shape[0], ORDER, dtype=np.uint64)
+    ok = np.ones(ends.shape[0], dtype=bool)
+    for back in range(ORDER - 1, -1, -1):
+        tok = tokens[ends - back]
+        ok &= tok >= 0
+        h = h * _MULT + (tok + 1).astype(np.uint64)
+    return h, ok
+
+
+class SuffixIndex:
+    """A model's earlier answers as one corpus (int32 tokens, -1 between answers) and a sorted index of its
+    ORDER-token runs (hash, position of the run's last token), for `occurrences`."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self.tokens = np.zeros(0, dtype=np.int32)
+        self.keys = np.zeros(0, dtype=np.uint64)
+        self.positions = np.zeros(0, dtype=np.int64)
+        self.note = ""  # why a saved corpus was not read (it starts empty instead)
+        self._saved_at = time.monotonic()
+        self._unsaved = 0
+        if path is not None and path.is_file():
+            self._read(path)
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def add(self, sequence) -> None:
+        """An answer (with its prompt's last tokens): appended, its runs indexed; the oldest answers leave
+        once the corpus passes MAX_TOKENS."""
+        seq = np.asarray(sequence, dtype=np.int32)
+        if seq.shape[0] < 2:
+            return
+        start = self.tokens.shape[0]
+        self.tokens = np.concatenate([self.tokens, seq, np.full(1, -1, dtype=np.int32)])
+        if self.tokens.shape[0] > MAX_TOKENS:
+            self._drop_oldest()
+        else:
+            self._insert(np.arange(start + ORDER - 1, start + seq.shape[0]))
+        self._unsaved += seq.shape[0]
+        if self.path is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+            self.save()
+
+    def _insert(self, ends: np.ndarray) -> None:
+        keys, ok = _keys(self.tokens.astype(np.int64), ends)
+        order = np.argsort(keys[ok], kind="stable")
+        keys, ends = keys[ok][order], ends[ok][order]
+        at = np.searchsorted(self.keys, keys, side="right")  # after equal keys: positions stay in order
+        self.keys = np.insert(self.keys, at, keys)
+        self.positions = np.insert(self.positions, at, ends)
+
+    def _drop_oldest(self) -> None:
+        """Keep the latest half of MAX_TOKENS, from an answer's start, and index it again."""
+        cut = self.tokens.shape[0] - MAX_TOKENS // 2
+        separators = np.flatnonzero(self.tokens[cut:] < 0)
+        cut += int(separators[0]) + 1 if separators.size else 0
+        self.tokens = self.tokens[cut:]
+        self._reindex()
+
+    def occurrences(self, tail: np.ndarray) -> np.ndarray:
+        """Positions in the corpus where the last ORDER tokens of `tail` end (the latest MAX_OCCURRENCES)."""
+        if tail.shape[0] < ORDER or self.keys.shape[0] == 0:
+            return np.zeros(0, dtype=np.int64)
+        key, _ = _keys(tail.astype(np.int64), np.array([tail.shape[0] - 1]))
+        lo, hi = np.searchsorted(self.keys, key[0], side="left"), np.searchsorted(self.keys, key[0], side="right")
+        found = self.positions[max(lo, hi - MAX_OCCURRENCES) : hi]
+        return found[np.all(self.tokens[found[:, None] - np.arange(ORDER)[None, ::-1]] == tail[-ORDER:], axis=1)]
+
+    def save(self) -> None:
+        """Write the corpus (the index is made again when read); a folder that cannot be written leaves
+        the corpus in memory only."""
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            part = self.path.with_name(self.path.name + ".part")
+            with open(part, "wb") as f:
+                np.savez(f, tokens=self.tokens, format=np.array([FORMAT]))
+            os.replace(part, self.path)
+        except OSError:
+            return
+        self._saved_at, self._unsaved = time.monotonic(), 0
+
+    def _read(self, path: Path) -> None:
+        try:
+            with np.load(path) as z:
+                if int(z["format"][0]) != FORMAT:
+                    raise ValueError(f"format {int(z['format'][0])}, this version reads {FORMAT}")
+                tokens = z["tokens"].astype(np.int32)
+        except (OSError, ValueError, KeyError, EOFError) as exc:
+            self.note = f"the suffix corpus {path} was not read ({first_line(exc)[:120]}): it starts again"
+            return
+        self.tokens = tokens
+        if tokens.shape[0] > MAX_TOKENS:
+            self._drop_oldest()
+        else:
+            self._reindex()
+
+    def _reindex(self) -> None:
+        ends = np.arange(ORDER - 1, self.tokens.shape[0])
+        keys, ok = _keys(self.tokens.astype(np.int64), ends)
+        order = np.argsort(keys[ok], kind="stable")
+        self.keys, self.positions = keys[ok][order], ends[ok][order]
+
+
+def _match_lengths(source: np.ndarray, ends: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """How many tokens before and at each of `ends` in `source` agree with the end of `tail` (at most
+    MAX_MATCH and the tail's length; the first ORDER are known to agree)."""
+    back = np.arange(min(MAX_MATCH, tail.shape[0]))
+    at = ends[:, None] - back[None, :]
+    same = (at >= 0) & (source[np.maximum(at, 0)] == tail[tail.shape[0] - 1 - back][None, :])
+    return np.logical_and.accumulate(same, axis=1).sum(axis=1)
+
+
+class _Tree:
+    """Continuations merged into a tree: node 0 the root; each node's token, parent, weight and children."""
+
+    def __init__(self) -> None:
+        self.token, self.parent, self.weight, self.depth = [-1], [-1], [0.0], [0]
+        self.children: list[dict[int, int]] = [{}]
+
+    def add(self, continuation: np.ndarray, weight: float) -> None:
+        node = 0
+        self.weight[0] += weight
+        for t in continuation.tolist():
+            if t < 0:  # the end of an answer
+                break
+            child = self.children[node].get(t)
+            if child is None:
+                child = len(self.token)
+                self.children[node][t] = child
+                self.token.append(t)
+                self.parent.append(node)
+                self.weight.append(0.0)
+                self.depth.append(self.depth[node] + 1)
+                self.children.append({})
+            self.weight[child] += weight
+            node = child
+
+    def chain(self, budget: int) -> list[int]:
+        """The heaviest child at each node, while its share is at least MIN_SHARE."""
+        out, node, total = [], 0, self.weight[0]
+        while len(out) < budget and self.children[node]:
+            child = max(self.children[node].values(), key=lambda c: (self.weight[c], -self.token[c]))
+            if self.weight[child] < MIN_SHARE * total:
+                break
+            out.append(self.token[child])
+            node = child
+        return out
+
+    def best(self, budget: int) -> tuple[list[int], list[int]]:
+        """The best `budget` nodes with a share of at least MIN_SHARE, best first (a node's parent is always
+        among them: a child weighs no more than its parent): their tokens and parents (-1: the root)."""
+        total = self.weight[0]
+        nodes = sorted((n for n in range(1, len(self.token)) if self.weight[n] >= MIN_SHARE * total),
+                       key=lambda n: (-self.weight[n], self.depth[n], n))[:budget]
+        nodes.sort(key=lambda n: (self.depth[n], -self.weight[n], n))  # parents before children
+        index = {n: i for i, n in enumerate(nodes)}
+        return [self.token[n] for n in nodes], [index.get(self.parent[n], -1) for n in nodes]
+
+
+class Suffix(Drafter):
+    name = "suffix"
+    description = STRATEGIES[name].description
+
+    def __init__(self, index: SuffixIndex, tree: bool | None = None) -> None:
+        self.index = index
+        self.tree = tree
+        self.match = 0  # the longest match of the last proposal
+
+    @classmethod
+    def build(cls, target, draft=None, tree=None, **options) -> "Suffix":
+        return cls(index_for(target), None if tree is None else bool(tree))
+
+    def in_history(self, tokens: torch.Tensor) -> bool:
+        """Whether the conversation's last ORDER tokens occur in the earlier answers (a cheap look, for auto:
+        what the conversation itself holds, prompt lookup finds)."""
+        return self.index.occurrences(tokens[-ORDER:].numpy()).size > 0
+
+    def finished(self, tokens: torch.Tensor, prompt_len: int) -> None:
+        """The answer joins the corpus, with its prompt's last tokens."""
+        if tokens.shape[0] > prompt_len:
+            self.index.add(tokens[max(0, prompt_len - PROMPT_TAIL) :].numpy())
+
+    def candidates(self, tokens: torch.Tensor) -> _Tree | None:
+        """The tree of continuations of the conversation's last tokens, or None where they occur nowhere."""
+        ctx = tokens.numpy()
+        if ctx.shape[0] <= ORDER:
+            return None
+        tail = ctx[-MAX_MATCH:]
+        found = []  # (source, ends, match lengths)
+        ends = self.index.occurrences(tail)
+        if ends.size:
+            found.append((self.index.tokens, ends, _match_lengths(self.index.tokens, ends, tail)))
+        here = np.flatnonzero(ctx[ORDER - 1 : ctx.shape[0] - 1] == ctx[-1]) + ORDER - 1  # earlier, in the conversation
+        if here.size:
+            here = here[-MAX_OCCURRENCES:]
+            lengths = _match_lengths(ctx, here, tail)
+            keep = lengths >= ORDER
+            if keep.any():
+                found.append((ctx, here[keep], lengths[keep]))
+        if not found:
+            return None
+        longest = max(int(lengths.max()) for _, _, lengths in found)
+        self.match = longest
+        tree = _Tree()
+        for source, ends, lengths in found:
+            for end, n in zip(ends.tolist(), lengths.tolist()):
+                if 2 * n >= longest:
+                    tree.add(source[end + 1 : end + 1 + MAX_MATCH], float(n))
+        return tree
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        tree = self.candidates(ctx.tokens)
+        if tree is None or k <= 0:
+            return empty_draft()
+        budget = min(k, max(2, round(SPEC_FACTOR * self.match)))
+        if sends_tree(self.tree, ctx.target):
+            tokens, parents = tree.best(budget)
+            if not tokens:
+                return empty_draft()
+            return Draft(torch.tensor(tokens, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long))
+        return Draft(torch.tensor(tree.chain(budget), dtype=torch.long))
+
+
+_INDEXES: dict[str, SuffixIndex] = {}
+
+
+def index_for(target) -> SuffixIndex:
+    """The model's corpus, one per model in a process (the strategy and auto's member share it), read from
+    DATA_DIR/suffix/ where an earlier session left it; a model without a fingerprint keeps it in memory."""
+    from ..api.paths import data_dir
+    from ..heads.store import fingerprints
+
+    prints = fingerprints(target)
+    key = prints[0] if prints is not None else f"memory-{id(target)}"
+    if key not in _INDEXES:
+        if not _INDEXES:
+            atexit.register(save_all)
+        path = data_dir() / "suffix" / f"{key[:32]}.npz" if prints is not None else None
+        _INDEXES[key] = SuffixIndex(path)
+    return _INDEXES[key]
+
+
+def save_all() -> None:
+    """Write every corpus with answers not yet saved (at the end of a process)."""
+    for index in _INDEXES.values():
+        if index._unsaved:
+            index.save()

@@ -1,0 +1,99 @@
+"""`suffix`: continuations from the conversation and the model's earlier answers, scored by how often each
+followed; the corpus kept across sessions and bounded; auto takes it as a member."""
+
+import numpy as np
+import pytest
+import torch
+
+from specula.engine.api.types import DecodeConfig, SamplingParams
+from specula.engine.decoding.drafter import DraftContext
+from specula.engine.decoding.loop import generate
+from specula.engine.drafters import build_drafter
+from specula.engine.drafters import suffix as suffix_module
+from specula.engine.drafters.suffix import Suffix, SuffixIndex
+from tests.support.tiny import loaded, tiny_model
+
+
+def context(tokens, prompt_len=1, tree=False):
+    runner = type("Runner", (), {"exact_trees": True, "device": torch.device("cuda")})() if tree else None
+    return DraftContext(torch.tensor(tokens), prompt_len, SamplingParams(), None, runner)
+
+
+def test_the_draft_follows_what_most_often_followed_and_a_tree_holds_the_runners_up():
+    index = SuffixIndex()
+    for answer in ([9, 1, 2, 3, 4, 5], [8, 1, 2, 3, 4, 6], [7, 1, 2, 3, 7]):
+        index.add(answer)
+    drafter = Suffix(index)
+    chain = drafter.propose(context([20, 1, 2, 3]), 8)
+    assert chain.parents is None and chain.tokens.tolist() == [4, 5]  # 4 in two of three; 5 and 6 tie: the first id
+    tree = drafter.propose(context([20, 1, 2, 3], tree=True), 8)
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    assert tokens[0] == 4 and parents[0] == -1 and set(tokens[1:]) <= {5, 6, 7}
+    assert all(p < i for i, p in enumerate(parents))  # parents come first
+    assert drafter.match == 3 and len(tokens) <= 3  # nodes: the longest match's length
+    assert drafter.propose(context([20, 30, 40]), 8).tokens.numel() == 0  # nowhere: nothing
+
+
+def test_the_conversation_itself_is_searched_too():
+    drafter = Suffix(SuffixIndex())
+    draft = drafter.propose(context([5, 6, 7, 8, 9, 1, 5, 6, 7]), 8)
+    assert draft.tokens.tolist()[:2] == [8, 9]
+
+
+def test_an_earlier_answer_is_drafted_again_and_the_answer_stays_the_targets():
+    target = loaded(tiny_model(vocab=64, layers=2, seed=5))
+    drafter = build_drafter("suffix", target)
+    drafter.index = SuffixIndex()  # this test's own corpus
+    prompt = [3, 14, 15, 9, 26, 5]
+    config = DecodeConfig(k=8, adaptive_k=True, k_max=8, max_new_tokens=60)  # drafts of k whatever they cost
+    base = list(generate(target.new_runner(), build_drafter("none", target), prompt, config))[-1]
+    first = list(generate(target.new_runner(), drafter, prompt, config))[-1]
+    again = list(generate(target.new_runner(), drafter, prompt, config))[-1]  # asked again, a new conversation
+    assert first.token_ids == base.token_ids
+    assert again.totals.accepted > again.totals.new_tokens // 2  # the first answer, drafted from the corpus
+    assert again.totals.accepted > first.totals.accepted
+
+
+def test_the_corpus_is_kept_across_sessions_bounded_and_a_damaged_one_starts_again(tmp_path, monkeypatch):
+    path = tmp_path / "suffix" / "model.npz"
+    index = SuffixIndex(path)
+    index.add([1, 2, 3, 4, 5])
+    index.add([6, 1, 2, 3, 9])
+    index.save()
+    again = SuffixIndex(path)
+    assert np.array_equal(again.tokens, index.tokens) and again.note == ""
+    assert sorted(again.occurrences(np.array([1, 2, 3])).tolist()) == sorted(index.occurrences(np.array([1, 2, 3])).tolist())
+    path.write_bytes(b"not a corpus")
+    damaged = SuffixIndex(path)
+    assert len(damaged) == 0 and "was not read" in damaged.note
+    monkeypatch.setattr(suffix_module, "MAX_TOKENS", 40)
+    small = SuffixIndex()
+    for i in range(12):
+        small.add([100 + i, 1, 2, 3, 200 + i])
+    assert len(small) <= 40 and 211 in small.tokens and 200 not in small.tokens  # the oldest left first
+    ends = small.occurrences(np.array([1, 2, 3]))
+    assert ends.size and all(small.tokens[e + 1] >= 200 for e in ends)  # the index follows the corpus
+
+
+def test_auto_drafts_from_the_earlier_answers_and_names_them():
+    target = loaded(tiny_model(vocab=64, layers=2, seed=5))
+    auto = build_drafter("auto", target, skip="prompt-lookup,lookahead,phrases")
+    assert "suffix" in auto.members
+    auto.suffix.index = SuffixIndex()
+    prompt = [3, 14, 15, 9, 26, 5]
+    config = DecodeConfig(k=8, max_new_tokens=60)
+    base = list(generate(target.new_runner(), build_drafter("none", target), prompt, config))[-1]
+    list(generate(target.new_runner(), auto, prompt, config))
+    events = list(generate(target.new_runner(), auto, prompt, config))
+    assert events[-1].token_ids == base.token_ids
+    drafters = {t.drafter for e in events[1:-1] if hasattr(e, "tokens") for t in e.tokens if t.drafter}
+    assert "the model's earlier answers" in drafters
+    assert "suffix" not in build_drafter("auto", target, skip="suffix").members
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_greedy_answers_stay_the_targets_own_with_chains_and_trees(tree):
+    from tests.support.tiny import assert_greedy_identity
+
+    target = loaded(tiny_model(vocab=64, layers=2, seed=6))
+    assert_greedy_identity(target, None, "suffix", {"tree": tree}, trials=8, longest_prompt=30, max_new_tokens=50)
