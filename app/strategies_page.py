@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 from specula.app.settings import Settings
 from specula.app.theme import mute
 
-AUTO_MEMBERS = ("prompt-lookup", "lookahead", "eagle", "medusa")  # what auto chooses from, when it can
+AUTO_MEMBERS = ("prompt-lookup", "suffix", "lookahead", "eagle", "medusa")  # what auto chooses from, when it can
 
 
 class StrategiesPage(QWidget):

@@ -271,6 +271,15 @@ class Suffix(Drafter):
 
 
 _INDEXES: dict[str, SuffixIndex] = {}
+_APART = False  # each drafter its own empty corpus in memory (keep_apart)
+
+
+def keep_apart() -> None:
+    """From now on in this process every drafter made starts from its own empty corpus, kept in memory only:
+    the bench measures each strategy on what it has said itself in the run, never on another strategy's
+    answers to the same prompt or on what an earlier run left."""
+    global _APART
+    _APART = True
 
 
 def index_for(target) -> SuffixIndex:
@@ -279,6 +288,8 @@ def index_for(target) -> SuffixIndex:
     from ..api.paths import data_dir
     from ..heads.store import fingerprints
 
+    if _APART:
+        return SuffixIndex()
     prints = fingerprints(target)
     key = prints[0] if prints is not None else f"memory-{id(target)}"
     if key not in _INDEXES:

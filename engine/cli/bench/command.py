@@ -10,6 +10,7 @@ from ...api.strategies import default_k
 from ...api.types import DecodeConfig, LoadRequest, ModelSpec
 from ...cpu.step import step_mode
 from ...drafters import DRAFTERS
+from ...drafters.suffix import keep_apart
 from ...serving.session import Session
 from .report import public_json, summarize, to_markdown, write_out
 from .run import load_items, parse_peers, run_bench, split_variant
@@ -38,6 +39,7 @@ def run_bench_cmd(args) -> int:
     names = strategies + peers + list(servers)
     remotes = connect_servers(servers, args.api_key_env or "", not args.insecure, args.allow_http_key)
     session = Session()
+    keep_apart()  # each strategy drafts from its own answers in this run only
     # every row measures the same step: with "auto" the bench waits for the compiled one (or its reason)
     step = step_mode(args.step)
     spec = ModelSpec(args.model, args.device, args.dtype, args.weights, "compiled" if step == "auto" else step)
