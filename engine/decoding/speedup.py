@@ -90,19 +90,22 @@ class SpeedupMeter:
         pool = self.samples or self.seeds
         return pool[-1] if pool else None
 
-    def add(self, tokens: int, seconds: float, plain_s: float | None = None, sample: bool = True) -> bool:
+    def add(self, tokens: int, seconds: float, plain_s: float | None = None, sample: bool = True,
+            clean: bool = True) -> bool:
         """A decode step: its tokens and wall time; for a plain step, its plain time. A plain step after
         SETTLE plain steps is a sample of plain decoding's cost (returns True); one after fewer is costed
-        like a speculative step; one with `sample` False (the first step, cold) counts for itself only."""
+        like a speculative step; one with `sample` False (the first step, cold) counts for itself only;
+        one that is not `clean` (a drafter looked for a draft before it and found none) is costed like a
+        speculative step and settles nothing."""
         self.tokens += tokens
         self.spent_s += seconds
         settled = self.plain_run >= SETTLE
-        self.plain_run = 0 if plain_s is None else self.plain_run + 1
-        self.run_samples *= plain_s is not None
+        self.plain_run = 0 if plain_s is None or not clean else self.plain_run + 1
+        self.run_samples *= self.plain_run > 0
         if plain_s is not None and not sample:
             self.plain_s += tokens * plain_s
             return False
-        if plain_s is None or not settled:
+        if plain_s is None or not settled or not clean:
             self._open += tokens
             self.since_plain += 1
             self.speculative += plain_s is None
