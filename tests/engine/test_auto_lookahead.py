@@ -119,11 +119,11 @@ def test_with_a_seed_auto_chooses_the_same_steps_whatever_the_timings():
 
 
 def test_auto_leaves_out_what_the_user_keeps_it_from():
-    auto = Auto.build(None, skip="prompt-lookup, lookahead, phrases")
+    auto = Auto.build(None, skip="prompt-lookup, lookahead, phrases, suffix")
     assert auto.members == ("none",)
     tokens = (1, 2, 3, 4, 9, 1, 2, 3)  # prompt lookup would match here
     assert set(drive(auto, 12, lambda n: 0.030 + 0.002 * n, {"prompt-lookup:2-3": 3}, tokens)) == {"none"}
-    assert Auto.build(None, skip="").members == ("none", "prompt-lookup", "phrases", "lookahead")
+    assert Auto.build(None, skip="").members == ("none", "prompt-lookup", "suffix", "phrases", "lookahead")
 
 
 def test_lookahead_moves_its_window_by_jacobi_steps_and_collects_diagonal_n_grams():
