@@ -24,6 +24,8 @@ import contextlib
 import hmac
 import json
 import logging
+import re
+import sys
 from typing import AsyncIterator, Callable
 
 from starlette.applications import Starlette
@@ -87,11 +89,44 @@ def _sse(obj: dict | str) -> str:
 
 async def _body(request: Request) -> object:
     try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise openai.ApiError(400, "the request body is not valid JSON") from None
+        body = await request.json()
     except RecursionError:
         raise openai.ApiError(400, "the request body nests too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, and an integer past Python's digit limit
+        if "digits" in str(exc) and not isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
+            raise openai.ApiError(400, f"a number in the request body has more than {sys.get_int_max_str_digits():,} "
+                                       "digits") from None
+        raise openai.ApiError(400, "the request body is not valid JSON") from None
+    where = _lone_surrogate(body)
+    if where is not None:
+        raise openai.ApiError(400, f"'{where}' holds a lone UTF-16 surrogate (an escape such as \\ud800 that is "
+                                   "half of a character): it is not text", param=where or None)
+    return body
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: object, path: str = "") -> str | None:
+    """The path (e.g. messages[0].content) of the first key or string in a parsed body that holds a lone
+    surrogate (JSON's \\ud800 escapes decode to one where no pair follows), else None. Such a string cannot be
+    encoded, tokenized or echoed in an error message."""
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            inner = f"{path}.{key}" if path else str(key)
+            if _SURROGATE.search(key):
+                return f"{path} (one of its keys)" if path else "the body (one of its keys)"
+            found = _lone_surrogate(item, inner)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _lone_surrogate(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 def _watch_disconnect(request: Request, on_gone: Callable[[], None]) -> asyncio.Task:

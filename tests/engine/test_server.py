@@ -202,6 +202,29 @@ def test_a_body_that_is_not_json_is_a_400(served):
     assert status == 400 and "not valid JSON" in text
 
 
+def test_a_number_too_long_for_python_is_a_400_not_a_500(served):
+    body = b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "seed": ' + b"9" * 5000 + b"}"
+    status, text = served.request("POST", "/v1/chat/completions", body)
+    assert status == 400 and "more than 4,300 digits" in text, text
+    status, text = served.request("POST", "/specula/v1/train", b'{"tokens": ' + b"7" * 5000 + b"}")
+    assert status == 400 and "digits" in text, text
+
+
+@pytest.mark.parametrize("body, where", [
+    (rb'{"messages": [{"role": "user", "content": "a\ud800b"}], "max_tokens": 4}', "messages[0].content"),
+    (rb'{"model": "\ud800", "messages": [{"role": "user", "content": "Hi"}]}', "model"),
+    (rb'{"messages": [{"role": "user", "content": "Hi", "\udfff": 1}]}', "messages[0] (one of its keys)"),
+])
+def test_a_lone_surrogate_anywhere_in_a_body_is_a_400_naming_where(served, body, where):
+    status, text = served.request("POST", "/v1/chat/completions", body)
+    assert status == 400, text
+    reply = json.loads(text)
+    assert where in reply["error"]["message"] and "surrogate" in reply["error"]["message"]
+    text.encode("utf-8")  # the answer itself is text
+    ok = rb'{"messages": [{"role": "user", "content": "\ud83d\ude00"}], "max_tokens": 2}'  # a pair: one emoji
+    assert served.request("POST", "/v1/chat/completions", ok)[0] == 200
+
+
 def test_a_stop_sequence_ends_the_answer_before_it(served, session):
     full = local_answer(session, HELLO, 30)
     stop = full[len(full) // 2 : len(full) // 2 + 3]
