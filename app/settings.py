@@ -17,6 +17,7 @@ the OS keyring, so it is never written to this file.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -170,8 +171,8 @@ def _coerce(name: str, value: object, default: object) -> object:
         return value if isinstance(value, bool) else _BAD
     if isinstance(default, int):
         return value if isinstance(value, int) and not isinstance(value, bool) else _BAD
-    if isinstance(default, float):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, float):  # NaN and the infinities (JSON readers take them) are no setting
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         return float(value) if ok else _BAD
     return value if isinstance(value, str) else _BAD
 

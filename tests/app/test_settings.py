@@ -54,6 +54,17 @@ def test_bad_fields_fall_back_and_numbers_are_clamped(tmp_path):
     assert "k" in loaded.notice and "seed" in loaded.notice
 
 
+def test_a_number_that_is_no_number_is_reset_with_a_notice(tmp_path):
+    """Python's JSON reader takes NaN and Infinity; a clamp keeps NaN (every comparison with it fails), and every
+    send would fail while the spin box showed its top."""
+    store = SettingsStore(tmp_path)
+    store.path.write_text('{"version": 9, "temperature": NaN, "top_p": Infinity, "strategy": "none"}')
+    loaded = store.load()
+    assert loaded.settings.temperature == Settings().temperature and loaded.settings.top_p == Settings().top_p
+    assert loaded.settings.strategy == "none"
+    assert "temperature" in loaded.notice and "top_p" in loaded.notice
+
+
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):
     path = tmp_path / "settings.json"
     write_json_atomic(path, {"a": 1})
