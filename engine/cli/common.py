@@ -73,7 +73,7 @@ def read_prompts(path: Path) -> list[PromptItem]:
         turns = row.get("turns") if isinstance(row, dict) else None
         if isinstance(row, dict) and isinstance(row.get("prompt"), str):
             turns = [row["prompt"]]
-        if not turns or not all(isinstance(t, str) for t in turns):
+        if not turns or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):  # "abc": no list
             raise SpeculaError(f'{path} line {number}: needs a "prompt" string or a "turns" list of strings')
         if not all(t.strip() for t in turns):
             raise SpeculaError(f"{path} line {number}: the prompt is empty")

@@ -235,6 +235,17 @@ def _read_answers(path: Path | None) -> list[Answer]:
     return out
 
 
+def _drop_torn_tail(path: Path) -> None:
+    """A last line cut short (a run killed while writing it: no newline at its end) is dropped before more
+    answers are appended, so that the next answer starts on a line of its own instead of joining it."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+
+
 SAMPLED_SHARE = 0.3  # of batches, how many are answered by sampling (temperature 0.8, top-p 0.95) instead of greedily
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_p": 0.95, "top_k": 0}
 
@@ -432,6 +443,8 @@ def self_distill(target, n_tokens: int, max_new: int = 192, batch: int = 8, seed
         say(f"answers: {min(made, n_tokens)}/{n_tokens} tokens from {store}")
     if made < n_tokens:
         say(f"answers: {min(made, n_tokens)}/{n_tokens} tokens, the model is answering a first batch of {batch} prompts")
+    if store is not None:
+        _drop_torn_tail(store)
     sink = store.open("a", encoding="utf-8") if store is not None else None
     t0, made_here = time.perf_counter(), 0
     follow: list[tuple[tuple[Message, ...], int]] = []

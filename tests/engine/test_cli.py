@@ -74,6 +74,16 @@ def test_malformed_prompts_file(capsys, tmp_path):
     assert_one_line_error(code, err, "line 2")
 
 
+def test_turns_that_are_a_string_are_refused_not_read_letter_by_letter(tmp_path):
+    from specula.engine.api.errors import SpeculaError
+    from specula.engine.cli.common import read_prompts
+
+    bad = tmp_path / "turns.jsonl"
+    bad.write_text('{"turns": "abc"}\n')
+    with pytest.raises(SpeculaError, match='line 1: needs a "prompt" string or a "turns" list of strings'):
+        read_prompts(bad)
+
+
 def test_a_prompts_file_with_a_byte_order_mark_reads_and_binary_junk_is_one_line(capsys, tmp_path):
     from specula.engine.cli.common import read_prompts
 

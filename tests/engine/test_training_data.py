@@ -384,3 +384,21 @@ def test_a_data_folder_made_with_another_share_of_model_questions_is_refused_on_
     with pytest.raises(TrainingCancelled):  # the same share resumes (and stops here when told to)
         run_training(tiny_target, TrainOptions(tokens=1000, out=tmp_path / "c", data=data, written=0.6),
                      should_stop=lambda: True)
+
+
+def test_a_torn_last_answer_is_dropped_before_more_are_appended(tmp_path):
+    """A run killed while writing an answer leaves a line without its end; the next run's first answer must
+    not join it (both would be lost)."""
+    import json
+
+    from specula.engine.heads import train
+
+    store = tmp_path / "answers.jsonl"
+    whole = json.dumps({"prompt": [1, 2], "answer": [3, 4], "index": 0})
+    store.write_text(whole + "\n" + whole[:17], encoding="utf-8")
+    train._drop_torn_tail(store)
+    with store.open("a", encoding="utf-8") as sink:
+        sink.write(json.dumps({"prompt": [5], "answer": [6], "index": 1}) + "\n")
+    assert [a.answer for a in train._read_answers(store)] == [[3, 4], [6]]
+    train._drop_torn_tail(store)  # whole lines: left as they are
+    assert len(train._read_answers(store)) == 2
