@@ -42,14 +42,14 @@ FORMAT = 1
 
 
 def run_key(tokens: Sequence[int], n: int) -> int:
-    """The hash of the last n tokens (the same as `_run_keys`' for an array)."""
+    """The hash of the last n tokens (the same as `run_keys`' for an array)."""
     h = n
     for t in tokens[len(tokens) - n :]:
         h = (h * _MULT + int(t) + 1) & _MASK
     return h
 
 
-def _run_keys(seq: np.ndarray, ends: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+def run_keys(seq: np.ndarray, ends: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Hashes of the n tokens ending at each of `ends` (uint64), and which of them hold no separator (-1)."""
     h = np.full(ends.shape[0], n, dtype=np.uint64)
     ok = np.ones(ends.shape[0], dtype=bool)
@@ -87,7 +87,7 @@ def count_runs(sequences: Iterable[Sequence[int]], n: int, min_count: int = MIN_
         return _empty()
     seq = np.concatenate(parts)
     ends = np.arange(n - 1, seq.shape[0] - 1)
-    keys, ok = _run_keys(seq, ends, n)
+    keys, ok = run_keys(seq, ends, n)
     nxt = seq[ends + 1]
     ok &= nxt >= 0
     keys, nxt = keys[ok], nxt[ok]

@@ -43,15 +43,20 @@ def longest_match(tokens: np.ndarray, max_n: int) -> tuple[int, int]:
 def _longer(tokens: np.ndarray, ends: np.ndarray, n: int, max_n: int) -> tuple[int, int]:
     """longest_match's search from matches of n tokens ending at `ends`: how much further back each agrees,
     in one comparison of up to max_n - n tokens each."""
-    length = tokens.shape[0]
-    back = np.arange(n, min(max_n, length - 1))
+    back = np.arange(n, min(max_n, tokens.shape[0] - 1))
     if back.size == 0:
         return n, int(ends[-1]) + 1
-    at = ends[:, None] - back[None, :]
-    same = (at >= 0) & (tokens[np.maximum(at, 0)] == tokens[length - 1 - back][None, :])
-    more = np.logical_and.accumulate(same, axis=1).sum(axis=1)
+    more = agreement(tokens, ends, tokens, back)
     best = int(more.max())
     return n + best, int(ends[more == best][-1]) + 1
+
+
+def agreement(source: np.ndarray, ends: np.ndarray, tail: np.ndarray, back: np.ndarray) -> np.ndarray:
+    """For each of `ends` in `source`: how many of the offsets `back` (in order) agree, source[end - b] with
+    tail[-1 - b], before the first that does not (a position before the source's start does not)."""
+    at = ends[:, None] - back[None, :]
+    same = (at >= 0) & (source[np.maximum(at, 0)] == tail[tail.shape[0] - 1 - back][None, :])
+    return np.logical_and.accumulate(same, axis=1).sum(axis=1)
 
 
 def matched_continuation(tokens: torch.Tensor, k: int, max_n: int) -> tuple[int, torch.Tensor]:

@@ -30,6 +30,8 @@ import torch
 from ..api.errors import first_line
 from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft, sends_tree
+from .phrases import run_keys
+from .prompt_lookup import agreement
 
 ORDER = 3  # tokens in the runs the index is keyed by
 MAX_MATCH = 32  # the longest match looked for, in tokens
@@ -40,20 +42,6 @@ MIN_SHARE = 0.2  # a node drafted: at least this share of the root's weight cont
 SPEC_FACTOR = 1.0  # nodes drafted per token of the longest match (at least 2)
 SAVE_EVERY_S = 60.0  # the corpus is written at most this often (and when the process ends cleanly)
 FORMAT = 1
-_MULT = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _keys(tokens: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Hashes of the ORDER tokens ending at each of `ends`, and which hold no separator (-1)."""
-    h = np.full(ends.shape[0], ORDER, dtype=np.uint64)
-    ok = np.ones(ends.shape[0], dtype=bool)
-    for back in range(ORDER - 1, -1, -1):
-        tok = tokens[ends - back]
-        ok &= tok >= 0
-        h = h * _MULT + (tok + 1).astype(np.uint64)
-    return h, ok
-
-
 class SuffixIndex:
     """A model's earlier answers as one corpus (int32 tokens, -1 between answers) and a sorted index of its
     ORDER-token runs (hash, position of the run's last token), for `occurrences`."""
@@ -88,10 +76,14 @@ class SuffixIndex:
         if self.path is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
             self.save()
 
-    def _insert(self, ends: np.ndarray) -> None:
-        keys, ok = _keys(self.tokens.astype(np.int64), ends)
+    def _runs(self, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The keys of the runs ending at `ends` (those without a separator), sorted, with their positions."""
+        keys, ok = run_keys(self.tokens, ends, ORDER)
         order = np.argsort(keys[ok], kind="stable")
-        keys, ends = keys[ok][order], ends[ok][order]
+        return keys[ok][order], ends[ok][order]
+
+    def _insert(self, ends: np.ndarray) -> None:
+        keys, ends = self._runs(ends)
         at = np.searchsorted(self.keys, keys, side="right")  # after equal keys: positions stay in order
         self.keys = np.insert(self.keys, at, keys)
         self.positions = np.insert(self.positions, at, ends)
@@ -108,7 +100,7 @@ class SuffixIndex:
         """Positions in the corpus where the last ORDER tokens of `tail` end (the latest MAX_OCCURRENCES)."""
         if tail.shape[0] < ORDER or self.keys.shape[0] == 0:
             return np.zeros(0, dtype=np.int64)
-        key, _ = _keys(tail.astype(np.int64), np.array([tail.shape[0] - 1]))
+        key, _ = run_keys(tail, np.array([tail.shape[0] - 1]), ORDER)
         lo, hi = np.searchsorted(self.keys, key[0], side="left"), np.searchsorted(self.keys, key[0], side="right")
         found = self.positions[max(lo, hi - MAX_OCCURRENCES) : hi]
         return found[np.all(self.tokens[found[:, None] - np.arange(ORDER)[None, ::-1]] == tail[-ORDER:], axis=1)]
@@ -144,19 +136,7 @@ class SuffixIndex:
             self._reindex()
 
     def _reindex(self) -> None:
-        ends = np.arange(ORDER - 1, self.tokens.shape[0])
-        keys, ok = _keys(self.tokens.astype(np.int64), ends)
-        order = np.argsort(keys[ok], kind="stable")
-        self.keys, self.positions = keys[ok][order], ends[ok][order]
-
-
-def _match_lengths(source: np.ndarray, ends: np.ndarray, tail: np.ndarray) -> np.ndarray:
-    """How many tokens before and at each of `ends` in `source` agree with the end of `tail` (at most
-    MAX_MATCH and the tail's length; the first ORDER are known to agree)."""
-    back = np.arange(min(MAX_MATCH, tail.shape[0]))
-    at = ends[:, None] - back[None, :]
-    same = (at >= 0) & (source[np.maximum(at, 0)] == tail[tail.shape[0] - 1 - back][None, :])
-    return np.logical_and.accumulate(same, axis=1).sum(axis=1)
+        self.keys, self.positions = self._runs(np.arange(ORDER - 1, self.tokens.shape[0]))
 
 
 class _Tree:
@@ -235,14 +215,15 @@ class Suffix(Drafter):
         if ctx.shape[0] <= ORDER:
             return None
         tail = ctx[-MAX_MATCH:]
+        back = np.arange(tail.shape[0])  # how far back a match is followed: MAX_MATCH at most
         found = []  # (source, ends, match lengths)
         ends = self.index.occurrences(tail)
         if ends.size:
-            found.append((self.index.tokens, ends, _match_lengths(self.index.tokens, ends, tail)))
+            found.append((self.index.tokens, ends, agreement(self.index.tokens, ends, tail, back)))
         here = np.flatnonzero(ctx[ORDER - 1 : ctx.shape[0] - 1] == ctx[-1]) + ORDER - 1  # earlier, in the conversation
         if here.size:
             here = here[-MAX_OCCURRENCES:]
-            lengths = _match_lengths(ctx, here, tail)
+            lengths = agreement(ctx, here, tail, back)
             keep = lengths >= ORDER
             if keep.any():
                 found.append((ctx, here[keep], lengths[keep]))

@@ -240,10 +240,15 @@ def _drop_torn_tail(path: Path) -> None:
     answers are appended, so that the next answer starts on a line of its own instead of joining it."""
     if not path.is_file():
         return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with path.open("r+b") as f:
-            f.truncate(data.rfind(b"\n") + 1)
+    with path.open("r+b") as f:
+        size = f.seek(0, 2)
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":  # whole lines: the file is not read further
+            return
+        f.seek(0)
+        f.truncate(f.read().rfind(b"\n") + 1)
 
 
 SAMPLED_SHARE = 0.3  # of batches, how many are answered by sampling (temperature 0.8, top-p 0.95) instead of greedily

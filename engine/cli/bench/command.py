@@ -79,8 +79,11 @@ def connect_servers(servers: dict[str, str], api_key_env: str, verify_tls: bool,
 
 def on_this_machine(url: str) -> bool:
     """Whether a server peer's URL names this machine (loopback, or one of its own addresses)."""
+    import ipaddress
     import socket
     from urllib.parse import urlsplit
+
+    from ...remote.http import is_loopback
 
     host = urlsplit(url).hostname or ""
     try:
@@ -91,4 +94,8 @@ def on_this_machine(url: str) -> bool:
         own = set(socket.gethostbyname_ex(socket.gethostname())[2])
     except OSError:
         own = set()
-    return any(a.startswith("127.") or a in ("::1", "0.0.0.0", "::") or a in own for a in addresses)
+    def here(address: str) -> bool:
+        address = address.split("%")[0]  # an IPv6 address's zone (fe80::1%eth0)
+        return is_loopback(address) or ipaddress.ip_address(address).is_unspecified or address in own
+
+    return any(here(a) for a in addresses)
