@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, QTimer
-from PySide6.QtGui import QColor, QFont, QPalette
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPalette
 from PySide6.QtWidgets import QGraphicsItem, QGridLayout, QLabel, QStackedLayout, QVBoxLayout, QWidget
 
 from specula.app.ringbuffer import RingBuffer
@@ -105,6 +105,13 @@ class PlotsPanel(QWidget):
         self.empty.raise_()
         self._build_plots()
 
+    def draw_ahead(self) -> None:
+        """Draw the plots once under their note, while the model loads: pyqtgraph makes each axis's picture on
+        its first paint (about 20 of them, tens of milliseconds), which the first answer would otherwise pay
+        while the engine reads its prompt. Not for plots the user has hidden."""
+        if self.isVisible():
+            self.graphics.grab()
+
     def sizeHint(self):
         """A dock of about a third of a 1280-wide window; the transcript gets the rest (the user can widen it)."""
         from PySide6.QtCore import QSize
@@ -144,6 +151,12 @@ class PlotsPanel(QWidget):
             plot.setMenuEnabled(False)
             plot.hideButtons()
             plot.setMouseEnabled(x=False, y=False)
+            # the value axis keeps one width, room for four digits: left to fit its labels, it widened when the
+            # first answer's tokens/s passed 99, and the whole layout of the five plots was drawn again while the
+            # engine read the prompt (about 20 axes, tens of milliseconds the first answer paid)
+            left = plot.getAxis("left")
+            left.setStyle(autoExpandTextSpace=False,
+                          tickTextWidth=max(QFontMetrics(left.font()).horizontalAdvance(t) for t in ("0000", "0.00")))
             for name in ("left", "bottom"):
                 # an axis draws its grid lines across the plot, so every new point repaints it: kept as a
                 # pixmap, it is repainted by a copy until its range or ticks change (a paint of the five
@@ -218,8 +231,7 @@ class PlotsPanel(QWidget):
         self.metrics = LiveMetrics(self.baseline, window=ROLLING)
         for buffer in self.series.values():
             buffer.clear()
-        self.events = []
-        self.empty.setVisible(False)
+        self.events = []  # the note over the plots stays until there is something to draw (see _reveal)
         self._say(label)
         self._recent = []
         self._last_step = 0
@@ -227,9 +239,16 @@ class PlotsPanel(QWidget):
         self._stale = set(PARTS)
         self._timer.start()
 
+    def _reveal(self) -> None:
+        """Take the note off the plots: the first figures of a generation are here. Not at its start: drawing the
+        four plots again costs the window tens of milliseconds, which would be taken from the prompt's reading."""
+        if not self.empty.isHidden():
+            self.empty.setVisible(False)
+
     def add_step(self, step) -> None:
         if self.metrics is None:
             self.begin()
+        self._reveal()
         self.events.append(step)
         m = self.metrics
         m.add(step)
@@ -260,6 +279,7 @@ class PlotsPanel(QWidget):
         the cumulative acceptance; the per-position bars and the acceptance figure follow them."""
         if self.metrics is None:
             self.begin()
+        self._reveal()
         self.events.append(stats)
         self.metrics.add_server(stats)
         drafted, accepted = self._server_seen
@@ -325,6 +345,7 @@ class PlotsPanel(QWidget):
         for part in PARTS:
             self._refresh_part(part, finished)
         self._stale.clear()
+        self._reveal()
 
     def _refresh_part(self, part: str, finished=None) -> None:
         s = self.series

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
@@ -257,6 +257,7 @@ class MainWindow(QMainWindow):
         s = self.settings
         self._set_state("loading")
         self.bridge.load(replace(ModelChoice.from_settings(s), first=first_answer(s)))
+        QTimer.singleShot(0, self.plots.draw_ahead)  # the engine loads in its own process meanwhile
 
     def _on_event(self, event) -> None:
         for controller in (self.chat, self.compare):

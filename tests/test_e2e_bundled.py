@@ -75,3 +75,31 @@ def test_temperature_one_with_a_seed_repeats(session):
     a = answer(session, PROMPTS[0], "prompt-lookup", params=params, seed=42)
     b = answer(session, PROMPTS[0], "prompt-lookup", params=params, seed=42)
     assert a.token_ids == b.token_ids and a.text == b.text
+
+
+def test_a_prepared_load_has_made_the_drafter_and_its_answers_are_unchanged(session, monkeypatch):
+    """`LoadRequest.prepare`: the strategy's drafter made and a short answer run before the model is ready (and
+    the thread count a busy moment asks for checked); the plain steps it timed are not the live speedup's, and
+    the answers after it are those of a session that was not prepared."""
+    import specula.engine.serving.session as session_module
+
+    checked = []
+
+    class Governor:
+        def check_ahead(self, runner):
+            checked.append(runner.length)
+
+        def begin(self):
+            pass
+
+        def tick(self, runner=None):
+            return torch.get_num_threads()
+
+    monkeypatch.setattr(session_module, "governor", Governor)
+    fresh = Session()
+    fresh.use(session.target)
+    fresh.prepare(GenerateRequest((), "prompt-lookup", DecodeConfig(max_new_tokens=48, k=5), chat=True))
+    assert any(key[0] == "prompt-lookup" for key in fresh._drafters) and checked and checked[0] > 0
+    assert not fresh.plain._items
+    for prompt in PROMPTS[:2]:
+        assert answer(fresh, prompt, "prompt-lookup", k=5).token_ids == answer(session, prompt, "none").token_ids

@@ -172,6 +172,13 @@ class ThreadGovernor:
                 self.samples.clear()  # the next decision sees the machine with the new count
         return self.threads
 
+    def check_ahead(self, runner) -> None:
+        """Check now, for `runner`'s model, the count one other busy program would leave (the full count less
+        one): its check and the first products at that count (each count's first run is slower) are then paid
+        before an answer rather than in the first one that meets a busy moment."""
+        if self.enabled and self.full > 1 and runner is not None and runner.device.type == "cpu":
+            self._allowed(runner, self.full - 1)
+
     def _start_sampler(self) -> None:
         if self._sampler is None:
             self._sampler = threading.Thread(target=self._sample_forever, name="specula-load", daemon=True)

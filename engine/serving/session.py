@@ -74,6 +74,8 @@ class Session:
             pass
         finally:  # the cache keeps what it read (the chat template's opening, as after any answer)
             self.plain = PlainHistory()  # the first answer measures plain decoding itself
+        if self._runner is not None and self._runner.length:
+            governor().check_ahead(self._runner)
 
     def use(self, target: LoadedModel, draft: LoadedModel | None = None) -> None:
         """Adopt already loaded models (tests build tiny ones in memory)."""

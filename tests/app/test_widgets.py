@@ -172,6 +172,37 @@ def test_plot_axes_move_only_a_few_times_over_a_long_answer(qtbot):
     assert max(changes.values()) <= 10, changes  # in blocks of 32 steps the steps axis alone moved 31 times
 
 
+
+def test_the_first_answer_does_not_draw_the_plots_again_while_the_prompt_is_read(qtbot):
+    """The note covers the plots until the first step arrives, the plots were drawn once under it while the
+    model loaded (each axis's picture made), and the value axes keep their width when the first tokens/s
+    figures (hundreds) replace the empty plot's: no axis is made again or resized by the first answer's start."""
+    from specula.app.plots import PlotsPanel
+    from specula.engine.api.events import BaselineCost, Loaded, Origin, Step, Token
+
+    panel = PlotsPanel()
+    qtbot.addWidget(panel)
+    panel.resize(380, 700)
+    panel.show()
+    qtbot.waitExposed(panel)
+    panel.set_model(Loaded(1, "m", None, "cpu", "bf16", 4096, ("none",), BaselineCost(0.004, 1e-6)))
+    axes = [panel.plots[key].getAxis("left") for key in panel.plots]
+    assert all(axis.picture is None for axis in axes)  # hidden under the note: never drawn yet
+    panel.draw_ahead()
+    assert all(axis.picture is not None for axis in axes)
+    widths = [axis.width() for axis in axes]
+    panel.begin()
+    assert not panel.empty.isHidden()  # the prompt is being read: nothing to draw yet
+    elapsed = 0.0
+    for i in range(1, 40):
+        elapsed += 0.004
+        panel.add_step(Step(1, i, 0, 0, (Token(i, "x", Origin.TARGET, i),), (), 0.0, 0.004, 20 + i, 0, elapsed))
+        assert panel.empty.isHidden()
+    panel.refresh()
+    assert panel._ranges["tps"][3] >= 200  # three-digit labels on the tokens/s axis
+    assert [axis.width() for axis in axes] == widths
+
+
 def test_a_rejected_line_break_is_drawn_as_a_mark_not_a_new_line():
     from specula.app.chatview import ghost_text
 

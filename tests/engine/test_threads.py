@@ -212,3 +212,21 @@ def test_a_session_on_the_cpu_consults_the_governor_before_every_decode_step(tar
     finished = events[-1]
     assert isinstance(finished, Finished) and finished.totals.steps == len(gov.runners) >= 5
     assert all(r is gov.runners[0] and r is not None for r in gov.runners)
+
+
+
+def test_the_count_a_busy_moment_asks_for_can_be_checked_before_an_answer_needs_it(target, monkeypatch):
+    """A load's warm-up checks the full count less one for the model (Session.prepare), so the first answer that
+    meets another program's burst (the window drawing) switches at once instead of running the check in it."""
+    machine, runner = Machine(), started(target)
+    gov = governed(machine)
+    checks = []
+    monkeypatch.setattr(threads, "same_bits", lambda r, n, full: checks.append(n) or True)
+    gov.check_ahead(runner)
+    assert checks == [1] and torch.get_num_threads() == 2  # checked; the count itself unchanged
+    assert watch(gov, machine, [1], runner) == 1 and checks == [1]  # the burst: switched, no second check
+    gov.check_ahead(target.new_runner())
+    assert checks == [1]  # remembered per model
+    gov.full = 1
+    gov.check_ahead(runner)  # one thread in all: nothing to check
+    assert checks == [1]
