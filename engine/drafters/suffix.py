@@ -5,7 +5,8 @@ Two places are searched, as one: this conversation so far (what prompt lookup se
 answer of the model, each with its prompt's last PROMPT_TAIL tokens (the chat template's opening of the
 answer), kept in a `SuffixIndex`: one token corpus with an index of its ORDER-token runs, bounded to
 MAX_TOKENS (the oldest answers leave first) and kept across sessions in the user's data folder, one file per
-model. Where the conversation's last ORDER tokens occur, each occurrence's match is extended backwards (up
+model; a model without one (a new model, or a corpus lost or damaged) starts from the answers in the window's
+conversation history, tokenized again (`rebuild`). Where the conversation's last ORDER tokens occur, each occurrence's match is extended backwards (up
 to MAX_MATCH tokens); the occurrences whose match is at least half the longest one's are kept, and their
 continuations make a tree in which each node counts the occurrences (weighted by their match length) that
 continue through it. A node's share of the root's weight is how often that continuation was right here.
@@ -20,8 +21,11 @@ continuations after up to MAX_MATCH. Nothing here runs a model: a draft costs a 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
+import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +37,8 @@ from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft, sends_
 from .phrases import run_keys
 from .prompt_lookup import agreement
 
+log = logging.getLogger(__name__)
+
 ORDER = 3  # tokens in the runs the index is keyed by
 MAX_MATCH = 32  # the longest match looked for, in tokens
 MAX_OCCURRENCES = 64  # the latest occurrences of the last ORDER tokens considered, in each place
@@ -42,6 +48,8 @@ MIN_SHARE = 0.2  # a node drafted: at least this share of the root's weight cont
 SPEC_FACTOR = 1.0  # nodes drafted per token of the longest match (at least 2)
 SAVE_EVERY_S = 60.0  # the corpus is written at most this often (and when the process ends cleanly)
 FORMAT = 1
+HISTORY = "conversations.db"  # the window's conversation history in the data folder (app/history_db.py)
+REBUILD_CHARS = 2 * MAX_TOKENS  # the newest answers' text a rebuilt corpus reads (about half of MAX_TOKENS)
 class SuffixIndex:
     """A model's earlier answers as one corpus (int32 tokens, -1 between answers) and a sorted index of its
     ORDER-token runs (hash, position of the run's last token), for `occurrences`."""
@@ -75,6 +83,19 @@ class SuffixIndex:
         self._unsaved += seq.shape[0]
         if self.path is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
             self.save()
+
+    def extend(self, sequences) -> None:
+        """Many answers at once (a rebuild): appended, and the corpus indexed again once."""
+        parts = [np.asarray(seq, dtype=np.int32) for seq in sequences]
+        parts = [p for seq in parts if seq.shape[0] >= 2 for p in (seq, np.full(1, -1, dtype=np.int32))]
+        if not parts:
+            return
+        self.tokens = np.concatenate([self.tokens, *parts])
+        self._unsaved += sum(p.shape[0] for p in parts)
+        if self.tokens.shape[0] > MAX_TOKENS:
+            self._drop_oldest()
+        else:
+            self._reindex()
 
     def _runs(self, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The keys of the runs ending at `ends` (those without a separator), sorted, with their positions."""
@@ -277,8 +298,65 @@ def index_for(target) -> SuffixIndex:
         if not _INDEXES:
             atexit.register(save_all)
         path = data_dir() / "suffix" / f"{key[:32]}.npz" if prints is not None else None
-        _INDEXES[key] = SuffixIndex(path)
+        index = SuffixIndex(path)
+        damaged = bool(index.note)
+        if path is not None and len(index) == 0:
+            rebuild(index, target.tokenizer, earlier_answers(data_dir() / HISTORY))
+        if index.note:
+            (log.warning if damaged else log.info)("%s", index.note)
+        _INDEXES[key] = index
     return _INDEXES[key]
+
+
+def earlier_answers(path: Path, budget: int = REBUILD_CHARS) -> list[str]:
+    """The finished answers in a conversation history (`path`, the window's database), the newest `budget`
+    characters of them, oldest first; none where there is no history or it cannot be read (it is opened read-only:
+    nothing here changes it)."""
+    if not path.is_file():
+        return []
+    answers, size = [], 0
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=2)) as db:
+            rows = db.execute("SELECT content FROM turns WHERE role = 'assistant' AND state = 'done' AND content != '' "
+                              "ORDER BY rowid DESC")
+            for (content,) in rows:
+                if not isinstance(content, str):
+                    continue
+                answers.append(content)
+                size += len(content)
+                if size >= budget:
+                    break
+    except sqlite3.Error:
+        return []
+    return answers[::-1]
+
+
+def rebuild(index: SuffixIndex, tokenizer, answers: list[str]) -> None:
+    """Fill an empty corpus from earlier answers' text, each after the chat template's opening of an answer (its
+    last PROMPT_TAIL tokens, as a live answer is kept), and say so in `index.note`."""
+    if not answers or tokenizer is None:
+        return
+    opening = _answer_opening(tokenizer)
+    try:
+        encoded = tokenizer(answers, add_special_tokens=False)["input_ids"]
+    except Exception as exc:  # noqa: BLE001 - a tokenizer that cannot read the text leaves the corpus empty
+        index.note = f"the suffix corpus was not rebuilt from the conversation history ({first_line(exc)[:120]})"
+        return
+    index.extend(opening + list(ids) for ids in encoded)
+    done = f"rebuilt from {len(answers)} answers in the conversation history"
+    index.note = index.note.replace("it starts again", done) if index.note else f"the suffix corpus was {done}"
+
+
+def _answer_opening(tokenizer) -> list[int]:
+    """The last PROMPT_TAIL tokens the chat template puts before an answer; none without a template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "."}], add_generation_prompt=True,
+                                             tokenize=False)
+        return list(tokenizer.encode(text, add_special_tokens=False))[-PROMPT_TAIL:]
+    except Exception:  # noqa: BLE001 - a template that needs more than one user message: no opening
+        return []
 
 
 def save_all() -> None:

@@ -97,3 +97,40 @@ def test_greedy_answers_stay_the_targets_own_with_chains_and_trees(tree):
 
     target = loaded(tiny_model(vocab=64, layers=2, seed=6))
     assert_greedy_identity(target, None, "suffix", {"tree": tree}, trials=8, longest_prompt=30, max_new_tokens=50)
+
+
+def test_a_lost_or_damaged_corpus_is_rebuilt_from_the_conversation_history(tmp_path, monkeypatch, bundled_fp32):
+    """A model without a corpus (a new model, or its file lost or damaged) starts from the finished answers in the
+    window's history, tokenized again after the chat template's opening of an answer; the history is only read."""
+    from specula.app.history import Conversation, Turn
+    from specula.app.history_db import ConversationDB
+
+    monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(suffix_module, "_INDEXES", {})
+    answer = "The heron waited by the mill race until the light went grey over the water meadows."
+    history = tmp_path / "conversations.db"
+    db = ConversationDB(history)
+    db.save(Conversation("c1", turns=(Turn("user", "A line, please."), Turn("assistant", answer),
+                                      Turn("user", "Another."), Turn("assistant", "Cut short by a kill", interrupted=True))))
+    db.close()
+    before = history.read_bytes()
+    index = suffix_module.index_for(bundled_fp32)
+    assert index.note == "the suffix corpus was rebuilt from 1 answers in the conversation history"
+    assert history.read_bytes() == before
+    tokenizer = bundled_fp32.tokenizer
+    ids = tokenizer.encode(answer, add_special_tokens=False)
+    opening = suffix_module._answer_opening(tokenizer)
+    assert len(opening) == suffix_module.PROMPT_TAIL and index.tokens.tolist() == opening + ids + [-1]
+    drafter = suffix_module.Suffix(index, tree=False)
+    drafter.match = 0
+    assert drafter.candidates(torch.tensor(opening + ids[:5])).chain(8) == ids[5:13]  # the answer, drafted again
+    index.save()
+    monkeypatch.setattr(suffix_module, "_INDEXES", {})
+    assert suffix_module.index_for(bundled_fp32).note == ""  # read from its file: nothing rebuilt
+    index.path.write_bytes(b"damaged")
+    monkeypatch.setattr(suffix_module, "_INDEXES", {})
+    again = suffix_module.index_for(bundled_fp32)
+    assert "was not read" in again.note and again.note.endswith("rebuilt from 1 answers in the conversation history")
+    assert again.tokens.tolist() == index.tokens.tolist()
+    history.write_bytes(b"not a database")
+    assert suffix_module.earlier_answers(history) == []
