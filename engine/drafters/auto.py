@@ -110,8 +110,6 @@ class Auto(Drafter):
         """A new generation: the measurements so far stay."""
         for drafter, _ in self.heads.values():
             drafter.reset()
-        if self.phrases is not None:
-            self.phrases.reset()
         self.chosen = self.member = None
 
     def _model(self, choice: str) -> DraftLength:
@@ -149,8 +147,6 @@ class Auto(Drafter):
         self.steps += 1
         self.chosen = self.member = None
         self.plain_s = ctx.plain_s
-        if self.phrases is not None:
-            self.phrases.see(ctx)  # the answer so far, learned when it ends (whatever drafts the step)
         if k <= 0:
             return empty_draft()
         # the match is found once a step: prompt lookup's draft, when chosen, is what follows it
@@ -204,8 +200,10 @@ class Auto(Drafter):
                 drafter.passed(accepted)
 
     def finished(self, tokens, prompt_len: int) -> None:
-        if self.suffix is not None:
-            self.suffix.finished(tokens, prompt_len)
+        """The answer ended: the members that learn from the model's answers learn it (whatever drafted it)."""
+        for member in (self.suffix, self.phrases):
+            if member is not None:
+                member.finished(tokens, prompt_len)
 
     def observe_step(self, drafted: int, accepted: int, seconds: float) -> None:
         """The decoder's timing of the step this drafter proposed for: booked under its choice."""

@@ -263,26 +263,18 @@ def table_for(target) -> PhraseTable:
 
 
 class Phrases:
-    """A conversation's view of a phrase table: sees each answer as it comes (`see`) and learns it once it
-    ends (`reset`, as the next begins), drafts. Within an answer prompt lookup finds what it repeats; learning
-    between answers keeps the counting out of the decoding steps."""
+    """A conversation's view of a phrase table: learns each answer once it ends (`finished`, the whole answer,
+    its last step's tokens too), drafts. Within an answer prompt lookup finds what it repeats; learning between
+    answers keeps the counting out of the decoding steps."""
 
     def __init__(self, table: PhraseTable) -> None:
         self.table = table
-        self.seen: tuple[torch.Tensor, int] | None = None  # the answer so far (the context) and its prompt's length
 
-    def reset(self) -> None:
-        """The answer seen ends: learn it."""
-        if self.seen is not None:
-            tokens, prompt_len = self.seen
-            if tokens.shape[0] > prompt_len:
-                first = max(0, prompt_len - PROMPT_TAIL)
-                self.table.learn(tokens[first:].tolist(), prompt_len - first)
-        self.seen = None
-
-    def see(self, ctx: DraftContext) -> None:
-        """The answer so far (learned when it ends)."""
-        self.seen = (ctx.tokens, ctx.prompt_len)
+    def finished(self, tokens: torch.Tensor, prompt_len: int) -> None:
+        """The answer ended (or was cancelled): learn it, after its prompt's last PROMPT_TAIL tokens."""
+        if tokens.shape[0] > prompt_len:
+            first = max(0, prompt_len - PROMPT_TAIL)
+            self.table.learn(tokens[first:].tolist(), prompt_len - first)
 
     def draft(self, ctx: DraftContext, k: int) -> torch.Tensor:
         tail = ctx.tokens[max(0, ctx.tokens.shape[0] - max(ORDERS)) :].tolist()

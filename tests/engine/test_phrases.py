@@ -51,14 +51,9 @@ def test_a_session_learns_the_answers_it_decodes_and_drafts_them_once_seen_often
     view = Phrases(table)
     prompt = [40, 41, 42, 43, 44]
     answer = [10, 11, 12, 13, 14, 15]
-    params = SamplingParams()
     for _ in range(phrases.MIN_COUNT):
-        view.reset()
-        for i in range(len(answer) + 1):  # the steps of one answer, as the decoder shows them
-            view.see(DraftContext(torch.tensor(prompt + answer[:i]), len(prompt), params, None))
-        if _ < phrases.MIN_COUNT - 1:
-            assert table.draft([10, 11], 8) == []  # learned once the answer ends, and only seen twice yet
-    view.reset()  # the next answer begins: the last one is learned
+        assert table.draft([10, 11], 8) == []  # seen too few times yet
+        view.finished(torch.tensor(prompt + answer), len(prompt))  # an answer ends: learned, to its last token
     assert table.draft([10, 11], 8) == [12, 13, 14, 15]
     # the prompt's last PROMPT_TAIL tokens open the runs, its earlier tokens are never learned
     assert table.draft(prompt[-phrases.PROMPT_TAIL :], 2) == [10, 11]
@@ -196,13 +191,17 @@ def test_autos_choice_is_named_on_the_tokens_of_its_steps_and_crosses_the_wire()
 
     target = loaded(tiny_model(vocab=64, layers=2, seed=0))
     prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]  # repeats: prompt lookup has matches
-    events = list(generate(target.new_runner(), Auto(phrases=Phrases(PhraseTable())), prompt,
+    auto_table = PhraseTable()
+    events = list(generate(target.new_runner(), Auto(phrases=Phrases(auto_table)), prompt,
                            DecodeConfig(k=4, max_new_tokens=30)))
     steps = [e for e in events if hasattr(e, "tokens") and e.step > 0]
     drafting = [s for s in steps if s.drafted]
     assert drafting and all(t.drafter and t.drafter.startswith("prompt lookup (a match of")
                             for s in drafting for t in s.tokens + s.rejected)
     assert all(t.drafter is None for s in steps if not s.drafted for t in s.tokens)
+    answer = next(e for e in events if hasattr(e, "totals")).token_ids
+    learned = auto_table.learned  # the whole answer, its last token too, once it ended
+    assert learned and any(answer[-1] in counts for counts in learned.values())
     plain = list(generate(target.new_runner(), build_drafter("prompt-lookup", target), prompt,
                           DecodeConfig(k=4, max_new_tokens=30)))
     assert all(t.drafter is None for e in plain if hasattr(e, "tokens") for t in e.tokens)  # a single strategy
