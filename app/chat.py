@@ -264,6 +264,8 @@ class ChatController(QObject):
                 self._retry.start()
             self.store_failed.emit(str(exc))
             return False
+        for notice in self.store.take_notices():  # a damaged database salvaged by this write
+            self.store_failed.emit(notice)
         return True
 
     def _save_unsaved(self) -> None:

@@ -86,7 +86,7 @@ class ConversationDB:
                 if not _corrupt(exc):
                     raise StoreError(f"cannot open the conversations database {self.path}: {_why(self.path, exc)}") \
                         from exc
-                self._db = self._set_aside(exc)
+                self._db = self._salvage(exc)
             except (sqlite3.Error, OSError) as exc:
                 raise StoreError(f"cannot open the conversations database {self.path}: {_why(self.path, exc)}") from exc
         return self._db
@@ -101,6 +101,7 @@ class ConversationDB:
             db.execute("PRAGMA recursive_triggers=ON")  # rows removed by a cascade or a replace leave the index too
             db.executescript(SCHEMA)
             _check_tables(db)
+            db.execute("SELECT rowid FROM turns_text LIMIT 1").fetchall()  # the search index can be opened
             if "versions" not in {row[1] for row in db.execute("PRAGMA table_info(turns)")}:  # a database of 0.x
                 db.execute("ALTER TABLE turns ADD COLUMN versions TEXT")
         except BaseException:
@@ -108,27 +109,41 @@ class ConversationDB:
             raise
         return db
 
-    def _set_aside(self, exc: Exception) -> sqlite3.Connection:
-        """A file that is not a database (or a damaged one) is renamed for the user; a new one starts."""
+    def _salvage(self, exc: Exception) -> sqlite3.Connection:
+        """A damaged database (a page, its search index; or a file that is not one) is moved aside for the user
+        with its journal, and a new one is made holding every conversation that can still be read from it."""
+        self.close()
         try:
             moved = set_aside(self.path)
-            for extra in ("-wal", "-shm"):
-                Path(f"{self.path}{extra}").unlink(missing_ok=True)
+            for extra in ("-wal", "-shm"):  # the journal holds committed answers not yet in the file: it goes along
+                journal = Path(f"{self.path}{extra}")
+                if journal.exists():
+                    journal.replace(Path(f"{moved}{extra}"))
             db = self._open()
         except (sqlite3.Error, OSError) as again:
             raise StoreError(f"the conversations database {self.path} is damaged ({exc}) and could not be "
                              f"replaced: {again}") from again
-        self._notices.append(f"The conversations database {self.path.name} was damaged ({exc}); it was moved "
-                             f"to {moved.name} and a new one was started.")
+        kept, lost = _copy_readable(moved, db)
+        self._saved.clear()  # what the new database holds is read again before the next save
+        whole = "all" if not lost else f"{kept} of {kept + lost}"
+        self._notices.append(
+            f"The conversations database {self.path.name} was damaged ({exc}); it was moved to {moved.name} and "
+            + (f"{whole} conversations were kept in a new one." if kept else "a new one was started."))
         return db
+
+    def take_notices(self) -> list[str]:
+        """What the store has to tell since it was last asked (a damaged database salvaged during a save)."""
+        notices, self._notices = self._notices, []
+        return notices
 
     def close(self) -> None:
         if self._db is not None:
             self._db.close()
             self._db = None
 
-    def _write(self, what: str, statements) -> None:
-        """Run `statements(db)` in one transaction; a failure leaves the database as it was."""
+    def _write(self, what: str, statements, again: bool = True) -> None:
+        """Run `statements(db)` in one transaction; a failure leaves the database as it was. A database found
+        damaged here is salvaged (`_salvage`) and the write made once more, in the new one."""
         db = self._connect()
         try:
             db.execute("BEGIN IMMEDIATE")
@@ -138,6 +153,11 @@ class ConversationDB:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            if not (again and _corrupt(exc)):
+                raise StoreError(f"could not save {what} to {self.path}: {exc}") from exc
+            self._db = self._salvage(exc)
+            self._write(what, statements, again=False)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"could not save {what} to {self.path}: {exc}") from exc
 
@@ -148,7 +168,8 @@ class ConversationDB:
         return [self.load(c.id) for c in listed], notices
 
     def load(self, conversation_id: str) -> Conversation:
-        """One conversation with its turns."""
+        """One conversation with its turns (a damaged database is salvaged by the window's own connection, when
+        it lists or saves: never here, where a helper thread may read with a connection of its own)."""
         db = self._connect()
         try:
             row = db.execute("SELECT id, title, created, updated FROM conversations WHERE id = ?",
@@ -184,7 +205,7 @@ class ConversationDB:
         """A conversation read by another connection (in the background) is what this one last read."""
         self._saved[conversation.id] = conversation.turns
 
-    def list_all(self) -> tuple[list[Conversation], list[str]]:
+    def list_all(self, again: bool = True) -> tuple[list[Conversation], list[str]]:
         """Every conversation without its turns (`load` reads them), newest first, and notices (imports,
         interrupted answers). Answers left `streaming` by an earlier run that died are marked interrupted."""
         db = self._connect()
@@ -198,6 +219,10 @@ class ConversationDB:
                                f"{'were' if cut > 1 else 'was'} kept and marked interrupted.")
             rows = db.execute("SELECT id, title, created, updated FROM conversations ORDER BY updated DESC").fetchall()
         except sqlite3.Error as exc:
+            if again and isinstance(exc, sqlite3.DatabaseError) and _corrupt(exc):
+                self._db = self._salvage(exc)
+                conversations, more = self.list_all(again=False)
+                return conversations, notices + more
             raise StoreError(f"could not read the conversations database {self.path}: {exc}") from exc
         return [_conversation(*row) for row in rows], notices
 
@@ -247,6 +272,7 @@ class ConversationDB:
             db.execute("INSERT INTO conversations (id, title, created, updated) VALUES (?, ?, ?, ?) "
                        "ON CONFLICT(id) DO UPDATE SET title = excluded.title, updated = excluded.updated",
                        (conversation.id, conversation.title, conversation.created, conversation.updated))
+            _close_gaps(db, conversation.id)  # turn i is at idx i below: never delete a turn by a wrong count
             db.execute("DELETE FROM turns WHERE conversation = ? AND idx >= ?", (conversation.id, same))
             _insert_turns(db, conversation.id, turns, same)
 
@@ -258,6 +284,7 @@ class ConversationDB:
         index = len(conversation.turns)
 
         def statements(db: sqlite3.Connection) -> None:
+            _close_gaps(db, conversation.id)
             db.execute("DELETE FROM turns WHERE conversation = ? AND idx >= ?", (conversation.id, index))
             db.execute("INSERT INTO turns (conversation, idx, role, content, state) VALUES (?, ?, 'assistant', '', ?)",
                        (conversation.id, index, STREAMING))
@@ -391,5 +418,64 @@ def _check_tables(db: sqlite3.Connection) -> None:
 
 
 def _corrupt(exc: sqlite3.DatabaseError) -> bool:
+    """A damaged database (or not ours): a damaged page, a search index that cannot be opened."""
     text = str(exc).lower()
-    return "not a database" in text or "malformed" in text or "not a conversations database" in text
+    return any(sign in text for sign in ("not a database", "malformed", "not a conversations database",
+                                         "vtable constructor failed", "fts5"))
+
+
+def _close_gaps(db: sqlite3.Connection, conversation_id: str) -> None:
+    """Number a conversation's turns 0, 1, 2... in their order where they are not (a damaged or hand-edited
+    database may leave a gap): every turn kept, and the position a save counts on made true."""
+    count, low, high = db.execute("SELECT COUNT(*), MIN(idx), MAX(idx) FROM turns WHERE conversation = ?",
+                                  (conversation_id,)).fetchone()
+    if not count or (low == 0 and high == count - 1):
+        return
+    rows = db.execute("SELECT rowid FROM turns WHERE conversation = ? ORDER BY idx", (conversation_id,)).fetchall()
+    for step in (high + 1 + count, 0):  # past every index first, so that no two turns ever share one
+        for i, (rowid,) in enumerate(rows):
+            db.execute("UPDATE turns SET idx = ? WHERE rowid = ?", (step + i, rowid))
+            db.execute("UPDATE turns_text SET idx = ? WHERE rowid = ?", (step + i, rowid))
+
+
+def _copy_readable(source: Path, db: sqlite3.Connection) -> tuple[int, int]:
+    """Copy into `db` every conversation of the damaged database `source` that can still be read (its turns
+    numbered again in their order); (kept, lost)."""
+    kept = lost = 0
+    try:
+        old = sqlite3.connect(source, isolation_level=None, timeout=0.1)
+    except sqlite3.Error:
+        return 0, 0
+    try:
+        try:
+            meta = old.execute("SELECT key, value FROM meta").fetchall()
+        except sqlite3.Error:
+            meta = []
+        found: dict[str, tuple] = {}
+        for query in ("SELECT id, title, created, updated FROM conversations",
+                      "SELECT DISTINCT conversation, 'Recovered chat', 0, 0 FROM turns"):  # a chat whose row is lost
+            try:
+                for row in old.execute(query):
+                    found.setdefault(row[0], row)
+            except sqlite3.Error:
+                continue
+        for cid, title, created, updated in found.values():
+            try:
+                turns = old.execute("SELECT role, content, summary, note, tokens, state, versions FROM turns "
+                                    "WHERE conversation = ? ORDER BY idx", (cid,)).fetchall()
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("INSERT INTO conversations (id, title, created, updated) VALUES (?, ?, ?, ?)",
+                           (cid, title, created, updated))
+                db.executemany("INSERT INTO turns (conversation, idx, role, content, summary, note, tokens, state, "
+                               "versions) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               [(cid, i, *row) for i, row in enumerate(turns)])
+                db.execute("COMMIT")
+                kept += 1
+            except sqlite3.Error:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                lost += 1
+        db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", meta)
+    finally:
+        old.close()
+    return kept, lost

@@ -102,9 +102,13 @@ class _Recorder:
         _Recorder.made[type(self).__name__] = self
 
 
+COLLECTED: list[str] = []  # the packages the spec collects data files from (the fake hooks' record)
+
+
 def _fake_pyinstaller(monkeypatch) -> None:
+    COLLECTED.clear()
     hooks = types.ModuleType("PyInstaller.utils.hooks")
-    hooks.collect_data_files = lambda package, **kw: [(f"/site/{package}/file", package)]
+    hooks.collect_data_files = lambda package, **kw: COLLECTED.append(package) or [(f"/site/{package}/file", package)]
     hooks.collect_submodules = lambda package, **kw: [package, f"{package}.sub"]
     hooks.copy_metadata = lambda package, **kw: [(f"/site/{package}.dist-info", f"{package}.dist-info")]
     for name, module in (("PyInstaller", types.ModuleType("PyInstaller")),
@@ -146,6 +150,22 @@ def test_the_pyinstaller_spec_runs_and_names_files_that_exist(monkeypatch):
     assert used(("torch/bin/torch_shm_manager", "/x", "BINARY")) and used(("torch/lib/libtorch_cpu.so", "/x", "BINARY"))
     # the metadata transformers reads versions from, the GGUF reader's too (the bundled model loads through it)
     assert {"transformers.dist-info", "gguf.dist-info"} <= {dest for _, dest in analysis.kwargs["datas"]}
+    # every package the app runs on that holds data files has them collected (transformers' `kernels` reads its
+    # python_depends.json at import), found from the requirements, not named one by one
+    runtime = namespace["runtime_distributions"]()
+    names = {namespace["_key"](d.metadata["Name"]) for d in runtime}
+    assert {"transformers", "huggingface-hub", "pyqtgraph", "tokenizers", "certifi"} <= names and "pytest" not in names
+    holding = {}
+    for dist in runtime:
+        if namespace["_key"](dist.metadata["Name"]) in namespace["COLLECTED_ELSEWHERE"]:
+            continue
+        for f in dist.files or []:
+            if (len(f.parts) > 1 and f.parts[0].isidentifier() and f.parts[0] != "__pycache__" and f.suffix not in (".py", ".pyc", ".pyi", ".so", ".c", ".h")
+                    and f.name != "py.typed" and "tests" not in f.parts):
+                holding.setdefault(f.parts[0], str(f))
+    assert holding and all(package in COLLECTED for package in holding), {p: f for p, f in holding.items() if p not in COLLECTED}
+    if "kernels" in names:
+        assert "kernels" in COLLECTED
     assert exe.kwargs["name"] == "specula-chat" and Path(exe.kwargs["icon"]) == ICON
     assert exe.kwargs["exclude_binaries"] is True  # one folder: the binaries go to COLLECT
     assert collect.kwargs["name"] == "specula"

@@ -223,3 +223,82 @@ def test_a_database_without_the_versions_column_gains_it(tmp_path):
     assert store.load("a").turns == (Turn("user", "hi"),)
     store.save(store.load("a").with_turn(Turn("assistant", "b").replacing(Turn("assistant", "a"))))
     assert ConversationDB(path).load("a").turns[1].versions == (Turn("assistant", "a"),)
+
+
+def test_a_gap_in_a_conversations_turns_never_costs_a_stored_answer(tmp_path):
+    """Turns 0 and 7 (a damaged or hand-edited database): a save after a new turn keeps the stored answer (it
+    deleted every turn from the first changed position on, the answer among them), and so does an answer begun."""
+    path = tmp_path / "c.db"
+    db = ConversationDB(path)
+    db.save(Conversation("g", "Gap").with_turn(Turn("user", "first question")).with_turn(answer("the stored answer")))
+    db.close()
+    raw = sqlite3.connect(path)
+    raw.execute("UPDATE turns SET idx = 7 WHERE conversation = 'g' AND idx = 1")
+    raw.commit()
+    raw.close()
+    db = ConversationDB(path)
+    (conv,), _ = db.load_all()
+    assert [t.content for t in conv.turns] == ["first question", "the stored answer"]
+    conv = conv.with_turn(Turn("user", "second question"))
+    db.begin_answer(conv)
+    db.save(conv.with_turn(answer("a new answer")))
+    db.close()
+    (again,), _ = ConversationDB(path).load_all()
+    assert [t.content for t in again.turns] == ["first question", "the stored answer", "second question", "a new answer"]
+    assert ConversationDB(path).search("stored") == [("g", 1, "the [stored] answer")]  # the search follows the turn
+
+
+def _three_chats(path):
+    db = ConversationDB(path)
+    for i in range(3):
+        db.save(Conversation(f"c{i}", f"Chat {i}").with_turn(Turn("user", f"question {i} " * 40))
+                .with_turn(answer(f"answer {i} " * 40)))
+    db.close()
+
+
+def test_a_damaged_search_index_is_salvaged_with_every_conversation_and_saves_work_again(tmp_path):
+    """The search index's tables damaged ("vtable constructor failed: turns_text" on every save, for ever, and
+    new answers lost on exit): the database is moved aside and a new one keeps every conversation, searchable."""
+    path = tmp_path / "conversations.db"
+    _three_chats(path)
+    raw = sqlite3.connect(path)
+    raw.execute("DROP TABLE turns_text_config")
+    raw.commit()
+    raw.close()
+    db = ConversationDB(path)
+    found, notices = db.load_all()
+    assert sorted(c.id for c in found) == ["c0", "c1", "c2"] and all(len(c.turns) == 2 for c in found)
+    assert len(notices) == 1 and "damaged" in notices[0] and "all conversations were kept" in notices[0]
+    assert len(list(tmp_path.glob("conversations.db.corrupt-*"))) == 1
+    db.save(Conversation("new").with_turn(Turn("user", "a fresh question")))
+    assert {c for c, _, _ in db.search("fresh")} == {"new"} and {c for c, _, _ in db.search("answer")} == {"c0", "c1", "c2"}
+
+
+def test_a_damaged_page_found_by_a_save_is_salvaged_and_the_save_made(tmp_path, monkeypatch):
+    """A save that meets a damaged page ("database disk image is malformed") moves the database aside, keeps every
+    conversation still readable in a new one, and makes the save there: the new answer is not lost."""
+    import specula.app.history_db as history_db
+
+    path = tmp_path / "conversations.db"
+    _three_chats(path)
+    db = ConversationDB(path)
+    found, _ = db.load_all()
+    real = history_db._insert_turns
+    calls = []
+
+    def malformed_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise sqlite3.DatabaseError("database disk image is malformed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(history_db, "_insert_turns", malformed_once)
+    conv = next(c for c in found if c.id == "c1").with_turn(Turn("user", "one more")).with_turn(answer("kept"))
+    db.save(conv)
+    assert len(calls) == 2 and len(list(tmp_path.glob("conversations.db.corrupt-*"))) == 1
+    (notice,) = db.take_notices()  # for the window to show now, not at the next start
+    assert "was damaged (database disk image is malformed)" in notice and "all conversations were kept" in notice
+    assert db.take_notices() == []
+    again, notices = ConversationDB(path).load_all()
+    assert {c.id: len(c.turns) for c in again} == {"c0": 2, "c1": 4, "c2": 2}
+    assert [t.content for t in next(c for c in again if c.id == "c1").turns][-1] == "kept"
