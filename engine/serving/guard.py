@@ -5,6 +5,9 @@
   `application/json` (a browser sends other types cross-site without asking first), else 415; and a
   server without an API key answers only requests whose `Host` is a loopback name with its own port
   (a DNS-rebinding page's requests carry the page's host name), else 403.
+- With an API key, every route but /health needs `Authorization: Bearer KEY`, checked from the headers before
+  anything else is spent on the request: a request without the key is answered 401 before its body is read
+  or a place among the `max_active` is counted, so clients without the key cannot keep out those with it.
 - Bounded work: more than `max_active` requests at once get a JSON 503; a body larger than `max_body` bytes
   is refused with 413 before it is read whole; a body
   that does not arrive within `BODY_TIMEOUT_S` (or stalls for `BODY_IDLE_S`) gets 408; a client that
@@ -18,6 +21,7 @@ The body is read here, whole, and handed to the route as one message; what the c
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
 import logging
 import time
@@ -63,14 +67,20 @@ def split_authority(authority: str) -> tuple[str, int | None] | None:
 class Guard:
     """The checks above, in front of the routes (outermost: before the API key is looked at)."""
 
-    def __init__(self, app: ASGIApp, *, keyless: bool, port: int | None = None,
+    def __init__(self, app: ASGIApp, *, key: str | None = None, port: int | None = None,
                  max_body: int = MAX_BODY_BYTES, max_active: int = MAX_ACTIVE) -> None:
-        self.app, self.keyless, self.port, self.max_body = app, keyless, port, max_body
+        self.app, self.key, self.port, self.max_body = app, key or None, port, max_body
+        self.keyless = self.key is None
         self.max_active, self.active = max_active, 0  # requests being read or answered now
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        refusal = self.refusal(scope, headers)  # from the headers alone: before a place is taken or a body read
+        if refusal is not None:
+            await self._refuse(refusal, scope, receive, send, headers)
             return
         if self.active >= self.max_active:  # far beyond what the queue holds: a flood, answered at once
             busy = openai.ApiError(503, f"the server is handling {self.active} requests, its most; try again "
@@ -79,24 +89,28 @@ class Guard:
             return
         self.active += 1
         try:
-            await self._guarded(scope, receive, send)
+            await self._guarded(scope, headers, receive, send)
         finally:
             self.active -= 1
 
-    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = Headers(scope=scope)
-        refusal = self.refusal(scope, headers)
-        if refusal is None and scope["method"] in BODY_METHODS:
+    async def _guarded(self, scope: Scope, headers: Headers, receive: Receive, send: Send) -> None:
+        if scope["method"] in BODY_METHODS:
             refusal, body = await self._body(headers, receive)
-            if refusal is None and body is None:
+            if refusal is not None:
+                await self._refuse(refusal, scope, receive, send, headers)
+                return
+            if body is None:
                 return  # the client left while sending its body: nobody to answer
-            if refusal is None:
-                receive = _replay(body, receive)
-        if refusal is not None:
-            await JSONResponse(refusal.body(), status_code=refusal.status,
-                               headers={"Connection": "close"} if refusal.status in (408, 413) else None)(scope, receive, send)
-            return
+            receive = _replay(body, receive)
         await self._answered(scope, receive, send)
+
+    @staticmethod
+    async def _refuse(refusal: openai.ApiError, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
+        """The refusal as JSON; the connection closed after it where a body was left unread (or cut off)."""
+        unread = scope["method"] in BODY_METHODS and _has_body(headers)
+        close = refusal.status in (408, 413) or unread
+        await JSONResponse(refusal.body(), status_code=refusal.status,
+                           headers={"Connection": "close"} if close else None)(scope, receive, send)
 
     async def _answered(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The route's answer; an error no route handled becomes a JSON 500 (one log line with its traceback),
@@ -129,12 +143,21 @@ class Guard:
         if origin is not None and not self._same_origin(origin, host):
             return openai.ApiError(403, f"requests from web pages are refused (Origin {_shown(origin)}): this server "
                                    "is for programs on this machine", "permission_error", code="origin_not_allowed")
+        if self.key is not None and scope["path"] != "/health" and not self._has_key(headers):
+            return openai.ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                                   "authentication_error", code="invalid_api_key")
         if scope["method"] in BODY_METHODS and _has_body(headers):
             kind = headers.get("content-type", "").split(";")[0].strip().lower()
             if kind != "application/json":
                 return openai.ApiError(415, f"the body must be JSON sent with 'Content-Type: application/json' "
                                        f"(got {_shown(kind) if kind else 'none'})", code="unsupported_media_type")
         return None
+
+    def _has_key(self, headers: Headers) -> bool:
+        """Whether the request carries the key (compared in constant time)."""
+        given = headers.get("authorization", "")
+        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+        return hmac.compare_digest(token.encode("utf-8", "surrogateescape"), self.key.encode())
 
     def _own_host(self, host: str) -> bool:
         parts = split_authority(host)

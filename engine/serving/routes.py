@@ -12,16 +12,15 @@
     POST /specula/v1/train              train a draft head; streams progress; closing the stream cancels
     POST /specula/v1/requests/{id}/cancel   cancel a queued or running request
 
-With an API key set, every route but /health needs `Authorization: Bearer KEY`. Before any of that,
-guard.Guard refuses web pages, oversized and slow bodies, and (without a key) requests not addressed to a
-loopback name.
+Before a route sees a request, guard.Guard refuses web pages, requests without the API key where one is set
+(every route but /health; from the headers, before a body is read or a place counted), oversized and slow
+bodies, and (without a key) requests not addressed to a loopback name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import re
@@ -33,7 +32,6 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..api import wire
 from ..api.errors import SpeculaError
@@ -58,25 +56,6 @@ from .service import EngineService
 log = logging.getLogger(__name__)
 CONTROL = "/specula/v1"
 MAX_QUEUE = 16  # generation requests waiting behind the running one; more are refused with 429
-
-
-class _ApiKey:
-    """Every route but /health needs the key (compared in constant time)."""
-
-    def __init__(self, app: ASGIApp, key: str | None) -> None:
-        self.app, self.key = app, key
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.key and scope["path"] != "/health":
-            headers = dict(scope["headers"])
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            token = given[7:].strip() if given[:7].lower() == "bearer " else ""
-            if not hmac.compare_digest(token.encode(), self.key.encode()):
-                error = openai.ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                                     "authentication_error", code="invalid_api_key")
-                await JSONResponse(error.body(), status_code=401)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def _error(exc: openai.ApiError) -> JSONResponse:
@@ -415,8 +394,8 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         Route(f"{CONTROL}/load", load, methods=["POST"]), Route(f"{CONTROL}/train", train, methods=["POST"]),
         Route(f"{CONTROL}/requests/{{rid}}/cancel", cancel, methods=["POST"]),
     ]
-    guard = Middleware(Guard, keyless=api_key is None, port=port, max_body=max_body, max_active=max_active)
-    return Starlette(routes=routes, middleware=[guard, Middleware(_ApiKey, key=api_key)], lifespan=lifespan,
+    guard = Middleware(Guard, key=api_key, port=port, max_body=max_body, max_active=max_active)
+    return Starlette(routes=routes, middleware=[guard], lifespan=lifespan,
                      exception_handlers={404: _not_found, 405: _not_allowed, SpeculaError: _engine_error})
 
 

@@ -441,3 +441,29 @@ def test_a_flood_beyond_the_servers_most_gets_a_json_503(tiny_folder):
     finally:
         gate.open.set()
         s.close()
+
+
+def test_clients_without_the_key_cannot_take_the_places_of_those_with_it(tiny_folder):
+    """On a server with a key, requests without it are refused from their headers: before their bodies are read
+    (here, bodies that never come) and before they count among the requests the server answers at once."""
+    s = Served(tiny_folder, api_key="sesame", max_active=2)
+    stalled = []
+    try:
+        for _ in range(6):  # each promises 4 MB and sends one byte: held for up to a minute if it were read
+            sock = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 4000000\r\n\r\n{")
+            stalled.append(sock)
+        for sock in stalled:  # answered at once, from the headers
+            head = sock.recv(4096).decode("latin-1")
+            assert head.startswith("HTTP/1.1 401") and "connection: close" in head.lower(), head[:200]
+        status, _, data = raw(s.port, "GET", "/v1/models", None, {"Authorization": "Bearer sesame"})
+        assert status == 200 and data["data"]
+        assert raw(s.port, "GET", "/health")[0] == 200  # open to all, as before
+        status, _, data = raw(s.port, "POST", "/v1/chat/completions", b"{}",
+                              {"Content-Type": "application/json", "Authorization": "Bearer wrong"})
+        assert status == 401 and data["error"]["code"] == "invalid_api_key"
+    finally:
+        for sock in stalled:
+            sock.close()
+        s.close()
