@@ -18,6 +18,15 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def unsafe_pickle(exc: BaseException) -> str:
+    """Why torch.load(weights_only=True) refused a file, in Specula's words; torch's own message advises loading
+    it with weights_only=False, which would run code from the file: never passed on."""
+    text = first_line(exc)
+    if "weights only load failed" in text.lower() or "weights_only" in str(exc):
+        return "it holds Python objects besides tensors, which are not read (reading them could run code from the file)"
+    return text
+
+
 def terminal_safe(text: str) -> str:
     """`text` without what a terminal would execute: escape sequences and control characters (a model's or
     a server's text can hold them), keeping newlines and tabs."""

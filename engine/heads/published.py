@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..api.errors import SpeculaError, first_line
+from ..api.errors import SpeculaError, first_line, unsafe_pickle
 from .config import HeadConfig, HeadInfo, rope_kind
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head, Variant, default_aux_layers
@@ -113,7 +113,7 @@ def _read_weights(path: Path, shapes_only: bool = False) -> dict[str, torch.Tens
         else:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated file, a pickle that would run code, not a checkpoint at all
-        raise SpeculaError(f"the draft head {path} is unreadable: {first_line(exc)[:200]}") from None
+        raise SpeculaError(f"the draft head {path} is unreadable: {unsafe_pickle(exc)[:200]}") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise SpeculaError(f"the draft head {path} holds no tensors by name")
     return state

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..api.errors import SpeculaError, TrainingCancelled, first_line
+from ..api.errors import SpeculaError, TrainingCancelled, unsafe_pickle
 from ..api.prompts import Message, encode
 from ..decoding.drafter import Drafter, empty_draft
 from ..models.arch import embedding_scale, final_norm
@@ -833,7 +833,7 @@ def _read_checkpoint(path: Path, say: Callable[[str], None]) -> dict | None:
     try:
         state = torch.load(path, weights_only=True)
     except Exception as exc:  # an unpickler error, a damaged file: all mean the same here
-        say(f"training: the checkpoint {path} was not used ({type(exc).__name__}: {first_line(exc)[:120]})")
+        say(f"training: the checkpoint {path} was not used ({type(exc).__name__}: {unsafe_pickle(exc)[:120]})")
         return None
     return state if isinstance(state, dict) else None
 

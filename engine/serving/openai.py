@@ -154,26 +154,32 @@ def _first(errors: list[dict]) -> dict:
     return min(enumerate(errors), key=rank)[1]
 
 
+def _bound(value: object) -> str:
+    """A bound as a message shows it: an integer whole (a seed's is 18446744073709551615, not 1.84467e+19), a
+    number short (0.5, 2)."""
+    return str(value) if isinstance(value, int) else format(value, "g")
+
+
 def _api_error(exc: ValidationError) -> ApiError:
     """A body's first fault as the API words it: the one place pydantic's errors become ApiErrors."""
     error = _first(exc.errors(include_url=False))
-    loc, kind, given = error["loc"], error["type"], _Echo(error.get("input"))
+    loc, kind, given = error["loc"], error["type"], Quoted(error.get("input"))
     if kind == _WORDED:
         ctx = error["ctx"]
         words = {"i": next((p for p in loc if isinstance(p, int)), None), "input": given, **ctx["values"]}
         param = ctx["param"] and ctx["param"].format(**words)
         return ApiError(ctx["status"], ctx["message"].format(**words), param=param, code=ctx["code"])
-    name = str(_Echo(loc[-1])) if loc else ""
+    name = str(Quoted(loc[-1])) if loc else ""
     if kind == "extra_forbidden":
         return _bad(f"unknown field '{name}' in the {_object(loc[:-1])}", name)
     if kind == "model_type":
         return _bad(f"the {_object(loc)} must be a JSON object")
-    bounds = {key: format(value, "g") for key, value in error.get("ctx", {}).items() if key in ("ge", "gt", "le")}
+    bounds = {key: _bound(value) for key, value in error.get("ctx", {}).items() if key in ("ge", "gt", "le")}
     message = _WORDING.get(kind, "'{name}' is not valid, got {input!r}")
     return _bad(message.format(name=name, input=given, **bounds), name)
 
 
-class _Echo:
+class Quoted:
     """A value a message quotes back to the client, cut to ECHO_CHARS (a 10 MB field is not sent back)."""
 
     def __init__(self, value: object) -> None:
@@ -513,6 +519,8 @@ def model_sampling(generation_config: object) -> tuple[tuple[str, float], ...]:
 def _parsed(body: ChatCompletionRequest | CompletionRequest, defaults: Defaults,
             messages: tuple[Message, ...], kind: str) -> Parsed:
     """A validated body as the engine's request and how to answer it; what it leaves out, the server's."""
+    if body.stream_options is not None and not body.stream:  # as OpenAI and vLLM answer it
+        raise ApiError(400, "'stream_options' is allowed only with 'stream': true", param="stream_options")
     ext = body.specula or SpeculaExtension()
     strategy = defaults.strategy if ext.strategy is None else ext.strategy
     request = GenerateRequest(messages, strategy, _decode(body, ext, strategy, defaults), chat=kind == "chat",

@@ -165,7 +165,7 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         listed = _model_json()
         names = (*(m["id"] for m in listed), *(a for a in model_aliases if a and listed))
         if name not in names:
-            return _error(openai.ApiError(404, f"the model {openai._Echo(name)!r} does not exist here"
+            return _error(openai.ApiError(404, f"the model {openai.Quoted(name)!r} does not exist here"
                                           + (f"; this server serves {listed[0]['id']!r}" if listed else ""),
                                           param="model", code="model_not_found"))
         return JSONResponse(listed[0])
@@ -227,7 +227,7 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
 
     async def _stream(parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started,
                       early: list) -> AsyncIterator[str]:
-        answer = openai.Answer(parsed, started, lambda: service.cancel(rid))
+        answer = openai.Answer(parsed, started, lambda: service.stop_sequence(rid))
         try:
             yield _sse(openai.chunk(parsed, "", role=True, extension=wire.started_json(started)))
             while True:
@@ -260,7 +260,7 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
             service.release(rid)  # a client that went away cancels its request before the next step
 
     async def _whole(parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started, early: list) -> dict:
-        answer = openai.Answer(parsed, started, lambda: service.cancel(rid))
+        answer = openai.Answer(parsed, started, lambda: service.stop_sequence(rid))
         tokens: list = []
         while True:
             event = early.pop(0) if early else await queue.get()
@@ -345,7 +345,7 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
             for name, url in (("url", load.server), ("baseline_url", load.baseline_server)):
                 if url and _normal(url) not in allowed:
                     raise openai.ApiError(403, f"this server has no API key, so it relays only the servers it was "
-                                          f"started with (--allow-server URL), not {openai._Echo(url)!r}",
+                                          f"started with (--allow-server URL), not {openai.Quoted(url)!r}",
                                           "permission_error", f"server.{name}", "not_allowed")
 
     async def load(request: Request) -> Response:
@@ -367,10 +367,10 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         return _start(request, train_request)
 
     async def cancel(request: Request) -> Response:
-        try:
-            rid = int(request.path_params["rid"])
-        except ValueError:
-            return _error(openai.ApiError(400, "a request id is a number"))
+        text = request.path_params["rid"]
+        if not (text.isascii() and text.isdigit()) or len(text) > 18:  # 4,000 digits are no request's id
+            return _error(openai.ApiError(400, f"a request id is a number ({openai.Quoted(text)!r} is not one)"))
+        rid = int(text)
         if not service.cancel(rid):
             return _error(openai.ApiError(404, f"no queued or running request {rid}", code="not_found"))
         return JSONResponse({"id": rid, "cancelled": True})
@@ -404,11 +404,11 @@ def _normal(url: str) -> str:
 
 
 async def _not_found(request: Request, exc) -> Response:
-    return _error(openai.ApiError(404, f"no route {request.url.path}", code="not_found"))
+    return _error(openai.ApiError(404, f"no route {openai.Quoted(request.url.path)}", code="not_found"))
 
 
 async def _not_allowed(request: Request, exc) -> Response:
-    return _error(openai.ApiError(405, f"{request.method} is not allowed on {request.url.path}"))
+    return _error(openai.ApiError(405, f"{openai.Quoted(request.method)} is not allowed on {openai.Quoted(request.url.path)}"))
 
 
 async def _engine_error(request: Request, exc: SpeculaError) -> Response:

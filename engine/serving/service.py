@@ -45,8 +45,10 @@ class Counters:
         if step.plain_step_s is not None:
             self.plain_step_s = step.plain_step_s
 
-    def add_finished(self, finished: Finished) -> None:
-        self.requests[finished.reason] = self.requests.get(finished.reason, 0) + 1
+    def add_finished(self, finished: Finished, reason: str | None = None) -> None:
+        """A request ended; `reason` where it is not the engine's (a stop sequence's cancel is a "stop")."""
+        reason = reason or finished.reason
+        self.requests[reason] = self.requests.get(reason, 0) + 1
         self.decode_s += finished.totals.decode_s
         self.decoded_tokens += max(0, finished.totals.new_tokens - 1)
         self.speedup.add(finished.speedup, finished.speedup_err, finished.totals.decode_s)
@@ -69,6 +71,7 @@ class EngineService:
         self.started_at = time.time()
         self._queues: dict[int, asyncio.Queue] = {}
         self._ended: set[int] = set()  # requests whose last event came (Finished, Failed or Loaded)
+        self._stopped: set[int] = set()  # answers a stop sequence ended (cancelled in the engine: "stop" in /metrics)
         self._load_id: int | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -95,12 +98,16 @@ class EngineService:
         elif isinstance(event, Step):
             self.counters.add_step(event)
         elif isinstance(event, Finished):
-            self.counters.add_finished(event)
+            stopped = rid in self._stopped and event.reason == "cancelled"
+            self.counters.add_finished(event, "stop" if stopped else event.reason)
             self._done(rid)
         elif isinstance(event, Failed):
             self._done(rid)
-            if rid == self._load_id:
-                self.state, self.message = ("failed" if self.loaded is None else "ready"), event.message
+            if rid == self._load_id and self.loaded is None:
+                self.state, self.message = "failed", event.message
+            elif rid == self._load_id:  # the model loaded before still answers: say so beside the failure
+                self.state = "ready"
+                self.message = f"the last load failed ({event.message}); {self.loaded.target} still answers"
         elif isinstance(event, Loading) and rid == self._load_id:
             self.state, self.message = "loading", event.message
         elif isinstance(event, Loaded):
@@ -115,6 +122,7 @@ class EngineService:
 
     def _done(self, rid: int) -> None:
         self.waiting.discard(rid)
+        self._stopped.discard(rid)
         if self.running == rid:
             self.running = None
 
@@ -138,13 +146,20 @@ class EngineService:
         that went away), before the engine's next step."""
         if self._queues.pop(rid, None) is not None and rid not in self._ended:
             self.runner.cancel(rid)
+            self.waiting.discard(rid)  # nobody waits for it: it no longer counts against the queue's bound
         self._ended.discard(rid)
+
+    def stop_sequence(self, rid: int) -> bool:
+        """End a running answer at a stop sequence: cancelled in the engine, counted as stopped ("stop")."""
+        self._stopped.add(rid)
+        return self.cancel(rid)
 
     def cancel(self, rid: int) -> bool:
         """Cancel a queued or running request (a generation or a training run); False when there is
         none with that id. Its stream still ends with its last event (Finished "cancelled" or Failed)."""
         if rid in self._queues and rid not in self._ended:
             self.runner.cancel(rid)
+            self.waiting.discard(rid)  # a queued one is skipped when its turn comes: it no longer holds a place
             return True
         return False
 

@@ -249,9 +249,10 @@ def test_a_bin_that_would_run_code_is_refused(target, tmp_path, capsys):
     folder = tmp_path / "eagle"
     write_eagle1(folder, target)
     torch.save({"fc.weight": Planted()}, folder / "pytorch_model.bin")
-    with pytest.raises(SpeculaError, match="unreadable"):
+    with pytest.raises(SpeculaError, match="unreadable") as refused:
         build_drafter("eagle", target, head=str(folder))
     assert "this ran" not in capsys.readouterr().out
+    assert "could run code" in str(refused.value) and "weights_only=False" not in str(refused.value)  # never advised
 
 
 def test_a_session_takes_a_published_head_from_a_folder_or_the_hub(target, tmp_path, monkeypatch):

@@ -296,7 +296,75 @@ def test_bad_bodies_get_400_with_a_json_error_and_a_short_echo(served, caplog):
         assert status == 404 and len(data["error"]["message"]) < 300
         status, data = served.post("/v1/chat/completions", {"messages": HELLO, "x" * 100000: 1})
         assert status == 400 and len(data["error"]["message"]) < 300
+        status, data = served.post("/v1/chat/completions", {"messages": HELLO, "seed": 1 << 64})
+        assert status == 400 and "18446744073709551615" in data["error"]["message"]  # not 1.84467e+19
+        status, data = served.post("/v1/chat/completions", {"messages": HELLO, "stream_options": {"include_usage": True}})
+        assert status == 400 and data["error"]["param"] == "stream_options"  # as OpenAI and vLLM: only with stream
+        status, _, data = raw(served.port, "GET", "/" + "p" * 20000)
+        assert status == 404 and len(data["error"]["message"]) < 300  # a 20 KB path is not echoed whole
+        status, _, data = raw(served.port, "POST", "/specula/v1/requests/" + "9" * 4000 + "/cancel", b"{}",
+                              {"Content-Type": "application/json"})
+        assert status == 400 and len(data["error"]["message"]) < 300
     assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_a_stop_sequence_is_counted_as_stop_and_clients_gone_from_the_queue_leave_it(tiny_folder):
+    """/metrics counts an answer a stop sequence ended as "stop" (vLLM's reason; the engine saw a cancel), and a
+    client that leaves while queued no longer counts against --max-queue (it got 429 "requests are waiting")."""
+    s = Served(tiny_folder, max_queue=1)
+    try:
+        first = s.post("/v1/chat/completions", {"messages": HELLO, "max_tokens": 12, "temperature": 0})[1]
+        text = first["choices"][0]["message"]["content"]
+        assert len(text) > 3
+        status, data = s.post("/v1/chat/completions", {"messages": HELLO, "max_tokens": 12, "temperature": 0,
+                                                       "stop": [text[2:4]]})
+        assert status == 200 and data["choices"][0]["finish_reason"] == "stop"
+        deadline = time.time() + 30
+        while metric(s, "vllm:request_success_total", 'finished_reason="stop"') < 1:
+            assert time.time() < deadline, s.get("/metrics")[1]
+            time.sleep(0.05)
+        assert metric(s, "vllm:request_success_total", 'finished_reason="cancelled"') == 0
+        gate = Gate(s.service)
+        body = json.dumps({"messages": HELLO, "max_tokens": 2}).encode()
+        held = threading.Thread(target=lambda: s.post("/v1/chat/completions", {"messages": HELLO, "max_tokens": 2}))
+        held.start()
+        assert gate.entered.wait(60)
+        leaving = socket.create_connection(("127.0.0.1", s.port), timeout=30)  # queued behind it, then gone
+        leaving.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        deadline = time.time() + 60
+        while s.service.queue_depth < 1:
+            assert time.time() < deadline, "the request never queued"
+            time.sleep(0.02)
+        leaving.close()
+        while s.service.queue_depth > 0:
+            assert time.time() < deadline, "a client that left still counts as waiting"
+            time.sleep(0.02)
+        waiting = threading.Thread(target=lambda: s.post("/v1/chat/completions", {"messages": HELLO, "max_tokens": 2}))
+        waiting.start()
+        while s.service.queue_depth < 1:  # its place is free: queued, not refused
+            assert time.time() < deadline and waiting.is_alive(), "the queue's place was not given back"
+            time.sleep(0.02)
+        gate.open.set()
+        held.join(120)
+        waiting.join(120)
+    finally:
+        s.close()
+
+
+def test_health_says_the_loaded_model_still_answers_after_a_failed_load(tiny_folder):
+    s = Served(tiny_folder)
+    try:
+        status, _ = s.post("/specula/v1/load", {"model": str(tiny_folder / "missing")})
+        deadline = time.time() + 60
+        while s.service.state == "loading":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        status, _, data = raw(s.port, "GET", "/health")
+        assert status == 200 and data["status"] == "ready"
+        assert data["message"].startswith("the last load failed (") and data["message"].endswith("still answers")
+    finally:
+        s.close()
 
 
 def test_usage_comes_once_and_only_where_include_usage_asks(served):
