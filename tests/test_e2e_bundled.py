@@ -103,3 +103,22 @@ def test_a_prepared_load_has_made_the_drafter_and_its_answers_are_unchanged(sess
     assert not fresh.plain._items
     for prompt in PROMPTS[:2]:
         assert answer(fresh, prompt, "prompt-lookup", k=5).token_ids == answer(session, prompt, "none").token_ids
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(session, monkeypatch):
+    """Megabytes of prompt: refused from its length in characters (no token is longer than the vocabulary's
+    longest entry), never tokenized (3-4 s and 0.66 GB for 3.6 MB); a prompt that may fit is tokenized as ever."""
+    from specula.engine.api import prompts
+    from specula.engine.api.errors import ContextTooLongError
+
+    tokenized = []
+    real = prompts.encode
+    monkeypatch.setattr(prompts, "encode", lambda *args: tokenized.append(1) or real(*args))
+    huge = GenerateRequest(conversation("x" * 3_600_000), "none", DecodeConfig(max_new_tokens=4), chat=True)
+    with pytest.raises(ContextTooLongError, match="at least .* tokens .*3,600,000 characters"):
+        list(session.generate(huge))
+    assert tokenized == []
+    text = "The quick brown fox jumps over the lazy dog. " * 40
+    floor = prompts.fewest_tokens(session.target.tokenizer, conversation(text))
+    assert 0 < floor <= len(real(session.target.tokenizer, conversation(text), True))  # a floor, never above
+    assert answer(session, text, "none").totals.new_tokens > 0 and tokenized

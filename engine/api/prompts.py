@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import weakref
 from dataclasses import dataclass
 
-from .errors import SpeculaError
+from .errors import ContextTooLongError, SpeculaError
+
+_LONGEST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its longest token, in characters
 
 
 @dataclass(frozen=True)
@@ -34,3 +38,26 @@ def encode(tokenizer, messages: tuple[Message, ...], chat: bool) -> list[int]:
 def conversation(prompt: str, system: str | None = None, history: tuple[Message, ...] = ()) -> tuple[Message, ...]:
     head = (Message("system", system),) if system else ()
     return head + tuple(history) + (Message("user", prompt),)
+
+
+def fewest_tokens(tokenizer, messages: tuple[Message, ...]) -> int:
+    """A floor under the prompt's length in tokens, from its characters alone: no token covers more characters
+    than the vocabulary's longest entry has (a byte-level vocabulary spells a byte as a character, so its
+    entries cover at most as many characters as they have). Cheap where tokenizing would not be (megabytes)."""
+    try:
+        longest = _LONGEST.get(tokenizer)
+        if longest is None:
+            longest = max((len(piece) for piece in tokenizer.get_vocab()), default=0)
+            _LONGEST[tokenizer] = longest
+    except (AttributeError, TypeError):  # a tokenizer without a vocabulary to read: no floor
+        return 0
+    return math.ceil(sum(len(m.content) for m in messages) / longest) if longest > 0 else 0
+
+
+def check_fits(tokenizer, messages: tuple[Message, ...], window: int) -> None:
+    """Refuse, before it is tokenized, a prompt that cannot fit in `window` tokens whatever its tokens are."""
+    floor = fewest_tokens(tokenizer, messages)
+    if floor >= window:
+        chars = sum(len(m.content) for m in messages)
+        raise ContextTooLongError(f"prompt is at least {floor:,} tokens ({chars:,} characters) but the model's context "
+                                  f"window is {window}: shorten it")

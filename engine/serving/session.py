@@ -169,7 +169,12 @@ class Session:
             self._runner.truncate(0)
 
     def encode(self, request: GenerateRequest) -> list[int]:
-        return prompts.encode(self._need_target().tokenizer, request.messages, request.chat)
+        """The prompt's tokens; one that cannot fit in the window is refused before it is tokenized (a 3.6 MB
+        prompt took the engine 3-4 s and 0.66 GB to tokenize, only to be refused)."""
+        target = self._need_target()
+        if self._runner is not None:
+            prompts.check_fits(target.tokenizer, request.messages, self._runner.max_len)
+        return prompts.encode(target.tokenizer, request.messages, request.chat)
 
     def generate(
         self,
