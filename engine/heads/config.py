@@ -124,3 +124,22 @@ def target_fingerprint(model) -> str:
 def vocabulary_fingerprint(tokenizer) -> str:
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def misfit(module, state: dict, strict: bool = True) -> str | None:
+    """What keeps `state` from loading into `module`, naming the tensor and both shapes (torch's own message is
+    cut after its first line, "Error(s) in loading state_dict for Eagle3Head:"); None where it fits. Without
+    `strict`, tensors only the file has, or only the module has, are allowed."""
+    wanted = module.state_dict()
+    for name, tensor in state.items():
+        if name in wanted and tuple(tensor.shape) != tuple(wanted[name].shape):
+            return (f"{name} is {tuple(tensor.shape)} in the file but {tuple(wanted[name].shape)} for this head "
+                    "(a head of another size or for another model)")
+    if strict:
+        missing = sorted(set(wanted) - set(state))
+        if missing:
+            return f"it lacks {', '.join(missing[:3])}{'...' if len(missing) > 3 else ''}"
+        extra = sorted(set(state) - set(wanted))
+        if extra:
+            return f"it holds {', '.join(extra[:3])}{'...' if len(extra) > 3 else ''}, which this kind of head has not"
+    return None

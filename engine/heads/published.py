@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..api.errors import SpeculaError, first_line, unsafe_pickle
-from .config import HeadConfig, HeadInfo, rope_kind
+from .config import HeadConfig, HeadInfo, misfit, rope_kind
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head, Variant, default_aux_layers
 
@@ -210,10 +210,10 @@ def _load_named(head: nn.Module, state: dict, names: dict[str, str], weights: Pa
     missing = [k for k in head.state_dict() if k not in mapped and k != "draft_ids"]
     if missing:
         raise SpeculaError(f"the {what} head {weights} lacks {', '.join(sorted(missing)[:3])}")
-    try:
-        head.load_state_dict(mapped, strict=False)
-    except RuntimeError as exc:  # shapes that do not fit the config
-        raise SpeculaError(f"the {what} head {weights} does not fit its config.json: {first_line(exc)[:200]}") from None
+    wrong = misfit(head, mapped, strict=False)
+    if wrong is not None:  # shapes that do not fit the config
+        raise SpeculaError(f"the {what} head {weights} does not fit its config.json: {wrong}")
+    head.load_state_dict(mapped, strict=False)
 
 
 class PublishedEagle(EagleHead):

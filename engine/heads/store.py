@@ -13,7 +13,7 @@ from ..api.errors import SpeculaError, first_line
 from ..api.paths import data_dir
 from ..cpu.products import GROUP, Blocks, Dense, FileBlocks, can_prepack
 from . import native
-from .config import FORMAT, HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
+from .config import FORMAT, HeadConfig, HeadInfo, misfit, target_fingerprint, vocabulary_fingerprint
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head
 from .medusa import MedusaHead
@@ -56,6 +56,9 @@ def load_head(folder: Path, target, dtype=None, kind: str | None = None) -> tupl
         raise SpeculaError(f"{folder} holds a '{info.kind}' head of format {info.format}; this version reads "
                            f"{' and '.join(kinds)} heads of format {FORMAT}")
     if info.target != target_fingerprint(target.model):
+        if info.target_name and info.target_name == target.name:  # the same name, other weights
+            raise SpeculaError(f"the draft head in {folder} was trained for another model named {target.name}: its "
+                               "weights differ from the loaded one's (another file, quantization or fine-tune)")
         made_for = f" (made for {info.target_name})" if info.target_name else ""
         raise SpeculaError(f"the draft head in {folder} was trained for another model{made_for}, not {target.name}")
     if target.tokenizer is not None and info.vocabulary != vocabulary_fingerprint(target.tokenizer):
@@ -66,9 +69,13 @@ def load_head(folder: Path, target, dtype=None, kind: str | None = None) -> tupl
         state = load_file(str(weights))
         if "draft_ids" in state:
             head.draft_ids = state["draft_ids"]
-        head.load_state_dict(state)
-    except Exception as exc:  # a truncated file, a wrong shape, a missing tensor: all name the file
+        wrong = misfit(head, state)
+        if wrong is None:
+            head.load_state_dict(state)
+    except Exception as exc:  # a truncated file, not safetensors: all name the file
         raise SpeculaError(f"the draft head {weights} is unreadable: {first_line(exc)[:200]}") from None
+    if wrong is not None:
+        raise SpeculaError(f"the draft head {weights} does not fit its head.json: {wrong}")
     head = head.to(device=target.device, dtype=dtype or target.dtype).eval()
     head.requires_grad_(False)
     return head, info

@@ -70,8 +70,10 @@ def test_eagle_sampling_with_a_seed_repeats_and_varies(trained):
 def test_a_head_for_another_model_is_refused(trained):
     _, folder, _, _ = trained
     other = loaded(tiny_model(vocab=64, layers=2, seed=12))
-    with pytest.raises(SpeculaError, match="another model"):
+    with pytest.raises(SpeculaError, match="another model") as refused:
         load_head(folder, other)
+    # both are named "tiny": not "(made for tiny), not tiny", but what differs
+    assert "another model named tiny: its weights differ" in str(refused.value) and "not tiny" not in str(refused.value)
     with pytest.raises(SpeculaError, match="not found"):
         load_head(folder / "missing", other)
     with pytest.raises(SpeculaError, match="needs a trained draft head"):
@@ -401,6 +403,17 @@ def test_an_unreadable_head_is_skipped_with_a_note_that_names_its_file(trained, 
     assert any("no-info" in w and "skipped" in w for w in warnings) and len(warnings) == 2
     with pytest.raises(SpeculaError, match=f"the draft head {weights} is unreadable"):
         build_drafter("eagle", target, head=str(tmp_path / "heads" / "truncated"))
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, tmp_path / "other-shape")  # a tensor of another shape: named, with both shapes
+    other = tmp_path / "other-shape" / "head.safetensors"
+    state = load_file(str(other))
+    name = next(k for k, v in state.items() if v.dim() == 2)
+    rows, cols = state[name].shape
+    save_file({**state, name: torch.zeros(rows, cols + 3)}, str(other))
+    with pytest.raises(SpeculaError) as wrong:
+        build_drafter("eagle", target, head=str(tmp_path / "other-shape"))
+    assert f"{name} is ({rows}, {cols + 3}) in the file but ({rows}, {cols}) for this head" in str(wrong.value)
 
 
 def test_positions_the_head_catches_up_on_are_timed_apart_and_draft_the_same(trained):
