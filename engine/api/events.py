@@ -115,6 +115,15 @@ class Totals:
         return decode_rate(self.new_tokens, self.decode_s)
 
 
+def tokens_text(totals: "Totals") -> str:
+    """"N tokens, R tok/s" as the summaries say it; the rate only where there is one (an answer stopped before
+    its second token has none: never "0.0 tok/s")."""
+    words = f"{totals.new_tokens} token{'' if totals.new_tokens == 1 else 's'}"
+    if totals.new_tokens > 1 and totals.decode_s > 0:
+        words += f", {totals.tokens_per_s:.1f} tok/s"
+    return words
+
+
 def decode_rate(new_tokens: int, decode_s: float) -> float:
     return (new_tokens - 1) / decode_s if new_tokens > 1 and decode_s > 0 else 0.0
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from ..api.backend import Backend
 from ..api.errors import SpeculaError, terminal_safe
-from ..api.events import Finished, Origin, PromptProgress, Step
+from ..api.events import Finished, Origin, PromptProgress, Step, tokens_text
 from ..api.metrics import speedup_text
 from ..api.prompts import Message, conversation
 from ..api.types import GenerateRequest
@@ -118,6 +118,6 @@ def _reply(backend: Backend, request: GenerateRequest, colour: bool) -> Finished
     if request.strategy == "server" and t.acceptance_rate is not None:
         rate += " (server-wide counters)"
     speed = f", {speedup_text(finished.speedup, finished.speedup_err)} vs plain" if finished.speedup else ""
-    print(f"\n[{request.strategy}: {t.new_tokens} tokens, {t.tokens_per_s:.1f} tok/s, acceptance {rate}"
+    print(f"\n[{request.strategy}: {tokens_text(t)}, acceptance {rate}"
           f"{speed}, {finished.reason}]")
     return finished

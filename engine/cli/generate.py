@@ -6,7 +6,7 @@ import sys
 
 from ..api.backend import Backend
 from ..api.errors import SpeculaError, terminal_safe
-from ..api.events import Finished, PromptProgress, Step
+from ..api.events import Finished, PromptProgress, Step, tokens_text
 from ..api.metrics import SpeedupSum, speedup_text
 from ..api.prompts import Message, conversation
 from ..api.types import DecodeConfig, GenerateRequest
@@ -75,7 +75,7 @@ def _run_turn(backend: Backend, request: GenerateRequest, stream: bool) -> Finis
         speed = f", {speedup_text(finished.speedup, finished.speedup_err)} vs plain" if finished.speedup else ""
         print(file=sys.stdout)
         print(
-            f"[{request.strategy}: {t.new_tokens} tokens, {t.tokens_per_s:.1f} tok/s, acceptance {rate}{where}, "
+            f"[{request.strategy}: {tokens_text(t)}, acceptance {rate}{where}, "
             f"{t.mean_accepted_length:.2f} {per}{speed}, {finished.reason}]",
             file=sys.stderr,
         )

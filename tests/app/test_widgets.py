@@ -391,3 +391,21 @@ def test_a_short_plots_value_labels_are_spread_apart(qapp):
         assert f"{spacing:.0e}"[0] in "125"  # a round spacing
     assert axis.tickSpacing(0, 1.05, 40)[0][0] == 0.5  # acceptance on an 800x600 screen: 0, 0.5, 1
     assert axis.tickSpacing(0, 160, 400) == plain.tickSpacing(0, 160, 400)
+
+
+def test_an_answer_stopped_before_its_second_token_shows_no_rate():
+    """"0.0 tok/s" on a cancelled answer: a rate needs two tokens and some time between them; the line leaves it out
+    (and the plots' saved totals read no figure from it), where a longer answer keeps it."""
+    from specula.app.tokens import summary, totals_of
+    from specula.engine.api.events import Finished, Totals
+
+    def finished(tokens: int, wall: float) -> Finished:
+        totals = Totals(tokens, max(0, tokens - 1), tokens, 0, 0, wall, 0.05, 0.0, 0.0)
+        return Finished(1, "cancelled", "x" * tokens, tuple(range(tokens)), totals)
+
+    for tokens in (0, 1):
+        line = summary("none", finished(tokens, 0.05))
+        assert "tok/s" not in line and line.endswith("stopped") and "tps" not in totals_of(line)
+    assert summary("none", finished(1, 0.05)).startswith("none · 1 token ·")
+    line = summary("none", finished(11, 0.15))
+    assert "11 tokens · 100.0 tok/s" in line and totals_of(line)["tps"] == "100.0"
