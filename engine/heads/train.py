@@ -962,9 +962,9 @@ def start_head(folder: Path, target, kind: str) -> tuple[torch.nn.Module, dict]:
     if info.kind != stored or (stored == "eagle" and reads_layers != (kind == "eagle3")):
         what = ("an EAGLE-3" if reads_layers else "an eagle") if info.kind == "eagle" else f"a {info.kind}"
         raise SpeculaError(f"{folder} holds {what} head: it cannot continue as --kind {kind}")
+    head, _ = load_head(folder, target, dtype=torch.float32, kind=stored)  # a head for another model: said first
     if kind == "eagle3" and tuple(info.config.aux_layers) != default_aux_layers(target.model.config.num_hidden_layers):
         raise SpeculaError(f"{folder} reads target layers {list(info.config.aux_layers)}, not the ones training reads")
-    head, _ = load_head(folder, target, dtype=torch.float32, kind=stored)
     return head.train().requires_grad_(True), dict(info.training)
 
 
@@ -1161,8 +1161,9 @@ def run_training(target, o: TrainOptions, say: Callable[[str], None] = lambda s:
     t0 = time.perf_counter()
     work = o.data or out / "training"
     made = [p for p in (work, *work.parents) if not p.exists()]  # the folders this run creates, innermost first
+    start = start_head(o.start, target, o.kind) if o.start is not None else None  # refused before anything is written
     try:
-        return _run_training(target, o, out, work, report, should_stop, drafter, t0)
+        return _run_training(target, o, out, work, report, should_stop, drafter, t0, start)
     except TrainingCancelled:
         _tidy_cancelled(work, made)
         raise
@@ -1188,7 +1189,8 @@ def _tidy_cancelled(work: Path, made: list[Path]) -> None:
 
 
 def _run_training(target, o: TrainOptions, out: Path, work: Path, report: Callable[[str], None],
-                  should_stop: Callable[[], bool], drafter: Drafter | None, t0: float) -> TrainResult:
+                  should_stop: Callable[[], bool], drafter: Drafter | None, t0: float,
+                  started: tuple[torch.nn.Module, dict] | None) -> TrainResult:
     from .store import save_head
 
     about = {"target": target_fingerprint(target.model), "seed": o.seed, "max_new_tokens": o.max_new_tokens}
@@ -1202,7 +1204,7 @@ def _run_training(target, o: TrainOptions, out: Path, work: Path, report: Callab
     if stored is not None and stored != about:
         raise SpeculaError(f"{work} holds training data for another model or other settings: choose another data folder")
     (work / "about.json").write_text(json.dumps(about), encoding="utf-8")
-    start, before = start_head(o.start, target, o.kind) if o.start is not None else (None, None)
+    start, before = started if started is not None else (None, None)
     aux = default_aux_layers(target.model.config.num_hidden_layers) if o.kind == "eagle3" else ()
     store = work / ("features-" + ("-".join(map(str, aux)) if aux else "final"))
     answers = self_distill(target, o.tokens, max_new=o.max_new_tokens, batch=o.batch, seed=o.seed, say=report,

@@ -322,3 +322,19 @@ def test_training_continues_from_a_heads_weights(trained):
     assert torch.equal(same.draft_ids, saved.draft_ids)
     with pytest.raises(SpeculaError, match="cannot continue as --kind medusa"):
         start_head(folder, target, "medusa")
+
+
+def test_continuing_another_models_head_is_refused_as_such_before_anything_is_written(trained, tmp_path):
+    """--from a head made for another model (here of 4 layers, so the layers it reads differ too): it says so,
+    not "reads target layers [...]", and leaves no folder (an about.json was left behind)."""
+    from specula.engine.heads.train import TrainOptions, run_training, start_head
+
+    _, folder, _, _ = trained
+    other = loaded(tiny_model(vocab=64, layers=4, seed=12))
+    with pytest.raises(SpeculaError, match="trained for another model") as refused:
+        start_head(folder, other, "eagle3")
+    assert "reads target layers" not in str(refused.value)
+    out = tmp_path / "continued"
+    with pytest.raises(SpeculaError, match="trained for another model"):
+        run_training(other, TrainOptions(kind="eagle3", tokens=200, out=out, start=folder))
+    assert not out.exists()
