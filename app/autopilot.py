@@ -19,6 +19,7 @@ class Autopilot(QObject):
         self.window, self.text, self.screenshot, self.exit_after = window, send, screenshot, exit_after
         self._exit = quit or QApplication.instance().exit  # tests pass their own
         self.exit_code: int | None = None
+        self.asked = dict(window.overrides)  # what the command line chose (the window changes its overrides)
         window.model_ready.connect(self._ready)
         window.model_failed.connect(self._load_failed)
         window.chat.reply_finished.connect(self._replied)
@@ -38,16 +39,24 @@ class Autopilot(QObject):
         if self.text is None:
             return
         text, self.text = self.text, None  # only the first time the model is ready
-        if self.window.strategy_unavailable and self.exit_after:
-            print(f"specula-chat: strategy '{self.window.strategy_unavailable}' is not available for this model",
-                  file=sys.stderr)
+        unavailable = self.window.strategy_unavailable
+        if unavailable and self.exit_after and "strategy" in self.asked:  # asked for on the command line: an error
+            print(f"specula-chat: strategy '{unavailable}' is not available for this model", file=sys.stderr)
             self._quit(2)
             return
+        if unavailable and self.exit_after:  # a saved choice: the window took another, as it says
+            print(f"specula-chat: note: the saved strategy '{unavailable}' is not available for this model; using "
+                  f"'{self.window.settings.strategy}'", file=sys.stderr)
         if not self.window.send_text(text):
             print("specula-chat: could not send the message", file=sys.stderr)
             self._done(1)
 
     def _load_failed(self, message: str) -> None:
+        if self.window.falling_back and "model_source" not in self.asked and self.text is not None:
+            # a saved model that does not load: the window goes on with the bundled one, and so does the message
+            print(f"specula-chat: note: the saved model could not be loaded ({message}); using the bundled model",
+                  file=sys.stderr)
+            return
         print(f"specula-chat: the model could not be loaded: {message}", file=sys.stderr)
         if self.exit_after:
             self._done(1)

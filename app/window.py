@@ -66,6 +66,7 @@ class MainWindow(QMainWindow):
         self.state = "starting"
         self.loaded = None  # the engine's Loaded event
         self.strategy_unavailable: str | None = None  # a requested strategy the model cannot use
+        self.falling_back = False  # a failed load of a chosen model is followed by the bundled model's
         self.bridge = bridge or EngineBridge(parent=self)
         self._build_widgets()
         self.chat = ChatController(history or ConversationDB(), self.bridge, self.view, self.plots, self)
@@ -338,6 +339,7 @@ class MainWindow(QMainWindow):
                 kept = " Using the bundled model for now; Settings… chooses another."
             message = f"{what}: {event.message.rstrip('.')}.{kept}"
             self.view.add_turn(_error_turn(message), transient=True)
+            self.falling_back = fallback  # for the slots of model_failed: the bundled model loads next
             self.model_failed.emit(event.message)
             if fallback:
                 self.overrides.update(model_source="bundled", draft_source="", draft_head="", weights="auto")

@@ -74,6 +74,35 @@ def test_autopilot_refuses_a_strategy_the_model_lacks(make_window, tiny_session)
     assert pilot.exit_code == 2 and exits == [2] and w.chat.reply is None
 
 
+def test_a_saved_strategy_the_model_lacks_is_noted_and_the_message_still_sent(make_window, tiny_session, tmp_path,
+                                                                            qtbot, capsys):
+    """The window takes another strategy for a saved one the model cannot use, and says so: the autopilot goes on
+    with it (it exited 2, as it still does for a strategy asked for on the command line)."""
+    from specula.app.settings import Settings, SettingsStore
+
+    load_without_draft(tiny_session)
+    SettingsStore(tmp_path / "config").save(Settings(strategy="draft-model", max_new_tokens=4))
+    w = make_window()
+    exits = []
+    pilot = Autopilot(w, "hello", None, exit_after=True, quit=exits.append)
+    w.model_ready.emit()
+    qtbot.waitUntil(lambda: pilot.exit_code is not None, timeout=60_000)
+    assert pilot.exit_code == 0 and exits == [0]
+    assert "note: the saved strategy 'draft-model' is not available for this model" in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_a_saved_model_that_does_not_load_gives_way_to_the_bundled_one_and_the_message_is_answered(qapp, tmp_path,
+                                                                                                monkeypatch, capsys):
+    from specula.app.settings import Settings, SettingsStore
+
+    monkeypatch.setenv("SPECULA_CONFIG_DIR", str(tmp_path / "config"))
+    SettingsStore().save(Settings(model_source=str(tmp_path / "gone.gguf"), strategy="none", max_new_tokens=8))
+    assert main(["--send", "hi", "--exit-after-reply"]) == 0
+    err = capsys.readouterr().err
+    assert "note: the saved model could not be loaded" in err and "using the bundled model" in err
+
+
 def test_a_model_that_does_not_load_exits_non_zero(qapp, capsys):
     code = main(["--model", "/no/such/model.gguf", "--send", "hi", "--exit-after-reply"])
     assert code == 1
