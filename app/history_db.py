@@ -76,20 +76,47 @@ class ConversationDB:
         self._db: sqlite3.Connection | None = None
         self._saved: dict[str, tuple[Turn, ...]] = {}  # what the database holds, as last read or written
         self._notices: list[str] = []  # for the next load_all
+        self.read_only = False  # opened to read only: it cannot be written here (see _read_only)
 
     # -- opening ------------------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
             try:
                 self._db = self._open()
+                self.read_only = False
             except sqlite3.DatabaseError as exc:
-                if not _corrupt(exc):
-                    raise StoreError(f"cannot open the conversations database {self.path}: {_why(self.path, exc)}") \
-                        from exc
-                self._db = self._salvage(exc)
+                if _corrupt(exc):
+                    self._db = self._salvage(exc)
+                else:
+                    self._db = self._read_only(exc)
             except (sqlite3.Error, OSError) as exc:
-                raise StoreError(f"cannot open the conversations database {self.path}: {_why(self.path, exc)}") from exc
+                self._db = self._read_only(exc)
         return self._db
+
+    def _read_only(self, exc: Exception) -> sqlite3.Connection:
+        """A database that cannot be written here (a read-only folder or file) but can be read: opened to read, so
+        the chats are shown; saves say why they fail and are tried again (`_write` opens it anew)."""
+        failure = StoreError(f"cannot open the conversations database {self.path}: {_why(self.path, exc)}")
+        if not self.path.is_file():
+            raise failure from exc
+        for options in ("mode=ro", "immutable=1"):  # immutable: where even the journal's shared memory is read-only
+            try:
+                db = sqlite3.connect(f"{self.path.resolve().as_uri()}?{options}", uri=True, isolation_level=None,
+                                     timeout=0.1)
+            except sqlite3.Error:
+                continue
+            try:
+                _check_tables(db)
+                db.execute("SELECT COUNT(*) FROM turns").fetchone()
+            except sqlite3.Error:
+                db.close()
+                continue
+            if not self.read_only:
+                self._notices.append(f"The conversations database {self.path} cannot be written here ({exc}): your "
+                                     "chats are shown, and new answers are kept in memory until it can be saved.")
+            self.read_only = True
+            return db
+        raise failure from exc
 
     def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,8 +170,13 @@ class ConversationDB:
 
     def _write(self, what: str, statements, again: bool = True) -> None:
         """Run `statements(db)` in one transaction; a failure leaves the database as it was. A database found
-        damaged here is salvaged (`_salvage`) and the write made once more, in the new one."""
+        damaged here is salvaged (`_salvage`) and the write made once more, in the new one. A database opened
+        read-only is opened anew first (the folder may be writable by now)."""
+        if self.read_only:
+            self.close()
         db = self._connect()
+        if self.read_only:
+            raise StoreError(f"could not save {what}: the conversations database {self.path} cannot be written here")
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -209,11 +241,11 @@ class ConversationDB:
         """Every conversation without its turns (`load` reads them), newest first, and notices (imports,
         interrupted answers). Answers left `streaming` by an earlier run that died are marked interrupted."""
         db = self._connect()
-        notices = self._notices + self._import_legacy()
+        notices = self._notices + (self._import_legacy() if not self.read_only else [])
         self._notices = []
         try:
             cut = db.execute("SELECT COUNT(*) FROM turns WHERE state = ?", (STREAMING,)).fetchone()[0]
-            if cut:
+            if cut and not self.read_only:
                 db.execute("UPDATE turns SET state = ? WHERE state = ?", (INTERRUPTED, STREAMING))
                 notices.append(f"{cut} answer{'s' if cut > 1 else ''} cut short when Specula last stopped "
                                f"{'were' if cut > 1 else 'was'} kept and marked interrupted.")

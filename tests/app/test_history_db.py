@@ -302,3 +302,32 @@ def test_a_damaged_page_found_by_a_save_is_salvaged_and_the_save_made(tmp_path, 
     again, notices = ConversationDB(path).load_all()
     assert {c.id: len(c.turns) for c in again} == {"c0": 2, "c1": 4, "c2": 2}
     assert [t.content for t in next(c for c in again if c.id == "c1").turns][-1] == "kept"
+
+
+def test_a_database_that_cannot_be_written_here_is_shown_read_only(tmp_path, monkeypatch):
+    """A read-only data folder (the file or the folder; root ignores permissions, so opening it for writing fails
+    here as it does there): the chats are listed and open, with a notice; a save says why it fails, and works
+    once the database can be written again."""
+    path = tmp_path / "conversations.db"
+    _three_chats(path)
+    real = ConversationDB._open
+
+    def read_only_folder(self):
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(ConversationDB, "_open", read_only_folder)
+    db = ConversationDB(path)
+    found, notices = db.list_all()
+    assert sorted(c.id for c in found) == ["c0", "c1", "c2"] and db.read_only
+    assert len(notices) == 1 and "cannot be written here" in notices[0] and "chats are shown" in notices[0]
+    assert len(db.load("c1").turns) == 2 and {c for c, _, _ in db.search("answer")} == {"c0", "c1", "c2"}
+    more = db.load("c1").with_turn(Turn("user", "later"))
+    with pytest.raises(StoreError, match="cannot be written here"):
+        db.save(more)
+    monkeypatch.setattr(ConversationDB, "_open", real)  # writable again
+    db.save(more)
+    assert not db.read_only and len(ConversationDB(path).load("c1").turns) == 3
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setattr(ConversationDB, "_open", read_only_folder)
+    with pytest.raises(StoreError, match="cannot open"):  # nothing to show: the error as before
+        ConversationDB(tmp_path / "elsewhere" / "conversations.db").list_all()
