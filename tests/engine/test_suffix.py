@@ -107,6 +107,7 @@ def test_a_lost_or_damaged_corpus_is_rebuilt_from_the_conversation_history(tmp_p
 
     monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path))
     monkeypatch.setattr(suffix_module, "_INDEXES", {})
+    monkeypatch.setattr(suffix_module, "_APART", False)  # a bench run earlier in this process keeps corpora apart
     answer = "The heron waited by the mill race until the light went grey over the water meadows."
     history = tmp_path / "conversations.db"
     db = ConversationDB(history)
