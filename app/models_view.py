@@ -64,7 +64,23 @@ class ModelsView(QDialog):
         self._select_next: str | None = None  # selected once the list being read arrives (a new download)
         self._added: str | None = None  # what the status says once that list arrives (a model added)
         self.listings = 0  # lists shown so far
+        self._loading: str | None = None  # what a load this view asked for is (the status says how it ended)
         self._build()
+        window.model_ready.connect(self._loaded)
+        window.model_failed.connect(self._load_failed)
+
+    def _loaded(self) -> None:
+        if self._loading is not None:
+            self.status.setText(f"Loaded: {self._loading}.")
+            self._loading = None
+            self.refresh()
+
+    def _load_failed(self, message: str) -> None:
+        """A load this view asked for failed: the reason here, where the user looks (the model and the strategy
+        stay as they were)."""
+        if self._loading is not None:
+            self.status.setText(f"Not loaded: {message.rstrip('.')}. The model and strategy stay as they were.")
+            self._loading = None
 
     # -- building -----------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -249,6 +265,7 @@ class ModelsView(QDialog):
         if entry is None:
             return
         w = self.window
+        self._loading = entry.name
         w.apply_settings(replace(w.settings, backend="local", model_source=entry.source), reload=True)
         self.status.setText(f"Loading {entry.name}… (it becomes the model to use once it loaded)")
 
@@ -257,6 +274,7 @@ class ModelsView(QDialog):
         if entry is None:
             return
         w = self.window
+        self._loading = f"{entry.name} as the draft"
         w.apply_settings(replace(w.settings, draft_source=entry.source, strategy="draft-model"), reload=True)
         self.status.setText(f"Loading {entry.name} as the draft…")
 
@@ -274,6 +292,7 @@ class ModelsView(QDialog):
             self.status.setText(f"Not used: {exc}")
             return
         w = self.window
+        self._loading = f"the draft head in {path} (strategy {strategy})"
         w.apply_settings(replace(w.settings, draft_head=path, strategy=strategy), reload=True)
         self.status.setText(f"Loading the model with the draft head in {path} (strategy {strategy})…")
 

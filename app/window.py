@@ -328,9 +328,12 @@ class MainWindow(QMainWindow):
         if self.state in ("loading", "starting"):
             kept = f" The previous model ({self.loaded.target}) is still in use." if self.loaded else ""
             what = "The server could not be reached" if self.settings.remote else "The model could not be loaded"
-            if self._last_good is not None:  # a change failed: the last model that loaded stays the choice
-                self.settings = replace(self.settings, **_load_fields(self._last_good))
+            if self._last_good is not None:  # a change failed: the last model that loaded stays the choice, and the
+                # strategy chosen with it (a head's) goes back to the one before
+                self.settings = replace(self.settings, **_load_fields(self._last_good), strategy=self._last_good.strategy)
                 self._last_good = None
+                self.controls.show_settings(self.settings)
+                self._save_settings()
                 self._update_status()
             self._set_state("failed" if self.loaded is None else "ready")
             self.statusBar().clearMessage()  # not "loading…" any more

@@ -561,6 +561,10 @@ def head_strategy(folder: Path) -> str:
                   or any((folder / n).is_file() for n in ("medusa_lm_head.pt", "medusa_lm_head.safetensors")))
         if medusa:
             return "medusa"
+        layers = data.get("num_hidden_layers")
+        if isinstance(layers, int) and layers > 2:  # an EAGLE head is one layer (a few at most): this is a model
+            raise ValueError(f"{folder} holds a model ({layers} layers), not a draft head: add it under Models to "
+                             "use it, or as the draft model")
         if any((folder / n).is_file() for n in HEAD_WEIGHTS):
             return "eagle"
     raise ValueError(f"{folder} holds no draft head: no head.json, and no EAGLE or Medusa config.json with its weights")

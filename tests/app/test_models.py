@@ -145,6 +145,29 @@ def test_a_draft_head_folder_is_offered_to_its_strategy_on_the_next_load(make_wi
         view.add_head(str(head))
     assert w.settings.draft_head == str(head) and w.settings.strategy == "medusa" and "medusa" in w.loaded.strategies
     assert ModelChoice.from_settings(w.settings).request().draft_head == str(head)
+    assert view.status.text().startswith("Loaded: the draft head in")
+
+
+def test_a_draft_head_that_fails_to_load_is_said_in_the_view_and_changes_nothing(make_window, qtbot, tmp_path):
+    """A folder that looks like a head but does not load (here an EAGLE config.json over weights that are not a
+    head): the Models view says why (it stayed on "Loading…"), and the model and the strategy stay as they were
+    (the strategy was switched to eagle anyway)."""
+    import json
+
+    w = make_window(strategy="prompt-lookup")
+    view = w.open_models() or w.models_view
+    listed(view, qtbot)
+    before = w.settings
+    not_a_head = tmp_path / "not_a_head-head"
+    not_a_head.mkdir()
+    (not_a_head / "config.json").write_text(json.dumps({"num_hidden_layers": 1, "hidden_size": 8}))
+    (not_a_head / "model.safetensors").write_bytes(b"not weights")
+    with qtbot.waitSignal(w.model_failed, timeout=30_000):
+        view.add_head(str(not_a_head))
+    qtbot.waitUntil(lambda: w.state == "ready", timeout=30_000)
+    assert view.status.text().startswith("Not loaded: ") and "stay as they were" in view.status.text()
+    assert w.settings.strategy == "prompt-lookup" and w.settings.draft_head == before.draft_head
+    assert w.controls.strategy.currentData() == "prompt-lookup" or "prompt" in w.controls.strategy.currentText().lower()
 
 
 def test_the_hub_is_searched_and_a_result_shows_its_size_and_quantizations(make_window, qtbot, hub):

@@ -583,7 +583,12 @@ def test_a_heads_strategy_is_read_from_its_folder_without_loading_it(target, tmp
     (tmp_path / "empty").mkdir()
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{not json")
-    for name, why in (("empty", "holds no draft head"), ("broken", "unreadable"), ("missing", "is not a folder")):
+    model = tmp_path / "a-model"  # a model's own folder: its config.json and weights, 30 layers
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30}))
+    (model / "model.safetensors").write_bytes(b"")
+    for name, why in (("empty", "holds no draft head"), ("broken", "unreadable"), ("missing", "is not a folder"),
+                      ("a-model", r"holds a model \(30 layers\), not a draft head")):
         with pytest.raises(ValueError, match=why):
             head_strategy(tmp_path / name)
 
