@@ -280,7 +280,12 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
     async def health(request: Request) -> Response:
         ready = service.state == "ready"
         path = service.loaded.path if service.loaded is not None else ""
-        return JSONResponse({"status": service.state, "message": service.message, **({"path": path} if path else {})},
+        # which decoding step answers: the eager and the compiled one round differently, so a greedy answer's
+        # text may differ between them (docs/ENGINE.md, "Which step answers")
+        target = service.runner.session.target
+        local = service.runner.backend is service.runner.session and target is not None and service.loaded is not None
+        return JSONResponse({"status": service.state, "message": service.message, **({"path": path} if path else {}),
+                             **({"step": target.step_status} if local else {})},
                             status_code=200 if ready else 503)
 
     # ---- control -----------------------------------------------------------------------------------

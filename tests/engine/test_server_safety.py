@@ -361,7 +361,7 @@ def test_health_says_the_loaded_model_still_answers_after_a_failed_load(tiny_fol
             assert time.time() < deadline
             time.sleep(0.05)
         status, _, data = raw(s.port, "GET", "/health")
-        assert status == 200 and data["status"] == "ready"
+        assert status == 200 and data["status"] == "ready" and data["step"] == s.service.runner.session.target.step_status
         assert data["message"].startswith("the last load failed (") and data["message"].endswith("still answers")
     finally:
         s.close()
