@@ -355,7 +355,8 @@ def test_a_stop_sequence_is_counted_as_stop_and_clients_gone_from_the_queue_leav
 def test_health_says_the_loaded_model_still_answers_after_a_failed_load(tiny_folder):
     s = Served(tiny_folder)
     try:
-        status, _ = s.post("/specula/v1/load", {"model": str(tiny_folder / "missing")})
+        events = s.events("/specula/v1/load", {"model": str(tiny_folder / "missing")})
+        assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "model_not_found"
         deadline = time.time() + 60
         while s.service.state == "loading":
             assert time.time() < deadline
