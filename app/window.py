@@ -79,6 +79,7 @@ class MainWindow(QMainWindow):
         self.theme = "system"  # View > Theme (set from the remembered layout)
         self._following_system = False  # the desktop's colour scheme changes are followed
         self._narrow = False  # the window is narrower than NARROW (the chat list folded away)
+        self._plots_gave_way = False  # the plots were hidden so that the chat stays readable beside the chat list
         self._build_menus()
         self._connect()
         self.controls.show_settings(self.settings)
@@ -135,6 +136,7 @@ class MainWindow(QMainWindow):
         self.chats_action.setShortcut(QKeySequence("Ctrl+Shift+L"))
         self.chats_action.setToolTip("Show or hide the list of chats (Ctrl+Shift+L); a narrow window hides it")
         self.chats_action.toggled.connect(self.sidebar.setVisible)
+        self.chats_action.toggled.connect(lambda _: QTimer.singleShot(0, self._keep_chat_readable))
         bar.addAction(self.chats_action)
         bar.addWidget(self.controls)
         spacer = QWidget()
@@ -641,6 +643,33 @@ class MainWindow(QMainWindow):
             # the window shrank: the plots give way too, so the transcript is never squeezed to a strip
             self.resizeDocks([self.dock], [max(self.dock.minimumWidth(), int(0.4 * self.width()))],
                              Qt.Orientation.Horizontal)
+        self._keep_chat_readable()
+
+    READABLE_CHARS = 45  # the chat column holds at least this many characters a line
+
+    def readable_width(self) -> int:
+        return self.view.fontMetrics().averageCharWidth() * self.READABLE_CHARS + 48  # the bubbles' margins
+
+    def _keep_chat_readable(self) -> None:
+        """With the chat list open in a small window, the chat column keeps a readable width: the list narrows
+        to its least, then the docked plots give way (hidden, with a line in the status bar; View > Live metrics
+        shows them), and come back once there is room again (the list closed, the window wider)."""
+        docked = not self.dock.isFloating()
+        listed = self.sidebar.isVisibleTo(self)
+        room = self.width() - (self.sidebar.width() if listed else 0)
+        if listed and self.splitter.sizes()[0] > self.sidebar.minimumSizeHint().width() and docked and \
+                self.dock.isVisible() and room - self.dock.width() < self.readable_width():
+            least = max(self.sidebar.minimumSizeHint().width(), 150)
+            self.splitter.setSizes([least, max(1, self.splitter.width() - least)])
+            room = self.width() - least
+        if listed and docked and self.dock.isVisible() and room - self.dock.minimumWidth() < self.readable_width():
+            self._plots_gave_way = True
+            self.dock.hide()
+            self.statusBar().showMessage("Plots hidden to keep the chat readable", 8000)  # short: the bar is narrow
+        elif self._plots_gave_way and (not listed or room - self.dock.minimumWidth() >= self.readable_width()):
+            self._plots_gave_way = False
+            self.dock.show()
+            self.statusBar().clearMessage()
 
     def closeEvent(self, event) -> None:
         self.save_layout()

@@ -409,3 +409,22 @@ def test_an_answer_stopped_before_its_second_token_shows_no_rate():
     assert summary("none", finished(1, 0.05)).startswith("none · 1 token ·")
     line = summary("none", finished(11, 0.15))
     assert "11 tokens · 100.0 tok/s" in line and totals_of(line)["tps"] == "100.0"
+
+
+def test_with_the_chat_list_open_in_a_small_window_the_chat_keeps_a_readable_width(make_window, qtbot):
+    """800x600 with ☰ Chats open: the chat column kept about 170 px (a syllable a line) because the plots kept
+    their width. The list narrows and the plots give way (said in the status bar), and come back with the room."""
+    w = make_window()
+    w.resize(800, 600)
+    qtbot.waitUntil(lambda: not w.chats_action.isChecked(), timeout=5_000)  # a narrow window folds the list away
+    assert w.dock.isVisible()
+    w.chats_action.setChecked(True)
+    qtbot.waitUntil(lambda: w.sidebar.isVisible() and w.view.width() >= w.readable_width(), timeout=5_000)
+    assert not w.dock.isVisible() and "Plots hidden" in w.statusBar().currentMessage()
+    w.chats_action.setChecked(False)
+    qtbot.waitUntil(lambda: w.dock.isVisible(), timeout=5_000)  # the room is back: so are the plots
+    assert w.view.width() >= w.readable_width()
+    w.resize(1400, 800)
+    w.chats_action.setChecked(True)
+    qtbot.wait(50)
+    assert w.dock.isVisible() and w.sidebar.isVisible()  # a window wide enough keeps all three
