@@ -65,11 +65,15 @@ class BubblePainter:
             fmt.setForeground(QColor(colour))
         cursor.insertText(text, fmt)
 
-    def write_note(self, cursor: QTextCursor, text: str) -> None:
-        """A muted italic line at the top of an answer, before its text."""
+    def note_format(self) -> QTextCharFormat:
+        """Muted, small, italic: a line about an answer rather than of it."""
         fmt = self._small_format()
         fmt.setFontItalic(True)
-        cursor.insertText(text, fmt)
+        return fmt
+
+    def write_note(self, cursor: QTextCursor, text: str) -> None:
+        """A muted italic line at the top of an answer, before its text."""
+        cursor.insertText(text, self.note_format())
         block = QTextBlockFormat()
         block.setTopMargin(2)
         cursor.insertBlock(block, QTextCharFormat())

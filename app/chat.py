@@ -389,6 +389,7 @@ class ChatController(QObject):
             case PromptProgress():
                 self.reply.reading = True
                 self.reading.emit(reading_text(event))
+                self.view.show_reading(reading_text(event))  # in the answer's bubble too, where the user looks
             case Step():
                 if self.reply.reading:
                     self.reply.reading = False

@@ -62,6 +62,7 @@ class ChatView(QTextBrowser):
         self._live_note = ""
         self._live_first = 0
         self._stream: QTextCursor | None = None
+        self._reading_at: int | None = None  # where the live bubble's "Reading the prompt…" line starts, while shown
         # streamed tokens are written a few times a second, not at every step: each write lays the
         # document out again, and on a small machine the engine process pays for the window's CPU time
         self._unwritten: list[TokenRecord] = []
@@ -127,9 +128,25 @@ class ChatView(QTextBrowser):
             if note:
                 self._painter().write_note(self._stream, note)
 
+    def show_reading(self, text: str) -> None:
+        """How far the prompt's reading is, in the answer's bubble until its first token (an empty box before);
+        "" takes it away."""
+        if self._stream is None:
+            return
+        with self._keep_bottom():
+            if self._reading_at is not None:  # the line shown so far goes
+                self._stream.setPosition(self._reading_at, QTextCursor.MoveMode.KeepAnchor)
+                self._stream.removeSelectedText()
+                self._reading_at = None
+            if text:
+                self._reading_at = self._stream.position()
+                self._stream.insertText(text, self._painter().note_format())
+
     def append_tokens(self, records: list[TokenRecord]) -> None:
         if self._live is None:
             self.begin_answer()
+        if self._reading_at is not None:
+            self.show_reading("")
         self._live.extend(records)
         self._unwritten.extend(records)
         if not self._flush_timer.isActive():
@@ -145,6 +162,8 @@ class ChatView(QTextBrowser):
     def end_answer(self, turn: Turn) -> None:
         """The streamed answer is complete: add its summary line and actions and keep it as a turn."""
         self.flush()
+        if self._reading_at is not None:
+            self.show_reading("")
         stream, self._stream, self._live = self._stream, None, None
         if stream is None:
             self.add_turn(turn)
@@ -292,6 +311,7 @@ class ChatView(QTextBrowser):
         scroll = self.verticalScrollBar().value()
         self.document().clear()
         self.records, self._frames, self._rows, self._stream = [], [None] * self._first, {}, None
+        self._reading_at = None
         if self._first:
             cursor = QTextCursor(self.document())
             cursor.insertHtml(f"<p align='center'><a href='{EARLIER}'>Show earlier messages</a> "

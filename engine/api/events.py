@@ -51,10 +51,13 @@ class PromptProgress:
     done: int
     total: int
     elapsed_s: float
+    estimate_s: float | None = None  # the reader's estimate of the rest (decoding.loop.reading_left), where it has one
 
     @property
     def left_s(self) -> float | None:
-        """About how long the rest takes, at the rate so far (None before any)."""
+        """About how long the rest takes: the reader's estimate, else at the rate so far (None before any)."""
+        if self.estimate_s is not None:
+            return self.estimate_s
         return self.elapsed_s * (self.total - self.done) / self.done if self.done > 0 else None
 
 

@@ -85,12 +85,14 @@ def started_from(data: dict, request_id: int) -> Started:
 
 
 def progress_json(event: PromptProgress) -> dict:
-    return {"done": event.done, "total": event.total, "elapsed_s": round(event.elapsed_s, 3)}
+    left = {} if event.estimate_s is None else {"left_s": round(event.estimate_s, 3)}
+    return {"done": event.done, "total": event.total, "elapsed_s": round(event.elapsed_s, 3), **left}
 
 
 def progress_from(data: dict, request_id: int) -> PromptProgress:
+    left = data.get("left_s")
     return PromptProgress(request_id, int(data.get("done", 0)), int(data.get("total", 0)),
-                          float(data.get("elapsed_s", 0.0)))
+                          float(data.get("elapsed_s", 0.0)), float(left) if isinstance(left, (int, float)) else None)
 
 
 def step_json(step: Step, tokens: list[Token] | tuple[Token, ...]) -> dict:

@@ -131,6 +131,28 @@ def generate(
     yield loop.finish()
 
 
+def reading_left(chunks: list[tuple[int, int, float]], total: int) -> float | None:
+    """About how long reading the rest of a prompt takes, from its chunks read so far ((first position, tokens,
+    seconds) each): a token's cost grows with its position (attention reads everything before it), so the cost per
+    token is fitted as a line over the chunks' middle positions and summed over the rest. At the rate so far the
+    estimate was a fifth of the truth early in a long read (7 s left said at 21% of a 40 s read)."""
+    if not chunks:
+        return None
+    mids = [first + size / 2 for first, size, _ in chunks]
+    rates = [seconds / size for _, size, seconds in chunks]
+    done = chunks[-1][0] + chunks[-1][1]
+    slope = 0.0
+    if len(chunks) >= 2:
+        mean_x, mean_y = sum(mids) / len(mids), sum(rates) / len(rates)
+        spread = sum((x - mean_x) ** 2 for x in mids)
+        slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(mids, rates)) / spread) if spread else 0.0
+    # from the latest chunks' rate (the last two, against one's noise), along the fitted slope (never falling), to
+    # the rate at the middle of the rest: its mean rate, where the cost grows in a line
+    recent = rates[-2:]
+    rate, at = sum(recent) / len(recent), sum(mids[-2:]) / len(recent)
+    return max(0.0, total - done) * (rate + slope * ((done + total) / 2 - at))
+
+
 class _Loop:
     """The state of one generation: the context buffer, the caches' length, the counters."""
 
@@ -193,12 +215,15 @@ class _Loop:
         self.target.truncate(self.target.reusable(self.ctx[: self.length]))
         self.drafter.reset()
         start = self.target.length
+        chunks = []  # (first position, tokens, seconds) of each chunk read
         while self.length - start > PROMPT_CHUNK:
+            began = time.perf_counter()
             self.target.forward(self.ctx[start : start + PROMPT_CHUNK])
+            chunks.append((start, PROMPT_CHUNK, time.perf_counter() - began))
             start += PROMPT_CHUNK
             elapsed = time.perf_counter() - self.t_start
-            if elapsed >= PROGRESS_AFTER_S:
-                yield PromptProgress(self.request_id, start, self.length, elapsed)  # the caller may stop here
+            if elapsed >= PROGRESS_AFTER_S:  # the caller may stop here
+                yield PromptProgress(self.request_id, start, self.length, elapsed, reading_left(chunks, self.length))
         logits = self.target.forward(self.ctx[start : self.length])  # (1, V)
         # the kind of step the answer runs is chosen as it starts: earlier plain samples count if of that kind
         self.step_kind = getattr(self.target, "step_kind", "eager")

@@ -353,12 +353,16 @@ def test_a_long_prompt_shows_how_far_it_has_been_read(make_window, qtbot, monkey
     monkeypatch.setattr(loop, "PROMPT_CHUNK", 16)
     monkeypatch.setattr(loop, "PROGRESS_AFTER_S", 0.0)
     w = make_window(strategy="none", max_new_tokens=4)
-    said = []
+    said, in_bubble = [], []
     w.chat.reading.connect(said.append)
+    w.chat.reading.connect(lambda text: in_bubble.append(w.view.toPlainText()))
     w.send_text("tell me about the cat and the dog " * 6)
     wait_reply(qtbot, w)
     assert said and said[0].startswith("Reading the prompt: 16 of ") and " left" in said[0]
     assert said[-1] == "" and w.statusBar().currentMessage() == ""  # cleared once the answer began
+    # the answer's bubble says it too while it has no token (an empty box before), and no longer once it has
+    assert any(said[0] in text for text in in_bubble)
+    assert "Reading the prompt" not in w.view.toPlainText()
 
 
 def test_the_toolbars_overflow_arrow_is_drawn_in_the_themes_text_colour(make_window, qtbot):

@@ -225,6 +225,35 @@ def test_a_long_prompt_is_read_in_chunks_with_progress_and_answers_stay_the_same
         assert list(base[-1].token_ids) == plain_greedy(target.model, prompt, 30)
 
 
+def test_what_is_left_of_a_long_read_is_estimated_with_a_cost_that_grows_along_the_prompt():
+    """A token costs more the later it sits (attention reads all before it): the estimate fits the cost per token
+    as a line over the chunks read, where the rate so far said 7 s left at 21% of a 40 s read. It also travels
+    to a remote client as it is."""
+    from specula.engine.api import wire
+    from specula.engine.api.events import PromptProgress
+    from specula.engine.decoding.loop import reading_left
+
+    cost = lambda p: 1e-3 + 1e-6 * p  # noqa: E731 - seconds for the token at position p
+    total, size, chunks, spent = 7484, 512, [], 0.0
+    while total - sum(c[1] for c in chunks) > size:
+        first = sum(c[1] for c in chunks)
+        seconds = sum(cost(p) for p in range(first, first + size)) * (1.03 if len(chunks) % 2 else 0.97)  # noise
+        chunks.append((first, size, seconds))
+        spent += seconds
+        rest = sum(cost(p) for p in range(first + size, total))
+        left = reading_left(chunks, total)
+        if len(chunks) >= 2:  # a slope from two noisy chunks is rougher
+            assert abs(left - rest) < (0.3 if len(chunks) == 2 else 0.12) * rest, (len(chunks), left, rest)
+        done = first + size
+        linear = spent * (total - done) / done
+        if done / total > 0.2 and done / total < 0.3:
+            assert linear < 0.4 * rest and PromptProgress(0, done, total, spent, left).left_s == left
+    assert reading_left([], total) is None
+    event = PromptProgress(3, 512, 7484, 1.5, 30.25)
+    assert wire.progress_from(wire.progress_json(event), 3) == event
+    assert wire.progress_from({"done": 512, "total": 7484, "elapsed_s": 1.5}, 3).left_s == 1.5 * (7484 - 512) / 512
+
+
 def test_a_long_prompt_can_be_cancelled_while_it_is_read(models, monkeypatch):
     from specula.engine.api.events import PromptProgress
     from specula.engine.decoding import loop
