@@ -71,6 +71,7 @@ class PlotsPanel(QWidget):
         self.baseline = None  # specula.engine.api.metrics.BaselineCost of the loaded model
         self.counters = False  # acceptance comes from a server's counters (server-wide), not from each step
         self._model_notes = ""  # the backend's notes about its numbers
+        self._chat_note = ""  # what the plots shown now are, when it needs saying (an earlier session's answer)
         self.events: list = []  # the events of the generation drawn now, to draw it again later (see replay)
         self._recent: list[tuple[int, int]] = []  # (drafted, accepted) of the last ROLLING steps
         self._last_step = 0  # the latest step's number: where a server reading is plotted
@@ -220,7 +221,7 @@ class PlotsPanel(QWidget):
         self.baseline = loaded.baseline
         self.counters = loaded.capabilities.acceptance == "counters"
         self._model_notes = " ".join(loaded.notes)
-        self._say("")
+        self._say(self._chat_note)  # what the plots show says so still (an earlier session's answer at start)
         self._apply_theme()
 
     def begin(self, label: str = "") -> None:
@@ -232,6 +233,7 @@ class PlotsPanel(QWidget):
         for buffer in self.series.values():
             buffer.clear()
         self.events = []  # the note over the plots stays until there is something to draw (see _reveal)
+        self._chat_note = label
         self._say(label)
         self._recent = []
         self._last_step = 0
@@ -259,7 +261,10 @@ class PlotsPanel(QWidget):
         if step.step >= WARMUP:
             s["tps_step"].append(step.step)
             s["tps"].append(m.rolling_tokens_per_s)
-            s["baseline"].append(m.plain_rate(step.context_len) or np.nan)
+            # the plain line is what the figures say: tokens/s ÷ the speedup where one is measured (so the two
+            # lines' ratio is the speedup shown, and they are one line under `none`), else the plain steps' rate
+            plain = m.rolling_tokens_per_s / m.speedup if m.speedup else m.plain_rate(step.context_len)
+            s["baseline"].append(plain or np.nan)
         if m.speedup is not None and step.step >= WARMUP:
             s["speed_step"].append(step.step)
             s["speedup"].append(m.speedup)
@@ -323,15 +328,27 @@ class PlotsPanel(QWidget):
         records; tokens/s and speedup from its saved totals (`totals`: "tps", "speedup")."""
         self.begin()
         self._timer.stop()
+        last = 1.0
         for step in _steps_of(records):
             self.metrics.add(step)
+            last = max(last, float(step.step))
             if step.drafted and not step.inferred:
                 self._add_acceptance(step)
+        tps, speedup = _number(totals.get("tps")), _number(totals.get("speedup"))
+        s = self.series
+        for x in (1.0, last):  # its timings were not kept: its totals, drawn across the answer (they were left empty)
+            if tps:
+                s["tps_step"].append(x)
+                s["tps"].append(tps)
+                s["baseline"].append(tps / speedup if speedup else np.nan)
+            if speedup:
+                s["speed_step"].append(x)
+                s["speedup"].append(speedup)
         self.refresh()
         self.stat_labels["tps"].setText(totals.get("tps") or "–")
-        tps, speedup = _number(totals.get("tps")), _number(totals.get("speedup"))
         self.stat_labels["plain"].setText(f"{tps / speedup:.1f}" if tps and speedup else "–")  # as in _refresh_stats
         self.stat_labels["speedup"].setText(totals.get("speedup") or "–")
+        self._chat_note = EARLIER
         self._say(EARLIER)
 
     def _say(self, text: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 from PySide6.QtCore import QEvent
 from PySide6.QtGui import QHelpEvent, QTextCursor
@@ -265,3 +266,27 @@ def test_the_plots_follow_the_selected_chat(make_window, qtbot, tmp_path):
     assert figures["tps"] == shown["tps"] and figures["speedup"] == shown["speedup"]  # the saved totals
     assert list(again.plots.series["acceptance"].values()) == accepted
     assert again.plots.notes.text() == EARLIER and again.plots.notes.isVisibleTo(again.plots)
+    # its timings were not kept: the tokens/s and speedup plots draw its totals (they were empty), and the two
+    # lines' ratio is the speedup shown
+    tps, speedup = float(figures["tps"]), float(figures["speedup"].split("×")[0].lstrip("~"))
+    assert set(again.plots.series["tps"].values()) == {tps} and set(again.plots.series["speedup"].values()) == {speedup}
+    assert abs(again.plots.series["baseline"].values()[0] - tps / speedup) < 1e-9
+    assert again.plots.series["tps_step"].values()[-1] > 1
+    from specula.engine.api.events import BaselineCost, Capabilities, Loaded
+
+    again.plots.set_model(Loaded(1, "m", None, "cpu", "bf16", 4096, ("none",), BaselineCost(0.004, 1e-6),
+                                 capabilities=Capabilities()))
+    assert again.plots.notes.text() == EARLIER  # a model loading after the chat was shown leaves its note (it wiped it)
+
+
+def test_the_plain_line_is_what_the_figures_say(make_window, qtbot):
+    """The plain tokens/s line is tokens/s ÷ the speedup wherever a speedup is measured: under `none` (exactly
+    1.00x) the two lines are one (they drifted apart while the dock said 1.00x)."""
+    w = make_window(strategy="none", max_new_tokens=40)
+    w.send_text("hello there")
+    ok, _ = wait_reply(qtbot, w)
+    s = w.plots.series
+    tps, plain, speedup = s["tps"].values(), s["baseline"].values(), s["speedup"].values()
+    assert ok and len(tps) > 5 and len(speedup) > 0 and set(speedup) == {1.0}
+    measured = ~np.isnan(plain)
+    assert measured[-len(speedup):].all() and np.allclose(plain[-len(speedup):], tps[-len(speedup):])
