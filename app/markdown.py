@@ -28,9 +28,17 @@ _CODE = re.compile(r"```.*?(?:```|\Z)|`[^`\n]+`", re.DOTALL)  # fenced blocks (c
 def insert_markdown(cursor: QTextCursor, text: str, dark: bool) -> None:
     """Render `text` at `cursor` (inside a bubble) and style its code."""
     start = cursor.position()
-    cursor.insertMarkdown(text.strip("\n"), QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+    source = text.strip("\n")
+    cursor.insertMarkdown(source, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
     if cursor.position() > start and cursor.block().length() <= 1:
         cursor.deletePreviousChar()  # the empty block the importer leaves (an empty bullet after a list)
+    if source.lstrip(" ").startswith(("```", "~~~")):
+        # the importer's first block merges into the block the cursor was in (the bubble's), which keeps that
+        # block's format: an answer that opens with code had its first line outside the code's tinted box
+        first = QTextCursor(cursor.document().findBlock(start))
+        fmt = first.blockFormat()
+        fmt.setProperty(QTextFormat.Property.BlockCodeFence, "`")
+        first.setBlockFormat(fmt)
     _style_code(cursor.document(), start, cursor.position(), QColor(CODE_BACKGROUND[dark]))
 
 

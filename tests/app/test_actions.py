@@ -185,6 +185,28 @@ def test_a_long_line_of_code_wraps_inside_its_bubble(qapp, code):
     assert document.size().width() <= 300 + 1
 
 
+@pytest.mark.parametrize("answer", ["```python\ndef f(n):\n    return n\n```\nThat is all.", "```\nonly = 1\n```"])
+def test_an_answer_that_opens_with_code_has_its_first_line_inside_the_codes_box(qapp, answer):
+    """The first line of an answer that opens with a code block sat outside the tinted box (it kept the bubble's
+    own block, which the Markdown importer merges its first block into)."""
+    from PySide6.QtGui import QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument
+
+    from specula.app.markdown import CODE_BACKGROUND, insert_markdown
+
+    document = QTextDocument()
+    cursor = QTextCursor(document)
+    cursor.insertText("Assistant")  # the bubble's header, then the block the answer is written in
+    cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
+    insert_markdown(cursor, answer, dark=False)
+    code = answer.split("\n")[1:-1] if answer.endswith("```") else answer.split("\n")[1:3]
+    block = document.begin().next()
+    for line in code:
+        assert block.text() == line and block.blockFormat().background().color().name() == CODE_BACKGROUND[False], line
+        block = block.next()
+    if block.isValid():
+        assert block.text() == "That is all." and block.blockFormat().background().style().name == "NoBrush"
+
+
 def test_the_context_menu_offers_the_same_actions(make_window, qtbot):
     from PySide6.QtCore import QTimer
     from PySide6.QtGui import QContextMenuEvent
