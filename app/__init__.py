@@ -24,4 +24,5 @@ The window paints first; the engine starts beside it.
     history_db.py  conversations in SQLite: appended saves, interrupted answers, search, the JSON import
     storage.py     atomic JSON writes and setting corrupt files aside
     background.py  slow work on a worker thread, its result and progress delivered on the GUI thread
+    folders.py     where the file dialogs open (the last folder chosen, else Downloads or Documents)
 """

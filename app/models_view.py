@@ -43,6 +43,7 @@ from PySide6.QtWidgets import (
 
 from specula.app import background
 from specula.app.flow import FlowLayout
+from specula.app.folders import chosen, start_folder
 from specula.app.theme import mute
 from specula.engine.api.memory import available_memory, gigabytes, needed_for
 
@@ -104,10 +105,12 @@ class ModelsView(QDialog):
         self.use_button.clicked.connect(self.use_selected)
         self.draft_button.clicked.connect(self.draft_selected)
         self.remove_button.clicked.connect(self.remove_selected)
-        add_folder.clicked.connect(lambda: self._add(QFileDialog.getExistingDirectory(self, "A model folder")))
-        add_file.clicked.connect(lambda: self._add(QFileDialog.getOpenFileName(
-            self, "A GGUF file", "", "GGUF models (*.gguf)")[0]))
-        self.head_button.clicked.connect(lambda: self.add_head(QFileDialog.getExistingDirectory(self, "A draft head folder")))
+        add_folder.clicked.connect(lambda: self._add(chosen("model", QFileDialog.getExistingDirectory(
+            self, "A model folder", start_folder("model")))))
+        add_file.clicked.connect(lambda: self._add(chosen("model", QFileDialog.getOpenFileName(
+            self, "A GGUF file", start_folder("model"), "GGUF models (*.gguf)")[0])))
+        self.head_button.clicked.connect(lambda: self.add_head(chosen("model", QFileDialog.getExistingDirectory(
+            self, "A draft head folder", start_folder("model")))))
         # two groups of buttons side by side, the second under the first where the window is narrow (800 px)
         buttons = QWidget()
         flow = FlowLayout(buttons, spacing=18)

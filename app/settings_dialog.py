@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from specula.app.folders import chosen, start_folder
 from specula.app.remote_settings import RemoteSection
 from specula.app.settings import Settings
 from specula.app.strategies_page import StrategiesPage
@@ -223,8 +224,9 @@ def _combo(values, current: str) -> QComboBox:
 
 def _with_browse(edit: QLineEdit, parent) -> QWidget:
     def browse() -> None:
-        path, _ = QFileDialog.getOpenFileName(parent, "Choose a model file", "", "GGUF models (*.gguf);;All files (*)")
-        if path:
+        path, _ = QFileDialog.getOpenFileName(parent, "Choose a model file", start_folder("model"),
+                                              "GGUF models (*.gguf);;All files (*)")
+        if chosen("model", path):
             edit.setText(path)
 
     button = QPushButton("Browse…")

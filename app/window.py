@@ -36,6 +36,7 @@ from specula.app.chatview import ChatView
 from specula.app.compare import CompareController
 from specula.app.composer import Composer
 from specula.app.controls import Controls
+from specula.app.folders import chosen, start_folder
 from specula.app.history_db import ConversationDB
 from specula.app.layout import fit_to_screen, restore_layout, save_layout
 from specula.app.legend import LegendBar
@@ -571,8 +572,9 @@ class MainWindow(QMainWindow):
         if path is None:
             stem = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv.title).strip() or "chat"
             kind = "Markdown (*.md)" if fmt == "md" else "JSON (*.json)"
-            path, _ = QFileDialog.getSaveFileName(self, "Export conversation", f"{stem}.{fmt}", kind)
-            if not path:
+            path, _ = QFileDialog.getSaveFileName(self, "Export conversation", str(Path(start_folder("export")) /
+                                                  f"{stem}.{fmt}"), kind)
+            if not chosen("export", path):
                 return
         text = to_markdown(conv) if fmt == "md" else json.dumps(conv.to_dict(), ensure_ascii=False, indent=1)
         try:

@@ -10,7 +10,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from specula.app.composer import Composer
-from tests.app.conftest import load_without_draft, snap
+from tests.app.conftest import load_without_draft, snap, wait_reply
 
 
 def test_enter_sends_shift_enter_makes_a_new_line(qtbot):
@@ -432,3 +432,32 @@ def test_with_the_chat_list_open_in_a_small_window_the_chat_keeps_a_readable_wid
     w.chats_action.setChecked(True)
     qtbot.wait(50)
     assert w.dock.isVisible() and w.sidebar.isVisible()  # a window wide enough keeps all three
+
+
+def test_file_dialogs_open_where_such_files_are_not_in_the_processs_folder(make_window, qtbot, monkeypatch, tmp_path):
+    """The export and model dialogs opened in the folder the process was started in (a launcher's): now Documents
+    for an export and Downloads for a model (else the home folder), then wherever the user last chose one."""
+    from pathlib import Path
+
+    from PySide6.QtCore import QStandardPaths
+    from PySide6.QtWidgets import QFileDialog
+
+    from specula.app import folders
+
+    monkeypatch.setattr(folders, "_LAST", {})
+    opened = []
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda parent, title, where, kinds: (
+        opened.append(where) or (str(tmp_path / "saved.md"), kinds))))
+    w = make_window(strategy="none", max_new_tokens=4)
+    w.send_text("hello")
+    wait_reply(qtbot, w)
+    w.export_conversation(w.chat.current_id, "md")
+    documents = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+    expected = documents if documents and Path(documents).is_dir() else str(Path.home())
+    assert Path(opened[0]).parent == Path(expected) and Path(opened[0]).parent != Path.cwd()
+    assert (tmp_path / "saved.md").is_file()
+    w.export_conversation(w.chat.current_id, "md")
+    assert Path(opened[1]).parent == tmp_path  # where the last one went
+    assert folders.start_folder("model") != str(Path.cwd()) or Path.cwd() == Path.home()
+    assert folders.chosen("model", str(tmp_path / "m.gguf")) == str(tmp_path / "m.gguf")
+    assert folders.start_folder("model") == str(tmp_path) and folders.chosen("model", "") == ""
