@@ -445,11 +445,17 @@ def ghost_text(text: str) -> str:
 
 
 def _page_start(items: list, end: int) -> int:
-    """Where a page that ends before `end` starts: about SHOWN_TOKENS tokens of turns, at least two."""
+    """Where a page that ends before `end` starts: about SHOWN_TOKENS tokens of turns, at least two; and the
+    beginning where what would be left before it is less than another such page (a two-exchange chat said "Show
+    earlier messages (2 more)" over its first question)."""
     start, cost = end, 0
     while start > 0 and (cost < SHOWN_TOKENS or end - start < 2):
-        item = items[start - 1]
-        cost += 20 + (len(item.tokens) if isinstance(item, Turn) and item.tokens else
-                      len(item.content) // 4 if isinstance(item, Turn) else 50)
+        cost += _cost(items[start - 1])
         start -= 1
-    return start
+    return 0 if sum(_cost(item) for item in items[:start]) < SHOWN_TOKENS else start
+
+
+def _cost(item) -> int:
+    """About what drawing an item costs, in tokens."""
+    return 20 + (len(item.tokens) if isinstance(item, Turn) and item.tokens else
+                 len(item.content) // 4 if isinstance(item, Turn) else 50)

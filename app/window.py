@@ -191,11 +191,14 @@ class MainWindow(QMainWindow):
         self.regenerate_action = chat_menu.addAction("Regenerate last answer")
         self.regenerate_action.setShortcut(QKeySequence("Ctrl+R"))
         self.regenerate_action.triggered.connect(lambda: self._on_action(actions.REGENERATE, -1))
+        self.version_actions = {}
         for name, label, key in ((actions.OLDER, "Previous version of the last answer", "Alt+Left"),
                                  (actions.NEWER, "Next version of the last answer", "Alt+Right")):
             action = chat_menu.addAction(label)
             action.setShortcut(QKeySequence(key))
             action.triggered.connect(lambda _=False, n=name: self._on_action(n, -1))
+            self.version_actions[name] = action
+        chat_menu.aboutToShow.connect(self._update_actions)  # the chat shown may have changed since
         chat_menu.addAction(self.compare_action)
         view_menu = self.menuBar().addMenu("&View")
         view_menu.addAction(self.chats_action)
@@ -251,6 +254,7 @@ class MainWindow(QMainWindow):
         self.sidebar.search_changed.connect(lambda _: self._refresh_conversations())
         self.sidebar.export_requested.connect(self.export_conversation)
         self.chat.conversations_changed.connect(self._refresh_conversations)
+        self.chat.conversations_changed.connect(self._update_actions)  # another chat or version shown
         self.chat.generating_changed.connect(self._generating_changed)
         self.compare.running_changed.connect(self._generating_changed)
         self.settings_action.triggered.connect(self._open_settings)
@@ -395,6 +399,7 @@ class MainWindow(QMainWindow):
                 item = self.chat.current.turns[index] if index >= 0 else None
             if item is not None:
                 self.chat.show_version(item, -1 if name == actions.OLDER else 1)
+                self._update_actions()
         elif name in (actions.REGENERATE, actions.RETRY) and self.state == "ready" and not self.compare.running:
             self._end_edit()
             self.chat.regenerate(self.request_settings)
@@ -419,6 +424,7 @@ class MainWindow(QMainWindow):
         if conversation_id != self.chat.current_id:
             self._end_edit()
         self.chat.select(conversation_id)
+        self._update_actions()
 
     def _generating_changed(self, generating: bool) -> None:
         self.sidebar.setEnabled(not generating)
@@ -556,6 +562,12 @@ class MainWindow(QMainWindow):
         self.compare_action.setEnabled(idle and has_prompt and self.can.compare)
         self.regenerate_action.setEnabled(idle and has_prompt)
         self.train_action.setEnabled(idle and self.loaded is not None and self.can.training)
+        # the last answer's other versions, where it has any (they were offered in an empty chat)
+        turns = self.chat.current.turns if self.chat.current_id is not None else ()
+        last = next((t for t in reversed(turns) if t.role == "assistant"), None)
+        count, at = (len(last.all_versions), last.version) if last is not None else (1, 0)
+        self.version_actions[actions.OLDER].setEnabled(idle and at > 0)
+        self.version_actions[actions.NEWER].setEnabled(idle and at < count - 1)
 
     def export_conversation(self, conversation_id: str, fmt: str, path: str | None = None) -> None:
         """Write a conversation as Markdown or JSON where the user chooses (`path`: no dialog)."""

@@ -28,10 +28,12 @@ def saved_turns(tmp_path, window) -> list[Turn]:
 
 def test_regenerate_drops_the_last_answer_and_answers_again_with_the_current_strategy(make_window, qtbot, tmp_path):
     w = make_window(strategy="none", max_new_tokens=20)
+    versions = lambda: [w.version_actions[n].isEnabled() for n in (actions.OLDER, actions.NEWER)]  # noqa: E731
+    assert versions() == [False, False]  # an empty chat has no versions to browse (Alt+Left/Right were enabled)
     w.send_text("hello there")
     wait_reply(qtbot, w)
     first = w.chat.current.turns[-1]
-    assert first.summary.startswith("none")
+    assert first.summary.startswith("none") and versions() == [False, False]
     assert [name for name, *_ in action_links(w.view)] == ["edit", "copy", "markdown", "regenerate"]
     combo = w.controls.strategy
     combo.setCurrentIndex(combo.findData("draft-model"))
@@ -46,11 +48,13 @@ def test_regenerate_drops_the_last_answer_and_answers_again_with_the_current_str
     assert [t.role for t in saved_turns(tmp_path, w)] == ["user", "assistant"]
     # the earlier answer is kept as a version: ‹ 1/2 browses to it, by link or by Alt+Left / Alt+Right
     assert [v.summary[:4] for v in answer.all_versions] == ["none", "draf"] and "2/2" in w.view.toPlainText()
+    assert versions() == [True, False]
     assert [name for name, i, _ in action_links(w.view) if i == 1] == ["older", "copy", "markdown", "regenerate"]
     w.composer.input.setFocus()
     qtbot.keyClick(w.composer.input, Qt.Key.Key_Left, Qt.KeyboardModifier.AltModifier)
     shown = w.chat.current.turns[-1]
     assert shown.content == first.content and shown.version == 0 and "1/2" in w.view.toPlainText()
+    assert versions() == [False, True]
     assert saved_turns(tmp_path, w)[-1].content == first.content  # the choice is saved
     assert [name for name, i, _ in action_links(w.view) if i == 1] == ["newer", "copy", "markdown", "regenerate"]
     click_link(qtbot, w.view, actions.NEWER)

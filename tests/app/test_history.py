@@ -247,3 +247,22 @@ def test_a_base_model_says_so_and_its_messages_continue_as_plain_text(make_windo
     ok, finished = wait_reply(qtbot, w)
     assert ok and len(finished.token_ids) == 6
     assert tokenizer.conversations == []  # the template was never asked for
+
+
+def test_a_short_conversation_is_drawn_whole_without_a_link_over_a_message_or_two(qapp):
+    """Two exchanges with answers of a few hundred tokens said "Show earlier messages (2 more)" over the first
+    question: what would be hidden is drawn too where it is less than another page; a long chat still pages."""
+    from specula.app.chatview import SHOWN_TOKENS, ChatView
+
+    def chat(exchanges: int, answer_tokens: int) -> list[Turn]:
+        turns = []
+        for i in range(exchanges):
+            tokens = tuple(TokenRecord(f"w{j} ", "target", j, 0) for j in range(answer_tokens))
+            turns += [Turn("user", f"question {i}"), Turn("assistant", f"answer {i}", tokens)]
+        return turns
+
+    view = ChatView()
+    view.show_turns(chat(2, 300))
+    assert view._first == 0 and "Show earlier messages" not in view.toPlainText() and "question 0" in view.toPlainText()
+    view.show_turns(chat(40, SHOWN_TOKENS))
+    assert view._first > 0 and "Show earlier messages" in view.toPlainText()
