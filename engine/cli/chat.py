@@ -5,6 +5,7 @@ Commands: /strategy NAME, /k N, /reset, /help, /quit. Ctrl-C stops the current a
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from dataclasses import replace
@@ -16,6 +17,11 @@ from ..api.metrics import speedup_text
 from ..api.prompts import Message, conversation
 from ..api.types import GenerateRequest
 from .common import decode_config, open_backend, show_reading, strategy_options
+
+try:
+    import termios
+except ImportError:  # Windows: no terminal attributes to set
+    termios = None
 
 COLOURS = {
     Origin.DRAFT: "\033[32m",  # green: accepted draft token
@@ -88,6 +94,30 @@ def run_chat(args) -> int:
             history = messages[1 if args.system else 0 :] + (Message("assistant", finished.text),)
 
 
+def _quiet_control_keys(stream=None):
+    """Turn off the terminal's echo of control keys (ECHOCTL: "^C") while an answer is written; returns what puts
+    it back. Nothing where the input is not a terminal, or on a system without termios (Windows)."""
+    stream = stream or sys.stdin
+    try:
+        fd = stream.fileno()
+        if termios is None or not os.isatty(fd):
+            return lambda: None
+        before = termios.tcgetattr(fd)
+        quiet = list(before)
+        quiet[3] &= ~getattr(termios, "ECHOCTL", 0)
+        termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    except (OSError, ValueError, AttributeError) + ((termios.error,) if termios is not None else ()):
+        return lambda: None
+
+    def restore() -> None:
+        try:
+            termios.tcsetattr(fd, termios.TCSANOW, before)
+        except (OSError, termios.error):
+            pass
+
+    return restore
+
+
 def _reply(backend: Backend, request: GenerateRequest, colour: bool) -> Finished | None:
     stop = [False]
 
@@ -95,6 +125,7 @@ def _reply(backend: Backend, request: GenerateRequest, colour: bool) -> Finished
         stop[0] = True  # the loop ends before its next step and still reports what it made
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
+    echo = _quiet_control_keys()  # Ctrl+C stops the answer: the terminal does not write "^C" into it
     finished = None
     try:
         reading = False
@@ -113,6 +144,7 @@ def _reply(backend: Backend, request: GenerateRequest, colour: bool) -> Finished
         return None
     finally:
         signal.signal(signal.SIGINT, previous)
+        echo()
     t = finished.totals
     rate = f"{t.acceptance_rate:.0%}" if t.acceptance_rate is not None else "n/a"
     if request.strategy == "server" and t.acceptance_rate is not None:

@@ -285,3 +285,28 @@ def test_an_empty_prompt_in_a_prompts_file_names_the_file_and_line(capsys, tmp_p
     code, _, err = run_cli(capsys, "generate", "--model", "/no/such/model.gguf", "--prompts", str(prompts))
     assert code == 2
     assert_one_line_error(code, err, f"{prompts} line 2: the prompt is empty")
+
+
+def test_ctrl_c_stopping_an_answer_is_not_echoed_into_it():
+    """The terminal wrote "^C" into the answer Ctrl+C stopped: its echo of control keys is off while an answer
+    is written (a pseudo-terminal here), and back as it was after; nothing is done where input is not a terminal."""
+    import io
+    import os
+    import pty
+    import termios
+
+    from specula.engine.cli.chat import _quiet_control_keys
+
+    master, slave = pty.openpty()
+    try:
+        with open(slave, "rb", buffering=0, closefd=False) as stream:
+            before = termios.tcgetattr(slave)
+            termios.tcsetattr(slave, termios.TCSANOW, before[:3] + [before[3] | termios.ECHOCTL] + before[4:])
+            restore = _quiet_control_keys(stream)
+            assert not termios.tcgetattr(slave)[3] & termios.ECHOCTL
+            restore()
+            assert termios.tcgetattr(slave)[3] & termios.ECHOCTL
+    finally:
+        os.close(master)
+        os.close(slave)
+    _quiet_control_keys(io.StringIO("not a terminal"))()  # no file number: nothing to do
