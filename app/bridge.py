@@ -145,6 +145,7 @@ class ChildEngine:
 class EngineBridge(QObject):
     event = Signal(object)  # an specula.engine.api.events event, delivered on the GUI thread
     notice = Signal(str)  # a line for the status bar while the engine starts
+    restarting = Signal()  # the engine process stopped on its own: another starts and loads the model again
 
     def __init__(self, parent: QObject | None = None, engine: Callable[[], object] | None = None) -> None:
         """`engine` makes the engine to talk to (start, wait, stop, pid, exit_code), again after it dies:
@@ -226,6 +227,7 @@ class EngineBridge(QObject):
         self.died_code = code
         self.notice.emit(f"the engine process stopped (exit code {code}); restarting it")
         if self._last_choice is not None:
+            self.restarting.emit()
             self.load(self._last_choice)
 
     def _run(self, rid: int, request) -> None:

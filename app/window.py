@@ -235,6 +235,7 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         self.bridge.event.connect(self._on_event)
         self.bridge.notice.connect(lambda text: self.statusBar().showMessage(text))
+        self.bridge.restarting.connect(self._engine_restarting)
         self.composer.send_requested.connect(self.send_text)
         self.composer.stop_requested.connect(self._stop)
         self.composer.edit_cancelled.connect(self._end_edit)
@@ -615,6 +616,11 @@ class MainWindow(QMainWindow):
             self.setWindowTitle(f"{self.chat.current.title} — Specula")
 
     # -- state --------------------------------------------------------------------------------------
+    def _engine_restarting(self) -> None:
+        """The engine process stopped and another is loading the model: not "ready" meanwhile (it said so)."""
+        if self.state in ("ready", "generating"):
+            self._set_state("loading")
+
     def _set_state(self, state: str) -> None:
         self.state = state
         hint = "The model could not be loaded: choose another in Settings…" if state == "failed" else None

@@ -52,6 +52,9 @@ SCRIPT = textwrap.dedent('''
             app.processEvents()
             time.sleep(0.002)
 
+    states = []
+    set_state = w._set_state
+    w._set_state = lambda state: (states.append(state), set_state(state))
     w.start()
     wait(lambda: w.state == "ready", 300)
     out = {"engine_pid": w.bridge.engine_pid}
@@ -69,6 +72,7 @@ SCRIPT = textwrap.dedent('''
 
     assert w.send_text("Write a long story about a lighthouse keeper and the sea.")
     wait(lambda: w.chat.reply is not None and len(w.chat.reply.tokens) >= 5, 120)
+    killed_at = len(states)
     os.kill(w.bridge.engine_pid, signal.SIGKILL)
     wait(lambda: len(replies) == 2, 60)
     out["killed"] = replies[1]
@@ -79,6 +83,7 @@ SCRIPT = textwrap.dedent('''
     out["after_restart"] = replies[2]
     out["failures"] = failures
     out["restarts"] = w.bridge.restarts
+    out["states_after_kill"] = states[killed_at:]
     out["conversation"] = [t.role for t in w.chat.current.turns]
     out["torch_loaded"] = "torch" in sys.modules
     child = w.bridge.engine_pid
@@ -114,5 +119,7 @@ def test_the_window_streams_from_its_engine_process_survives_its_death_and_never
     assert "engine process stopped" in out["transcript_after_kill"]
     assert "interrupted" in out["transcript_after_kill"]  # the partial answer is kept, marked
     assert out["after_restart"] == [True, "Finished"] and out["restarts"] == 1
+    after = out["states_after_kill"]  # not "ready" while the new engine loads the model (it said ready)
+    assert "loading" in after and after.index("loading") < len(after) - 1 - after[::-1].index("ready"), after
     assert out["conversation"].count("user") == 3 and out["conversation"].count("assistant") == 3
     assert not out["child_alive_after_close"]
