@@ -94,7 +94,8 @@ def align(source: str, rendered: str, skip: int = 0) -> list[int | None]:
 
 
 def insert_with_code(cursor: QTextCursor, text: str, dark: bool) -> None:
-    """Insert `text` as typed, with its `code` and fenced blocks in the monospace font on a tint."""
+    """Insert `text` as typed, with its `code` and fenced blocks in the monospace font on a tint, without their
+    backticks and fence lines (the message keeps them: Edit shows it as typed)."""
     plain = QTextCharFormat()
     code = QTextCharFormat()
     code.setFontFamilies([QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont).family()])
@@ -103,10 +104,22 @@ def insert_with_code(cursor: QTextCursor, text: str, dark: bool) -> None:
     for match in _CODE.finditer(text):
         if match.start() > at:
             cursor.insertText(text[at : match.start()], plain)
-        cursor.insertText(match.group(0), code)
+        cursor.insertText(_inside(match.group(0)), code)
         at = match.end()
     if at < len(text):
         cursor.insertText(text[at:], plain)
+
+
+def _inside(code: str) -> str:
+    """A fenced block's lines without its fences (and the language after the opening one), inline code without
+    its backticks."""
+    if not code.startswith("```"):
+        return code[1:-1]
+    body = code[3:]
+    body = body[body.index("\n") + 1 :] if "\n" in body else ""  # the opening fence's line, with its language
+    if body.endswith("```"):
+        body = body[:-3]
+    return body.rstrip("\n") or " "
 
 
 def _style_code(document: QTextDocument, start: int, end: int, background: QColor) -> None:

@@ -244,3 +244,20 @@ def _cursor_at(view, position):
     cursor = QTextCursor(view.document())
     cursor.setPosition(position)
     return cursor
+
+
+def test_your_own_code_is_shown_without_its_fences_and_kept_as_typed(qapp):
+    """A user's message is shown as typed but for its code: tinted and monospaced, without the ``` fence lines
+    and backticks that stood in the bubble (the message itself keeps them, for Edit and the model)."""
+    from PySide6.QtGui import QTextCursor, QTextDocument
+
+    from specula.app.markdown import CODE_BACKGROUND, insert_with_code
+
+    typed = "Fix the bug in `add`:\n```python\ndef add(a, b):\n    return a - b\n```\nThanks."
+    document = QTextDocument()
+    insert_with_code(QTextCursor(document), typed, dark=False)
+    shown = document.toPlainText()
+    assert "```" not in shown and "`" not in shown and "python" not in shown
+    assert shown == "Fix the bug in add:\ndef add(a, b):\n    return a - b\nThanks."
+    tinted = [f for t, f, _ in fragments(document) if "return a - b" in t][0]
+    assert tinted.background().color().name() == CODE_BACKGROUND[False]
