@@ -262,6 +262,18 @@ def test_the_theme_switches_between_light_and_dark_and_is_remembered(make_window
         assert w.plots.graphics.backgroundBrush().color().lightness() < 64  # the plots follow
         assert DARK.draft in w.legend.entries["draft"].text()  # and the colour key
         assert w.plots.empty.palette().color(w.plots.empty.backgroundRole()).lightness() < 64
+        # an unchecked check box is framed so that it shows (Fusion's frame was a shade darker than the window)
+        from PySide6.QtWidgets import QStyle, QStyleOptionButton
+
+        box = w.legend.ghosts
+        assert not box.isChecked()
+        option = QStyleOptionButton()
+        box.initStyleOption(option)
+        frame = box.style().subElementRect(QStyle.SubElement.SE_CheckBoxIndicator, option, box)
+        image = box.grab().toImage()
+        bright = sum(image.pixelColor(x, y).lightness() > 100 for x in range(frame.left(), frame.right() + 1)
+                     for y in range(frame.top(), frame.bottom() + 1))
+        assert bright >= frame.width() * 2, (bright, frame)
         snap(w, "window-dark")
         w.close()
         again = make_window()
