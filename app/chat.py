@@ -382,7 +382,7 @@ class ChatController(QObject):
             case Started():
                 self.reply.started = True
                 self.reply.strategy = event.strategy
-                self._step_changed(event.step)
+                self.step_changed(event.step)
                 self.reply.step = event.step
                 self.plots.begin()
                 self.view.begin_answer(dropped_note(self.reply.dropped))
@@ -411,7 +411,8 @@ class ChatController(QObject):
                      "it is ready, answers run on the slower general-purpose step; their footers say so.")
     READY = "The decoding step for this CPU is ready: answers now run at full speed"
 
-    def _step_changed(self, step: str) -> None:
+    def step_changed(self, step: str) -> None:
+        """The decoding step answers start on (a load's, an answer's): its notice when it is being built or became ready."""
         if step == "compiling":
             self.step_notice.emit(self.PREPARING)
         elif step == "compiled" and self.last_step == "compiling":

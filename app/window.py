@@ -308,6 +308,8 @@ class MainWindow(QMainWindow):
         self.status_labels["device"].setText(event.device)
         self.status_labels["dtype"].setText(event.weights or event.dtype if self.can.precision else "")
         self.statusBar().showMessage(f"Loaded {event.target}", 4000)
+        if event.step:  # a step built in the background from now on is said at once, not at the first message
+            self.chat.step_changed(event.step)
         if self._last_good is not None:  # the new model loaded: now it is the one to use next time too
             self._last_good = None
             self._save_settings()

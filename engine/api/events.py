@@ -188,6 +188,7 @@ class Loaded:
     capabilities: Capabilities = field(default_factory=Capabilities)
     chat: bool = True  # the model has a chat template; else (a base model) messages continue as plain text
     path: str = ""  # one line where the model does not run Specula's own forward: the path it takes instead
+    step: str = ""  # the decoding step answers start on now ("compiling": being built in the background); "" remote
 
 
 @dataclass(frozen=True)

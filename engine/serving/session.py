@@ -144,6 +144,7 @@ class Session:
             warnings=tuple(self.head_warnings),
             chat=bool(getattr(t.tokenizer, "chat_template", None)),
             path=t.path,
+            step=t.step_status,
         )
 
     def _need_target(self) -> LoadedModel:

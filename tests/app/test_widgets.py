@@ -325,6 +325,8 @@ def test_answers_made_while_the_decoding_step_is_prepared_say_so(make_window, qt
     kind = LoadedModel  # what the session's target is once the window loads it
     monkeypatch.setattr(kind, "step_status", property(lambda self: "compiling"))
     w = make_window(strategy="none", max_new_tokens=8)
+    assert w.loaded.step == "compiling"  # said as soon as the model is ready, not at the first message
+    assert w.statusBar().currentMessage() == ChatController.PREPARING
     w.send_text("hello")
     wait_reply(qtbot, w)
     assert w.statusBar().currentMessage() == ChatController.PREPARING
@@ -339,11 +341,13 @@ def test_answers_made_while_the_decoding_step_is_prepared_say_so(make_window, qt
 
 
 def test_the_step_an_answer_starts_on_crosses_the_wire():
-    from specula.engine.api.events import Started
-    from specula.engine.api.wire import started_from, started_json
+    from specula.engine.api.events import Loaded, Started
+    from specula.engine.api.wire import loaded_from, loaded_json, started_from, started_json
 
     for event in (Started(4, "eagle", 12, 5, "compiling"), Started(4, "none", 3, 1)):
         assert started_from(started_json(event), 4) == event
+    loaded = Loaded(2, "m", None, "cpu", "bf16", 4096, ("none",), step="compiling")
+    assert loaded_from(loaded_json(loaded), 2) == loaded
 
 
 def test_the_colour_legend_explains_each_colour_not_only_names_it(qtbot):
