@@ -4,7 +4,7 @@ q/k/v, o, fused gate/up, down) as a file format's blocks (`store.HEAD_BLOCKS`), 
 beside them, as the target's.
 
 A draft token then costs one library call for the layer instead of about forty small torch operations, each
-a few microseconds of dispatch around products of a few tens of microseconds (docs/PERFORMANCE.md, "The head's
+a few microseconds of dispatch around products of a few tens of microseconds (docs/bench/history/2026-12-03.md, "The head's
 layer in one call"). Drafting only: the head's own modules stay what training and the tests compare with, and
 the drafts may round otherwise than theirs; what the target keeps never depends on them.
 """

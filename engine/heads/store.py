@@ -142,7 +142,7 @@ class _Product(nn.Module):
 # Drafting reads the head's weights once per draft token, after the target's step has pushed them out of the
 # CPU's caches: in 4-bit blocks (Q4_1, a scale and a minimum per 32 weights) they are a quarter of the bytes of
 # bf16. Against 8-bit blocks a tree of 16 nodes takes 24% less time to draft and keeps 1% fewer tokens
-# (docs/PERFORMANCE.md, "The head in 4-bit blocks"; "A cheaper head step" for 8-bit against bf16)
+# (docs/bench/history/2026-12-03.md, "The head in 4-bit blocks"; "A cheaper head step" for 8-bit against bf16)
 HEAD_BLOCKS = "Q4_1"
 # an EAGLE head's decoder layer in one call of the compiled step (`native.py`), where its products are blocks
 NATIVE_LAYER = True

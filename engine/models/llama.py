@@ -1130,7 +1130,7 @@ def prompt_through_step(fast: _StepHandle, dtype: torch.dtype) -> bool:
     where the step's products are all the file's own blocks, on every CPU. Without oneDNN's bf16 kernels (AMD
     before Zen 4, Intel Core) a prompt of up to 1,000 tokens reads five to nine times as fast so; with them (AVX-512
     BF16) the step read 60 tokens in a third of the eager forward's time, 300 in 0.69 of it, 1,000 in 0.87, 4,000
-    in 0.97 and 7,000 in the same (docs/PERFORMANCE.md, "Prompts through the compiled step on every CPU"). And a
+    in 0.97 and 7,000 in the same (docs/bench/history/2026-12-05.md, "Prompts through the compiled step on every CPU"). And a
     prompt's positions then hold the bits that steps would give them."""
     return dtype == torch.bfloat16 and set(fast.kinds) == {"blocks"}
 
