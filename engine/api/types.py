@@ -1,6 +1,6 @@
 """The engine's public types, without torch: what a client (the app, `specula serve`'s callers, the CLI)
-builds and reads. The engine's modules re-export them where they are used (`session.GenerateRequest`,
-`decoder.DecodeConfig`, ...); the app imports them from here so that its process never loads torch.
+builds and reads. The engine's modules import them from here (`serving/session.py` takes a `GenerateRequest`,
+`decoding/loop.py` a `DecodeConfig`, ...), and so does the app, whose process never loads torch.
 
 Events are in `events.py` (also torch-free), errors in `errors.py`, the strategy catalogue in
 `strategies.py`.

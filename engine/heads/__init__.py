@@ -1,5 +1,10 @@
 """Trained draft heads that reuse the target's own features.
 
-- `eagle.py`, `medusa.py`: the networks; `config.py`: their dimensions, head.json, the target's fingerprint
-- `store.py`: heads on disk: saved, read, checked against the target, found; `train.py`: training one
+- `eagle.py`, `eagle3.py`, `medusa.py`: the networks (EAGLE-1/2, EAGLE-3 reading three target layers, Medusa);
+  `config.py`: their dimensions, head.json, the target's fingerprint
+- `native.py`: an EAGLE head's layer through the compiled step, its products as a file format's blocks
+- `published.py`: heads as their projects publish them (EAGLE-1/2, EAGLE-3, Medusa checkpoints)
+- `store.py`: heads on disk: saved, read, checked against the target, found
+- `train.py`: training one; `documents.py`: long texts for its prompts from what ships on the machine;
+  `measure.py`: what a head knows, measured on prompts without a strategy's cost model
 """
