@@ -15,6 +15,7 @@ about these numbers show under the stats row.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -28,21 +29,55 @@ from specula.app.theme import is_dark, mute, palette_for
 from specula.engine.api.metrics import speedup_text
 
 REFRESH_MS = 50  # a tick refreshes one of the PARTS: each at 4 Hz
-PARTS = ("acceptance", "tps", "speedup", "bars", "stats")
 ROLLING = 16  # steps in the rolling acceptance
 WARMUP = 3  # decode steps before rates are plotted: the first ones are mostly noise
-LAYOUT = {"acceptance": (0, 0, 2), "tps": (1, 0, 2), "speedup": (2, 0, 2), "lengths": (3, 0, 1), "positions": (3, 1, 1)}
-TITLES = {
-    "acceptance": "Acceptance <span style='color:{c.draft}'>● per step &nbsp;━ last {n} steps</span>",
-    "server_acceptance": "Acceptance, server counters <span style='color:{c.draft}'>● per reading &nbsp;"
-                         "━ since the start</span>",
-    "tps": "Tokens/s <span style='color:{c.bonus}'>━ speculative</span> &nbsp;"
-           "<span style='color:{c.muted}'>╍ plain</span>",
-    "speedup": "Speedup over plain decoding <span style='color:{c.muted}'>(┈ 1×)</span>",
-    "lengths": "Accepted per step",
-    "positions": "Acceptance by position",
-}
-SERIES = ("step", "acceptance", "rolling", "tps_step", "tps", "baseline", "speed_step", "speedup")
+
+
+@dataclass(frozen=True)
+class Line:
+    """A curve: series `y` against series `x`, in a colour of the token palette (an OriginColours field)."""
+
+    name: str
+    x: str
+    y: str
+    colour: str
+    style: str = "solid"  # "solid", "dashed", or "dots" (points without a line)
+    gaps: bool = False  # NaN values leave gaps (connect="finite")
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One plot of the dock: where it sits, its title, and what it draws: lines from the series (refreshed as a
+    part of its own), or a bar chart (the "bars" part); its y axis fixed at 0-1.05, or growing in round steps over
+    its lines' values (`grows`: the least top, and the value that stands for the data while there is none)."""
+
+    key: str
+    cell: tuple[int, int, int]  # row, column, columns spanned
+    title: str
+    lines: tuple[Line, ...] = ()
+    grows: tuple[float, float] | None = None
+    unity: bool = False  # a dotted line at 1.0
+    bars: str = ""  # the colour of its bars (the token palette's), for a bar chart
+    whole_x: bool = False  # an axis of whole numbers: at least 4 wide (10 for the steps)
+
+
+PLOTS = (
+    Plot("acceptance", (0, 0, 2), "Acceptance <span style='color:{c.draft}'>● per step &nbsp;━ last {n} steps</span>",
+         (Line("acceptance", "step", "acceptance", "draft", "dots"), Line("rolling", "step", "rolling", "draft"))),
+    Plot("tps", (1, 0, 2), "Tokens/s <span style='color:{c.bonus}'>━ speculative</span> &nbsp;"
+                           "<span style='color:{c.muted}'>╍ plain</span>",
+         (Line("tps", "tps_step", "tps", "bonus"), Line("baseline", "tps_step", "baseline", "muted", "dashed", gaps=True)),
+         grows=(10, 10)),
+    Plot("speedup", (2, 0, 2), "Speedup over plain decoding <span style='color:{c.muted}'>(┈ 1×)</span>",
+         (Line("speedup", "speed_step", "speedup", "correction"),), grows=(1.5, 1), unity=True),
+    Plot("lengths", (3, 0, 1), "Accepted per step", bars="draft", whole_x=True),
+    Plot("positions", (3, 1, 1), "Acceptance by position", bars="bonus", whole_x=True),
+)
+PLOT = {plot.key: plot for plot in PLOTS}
+SERVER_ACCEPTANCE = ("Acceptance, server counters <span style='color:{c.draft}'>● per reading &nbsp;━ since the "
+                     "start</span>")  # the acceptance plot's title where a server's counters give it
+PARTS = (*(plot.key for plot in PLOTS if plot.lines), "bars", "stats")  # what a tick refreshes, one at a time
+SERIES = tuple(dict.fromkeys(name for plot in PLOTS for line in plot.lines for name in (line.x, line.y)))
 EMPTY = ("The plots follow the selected chat. Send a message: its acceptance, tokens per second and speedup "
          "over plain decoding are drawn here as the answer streams.")
 EARLIER = ("This answer is from an earlier session: acceptance is drawn from its tokens; its timings were not "
@@ -145,8 +180,8 @@ class PlotsPanel(QWidget):
 
     def _build_plots(self) -> None:
         g = self.graphics
-        self.plots = {key: g.addPlot(row=row, col=col, colspan=span, axisItems={"left": SparseAxis("left")})
-                      for key, (row, col, span) in LAYOUT.items()}
+        self.plots = {spec.key: g.addPlot(row=spec.cell[0], col=spec.cell[1], colspan=spec.cell[2],
+                                          axisItems={"left": SparseAxis("left")}) for spec in PLOTS}
         for plot in self.plots.values():
             plot.showGrid(x=True, y=True, alpha=0.15)
             plot.setMenuEnabled(False)
@@ -163,26 +198,26 @@ class PlotsPanel(QWidget):
                 # pixmap, it is repainted by a copy until its range or ticks change (a paint of the five
                 # plots went from ~20 ms to a few, the longest stall of the event loop with it)
                 plot.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
-        for key in ("acceptance", "positions"):
-            self.plots[key].setYRange(0, 1.05, padding=0)
-        for key, plot in self.plots.items():  # whole-number axes: keep short runs from fractional ticks
-            plot.setLimits(minXRange=4 if key in ("lengths", "positions") else 10)
+        for spec in PLOTS:
+            plot = self.plots[spec.key]
+            if spec.grows is None:
+                plot.setYRange(0, 1.05, padding=0)
+            plot.setLimits(minXRange=4 if spec.whole_x else 10)  # whole numbers: no fractional ticks on short runs
             # ranges move in coarse steps (see _fit_ranges): redrawing the axes every frame costs the
             # GUI thread more than the curves, and the engine thread waits for the interpreter meanwhile
             plot.disableAutoRange()
         self._ranges: dict[str, tuple[float, float, float, float]] = {}
-        p = self.plots
-        self.curves = {
-            "acceptance": p["acceptance"].plot(pen=None, symbol="o", symbolSize=5, symbolPen=None),
-            "rolling": p["acceptance"].plot(),
-            "tps": p["tps"].plot(),
-            "baseline": p["tps"].plot(),
-            "speedup": p["speedup"].plot(),
-        }
-        self.unity = p["speedup"].addLine(y=1.0)
-        self.bars = {key: pg.BarGraphItem(x=[], height=[], width=0.8) for key in ("lengths", "positions")}
-        for key, bar in self.bars.items():
-            p[key].addItem(bar)
+        self.curves, self.bars, self.unity = {}, {}, None
+        for spec in PLOTS:
+            plot = self.plots[spec.key]
+            for line in spec.lines:
+                dots = {"pen": None, "symbol": "o", "symbolSize": 5, "symbolPen": None} if line.style == "dots" else {}
+                self.curves[line.name] = plot.plot(**dots)
+            if spec.unity:
+                self.unity = plot.addLine(y=1.0)
+            if spec.bars:
+                self.bars[spec.key] = pg.BarGraphItem(x=[], height=[], width=0.8)
+                plot.addItem(self.bars[spec.key])
         self._apply_theme()
 
     def _apply_theme(self) -> None:
@@ -193,21 +228,24 @@ class PlotsPanel(QWidget):
         c = palette_for(dark)
         self.graphics.setBackground(base)
         for key, plot in self.plots.items():
-            title = TITLES["server_acceptance" if key == "acceptance" and self.counters else key]
+            title = SERVER_ACCEPTANCE if key == "acceptance" and self.counters else PLOT[key].title
             plot.setTitle(f"<span style='color:{fg.name()}'>{title.format(c=c, n=ROLLING)}</span>", size="9pt")
             plot.titleLabel.setMinimumWidth(0)  # a title never widens its plot past the dock (it is clipped)
             for axis in ("left", "bottom"):
                 plot.getAxis(axis).setTextPen(fg)
                 plot.getAxis(axis).setPen(QColor(fg.red(), fg.green(), fg.blue(), 90))
-        dots = QColor(c.draft)
-        self.curves["acceptance"].setSymbolBrush(dots.lighter(125) if dark else dots.lighter(150))
-        self.curves["rolling"].setPen(pg.mkPen(c.draft, width=2))
-        self.curves["tps"].setPen(pg.mkPen(c.bonus, width=2))
-        self.curves["baseline"].setPen(pg.mkPen(c.muted, width=2, style=Qt.PenStyle.DashLine))
-        self.curves["speedup"].setPen(pg.mkPen(c.correction, width=2))
+        for spec in PLOTS:
+            for line in spec.lines:
+                colour = getattr(c, line.colour)
+                if line.style == "dots":
+                    dots = QColor(colour)
+                    self.curves[line.name].setSymbolBrush(dots.lighter(125) if dark else dots.lighter(150))
+                else:
+                    dash = {"style": Qt.PenStyle.DashLine} if line.style == "dashed" else {}
+                    self.curves[line.name].setPen(pg.mkPen(colour, width=2, **dash))
+            if spec.bars:
+                self.bars[spec.key].setOpts(brush=QColor(getattr(c, spec.bars)), pen=None)
         self.unity.setPen(pg.mkPen(c.muted, style=Qt.PenStyle.DotLine))
-        self.bars["lengths"].setOpts(brush=QColor(c.draft), pen=None)
-        self.bars["positions"].setOpts(brush=QColor(c.bonus), pen=None)
 
     def changeEvent(self, event) -> None:
         super().changeEvent(event)
@@ -365,36 +403,34 @@ class PlotsPanel(QWidget):
         self._reveal()
 
     def _refresh_part(self, part: str, finished=None) -> None:
-        s = self.series
-        x_max = self._x_max()
-        if part == "acceptance":
-            self.curves["acceptance"].setData(s["step"].values(), s["acceptance"].values())
-            self.curves["rolling"].setData(s["step"].values(), s["rolling"].values())
-            self._set_range("acceptance", 0, x_max, 0, 1.05)
-        elif part == "tps":
-            baseline = s["baseline"].values()
-            self.curves["tps"].setData(s["tps_step"].values(), s["tps"].values())
-            self.curves["baseline"].setData(s["tps_step"].values(), baseline, connect="finite")
-            tps = np.concatenate([s["tps"].values(), baseline])
-            tps = tps[np.isfinite(tps)]
-            self._set_range("tps", 0, x_max, 0, _nice_ceil(1.15 * (tps.max() if len(tps) else 10), low=10))
-        elif part == "speedup":
-            self.curves["speedup"].setData(s["speed_step"].values(), s["speedup"].values())
-            speed = s["speedup"].values()
-            speed = speed[np.isfinite(speed)]
-            self._set_range("speedup", 0, x_max, 0, _nice_ceil(1.15 * (speed.max() if len(speed) else 1), low=1.5))
-        elif part == "bars":
+        if part == "bars":
             self._refresh_bars()
-        else:
+        elif part == "stats":
             self._refresh_stats(finished)
+        else:
+            self._refresh_lines(PLOT[part])
+
+    def _refresh_lines(self, spec: Plot) -> None:
+        """A line plot's curves from their series, and its range: the steps axis, and the y axis fixed or grown
+        over the values drawn."""
+        s = self.series
+        for line in spec.lines:
+            self.curves[line.name].setData(s[line.x].values(), s[line.y].values(), **({"connect": "finite"} if line.gaps else {}))
+        top = 1.05
+        if spec.grows is not None:
+            least, stand_in = spec.grows
+            values = np.concatenate([s[line.y].values() for line in spec.lines])
+            values = values[np.isfinite(values)]
+            top = _nice_ceil(1.15 * (values.max() if len(values) else stand_in), low=least)
+        self._set_range(spec.key, 0, self._x_max(), 0, top)
 
     def _x_max(self) -> float:
         """The steps axis: covers the data and doubles when it fills up. An axis whose range changes is
         drawn again, ticks, labels and grid, which costs the GUI thread more than the curves; doubling
         keeps that to a handful of times per answer (at 32-step blocks it was three times a second)."""
         s = self.series
-        last_step = max((float(v.max()) for v in (s[k].values() for k in ("step", "tps_step", "speed_step")) if len(v)),
-                        default=0.0)
+        steps = dict.fromkeys(line.x for plot in PLOTS for line in plot.lines)
+        last_step = max((float(v.max()) for v in (s[k].values() for k in steps) if len(v)), default=0.0)
         return float(2 ** max(7, math.ceil(math.log2(max(last_step, 1.0)))))  # 128 steps hold most answers
 
     def _set_range(self, key: str, x0: float, x1: float, y0: float, y1: float) -> None:
