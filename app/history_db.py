@@ -67,9 +67,9 @@ class StoreError(Exception):
 class ConversationDB:
     def __init__(self, path: Path | None = None, legacy_folder: Path | None = None) -> None:
         if path is None:
-            from specula.engine.api.paths import data_dir
+            from specula.engine.api.paths import conversations_db, data_dir
 
-            path = data_dir() / "conversations.db"
+            path = conversations_db()
             legacy_folder = legacy_folder or data_dir() / "conversations"
         self.path = Path(path)
         self.legacy_folder = legacy_folder

@@ -30,6 +30,11 @@ def data_dir() -> Path:
     return Path(os.environ.get("SPECULA_DATA_DIR") or platformdirs.user_data_dir(APP_NAME))
 
 
+def conversations_db() -> Path:
+    """The window's conversation history (app/history_db.py writes it; the suffix drafter may read it)."""
+    return data_dir() / "conversations.db"
+
+
 def make_folder(path: Path, what: str) -> Path:
     """`path`, created if missing; a one-line SpeculaError starting with `what` when it cannot be a folder."""
     try:

@@ -48,7 +48,6 @@ MIN_SHARE = 0.2  # a node drafted: at least this share of the root's weight cont
 SPEC_FACTOR = 1.0  # nodes drafted per token of the longest match (at least 2)
 SAVE_EVERY_S = 60.0  # the corpus is written at most this often (and when the process ends cleanly)
 FORMAT = 1
-HISTORY = "conversations.db"  # the window's conversation history in the data folder (app/history_db.py)
 REBUILD_CHARS = 2 * MAX_TOKENS  # the newest answers' text a rebuilt corpus reads (about half of MAX_TOKENS)
 class SuffixIndex:
     """A model's earlier answers as one corpus (int32 tokens, -1 between answers) and a sorted index of its
@@ -287,7 +286,7 @@ def keep_apart() -> None:
 def index_for(target) -> SuffixIndex:
     """The model's corpus, one per model in a process (the strategy and auto's member share it), read from
     DATA_DIR/suffix/ where an earlier session left it; a model without a fingerprint keeps it in memory."""
-    from ..api.paths import data_dir
+    from ..api.paths import conversations_db, data_dir
     from ..heads.store import fingerprints
 
     if _APART:
@@ -301,7 +300,7 @@ def index_for(target) -> SuffixIndex:
         index = SuffixIndex(path)
         damaged = bool(index.note)
         if path is not None and len(index) == 0:
-            rebuild(index, target.tokenizer, earlier_answers(data_dir() / HISTORY))
+            rebuild(index, target.tokenizer, earlier_answers(conversations_db()))
         if index.note:
             (log.warning if damaged else log.info)("%s", index.note)
         _INDEXES[key] = index
