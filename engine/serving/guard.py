@@ -70,7 +70,6 @@ class Guard:
     def __init__(self, app: ASGIApp, *, key: str | None = None, port: int | None = None,
                  max_body: int = MAX_BODY_BYTES, max_active: int = MAX_ACTIVE) -> None:
         self.app, self.key, self.port, self.max_body = app, key or None, port, max_body
-        self.keyless = self.key is None
         self.max_active, self.active = max_active, 0  # requests being read or answered now
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -135,7 +134,7 @@ class Guard:
 
     def refusal(self, scope: Scope, headers: Headers) -> openai.ApiError | None:
         host = headers.get("host", "")
-        if self.keyless and not self._own_host(host):
+        if self.key is None and not self._own_host(host):
             return openai.ApiError(403, "this server has no API key, so it answers only requests addressed to "
                                    f"it by a loopback name (Host {_shown(host)} is not one); use "
                                    f"http://127.0.0.1:{self.port or 'PORT'}", "permission_error", code="host_not_allowed")

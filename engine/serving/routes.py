@@ -280,13 +280,17 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
     async def health(request: Request) -> Response:
         ready = service.state == "ready"
         path = service.loaded.path if service.loaded is not None else ""
-        # which decoding step answers: the eager and the compiled one round differently, so a greedy answer's
-        # text may differ between them (docs/ENGINE.md, "Which step answers")
-        target = service.runner.session.target
-        local = service.runner.backend is service.runner.session and target is not None and service.loaded is not None
+        step = _step()
         return JSONResponse({"status": service.state, "message": service.message, **({"path": path} if path else {}),
-                             **({"step": target.step_status} if local else {})},
+                             **({"step": step} if step is not None else {})},
                             status_code=200 if ready else 503)
+
+    def _step() -> str | None:
+        """Which decoding step answers (the eager and the compiled one round differently, so a greedy answer's text
+        may differ between them: docs/ENGINE.md, "Which step answers"); None for a remote backend or no model."""
+        target = service.runner.session.target
+        local = service.runner.backend is service.runner.session and target is not None
+        return target.step_status if local and service.loaded is not None else None
 
     # ---- control -----------------------------------------------------------------------------------
 
@@ -294,12 +298,10 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
         return None if loaded is None else wire.loaded_json(loaded)
 
     async def status(request: Request) -> Response:
-        target = service.runner.session.target
-        local = service.runner.backend is service.runner.session and target is not None
         return JSONResponse({"state": service.state, "message": service.message, "model": _loaded_json(service.loaded),
                              "default_strategy": strategy, "running": service.running,
                              "queue_depth": service.queue_depth,
-                             "step": target.step_status if local and service.loaded is not None else None})
+                             "step": _step()})
 
     async def strategies(request: Request) -> Response:
         usable = service.loaded.strategies if service.loaded is not None else ()
