@@ -19,6 +19,8 @@ turns drawn whole would hold the window for minutes.
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from PySide6.QtCore import QEvent, QPoint, QTimer, QUrl, Signal
 from PySide6.QtGui import QTextCursor, QTextFrame
 from PySide6.QtWidgets import QFrame, QTextBrowser, QToolTip
@@ -452,7 +454,7 @@ def _page_start(items: list, end: int) -> int:
     while start > 0 and (cost < SHOWN_TOKENS or end - start < 2):
         cost += _cost(items[start - 1])
         start -= 1
-    return 0 if sum(_cost(item) for item in items[:start]) < SHOWN_TOKENS else start
+    return start if any(total >= SHOWN_TOKENS for total in accumulate(map(_cost, items[:start]))) else 0
 
 
 def _cost(item) -> int:

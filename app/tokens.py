@@ -6,7 +6,7 @@ Pure functions over the frozen events (no Qt, no torch), so they are easy to tes
 from __future__ import annotations
 
 from specula.app.history import TokenRecord
-from specula.engine.api.events import tokens_text
+from specula.engine.api.events import tokens_parts
 from specula.engine.api.metrics import speedup_text
 
 ORIGIN_NAMES = {
@@ -81,7 +81,7 @@ def summary(strategy: str, finished, step: str = "") -> str:
     """One line under a finished answer: strategy, tokens, tokens/s, acceptance, speedup; and whether it ran
     while the decoding step was being prepared (`step` "compiling": eager, so its speed is not the usual)."""
     t = finished.totals
-    parts = [strategy, *tokens_text(t).split(", ")]  # no rate for an answer stopped before its second token
+    parts = [strategy, *tokens_parts(t)]  # no rate for an answer stopped before its second token
     if t.acceptance_rate is not None:
         parts.append(f"acceptance {t.acceptance_rate:.0%}")
         parts.append(f"{t.mean_accepted_length:.2f} tokens/step")

@@ -118,13 +118,18 @@ class Totals:
         return decode_rate(self.new_tokens, self.decode_s)
 
 
-def tokens_text(totals: "Totals") -> str:
-    """"N tokens, R tok/s" as the summaries say it; the rate only where there is one (an answer stopped before
-    its second token has none: never "0.0 tok/s")."""
-    words = f"{totals.new_tokens} token{'' if totals.new_tokens == 1 else 's'}"
+def tokens_parts(totals: "Totals") -> list[str]:
+    """["N tokens", "R tok/s"] as the summaries say them; the rate only where there is one (an answer stopped
+    before its second token has none: never "0.0 tok/s")."""
+    parts = [f"{totals.new_tokens} token{'' if totals.new_tokens == 1 else 's'}"]
     if totals.new_tokens > 1 and totals.decode_s > 0:
-        words += f", {totals.tokens_per_s:.1f} tok/s"
-    return words
+        parts.append(f"{totals.tokens_per_s:.1f} tok/s")
+    return parts
+
+
+def tokens_text(totals: "Totals") -> str:
+    """The terminal's "N tokens, R tok/s" (`tokens_parts`)."""
+    return ", ".join(tokens_parts(totals))
 
 
 def decode_rate(new_tokens: int, decode_s: float) -> float:

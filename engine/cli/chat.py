@@ -97,16 +97,18 @@ def run_chat(args) -> int:
 def _quiet_control_keys(stream=None):
     """Turn off the terminal's echo of control keys (ECHOCTL: "^C") while an answer is written; returns what puts
     it back. Nothing where the input is not a terminal, or on a system without termios (Windows)."""
+    if termios is None:
+        return lambda: None
     stream = stream or sys.stdin
     try:
         fd = stream.fileno()
-        if termios is None or not os.isatty(fd):
+        if not os.isatty(fd):
             return lambda: None
         before = termios.tcgetattr(fd)
         quiet = list(before)
         quiet[3] &= ~getattr(termios, "ECHOCTL", 0)
         termios.tcsetattr(fd, termios.TCSANOW, quiet)
-    except (OSError, ValueError, AttributeError) + ((termios.error,) if termios is not None else ()):
+    except (OSError, ValueError, AttributeError, termios.error):
         return lambda: None
 
     def restore() -> None:
