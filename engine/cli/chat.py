@@ -16,7 +16,7 @@ from ..api.events import Finished, Origin, PromptProgress, Step, tokens_text
 from ..api.metrics import speedup_text
 from ..api.prompts import Message, conversation
 from ..api.types import GenerateRequest
-from .common import decode_config, open_backend, show_reading, strategy_options
+from .common import open_backend, read_flags, show_reading
 
 try:
     import termios
@@ -41,11 +41,11 @@ def _paint(step: Step, colour: bool) -> str:
 
 
 def run_chat(args) -> int:
-    config = decode_config(args)
+    asked = read_flags(args)
+    config, strategy = asked.config, asked.strategy
     colour = sys.stdout.isatty()
     say = lambda text: print(f"[{text}]", file=sys.stderr)  # noqa: E731
-    backend, loaded = open_backend(args, say)
-    strategy = args.strategy
+    backend, loaded = open_backend(asked, say)
     print(f"{loaded.target} on {loaded.device} ({loaded.weights or loaded.dtype}). Strategy: {strategy}. {HELP}")
     if colour:
         print(f"Colours: {COLOURS[Origin.DRAFT]}accepted draft{RESET}, {COLOURS[Origin.CORRECTION]}correction"
@@ -88,7 +88,7 @@ def run_chat(args) -> int:
                 print(f"[{HELP}; strategies: {', '.join(loaded.strategies)}]")
             continue
         messages = conversation(line, args.system, history)
-        request = GenerateRequest(messages, strategy, config, loaded.chat, strategy_options(args))
+        request = GenerateRequest(messages, strategy, config, loaded.chat, asked.options)
         finished = _reply(backend, request, colour)
         if finished is not None:
             history = messages[1 if args.system else 0 :] + (Message("assistant", finished.text),)

@@ -33,23 +33,62 @@ def model_spec(args) -> ModelSpec:
     return ModelSpec(args.model, args.device, args.dtype, args.weights, args.step)
 
 
-def decode_config(args) -> DecodeConfig:
-    if args.strategy is None:  # the default: auto here; a server speculates as it was started to
-        args.strategy = "server" if args.backend == "remote" else "auto"
-    return DecodeConfig.for_strategy(args.strategy, args.k, temperature=args.temperature, top_k=args.top_k,
-                                     top_p=args.top_p, adaptive_k=args.adaptive_k, max_new_tokens=args.max_new_tokens,
-                                     seed=args.seed)
+@dataclass(frozen=True)
+class Asked:
+    """What a decoding command's flags ask, read once at its top: the strategy that answers, the decoding
+    settings, the strategy's options, and the load (the local engine's, or a server's)."""
+
+    strategy: str
+    config: DecodeConfig
+    options: tuple[tuple[str, object], ...]
+    load: LoadRequest | RemoteLoadRequest
+    chat: bool = True
+
+    @property
+    def remote(self) -> bool:
+        return isinstance(self.load, RemoteLoadRequest)
+
+    def request(self, messages, chat: bool | None = None) -> GenerateRequest:
+        """One turn's request; `chat` as the loaded model allows where the command asks it."""
+        return GenerateRequest(messages, self.strategy, self.config, self.chat if chat is None else chat, self.options)
 
 
-def strategy_options(args) -> tuple[tuple[str, object], ...]:
-    return request_options({name: getattr(args, name, None) for name in STRATEGY_OPTIONS})
+def read_flags(args, measure_baseline: bool = True) -> Asked:
+    """The flags read into an Asked; bad numbers and an unusable strategy fail here, before any model loads."""
+    remote = args.backend == "remote"
+    # the default: auto here; a server speculates as it was started to
+    strategy = args.strategy if args.strategy is not None else "server" if remote else "auto"
+    config = DecodeConfig.for_strategy(strategy, args.k, temperature=args.temperature, top_k=args.top_k,
+                                       top_p=args.top_p, adaptive_k=args.adaptive_k,
+                                       max_new_tokens=args.max_new_tokens, seed=args.seed)
+    options = request_options({name: getattr(args, name, None) for name in STRATEGY_OPTIONS})
+    if remote:
+        return Asked("server", config, options, _remote_request(args, strategy))  # the server speaks chat
+    check_strategy(strategy, args.draft_model)
+    chat = getattr(args, "chat", True)
+    # the first answer at the speed of the next: one like it is run as the model loads
+    first = GenerateRequest((), strategy, config, chat, options)
+    load = LoadRequest(model_spec(args), args.draft_model, measure_baseline=measure_baseline,
+                       draft_head=getattr(args, "draft_head", None), prepare=first)
+    return Asked(strategy, config, options, load, chat)
 
 
-def check_strategy(args) -> None:
-    if args.strategy not in STRATEGIES:
-        raise SpeculaError(f"unknown strategy '{args.strategy}': choose one of {', '.join(STRATEGIES)}")
-    if STRATEGIES[args.strategy].needs_draft_model and not args.draft_model:
-        raise SpeculaError(f"strategy '{args.strategy}' needs --draft-model")
+def check_strategy(strategy: str, draft_model: str | None) -> None:
+    if strategy not in STRATEGIES:
+        raise SpeculaError(f"unknown strategy '{strategy}': choose one of {', '.join(STRATEGIES)}")
+    if STRATEGIES[strategy].needs_draft_model and not draft_model:
+        raise SpeculaError(f"strategy '{strategy}' needs --draft-model")
+
+
+def _remote_request(args, strategy: str) -> RemoteLoadRequest:
+    """A server's connection as the command line says (--server, --server-model, --api-key-env, ...)."""
+    if not args.server:
+        raise SpeculaError("--backend remote needs --server URL (e.g. http://127.0.0.1:8011)")
+    if strategy not in ("none", "server") or args.draft_model or args.model != "bundled":
+        raise SpeculaError("with --backend remote the server chooses the model's speculation: use --server-model "
+                           "instead of --model, and drop --strategy and --draft-model")
+    return RemoteLoadRequest(args.server, args.server_model or "", args.api_key_env or "", args.baseline_server or "",
+                             verify_tls=not args.insecure, allow_http_key=args.allow_http_key)
 
 
 def read_prompts(path: Path) -> list[PromptItem]:
@@ -83,41 +122,22 @@ def read_prompts(path: Path) -> list[PromptItem]:
     return items
 
 
-def open_backend(args, progress, measure_baseline: bool = True) -> tuple[Backend, Loaded]:
+def open_backend(asked: Asked, progress) -> tuple[Backend, Loaded]:
     """The backend the flags ask for, loaded: a server (--backend remote) or the local engine with the
     model, whose strategy is built once here so that an unusable one fails before any answer."""
-    if args.backend == "remote":
-        backend = connect_remote(args, progress)
-        args.strategy = "server"  # the server speculates as it was started to
+    if asked.remote:
+        backend = RemoteBackend()
+        loaded = backend.load(asked.load, progress)
+        if progress is not None:
+            for note in loaded.notes:
+                progress(note)
         return backend, backend.describe()
-    check_strategy(args)
     session = Session()
-    # the first answer at the speed of the next: one like it is run as the model loads
-    first = GenerateRequest((), args.strategy, decode_config(args), getattr(args, "chat", True), strategy_options(args))
-    loaded = session.load(LoadRequest(model_spec(args), args.draft_model, measure_baseline=measure_baseline,
-                                      draft_head=getattr(args, "draft_head", None), prepare=first), progress)
+    loaded = session.load(asked.load, progress)
     for warning in loaded.warnings + ((loaded.path,) if loaded.path else ()):
         print(f"specula: note: {warning}", file=sys.stderr)
-    session.drafter(args.strategy, dict(strategy_options(args)))
+    session.drafter(asked.strategy, dict(asked.options))
     return session, loaded
-
-
-def connect_remote(args, progress):
-    """A RemoteBackend connected as the command line says (--server, --server-model, --api-key-env, ...)."""
-    if not args.server:
-        raise SpeculaError("--backend remote needs --server URL (e.g. http://127.0.0.1:8011)")
-    if args.strategy not in ("none", "server") or args.draft_model or args.model != "bundled":
-        raise SpeculaError("with --backend remote the server chooses the model's speculation: use --server-model "
-                           "instead of --model, and drop --strategy and --draft-model")
-    backend = RemoteBackend()
-    request = RemoteLoadRequest(args.server, args.server_model or "", args.api_key_env or "",
-                                args.baseline_server or "", verify_tls=not args.insecure,
-                                allow_http_key=args.allow_http_key)
-    loaded = backend.load(request, progress)
-    if progress is not None:
-        for note in loaded.notes:
-            progress(note)
-    return backend
 
 
 def show_reading(event) -> bool:

@@ -9,20 +9,18 @@ from ..api.errors import SpeculaError, terminal_safe
 from ..api.events import Finished, PromptProgress, Step, tokens_text
 from ..api.metrics import SpeedupSum, speedup_text
 from ..api.prompts import Message, conversation
-from ..api.types import DecodeConfig, GenerateRequest
-from .common import PromptItem, decode_config, json_line, open_backend, read_prompts, show_reading, strategy_options
+from ..api.types import GenerateRequest
+from .common import Asked, PromptItem, json_line, open_backend, read_flags, read_prompts, show_reading
 
 
 def run_generate(args) -> int:
-    config = decode_config(args)  # bad numbers fail before any model loads
+    asked = read_flags(args, measure_baseline=False)  # bad numbers fail before any model loads
     items = [PromptItem((args.prompt,))] if args.prompt is not None else read_prompts(args.prompts)
-    backend, _ = open_backend(args, _progress(args), measure_baseline=False)
-    if args.backend == "remote":
-        args.chat = True  # the server speaks chat
+    backend, _ = open_backend(asked, _progress(args))
     failures = 0
     for item in items:
         try:
-            record = answer(backend, item, args, config)
+            record = answer(backend, item, asked, system=args.system, stream=not args.json)
         except SpeculaError as exc:
             failures += 1
             where = f"prompt {item.question_id}: " if item.question_id is not None else ""
@@ -39,17 +37,16 @@ def _progress(args):
     return lambda text: print(f"[{text}]", file=sys.stderr, flush=True)
 
 
-def answer(backend: Backend, item: PromptItem, args, config: DecodeConfig) -> dict:
+def answer(backend: Backend, item: PromptItem, asked: Asked, system: str | None, stream: bool) -> dict:
     """Run every turn of one prompt; each later turn follows the model's own previous answer."""
     history: tuple[Message, ...] = ()
     turns: list[Finished] = []
     for text in item.turns:
-        messages = conversation(text, args.system, history)
-        request = GenerateRequest(messages, args.strategy, config, args.chat, strategy_options(args))
-        finished = _run_turn(backend, request, stream=not args.json)
+        messages = conversation(text, system, history)
+        finished = _run_turn(backend, asked.request(messages), stream)
         turns.append(finished)
-        history = messages[1 if args.system else 0 :] + (Message("assistant", finished.text),)
-    return _record(item, args.strategy, turns)
+        history = messages[1 if system else 0 :] + (Message("assistant", finished.text),)
+    return _record(item, asked.strategy, turns)
 
 
 def _run_turn(backend: Backend, request: GenerateRequest, stream: bool) -> Finished:
