@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 
-from .events import BaselineCost, Step, Totals, decode_rate
+from .events import BaselineCost, ServerStats, Step, Totals, decode_rate
 
 
 def speedup_text(speedup: float | None, error: float | None) -> str:
@@ -75,6 +76,25 @@ def merge_positions(drafted: list[int], accepted: list[int], more_drafted, more_
         accepted[i] += a
 
 
+def summed(parts: Iterable[Totals]) -> Totals:
+    """Several generations' Totals as one (a conversation's turns, a bench's prompt): counts and times added in
+    order, the accepted lengths joined, the per-position counts merged."""
+    parts = list(parts)
+    drafted: list[int] = []
+    accepted: list[int] = []
+    for t in parts:
+        merge_positions(drafted, accepted, t.position_drafted, t.position_accepted)
+
+    def add(name: str):
+        return sum(getattr(t, name) for t in parts)
+
+    return Totals(new_tokens=add("new_tokens"), steps=add("steps"), target_forwards=add("target_forwards"),
+                  drafted=add("drafted"), accepted=add("accepted"), wall_s=float(add("wall_s")),
+                  prefill_s=float(add("prefill_s")), draft_s=float(add("draft_s")), verify_s=float(add("verify_s")),
+                  accepted_lengths=tuple(n for t in parts for n in t.accepted_lengths),
+                  position_drafted=tuple(drafted), position_accepted=tuple(accepted))
+
+
 def count_step(drafted: list[int], accepted: list[int], n_drafted: int, n_accepted: int) -> None:
     """Add one step's per-position counts: positions 0..n_drafted-1 drafted, the first n_accepted kept."""
     positions = range(n_drafted)
@@ -107,9 +127,27 @@ class StepTotals:
     def add(self, step: Step) -> None:
         """A step event: the prefill (step 0) gives its time, a decode step its counts and times."""
         if step.step == 0:
-            self.prefill_s = step.elapsed_s
+            self.set_prefill(step.elapsed_s)
         else:
             self.add_step(step.drafted, step.accepted, step.draft_s, step.verify_s)
+
+    def set_prefill(self, elapsed_s: float) -> None:
+        """The time to the first token (the prompt read, its first token made)."""
+        self.prefill_s = elapsed_s
+
+    def add_inferred(self, accepted: int | None) -> None:
+        """A server's decode step seen only in its stream: its size tells how many drafts it kept (None where a
+        chunk merged several steps); what it drafted comes from the server's counters (take_counters)."""
+        self.steps += 1
+        if accepted is not None:
+            self.accepted_lengths.append(accepted)
+
+    def take_counters(self, stats: ServerStats) -> None:
+        """A server's counters over a request: they replace the drafted and accepted figures, which its stream
+        does not carry; each of its drafting steps drafted every position."""
+        self.drafted, self.accepted = stats.draft_tokens, stats.accepted
+        self.pos_accepted = list(stats.position_accepted)
+        self.pos_drafted = [stats.drafts for _ in stats.position_accepted]
 
     @property
     def drafts(self) -> int:
@@ -167,17 +205,15 @@ class LiveMetrics:
             self.decode_start_len = step.context_len + len(step.tokens)
             return
         if step.inferred:  # a remote server's step: its length is known, its draft only from the counters
-            if step.accepted > 0 or len(step.tokens) == 1:  # not a chunk that merged several steps
-                self.counts.accepted_lengths.append(step.accepted)
+            one_step = step.accepted > 0 or len(step.tokens) == 1  # not a chunk that merged several steps
+            self.counts.add_inferred(step.accepted if one_step else None)
             return
         self.counts.add(step)
 
     def add_server(self, stats) -> None:
         """A remote server's counters since the request started (events.ServerStats): they replace the
         drafted/accepted figures, which the stream itself does not carry."""
-        self.counts.drafted, self.counts.accepted = stats.draft_tokens, stats.accepted
-        self.counts.pos_accepted = list(stats.position_accepted)
-        self.counts.pos_drafted = [stats.drafts for _ in stats.position_accepted]
+        self.counts.take_counters(stats)
 
     @property
     def drafted(self) -> int:

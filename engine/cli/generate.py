@@ -7,7 +7,7 @@ import sys
 from ..api.backend import Backend
 from ..api.errors import SpeculaError, terminal_safe
 from ..api.events import Finished, PromptProgress, Step, tokens_text
-from ..api.metrics import SpeedupSum, speedup_text
+from ..api.metrics import SpeedupSum, speedup_text, summed
 from ..api.prompts import Message, conversation
 from ..api.types import GenerateRequest
 from .common import Asked, PromptItem, json_line, open_backend, read_flags, read_prompts, show_reading
@@ -89,22 +89,18 @@ def _speedup(fs: list[Finished]) -> dict:
 
 def _record(item: PromptItem, strategy: str, turns: list[Finished]) -> dict:
     def stats(fs: list[Finished]) -> dict:
-        new = sum(f.totals.new_tokens for f in fs)
-        forwards = sum(f.totals.target_forwards for f in fs)
-        drafted = sum(f.totals.drafted for f in fs)
-        accepted = sum(f.totals.accepted for f in fs)
-        wall = sum(f.totals.wall_s for f in fs)
-        prefill = sum(f.totals.prefill_s for f in fs)
+        t = summed(f.totals for f in fs)
         # each turn's first token comes from its prefill; the rate counts the tokens after it
-        decode_tokens = new - sum(1 for f in fs if f.totals.new_tokens)
+        decode_tokens = t.new_tokens - sum(1 for f in fs if f.totals.new_tokens)
+        wall, prefill = t.wall_s, t.prefill_s
         return {
-            "new_tokens": new,
-            "steps": sum(f.totals.steps for f in fs),
-            "target_forwards": forwards,
-            "drafted": drafted,
-            "accepted": accepted,
-            "acceptance_rate": accepted / drafted if drafted else None,
-            "mean_accepted_length": new / forwards if forwards else 0.0,
+            "new_tokens": t.new_tokens,
+            "steps": t.steps,
+            "target_forwards": t.target_forwards,
+            "drafted": t.drafted,
+            "accepted": t.accepted,
+            "acceptance_rate": t.acceptance_rate,
+            "mean_accepted_length": t.mean_accepted_length,
             "wall_s": wall,
             "prefill_s": prefill,
             "tokens_per_s": decode_tokens / (wall - prefill) if wall > prefill and decode_tokens > 0 else 0.0,

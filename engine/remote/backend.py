@@ -22,7 +22,8 @@ from typing import Callable, Iterator
 
 from ..api import wire
 from ..api.errors import SpeculaError, terminal_safe
-from ..api.events import REMOTE, BaselineCost, Finished, Loaded, ServerStats, Started, Step, Totals
+from ..api.events import REMOTE, BaselineCost, Finished, Loaded, ServerStats, Started, Step
+from ..api.metrics import StepTotals
 from ..api.prompts import Message
 from ..api.types import DecodeConfig, GenerateRequest, RemoteLoadRequest
 from .chunks import ChunkReader, chunk_tokens, drop_stop_token
@@ -221,7 +222,7 @@ class RemoteReply:
         self.reader = ChunkReader()
         self.inferred = info.speculates  # one chunk per engine step: accepted drafts, then the target's token
         self.tokens: list = []
-        self.lengths: list[int] = []  # accepted drafts per step (inferred)
+        self.counts = StepTotals()  # the steps seen in the stream; what they drafted from the counters
         self.steps = 0
         self.prompt_tokens = 0
         self.first_s: float | None = None
@@ -301,8 +302,8 @@ class RemoteReply:
         accepted = size - 1 if one_step else 0
         step = Step(self.rid, self.steps, 0, accepted, tokens, (), 0.0, now - self.last_s, context, 0, now,
                     inferred=self.inferred)
-        if self.steps > 0 and one_step:
-            self.lengths.append(accepted)
+        if self.steps > 0:  # the first chunk is the prefill's token
+            self.counts.add_inferred(accepted if one_step else None)
         self.steps += 1
         self.last_s = now
         self.tokens.extend(tokens)
@@ -315,6 +316,10 @@ class RemoteReply:
         if now is None:  # the server went away; the stream says why
             return None
         self.delta = now - self.start_counters
+        return self._stats()
+
+    def _stats(self) -> ServerStats:
+        """The counters' change since the request started."""
         d = self.delta
         return ServerStats(self.rid, time.perf_counter() - self.t0, round(d.drafts), round(d.draft_tokens),
                            round(d.accepted), tuple(round(a) for a in d.per_position))
@@ -336,14 +341,9 @@ class RemoteReply:
     def _finished(self, reason: str) -> Finished:
         wall = self.end_s
         prefill = self.first_s if self.first_s is not None else wall
-        d = self.delta
-        totals = Totals(
-            new_tokens=len(self.tokens), steps=max(0, self.steps - 1), target_forwards=self.steps,
-            drafted=round(d.draft_tokens), accepted=round(d.accepted), wall_s=wall, prefill_s=prefill,
-            draft_s=0.0, verify_s=0.0, accepted_lengths=tuple(self.lengths),
-            position_drafted=tuple(round(d.drafts) for _ in d.per_position),
-            position_accepted=tuple(round(a) for a in d.per_position),
-        )
+        self.counts.take_counters(self._stats())
+        self.counts.set_prefill(prefill)
+        totals = self.counts.totals(len(self.tokens), wall)
         speedup = self.baseline.speedup(self.prompt_tokens, totals) if self.baseline is not None else None
         text = "".join(t.text for t in self.tokens)
         ids = tuple(t.id for t in self.tokens if t.id >= 0)

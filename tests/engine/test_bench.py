@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from specula.engine.api.events import Totals
 from specula.engine.cli.bench.charts import CHART_FILES, acceptance_chart, histogram_chart, speedup_chart, write_charts
 from specula.engine.cli.bench.report import public_json, summarize, write_out
 from specula.engine.cli.bench.run import Run
@@ -127,10 +128,11 @@ def _summary(with_none: bool = True) -> dict:
     items = [PromptItem(("x",), 1, "a"), PromptItem(("y",), 2, "b")]
 
     def runs(wall, lengths=()):
-        return [(item, Run((1, 2, 3), 3, wall, forwards=3, drafted=2 * len(lengths), accepted=sum(lengths),
-                           accepted_lengths=list(lengths), position_drafted=[len(lengths)] * 2,
-                           position_accepted=[sum(v > 0 for v in lengths), sum(v > 1 for v in lengths)]))
-                for item in items]
+        counts = Totals(new_tokens=3, steps=2, target_forwards=3, drafted=2 * len(lengths), accepted=sum(lengths),
+                        wall_s=wall, prefill_s=0.0, draft_s=0.0, verify_s=0.0, accepted_lengths=tuple(lengths),
+                        position_drafted=(len(lengths),) * 2,
+                        position_accepted=(sum(v > 0 for v in lengths), sum(v > 1 for v in lengths)))
+        return [(item, Run((1, 2, 3), 3, wall, counts=counts)) for item in items]
 
     results = {"none": runs(2.0)} if with_none else {}
     results["prompt-lookup"] = runs(1.0, [2, 0, 1, 2])

@@ -295,3 +295,24 @@ def test_an_answer_takes_earlier_samples_of_its_own_kind_of_step_only():
     m.add(3, 0.015)
     assert m.value is None and m.probe_due()
     assert history.seeds("eager") == [0.030] * MIN_PLAIN
+
+
+def test_summed_totals_add_counts_join_lengths_and_merge_positions():
+    from specula.engine.api.events import Totals
+    from specula.engine.api.metrics import summed
+
+    a = Totals(new_tokens=10, steps=4, target_forwards=5, drafted=8, accepted=5, wall_s=1.0, prefill_s=0.25,
+               draft_s=0.1, verify_s=0.5, accepted_lengths=(2, 0, 3), position_drafted=(3, 3, 2),
+               position_accepted=(2, 2, 1))
+    b = Totals(new_tokens=3, steps=2, target_forwards=3, drafted=4, accepted=1, wall_s=0.5, prefill_s=0.125,
+               draft_s=0.0625, verify_s=0.25, accepted_lengths=(1,), position_drafted=(1, 1, 1, 1),
+               position_accepted=(1, 0, 0, 0))
+    both = summed([a, b])
+    assert (both.new_tokens, both.steps, both.target_forwards, both.drafted, both.accepted) == (13, 6, 8, 12, 6)
+    assert (both.wall_s, both.prefill_s, both.draft_s, both.verify_s) == (1.5, 0.375, 0.1625, 0.75)
+    assert both.accepted_lengths == (2, 0, 3, 1)
+    assert both.position_drafted == (4, 4, 3, 1) and both.position_accepted == (3, 2, 1, 0)
+    assert both.mean_accepted_length == 13 / 8 and both.acceptance_rate == 0.5
+    assert summed([a]) == a
+    empty = summed(())
+    assert empty.new_tokens == 0 and empty.target_forwards == 0 and empty.accepted_lengths == ()

@@ -8,7 +8,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from ...api.metrics import SpeedupSum, merge_positions
+from ...api.metrics import SpeedupSum, summed
 from .charts import write_charts
 from .run import PEERS, Run
 
@@ -21,13 +21,8 @@ def _figures(pairs: list, base: list | None, hf: list | None) -> dict:
     runs: list[Run] = [r for _, r in pairs]
     wall = sum(r.wall_s for r in runs)
     tokens = sum(r.new_tokens for r in runs)
-    forwards = sum(r.forwards for r in runs)
-    drafted = sum(r.drafted for r in runs)
-    accepted = sum(r.accepted for r in runs)
-    pos_d: list[int] = []
-    pos_a: list[int] = []
-    for r in runs:
-        merge_positions(pos_d, pos_a, r.position_drafted, r.position_accepted)
+    counts = summed(r.counts for r in runs)
+    forwards, drafted, accepted = counts.target_forwards, counts.drafted, counts.accepted
     same = sum(r.token_ids == b.token_ids for r, (_, b) in zip(runs, base)) if base else None
     live = SpeedupSum.of(r.live for r in runs)
     return {
@@ -42,7 +37,7 @@ def _figures(pairs: list, base: list | None, hf: list | None) -> dict:
         "tokens_per_s": _ratio(tokens, wall),
         "mean_accepted_length": _ratio(tokens, forwards) if forwards else None,
         "acceptance_rate": _ratio(accepted, drafted) if drafted else None,
-        "per_position_acceptance": [a / d for a, d in zip(pos_a, pos_d) if d],
+        "per_position_acceptance": [a / d for a, d in zip(counts.position_accepted, counts.position_drafted) if d],
         "identical": f"{same}/{len(runs)}" if same is not None else None,
         "new_tokens": tokens,
         "wall_s": wall,
@@ -61,7 +56,7 @@ def length_histogram(runs: list[Run]) -> list[int]:
     verify steps and are not counted; the target's own next token is not a draft token)."""
     counts: list[int] = []
     for r in runs:
-        for kept in r.accepted_lengths:
+        for kept in r.counts.accepted_lengths:
             counts.extend([0] * (kept + 1 - len(counts)))
             counts[kept] += 1
     return counts
@@ -253,8 +248,9 @@ def write_out(folder: Path, summary: dict, results: dict[str, list]) -> None:
                 b = base.get(id(item))
                 f.write(json.dumps({
                     "strategy": name, "question_id": item.question_id, "category": item.category,
-                    "new_tokens": run.new_tokens, "wall_s": run.wall_s, "target_forwards": run.forwards,
-                    "drafted": run.drafted, "accepted": run.accepted, "accepted_lengths": run.accepted_lengths,
+                    "new_tokens": run.new_tokens, "wall_s": run.wall_s, "target_forwards": run.counts.target_forwards,
+                    "drafted": run.counts.drafted, "accepted": run.counts.accepted,
+                    "accepted_lengths": list(run.counts.accepted_lengths),
                     "identical_to_none": (run.token_ids == b.token_ids) if b else None,
                     "first_difference": first_difference(run.token_ids, b.token_ids) if b else None,
                     # after the first token: the time it took, the speedup it measured against none's run of

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ...api.errors import SpeculaError
-from ...api.events import Finished, Step
-from ...api.metrics import SpeedupSum, merge_positions
+from ...api.events import Finished, Step, Totals
+from ...api.metrics import SpeedupSum, summed
 from ...api.prompts import Message, conversation
 from ...api.strategies import default_k
 from ...api.types import DecodeConfig, GenerateRequest
@@ -38,12 +38,7 @@ class Run:
     token_ids: tuple[int, ...]
     new_tokens: int
     wall_s: float
-    forwards: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    accepted_lengths: list[int] = field(default_factory=list)
-    position_drafted: list[int] = field(default_factory=list)
-    position_accepted: list[int] = field(default_factory=list)
+    counts: Totals = field(default_factory=lambda: summed(()))  # the turns' step counts (none for a peer)
     steps: list[dict] = field(default_factory=list)  # one entry per decoding step, for steps.jsonl
     decoded: int = 0  # tokens after each turn's first (the prefill's)
     decode_s: float = 0.0  # the time they took
@@ -102,11 +97,7 @@ class Bench:
             run.decoded += max(0, t.new_tokens - 1)
             run.decode_s += t.decode_s
             run.live.add(f.speedup, f.speedup_err, t.decode_s)
-            run.forwards += t.target_forwards
-            run.drafted += t.drafted
-            run.accepted += t.accepted
-            run.accepted_lengths += list(t.accepted_lengths)
-            merge_positions(run.position_drafted, run.position_accepted, t.position_drafted, t.position_accepted)
+            run.counts = summed((run.counts, t))
             history = messages + (Message("assistant", f.text),)
         return run
 
