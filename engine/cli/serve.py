@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import socket
@@ -13,18 +12,7 @@ import time
 from ..api.errors import SpeculaError
 from ..api.strategies import STRATEGIES
 from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
-
-LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
+from ..remote.http import is_loopback
 
 def api_key_from(env_name: str | None) -> str | None:
     """The key in environment variable `env_name` (a one-line error when it is named but unset)."""

@@ -107,7 +107,7 @@ def normalize_url(url: str) -> str:
 
 def is_loopback(host: str) -> bool:
     """Whether `host` is this machine (localhost, 127.0.0.0/8, ::1)."""
-    if host.lower() in ("localhost", "localhost."):
+    if host.lower() in ("localhost", "localhost.", "ip6-localhost"):
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
