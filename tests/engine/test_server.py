@@ -326,6 +326,7 @@ def test_serve_refuses_another_address_without_a_key():
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0")
+    assert is_loopback("LOCALHOST") and is_loopback("localhost.") and is_loopback("ip6-localhost")
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
 
 
