@@ -118,23 +118,29 @@ def _bad(message: str, param: str | None = None) -> ApiError:
 
 _WORDED = "specula"  # the type of a pydantic error that already carries the API's wording (_fault)
 
-# pydantic's own faults, worded: {name} is the field, {input!r} the value given, {ge}/{gt}/{le} the bound
-_WORDING = {
-    "int_type": "'{name}' must be an integer, got {input!r}",
-    "float_type": "'{name}' must be a number, got {input!r}",
-    "bool_type": "'{name}' must be true or false, got {input!r}",
-    "finite_number": "'{name}' must be finite, got {input!r}",
-    "greater_than_equal": "'{name}' must be >= {ge}, got {input!r}",
-    "greater_than": "'{name}' must be > {gt}, got {input!r}",
-    "less_than_equal": "'{name}' must be <= {le}, got {input!r}",
+# pydantic's own faults in the API's words, by the fault's type: (message, param). They may say {name} (the
+# field), {input!r} (the value given), {object} (the object at the fault's place), {parent} (the object that
+# holds the field) and {ge}, {gt}, {le} (a number's bound): _words. Fields that need other words say so
+# themselves (_says, _fault); a fault of a type not listed here is _UNLISTED.
+_WORDING: dict[str, tuple[str, str | None]] = {
+    "extra_forbidden": ("unknown field '{name}' in the {parent}", "{name}"),
+    "model_type": ("the {object} must be a JSON object", None),
+    "int_type": ("'{name}' must be an integer, got {input!r}", "{name}"),
+    "float_type": ("'{name}' must be a number, got {input!r}", "{name}"),
+    "bool_type": ("'{name}' must be true or false, got {input!r}", "{name}"),
+    "finite_number": ("'{name}' must be finite, got {input!r}", "{name}"),
+    "greater_than_equal": ("'{name}' must be >= {ge}, got {input!r}", "{name}"),
+    "greater_than": ("'{name}' must be > {gt}, got {input!r}", "{name}"),
+    "less_than_equal": ("'{name}' must be <= {le}, got {input!r}", "{name}"),
 }
+_UNLISTED = ("'{name}' is not valid, got {input!r}", "{name}")
 _OBJECTS = {(): "request", ("specula",): "'specula' extension"}
 
 
 def _fault(message: str, param: str | None = None, status: int = 400, code: str | None = None,
            **values: object) -> PydanticCustomError:
-    """A fault in the API's words. `message` and `param` may say {i} (the list index in the fault's path, as
-    in messages[{i}]), {input!r} (the value given) and any of `values`; `_api_error` fills them in."""
+    """A fault in the API's words. `message` and `param` may say what `_words` gives ({i}, the list index in the
+    fault's path, as in messages[{i}]; {input!r}, the value given) and any of `values`; `_api_error` fills them in."""
     return PydanticCustomError(_WORDED, message, {"param": param, "status": status, "code": code, "values": values,
                                                  "message": message})
 
@@ -160,23 +166,29 @@ def _bound(value: object) -> str:
     return str(value) if isinstance(value, int) else format(value, "g")
 
 
+def _words(error: dict) -> dict[str, object]:
+    """What a fault's message and param may say: the field's {name}, the {input} given (cut short), the list index
+    {i} in its path (as in messages[{i}]), the {object} at its place and the {parent} that holds it, a number's
+    bound ({ge}, {gt}, {le}), and a fault in the API's words its own values (_fault)."""
+    loc, ctx = error["loc"], error.get("ctx", {})
+    words = {"name": str(Quoted(loc[-1])) if loc else "", "input": Quoted(error.get("input")),
+             "i": next((p for p in loc if isinstance(p, int)), None), "object": _object(loc),
+             "parent": _object(loc[:-1])}
+    if error["type"] == _WORDED:
+        return {**words, **ctx["values"]}
+    return {**words, **{key: _bound(ctx[key]) for key in ("ge", "gt", "le") if key in ctx}}
+
+
 def _api_error(exc: ValidationError) -> ApiError:
     """A body's first fault as the API words it: the one place pydantic's errors become ApiErrors."""
     error = _first(exc.errors(include_url=False))
-    loc, kind, given = error["loc"], error["type"], Quoted(error.get("input"))
-    if kind == _WORDED:
+    if error["type"] == _WORDED:  # worded where it was found
         ctx = error["ctx"]
-        words = {"i": next((p for p in loc if isinstance(p, int)), None), "input": given, **ctx["values"]}
-        param = ctx["param"] and ctx["param"].format(**words)
-        return ApiError(ctx["status"], ctx["message"].format(**words), param=param, code=ctx["code"])
-    name = str(Quoted(loc[-1])) if loc else ""
-    if kind == "extra_forbidden":
-        return _bad(f"unknown field '{name}' in the {_object(loc[:-1])}", name)
-    if kind == "model_type":
-        return _bad(f"the {_object(loc)} must be a JSON object")
-    bounds = {key: _bound(value) for key, value in error.get("ctx", {}).items() if key in ("ge", "gt", "le")}
-    message = _WORDING.get(kind, "'{name}' is not valid, got {input!r}")
-    return _bad(message.format(name=name, input=given, **bounds), name)
+        message, param, status, code = ctx["message"], ctx["param"], ctx["status"], ctx["code"]
+    else:
+        (message, param), status, code = _WORDING.get(error["type"], _UNLISTED), 400, None
+    words = _words(error)
+    return ApiError(status, message.format(**words), param=param and param.format(**words), code=code)
 
 
 class Quoted:
@@ -740,7 +752,8 @@ class LoadBody(_LoadFields):
     dtype: Annotated[str, _TEXTS] = "auto"
     weights: Annotated[Literal[WEIGHT_NAMES], _TEXTS] = "auto"
     draft: Annotated[str | None, _says("'draft' must be a model source", "draft")] = None
-    draft_head: Annotated[str | None, _says("'draft_head' must be a draft head's folder or Hub id", "draft_head")] = None
+    draft_head: Annotated[str | None,
+                          _says("'draft_head' must be a draft head's folder or Hub id", "draft_head")] = None
     measure_baseline: Flag = None
     prepare: Annotated[PrepareBody | None, BeforeValidator(_or_none)] = None
 

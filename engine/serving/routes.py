@@ -12,6 +12,8 @@
     POST /specula/v1/train              train a draft head; streams progress; closing the stream cancels
     POST /specula/v1/requests/{id}/cancel   cancel a queued or running request
 
+The handlers are the methods of `Routes`, over the EngineService that loads, queues, runs and counts (and says
+which sampling defaults and which decoding step the loaded model has); `create_app` puts them behind the guard.
 Before a route sees a request, guard.Guard refuses web pages, requests without the API key where one is set
 (every route but /health; from the headers, before a body is read or a place counted), oversized and slow
 bodies, and (without a key) requests not addressed to a loopback name.
@@ -25,6 +27,7 @@ import json
 import logging
 import re
 import sys
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from starlette.applications import Starlette
@@ -48,7 +51,7 @@ from ..api.events import (
     Training,
 )
 from ..api.strategies import STRATEGIES
-from ..api.types import LoadRequest, RemoteLoadRequest
+from ..api.types import LoadRequest, RemoteLoadRequest, TrainRequest
 from . import openai, prometheus
 from .guard import MAX_ACTIVE, MAX_BODY_BYTES, Guard
 from .service import EngineService
@@ -120,114 +123,163 @@ def _watch_disconnect(request: Request, on_gone: Callable[[], None]) -> asyncio.
     return asyncio.get_running_loop().create_task(watch())
 
 
-def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), strategy: str = "auto",
-               k: int | None = None, api_key: str | None = None, initial: LoadRequest | None = None,
-               port: int | None = None, max_body: int = MAX_BODY_BYTES, max_queue: int = MAX_QUEUE,
-               allow_servers: tuple[str, ...] = (), allow_key_envs: tuple[str, ...] = (),
-               max_active: int = MAX_ACTIVE) -> Starlette:
-    """The ASGI app. `initial` is loaded when the server starts (requests queue behind it). `port`: the
-    port it listens on (a keyless server answers only Host loopback:port). `allow_servers`: servers any
-    caller may relay; with a key, the key's holders may name others. `allow_key_envs`: environment
-    variables a load request may name as a relayed server's key (none by default)."""
+async def _opening(queue: asyncio.Queue) -> tuple[Started | Failed | Finished, list]:
+    """A generation's first event that says how it goes (Started, Failed, or Finished where it was cancelled while
+    it waited), and the events that came before it (a relayed server's counters), to be sent after it."""
+    early: list = []
+    first = await queue.get()
+    while not isinstance(first, (Started, Failed, Finished)):
+        early.append(first)
+        first = await queue.get()
+    return first, early
 
-    def defaults() -> openai.Defaults:
-        loaded = service.loaded
+
+@dataclass(frozen=True)
+class Routes:
+    """The routes' handlers over one EngineService (which loads, queues, runs and counts); `table()` maps
+    the paths to them. `model_aliases`: more names a request's "model" may use. `strategy` and `k`: what a
+    request that names none gets. `initial`: loaded when the server starts (requests queue behind it).
+    `keyed`: whether the server has an API key (its holders may relay any server). `max_queue`: generations
+    that may wait behind the running one (more are refused with 429). `allow_servers`: servers any caller
+    may relay. `allow_key_envs`: environment variables a load request may name as a relayed server's key
+    (none by default)."""
+
+    service: EngineService
+    model_aliases: tuple[str, ...] = ()
+    strategy: str = "auto"
+    k: int | None = None
+    initial: LoadRequest | None = None
+    keyed: bool = False
+    max_queue: int = MAX_QUEUE
+    allow_servers: tuple[str, ...] = ()
+    allow_key_envs: tuple[str, ...] = ()
+
+    def table(self) -> list[Route]:
+        return [
+            Route("/health", self.health), Route("/metrics", self.metrics),
+            Route("/v1/models", self.models), Route("/v1/models/{name:path}", self.model),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route(f"{CONTROL}/status", self.status), Route(f"{CONTROL}/strategies", self.strategies),
+            Route(f"{CONTROL}/load", self.load, methods=["POST"]),
+            Route(f"{CONTROL}/train", self.train, methods=["POST"]),
+            Route(f"{CONTROL}/requests/{{rid}}/cancel", self.cancel, methods=["POST"]),
+        ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette):
+        self.service.start(asyncio.get_running_loop())
+        if self.initial is not None:
+            self.service.submit(self.initial)
+        try:
+            yield
+        finally:
+            self.service.stop()
+
+    def defaults(self) -> openai.Defaults:
+        """What a generation leaves out, and what it may ask for, from the loaded model and the server's settings."""
+        loaded = self.service.loaded
         if loaded is None:
-            raise openai.ApiError(503, f"no model is loaded yet ({service.state}: {service.message or 'starting'})",
-                               "server_error", code="model_not_loaded")
-        names = (loaded.target, *(a for a in model_aliases if a and a != loaded.target))
-        chosen = strategy if strategy in loaded.strategies else (
+            raise openai.ApiError(503, f"no model is loaded yet ({self.service.state}: "
+                                  f"{self.service.message or 'starting'})", "server_error", code="model_not_loaded")
+        names = (loaded.target, *(a for a in self.model_aliases if a and a != loaded.target))
+        chosen = self.strategy if self.strategy in loaded.strategies else (
             "none" if "none" in loaded.strategies else loaded.strategies[0])  # "server" when relaying a server
-        return openai.Defaults(names, loaded.strategies, chosen, k, loaded.context_window, sampling())
-
-    def sampling() -> tuple[tuple[str, float], ...]:
-        """The loaded model's own sampling defaults (a local model's generation_config; none for a relayed
-        server, which applies its own)."""
-        runner = service.runner
-        target = runner.session.target if runner.backend is runner.session else None
-        model = getattr(target, "model", None)
-        return openai.model_sampling(getattr(model, "generation_config", None))
+        return openai.Defaults(names, loaded.strategies, chosen, self.k, loaded.context_window,
+                               self.service.sampling_defaults)
 
     # ---- OpenAI ------------------------------------------------------------------------------------
 
-    def _model_json() -> list[dict]:
-        loaded = service.loaded
+    def _model_json(self) -> list[dict]:
+        loaded = self.service.loaded
         return [] if loaded is None else [{
-            "id": loaded.target, "object": "model", "created": int(service.started_at), "owned_by": "specula",
+            "id": loaded.target, "object": "model", "created": int(self.service.started_at), "owned_by": "specula",
             "max_model_len": loaded.context_window,
         }]
 
-    async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": _model_json()})
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": self._model_json()})
 
-    async def model(request: Request) -> Response:
+    async def model(self, request: Request) -> Response:
         name = request.path_params["name"]
-        listed = _model_json()
-        names = (*(m["id"] for m in listed), *(a for a in model_aliases if a and listed))
+        listed = self._model_json()
+        names = (*(m["id"] for m in listed), *(a for a in self.model_aliases if a and listed))
         if name not in names:
             return _error(openai.ApiError(404, f"the model {openai.Quoted(name)!r} does not exist here"
                                           + (f"; this server serves {listed[0]['id']!r}" if listed else ""),
                                           param="model", code="model_not_found"))
         return JSONResponse(listed[0])
 
-    async def chat(request: Request) -> Response:
-        return await _generate(request, openai.parse_chat)
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, openai.parse_chat)
 
-    async def completions(request: Request) -> Response:
-        return await _generate(request, openai.parse_completion)
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, openai.parse_completion)
 
-    async def _generate(request: Request, parse: Callable) -> Response:
+    async def _parse(self, request: Request, parse: Callable) -> openai.Parsed | None:
+        """The body as a generation; a request that comes during a load waits for the model (None: the
+        client left meanwhile)."""
+        body = await _body(request)
+        while self.service.state == "loading":
+            if await request.is_disconnected():
+                return None
+            await asyncio.sleep(0.05)
+        return parse(body, self.defaults())
+
+    def _queue_full(self) -> Response:
+        wait = self.service.expected_wait_s()
+        error = openai.ApiError(429, f"the server is busy: {self.service.queue_depth} requests are waiting "
+                                f"(at most {self.max_queue}); try again in about {wait} s", "rate_limit_error",
+                                code="queue_full")
+        return JSONResponse(error.body(), status_code=429, headers={"Retry-After": str(wait)})
+
+    async def _generate(self, request: Request, parse: Callable) -> Response:
         try:
-            body = await _body(request)
-            while service.state == "loading":  # a request that comes during a load waits for the model
-                if await request.is_disconnected():
-                    return Response(status_code=499)
-                await asyncio.sleep(0.05)
-            parsed = parse(body, defaults())
+            parsed = await self._parse(request, parse)
         except openai.ApiError as exc:
             return _error(exc)
-        if service.queue_depth >= max_queue:
-            wait = service.expected_wait_s()
-            return JSONResponse(openai.ApiError(429, f"the server is busy: {service.queue_depth} requests are waiting "
-                                                f"(at most {max_queue}); try again in about {wait} s",
-                                                "rate_limit_error", code="queue_full").body(),
-                                status_code=429, headers={"Retry-After": str(wait)})
-        rid, queue = service.submit(parsed.request)
-        early: list = []  # events before Started (a relayed server's counters), sent after it
+        if parsed is None:
+            return Response(status_code=499)
+        if self.service.queue_depth >= self.max_queue:
+            return self._queue_full()
+        rid, queue = self.service.submit(parsed.request)
         # a client that leaves, while its request waits or runs, cancels it before the engine's next step
-        gone = _watch_disconnect(request, lambda: service.cancel(rid))
+        gone = _watch_disconnect(request, lambda: self.service.cancel(rid))
         try:
-            first = await queue.get()
-            while not isinstance(first, (Started, Failed, Finished)):
-                early.append(first)
-                first = await queue.get()
+            first, early = await _opening(queue)
         except asyncio.CancelledError:
             gone.cancel()
-            service.release(rid)
+            self.service.release(rid)
             raise
         if isinstance(first, Failed):
             gone.cancel()
-            service.release(rid)
+            self.service.release(rid)
             return _error(openai.failure(first.kind, first.message))
         if isinstance(first, Finished):  # cancelled while it waited in the queue
             early.append(first)
             first = Started(rid, parsed.request.strategy, 0, parsed.request.config.k)
+        return await self._answer(parsed, rid, queue, first, early, gone)
+
+    async def _answer(self, parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started, early: list,
+                      gone: asyncio.Task) -> Response:
+        """A started generation's answer: streamed, or whole once it finished. `gone` watches for the client
+        leaving until the answer is sent."""
         headers = {"X-Specula-Request-Id": str(rid)}
         if parsed.stream:
             gone.cancel()  # the streaming response watches for the client leaving itself
-            return StreamingResponse(_stream(parsed, rid, queue, first, early), media_type="text/event-stream",
+            return StreamingResponse(self._stream(parsed, rid, queue, started, early), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         try:
-            return JSONResponse(await _whole(parsed, rid, queue, first, early), headers=headers)
+            return JSONResponse(await self._whole(parsed, rid, queue, started, early), headers=headers)
         except openai.ApiError as exc:
             return _error(exc)
         finally:
             gone.cancel()
-            service.release(rid)
+            self.service.release(rid)
 
-    async def _stream(parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started,
+    async def _stream(self, parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started,
                       early: list) -> AsyncIterator[str]:
-        answer = openai.Answer(parsed, started, lambda: service.stop_sequence(rid))
+        answer = openai.Answer(parsed, started, lambda: self.service.stop_sequence(rid))
         try:
             yield _sse(openai.chunk(parsed, "", role=True, extension=wire.started_json(started)))
             while True:
@@ -257,10 +309,11 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                         yield _sse("[DONE]")
                         return
         finally:
-            service.release(rid)  # a client that went away cancels its request before the next step
+            self.service.release(rid)  # a client that went away cancels its request before the next step
 
-    async def _whole(parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started, early: list) -> dict:
-        answer = openai.Answer(parsed, started, lambda: service.stop_sequence(rid))
+    async def _whole(self, parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started,
+                     early: list) -> dict:
+        answer = openai.Answer(parsed, started, lambda: self.service.stop_sequence(rid))
         tokens: list = []
         while True:
             event = early.pop(0) if early else await queue.get()
@@ -274,44 +327,33 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                 case Failed():
                     raise openai.failure(event.kind, event.message)
 
-    async def metrics(request: Request) -> Response:
-        return PlainTextResponse(prometheus.render(service), media_type="text/plain; version=0.0.4")
+    async def metrics(self, request: Request) -> Response:
+        return PlainTextResponse(prometheus.render(self.service), media_type="text/plain; version=0.0.4")
 
-    async def health(request: Request) -> Response:
-        ready = service.state == "ready"
+    async def health(self, request: Request) -> Response:
+        service = self.service
         path = service.loaded.path if service.loaded is not None else ""
-        step = _step()
+        step = service.step_status
         return JSONResponse({"status": service.state, "message": service.message, **({"path": path} if path else {}),
                              **({"step": step} if step is not None else {})},
-                            status_code=200 if ready else 503)
-
-    def _step() -> str | None:
-        """Which decoding step answers (the eager and the compiled one round differently, so a greedy answer's text
-        may differ between them: docs/ENGINE.md, "Which step answers"); None for a remote backend or no model."""
-        target = service.runner.session.target
-        local = service.runner.backend is service.runner.session and target is not None
-        return target.step_status if local and service.loaded is not None else None
+                            status_code=200 if service.state == "ready" else 503)
 
     # ---- control -----------------------------------------------------------------------------------
 
-    def _loaded_json(loaded: Loaded | None) -> dict | None:
-        return None if loaded is None else wire.loaded_json(loaded)
-
-    async def status(request: Request) -> Response:
+    async def status(self, request: Request) -> Response:
+        service = self.service
         return JSONResponse({"state": service.state, "message": service.message, "model": _loaded_json(service.loaded),
-                             "default_strategy": strategy, "running": service.running,
-                             "queue_depth": service.queue_depth,
-                             "step": _step()})
+                             "default_strategy": self.strategy, "running": service.running,
+                             "queue_depth": service.queue_depth, "step": service.step_status})
 
-    async def strategies(request: Request) -> Response:
-        usable = service.loaded.strategies if service.loaded is not None else ()
-        rows = []
-        for name, card in STRATEGIES.items():
-            rows.append({"name": name, "description": card.description, "available": name in usable,
-                         "needs": card.needs, "default_k": card.default_k})
-        return JSONResponse({"model": service.loaded.target if service.loaded else None, "strategies": rows})
+    async def strategies(self, request: Request) -> Response:
+        loaded = self.service.loaded
+        usable = loaded.strategies if loaded is not None else ()
+        rows = [{"name": name, "description": card.description, "available": name in usable, "needs": card.needs,
+                 "default_k": card.default_k} for name, card in STRATEGIES.items()]
+        return JSONResponse({"model": loaded.target if loaded else None, "strategies": rows})
 
-    async def _progress(request: Request, rid: int, queue: asyncio.Queue) -> AsyncIterator[str]:
+    async def _progress(self, rid: int, queue: asyncio.Queue) -> AsyncIterator[str]:
         """Load and train progress as server-sent events, until the request's Loaded or Failed; the first
         names the request (for the cancel endpoint)."""
         try:
@@ -332,78 +374,74 @@ def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), s
                     yield _sse("[DONE]")
                     return
         finally:
-            service.release(rid)
+            self.service.release(rid)
 
-    def _start(request: Request, engine_request) -> Response:
+    def _start(self, engine_request: LoadRequest | RemoteLoadRequest | TrainRequest) -> Response:
         """Queue a load or a training; its progress streams as server-sent events."""
-        rid, queue = service.submit(engine_request)
-        return StreamingResponse(_progress(request, rid, queue), media_type="text/event-stream",
+        rid, queue = self.service.submit(engine_request)
+        return StreamingResponse(self._progress(rid, queue), media_type="text/event-stream",
                                  headers={"X-Specula-Request-Id": str(rid)})
 
-    def _may_relay(load: RemoteLoadRequest) -> None:
+    def _may_relay(self, load: RemoteLoadRequest) -> None:
         """A relayed server and its key come from the operator: a request may name an environment variable
         only among --allow-key-env's, and (without an API key) a server only among --allow-server's."""
-        if load.api_key_env and load.api_key_env not in allow_key_envs:
+        if load.api_key_env and load.api_key_env not in self.allow_key_envs:
             raise openai.ApiError(403, "'server.api_key_env' names an environment variable of this server, which a "
                                   "request may not read; send the key itself as 'server.api_key', or start the server "
                                   "with --allow-key-env VAR", "permission_error", "server.api_key_env", "not_allowed")
-        if api_key is None:
-            allowed = {_normal(u) for u in allow_servers}
+        if not self.keyed:
+            allowed = {_normal(u) for u in self.allow_servers}
             for name, url in (("url", load.server), ("baseline_url", load.baseline_server)):
                 if url and _normal(url) not in allowed:
                     raise openai.ApiError(403, f"this server has no API key, so it relays only the servers it was "
                                           f"started with (--allow-server URL), not {openai.Quoted(url)!r}",
                                           "permission_error", f"server.{name}", "not_allowed")
 
-    async def load(request: Request) -> Response:
+    async def load(self, request: Request) -> Response:
         try:
             load_request = openai.parse_load(await _body(request))
             if isinstance(load_request, RemoteLoadRequest):
-                _may_relay(load_request)
-            return _start(request, load_request)
+                self._may_relay(load_request)
+            return self._start(load_request)
         except openai.ApiError as exc:
             return _error(exc)
 
-    async def train(request: Request) -> Response:
+    async def train(self, request: Request) -> Response:
         try:
             train_request = openai.parse_train(await _body(request))
         except openai.ApiError as exc:
             return _error(exc)
-        if service.loaded is None:
+        if self.service.loaded is None:
             return _error(openai.ApiError(503, "no model is loaded yet", "server_error", code="model_not_loaded"))
-        return _start(request, train_request)
+        return self._start(train_request)
 
-    async def cancel(request: Request) -> Response:
+    async def cancel(self, request: Request) -> Response:
         text = request.path_params["rid"]
         if not (text.isascii() and text.isdigit()) or len(text) > 18:  # 4,000 digits are no request's id
             return _error(openai.ApiError(400, f"a request id is a number ({openai.Quoted(text)!r} is not one)"))
         rid = int(text)
-        if not service.cancel(rid):
+        if not self.service.cancel(rid):
             return _error(openai.ApiError(404, f"no queued or running request {rid}", code="not_found"))
         return JSONResponse({"id": rid, "cancelled": True})
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
-        service.start(asyncio.get_running_loop())
-        if initial is not None:
-            service.submit(initial)
-        try:
-            yield
-        finally:
-            service.stop()
 
-    routes = [
-        Route("/health", health), Route("/metrics", metrics),
-        Route("/v1/models", models), Route("/v1/models/{name:path}", model),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route(f"{CONTROL}/status", status), Route(f"{CONTROL}/strategies", strategies),
-        Route(f"{CONTROL}/load", load, methods=["POST"]), Route(f"{CONTROL}/train", train, methods=["POST"]),
-        Route(f"{CONTROL}/requests/{{rid}}/cancel", cancel, methods=["POST"]),
-    ]
+def create_app(service: EngineService, *, model_aliases: tuple[str, ...] = (), strategy: str = "auto",
+               k: int | None = None, api_key: str | None = None, initial: LoadRequest | None = None,
+               port: int | None = None, max_body: int = MAX_BODY_BYTES, max_queue: int = MAX_QUEUE,
+               allow_servers: tuple[str, ...] = (), allow_key_envs: tuple[str, ...] = (),
+               max_active: int = MAX_ACTIVE) -> Starlette:
+    """The ASGI app: Routes over `service` behind the guard. `port`: the port it listens on (a keyless
+    server answers only Host loopback:port); the other settings are Routes' and the Guard's."""
+    routes = Routes(service, model_aliases=model_aliases, strategy=strategy, k=k, initial=initial,
+                    keyed=api_key is not None, max_queue=max_queue, allow_servers=allow_servers,
+                    allow_key_envs=allow_key_envs)
     guard = Middleware(Guard, key=api_key, port=port, max_body=max_body, max_active=max_active)
-    return Starlette(routes=routes, middleware=[guard], lifespan=lifespan,
+    return Starlette(routes=routes.table(), middleware=[guard], lifespan=routes.lifespan,
                      exception_handlers={404: _not_found, 405: _not_allowed, SpeculaError: _engine_error})
+
+
+def _loaded_json(loaded: Loaded | None) -> dict | None:
+    return None if loaded is None else wire.loaded_json(loaded)
 
 
 def _normal(url: str) -> str:
@@ -415,7 +453,8 @@ async def _not_found(request: Request, exc) -> Response:
 
 
 async def _not_allowed(request: Request, exc) -> Response:
-    return _error(openai.ApiError(405, f"{openai.Quoted(request.method)} is not allowed on {openai.Quoted(request.url.path)}"))
+    method, path = openai.Quoted(request.method), openai.Quoted(request.url.path)
+    return _error(openai.ApiError(405, f"{method} is not allowed on {path}"))
 
 
 async def _engine_error(request: Request, exc: SpeculaError) -> Response:

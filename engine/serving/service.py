@@ -2,7 +2,8 @@
 
 The runner serves requests one at a time, in arrival order; its events come back on its thread and are
 handed to the event loop, into one queue per request. The counters for /metrics are kept here, on the
-event loop's thread, from the same events.
+event loop's thread, from the same events. The routes ask it, not the runner, what the loaded model's own
+sampling defaults are and which decoding step answers.
 """
 
 from __future__ import annotations
@@ -10,11 +11,16 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..api.events import Failed, Finished, Loaded, Loading, Origin, Started, Step
 from ..api.metrics import SpeedupSum, StepTotals
 from ..api.types import GenerateRequest, LoadRequest, RemoteLoadRequest, TrainRequest
+from .openai import model_sampling
 from .runner import Runner
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
 
 @dataclass
@@ -25,7 +31,8 @@ class Counters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     counts: StepTotals = field(default_factory=StepTotals)  # decode steps (target forwards after the prefill)
-    tokens_by_origin: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Origin if o != Origin.REJECTED})
+    tokens_by_origin: dict[str, int] = field(
+        default_factory=lambda: {o.value: 0 for o in Origin if o != Origin.REJECTED})
     rejected_tokens: int = 0
     decode_s: float = 0.0  # wall time after the first token, over finished requests
     decoded_tokens: int = 0  # tokens after the first, over finished requests
@@ -128,7 +135,8 @@ class EngineService:
 
     # ---- the event loop's side -----------------------------------------------------------------------
 
-    def submit(self, request: GenerateRequest | LoadRequest | RemoteLoadRequest | TrainRequest) -> tuple[int, asyncio.Queue]:
+    def submit(self, request: GenerateRequest | LoadRequest | RemoteLoadRequest | TrainRequest
+               ) -> tuple[int, asyncio.Queue]:
         """Queue a request; its events arrive in the returned queue. Call on the event loop's thread (so
         the queue exists before the first event is delivered)."""
         rid = self.runner.submit(request)
@@ -162,6 +170,30 @@ class EngineService:
             self.waiting.discard(rid)  # a queued one is skipped when its turn comes: it no longer holds a place
             return True
         return False
+
+    # ---- what the routes ask -------------------------------------------------------------------------
+
+    @property
+    def sampling_defaults(self) -> tuple[tuple[str, float], ...]:
+        """The loaded model's own sampling defaults (a local model's generation_config, read by
+        openai.model_sampling); none for a relayed server, which applies its own."""
+        model = getattr(self._local_model, "model", None)
+        return model_sampling(getattr(model, "generation_config", None))
+
+    @property
+    def step_status(self) -> str | None:
+        """Which decoding step answers (the eager and the compiled one round differently, so a greedy answer's text
+        may differ between them: docs/ENGINE.md, "Which step answers"); None for a relayed server or no model."""
+        target = self._local_model
+        return None if target is None else target.step_status
+
+    @property
+    def _local_model(self) -> LoadedModel | None:
+        """The loaded model that answers here, or None where a relayed server answers or no model is loaded."""
+        runner = self.runner
+        if self.loaded is None or runner.backend is not runner.session:
+            return None
+        return runner.session.target
 
     @property
     def queue_depth(self) -> int:
