@@ -25,7 +25,6 @@ import secrets
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Callable
 
 from PySide6.QtCore import QObject, Signal
@@ -35,50 +34,6 @@ from specula.engine.api.events import Failed, Finished, Totals  # plain dataclas
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
 KEY_ENV = "SPECULA_ENGINE_KEY"
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    """What to load, in the app's terms; becomes an engine LoadRequest (local) or RemoteLoadRequest
-    (a server, which the engine process relays)."""
-
-    source: str = "bundled"
-    draft: str = ""  # empty: no draft model
-    device: str = "auto"
-    dtype: str = "auto"
-    weights: str = "auto"
-    measure_baseline: bool = False  # the live speedup measures plain decoding as the answer runs
-    backend: str = "local"  # or "remote": connect to server_url instead of loading a model
-    server_url: str = ""
-    server_model: str = ""  # empty: the server's first model
-    api_key_env: str = ""
-    baseline_url: str = ""
-    verify_tls: bool = True
-    allow_http_key: bool = False
-    draft_head: str = ""  # empty: the heads found for the model
-    first: object = None  # an answer as the first ones will ask (a GenerateRequest), run as the model loads
-
-    @classmethod
-    def from_settings(cls, s) -> "ModelChoice":
-        return cls(s.model_source, s.draft_source, s.device, s.dtype, s.weights, backend=s.backend, server_url=s.server_url,
-                   server_model=s.server_model, api_key_env=s.api_key_env, baseline_url=s.baseline_url,
-                   verify_tls=s.verify_tls, allow_http_key=s.allow_http_key, draft_head=s.draft_head)
-
-    @property
-    def remote(self) -> bool:
-        return self.backend == "remote"
-
-    def request(self):
-        if self.remote:
-            from specula.engine.api.types import RemoteLoadRequest
-
-            return RemoteLoadRequest(self.server_url, self.server_model, self.api_key_env, self.baseline_url,
-                                     self.verify_tls, allow_http_key=self.allow_http_key)
-        from specula.engine.api.types import LoadRequest, ModelSpec
-
-        spec = ModelSpec(self.source, device=self.device, dtype=self.dtype, weights=self.weights)
-        return LoadRequest(spec, draft=self.draft or None, measure_baseline=self.measure_baseline,
-                           draft_head=self.draft_head or None, prepare=self.first)
 
 
 class EngineDied(RuntimeError):
@@ -160,7 +115,7 @@ class EngineBridge(QObject):
         self._closed = False
         self._ids = itertools.count(1)
         self._calls: dict[int, object] = {}  # request id -> specula.engine.remote.client.Call, while it streams
-        self._last_choice: ModelChoice | None = None
+        self._last_load = None  # the last LoadRequest or RemoteLoadRequest: loaded again after a restart
         self.current: int | None = None  # the running generation's request id
         self.restarts = 0  # times the engine process died and was started again
         self.died_code: int | None = None
@@ -226,9 +181,9 @@ class EngineBridge(QObject):
         self.restarts += 1
         self.died_code = code
         self.notice.emit(f"the engine process stopped (exit code {code}); restarting it")
-        if self._last_choice is not None:
+        if self._last_load is not None:
             self.restarting.emit()
-            self.load(self._last_choice)
+            self.load(self._last_load)
 
     def _run(self, rid: int, request) -> None:
         with self._lock:
@@ -279,11 +234,12 @@ class EngineBridge(QObject):
     def engine_pid(self) -> int | None:
         return self._engine.pid if self._engine is not None else None
 
-    def load(self, choice: ModelChoice) -> int:
-        """Load a model. Answers with Loading events, then Loaded or Failed."""
-        self._last_choice = choice
+    def load(self, request) -> int:
+        """Load a model (a LoadRequest) or connect to a server (a RemoteLoadRequest, which the engine process
+        relays; `Settings.load_request` makes either). Answers with Loading events, then Loaded or Failed."""
+        self._last_load = request
         rid = next(self._ids)
-        self._run(rid, choice.request())
+        self._run(rid, request)
         return rid
 
     def send(self, request) -> int:

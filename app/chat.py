@@ -493,7 +493,7 @@ def build_request(messages: tuple, s: Settings, token_probs: bool = True, chat: 
     config = DecodeConfig.for_strategy(s.strategy, s.k or None, temperature=s.temperature, top_k=s.top_k,
                                        top_p=s.top_p, adaptive_k=s.adaptive_k, max_new_tokens=s.max_new_tokens,
                                        seed=s.seed, token_probs=token_probs)
-    return GenerateRequest(messages, s.strategy, config, chat=chat, options=s.strategy_options())
+    return GenerateRequest(messages, s.strategy, config, chat=chat, options=s.request_options())
 
 
 def first_answer(s: Settings):

@@ -8,8 +8,9 @@ Versions: 1 had no strategy options; 2 adds `lookup_min_n`, `lookup_max_n` and `
 engine's default); 3 adds the backend (local engine or remote server) and the server's details; 4 adds
 `weights` (how a GGUF's 4-bit weights run: auto, native or dequantized); 5 `allow_http_key`, 6 `auto_skip`, 7
 `added_models`, 8 `eagle_trees` and `eagle_lookup` (eagle's token trees and prompt lookup's branch in them), 9
-`auto_phrases` (auto may draft the model's own phrases).
-`migrate` brings an older file's dict up to date before it is read, so old files load.
+`auto_phrases` (auto may draft the model's own phrases); 10 keeps the strategies' options as the engine names them,
+`strategy_options` (strategy -> option -> value, `api.strategies.STRATEGY_OPTIONS`), where 2-9 kept them in fields of
+their own. `migrate` brings an older file's dict up to date before it is read, so old files load.
 
 An API key is never a setting: it comes from the environment variable named by `api_key_env` or from
 the OS keyring, so it is never written to this file.
@@ -18,12 +19,13 @@ the OS keyring, so it is never written to this file.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from specula.app.storage import read_json, remove_stale_temporaries, set_aside, write_json_atomic
+from specula.engine.api.strategies import STRATEGIES, STRATEGY_OPTIONS, request_options
 
-VERSION = 9
+VERSION = 10
 BACKENDS = ("local", "remote")
 WEIGHTS = ("auto", "native", "dequantized")  # specula.engine.api.paths.WEIGHT_NAMES (tested equal)
 FILE_NAME = "settings.json"
@@ -51,14 +53,10 @@ class Settings:
     device: str = "auto"
     dtype: str = "auto"
     weights: str = "auto"  # a GGUF's 4-bit weights: auto (native where it applies), native, dequantized
-    # strategy options (None: the engine's default); sent with every request as GenerateRequest.options
-    lookup_min_n: int | None = None  # prompt lookup: shortest n-gram to match
-    lookup_max_n: int | None = None  # prompt lookup: longest n-gram to match
-    exit_layer: int | None = None  # layer skip: the layer the draft exits after
-    auto_skip: str = ""  # comma-separated strategies auto must not use (Settings > Strategies)
-    eagle_trees: bool = True  # eagle drafts token trees where the engine's tree passes are exact (else chains)
-    eagle_lookup: bool = True  # eagle's trees hold prompt lookup's draft as a branch
-    auto_phrases: bool = True  # auto may draft the model's own phrases
+    # the strategies' options by the engine's names, strategy -> option -> value (STRATEGY_OPTIONS), only those
+    # set: one left out is the engine's default. The chosen strategy's go with each request (GenerateRequest.options).
+    # Never changed in place: `with_options` makes new Settings.
+    strategy_options: dict[str, dict[str, object]] = field(default_factory=dict)
     added_models: str = ""  # model folders and GGUF files the user added in the Models view, one a line
     # the backend: "local" (this engine) or "remote" (an OpenAI-compatible server that speculates itself)
     backend: str = "local"
@@ -76,16 +74,33 @@ class Settings:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def strategy_options(self) -> tuple[tuple[str, object], ...]:
-        """The engine's GenerateRequest.options: only the ones set (each drafter takes the ones it knows)."""
-        from specula.engine.api.strategies import request_options
+    def option(self, strategy: str, name: str) -> object:
+        """A strategy's option as set; None: the engine's default."""
+        return self.strategy_options.get(strategy, {}).get(name)
 
-        eagle = self.strategy == "eagle"  # on: the engine's default (None), off: sent as False
-        return request_options({"min_n": self.lookup_min_n, "max_n": self.lookup_max_n, "exit_layer": self.exit_layer,
-                                "tree": False if eagle and not self.eagle_trees else None,
-                                "lookup": False if eagle and not self.eagle_lookup else None,
-                                "phrases": False if self.strategy == "auto" and not self.auto_phrases else None,
-                                "skip": self.auto_skip if self.strategy == "auto" else None})
+    def with_options(self, strategy: str, **values: object) -> "Settings":
+        """These settings with a strategy's options set (None: back to the engine's default)."""
+        mine = {**self.strategy_options.get(strategy, {}), **values}
+        mine = {name: value for name, value in mine.items() if value is not None}
+        others = {name: values for name, values in self.strategy_options.items() if name != strategy}
+        return replace(self, strategy_options={**others, **({strategy: mine} if mine else {})})
+
+    def request_options(self) -> tuple[tuple[str, object], ...]:
+        """The engine's GenerateRequest.options: the chosen strategy's options that are set, in the schema's order."""
+        return request_options(self.strategy_options.get(self.strategy, {}))
+
+    def load_request(self, prepare=None):
+        """The engine's request to load what these settings name: a LoadRequest (this engine), or a
+        RemoteLoadRequest (a server, which the engine process relays); `prepare`: an answer as the first ones
+        will ask (a GenerateRequest), run as the model loads."""
+        from specula.engine.api.types import LoadRequest, ModelSpec, RemoteLoadRequest
+
+        if self.remote:
+            return RemoteLoadRequest(self.server_url, self.server_model, self.api_key_env, self.baseline_url,
+                                     self.verify_tls, allow_http_key=self.allow_http_key)
+        spec = ModelSpec(self.model_source, device=self.device, dtype=self.dtype, weights=self.weights)
+        return LoadRequest(spec, draft=self.draft_source or None, measure_baseline=False,
+                           draft_head=self.draft_head or None, prepare=prepare)
 
     @classmethod
     def from_dict(cls, data: dict) -> tuple["Settings", list[str]]:
@@ -94,6 +109,10 @@ class Settings:
         values, bad = {}, []
         for f in fields(cls):
             if f.name not in data or f.name == "version":
+                continue
+            if f.name == "strategy_options":
+                values[f.name], unusable = read_options(data[f.name])
+                bad += unusable
                 continue
             value = _coerce(f.name, data[f.name], getattr(cls(), f.name))
             if value is _BAD:
@@ -104,7 +123,7 @@ class Settings:
 
 
 _BAD = object()
-OPTIONAL_INTS = ("seed", "lookup_min_n", "lookup_max_n", "exit_layer")
+OPTIONAL_INTS = ("seed",)
 
 
 def _v1_to_v2(data: dict) -> dict:
@@ -149,8 +168,34 @@ def _v8_to_v9(data: dict) -> dict:
     return {"auto_phrases": True, **data, "version": 9}
 
 
+# the fields versions 2-9 kept the strategies' options in: name -> (its strategy, its option, the JSON types it held)
+OLD_OPTION_FIELDS = {
+    "lookup_min_n": ("prompt-lookup", "min_n", (int, type(None))),
+    "lookup_max_n": ("prompt-lookup", "max_n", (int, type(None))),
+    "exit_layer": ("layer-skip", "exit_layer", (int, type(None))),
+    "auto_skip": ("auto", "skip", (str,)),
+    "eagle_trees": ("eagle", "tree", (bool,)),
+    "eagle_lookup": ("eagle", "lookup", (bool,)),
+    "auto_phrases": ("auto", "phrases", (bool,)),
+}
+
+
+def _v9_to_v10(data: dict) -> dict:
+    """Version 10 keeps the strategies' options by the engine's names, only those set: a number left at None,
+    an empty skip and a switch that is on were sent as nothing (the engine's default), a switch that is off as
+    False. A value its old field could not hold stays unusable, so that it is reset with the notice."""
+    options: dict[str, dict[str, object]] = {}
+    for old, (strategy, name, kinds) in OLD_OPTION_FIELDS.items():
+        value = data.get(old)
+        if old not in data or (type(value) in kinds and (value is None or value is True or value == "")):
+            continue
+        options.setdefault(strategy, {})[name] = value if type(value) in kinds else _BAD
+    rest = {key: value for key, value in data.items() if key not in OLD_OPTION_FIELDS}
+    return {**rest, "strategy_options": options, "version": 10}
+
+
 MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
-              8: _v8_to_v9}  # version -> the step to the next version
+              8: _v8_to_v9, 9: _v9_to_v10}  # version -> the step to the next version
 
 
 def migrate(data: dict) -> dict:
@@ -193,17 +238,52 @@ def clamp(s: Settings) -> Settings:
         server_model=s.server_model.strip(),
         api_key_env=s.api_key_env.strip(),
         baseline_url=s.baseline_url.strip(),
-        **_clamped_options(s),
+        strategy_options=clean_options(s.strategy_options),
     )
 
 
-def _clamped_options(s: Settings) -> dict:
-    """Strategy options of at least 1 (smaller ones mean the default); n-gram bounds in order."""
-    low, high, exit_layer = (v if v is not None and v >= 1 else None
-                             for v in (s.lookup_min_n, s.lookup_max_n, s.exit_layer))
-    if low is not None and high is not None and low > high:
-        low, high = high, low
-    return {"lookup_min_n": low, "lookup_max_n": high, "exit_layer": exit_layer}
+def read_options(data: object) -> tuple[dict, list[str]]:
+    """`strategy_options` from a file: each option the schema has for its strategy, in a JSON type it takes, and
+    the names of those that were unusable (left out: the engine's default). Strategies and options the schema
+    does not know are ignored, as unknown fields are."""
+    if not isinstance(data, dict):
+        return {}, ["strategy_options"]
+    options: dict[str, dict[str, object]] = {}
+    bad = []
+    for strategy, values in data.items():
+        if not isinstance(values, dict):
+            if strategy in STRATEGIES:
+                bad.append(f"strategy_options.{strategy}")
+            continue
+        for name, value in values.items():
+            option = STRATEGY_OPTIONS.get(name)
+            if option is None or strategy not in option.strategies or value is None:
+                continue
+            if option.accepts(value):
+                options.setdefault(strategy, {})[name] = value
+            else:
+                bad.append(f"{strategy}.{name}")
+    return clean_options(options), bad
+
+
+def clean_options(options: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:
+    """Strategy options as the engine takes them: a number below its option's bounds and an empty text mean the
+    default (left out); an option above the one it must not exceed is swapped with it."""
+    out = {}
+    for strategy, values in options.items():
+        kept = {name: value for name, value in values.items() if value is not None and value != "" and not (
+            STRATEGY_OPTIONS[name].bounds and _number(value) and value < STRATEGY_OPTIONS[name].bounds[0])}
+        for name in list(kept):
+            other = STRATEGY_OPTIONS[name].at_most
+            if other in kept and _number(kept[name]) and _number(kept[other]) and kept[name] > kept[other]:
+                kept[name], kept[other] = kept[other], kept[name]
+        if kept:
+            out[strategy] = kept
+    return out
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The Settings dialog: the backend (this engine or a remote server), the model and draft model to load,
 device and dtype, the system prompt, the sampling details that are not in the toolbar (top-p, top-k,
-seed), the strategies' options (prompt lookup's n-gram lengths, layer skip's exit layer, eagle's trees and
-their prompt-lookup branch; "default" leaves them to the engine) and the remote server's details (`remote_settings.py`). The fields of the backend
-not chosen are disabled."""
+seed), the remote server's details (`remote_settings.py`) and, on the Strategies page (`strategies_page.py`),
+the strategies and their options ("default" leaves one to the engine). The fields of the backend not chosen
+are disabled."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from dataclasses import replace
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -80,23 +79,8 @@ class SettingsDialog(QDialog):
         self.top_k = QSpinBox(minimum=0, maximum=100000, value=settings.top_k, specialValueText="off")
         self.seed = QSpinBox(minimum=-1, maximum=2**31 - 1, specialValueText="random",
                              value=-1 if settings.seed is None else settings.seed)
-        self.min_n = _option_spin(settings.lookup_min_n, 16, "Shortest n-gram prompt lookup matches (default 1)")
-        self.max_n = _option_spin(settings.lookup_max_n, 16, "Longest n-gram prompt lookup matches (default 16)")
-        self.exit_layer = _option_spin(settings.exit_layer, 256, "Layer skip drafts with the layers up to this "
-                                       "one (default: half the model's layers)")
-        self.eagle_trees = QCheckBox("Token trees", checked=settings.eagle_trees)
-        self.eagle_trees.setToolTip("Eagle drafts EAGLE-2 token trees, sized by what its passes cost here, wherever "
-                                    "the engine verifies trees exactly; off: one chain of guesses per step")
-        self.eagle_lookup = QCheckBox("With prompt lookup's branch", checked=settings.eagle_lookup)
-        self.eagle_lookup.setToolTip("Eagle's trees also hold what followed the conversation's last words earlier "
-                                     "on (prompt lookup's draft): the head guesses free text, lookup copied text")
-        self.auto_phrases = QCheckBox("May draft the model's own phrases", checked=settings.auto_phrases)
-        self.auto_phrases.setToolTip("Auto may also draft what most often followed the last few words in the model's "
-                                     "earlier answers (a table shipped for the bundled model, and this session's "
-                                     "answers), where prompt lookup finds nothing longer")
         model_row, draft_row = _with_browse(self.model, self), _with_browse(self.draft, self)
-        self.local_fields = (model_row, draft_row, self.device, self.dtype, self.weights, self.min_n, self.max_n,
-                             self.exit_layer, self.eagle_trees, self.eagle_lookup, self.auto_phrases)
+        self.local_fields = (model_row, draft_row, self.device, self.dtype, self.weights)
         form = QFormLayout()
         form.addRow("Backend", self.backend)
         form.addRow("System prompt", self.system)
@@ -125,11 +109,7 @@ class SettingsDialog(QDialog):
         column.addLayout(form)
         column.addWidget(note)
         scroll = _scrolling(fields)  # the fields scroll on screens shorter than them; OK and Cancel stay in view
-        self.strategies = StrategiesPage(settings, usable, {
-            "prompt-lookup": [("Shortest n-gram", self.min_n), ("Longest n-gram", self.max_n)],
-            "layer-skip": [("Exit layer", self.exit_layer)],
-            "eagle": [("", self.eagle_trees), ("", self.eagle_lookup)],
-            "auto": [("", self.auto_phrases)]})
+        self.strategies = StrategiesPage(settings, usable)
         self.tabs = QTabWidget()
         self.tabs.addTab(scroll, "General")
         self.tabs.addTab(_scrolling(self.strategies), "Strategies")
@@ -140,14 +120,13 @@ class SettingsDialog(QDialog):
         layout.addWidget(self.tabs)
         layout.addWidget(buttons)
         self.backend.currentIndexChanged.connect(self._enable_fields)
-        self.eagle_trees.toggled.connect(self._enable_fields)
         self._enable_fields()
 
     def _enable_fields(self) -> None:
         remote = self.backend.currentData() == "remote"
         for widget in self.local_fields:
             widget.setEnabled(not remote)
-        self.eagle_lookup.setEnabled(not remote and self.eagle_trees.isChecked())  # a branch of the trees
+        self.strategies.set_local(not remote)  # the strategies' options act on this engine only
         self.remote.setEnabled(remote)
 
     def accept(self) -> None:
@@ -172,17 +151,8 @@ class SettingsDialog(QDialog):
             top_p=self.top_p.value(),
             top_k=self.top_k.value(),
             seed=None if self.seed.value() < 0 else self.seed.value(),
-            **self._options(),
             **self.strategies.values(),
         )
-
-    def _options(self) -> dict:
-        low, high, exit_layer = (spin.value() or None for spin in (self.min_n, self.max_n, self.exit_layer))
-        if low is not None and high is not None and low > high:
-            low, high = high, low
-        return {"lookup_min_n": low, "lookup_max_n": high, "exit_layer": exit_layer,
-                "eagle_trees": self.eagle_trees.isChecked(), "eagle_lookup": self.eagle_lookup.isChecked(),
-                "auto_phrases": self.auto_phrases.isChecked()}
 
 
 def _scrolling(widget: QWidget) -> QScrollArea:
@@ -200,13 +170,6 @@ def needs_reload(old: Settings, new: Settings) -> bool:
         return True
     keys = REMOTE_KEYS if new.remote else LOCAL_KEYS
     return any(getattr(old, k) != getattr(new, k) for k in keys)
-
-
-def _option_spin(value: int | None, maximum: int, tip: str) -> QSpinBox:
-    """0 shows as "default": the engine's own choice."""
-    spin = QSpinBox(minimum=0, maximum=maximum, specialValueText="default", value=value or 0)
-    spin.setToolTip(tip)
-    return spin
 
 
 def _section(title: str) -> QLabel:

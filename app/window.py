@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from specula.app import actions
-from specula.app.bridge import EngineBridge, ModelChoice
+from specula.app.bridge import EngineBridge
 from specula.app.chat import ChatController, first_answer
 from specula.app.chatview import ChatView
 from specula.app.compare import CompareController
@@ -265,7 +265,7 @@ class MainWindow(QMainWindow):
         """Load the model named by the settings (the answer arrives as events)."""
         s = self.settings
         self._set_state("loading")
-        self.bridge.load(replace(ModelChoice.from_settings(s), first=first_answer(s)))
+        self.bridge.load(s.load_request(prepare=first_answer(s)))
         QTimer.singleShot(0, self.plots.draw_ahead)  # the engine loads in its own process meanwhile
 
     def _on_event(self, event) -> None:

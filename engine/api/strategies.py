@@ -62,17 +62,34 @@ def default_k(strategy: str) -> int:
 
 @dataclass(frozen=True)
 class StrategyOption:
-    """An option a request may carry for its strategy (GenerateRequest.options)."""
+    """An option a request may carry for its strategy (GenerateRequest.options), and how the app's settings
+    keep it and Settings > Strategies offers it."""
 
     name: str  # as requests carry it, and the drafters' builders take it
     kinds: tuple[type, ...]  # the JSON types a request may give it in
     strategies: tuple[str, ...]  # the strategies that read it (auto passes some on to its members)
     help: str
     on_command_line: bool = True  # `specula generate/chat --NAME`
+    # Settings > Strategies: the strategies under whose row it is offered (none: not there), its words and tooltip
+    shown_under: tuple[str, ...] = ()
+    label: str = ""
+    tip: str = ""
+    # what a request that leaves it out gets, where one value says it (a switch that is on unless turned off);
+    # None: the drafter's own choice (see help)
+    default: object = None
+    # an int option's range in the app's settings: a smaller value means the default, the larger is the most offered
+    bounds: tuple[int, int] | None = None
+    at_most: str = ""  # another option of its strategy that it must not exceed (the app's settings swap the two)
+    requires: str = ""  # a switch it acts under only (Settings > Strategies greys it while that switch is off)
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def switch(self) -> bool:
+        """On or off (a check box in the app; --NAME/--no-NAME on the command line)."""
+        return bool in self.kinds
 
     def accepts(self, value: object) -> bool:
         return type(value) in self.kinds
@@ -81,26 +98,48 @@ class StrategyOption:
 STRATEGY_OPTIONS: dict[str, StrategyOption] = {
     option.name: option
     for option in (
-        StrategyOption("min_n", (int,), ("prompt-lookup",), "prompt-lookup: shortest n-gram to match"),
-        StrategyOption("max_n", (int,), ("prompt-lookup",), "prompt-lookup: longest n-gram to match"),
-        StrategyOption("exit_layer", (int,), ("layer-skip",), "layer-skip: layers used for drafting"),
+        StrategyOption("min_n", (int,), ("prompt-lookup",), "prompt-lookup: shortest n-gram to match",
+                       shown_under=("prompt-lookup",), label="Shortest n-gram",
+                       tip="Shortest n-gram prompt lookup matches (default 1)", bounds=(1, 16), at_most="max_n"),
+        StrategyOption("max_n", (int,), ("prompt-lookup",), "prompt-lookup: longest n-gram to match",
+                       shown_under=("prompt-lookup",), label="Longest n-gram",
+                       tip="Longest n-gram prompt lookup matches (default 16)", bounds=(1, 16)),
+        StrategyOption("exit_layer", (int,), ("layer-skip",), "layer-skip: layers used for drafting",
+                       shown_under=("layer-skip",), label="Exit layer",
+                       tip="Layer skip drafts with the layers up to this one (default: half the model's layers)",
+                       bounds=(1, 256)),
         StrategyOption("head", (str,), ("eagle", "medusa", "auto"), "eagle: a folder written by `specula train-head`"),
         StrategyOption("tree", (bool, int), ("eagle", "medusa", "lookahead", "suffix"),
                        "token trees (--no-tree: chains only). By default eagle drafts EAGLE-2 dynamic trees, sized by "
                        "measured costs, where tree passes decide as chains do (the compiled step on a CPU, a GPU), and "
                        "medusa and lookahead send trees on a GPU; --tree forces them (a tree pass that runs eagerly "
-                       "on a CPU can part from plain decoding at a near tie)"),
+                       "on a CPU can part from plain decoding at a near tie)",
+                       shown_under=("eagle",), label="Token trees", default=True,
+                       tip="Eagle drafts EAGLE-2 token trees, sized by what its passes cost here, wherever the engine "
+                           "verifies trees exactly; off: one chain of guesses per step"),
         StrategyOption("lookup", (bool, int), ("eagle",),
                        "eagle: its trees also hold the conversation's own continuation, prompt lookup's draft "
-                       "(default on; --no-lookup: the head's nodes only)"),
+                       "(default on; --no-lookup: the head's nodes only)",
+                       shown_under=("eagle",), label="With prompt lookup's branch", default=True, requires="tree",
+                       tip="Eagle's trees also hold what followed the conversation's last words earlier on (prompt "
+                           "lookup's draft): the head guesses free text, lookup copied text"),
         StrategyOption("skip", (str,), ("auto",), "auto: comma-separated strategies it must not use",
                        on_command_line=False),
         StrategyOption("phrases", (bool, int), ("auto",),
                        "auto: also drafts the model's own frequent phrases, the token that most often followed the "
                        "last 2-4 tokens in its earlier answers (a table shipped for the model, and this session's "
-                       "answers), where prompt lookup has no longer match (default on; --no-phrases: off)"),
+                       "answers), where prompt lookup has no longer match (default on; --no-phrases: off)",
+                       shown_under=("auto",), label="May draft the model's own phrases", default=True,
+                       tip="Auto may also draft what most often followed the last few words in the model's earlier "
+                           "answers (a table shipped for the bundled model, and this session's answers), where prompt "
+                           "lookup finds nothing longer"),
     )
 }
+
+
+def shown_options(strategy: str) -> tuple[StrategyOption, ...]:
+    """The options Settings > Strategies offers under a strategy, in the schema's order."""
+    return tuple(option for option in STRATEGY_OPTIONS.values() if strategy in option.shown_under)
 
 
 def request_options(values: dict[str, object]) -> tuple[tuple[str, object], ...]:

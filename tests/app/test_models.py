@@ -125,7 +125,6 @@ def test_drafts_for_the_loaded_model_are_the_ones_with_its_vocabulary(make_windo
 
 
 def test_a_draft_head_folder_is_offered_to_its_strategy_on_the_next_load(make_window, qtbot, tmp_path, tiny_models):
-    from specula.app.bridge import ModelChoice
     from tests.app.conftest import ChatTokenizer
     from tests.support.tiny import loaded, random_medusa_head
 
@@ -144,7 +143,7 @@ def test_a_draft_head_folder_is_offered_to_its_strategy_on_the_next_load(make_wi
     with qtbot.waitSignal(w.model_ready, timeout=30_000):
         view.add_head(str(head))
     assert w.settings.draft_head == str(head) and w.settings.strategy == "medusa" and "medusa" in w.loaded.strategies
-    assert ModelChoice.from_settings(w.settings).request().draft_head == str(head)
+    assert w.settings.load_request().draft_head == str(head)
     assert view.status.text().startswith("Loaded: the draft head in")
 
 

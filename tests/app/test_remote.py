@@ -97,11 +97,12 @@ def test_the_dialog_switches_backend_and_enables_the_fields_of_the_chosen_one(qt
 
     dialog = SettingsDialog(Settings())
     qtbot.addWidget(dialog)
-    assert dialog.model.isEnabled() and dialog.device.isEnabled() and dialog.min_n.isEnabled()
+    options = dialog.strategies.options
+    assert dialog.model.isEnabled() and dialog.device.isEnabled() and options["prompt-lookup", "min_n"].isEnabled()
     assert not dialog.remote.isEnabled() and not dialog.remote.url.isEnabled()
     dialog.backend.setCurrentIndex(dialog.backend.findData("remote"))
     assert not dialog.model.isEnabled() and not dialog.draft.isEnabled() and not dialog.dtype.isEnabled()
-    assert not dialog.exit_layer.isEnabled() and not dialog.eagle_trees.isEnabled() and not dialog.eagle_lookup.isEnabled()
+    assert not any(field.isEnabled() for field in options.values())  # exit layer, eagle's trees, ...
     assert dialog.remote.url.isEnabled() and dialog.remote.test_button.isEnabled()
     assert dialog.system.isEnabled() and dialog.top_p.isEnabled()  # sampling applies to both backends
     assert "speedup" in dialog.remote.baseline.toolTip()

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from PySide6.QtWidgets import QLabel
 
-from specula.app.settings import VERSION, Settings, SettingsStore
+from specula.app.settings import OLD_OPTION_FIELDS, VERSION, Settings, SettingsStore
 from specula.app.storage import write_json_atomic
 from tests.app.conftest import snap
 
@@ -130,42 +130,82 @@ def load_old(folder, old: dict):
     store.path.write_text(json.dumps(old))
     loaded = store.load()
     s = loaded.settings
-    assert loaded.notice is None and s.version == VERSION == 9
-    assert {k: getattr(s, k) for k in old if k != "version"} == {k: v for k, v in old.items() if k != "version"}
+    assert loaded.notice is None and s.version == VERSION == 10
+    kept = {k: v for k, v in old.items() if k != "version" and k not in OLD_OPTION_FIELDS}
+    assert {k: getattr(s, k) for k in kept} == kept
     return store, s
 
 
 def test_a_version_1_file_still_loads_and_is_saved_as_the_current_version(tmp_path):
     store, s = load_old(tmp_path, V1_FILE)
-    assert (s.lookup_min_n, s.lookup_max_n, s.exit_layer) == (None, None, None)
-    assert s.strategy_options() == ()
+    assert s.strategy_options == {} and s.request_options() == ()  # every option the engine's default
     store.save(s)
     data = json.loads(store.path.read_text())
-    assert data["version"] == 9 and data["exit_layer"] is None and "lookup_min_n" in data and data["auto_skip"] == ""
+    assert data["version"] == 10 and data["strategy_options"] == {}
     assert data["backend"] == "local" and data["weights"] == "auto"
-    assert data["eagle_trees"] is True and data["eagle_lookup"] is True  # eagle's defaults
-    assert data["auto_phrases"] is True
+    assert not set(OLD_OPTION_FIELDS) & set(data)  # the options' fields of versions 2-9 are gone
+
+
+# each field that versions 2-9 kept a strategy option in: the version that added it, a value that is not its
+# default, and the strategy, option and value it is kept as now
+OLD_OPTIONS = {
+    "lookup_min_n": (2, 2, ("prompt-lookup", "min_n", 2)),
+    "lookup_max_n": (2, 5, ("prompt-lookup", "max_n", 5)),
+    "exit_layer": (2, 3, ("layer-skip", "exit_layer", 3)),
+    "auto_skip": (6, "medusa,lookahead", ("auto", "skip", "medusa,lookahead")),
+    "eagle_trees": (8, False, ("eagle", "tree", False)),
+    "eagle_lookup": (8, False, ("eagle", "lookup", False)),
+    "auto_phrases": (9, False, ("auto", "phrases", False)),
+}
+
+
+@pytest.mark.parametrize("version", range(2, 10))
+def test_an_older_files_strategy_options_are_kept_by_the_engines_names(tmp_path, version):
+    old = {name: value for name, (since, value, _) in OLD_OPTIONS.items() if since <= version}
+    store, s = load_old(tmp_path, {**V1_FILE, "version": version, **old})
+    expected: dict = {}
+    for name in old:
+        strategy, option, value = OLD_OPTIONS[name][2]
+        expected.setdefault(strategy, {})[option] = value
+    assert s.strategy_options == expected
+    assert set(OLD_OPTION_FIELDS) == set(OLD_OPTIONS)  # every old field has its place
+    # each strategy's drafter gets what it got before
+    sent = {strategy: replace(s, strategy=strategy).request_options() for strategy in expected}
+    assert sent["prompt-lookup"] == (("min_n", 2), ("max_n", 5)) and sent["layer-skip"] == (("exit_layer", 3),)
+    if version >= 8:
+        assert sent["eagle"] == (("tree", False), ("lookup", False))
+    if version >= 6:
+        assert sent["auto"] == ((("skip", "medusa,lookahead"),) + ((("phrases", False),) if version >= 9 else ()))
+    store.save(s)
+    assert json.loads(store.path.read_text())["strategy_options"] == expected and store.load().settings == s
+
+
+def test_old_option_fields_at_their_defaults_become_no_options(tmp_path):
+    defaults = {"version": 9, "lookup_min_n": None, "lookup_max_n": None, "exit_layer": None, "auto_skip": "",
+                "eagle_trees": True, "eagle_lookup": True, "auto_phrases": True}
+    _, s = load_old(tmp_path, defaults)
+    assert s.strategy_options == {} and s == Settings()
 
 
 def test_eagles_trees_and_lookup_branch_are_sent_off_only_when_turned_off_for_eagle(tmp_path):
-    assert Settings(strategy="eagle").strategy_options() == ()  # on: the engine's own default
-    off = Settings(strategy="eagle", eagle_trees=False, eagle_lookup=False)
-    assert off.strategy_options() == (("tree", False), ("lookup", False))
-    assert replace(off, strategy="medusa").strategy_options() == ()  # eagle's switches, not medusa's trees
+    assert Settings(strategy="eagle").request_options() == ()  # on: the engine's own default
+    off = Settings(strategy="eagle").with_options("eagle", tree=False, lookup=False)
+    assert off.request_options() == (("tree", False), ("lookup", False))
+    assert replace(off, strategy="medusa").request_options() == ()  # eagle's switches, not medusa's trees
     # auto's switch for the model's own phrases is sent only for auto
-    assert replace(off, auto_phrases=False).strategy_options() == (("tree", False), ("lookup", False))
-    assert Settings(strategy="auto").strategy_options() == ()
-    assert Settings(strategy="auto", auto_phrases=False).strategy_options() == (("phrases", False),)
+    assert off.with_options("auto", phrases=False).request_options() == (("tree", False), ("lookup", False))
+    assert Settings(strategy="auto").request_options() == ()
+    assert Settings(strategy="auto").with_options("auto", phrases=False).request_options() == (("phrases", False),)
     store = SettingsStore(tmp_path)
     store.save(off)
     assert store.load().settings == off
-    store.path.write_text(json.dumps({"version": 8, "eagle_trees": "no"}))
+    store.path.write_text(json.dumps({"version": 8, "eagle_trees": "no", "eagle_lookup": 1}))
     loaded = store.load()
-    assert loaded.settings.eagle_trees is True and "eagle_trees" in loaded.notice
+    assert loaded.settings.strategy_options == {}  # reset: both on
+    assert "eagle.tree" in loaded.notice and "eagle.lookup" in loaded.notice
 
 
 def test_weights_setting_reaches_the_load_request_and_is_kept_usable(tmp_path):
-    from specula.app.bridge import ModelChoice
     from specula.app.settings import WEIGHTS
     from specula.engine.api.paths import WEIGHT_NAMES
 
@@ -176,21 +216,49 @@ def test_weights_setting_reaches_the_load_request_and_is_kept_usable(tmp_path):
     s = Settings(weights="dequantized")
     store.save(s)
     assert store.load().settings == s
-    assert ModelChoice.from_settings(s).request().target.weights == "dequantized"
+    assert s.load_request().target.weights == "dequantized"
+
+
+def test_the_load_request_is_the_engines_own_for_the_chosen_backend():
+    from specula.engine.api.types import LoadRequest, ModelSpec, RemoteLoadRequest
+
+    local = Settings(model_source="/m.gguf", draft_source="org/d", draft_head="/h", device="cpu", dtype="bf16",
+                     weights="native")
+    assert local.load_request(prepare="first") == LoadRequest(ModelSpec("/m.gguf", "cpu", "bf16", "native"), "org/d",
+                                                              measure_baseline=False, draft_head="/h", prepare="first")
+    assert Settings().load_request() == LoadRequest(measure_baseline=False)  # no draft, no head: None
+    remote = Settings(backend="remote", server_url="http://h:1", server_model="m", api_key_env="K",
+                      baseline_url="http://h:2", verify_tls=False, allow_http_key=True)
+    assert remote.load_request(prepare="first") == RemoteLoadRequest("http://h:1", "m", "K", "http://h:2", False,
+                                                                     allow_http_key=True)
 
 
 def test_strategy_options_round_trip_and_are_kept_usable(tmp_path):
     store = SettingsStore(tmp_path)
-    s = Settings(lookup_min_n=2, lookup_max_n=5, exit_layer=12)
+    s = Settings().with_options("prompt-lookup", min_n=2, max_n=5).with_options("layer-skip", exit_layer=12)
     store.save(s)
     assert store.load().settings == s
-    assert s.strategy_options() == (("min_n", 2), ("max_n", 5), ("exit_layer", 12))
+    assert replace(s, strategy="prompt-lookup").request_options() == (("min_n", 2), ("max_n", 5))
+    assert replace(s, strategy="layer-skip").request_options() == (("exit_layer", 12),)
+    assert s.with_options("layer-skip", exit_layer=None).strategy_options == {"prompt-lookup": {"min_n": 2, "max_n": 5}}
     store.path.write_text(json.dumps({"version": 2, "lookup_min_n": 6, "lookup_max_n": 3, "exit_layer": 0}))
-    loaded = store.load().settings
-    assert (loaded.lookup_min_n, loaded.lookup_max_n, loaded.exit_layer) == (3, 6, None)
-    store.path.write_text(json.dumps({"version": 2, "lookup_min_n": "two"}))
     loaded = store.load()
-    assert loaded.settings.lookup_min_n is None and "lookup_min_n" in loaded.notice
+    assert loaded.settings.strategy_options == {"prompt-lookup": {"min_n": 3, "max_n": 6}} and loaded.notice is None
+    store.path.write_text(json.dumps({"version": 2, "lookup_min_n": "two", "exit_layer": True}))
+    loaded = store.load()
+    assert loaded.settings.strategy_options == {}
+    assert "prompt-lookup.min_n" in loaded.notice and "layer-skip.exit_layer" in loaded.notice
+    # the current version's own: checked against the schema, what it does not know ignored
+    options = {"prompt-lookup": {"min_n": 6, "max_n": 3, "unknown": 1}, "layer-skip": {"exit_layer": 0, "min_n": 2},
+               "eagle": {"tree": "yes", "lookup": False}, "a-later-strategy": {"x": 1}, "auto": {"skip": ""}}
+    store.path.write_text(json.dumps({"version": VERSION, "strategy_options": options}))
+    loaded = store.load()
+    assert loaded.settings.strategy_options == {"prompt-lookup": {"min_n": 3, "max_n": 6}, "eagle": {"lookup": False}}
+    assert loaded.notice == "Some settings were unusable and were reset: eagle.tree"
+    for unusable in ([1], {"eagle": "off"}):
+        store.path.write_text(json.dumps({"version": VERSION, "strategy_options": unusable}))
+        loaded = store.load()
+        assert loaded.settings.strategy_options == {} and "strategy_options" in loaded.notice
 
 
 def test_strategy_options_from_the_dialog_reach_the_engine(make_window, qtbot, monkeypatch, tmp_path, tiny_session):
@@ -202,18 +270,22 @@ def test_strategy_options_from_the_dialog_reach_the_engine(make_window, qtbot, m
     w.model_ready.connect(lambda: loads.append(1))
 
     def edit_and_accept(dialog):
-        assert dialog.min_n.text() == "default" and dialog.exit_layer.text() == "default"
-        assert dialog.eagle_trees.isChecked() and dialog.eagle_lookup.isChecked()
-        dialog.eagle_trees.setChecked(False)
-        assert not dialog.eagle_lookup.isEnabled()  # the branch is the trees' own
-        dialog.eagle_trees.setChecked(True)
-        assert dialog.eagle_lookup.isEnabled()
-        dialog.eagle_lookup.setChecked(False)
-        assert dialog.auto_phrases.isChecked()
-        dialog.auto_phrases.setChecked(False)
-        dialog.min_n.setValue(2)
-        dialog.max_n.setValue(3)
-        dialog.exit_layer.setValue(1)
+        fields = dialog.strategies.options
+        min_n, max_n, exit_layer = fields["prompt-lookup", "min_n"], fields["prompt-lookup", "max_n"], fields[
+            "layer-skip", "exit_layer"]
+        trees, lookup, phrases = fields["eagle", "tree"], fields["eagle", "lookup"], fields["auto", "phrases"]
+        assert min_n.text() == "default" and exit_layer.text() == "default"
+        assert trees.isChecked() and lookup.isChecked()
+        trees.setChecked(False)
+        assert not lookup.isEnabled()  # the branch is the trees' own
+        trees.setChecked(True)
+        assert lookup.isEnabled()
+        lookup.setChecked(False)
+        assert phrases.isChecked()
+        phrases.setChecked(False)
+        min_n.setValue(3)
+        max_n.setValue(2)  # below the shortest: the two are swapped
+        exit_layer.setValue(1)
         dialog.adjustSize()
         snap(dialog, "settings")
         return True
@@ -222,23 +294,23 @@ def test_strategy_options_from_the_dialog_reach_the_engine(make_window, qtbot, m
     w.settings_action.trigger()
     assert w.state == "ready" and not loads  # strategy options need no reload
     saved = SettingsStore(tmp_path / "config").load().settings
-    assert (saved.lookup_min_n, saved.lookup_max_n, saved.exit_layer) == (2, 3, 1)
-    assert saved.eagle_trees and not saved.eagle_lookup and not saved.auto_phrases
+    assert saved.strategy_options == {"prompt-lookup": {"min_n": 2, "max_n": 3}, "layer-skip": {"exit_layer": 1},
+                                      "eagle": {"lookup": False}, "auto": {"phrases": False}}
     sent = []
     send = w.bridge.send
     w.bridge.send = lambda request: sent.append(request) or send(request)
     w.send_text("hello hello hello")
     ok, _ = wait_reply(qtbot, w)
-    assert ok and sent[-1].options == (("min_n", 2), ("max_n", 3), ("exit_layer", 1))
+    assert ok and sent[-1].options == (("min_n", 2), ("max_n", 3))
     lookup = [d for d in tiny_session._drafters.values() if getattr(d, "name", "") == "prompt-lookup"]
     assert lookup and (lookup[-1].min_n, lookup[-1].max_n) == (2, 3)
     # an exit layer the model does not have: the engine's message, in the chat
-    w.settings = replace(w.settings, strategy="layer-skip", exit_layer=9)
+    w.settings = replace(w.settings, strategy="layer-skip").with_options("layer-skip", exit_layer=9)
     w.send_text("hello")
     ok, failed = wait_reply(qtbot, w)
     assert not ok and "exit layer" in failed.message and "exit layer" in w.view.toPlainText()
     # auto without the model's own phrases: the engine's auto leaves them out
-    w.settings = replace(w.settings, strategy="auto", exit_layer=None)
+    w.settings = replace(w.settings, strategy="auto")
     w.send_text("hello hello")
     ok, _ = wait_reply(qtbot, w)
     assert ok and ("phrases", False) in sent[-1].options
@@ -375,7 +447,7 @@ def test_the_strategies_page_lists_what_the_model_can_use_and_stays_in_step_with
         page = dialog.strategies
         seen["enabled"] = {n for n, b in page.buttons.items() if b.isEnabled()}
         seen["checked"] = next(n for n, b in page.buttons.items() if b.isChecked())
-        seen["options"] = dialog.min_n.parent() is not None and page.isAncestorOf(dialog.min_n)
+        seen["options"] = page.isAncestorOf(page.options["prompt-lookup", "min_n"])
         seen["texts"] = " ".join(label.text() for label in page.findChildren(QLabel))
         dialog.tabs.setCurrentIndex(1)
         dialog.resize(640, 600)
@@ -392,7 +464,50 @@ def test_the_strategies_page_lists_what_the_model_can_use_and_stays_in_step_with
     assert "needs a trained eagle head" in seen["texts"] and "Train a draft head" in seen["texts"]
     assert seen["options"]  # prompt lookup's options sit under it
     assert w.settings.strategy == "auto" and w.controls.strategy.currentData() == "auto"  # the toolbar follows
-    assert w.settings.auto_skip == "prompt-lookup,lookahead"
-    assert dict(w.settings.strategy_options())["skip"] == "prompt-lookup,lookahead"  # sent with each request
+    assert w.settings.option("auto", "skip") == "prompt-lookup,lookahead"
+    assert dict(w.settings.request_options())["skip"] == "prompt-lookup,lookahead"  # sent with each request
     saved = json.loads((tmp_path / "config" / "settings.json").read_text())
-    assert saved["strategy"] == "auto" and saved["auto_skip"] == "prompt-lookup,lookahead"
+    assert saved["strategy"] == "auto" and saved["strategy_options"]["auto"] == {"skip": "prompt-lookup,lookahead"}
+
+
+def test_the_strategies_pages_option_fields_are_the_strategy_options_shown_under_each_strategy(qtbot, tmp_path):
+    from PySide6.QtWidgets import QCheckBox, QSpinBox
+
+    from specula.app.settings_dialog import SettingsDialog
+    from specula.engine.api.strategies import STRATEGIES, STRATEGY_OPTIONS
+
+    old = {name: value for name, (_, value, _) in OLD_OPTIONS.items()}
+    _, s = load_old(tmp_path, {"version": 9, **old})  # every option the page shows set to another value
+    dialog = SettingsDialog(s)
+    qtbot.addWidget(dialog)
+    page = dialog.strategies
+    shown = [(strategy, option.name) for strategy in STRATEGIES for option in STRATEGY_OPTIONS.values()
+             if strategy in option.shown_under]
+    assert list(page.options) == shown == [("prompt-lookup", "min_n"), ("prompt-lookup", "max_n"),
+                                           ("layer-skip", "exit_layer"), ("eagle", "tree"), ("eagle", "lookup"),
+                                           ("auto", "phrases")]
+    grid = page.layout().itemAt(1).layout()
+    row = {name: grid.getItemPosition(grid.indexOf(button))[0] for name, button in page.buttons.items()}
+    ends = dict(zip(STRATEGIES, [*list(row.values())[1:], grid.rowCount()]))
+    labels = []
+    for (strategy, name), field in page.options.items():
+        option = STRATEGY_OPTIONS[name]
+        line = field.parentWidget()
+        assert row[strategy] < grid.getItemPosition(grid.indexOf(line))[0] < ends[strategy]  # under its strategy
+        assert field.toolTip() == option.tip and option.tip
+        if option.switch:
+            assert isinstance(field, QCheckBox) and not line.findChildren(QLabel)
+            labels.append(field.text())
+        else:
+            low, high = option.bounds
+            assert isinstance(field, QSpinBox) and (field.minimum(), field.maximum()) == (low - 1, high)
+            assert field.specialValueText() == "default"
+            labels += [label.text() for label in line.findChildren(QLabel)]
+    assert labels == ["Shortest n-gram", "Longest n-gram", "Exit layer", "Token trees", "With prompt lookup's branch",
+                      "May draft the model's own phrases"]
+    fields = page.options
+    assert [fields[key].value() for key in shown[:3]] == [2, 5, 3]
+    assert [fields[key].isChecked() for key in shown[3:]] == [False, False, False]
+    assert not fields["eagle", "lookup"].isEnabled()  # greyed while eagle's trees are off
+    assert not page.allow["lookahead"].isChecked() and not page.allow["medusa"].isChecked()
+    assert dialog.result_settings() == s  # confirmed as it opened: the same settings
