@@ -115,7 +115,7 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     for option in STRATEGY_OPTIONS.values():  # the strategies' options, from their one schema
         if not option.on_command_line:
             continue
-        if bool in option.kinds:
+        if option.switch:
             p.add_argument(option.flag, action=argparse.BooleanOptionalAction, default=None, help=option.help)
         else:
             p.add_argument(option.flag, type=option.kinds[0], default=None, help=option.help)
