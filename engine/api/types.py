@@ -127,7 +127,7 @@ class GenerateRequest:
 
 @dataclass(frozen=True)
 class TrainRequest:
-    """Train a draft head for the loaded target on its own answers (see heads.train.run_training)."""
+    """Train a draft head for the loaded target on its own answers (see heads.train.run.run_training)."""
 
     kind: str = "eagle"
     tokens: int = 20000

@@ -40,11 +40,11 @@ def run_measure_head(args) -> int:
     from ..drafters import build_drafter
     from ..heads.measure import Answer, measure_heads
     from ..heads.store import find_heads
-    from ..heads.train import progress_line
+    from ..heads.train.run import progress_line
     from .bench.run import load_items, select
 
     if args.prompts.is_dir():  # a train-head data folder: the first turns of its held-out tenth, as stored
-        from ..heads.train import held_out_first_turns
+        from ..heads.train.answers import held_out_first_turns
         from .common import PromptItem
 
         turns = held_out_first_turns(args.prompts)

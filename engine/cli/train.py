@@ -1,5 +1,5 @@
 """`specula train-head`: self-distil a draft head for a model, report its held-out acceptance, save it.
-The work itself is `heads.train.run_training`, which the app's training dialog runs too."""
+The work itself is `heads.train.run.run_training`, which the app's training dialog runs too."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def run_train_cmd(args) -> int:
     if args.kind == "phrases":
         return _count_phrases(args)
     from ..drafters import build_drafter
-    from ..heads.train import TrainOptions, check_options, default_out, progress_line, run_training
+    from ..heads.train.run import TrainOptions, check_options, default_out, progress_line, run_training
 
     options = TrainOptions(kind=args.kind, tokens=args.tokens, epochs=args.epochs, lr=args.lr, seed=args.seed,
                            max_new_tokens=args.max_new_tokens, batch=args.batch, train_batch=args.train_batch,
@@ -34,7 +34,7 @@ def _count_phrases(args) -> int:
 
     from ..api.errors import SpeculaError
     from ..drafters.phrases import build_table, read_answers
-    from ..heads.train import default_out
+    from ..heads.train.run import default_out
 
     if args.data is None:
         raise SpeculaError("--kind phrases counts the answers of a data folder: give --data DIR")

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import torch
 
+from ..api.strategies import STRATEGIES
 from ..api.types import SamplingParams
 from .length import DraftLength
 
@@ -105,6 +106,18 @@ def empty_draft() -> Draft:
     return Draft(torch.empty(0, dtype=torch.long))
 
 
+class NoDraft(Drafter):
+    """Strategy `none`: drafts nothing, so every step is one plain decoding step of the target (the baseline,
+    and plain decoding wherever a caller gives no drafter)."""
+
+    name = "none"
+    chooses_length = True  # it drafts nothing: no length to choose
+    description = STRATEGIES[name].description
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        return empty_draft()
+
+
 def sends_tree(force: bool | None, runner) -> bool:
     """Whether a drafter of fixed trees (medusa, lookahead) sends a tree this step: as forced by its `tree`
     option, else only where the target's tree passes decide as a chain pass would (runner.exact_trees) and a
@@ -112,5 +125,4 @@ def sends_tree(force: bool | None, runner) -> bool:
     a fixed tree of 10 nodes costs more than it wins; eagle sizes its trees by measured costs instead)."""
     if force is not None:
         return force
-    return runner is not None and runner.exact_trees and getattr(runner, "device", None) is not None \
-        and runner.device.type != "cpu"
+    return runner is not None and runner.exact_trees and runner.device.type != "cpu"

@@ -207,8 +207,8 @@ class _Loop:
         """The target reads the prompt and chooses the first token (the last event). A prompt longer than
         PROMPT_CHUNK is read in chunks of it, with a PromptProgress after each once reading has taken
         PROGRESS_AFTER_S (every strategy reads a prompt the same way, so their answers stay the same)."""
-        layers = getattr(self.drafter, "aux_layers", ())
-        if layers or getattr(self.target, "aux_layers", ()):  # the layers an EAGLE-3 head reads, or none again
+        layers = self.drafter.aux_layers
+        if layers or self.target.aux_layers:  # the layers an EAGLE-3 head reads, or none again
             self.target.keep_layers(layers)
         # what the cache holds of this prompt already (a conversation continued, an answer asked again) stays,
         # where it holds the bits reading the prompt would give (`reusable`); the rest is read
@@ -226,7 +226,7 @@ class _Loop:
                 yield PromptProgress(self.request_id, start, self.length, elapsed, reading_left(chunks, self.length))
         logits = self.target.forward(self.ctx[start : self.length])  # (1, V)
         # the kind of step the answer runs is chosen as it starts: earlier plain samples count if of that kind
-        self.step_kind = getattr(self.target, "step_kind", "eager")
+        self.step_kind = self.target.step_kind
         self.meter = SpeedupMeter(self.plain.seeds(self.step_kind), self.plain.latest(self.step_kind))
         first = int(choose(logits[-1], self.params, self.gen))
         self.stats.prefill_s = time.perf_counter() - self.t_start

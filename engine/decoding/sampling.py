@@ -1,7 +1,9 @@
 """Logits -> probabilities, and the draws made from them.
 
 The same `process_logits` builds the target's distribution p and a drafter's q, so the acceptance rule
-in `verify.py` compares like with like (same temperature, top-k and top-p).
+in `verify.py` compares like with like (same temperature, top-k and top-p). Batched plain decoding
+(`batched.py`) draws each row from its most likely tokens instead (`draw_top_p`): the same distribution
+without sorting the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -47,3 +49,31 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.greedy:
         return logits.argmax(-1)
     return sample(process_logits(logits, params), generator)
+
+
+def top_p_prefix(logits: torch.Tensor, params: SamplingParams,
+                 prefix: int = 512) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, V) logits -> the temperature and top-p distribution (no top-k) over each row's `prefix` most likely
+    tokens: their ids (B, K), their probabilities (B, K) (zero for the ones top-p drops) and whether the prefix
+    holds all that top-p keeps (B,). About a tenth of the time of sorting the whole vocabulary.
+
+    The distribution is process_logits's up to rounding, but not its arithmetic (a top-k of the scaled logits
+    and a logsumexp here, a sort and a softmax over the vocabulary there), and a draw from K probabilities is
+    not a draw from V: for a seed the tokens drawn differ, so batched decoding keeps this arithmetic."""
+    scaled = logits.float() / params.temperature
+    top, ids = scaled.topk(min(prefix, scaled.shape[-1]), dim=-1)  # most likely first
+    probs = (top - torch.logsumexp(scaled, -1, keepdim=True)).exp()
+    before = probs.cumsum(-1) - probs  # each token's mass of the tokens ranked above it
+    kept = probs.masked_fill(before >= params.top_p, 0.0)
+    return ids, kept / kept.sum(-1, keepdim=True), before[:, -1] + probs[:, -1] >= params.top_p
+
+
+def draw_top_p(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]) -> list[int]:
+    """One draw per row of (B, V) logits from the temperature and top-p distribution, each row with its own
+    generator, from its most likely tokens (`top_p_prefix`); a row whose prefix does not reach top-p, or
+    params with a top-k, are drawn from the full sort (`process_logits`)."""
+    if params.top_k:
+        return [int(sample(process_logits(logits[b], params), gen)) for b, gen in enumerate(generators)]
+    ids, kept, covered = top_p_prefix(logits, params)
+    return [int(ids[b, torch.multinomial(kept[b], 1, generator=gen)]) if covered[b]
+            else int(sample(process_logits(logits[b], params), gen)) for b, gen in enumerate(generators)]

@@ -21,10 +21,24 @@ class ModelRunner(Protocol):
     device: torch.device
     keeps_features: bool  # features(start, end) gives the last layer's hidden states (feature drafters)
     exact_trees: bool  # a token-tree pass decides as the chain pass of each path would
+    # the target layers whose entering hidden states it keeps for every position (`keep_layers`; EAGLE-3
+    # heads read them through aux_features(start, end)); () where it keeps none
+    aux_layers: tuple[int, ...]
 
     @property
     def length(self) -> int:
         """Tokens currently held in the cache."""
+        ...
+
+    @property
+    def step_kind(self) -> str:
+        """The step the current answer runs: "compiled", "static" or "eager" (plain steps' times compare
+        within one kind only)."""
+        ...
+
+    def keep_layers(self, layers: tuple[int, ...]) -> None:
+        """From the next prompt on, keep the hidden states entering these layers for every position; () keeps
+        none (the loop sets what its drafter reads before each prompt)."""
         ...
 
     def forward(self, tokens: torch.Tensor, last: int = 1, tree: TokenTree | None = None) -> torch.Tensor:

@@ -76,7 +76,7 @@ class Auto(Drafter):
         self.use_lookup = use_lookup  # the user may keep auto from prompt lookup (option skip)
         self.lookup_k = lookup_k
         self.heads = dict(members or {})  # name -> (drafter, its own k): drafters other than prompt lookup
-        self.aux_layers = tuple(sorted({i for d, _ in self.heads.values() for i in getattr(d, "aux_layers", ())}))
+        self.aux_layers = tuple(sorted({i for d, _ in self.heads.values() for i in d.aux_layers}))
         self.models: dict[str, DraftLength] = {}  # choice -> its acceptance and step times
         self.last_used: dict[str, int] = {}
         self.passed_over: dict[str, int] = {}  # prompt-lookup choice -> its steps that plain steps won

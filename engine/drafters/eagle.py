@@ -21,6 +21,7 @@ import torch
 from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
 from ..decoding.sampling import process_logits, sample
+from ..heads.protocol import AutoregressiveHead
 from ..heads.store import head_for_strategy
 from ..models.arch import final_norm
 from ..models.gguf import out_features, weight_device, weight_dtype, weight_rows
@@ -46,20 +47,19 @@ class Eagle(Drafter):
     name = "eagle"
     description = STRATEGIES[name].description
 
-    def __init__(self, head, target, stop_below: float = 0.3, tree: bool | None = False, nodes: int | None = None,
-                 lookup: bool = False) -> None:
+    def __init__(self, head: AutoregressiveHead, target, stop_below: float = 0.3, tree: bool | None = False,
+                 nodes: int | None = None, lookup: bool = False) -> None:
         model = target.model
         self.head = head
         # a published head's own copy of the embeddings where its file has one
-        own = getattr(head, "embed", None)
-        self.embed_layer = own if own is not None else model.get_input_embeddings()
+        self.embed_layer = head.embed if head.embed is not None else model.get_input_embeddings()
         # Specula's heads read and predict final hidden states before the target's final norm; published
         # EAGLE heads after it (the norm goes on the features read, not on the predictions)
-        self.normed = bool(getattr(head, "reads_normed", False))
+        self.normed = head.reads_normed
         # EAGLE-3 heads read the hidden states entering three of the target's layers, and have their own
         # final norm and LM head over their vocabulary
-        self.aux_layers = tuple(getattr(head, "aux_layers", ()))
-        self.own_logits = getattr(head, "draft_logits", None)
+        self.aux_layers = tuple(head.aux_layers)
+        self.own_logits = head.draft_logits if head.own_lm_head else None
         self.lm_head = model.get_output_embeddings()
         self.vocab = out_features(self.lm_head)
         # the head runs in the model's dtype: in fp32 its weights and the draft vocabulary's LM-head rows
@@ -247,7 +247,7 @@ class Eagle(Drafter):
         self.catch_up_s = 0.0
         if runner is None or not runner.keeps_features or length - 1 > runner.length or self.synced >= length - 1:
             return None
-        if self.aux_layers and tuple(getattr(runner, "aux_layers", ())) != self.aux_layers:  # it keeps other layers
+        if self.aux_layers and tuple(runner.aux_layers) != self.aux_layers:  # it keeps other layers
             return None
         if length - 1 - self.synced > READ_WINDOW:  # far behind: the latest positions are what the drafts need
             self.synced = self.offset = length - 1 - READ_WINDOW

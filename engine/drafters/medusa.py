@@ -14,6 +14,7 @@ import torch
 
 from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft, sends_tree
+from ..heads.protocol import MultiTokenHead
 from ..heads.store import head_for_strategy
 from ..models.gguf import out_features, weight_device, weight_rows
 
@@ -26,7 +27,7 @@ class Medusa(Drafter):
     name = "medusa"
     description = STRATEGIES[name].description
 
-    def __init__(self, head, target, tree=TREE, force_tree: bool | None = None) -> None:
+    def __init__(self, head: MultiTokenHead, target, tree=TREE, force_tree: bool | None = None) -> None:
         model = target.model
         self.head = head
         self.norm = model.model.norm
@@ -48,7 +49,7 @@ class Medusa(Drafter):
 
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
         """feature (D,) -> each head's logits over the draft vocabulary (heads, V'), fp32."""
-        if getattr(self.head, "reads_normed", False):  # published heads: the normed feature, their own LM heads
+        if self.head.reads_normed:  # published heads: the normed feature, their own LM heads
             return self.head.head_logits(self.norm(feature[None]), self.lm_head)
         h = self.norm(self.head(feature[None]))[:, 0]  # (heads, D)
         return torch.nn.functional.linear(h, self.weight).float()

@@ -1,15 +1,9 @@
-"""`none`: drafts nothing, so every step is one plain decoding step of the target (the baseline)."""
+"""`none`: drafts nothing, so every step is one plain decoding step of the target (the baseline). The drafter
+is the decoding loop's own (`decoding.drafter.NoDraft`), which also decodes plainly for callers below the
+strategies (training's answers)."""
 
 from __future__ import annotations
 
-from ..api.strategies import STRATEGIES
-from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
+from ..decoding.drafter import NoDraft
 
-
-class NoDraft(Drafter):
-    name = "none"
-    chooses_length = True  # it drafts nothing: no length to choose
-    description = STRATEGIES[name].description
-
-    def propose(self, ctx: DraftContext, k: int) -> Draft:
-        return empty_draft()
+__all__ = ["NoDraft"]

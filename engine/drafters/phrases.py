@@ -208,16 +208,16 @@ class PhraseTable:
 
 def read_answers(data: Path) -> list:
     """The answers of a train-head data folder (DATA/answers.jsonl); a folder without any is refused."""
-    from ..heads.train import _read_answers
+    from ..heads.train.answers import read_answers as read_answers_file
 
-    answers = _read_answers(Path(data) / "answers.jsonl")
+    answers = read_answers_file(Path(data) / "answers.jsonl")
     if not answers:
         raise SpeculaError(f"no answers in {data}: a train-head run of another kind with --data {data} makes them")
     return answers
 
 
 def build_table(target, answers: list) -> PhraseTable:
-    """The phrase table of train-head answers (heads.train.Answer), made for `target`."""
+    """The phrase table of train-head answers (heads.train.answers.Answer), made for `target`."""
     from ..heads.config import target_fingerprint, vocabulary_fingerprint
 
     sequences = [a.prompt[len(a.prompt) - PROMPT_TAIL :] + a.answer for a in answers]

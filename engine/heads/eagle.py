@@ -28,16 +28,23 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class EagleHead(nn.Module):
+    """An `AutoregressiveHead` (protocol.py): an EAGLE-1/2 head, and the base of the EAGLE-3 and published ones."""
+
     # what the head reads and predicts: the target's final hidden states before its final norm (Specula's
     # heads; the drafter puts predictions through the target's norm and LM head), or after it (published
     # EAGLE heads: predictions go to the LM head as they are)
     reads_normed = False
+    # the target layers whose entering states it reads (EAGLE-3 heads); (): the final hidden states
+    aux_layers: tuple[int, ...] = ()
+    # its logits through its own final norm and LM head (`draft_logits`, EAGLE-3), else the target's
+    own_lm_head = False
     # the layer through the compiled step while drafting (`native.NativeLayer`, set by `store.for_drafting`)
     native = None
 
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         c = self.config = config
+        self.embed: nn.Module | None = None  # its own copy of the target's embeddings (published files), else None
         self.feature_norm = nn.RMSNorm(c.hidden, eps=c.eps)
         self.embed_norm = nn.RMSNorm(c.hidden, eps=c.eps)
         self.fc = nn.Linear(2 * c.hidden, c.hidden, bias=False)
@@ -110,6 +117,11 @@ class EagleHead(nn.Module):
         h = h + self.o(out.transpose(0, 1).reshape(n, -1))
         x = self.mlp_norm(h)
         return h + self.down(F.silu(self.gate(x)) * self.up(x))
+
+    def draft_logits(self, outs: torch.Tensor) -> torch.Tensor:
+        """Heads with their own LM head only (`own_lm_head`): an EAGLE-1/2 head's outputs are features, which
+        the target's final norm and LM head turn into logits."""
+        raise NotImplementedError("an EAGLE-1/2 head's outputs go through the target's final norm and LM head")
 
     def _q_normed(self, q: torch.Tensor) -> torch.Tensor:
         return q if self.q_norm is None else self.q_norm(q)

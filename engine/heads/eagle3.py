@@ -49,6 +49,8 @@ class Eagle3Head(EagleHead):
     attention reads [input_norm(embedding), hidden_norm(h)] (2H) and its residual stream is h; its own
     final norm and LM head give logits over the draft vocabulary (`variant`: a published head's departures)."""
 
+    own_lm_head = True  # draft_logits: its final norm and LM head over the draft vocabulary
+
     def __init__(self, config: HeadConfig, vocab: int | None = None, variant: Variant = Variant()) -> None:
         super().__init__(config)
         c = config

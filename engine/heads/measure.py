@@ -20,8 +20,10 @@ from ..api.errors import SpeculaError
 from ..api.types import SamplingParams
 from ..decoding.drafter import Draft, DraftContext
 from .medusa import MedusaHead
+from .protocol import DraftHead
 from .store import load_head
-from .train import _with_features, chain_acceptance, medusa_acceptance, unrolled_acceptance
+from .train.evaluate import chain_acceptance, medusa_acceptance, unrolled_acceptance
+from .train.features import features_of
 
 
 @dataclass(frozen=True)
@@ -31,12 +33,12 @@ class Answer:
     answer: list[int]  # the target's greedy answer, without the end token
 
 
-def head_chain(head, target, seq, k: int) -> float:
+def head_chain(head: DraftHead, target, seq, k: int) -> float:
     """Mean accepted length of this head's chain of k (Medusa: its heads' top guesses) over one answer's
-    features (`_with_features` with the layers the head reads)."""
+    features (`train.features.features_of` with the layers the head reads)."""
     if isinstance(head, MedusaHead):
         return medusa_acceptance(head, target, [seq])
-    if getattr(head, "aux_layers", ()):
+    if head.aux_layers:
         return unrolled_acceptance(head, target, [seq], k=k, stride=1)
     return chain_acceptance(head, target, [seq], k=k, stride=1)
 
@@ -109,16 +111,16 @@ def measure_heads(target, folders: list[Path], answers: list[Answer], k: int = 5
     heads = []
     for folder in folders:  # every head loads (or is refused) before the long part
         head, _ = load_head(folder, target)
-        if getattr(head, "reads_normed", False):
+        if head.reads_normed:
             raise SpeculaError(f"the head in {folder} reads the target's normed states (a published EAGLE-1/2 "
                                "head): measure it with `specula bench --strategies eagle --draft-head` instead")
-        heads.append((str(folder), head, tuple(getattr(head, "aux_layers", ()))))
+        heads.append((str(folder), head, tuple(head.aux_layers)))
     trees = trees or {}
     by: dict[str, dict[str, list[float]]] = {name: {} for name, _, _ in heads}
     by_tree: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
     walks: dict[str, dict[str, list[int]]] = {name: {} for name in trees}  # category -> [tokens, passes]
     for n, a in enumerate(answers, 1):
-        seqs = {aux: _with_features(target, a.prompt, a.answer, aux) for aux in dict.fromkeys(h[2] for h in heads)}
+        seqs = {aux: features_of(target, a.prompt, a.answer, aux) for aux in dict.fromkeys(h[2] for h in heads)}
         for name, head, aux in heads:
             by[name].setdefault(a.category, []).append(head_chain(head, target, seqs[aux], k))
         for name, drafter in trees.items():

@@ -16,6 +16,11 @@ from .config import HeadConfig
 
 
 class MedusaHead(nn.Module):
+    """A `MultiTokenHead` (protocol.py): it reads the target's final hidden state before the final norm."""
+
+    reads_normed = False
+    aux_layers: tuple[int, ...] = ()
+
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         self.config = config

@@ -16,19 +16,22 @@ import torch.nn as nn
 
 from ..cpu.products import GROUP, Blocks, FileBlocks
 from ..cpu.step import PRODUCT_KINDS
+from .eagle import EagleHead
+from .eagle3 import Eagle3Head
 
 KB = 16  # keys per block of the transposed key cache (native/step.cpp's KB)
 
 
-def applies(head: nn.Module) -> bool:
+def applies(head: EagleHead) -> bool:
     """Whether the layer can run natively: an RMS norm before its attention (published EAGLE-1 heads have
     none: they keep the torch layer), the stream entering it as its residual (not a published EAGLE-3 head whose
     residual is the normed stream), no norms over its queries and keys (a Qwen3 layer's) and every product's
     input whole blocks of 32."""
-    if getattr(getattr(head, "variant", None), "normed_residual", False) or getattr(head, "q_norm", None) is not None:
+    eagle3 = isinstance(head, Eagle3Head)
+    if eagle3 and head.variant.normed_residual or head.q_norm is not None:
         return False
-    norm = getattr(head, "hidden_norm", None) if hasattr(head, "input_norm") else getattr(head, "attn_norm", None)
-    if not isinstance(norm, nn.RMSNorm) or not isinstance(getattr(head, "mlp_norm", None), nn.RMSNorm):
+    norm = head.hidden_norm if eagle3 else head.attn_norm
+    if not isinstance(norm, nn.RMSNorm) or not isinstance(head.mlp_norm, nn.RMSNorm):
         return False
     linears = [head.q, head.o, head.gate, head.down]
     return all(linear.in_features % GROUP == 0 for linear in linears)
@@ -50,14 +53,14 @@ class NativeLayer:
     `run` takes the residual stream entering the layer (and, EAGLE-3, the next tokens' embeddings) and gives
     the layer's output, writing keys and values at the slots given."""
 
-    def __init__(self, ops, head: nn.Module, fmt: str) -> None:
+    def __init__(self, ops, head: EagleHead, fmt: str) -> None:
         c = head.config
         self.ops = ops
         self.dtype = head.q.weight.dtype
         products = [_blocks(ops, [head.q, head.k, head.v], fmt), _blocks(ops, [head.o], fmt),
                     _blocks(ops, [head.gate, head.up], fmt), _blocks(ops, [head.down], fmt)]
         # EAGLE-3's attention reads [norm(embedding), norm(h)]; EAGLE-1's norm(h)
-        two = hasattr(head, "input_norm")
+        two = isinstance(head, Eagle3Head)
         in_norm = head.hidden_norm if two else head.attn_norm
         self.e_norm = head.input_norm.weight.detach() if two else None
         norms = [in_norm.weight.detach(), head.mlp_norm.weight.detach()]

@@ -365,9 +365,10 @@ def load_eagle3(folder: Path, target, config: dict, shapes_only: bool = False) -
 class PublishedMedusa(nn.Module):
     """Medusa heads as published: head i is `layers` residual blocks x + SiLU(W x + b) over the target's
     hidden state after its final norm, then its own LM head (or the target's), guessing the token i + 2
-    places after the one whose feature it reads."""
+    places after the one whose feature it reads. A `MultiTokenHead` (protocol.py)."""
 
     reads_normed = True
+    aux_layers: tuple[int, ...] = ()
 
     def __init__(self, hidden: int, heads: int, layers: int, bias: bool, vocab: int | None) -> None:
         super().__init__()

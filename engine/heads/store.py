@@ -166,7 +166,7 @@ def for_drafting(head: nn.Module) -> nn.Module:
     if ops is not None and NATIVE_LAYER and isinstance(head, EagleHead) and native.applies(head):
         head.native = native.NativeLayer(ops, head, HEAD_BLOCKS)
     for name, module in list(head.named_modules()):
-        if getattr(head, "native", None) is not None and name in _LAYER_PRODUCTS:
+        if isinstance(head, EagleHead) and head.native is not None and name in _LAYER_PRODUCTS:
             continue  # run by the native layer
         if isinstance(module, nn.Linear):
             parent_name, _, attr = name.rpartition(".")

@@ -26,6 +26,8 @@ class HFRunner:
 
     keeps_features = False
     exact_trees = False  # it takes no trees at all
+    aux_layers: tuple[int, ...] = ()  # it keeps no layers' hidden states (keep_layers)
+    step_kind = "eager"  # transformers' own forward
 
     def __init__(self, model: torch.nn.Module, max_len: int) -> None:
         from transformers import DynamicCache
@@ -65,6 +67,12 @@ class HFRunner:
     def reusable(self, ids: torch.Tensor) -> int:
         """0: transformers' forward reads a prompt with other kernels than its steps, so a prompt is read whole."""
         return 0
+
+    def keep_layers(self, layers: tuple[int, ...]) -> None:
+        """Keeps no layers' hidden states: () is all it takes (heads that read layers need the lean forward)."""
+        if layers:
+            raise UnsupportedModelError("reading the target's layers (EAGLE-3 heads) needs the lean forward "
+                                        "(the Llama family)")
 
     def truncate(self, length: int) -> None:
         if length >= self._length:

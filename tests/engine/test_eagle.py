@@ -11,7 +11,8 @@ from specula.engine.api.types import DecodeConfig, ModelSpec, SamplingParams
 from specula.engine.decoding.loop import generate
 from specula.engine.drafters import build_drafter
 from specula.engine.heads.store import load_head, save_head
-from specula.engine.heads.train import _with_features, chain_acceptance, head_info, train_head
+from specula.engine.heads.train import chain_acceptance, head_info, train_head
+from specula.engine.heads.train.features import features_of
 from specula.engine.models.loading import load_model
 from tests.support.tiny import loaded, tiny_model
 
@@ -28,7 +29,7 @@ def trained(tmp_path_factory):
     seqs = []
     for _ in range(24):
         prompt = torch.randint(0, 64, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
-        seqs.append(_with_features(target, prompt, greedy(target, prompt, 40)))
+        seqs.append(features_of(target, prompt, greedy(target, prompt, 40)))
     head = train_head(target, seqs[:20], epochs=6, lr=3e-3)
     accepted = chain_acceptance(head, target, seqs[20:], k=4)
     folder = tmp_path_factory.mktemp("head")
@@ -574,3 +575,38 @@ def test_a_long_catch_up_reads_only_the_latest_positions_and_answers_stay_the_ta
         base = list(generate(target.new_runner(), build_drafter("none", target), prompt, config))[-1]
         spec = build_drafter("eagle", target, head=str(folder), tree=trial % 2)
         assert list(generate(target.new_runner(), spec, prompt, config))[-1].token_ids == base.token_ids, trial
+
+
+def _members(protocol) -> set[str]:
+    """The attributes and methods a protocol names, its bases' included."""
+    names = set()
+    for cls in protocol.__mro__:
+        if cls.__module__ == protocol.__module__:
+            names |= set(cls.__dict__.get("__annotations__", {}))
+            names |= {n for n, v in cls.__dict__.items() if callable(v) and not n.startswith("_")}
+    return names | ({"__call__"} if "__call__" in protocol.__dict__ else set())
+
+
+def test_every_head_declares_what_its_protocol_names():
+    """The drafters read a head's members without probing for them (heads/protocol.py): every kind of head has
+    each one, whether trained here or published."""
+    from specula.engine.heads.config import HeadConfig
+    from specula.engine.heads.eagle import EagleHead
+    from specula.engine.heads.eagle3 import Eagle3Head
+    from specula.engine.heads.medusa import MedusaHead
+    from specula.engine.heads.protocol import AutoregressiveHead, DraftHead, MultiTokenHead
+    from specula.engine.heads.published import PublishedEagle, PublishedMedusa
+
+    from dataclasses import replace
+
+    config = HeadConfig.for_target(tiny_model(layers=4).config)
+    heads = {AutoregressiveHead: [EagleHead(config), Eagle3Head(replace(config, aux_layers=(0, 1, 3), draft_vocab=16)),
+                                  PublishedEagle(config, fc_bias=True, qkv_bias=False, vocab=None)],
+             MultiTokenHead: [MedusaHead(config), PublishedMedusa(config.hidden, 2, 1, True, None)]}
+    assert _members(DraftHead) >= {"reads_normed", "aux_layers", "draft_ids"}
+    assert _members(AutoregressiveHead) >= _members(DraftHead) | {"truncate", "forward_tree", "own_lm_head"}
+    for protocol, kinds in heads.items():
+        for head in kinds:
+            missing = [name for name in _members(protocol) if not hasattr(head, name)]
+            assert not missing, f"{type(head).__name__} lacks {missing}"
+            assert isinstance(head.reads_normed, bool) and isinstance(head.aux_layers, tuple)

@@ -16,16 +16,10 @@ from specula.engine.drafters import build_drafter
 from specula.engine.heads.config import HeadConfig
 from specula.engine.heads.eagle3 import Eagle3Head, default_aux_layers
 from specula.engine.heads.store import load_head, save_head
-from specula.engine.heads.train import (
-    TARGET_TOP,
-    _eagle3_loss,
-    _Frozen,
-    _with_features,
-    frequent_tokens,
-    head_info,
-    train_head,
-    unrolled_acceptance,
-)
+from specula.engine.heads.train import TARGET_TOP, frequent_tokens, head_info, train_head, unrolled_acceptance
+from specula.engine.heads.train.features import features_of
+from specula.engine.heads.train.frozen import Frozen
+from specula.engine.heads.train.losses import eagle3_loss
 from specula.engine.models.loading import LoadedModel
 from tests.engine.test_eagle import greedy
 from tests.support.tiny import loaded, tiny_model
@@ -68,7 +62,7 @@ def trained(tmp_path_factory):
     seqs = []
     for _ in range(24):
         prompt = torch.randint(0, 64, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
-        seqs.append(_with_features(target, prompt, greedy(target, prompt, 40), layers))
+        seqs.append(features_of(target, prompt, greedy(target, prompt, 40), layers))
     head = train_head(target, seqs[:20], epochs=6, lr=3e-3, kind="eagle3", draft_ids=frequent_tokens(seqs[:20], 48))
     accepted = unrolled_acceptance(head, target, seqs[20:], k=4)
     folder = tmp_path_factory.mktemp("eagle3")
@@ -103,16 +97,15 @@ def test_an_eagle3_head_loads_as_an_eagle_head_drafts_and_stays_lossless(trained
 
 
 def test_features_are_stored_once_and_read_back_memory_mapped(tmp_path, monkeypatch):
-    from specula.engine.heads import train
-    from specula.engine.heads.train import Answer, with_features
+    from specula.engine.heads.train import Answer, features, with_features
 
     target = loaded(tiny_model(vocab=64, layers=4, seed=3))
     answers = [Answer([j % 60 + 1 for j in range(300 + 7 * i)], [5, 6, 7, 8, 9, 10]) for i in range(3)]  # past EAGLE3_CONTEXT
     layers = default_aux_layers(4)
     store = tmp_path / "features"
     first = with_features(target, answers, aux_layers=layers, store=store)
-    assert len(list(store.glob("*.pt"))) == 3 and first[0].tokens.shape[0] == train.EAGLE3_CONTEXT + 6
-    monkeypatch.setattr(train, "_with_features", lambda *a, **k: pytest.fail("computed again"))
+    assert len(list(store.glob("*.pt"))) == 3 and first[0].tokens.shape[0] == features.EAGLE3_CONTEXT + 6
+    monkeypatch.setattr(features, "features_of", lambda *a, **k: pytest.fail("computed again"))
     again = with_features(target, answers, aux_layers=layers, store=store)
     for a, b in zip(first, again):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.features, b.features) and a.answer_start == b.answer_start
@@ -137,7 +130,7 @@ def test_an_eagle3_head_learns_the_targets_own_distribution():
     target = loaded(tiny_model(vocab=64, layers=2, seed=11))
     prompt = [3, 9, 4, 17, 22]
     answer = greedy(target, prompt, 12)
-    seq = _with_features(target, prompt, answer, default_aux_layers(2))
+    seq = features_of(target, prompt, answer, default_aux_layers(2))
     probs = torch.softmax(target.new_runner().forward(torch.tensor(prompt + answer), last=len(prompt) + 12), -1)
     top = probs.topk(TARGET_TOP)
     assert torch.equal(seq.top_ids.long(), top.indices) and torch.allclose(seq.top_p.float(), top.values, atol=1e-3)
@@ -149,14 +142,14 @@ def test_an_eagle3_head_learns_the_targets_own_distribution():
 
     head = Eagle3Head(replace(config, aux_layers=default_aux_layers(2), draft_vocab=48))
     head.draft_ids = torch.arange(48)
-    frozen = _Frozen(target)
+    frozen = Frozen(target)
     sure = replace(seq, top_p=torch.zeros_like(seq.top_p))
     sure.top_p[:, 0] = 1.0  # all the target's mass on its first choice
     hard = replace(seq, top_ids=None, top_p=None)  # no stored distribution: the answer's own tokens
     with torch.no_grad():
-        soft_loss, right, seen = _eagle3_loss(head, frozen, [sure], steps=2)
-        hard_loss, right2, seen2 = _eagle3_loss(head, frozen, [hard], steps=2)
-        real_loss, _, _ = _eagle3_loss(head, frozen, [seq], steps=2)
+        soft_loss, right, seen = eagle3_loss(head, frozen, [sure], steps=2)
+        hard_loss, right2, seen2 = eagle3_loss(head, frozen, [hard], steps=2)
+        real_loss, _, _ = eagle3_loss(head, frozen, [seq], steps=2)
     assert seen > 0 and (right, seen) == (right2, seen2)
     assert torch.allclose(soft_loss, hard_loss, atol=1e-5)
     assert not torch.allclose(real_loss, hard_loss, atol=1e-3)  # the runners-up count

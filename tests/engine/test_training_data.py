@@ -1,4 +1,4 @@
-"""The training prompts and answers for draft heads (engine/heads/documents.py, heads/train.py): long texts
+"""The training prompts and answers for draft heads (engine/heads/documents.py, heads/train/): long texts
 from what ships on the machine (Python's documentation, package READMEs, licences, manual pages), pasted
 with a task; answers greedy and sampled, the same for a seed."""
 
@@ -8,19 +8,17 @@ import pytest
 import torch
 
 from specula.engine.api.types import ModelSpec, SamplingParams
-from specula.engine.decoding.sampling import process_logits
+from specula.engine.decoding.batched import LoopDecoder
+from specula.engine.decoding.sampling import process_logits, top_p_prefix
 from specula.engine.heads import documents
 from specula.engine.heads.documents import MAX_CHARS, MIN_CHARS, Document, document_prompt
-from specula.engine.heads.train import (
-    DOCUMENT_SHARE,
-    _BatchAnswers,
-    _EngineAnswers,
-    prompt_conversations,
-    self_distill,
-    top_p_prefix,
-)
+from specula.engine.heads.train import DOCUMENT_SHARE, prompt_conversations, self_distill
+from specula.engine.heads.train.distill import SAMPLING, batched_answers
 from specula.engine.models.loading import load_model
 from tests.support.tiny import native, tiny_model
+
+GREEDY = SamplingParams()
+SAMPLED = SamplingParams(SAMPLING["temperature"], 0, SAMPLING["top_p"])  # training's sampled answers
 
 MAN_PAGE = r'''.\" a comment
 .TH DEMO 1
@@ -111,46 +109,48 @@ def test_batched_answers_are_the_models_own_answers(ops, sampling):
     target.step = "compiled"
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(4, 64, (n,), generator=gen).tolist() for n in (1, 5, 9, 20, 33, 2, 7)]
-    unended = _EngineAnswers(target, None).answer(prompts, 24, False, 11, lambda: False)
+    unended = LoopDecoder(target).answer(prompts, 24, GREEDY, 11, lambda: False)
     eos = unended[0][6]  # a token the first greedy answer holds midway ends answers from now on
     target.eos_ids = frozenset({eos})
-    batched = _BatchAnswers(target, None, rows=3)
-    made = batched.answer(prompts, 24, sampling, seed=11, should_stop=lambda: False)
+    batched = batched_answers(target, None, rows=3)
+    params = SAMPLED if sampling else GREEDY
+    made = batched.answer(prompts, 24, params, seed=11, should_stop=lambda: False)
     assert len(made) == len(prompts) and all(1 <= len(a) <= 24 for a in made)
     if not sampling:
         assert any(a[-1] == eos for a in made) and any(len(a) == 24 for a in made)  # both ways of ending
     assert all(r.compiled for r in batched.runners) and len(batched.runners) == 3
     if sampling:
-        assert made == _BatchAnswers(target, None, rows=2).answer(prompts, 24, True, 11, lambda: False)
-        assert made != batched.answer(prompts, 24, True, 12, lambda: False)
+        assert made == batched_answers(target, None, rows=2).answer(prompts, 24, SAMPLED, 11, lambda: False)
+        assert made != batched.answer(prompts, 24, SAMPLED, 12, lambda: False)
     else:
         cut = [a[:-1] if a[-1] == eos else a for a in made]  # one at a time, an answer leaves out its end token
-        assert cut == _EngineAnswers(target, None).answer(prompts, 24, False, 11, lambda: False)
+        assert cut == LoopDecoder(target).answer(prompts, 24, GREEDY, 11, lambda: False)
 
 
 def test_features_kept_while_answering_are_the_feature_passes(ops, tmp_path):
     """An EAGLE-3 head's features kept by batched decoding as each answer is made: laid out as the separate
     pass over the conversation lays them out, with the same states (up to the rounding of another kernel),
     the target's first choices being a greedy answer's tokens, and stored where that pass finds them."""
-    from specula.engine.heads.train import Answer, _kept_sequence, _store, _stored, _with_features
+    from specula.engine.heads.train.answers import Answer
+    from specula.engine.heads.train.features import features_of, kept_sequence, store_sequence, stored_sequence
 
     target = native(tiny_model(vocab=64, layers=4, seed=12))
     target.step = "compiled"
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(4, 64, (n,), generator=gen).tolist() for n in (1, 5, 9, 20, 300, 7)]  # one past EAGLE3_CONTEXT
-    unended = _EngineAnswers(target, None).answer(prompts, 24, False, 11, lambda: False)
+    unended = LoopDecoder(target).answer(prompts, 24, GREEDY, 11, lambda: False)
     target.eos_ids = frozenset({unended[0][6]})  # some answers end with it, others at 24 tokens
     layers = (0, 2, 3)
-    batched = _BatchAnswers(target, None, rows=3, aux_layers=layers)
-    made = batched.answer(prompts, 24, False, 11, lambda: False)
+    batched = batched_answers(target, None, rows=3, aux_layers=layers)
+    made = batched.answer(prompts, 24, GREEDY, 11, lambda: False)
     assert sorted(batched.features) == list(range(len(prompts)))
     ended = 0
     for j, (prompt, row) in enumerate(zip(prompts, made)):
         answer = row[:-1] if row[-1] in target.eos_ids else row
         ended += len(answer) < len(row)
         a = Answer(prompt, answer)
-        kept = _kept_sequence(target, a, layers, batched.features[j])
-        ref = _with_features(target, prompt, answer, layers)
+        kept = kept_sequence(target, a, layers, batched.features[j])
+        ref = features_of(target, prompt, answer, layers)
         assert torch.equal(kept.tokens, ref.tokens) and kept.answer_start == ref.answer_start
         assert kept.features.shape == ref.features.shape and kept.top_ids.shape == ref.top_ids.shape
         scale = float(ref.features.float().abs().max())
@@ -159,8 +159,8 @@ def test_features_kept_while_answering_are_the_feature_passes(ops, tmp_path):
         assert kept.top_ids[kept.answer_start - 1 : -1, 0].tolist() == answer  # a greedy answer: the first choices
         if len(answer) == len(row):
             assert not kept.features[-1].any()
-        _store(tmp_path / f"{j:06d}.pt", kept)
-        assert _stored(tmp_path / f"{j:06d}.pt", target, a, layers) is not None  # the feature pass reads it
+        store_sequence(tmp_path / f"{j:06d}.pt", kept)
+        assert stored_sequence(tmp_path / f"{j:06d}.pt", target, a, layers) is not None  # the feature pass reads it
     assert 0 < ended < len(prompts)
 
 
@@ -296,12 +296,13 @@ def test_without_a_chat_template_the_questions_left_to_the_model_are_dropped():
     from types import SimpleNamespace
 
     from specula.engine.api.prompts import Message
-    from specula.engine.heads.train import MODEL_QUERY, _write_queries
+    from specula.engine.heads.train import MODEL_QUERY
+    from specula.engine.heads.train.distill import write_queries
 
     target = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None), context_window=128, eos_ids=frozenset())
     fresh = [((Message("user", MODEL_QUERY),), 0), ((Message("user", "Explain rainbows."),), 1)]
     written = set()
-    assert _write_queries(target, None, fresh, 0, set(), written, lambda: False) == fresh[1:] and not written
+    assert write_queries(target, None, fresh, 0, set(), written, lambda: False) == fresh[1:] and not written
 
 
 def test_the_model_writes_first_turns_that_it_then_answers(bundled_fp32, monkeypatch, tmp_path):
@@ -309,10 +310,11 @@ def test_the_model_writes_first_turns_that_it_then_answers(bundled_fp32, monkeyp
     opened at the user's turn), the same for a seed, all different, and answers them; no placeholder is
     ever answered."""
     from specula.engine.heads import train
+    from specula.engine.heads.train import distill, prompts
 
-    monkeypatch.setattr(train, "DOCUMENT_SHARE", 0.0)
-    monkeypatch.setattr(train, "MODEL_QUERY_SHARE", 1.0)
-    monkeypatch.setattr(train, "FOLLOW_UP_SHARE", 0.0)
+    monkeypatch.setattr(prompts, "DOCUMENT_SHARE", 0.0)
+    monkeypatch.setattr(prompts, "MODEL_QUERY_SHARE", 1.0)
+    monkeypatch.setattr(distill, "FOLLOW_UP_SHARE", 0.0)
     tok = bundled_fp32.tokenizer
 
     def questions(seed, store=None):
@@ -322,7 +324,7 @@ def test_the_model_writes_first_turns_that_it_then_answers(bundled_fp32, monkeyp
 
     made, users = questions(5, tmp_path / "answers.jsonl")
     assert len(made) >= 2 and all(len(a.answer) == 4 and a.written for a in made)
-    assert [a.written for a in train._read_answers(tmp_path / "answers.jsonl")] == [True] * len(made)  # stored so
+    assert [a.written for a in train.read_answers(tmp_path / "answers.jsonl")] == [True] * len(made)  # stored so
     assert all(train.usable_query(u, True, set()) for u in users) and len(set(users)) == len(users)
     assert all("\x00" not in u and train.MODEL_QUERY not in u for u in users)
     assert questions(5)[1] == users
@@ -334,18 +336,19 @@ def test_continuations_through_generate_are_greedy_or_drawn_with_the_settings_gi
     given (the questions' temperature 1.0), the same for a seed."""
     from types import SimpleNamespace
 
-    from specula.engine.heads.train import QUERY_SAMPLING, _continuations
+    from specula.engine.heads.train import QUERY_SAMPLING
+    from specula.engine.heads.train.distill import continuations
 
     model = tiny_model(vocab=64, layers=2, seed=3)
     target = SimpleNamespace(model=model, tokenizer=SimpleNamespace(pad_token_id=None), eos_ids=frozenset({0}),
                              device=torch.device("cpu"))
     prompts = [[5, 9, 11], [7, 3, 12, 40, 41, 2, 8], [33]]
-    greedy = _continuations(target, None, prompts, 6, False, 0, lambda: False)
+    greedy = continuations(target, None, prompts, 6, False, 0, lambda: False)
     for prompt, row in zip(prompts, greedy):
         alone = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=[0])
         assert row[: alone.shape[1] - len(prompt)] == alone[0, len(prompt):].tolist()
-    drawn = _continuations(target, None, prompts, 6, True, 9, lambda: False, QUERY_SAMPLING, keep=False)
-    assert drawn == _continuations(target, None, prompts, 6, True, 9, lambda: False, QUERY_SAMPLING, keep=False)
+    drawn = continuations(target, None, prompts, 6, True, 9, lambda: False, QUERY_SAMPLING, keep=False)
+    assert drawn == continuations(target, None, prompts, 6, True, 9, lambda: False, QUERY_SAMPLING, keep=False)
     assert drawn != greedy and all(len(r) == 6 for r in drawn)
 
 
@@ -391,14 +394,14 @@ def test_a_torn_last_answer_is_dropped_before_more_are_appended(tmp_path):
     not join it (both would be lost)."""
     import json
 
-    from specula.engine.heads import train
+    from specula.engine.heads.train import answers
 
     store = tmp_path / "answers.jsonl"
     whole = json.dumps({"prompt": [1, 2], "answer": [3, 4], "index": 0})
     store.write_text(whole + "\n" + whole[:17], encoding="utf-8")
-    train._drop_torn_tail(store)
+    answers.drop_torn_tail(store)
     with store.open("a", encoding="utf-8") as sink:
         sink.write(json.dumps({"prompt": [5], "answer": [6], "index": 1}) + "\n")
-    assert [a.answer for a in train._read_answers(store)] == [[3, 4], [6]]
-    train._drop_torn_tail(store)  # whole lines: left as they are
-    assert len(train._read_answers(store)) == 2
+    assert [a.answer for a in answers.read_answers(store)] == [[3, 4], [6]]
+    answers.drop_torn_tail(store)  # whole lines: left as they are
+    assert len(answers.read_answers(store)) == 2

@@ -148,7 +148,7 @@ def quick_head(target: LoadedModel, folder, sequences: int = 16, length: int = 4
     from specula.engine.drafters import build_drafter
     from specula.engine.heads.store import save_head
     from specula.engine.heads.eagle3 import default_aux_layers
-    from specula.engine.heads.train import _with_features, head_info, train_head
+    from specula.engine.heads.train import features_of, head_info, train_head
 
     gen = torch.Generator().manual_seed(seed)
     vocab = min(target.model.config.vocab_size, 1000)
@@ -157,7 +157,7 @@ def quick_head(target: LoadedModel, folder, sequences: int = 16, length: int = 4
         prompt = torch.randint(0, vocab, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
         events = list(generate(target.new_runner(), build_drafter("none", target), prompt, DecodeConfig(max_new_tokens=length)))
         layers = default_aux_layers(target.model.config.num_hidden_layers) if kind == "eagle3" else ()
-        seqs.append(_with_features(target, prompt, list(events[-1].token_ids), layers))
+        seqs.append(features_of(target, prompt, list(events[-1].token_ids), layers))
     head = train_head(target, seqs, epochs=epochs, lr=3e-3, seed=seed, kind=kind, batch=1)
     stored = "eagle" if kind == "eagle3" else kind  # the eagle strategy drafts with EAGLE-3 heads too (as train-head saves them)
     config = head.config if kind != "medusa" else None
