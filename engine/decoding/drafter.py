@@ -10,6 +10,7 @@ import torch
 from ..api.strategies import STRATEGIES
 from ..api.types import SamplingParams
 from .length import DraftLength
+from .tree import TokenTree
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,15 @@ class DraftContext:
 class Draft:
     tokens: torch.Tensor  # (n,) int64, n <= k (n = 0: nothing to propose this step)
     q: torch.Tensor | None = None  # (n, V) drafter probabilities, or None for a point guess (one-hot)
-    # a token tree instead of a chain: parent of each token, -1 for the newest context token, else the
-    # index of an earlier draft token (parents before children). Under sampling a tree's tokens count as
-    # point guesses (q is not used): verify.walk_tree_sampling
-    parents: torch.Tensor | None = None
+    # a token tree instead of a chain: row 0 the newest context token, row i + 1 draft token i
+    # (TokenTree.of_draft). Under sampling a tree's tokens count as point guesses (q is not used):
+    # verify.walk_tree_sampling
+    tree: TokenTree | None = None
+
+    @property
+    def parents(self) -> list[int] | None:
+        """A tree's draft tokens' parents: -1 for the newest context token, else an earlier draft token's index."""
+        return None if self.tree is None else [row - 1 for row in self.tree.parents[1:]]
 
 
 class Drafter:
@@ -75,7 +81,7 @@ class Drafter:
         """Forget everything: a new generation starts."""
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        """Up to k tokens (a chain, or a tree through Draft.parents) to continue ctx.tokens."""
+        """Up to k tokens (a chain, or a tree through Draft.tree) to continue ctx.tokens."""
         raise NotImplementedError
 
     def observe(self, accepted: int, next_token: int) -> None:

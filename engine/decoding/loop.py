@@ -262,8 +262,8 @@ class _Loop:
         t0 = time.perf_counter()
         draft = self.drafter.propose(ctx, k) if k else None
         t1 = time.perf_counter()
-        if draft is not None and draft.parents is not None and draft.tokens.shape[0]:
-            tree, kept = TokenTree.from_draft(draft.parents.tolist(), k)
+        if draft is not None and draft.tree is not None and draft.tokens.shape[0]:
+            tree, kept = draft.tree.cut(k)
             checked = self._verify_tree(tree, draft.tokens[kept], kept)
         else:
             d = draft.tokens[:k] if draft is not None else self.ctx[:0]  # (n,)

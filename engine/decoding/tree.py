@@ -32,18 +32,22 @@ class TokenTree:
         return cls(tuple(range(-1, drafted)))
 
     @classmethod
-    def from_draft(cls, parents: list[int], max_depth: int) -> tuple["TokenTree", list[int]]:
-        """A drafter's tree (the parent draft index of each draft token, -1 for the newest context token)
-        cut at `max_depth` -> the tree over the rows of the pass, and the draft index of each draft row."""
+    def of_draft(cls, parents: list[int]) -> "TokenTree":
+        """A drafter's tree from each draft token's parent (-1: the newest context token, else the index of an
+        earlier draft token): row 0 is the newest context token, row i + 1 draft token i."""
+        return cls((-1, *(parent + 1 for parent in parents)))
+
+    def cut(self, max_depth: int) -> tuple["TokenTree", list[int]]:
+        """The tree without its rows deeper than `max_depth` (a pass's draft length) -> that tree, and the
+        draft index (row - 1 here) of each of its draft rows."""
         rows, kept = [-1], []
-        row_of, depth_of = {-1: 0}, {-1: 0}
-        for i, parent in enumerate(parents):
-            if parent in row_of and depth_of[parent] < max_depth:
-                depth_of[i] = depth_of[parent] + 1
-                row_of[i] = len(rows)
+        row_of = {0: 0}
+        for row, parent in enumerate(self.parents[1:], 1):
+            if self.depth[row] <= max_depth:
+                row_of[row] = len(rows)
                 rows.append(row_of[parent])
-                kept.append(i)
-        return cls(tuple(rows)), kept
+                kept.append(row - 1)
+        return TokenTree(tuple(rows)), kept
 
     def __len__(self) -> int:
         return len(self.parents)

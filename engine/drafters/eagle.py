@@ -21,6 +21,7 @@ import torch
 from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
 from ..decoding.sampling import process_logits, sample
+from ..decoding.tree import TokenTree
 from ..heads.protocol import AutoregressiveHead
 from ..heads.store import head_for_strategy
 from ..models.arch import final_norm
@@ -220,8 +221,8 @@ class Eagle(Drafter):
         order = sorted(keep, key=lambda i: (depth[i], -score[i]))
         index = {node: j for j, node in enumerate(order)}
         self.costs.proposed(len(order), sum(math.exp(score[i]) for i in order))
-        return Draft(torch.tensor([tokens[i] for i in order], dtype=torch.long), None,
-                     torch.tensor([index[parent[i]] if parent[i] >= 0 else -1 for i in order]))
+        return Draft(torch.tensor([tokens[i] for i in order], dtype=torch.long),
+                     tree=TokenTree.of_draft([index[parent[i]] if parent[i] >= 0 else -1 for i in order]))
 
     def _lookup_alone(self, ctx: DraftContext, lookup_p: float) -> bool:
         """Whether the step drafts prompt lookup's branch alone: when what the head's first guesses may add

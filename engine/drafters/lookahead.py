@@ -28,6 +28,7 @@ import torch
 from ..api.errors import SpeculaError
 from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft, sends_tree
+from ..decoding.tree import TokenTree
 
 POOL_PER_KEY = 8  # n-grams kept per first token, newest last
 
@@ -113,7 +114,7 @@ class Lookahead(Drafter):
         for g in grams:
             insert(g)
         self.slots = insert(self.window[:k])
-        return Draft(torch.tensor(drafted, dtype=torch.long), None, torch.tensor(parents))
+        return Draft(torch.tensor(drafted, dtype=torch.long), tree=TokenTree.of_draft(parents))
 
     def observe_tree(self, best: dict[int, int]) -> None:
         """The target's argmax after each scored draft node (key: draft index)."""

@@ -14,6 +14,7 @@ import torch
 
 from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft, sends_tree
+from ..decoding.tree import TokenTree
 from ..heads.protocol import MultiTokenHead
 from ..heads.store import head_for_strategy
 from ..models.gguf import out_features, weight_device, weight_rows
@@ -67,12 +68,12 @@ class Medusa(Drafter):
         if not sends_tree(self.force_tree, runner):
             return Draft(self._full(logits[:depth].argmax(-1)).cpu())  # the top guesses as a chain
         top = self._full(logits[:depth].topk(self.width, dim=-1).indices).tolist()  # (depth, width)
-        paths, parents = self._shape(depth)
-        return Draft(torch.tensor([top[len(path) - 1][path[-1]] for path in paths], dtype=torch.long), None, parents)
+        paths, tree = self._shape(depth)
+        return Draft(torch.tensor([top[len(path) - 1][path[-1]] for path in paths], dtype=torch.long), tree=tree)
 
-    def _shape(self, depth: int) -> tuple[list[tuple[int, ...]], torch.Tensor]:
-        """The tree's paths no deeper than `depth` and each one's parent (a draft index, -1 for the newest
-        token): the same every step, so built once per depth."""
+    def _shape(self, depth: int) -> tuple[list[tuple[int, ...]], TokenTree]:
+        """The tree's paths no deeper than `depth`, and the tree they make (each path's parent the path one
+        shorter): the same every step, so built once per depth."""
         if depth not in self._shapes:
             index: dict[tuple[int, ...], int] = {}
             paths, parents = [], []
@@ -82,5 +83,5 @@ class Medusa(Drafter):
                 index[path] = len(paths)
                 paths.append(path)
                 parents.append(index[path[:-1]] if len(path) > 1 else -1)
-            self._shapes[depth] = (paths, torch.tensor(parents))
+            self._shapes[depth] = (paths, TokenTree.of_draft(parents))
         return self._shapes[depth]

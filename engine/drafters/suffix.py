@@ -34,6 +34,7 @@ import torch
 from ..api.errors import first_line
 from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft, sends_tree
+from ..decoding.tree import TokenTree
 from .phrases import run_keys
 from .prompt_lookup import agreement
 
@@ -267,7 +268,7 @@ class Suffix(Drafter):
             tokens, parents = tree.best(budget)
             if not tokens:
                 return empty_draft()
-            return Draft(torch.tensor(tokens, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long))
+            return Draft(torch.tensor(tokens, dtype=torch.long), tree=TokenTree.of_draft(parents))
         return Draft(torch.tensor(tree.chain(budget), dtype=torch.long))
 
 

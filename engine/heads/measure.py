@@ -19,6 +19,7 @@ import torch
 from ..api.errors import SpeculaError
 from ..api.types import SamplingParams
 from ..decoding.drafter import Draft, DraftContext
+from ..decoding.verify import walk_tree
 from .medusa import MedusaHead
 from .protocol import DraftHead
 from .store import load_head
@@ -47,18 +48,12 @@ def kept_by(draft: Draft, truth: list[int]) -> int:
     """Draft tokens a greedy pass keeps when the target's answer goes on with `truth`: the chain's agreeing
     prefix, or the depth of the tree's longest path that follows it."""
     tokens = draft.tokens.tolist()
-    if draft.parents is None:
+    if draft.tree is None:
         return next((j for j, t in enumerate(tokens) if j >= len(truth) or t != truth[j]), len(tokens))
-    children: dict[int, list[int]] = {}
-    for i, parent in enumerate(draft.parents.tolist()):
-        children.setdefault(parent, []).append(i)
-    node, depth = -1, 0
-    while depth < len(truth):
-        node = next((c for c in children.get(node, ()) if tokens[c] == truth[depth]), None)
-        if node is None:
-            break
-        depth += 1
-    return depth
+    # the walk a greedy pass makes where the target's choice after each row is the truth at its depth
+    choices = [truth[d] if d < len(truth) else -1 for d in draft.tree.depth]
+    path, _ = walk_tree(choices, [-1, *tokens], draft.tree)
+    return len(path) - 1
 
 
 def drafter_tree(drafter, target, answer: Answer, k: int) -> list[int]:

@@ -149,7 +149,7 @@ def test_lookahead_proposes_pool_n_grams_that_start_with_the_newest_token():
     la = Lookahead(window=2, ngram=3, guesses=2, force_tree=True)
     ctx = DraftContext(torch.tensor([4, 5, 6, 9, 4]), 1, SamplingParams(), None)
     draft = la.propose(ctx, 4)
-    parents = draft.parents.tolist()
+    parents = draft.parents
     assert draft.tokens.tolist()[:2] == [5, 6] and parents[:2] == [-1, 0]  # the context's 3-gram 4 5 6
     assert len(parents) > 2  # and the window beside it
     # where trees are not exact (no runner here says they are): the n-gram alone, as a chain

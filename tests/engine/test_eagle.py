@@ -197,7 +197,7 @@ def test_greedy_eagle_drafts_trees_and_chains_and_stays_lossless(trained):
     def recording(ctx, k):
         draft = original(ctx, k)
         if draft.parents is not None:
-            parents = draft.parents.tolist()
+            parents = draft.parents
             shapes.append((len(parents) > len(set(parents)), max(_depth(parents))))
         return draft
 
@@ -250,7 +250,7 @@ def test_on_the_compiled_step_eagle_sends_trees_holding_the_conversations_contin
         holding = 0
         for tokens, k, d in trees:
             path = find_continuation(tokens, k, 1, 16).tolist()
-            node, parents, toks = -1, d.parents.tolist(), d.tokens.tolist()
+            node, parents, toks = -1, d.parents, d.tokens.tolist()
             for token in path:
                 node = next((i for i, (t, p) in enumerate(zip(toks, parents)) if p == node and t == token), None)
                 if node is None:

@@ -192,12 +192,13 @@ def test_decoding_walks_an_answer_pass_by_pass():
 
 def test_a_drafts_kept_tokens_follow_the_answer():
     from specula.engine.decoding.drafter import Draft
+    from specula.engine.decoding.tree import TokenTree
     from specula.engine.heads.measure import kept_by
 
     chain = Draft(torch.tensor([5, 6, 7]))
     assert [kept_by(chain, truth) for truth in ([5, 6, 7, 8], [5, 6, 9], [4], [5])] == [3, 2, 0, 1]
     # root children 5 and 9; 5's children 6 and 7; 7's child 8
-    tree = Draft(torch.tensor([5, 9, 6, 7, 8]), None, torch.tensor([-1, -1, 0, 0, 3]))
+    tree = Draft(torch.tensor([5, 9, 6, 7, 8]), tree=TokenTree.of_draft([-1, -1, 0, 0, 3]))
     assert [kept_by(tree, truth) for truth in ([5, 7, 8, 1], [5, 6, 1], [9, 9], [1], [5, 7])] == [3, 2, 1, 0, 2]
 
 

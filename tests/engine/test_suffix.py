@@ -27,7 +27,7 @@ def test_the_draft_follows_what_most_often_followed_and_a_tree_holds_the_runners
     chain = drafter.propose(context([20, 1, 2, 3]), 8)
     assert chain.parents is None and chain.tokens.tolist() == [4, 5]  # 4 in two of three; 5 and 6 tie: the first id
     tree = drafter.propose(context([20, 1, 2, 3], tree=True), 8)
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    tokens, parents = tree.tokens.tolist(), tree.parents
     assert tokens[0] == 4 and parents[0] == -1 and set(tokens[1:]) <= {5, 6, 7}
     assert all(p < i for i, p in enumerate(parents))  # parents come first
     assert drafter.match == 3 and len(tokens) <= 3  # nodes: the longest match's length

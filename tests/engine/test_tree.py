@@ -100,7 +100,7 @@ class TreeOracle(Drafter):
             if chain is None:
                 break
             parent = chain
-        return Draft(torch.tensor(tokens), parents=torch.tensor(parents))
+        return Draft(torch.tensor(tokens), tree=TokenTree.of_draft(parents))
 
 
 def test_the_decoder_keeps_the_agreeing_path_of_a_tree(model):
@@ -143,7 +143,11 @@ def test_a_chain_is_the_tree_whose_rows_continue_each_other():
 
 def test_a_drafters_tree_is_cut_at_the_draft_length_with_its_draft_indices():
     # draft tokens 0..5: 0 and 1 under the newest token, 2 under 0, 3 under 2, 4 under 3, 5 under 1
-    tree, kept = TokenTree.from_draft([-1, -1, 0, 2, 3, 1], max_depth=2)
+    drafted = TokenTree.of_draft([-1, -1, 0, 2, 3, 1])
+    assert drafted.parents == (-1, 0, 0, 1, 3, 4, 2)
+    tree, kept = drafted.cut(2)
     assert kept == [0, 1, 2, 5] and tree.parents == (-1, 0, 0, 1, 2)
-    whole, every = TokenTree.from_draft([-1, -1, 0, 2, 3, 1], max_depth=9)
-    assert every == list(range(6)) and whole.height == 4
+    whole, every = drafted.cut(9)
+    assert every == list(range(6)) and whole.height == 4 and whole == drafted
+    with pytest.raises(ValueError):
+        TokenTree.of_draft([-1, 2, 0])  # a parent after its child
