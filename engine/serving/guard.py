@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from . import openai
+from . import faults
 
 log = logging.getLogger(__name__)
 HEADER_TIMEOUT_S = 30.0  # a request's headers, from the connection (or the last answer) on
@@ -82,7 +82,7 @@ class Guard:
             await self._refuse(refusal, scope, receive, send, headers)
             return
         if self.active >= self.max_active:  # far beyond what the queue holds: a flood, answered at once
-            busy = openai.ApiError(503, f"the server is handling {self.active} requests, its most; try again "
+            busy = faults.ApiError(503, f"the server is handling {self.active} requests, its most; try again "
                                    "shortly", "server_error", code="server_busy")
             await JSONResponse(busy.body(), status_code=503, headers={"Retry-After": "5"})(scope, receive, send)
             return
@@ -104,7 +104,7 @@ class Guard:
         await self._answered(scope, receive, send)
 
     @staticmethod
-    async def _refuse(refusal: openai.ApiError, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
+    async def _refuse(refusal: faults.ApiError, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
         """The refusal as JSON; the connection closed after it where a body was left unread (or cut off)."""
         unread = scope["method"] in BODY_METHODS and _has_body(headers)
         close = refusal.status in (408, 413) or unread
@@ -128,27 +128,27 @@ class Guard:
         except Exception as exc:
             log.error("%s %s failed: %s: %s", scope["method"], scope["path"], type(exc).__name__, exc, exc_info=True)
             if not started:
-                error = openai.ApiError(500, f"the server failed on this request ({type(exc).__name__}); its log "
+                error = faults.ApiError(500, f"the server failed on this request ({type(exc).__name__}); its log "
                                         "says more", "server_error", code="internal_error")
                 await JSONResponse(error.body(), status_code=500)(scope, receive, send)
 
-    def refusal(self, scope: Scope, headers: Headers) -> openai.ApiError | None:
+    def refusal(self, scope: Scope, headers: Headers) -> faults.ApiError | None:
         host = headers.get("host", "")
         if self.key is None and not self._own_host(host):
-            return openai.ApiError(403, "this server has no API key, so it answers only requests addressed to "
+            return faults.ApiError(403, "this server has no API key, so it answers only requests addressed to "
                                    f"it by a loopback name (Host {_shown(host)} is not one); use "
                                    f"http://127.0.0.1:{self.port or 'PORT'}", "permission_error", code="host_not_allowed")
         origin = headers.get("origin")
         if origin is not None and not self._same_origin(origin, host):
-            return openai.ApiError(403, f"requests from web pages are refused (Origin {_shown(origin)}): this server "
+            return faults.ApiError(403, f"requests from web pages are refused (Origin {_shown(origin)}): this server "
                                    "is for programs on this machine", "permission_error", code="origin_not_allowed")
         if self.key is not None and scope["path"] != "/health" and not self._has_key(headers):
-            return openai.ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+            return faults.ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                                    "authentication_error", code="invalid_api_key")
         if scope["method"] in BODY_METHODS and _has_body(headers):
             kind = headers.get("content-type", "").split(";")[0].strip().lower()
             if kind != "application/json":
-                return openai.ApiError(415, f"the body must be JSON sent with 'Content-Type: application/json' "
+                return faults.ApiError(415, f"the body must be JSON sent with 'Content-Type: application/json' "
                                        f"(got {_shown(kind) if kind else 'none'})", code="unsupported_media_type")
         return None
 
@@ -166,9 +166,9 @@ class Guard:
         parts = urlsplit(origin)
         return parts.scheme in ("http", "https") and bool(parts.netloc) and parts.netloc.lower() == host.lower()
 
-    async def _body(self, headers: Headers, receive: Receive) -> tuple[openai.ApiError | None, bytes | None]:
+    async def _body(self, headers: Headers, receive: Receive) -> tuple[faults.ApiError | None, bytes | None]:
         """(refusal, body): the whole body, None when the client left, or why it was refused."""
-        too_large = openai.ApiError(413, f"the body is larger than this server accepts ({self.max_body} bytes; "
+        too_large = faults.ApiError(413, f"the body is larger than this server accepts ({self.max_body} bytes; "
                                     "--max-body-mb)", code="body_too_large")
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
@@ -180,7 +180,7 @@ class Guard:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, wait))
             except asyncio.TimeoutError:
-                return openai.ApiError(408, f"the body did not arrive in time (at most {BODY_IDLE_S:g} s without "
+                return faults.ApiError(408, f"the body did not arrive in time (at most {BODY_IDLE_S:g} s without "
                                        f"data, {BODY_TIMEOUT_S:g} s in all)", code="request_timeout"), b""
             if message["type"] == "http.disconnect":
                 return None, None

@@ -52,7 +52,7 @@ from ..api.events import (
 )
 from ..api.strategies import STRATEGIES
 from ..api.types import LoadRequest, RemoteLoadRequest, TrainRequest
-from . import openai, prometheus
+from . import control, faults, openai, prometheus, replies
 from .guard import MAX_ACTIVE, MAX_BODY_BYTES, Guard
 from .service import EngineService
 
@@ -61,7 +61,7 @@ CONTROL = "/specula/v1"
 MAX_QUEUE = 16  # generation requests waiting behind the running one; more are refused with 429
 
 
-def _error(exc: openai.ApiError) -> JSONResponse:
+def _error(exc: faults.ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
@@ -73,15 +73,15 @@ async def _body(request: Request) -> object:
     try:
         body = await request.json()
     except RecursionError:
-        raise openai.ApiError(400, "the request body nests too deeply") from None
+        raise faults.ApiError(400, "the request body nests too deeply") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, and an integer past Python's digit limit
         if "digits" in str(exc) and not isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
-            raise openai.ApiError(400, f"a number in the request body has more than {sys.get_int_max_str_digits():,} "
+            raise faults.ApiError(400, f"a number in the request body has more than {sys.get_int_max_str_digits():,} "
                                        "digits") from None
-        raise openai.ApiError(400, "the request body is not valid JSON") from None
+        raise faults.ApiError(400, "the request body is not valid JSON") from None
     where = _lone_surrogate(body)
     if where is not None:
-        raise openai.ApiError(400, f"'{where}' holds a lone UTF-16 surrogate (an escape such as \\ud800 that is "
+        raise faults.ApiError(400, f"'{where}' holds a lone UTF-16 surrogate (an escape such as \\ud800 that is "
                                    "half of a character): it is not text", param=where or None)
     return body
 
@@ -180,7 +180,7 @@ class Routes:
         """What a generation leaves out, and what it may ask for, from the loaded model and the server's settings."""
         loaded = self.service.loaded
         if loaded is None:
-            raise openai.ApiError(503, f"no model is loaded yet ({self.service.state}: "
+            raise faults.ApiError(503, f"no model is loaded yet ({self.service.state}: "
                                   f"{self.service.message or 'starting'})", "server_error", code="model_not_loaded")
         names = (loaded.target, *(a for a in self.model_aliases if a and a != loaded.target))
         chosen = self.strategy if self.strategy in loaded.strategies else (
@@ -205,7 +205,7 @@ class Routes:
         listed = self._model_json()
         names = (*(m["id"] for m in listed), *(a for a in self.model_aliases if a and listed))
         if name not in names:
-            return _error(openai.ApiError(404, f"the model {openai.Quoted(name)!r} does not exist here"
+            return _error(faults.ApiError(404, f"the model {faults.Quoted(name)!r} does not exist here"
                                           + (f"; this server serves {listed[0]['id']!r}" if listed else ""),
                                           param="model", code="model_not_found"))
         return JSONResponse(listed[0])
@@ -228,7 +228,7 @@ class Routes:
 
     def _queue_full(self) -> Response:
         wait = self.service.expected_wait_s()
-        error = openai.ApiError(429, f"the server is busy: {self.service.queue_depth} requests are waiting "
+        error = faults.ApiError(429, f"the server is busy: {self.service.queue_depth} requests are waiting "
                                 f"(at most {self.max_queue}); try again in about {wait} s", "rate_limit_error",
                                 code="queue_full")
         return JSONResponse(error.body(), status_code=429, headers={"Retry-After": str(wait)})
@@ -236,7 +236,7 @@ class Routes:
     async def _generate(self, request: Request, parse: Callable) -> Response:
         try:
             parsed = await self._parse(request, parse)
-        except openai.ApiError as exc:
+        except faults.ApiError as exc:
             return _error(exc)
         if parsed is None:
             return Response(status_code=499)
@@ -254,7 +254,7 @@ class Routes:
         if isinstance(first, Failed):
             gone.cancel()
             self.service.release(rid)
-            return _error(openai.failure(first.kind, first.message))
+            return _error(faults.failure(first.kind, first.message))
         if isinstance(first, Finished):  # cancelled while it waited in the queue
             early.append(first)
             first = Started(rid, parsed.request.strategy, 0, parsed.request.config.k)
@@ -271,7 +271,7 @@ class Routes:
                                      headers={**headers, "Cache-Control": "no-cache"})
         try:
             return JSONResponse(await self._whole(parsed, rid, queue, started, early), headers=headers)
-        except openai.ApiError as exc:
+        except faults.ApiError as exc:
             return _error(exc)
         finally:
             gone.cancel()
@@ -279,9 +279,9 @@ class Routes:
 
     async def _stream(self, parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started,
                       early: list) -> AsyncIterator[str]:
-        answer = openai.Answer(parsed, started, lambda: self.service.stop_sequence(rid))
+        answer = replies.Answer(parsed, started, lambda: self.service.stop_sequence(rid))
         try:
-            yield _sse(openai.chunk(parsed, "", role=True, extension=wire.started_json(started)))
+            yield _sse(replies.chunk(parsed, "", role=True, extension=wire.started_json(started)))
             while True:
                 event = early.pop(0) if early else await queue.get()
                 match event:
@@ -289,23 +289,23 @@ class Routes:
                         released = answer.step(event)
                         if released is not None:
                             piece, tokens = released
-                            yield _sse(openai.chunk(parsed, piece, extension=wire.step_json(event, tokens)))
+                            yield _sse(replies.chunk(parsed, piece, extension=wire.step_json(event, tokens)))
                     case ServerStats():
                         stats = {"server_stats": wire.stats_json(event)}
-                        yield _sse(openai.chunk(parsed, None, choices=False, extension=stats))
+                        yield _sse(replies.chunk(parsed, None, choices=False, extension=stats))
                     case PromptProgress():
                         progress = {"prompt_progress": wire.progress_json(event)}
-                        yield _sse(openai.chunk(parsed, None, choices=False, extension=progress))
+                        yield _sse(replies.chunk(parsed, None, choices=False, extension=progress))
                     case Finished():
                         piece, tokens, reason, usage = answer.finish(event)
                         extension = wire.finished_json(event, tokens)
-                        yield _sse(openai.chunk(parsed, piece, reason, extension=extension))
+                        yield _sse(replies.chunk(parsed, piece, reason, extension=extension))
                         if parsed.include_usage:  # OpenAI's: one more chunk, without choices
-                            yield _sse(openai.chunk(parsed, None, usage=usage, choices=False))
+                            yield _sse(replies.chunk(parsed, None, usage=usage, choices=False))
                         yield _sse("[DONE]")
                         return
                     case Failed():
-                        yield _sse(openai.failure(event.kind, event.message).body())
+                        yield _sse(faults.failure(event.kind, event.message).body())
                         yield _sse("[DONE]")
                         return
         finally:
@@ -313,7 +313,7 @@ class Routes:
 
     async def _whole(self, parsed: openai.Parsed, rid: int, queue: asyncio.Queue, started: Started,
                      early: list) -> dict:
-        answer = openai.Answer(parsed, started, lambda: self.service.stop_sequence(rid))
+        answer = replies.Answer(parsed, started, lambda: self.service.stop_sequence(rid))
         tokens: list = []
         while True:
             event = early.pop(0) if early else await queue.get()
@@ -323,9 +323,9 @@ class Routes:
                 case Finished():
                     _, last, reason, usage = answer.finish(event)
                     extension = {**wire.started_json(started), **wire.finished_json(event, tokens + last)}
-                    return openai.response(parsed, answer.text.text, reason, usage, extension)
+                    return replies.response(parsed, answer.text.text, reason, usage, extension)
                 case Failed():
-                    raise openai.failure(event.kind, event.message)
+                    raise faults.failure(event.kind, event.message)
 
     async def metrics(self, request: Request) -> Response:
         return PlainTextResponse(prometheus.render(self.service), media_type="text/plain; version=0.0.4")
@@ -370,7 +370,7 @@ class Routes:
                     yield _sse("[DONE]")
                     return
                 elif isinstance(event, Failed):
-                    yield _sse({"type": "error", **openai.failure(event.kind, event.message).body()})
+                    yield _sse({"type": "error", **faults.failure(event.kind, event.message).body()})
                     yield _sse("[DONE]")
                     return
         finally:
@@ -386,42 +386,42 @@ class Routes:
         """A relayed server and its key come from the operator: a request may name an environment variable
         only among --allow-key-env's, and (without an API key) a server only among --allow-server's."""
         if load.api_key_env and load.api_key_env not in self.allow_key_envs:
-            raise openai.ApiError(403, "'server.api_key_env' names an environment variable of this server, which a "
+            raise faults.ApiError(403, "'server.api_key_env' names an environment variable of this server, which a "
                                   "request may not read; send the key itself as 'server.api_key', or start the server "
                                   "with --allow-key-env VAR", "permission_error", "server.api_key_env", "not_allowed")
         if not self.keyed:
             allowed = {_normal(u) for u in self.allow_servers}
             for name, url in (("url", load.server), ("baseline_url", load.baseline_server)):
                 if url and _normal(url) not in allowed:
-                    raise openai.ApiError(403, f"this server has no API key, so it relays only the servers it was "
-                                          f"started with (--allow-server URL), not {openai.Quoted(url)!r}",
+                    raise faults.ApiError(403, f"this server has no API key, so it relays only the servers it was "
+                                          f"started with (--allow-server URL), not {faults.Quoted(url)!r}",
                                           "permission_error", f"server.{name}", "not_allowed")
 
     async def load(self, request: Request) -> Response:
         try:
-            load_request = openai.parse_load(await _body(request))
+            load_request = control.parse_load(await _body(request))
             if isinstance(load_request, RemoteLoadRequest):
                 self._may_relay(load_request)
             return self._start(load_request)
-        except openai.ApiError as exc:
+        except faults.ApiError as exc:
             return _error(exc)
 
     async def train(self, request: Request) -> Response:
         try:
-            train_request = openai.parse_train(await _body(request))
-        except openai.ApiError as exc:
+            train_request = control.parse_train(await _body(request))
+        except faults.ApiError as exc:
             return _error(exc)
         if self.service.loaded is None:
-            return _error(openai.ApiError(503, "no model is loaded yet", "server_error", code="model_not_loaded"))
+            return _error(faults.ApiError(503, "no model is loaded yet", "server_error", code="model_not_loaded"))
         return self._start(train_request)
 
     async def cancel(self, request: Request) -> Response:
         text = request.path_params["rid"]
         if not (text.isascii() and text.isdigit()) or len(text) > 18:  # 4,000 digits are no request's id
-            return _error(openai.ApiError(400, f"a request id is a number ({openai.Quoted(text)!r} is not one)"))
+            return _error(faults.ApiError(400, f"a request id is a number ({faults.Quoted(text)!r} is not one)"))
         rid = int(text)
         if not self.service.cancel(rid):
-            return _error(openai.ApiError(404, f"no queued or running request {rid}", code="not_found"))
+            return _error(faults.ApiError(404, f"no queued or running request {rid}", code="not_found"))
         return JSONResponse({"id": rid, "cancelled": True})
 
 
@@ -449,13 +449,13 @@ def _normal(url: str) -> str:
 
 
 async def _not_found(request: Request, exc) -> Response:
-    return _error(openai.ApiError(404, f"no route {openai.Quoted(request.url.path)}", code="not_found"))
+    return _error(faults.ApiError(404, f"no route {faults.Quoted(request.url.path)}", code="not_found"))
 
 
 async def _not_allowed(request: Request, exc) -> Response:
-    method, path = openai.Quoted(request.method), openai.Quoted(request.url.path)
-    return _error(openai.ApiError(405, f"{method} is not allowed on {path}"))
+    method, path = faults.Quoted(request.method), faults.Quoted(request.url.path)
+    return _error(faults.ApiError(405, f"{method} is not allowed on {path}"))
 
 
 async def _engine_error(request: Request, exc: SpeculaError) -> Response:
-    return _error(openai.failure(type(exc).__name__, str(exc)))
+    return _error(faults.failure(type(exc).__name__, str(exc)))

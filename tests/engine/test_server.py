@@ -22,7 +22,7 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
 from specula.engine.cli.serve import is_loopback  # noqa: E402
-from specula.engine.serving.openai import TextStream  # noqa: E402
+from specula.engine.serving.replies import TextStream  # noqa: E402
 from tests.support.engines import ServerThread  # noqa: E402
 
 
