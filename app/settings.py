@@ -24,6 +24,7 @@ from pathlib import Path
 
 from specula.app.storage import read_json, remove_stale_temporaries, set_aside, write_json_atomic
 from specula.engine.api.strategies import STRATEGIES, STRATEGY_OPTIONS, request_options
+from specula.engine.api.types import LoadRequest, ModelSpec, RemoteLoadRequest
 
 VERSION = 10
 BACKENDS = ("local", "remote")
@@ -89,12 +90,10 @@ class Settings:
         """The engine's GenerateRequest.options: the chosen strategy's options that are set, in the schema's order."""
         return request_options(self.strategy_options.get(self.strategy, {}))
 
-    def load_request(self, prepare=None):
+    def load_request(self, prepare=None) -> LoadRequest | RemoteLoadRequest:
         """The engine's request to load what these settings name: a LoadRequest (this engine), or a
         RemoteLoadRequest (a server, which the engine process relays); `prepare`: an answer as the first ones
         will ask (a GenerateRequest), run as the model loads."""
-        from specula.engine.api.types import LoadRequest, ModelSpec, RemoteLoadRequest
-
         if self.remote:
             return RemoteLoadRequest(self.server_url, self.server_model, self.api_key_env, self.baseline_url,
                                      self.verify_tls, allow_http_key=self.allow_http_key)
@@ -245,7 +244,7 @@ def clamp(s: Settings) -> Settings:
 def read_options(data: object) -> tuple[dict, list[str]]:
     """`strategy_options` from a file: each option the schema has for its strategy, in a JSON type it takes, and
     the names of those that were unusable (left out: the engine's default). Strategies and options the schema
-    does not know are ignored, as unknown fields are."""
+    does not know are ignored, as unknown fields are. `clamp` then puts them in the engine's terms."""
     if not isinstance(data, dict):
         return {}, ["strategy_options"]
     options: dict[str, dict[str, object]] = {}
@@ -263,7 +262,7 @@ def read_options(data: object) -> tuple[dict, list[str]]:
                 options.setdefault(strategy, {})[name] = value
             else:
                 bad.append(f"{strategy}.{name}")
-    return clean_options(options), bad
+    return options, bad
 
 
 def clean_options(options: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:

@@ -48,9 +48,9 @@ class Asked:
     def remote(self) -> bool:
         return isinstance(self.load, RemoteLoadRequest)
 
-    def request(self, messages, chat: bool | None = None) -> GenerateRequest:
-        """One turn's request; `chat` as the loaded model allows where the command asks it."""
-        return GenerateRequest(messages, self.strategy, self.config, self.chat if chat is None else chat, self.options)
+    def request(self, messages) -> GenerateRequest:
+        """One turn's request."""
+        return GenerateRequest(messages, self.strategy, self.config, self.chat, self.options)
 
 
 def read_flags(args, measure_baseline: bool = True) -> Asked:

@@ -583,8 +583,8 @@ def _members(protocol) -> set[str]:
     for cls in protocol.__mro__:
         if cls.__module__ == protocol.__module__:
             names |= set(cls.__dict__.get("__annotations__", {}))
-            names |= {n for n, v in cls.__dict__.items() if callable(v) and not n.startswith("_")}
-    return names | ({"__call__"} if "__call__" in protocol.__dict__ else set())
+            names |= {n for n, v in cls.__dict__.items() if callable(v) and (n == "__call__" or not n.startswith("_"))}
+    return names
 
 
 def test_every_head_declares_what_its_protocol_names():
