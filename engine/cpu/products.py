@@ -244,6 +244,7 @@ class BlockFormat:
 BLOCK_TABLE = (BlockFormat("Q4_0", 2, 32, 18), BlockFormat("Q4_1", 3, 32, 20), BlockFormat("Q5_0", 6, 32, 22),
                BlockFormat("Q5_1", 7, 32, 24), BlockFormat("Q8_0", 8, 32, 34), BlockFormat("Q4_K", 12, 256, 144),
                BlockFormat("Q5_K", 13, 256, 176), BlockFormat("Q6_K", 14, 256, 210))
+TILE_COLS = 16  # outputs per tile of the packed blocks (native/blocks.h's COLS)
 BLOCK_FORMATS = {f.name: f.ggml_type for f in BLOCK_TABLE}  # `Blocks`' file types, by GGML's number
 _FILE_BLOCK = {f.name: (f.inputs, f.bytes) for f in BLOCK_TABLE}
 
@@ -326,6 +327,21 @@ class Blocks:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.ops.blocks_mm(x, self.packed, self.parts, self.bias, self.out_float)
+
+    def first_rows(self, n: int) -> "Blocks":
+        """The same product over its first n outputs only (n a whole number of tiles), reading the same packed
+        bytes: a tile holds TILE_COLS outputs' blocks one after the other, so the first outputs are the first
+        tiles (a draft model's LM head cut to the ids a target mostly emits). Self where n covers them all."""
+        if n >= self.out_features:
+            return self
+        if n <= 0 or n % TILE_COLS or self.parts.shape[0] != 1 or self.bias is not None:
+            raise ValueError(f"the first rows of one part without a bias, a multiple of {TILE_COLS}")
+        cut = object.__new__(Blocks)
+        cut.__dict__.update(self.__dict__)
+        cut.out_features = n
+        cut.parts = self.parts.clone()
+        cut.parts[0, 1] = n
+        return cut
 
 
 class Tiles:

@@ -49,6 +49,7 @@ class Drafter:
       ended, with the whole conversation (drafters that learn from the model's answers);
     - `observe_tree(best)`, for drafters that learn from every scored node (`learns_from_tree`, lookahead):
       before observe(), the target's argmax after each scored draft token (key: its index in Draft.tokens);
+    - `observe_pass(rows, seconds)`: every step's verify pass, its rows and time (what a row costs here);
     - `observe_step(drafted, accepted, seconds)`, for drafters that choose each step's draft length
       themselves (`chooses_length`, auto): the step's counts and wall time after each step they proposed
       for. For the others the loop chooses the length with the drafter's `lengths(k)`
@@ -80,9 +81,18 @@ class Drafter:
     def reset(self) -> None:
         """Forget everything: a new generation starts."""
 
+    def forget(self) -> None:
+        """Drop what is kept of earlier conversations' positions (a drafting model's cache), so that the next
+        answer reads its whole prompt, as the target then does (Session.forget)."""
+
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         """Up to k tokens (a chain, or a tree through Draft.tree) to continue ctx.tokens."""
         raise NotImplementedError
+
+    def waiting(self, ctx: DraftContext) -> bool:
+        """Whether it would rather not draft for this context yet (a drafting model that would first read a new
+        answer's prompt): auto then leaves it out of the step's choice."""
+        return False
 
     def observe(self, accepted: int, next_token: int) -> None:
         """The target kept `accepted` draft tokens, then produced `next_token`."""
@@ -101,6 +111,10 @@ class Drafter:
 
     def observe_step(self, drafted: int, accepted: int, seconds: float) -> None:
         """A step this drafter proposed for: its counts and wall time (chooses_length drafters)."""
+
+    def observe_pass(self, rows: int, seconds: float) -> None:
+        """Every step's verify pass (a plain step's too): its rows (the newest token and the draft's) and its
+        time, for drafters that weigh a draft token against what its row costs (PassCosts)."""
 
     @property
     def chose(self) -> str | None:
@@ -132,3 +146,35 @@ def sends_tree(force: bool | None, runner) -> bool:
     if force is not None:
         return force
     return runner is not None and runner.exact_trees and runner.device.type != "cpu"
+
+
+class PassCosts:
+    """What a verify pass costs by its rows, from the passes seen: a line fitted to their times, older passes
+    fading by FORGET each. `row_s`: what one more row adds (about a tenth of a step with AVX-512 at 1.5B, a
+    quarter or more on AVX2 CPUs); `plain_s`: a pass of one row."""
+
+    FORGET = 0.98
+
+    def __init__(self) -> None:
+        self.n = self.x = self.y = self.xx = self.xy = 0.0
+        self.spread = False  # passes of more than one size seen
+
+    def add(self, rows: int, seconds: float) -> None:
+        f = self.FORGET
+        self.n, self.x, self.y = f * self.n + 1, f * self.x + rows, f * self.y + seconds
+        self.xx, self.xy = f * self.xx + rows * rows, f * self.xy + rows * seconds
+        self.spread = self.spread or rows != 1
+
+    def row_s(self) -> float | None:
+        """Seconds one more row adds (None until passes of two sizes were seen)."""
+        var = self.n * self.xx - self.x * self.x
+        if not self.spread or var <= 1e-9 * max(1.0, self.n * self.xx):
+            return None
+        return max(0.0, (self.n * self.xy - self.x * self.y) / var)
+
+    def plain_s(self) -> float | None:
+        """Seconds of a pass of one row, on the fitted line."""
+        if self.n == 0:
+            return None
+        slope = self.row_s() or 0.0
+        return max(1e-6, (self.y - slope * self.x) / self.n + slope)

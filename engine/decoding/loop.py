@@ -120,6 +120,7 @@ def generate(
         plain_s = meter.plain_step_s
         n = 0 if probe else lengths.choose(plain_s) if lengths is not None else k
         step = loop.step(n)
+        drafter.observe_pass(loop.pass_rows, step.verify_s)
         yield step
         seconds = max(1e-6, loop.step_seconds - (drafter.catch_up_s if step.k else 0.0))  # within the step's time
         if lengths is not None:
@@ -187,6 +188,7 @@ class _Loop:
         self.step_kind = ""
         self.last_elapsed = 0.0  # when the previous step ended (since t_start)
         self.step_seconds = 0.0  # the last decode step's wall time (DraftLength learns from it)
+        self.pass_rows = 1  # the last verify pass's rows (the newest token and the draft)
         # whether timings may shape the steps: not when sampling with a seed (a greedy answer is the target's
         # own whatever the steps)
         self.timed = config.seed is None or config.params.greedy
@@ -270,6 +272,7 @@ class _Loop:
             q = draft.q[: d.shape[0]] if draft is not None and draft.q is not None else None  # (n, V)
             checked = self._verify_chain(d, q)
         t2 = time.perf_counter()
+        self.pass_rows = len(checked.tokens)
         return self._commit(checked, k, t0, t1, t2)
 
     def _verify_chain(self, d: torch.Tensor, q: torch.Tensor | None) -> _Checked:

@@ -2,7 +2,7 @@
 nothing (a plain step) when no draft pays.
 
 Members: prompt lookup, the model's earlier answers (`suffix.py`), the model's own phrases (`phrases.py`),
-lookahead, and every trained head found for the model (eagle, medusa). The earlier answers are offered where
+lookahead, every trained head found for the model (eagle, medusa), and the draft model where one is loaded. The earlier answers are offered where
 the conversation's last tokens occur in them. Prompt lookup is split by the situation: how long the earlier match of the
 conversation's last tokens is (1, 2-3, 4 or more; with no match it cannot draft). The phrases are offered
 where prompt lookup's match is one token or none, and where they have a draft. Each of these choices keeps its
@@ -28,6 +28,7 @@ from ..api.strategies import STRATEGIES, default_k
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
 from ..decoding.length import DraftLength
 from ..heads.store import read_info
+from .draft_model import DraftModel
 from .eagle import Eagle
 from .lookahead import Lookahead
 from .medusa import Medusa
@@ -56,7 +57,8 @@ CHOICE_WORDS = {"prompt-lookup:1": "prompt lookup (a match of 1 token)",
                 "prompt-lookup:2-3": "prompt lookup (a match of 2-3 tokens)",
                 "prompt-lookup:4+": "prompt lookup (a match of 4 tokens or more)",
                 "phrases": "the model's own phrases",
-                "suffix": "the model's earlier answers"}
+                "suffix": "the model's earlier answers",
+                "draft-model": "the draft model"}
 
 
 def _lookup_bucket(n: int) -> str:
@@ -86,11 +88,16 @@ class Auto(Drafter):
         self.plain_s: float | None = None  # the plain-step cost when this step was proposed
 
     @classmethod
-    def build(cls, target, draft=None, heads=(), head=None, skip: str = "", phrases=None, **options) -> "Auto":
+    def build(cls, target, draft=None, heads=(), head=None, skip: str = "", phrases=None, draft_vocab=None,
+              confident=True, **options) -> "Auto":
         """`skip`: comma-separated strategies auto must not use (prompt-lookup, lookahead, eagle, medusa,
-        phrases); `phrases` false: the same as skipping them."""
+        phrases, draft-model); `phrases` false: the same as skipping them. A loaded draft model is a member
+        (`draft_vocab`, `confident`: its options, as draft-model takes them)."""
         left_out = {name.strip() for name in (skip or "").split(",") if name.strip()}
         members = {} if "lookahead" in left_out else {"lookahead": (Lookahead(), default_k("lookahead"))}
+        if draft is not None and DraftModel.name not in left_out:
+            members[DraftModel.name] = (DraftModel.build(target, draft, draft_vocab=draft_vocab, confident=confident),
+                                        default_k(DraftModel.name))
         for folder in [*heads, *([head] if head else [])]:
             kind = read_info(Path(folder)).kind
             if kind not in members and kind not in left_out and kind in HEAD_DRAFTERS and target.uses_lean_forward:
@@ -111,6 +118,10 @@ class Auto(Drafter):
         for drafter, _ in self.heads.values():
             drafter.reset()
         self.chosen = self.member = None
+
+    def forget(self) -> None:
+        for drafter, _ in self.heads.values():
+            drafter.forget()
 
     def _model(self, choice: str) -> DraftLength:
         if choice not in self.models:
@@ -158,8 +169,9 @@ class Auto(Drafter):
             # whether the phrases have a draft here: its first token says (the rest is looked up if chosen)
             has_phrase = self.phrases is not None and n <= 1 and self.phrases.draft(ctx, 1).numel() > 0
             earlier = self.suffix is not None and self.suffix.in_history(ctx.tokens)
+            ready = [name for name, (drafter, _) in self.heads.items() if not drafter.waiting(ctx)]
             choice, length = self._pick([*lookup, *(["suffix"] if earlier else []), *(["phrases"] if has_phrase else []),
-                                         *self.heads], ctx.plain_s)
+                                         *ready], ctx.plain_s)
         self.chosen = choice
         self.last_used[choice] = self.steps
         if choice == "none" or length == 0:
@@ -204,6 +216,10 @@ class Auto(Drafter):
         for member in (self.suffix, self.phrases):
             if member is not None:
                 member.finished(tokens, prompt_len)
+
+    def observe_pass(self, rows: int, seconds: float) -> None:
+        for drafter, _ in self.heads.values():
+            drafter.observe_pass(rows, seconds)
 
     def observe_step(self, drafted: int, accepted: int, seconds: float) -> None:
         """The decoder's timing of the step this drafter proposed for: booked under its choice."""

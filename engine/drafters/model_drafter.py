@@ -1,76 +1,229 @@
 """Drafting with a causal LM that has its own KV cache: a separate small model (`draft-model`) or the
 target's own first layers (`layer-skip`). The cache is kept in step with the conversation by its
-common prefix, so rollback after a rejection is a truncation and nothing is recomputed twice."""
+common prefix, so rollback after a rejection is a truncation and nothing is recomputed twice.
+
+A draft token costs a whole forward of the drafting model (the 0.5B Qwen2.5 drafting for the 1.5B: 0.43 of
+the target's step), so the drafter drafts only what it is confident of. Each token's probability under the
+drafter is turned into the share of such tokens the target kept (`Calibration`, learned from what it kept);
+the chain's chance of surviving is the product of its tokens' shares. The drafter
+
+- stops before the forward of the next token when the chain's chance times the share kept after a kept token
+  is below that forward's cost plus a verify row's, both in plain steps (the forward's time measured, the
+  plain step's from the answer, a row's from the target's passes: `PassCosts`): a token worth less than it costs is not drafted (EAGLE-2's dynamic length,
+  llama.cpp's p-min with its threshold learned from the costs instead of set);
+- leaves out a token it already has when the chain's chance of reaching and keeping it is below a verify
+  row's cost;
+- waits for an answer's first START_AFTER tokens before it reads a new prompt (`waiting`): the read costs a
+  third of the target's, which a short answer never wins back; and reads the latest READ_WINDOW positions only
+  where more than READ_MOST are new (a long prompt, many steps of another drafter).
+
+Sampling with a seed, timings must not shape the answer: the drafter then drafts its full length.
+"""
 
 from __future__ import annotations
+
+import bisect
+import time
 
 import torch
 
 from ..api.types import SamplingParams
-from ..decoding.drafter import Draft, DraftContext, Drafter
+from ..decoding.drafter import Draft, DraftContext, Drafter, PassCosts
 from ..decoding.sampling import process_logits, sample
 from ..decoding.target import ModelRunner
+
+# before they are measured: a verify pass's extra row, in plain steps (a pass of 8 rows costs 1.34 steps at 1.5B
+# with AVX-512, 2.3-2.6 with AVX2 only)
+ROW_COST = 0.05
+TOKEN_COST = 0.45  # a draft token's forward, in plain steps, until one is measured (the 0.5B for the 1.5B: 0.43)
+RUNNING_WEIGHT = 0.1  # of the newest forward's time in the running figure
+AFTER_KEPT_WEIGHT = 0.05  # of the newest token in the share kept after a kept token
+# a read of more than READ_MOST positions (a long prompt) reads the latest READ_WINDOW only
+READ_MOST = 256
+READ_WINDOW = 128
+# an answer's first START_AFTER tokens are not drafted where that would first read more than BIG_READ positions
+START_AFTER = 24
+BIG_READ = 16
+
+
+class Calibration:
+    """The share of draft tokens the target kept, by the probability the drafter gave them (bins with EDGES
+    between them). Each bin starts from the drafter's own probability (PRIOR drafts' worth at the bin's
+    middle): a sibling model of the target is roughly calibrated before anything is measured. Counts fade by
+    FORGET a draft, so the figures follow the conversation."""
+
+    EDGES = (0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.96, 0.985, 0.995)
+    PRIOR = 4.0
+    FORGET = 0.995
+
+    def __init__(self) -> None:
+        bounds = (0.0, *self.EDGES, 1.0)
+        middles = [(lo + hi) / 2 for lo, hi in zip(bounds, bounds[1:])]
+        self.reached = [self.PRIOR] * len(middles)  # tokens of the bin whose earlier tokens were all kept
+        self.kept = [self.PRIOR * m for m in middles]  # ... and that were kept
+
+    def share(self, p: float) -> float:
+        """The share kept of draft tokens given probability p whose earlier tokens were kept."""
+        i = bisect.bisect_right(self.EDGES, p)
+        return self.kept[i] / self.reached[i]
+
+    def observe(self, probs: list[float], accepted: int) -> None:
+        """A draft whose tokens had probabilities `probs`, of which the first `accepted` were kept: the tokens
+        up to the first rejected one count (the target judged nothing after it)."""
+        if not probs:
+            return
+        self.reached = [self.FORGET * r for r in self.reached]
+        self.kept = [self.FORGET * c for c in self.kept]
+        for i, p in enumerate(probs[: accepted + 1]):
+            b = bisect.bisect_right(self.EDGES, p)
+            self.reached[b] += 1
+            self.kept[b] += i < accepted
 
 
 class ModelDrafter(Drafter):
     name = "model"
 
-    def __init__(self, runner: ModelRunner, target_vocab: int) -> None:
+    def __init__(self, runner: ModelRunner, target_vocab: int, confident: bool = True) -> None:
         self.runner = runner
         self.target_vocab = target_vocab
         self.cached: list[int] = []  # the tokens whose keys and values the runner holds
-        self._known = 0  # cached[:_known] is a prefix of every later context of this generation
+        self._known = 0  # the conversation's first _known tokens are a prefix of every later context of this answer
+        self.offset = 0  # the conversation's position of the cache's first (a read of its latest positions only)
+        # drafts only what pays (the module's note); false: always the full length asked for
+        self.confident = confident
+        self.calibration = Calibration()
+        self.token_s: float | None = None  # a draft token's forward, running mean of measured ones
+        self.after_kept = 0.7  # share kept of the tokens after a kept one (running), to value the next forward
+        self._probs: list[float] = []  # the last draft's tokens' probabilities under the drafter
+        self.passes = PassCosts()  # what the target's verify passes cost by their rows, here
 
     def reset(self) -> None:
+        """A new answer: the cache keeps what it shares with the new conversation (a chat's next turn holds the
+        last one), found at the first proposal."""
+        self._known = 0
+        self._probs = []
+
+    def forget(self) -> None:
         self.runner.truncate(0)
         self.cached = []
         self._known = 0
+        self.offset = 0
+
+    def _common(self, view: list[int]) -> int:
+        """How many of `view`'s first tokens the cache holds (never the newest: it is fed for its logits)."""
+        limit = min(len(self.cached), len(view) - 1)
+        common = min(max(0, self._known - self.offset), limit)  # within one answer the context only grows
+        while common < limit and self.cached[common] == view[common]:
+            common += 1
+        return common
+
+    def waiting(self, ctx: DraftContext) -> bool:
+        """Whether drafting now would first read much of the conversation (more than BIG_READ positions: a new
+        answer's prompt, where the cache holds little of it) this early in an answer (fewer than START_AFTER
+        tokens answered): a short answer never pays that read, a long one soon has it back."""
+        answered = ctx.tokens.shape[0] - ctx.prompt_len
+        if answered >= START_AFTER:
+            return False
+        tokens = ctx.tokens.tolist()
+        if self._known == 0 and self.offset:
+            return True  # a window's cache is not reused across answers: it would read READ_WINDOW positions
+        return len(tokens) - self.offset - self._common(tokens[self.offset :]) > BIG_READ
 
     def _sync(self, tokens: list[int]) -> torch.Tensor:
-        """Roll the cache back to what it shares with `tokens`, feed the rest; logits (1, V) of the last."""
-        limit = min(len(self.cached), len(tokens) - 1)  # the newest token is always fed for its logits
-        common = min(self._known, limit)  # within one generation the context only grows
-        while common < limit and self.cached[common] == tokens[common]:
-            common += 1
+        """Roll the cache back to what it shares with `tokens`, feed the rest; logits (1, V) of the last. A read
+        of more than READ_MOST positions reads the latest READ_WINDOW only, into a fresh cache (`offset`: the
+        conversation's position of the cache's first): a drafter guesses from what was said last."""
+        if self._known == 0 and self.offset:  # a new answer: a window's cache is not reused
+            self.forget()
+        view = tokens[self.offset :]
+        common = self._common(view)
+        if len(view) - common > READ_MOST:
+            self.offset = len(tokens) - READ_WINDOW
+            view, common = tokens[self.offset :], 0
         self.runner.truncate(common)
-        self.cached = tokens[:]
+        self.cached = view[:]
         self._known = len(tokens)
-        return self.runner.forward(torch.tensor(tokens[common:], dtype=torch.long))
+        fed = len(view) - common
+        began = time.perf_counter()
+        logits = self.runner.forward(torch.tensor(view[common:], dtype=torch.long))
+        # more than the two tokens a drafter drafting at every step feeds (its last draft token and the
+        # target's next): positions caught up on, after plain steps or another drafter's
+        self.catch_up_s = max(0.0, time.perf_counter() - began - (self.token_s or 0.0)) if fed > 2 else 0.0
+        return logits
 
-    def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> tuple[int, torch.Tensor | None]:
-        logits = self._to_target_vocab(logits[-1])  # (V_target,)
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> tuple[int, torch.Tensor | None, float]:
+        """(token, its processed distribution over the target's vocabulary or None when greedy, the
+        drafter's probability of it)."""
+        logits = logits[-1]
         if params.greedy:
-            return int(logits.argmax()), None
-        q = process_logits(logits, params)
-        return int(sample(q, gen)), q
+            token = int(logits.argmax())
+            return token, None, float(torch.softmax(logits, -1)[token])
+        q = process_logits(self._to_target_vocab(logits), params)
+        token = int(sample(q, gen))
+        return token, q, float(q[token])
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         v = logits.shape[-1]
         if v > self.target_vocab:  # ids the target cannot produce
             return logits[: self.target_vocab]
-        if v < self.target_vocab:  # padding rows the draft lacks get no mass
+        if v < self.target_vocab:  # padding rows the draft lacks (or ids it leaves out) get no mass
             pad = logits.new_full((self.target_vocab - v,), float("-inf"))
             return torch.cat([logits, pad])
         return logits
 
+    def _forward_one(self, token: int) -> torch.Tensor:
+        began = time.perf_counter()
+        logits = self.runner.forward(torch.tensor([token], dtype=torch.long))
+        seconds = time.perf_counter() - began
+        self.token_s = seconds if self.token_s is None else (1 - RUNNING_WEIGHT) * self.token_s + RUNNING_WEIGHT * seconds
+        return logits
+
+    def observe_pass(self, rows: int, seconds: float) -> None:
+        self.passes.add(rows, seconds)
+
+    def costs(self, plain_s: float | None) -> tuple[float, float]:
+        """(a draft token's forward, a verify pass's extra row), in plain steps: as measured here, where they
+        are (TOKEN_COST and ROW_COST until then)."""
+        plain = plain_s or self.passes.plain_s()
+        row_s = self.passes.row_s()
+        row = row_s / plain if row_s is not None and plain else ROW_COST
+        return (self.token_s / plain if self.token_s and plain else TOKEN_COST), row
+
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         room = self.runner.max_len - ctx.tokens.shape[0]
         k = min(k, room)
-        if k <= 0:
+        self._probs = []
+        self.catch_up_s = 0.0
+        if k <= 0 or (self.confident and ctx.timed and self.waiting(ctx)):
             return Draft(torch.empty(0, dtype=torch.long))
         logits = self._sync(ctx.tokens.tolist())
+        choosing = self.confident and ctx.timed
+        token_cost, row_cost = self.costs(ctx.plain_s)
+        forward_cost = token_cost + row_cost  # what drafting one more token costs
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
+        chance = 1.0  # that the target keeps every token drafted so far
         for i in range(k):
-            token, q = self._pick(logits, ctx.params, ctx.generator)
+            token, q, p = self._pick(logits, ctx.params, ctx.generator)
+            share = self.calibration.share(p)
+            if choosing and i and chance * share < row_cost:
+                break  # not worth even a verify row
             drafted.append(token)
+            self._probs.append(p)
+            chance *= share
             if q is not None:
                 qs.append(q)
-            if i + 1 < k:
-                logits = self.runner.forward(torch.tensor([token], dtype=torch.long))
-                self.cached.append(token)
-        q_all = torch.stack(qs) if qs else None  # (k, V)
+            if i + 1 >= k or (choosing and chance * self.after_kept < forward_cost):
+                break
+            logits = self._forward_one(token)
+            self.cached.append(token)
+        q_all = torch.stack(qs) if qs else None  # (n, V)
         return Draft(torch.tensor(drafted, dtype=torch.long), q_all)
 
     def observe(self, accepted: int, next_token: int) -> None:
-        pass  # the next propose() finds the common prefix and truncates there
+        # the next propose() finds the common prefix and truncates there; what was kept teaches the calibration
+        probs = self._probs
+        self.calibration.observe(probs, accepted)
+        for i in range(1, min(len(probs), accepted + 1)):  # tokens after a kept one: each kept or not
+            self.after_kept += AFTER_KEPT_WEIGHT * ((i < accepted) - self.after_kept)
+        self._probs = []

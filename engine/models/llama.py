@@ -26,6 +26,7 @@ from ..api.errors import ContextTooLongError
 from ..cpu import step as cpu_step
 from ..cpu.products import (
     BLOCK_FORMATS,
+    TILE_COLS,
     Blocks,
     Dense,
     FileBlocks,
@@ -614,6 +615,9 @@ class LlamaRunner:
         arch = describe(cfg)
         self.norm = _norm_of(model.model.norm, arch.norm_offset, _wide_norms(arch))
         self.vocab_size = out_features(model.lm_head)
+        # logits over the first `head_rows` ids only (0: all; limit_vocab): a draft model's cut vocabulary
+        self.head_rows = 0
+        self._cut_heads: dict = {}  # LM head product -> its first head_rows outputs
         # static (models/static.py, a GPU's step): the cache is allocated once for `max_len` positions (and a
         # scratch slot) and every step after the prefill runs in a bucket of fixed shape, at least `floor`
         # rows; with `graphs`, the buckets are captured as CUDA graphs in the background
@@ -810,8 +814,8 @@ class LlamaRunner:
         position of its depth. Afterwards `keep()` keeps one root-to-node path."""
         if self.graphs is not None:
             with self.graphs.recording:  # not while a graph is being recorded (a moment, once per bucket)
-                return self._forward(tokens, last, tree)
-        return self._forward(tokens, last, tree)
+                return self._vocab_cut(self._forward(tokens, last, tree))
+        return self._vocab_cut(self._forward(tokens, last, tree))
 
     def _forward(self, tokens: torch.Tensor, last: int, tree: TokenTree | None) -> torch.Tensor:
         t = tokens.shape[0]
@@ -871,7 +875,32 @@ class LlamaRunner:
         self._kt_len = end
         self._feat[start:end] = x
         h = fast.ops.rms_norm(x[-last:], self.norm.weight, self.norm.eps, self.norm.wide)
-        return self._scaled(in_rows(self.lm_head if fast.lm_head is None else fast.lm_head, h).float())
+        return self._scaled(in_rows(self._head(self.lm_head if fast.lm_head is None else fast.lm_head), h).float())
+
+    def limit_vocab(self, n: int) -> None:
+        """Logits over the ids below n only (0: all of them): a draft model drafting from the tokens its target
+        mostly emits. A byte-pair vocabulary numbers its tokens in the order their merges were learned, most
+        frequent first, so the lowest ids are the common ones. Where the LM head is a file's blocks, only those
+        rows are read (the 0.5B Qwen2.5's head over 151,936 ids is over a third of the bytes a step reads);
+        elsewhere the logits are cut after the product. n is rounded up to a whole tile of the packed head."""
+        n = max(0, int(n))
+        self.head_rows = 0 if n == 0 or n >= self.vocab_size else min(self.vocab_size, -(-n // TILE_COLS) * TILE_COLS)
+
+    def _head(self, product):
+        """The LM head product a pass runs: its first head_rows outputs where cut (limit_vocab)."""
+        if not self.head_rows or not hasattr(product, "first_rows"):
+            return product
+        key = (id(product), self.head_rows)
+        if key not in self._cut_heads:
+            try:
+                self._cut_heads[key] = product.first_rows(self.head_rows)
+            except ValueError:  # a head of several parts or with a bias: cut after the product
+                self._cut_heads[key] = product
+        return self._cut_heads[key]
+
+    def _vocab_cut(self, logits: torch.Tensor) -> torch.Tensor:
+        """(rows, V) -> (rows, head_rows) where the vocabulary is cut and the product gave every id."""
+        return logits[:, : self.head_rows] if self.head_rows and logits.shape[-1] > self.head_rows else logits
 
     def _forward_in_chunks(self, tokens: torch.Tensor, last: int, start: int) -> torch.Tensor:
         """A long pass (a prompt) through the compiled step as passes of STEP_CHUNK rows, one after the other:

@@ -168,6 +168,8 @@ class Session:
         each strategy's first turn alike, whatever ran before)."""
         if self._runner is not None:
             self._runner.truncate(0)
+        for drafter in self._drafters.values():
+            drafter.forget()
 
     def encode(self, request: GenerateRequest) -> list[int]:
         """The prompt's tokens; one that cannot fit in the window is refused before it is tokenized (a 3.6 MB

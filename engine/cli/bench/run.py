@@ -88,7 +88,8 @@ class Bench:
             f = [e for e in events if isinstance(e, Finished)][0]
             run.steps += [{"turn": turn, "step": e.step, "context": e.context_len, "k": e.k, "drafted": e.drafted,
                            "accepted": e.accepted, "new_tokens": len(e.tokens),
-                           "draft_ms": round(1000 * e.draft_s, 3), "verify_ms": round(1000 * e.verify_s, 3)}
+                           "draft_ms": round(1000 * e.draft_s, 3), "verify_ms": round(1000 * e.verify_s, 3),
+                           "drafter": next((t.drafter for t in (*e.tokens, *e.rejected) if t.drafter), None)}
                           for e in events if isinstance(e, Step)]
             t = f.totals
             run.token_ids += f.token_ids
@@ -165,8 +166,18 @@ def split_variant(name: str) -> tuple[str, tuple[str, ...]]:
 
 
 def variant_options(flags: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
-    """A variant's flags as strategy options: ('tree', 'no-lookup') -> (('tree', 1), ('lookup', 0))."""
-    return tuple((flag[3:], 0) if flag.startswith("no-") else (flag, 1) for flag in flags)
+    """A variant's flags as strategy options: ('tree', 'no-lookup', 'draft_vocab=0') -> (('tree', 1), ('lookup', 0),
+    ('draft_vocab', 0)): an integer option set to a value (`draft-model+draft_vocab=65536`)."""
+    def option(flag: str) -> tuple[str, int]:
+        if "=" in flag:
+            name, value = flag.split("=", 1)
+            try:
+                return name, int(value)
+            except ValueError:
+                raise SpeculaError(f"a variant's value is a whole number: '{flag}'") from None
+        return (flag[3:], 0) if flag.startswith("no-") else (flag, 1)
+
+    return tuple(option(flag) for flag in flags)
 
 
 def median_run(runs: list[Run]) -> Run:

@@ -1,0 +1,185 @@
+"""The draft model drafts what pays: tokens it is confident of, from a cut vocabulary, learning from what the target
+kept; its answers stay the target's own, alone and as a member of auto."""
+
+import pytest
+import torch
+
+from specula.engine.api.types import DecodeConfig, SamplingParams
+from specula.engine.decoding.drafter import DraftContext, PassCosts
+from specula.engine.decoding.loop import generate
+from specula.engine.drafters import build_drafter
+from specula.engine.drafters.auto import Auto
+from specula.engine.drafters.draft_model import DraftModel, draft_vocab_for
+from specula.engine.drafters.model_drafter import READ_WINDOW, Calibration, ModelDrafter
+from specula.engine.api.strategies import DRAFT_VOCAB
+from specula.engine.api.errors import SpeculaError
+from tests.support.tiny import loaded, native, perturbed, tiny_model
+
+
+class ScriptedRunner:
+    """A drafting model whose next token is always `token` with probability `sure` at the positions in `sure_at`
+    and 0.1 elsewhere (vocabulary of 16)."""
+
+    max_len = 1000
+
+    def __init__(self, sure_at: set[int], sure: float = 0.999) -> None:
+        self.sure_at, self.sure = sure_at, sure
+        self.length = 0
+
+    def truncate(self, length: int) -> None:
+        self.length = length
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.length += tokens.shape[0]
+        p = self.sure if self.length in self.sure_at else 0.1
+        probs = torch.full((16,), (1 - p) / 15)
+        probs[3] = p
+        return probs.log()[None]
+
+
+def _ctx(tokens: int, plain_s: float, timed: bool = True) -> DraftContext:
+    return DraftContext(torch.arange(tokens) % 16, tokens, SamplingParams(temperature=0.0), None, None, plain_s, timed)
+
+
+def test_the_draft_model_drafts_its_full_length_where_it_is_sure_and_stops_at_an_unsure_token():
+    sure = ModelDrafter(ScriptedRunner(sure_at=set(range(5, 9))), 16)
+    draft = sure.propose(_ctx(5, plain_s=10.0), 8)  # positions 5-8 sure, then 0.1: left out
+    assert draft.tokens.tolist() == [3, 3, 3, 3, 3]  # the fifth (p = 0.1) still worth a verify row after four sure ones
+    unsure = ModelDrafter(ScriptedRunner(sure_at=set()), 16)
+    assert unsure.propose(_ctx(5, plain_s=10.0), 8).tokens.tolist() == [3]  # one guess, then nothing worth a row
+    always = ModelDrafter(ScriptedRunner(sure_at=set()), 16, confident=False)
+    assert always.propose(_ctx(5, plain_s=10.0), 8).tokens.tolist() == [3] * 8
+    seeded = ModelDrafter(ScriptedRunner(sure_at=set()), 16)  # sampling with a seed: timings must not shape it
+    assert seeded.propose(_ctx(5, plain_s=10.0, timed=False), 8).tokens.shape[0] == 8
+
+
+def test_a_draft_token_that_costs_more_than_it_is_likely_to_win_is_not_drafted():
+    drafter = ModelDrafter(ScriptedRunner(sure_at=set(range(5, 20)), sure=0.9), 16)
+    # a forward that costs as much as a plain step: a second token (kept 9 times in 10 after a kept one 0.7 of
+    # the time) is not worth it
+    drafter.token_s = 1.0
+    assert drafter.propose(_ctx(5, plain_s=1.0), 8).tokens.shape[0] == 1
+    drafter.reset()
+    drafter.token_s = 0.01  # a hundredth of a step: it drafts on while the chain is likely to hold
+    assert drafter.propose(_ctx(5, plain_s=1.0), 8).tokens.shape[0] >= 4
+
+
+def test_the_calibration_learns_how_often_the_target_keeps_what_the_drafter_was_sure_of():
+    cal = Calibration()
+    assert cal.share(0.999) > 0.95 and cal.share(0.1) < 0.2  # the drafter's own probability to start from
+    for _ in range(100):
+        cal.observe([0.999, 0.999, 0.999], 0)  # the first rejected each time: the others were never judged
+    assert cal.share(0.999) < 0.1
+    before = cal.share(0.5)
+    cal.observe([0.5], 1)
+    assert cal.share(0.5) > before
+
+
+def test_the_share_kept_after_a_kept_token_follows_what_the_target_kept():
+    drafter = ModelDrafter(ScriptedRunner(sure_at=set()), 16)
+    start = drafter.after_kept
+    for _ in range(30):
+        drafter._probs = [0.9, 0.9, 0.9, 0.9]
+        drafter.observe(4, 0)  # every token kept
+    assert drafter.after_kept > start + 0.15
+    for _ in range(60):
+        drafter._probs = [0.9, 0.9, 0.9, 0.9]
+        drafter.observe(1, 0)  # the second rejected
+    assert drafter.after_kept < start
+
+
+def test_the_default_draft_vocabulary_is_cut_only_for_large_vocabularies():
+    assert draft_vocab_for(151_936, None) == DRAFT_VOCAB
+    assert draft_vocab_for(128_256, None) == DRAFT_VOCAB  # Llama 3's
+    assert draft_vocab_for(49_152, None) == 0  # SmolLM2's: every id
+    assert draft_vocab_for(151_936, 0) == 0 and draft_vocab_for(151_936, 4096) == 4096
+    assert draft_vocab_for(1000, 5000) == 0
+    with pytest.raises(SpeculaError):
+        draft_vocab_for(1000, -1)
+
+
+@pytest.mark.parametrize("step", ["compiled", "eager"])
+def test_a_cut_vocabulary_gives_the_first_ids_logits(ops, step):
+    """The compiled step reads only the first rows of a file's LM head; the eager forward cuts its logits: the
+    same numbers as the first columns of the whole vocabulary's."""
+    target = native(tiny_model(vocab=64, layers=2, seed=3), head="Q8_0")
+    target.step = step
+    ids = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(0))
+    whole, cut = target.new_runner(), target.new_runner()
+    cut.limit_vocab(20)  # a whole tile of 16 outputs: rounded up to 32
+    assert cut.head_rows == 32
+    for runner in (whole, cut):
+        runner.forward(ids[:1])
+    full = torch.cat([whole.forward(ids[i : i + 1]) for i in range(1, 12)])
+    part = torch.cat([cut.forward(ids[i : i + 1]) for i in range(1, 12)])
+    assert part.shape == (11, 32)
+    assert torch.equal(part, full[:, :32])
+    if step == "compiled":
+        assert cut.compiled and cut._head(cut._fast.lm_head).out_features == 32
+
+
+def test_greedy_answers_with_a_cut_draft_vocabulary_and_draft_model_in_auto_are_the_targets_own():
+    target = loaded(tiny_model(vocab=64, layers=3, seed=0))
+    draft = loaded(perturbed(target.model, scale=0.05))
+    auto = build_drafter("auto", target, draft, draft_vocab=32)
+    assert "draft-model" in auto.members and isinstance(auto.heads["draft-model"][0], DraftModel)
+    assert "draft-model" not in build_drafter("auto", target, draft, skip="draft-model").members
+    assert "draft-model" not in Auto.build(target, None).members
+    gen = torch.Generator().manual_seed(7)
+    for trial in range(6):
+        prompt = torch.randint(0, 64, (int(torch.randint(2, 20, (1,), generator=gen)),), generator=gen).tolist()
+        plain = list(generate(target.new_runner(), build_drafter("none", target), prompt,
+                              DecodeConfig(max_new_tokens=60)))[-1]
+        for strategy, options in (("draft-model", {"draft_vocab": 32}), ("draft-model", {"confident": False}),
+                                  ("auto", {})):
+            drafter = auto if strategy == "auto" else build_drafter(strategy, target, draft, **options)
+            spec = list(generate(target.new_runner(), drafter, prompt, DecodeConfig(k=1 + trial, max_new_tokens=60)))[-1]
+            assert spec.token_ids == plain.token_ids, (strategy, options, prompt)
+    assert auto.models["draft-model"].drafting_steps > 0  # auto had the draft model draft
+
+
+def test_what_a_verify_row_costs_is_fitted_from_the_passes_seen():
+    passes = PassCosts()
+    assert passes.row_s() is None and passes.plain_s() is None
+    for _ in range(5):
+        passes.add(1, 0.050)
+    assert passes.row_s() is None and passes.plain_s() == pytest.approx(0.050)  # one size only: no slope yet
+    for rows in (2, 4, 8, 9, 3):
+        passes.add(rows, 0.050 + 0.012 * (rows - 1))
+    assert passes.row_s() == pytest.approx(0.012) and passes.plain_s() == pytest.approx(0.050)
+    drafter = ModelDrafter(ScriptedRunner(sure_at=set()), 16)
+    drafter.passes = passes
+    drafter.token_s = 0.010
+    assert drafter.costs(None) == pytest.approx((0.2, 0.24))  # in plain steps of the fitted line's
+    assert drafter.costs(0.1) == pytest.approx((0.1, 0.12))
+
+
+def test_the_loop_tells_a_drafter_every_verify_pass_rows():
+    target = loaded(tiny_model(vocab=64, layers=2, seed=0))
+    drafter = build_drafter("draft-model", target, loaded(perturbed(target.model, scale=0.05)))
+    seen = []
+    drafter.observe_pass = lambda rows, seconds: seen.append((rows, seconds))
+    finished = list(generate(target.new_runner(), drafter, [1, 2, 3], DecodeConfig(k=3, max_new_tokens=30)))[-1]
+    assert len(seen) == finished.totals.steps and all(s > 0 for _, s in seen)
+    assert sum(rows - 1 for rows, _ in seen) == finished.totals.drafted
+
+
+def test_the_draft_model_waits_to_read_a_new_prompt_until_the_answer_is_long_enough_and_reads_a_long_one_in_part():
+    drafter = ModelDrafter(ScriptedRunner(sure_at=set()), 16)
+    prompt = 100
+    ctx = DraftContext(torch.arange(prompt + 3) % 16, prompt, SamplingParams(temperature=0.0), None, None, 10.0, True)
+    assert drafter.waiting(ctx) and drafter.propose(ctx, 4).tokens.numel() == 0  # 3 tokens answered: a plain step
+    assert drafter.runner.length == 0  # nothing read
+    later = DraftContext(torch.arange(prompt + 30) % 16, prompt, SamplingParams(temperature=0.0), None, None, 10.0, True)
+    assert not drafter.waiting(later) and drafter.propose(later, 4).tokens.numel() > 0
+    assert drafter.runner.length >= prompt + 30  # the whole conversation read
+    step = DraftContext(torch.arange(prompt + 31) % 16, prompt, SamplingParams(temperature=0.0), None, None, 10.0, True)
+    drafter.reset()  # a new answer whose conversation the cache holds: no read to wait for
+    assert not drafter.waiting(step)
+    long = ModelDrafter(ScriptedRunner(sure_at=set()), 16)
+    ctx = DraftContext(torch.arange(900) % 16, 870, SamplingParams(temperature=0.0), None, None, 10.0, True)
+    long.propose(ctx, 1)
+    assert long.runner.length == READ_WINDOW and long.offset == 900 - READ_WINDOW
+    nxt = DraftContext(torch.arange(902) % 16, 870, SamplingParams(temperature=0.0), None, None, 10.0, True)
+    long.propose(nxt, 1)  # the next step feeds what is new only
+    assert long.runner.length == READ_WINDOW + 2
