@@ -132,9 +132,6 @@ STRATEGY_OPTIONS: dict[str, StrategyOption] = {
                        "draft-model: the draft model proposes only the ids below this, the most frequent tokens of a "
                        "byte-pair vocabulary, and reads only their rows of its LM head (0: every id; default: "
                        f"{DRAFT_VOCAB:,} where the vocabulary is at least {DRAFT_VOCAB * 3 // 2:,})",
-                       shown_under=("draft-model",), label="Draft vocabulary",
-                       tip="The draft model guesses among the most frequent tokens only, which makes each guess "
-                           f"cheaper (default {DRAFT_VOCAB:,} for large vocabularies; 0: all of them)",
                        bounds=(0, 1 << 20)),
         StrategyOption("confident", (bool, int), ("draft-model", "auto"),
                        "draft-model: drafts only the tokens it is confident enough of to pay for their cost, as "

@@ -484,8 +484,8 @@ def test_the_strategies_pages_option_fields_are_the_strategy_options_shown_under
     shown = [(strategy, option.name) for strategy in STRATEGIES for option in STRATEGY_OPTIONS.values()
              if strategy in option.shown_under]
     assert list(page.options) == shown == [("prompt-lookup", "min_n"), ("prompt-lookup", "max_n"),
-                                           ("layer-skip", "exit_layer"), ("eagle", "tree"), ("eagle", "lookup"),
-                                           ("auto", "phrases")]
+                                           ("draft-model", "confident"), ("layer-skip", "exit_layer"),
+                                           ("eagle", "tree"), ("eagle", "lookup"), ("auto", "phrases")]
     grid = page.layout().itemAt(1).layout()
     row = {name: grid.getItemPosition(grid.indexOf(button))[0] for name, button in page.buttons.items()}
     ends = dict(zip(STRATEGIES, [*list(row.values())[1:], grid.rowCount()]))
@@ -503,11 +503,12 @@ def test_the_strategies_pages_option_fields_are_the_strategy_options_shown_under
             assert isinstance(field, QSpinBox) and (field.minimum(), field.maximum()) == (low - 1, high)
             assert field.specialValueText() == "default"
             labels += [label.text() for label in line.findChildren(QLabel)]
-    assert labels == ["Shortest n-gram", "Longest n-gram", "Exit layer", "Token trees", "With prompt lookup's branch",
-                      "May draft the model's own phrases"]
+    assert labels == ["Shortest n-gram", "Longest n-gram", "Draft only confident tokens", "Exit layer", "Token trees",
+                      "With prompt lookup's branch", "May draft the model's own phrases"]
     fields = page.options
-    assert [fields[key].value() for key in shown[:3]] == [2, 5, 3]
-    assert [fields[key].isChecked() for key in shown[3:]] == [False, False, False]
+    assert [fields[key].value() for key in (shown[0], shown[1], shown[3])] == [2, 5, 3]
+    assert fields["draft-model", "confident"].isChecked()  # an option no older file had: its default
+    assert [fields[key].isChecked() for key in shown[4:]] == [False, False, False]
     assert not fields["eagle", "lookup"].isEnabled()  # greyed while eagle's trees are off
     assert not page.allow["lookahead"].isChecked() and not page.allow["medusa"].isChecked()
     assert dialog.result_settings() == s  # confirmed as it opened: the same settings

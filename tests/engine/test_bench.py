@@ -251,3 +251,11 @@ def test_a_run_that_slows_the_one_after_it_is_named_and_a_peer_on_this_machine_t
     assert "Server peer llama runs on this machine" in to_markdown(biased)
     assert on_this_machine("http://127.0.0.1:8080") and on_this_machine("http://localhost:8080/v1")
     assert not on_this_machine("http://192.0.2.7:8080")  # a documentation address: another machine
+
+
+def test_a_variant_sets_an_option_to_a_number_or_a_word():
+    from specula.engine.cli.bench.run import split_variant, variant_options
+
+    strategy, flags = split_variant("auto+skip=draft-model+draft_vocab=0+no-confident")
+    assert strategy == "auto"
+    assert variant_options(flags) == (("skip", "draft-model"), ("draft_vocab", 0), ("confident", 0))

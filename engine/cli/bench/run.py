@@ -165,16 +165,14 @@ def split_variant(name: str) -> tuple[str, tuple[str, ...]]:
     return strategy, tuple(flags)
 
 
-def variant_options(flags: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
-    """A variant's flags as strategy options: ('tree', 'no-lookup', 'draft_vocab=0') -> (('tree', 1), ('lookup', 0),
-    ('draft_vocab', 0)): an integer option set to a value (`draft-model+draft_vocab=65536`)."""
-    def option(flag: str) -> tuple[str, int]:
+def variant_options(flags: tuple[str, ...]) -> tuple[tuple[str, int | str], ...]:
+    """A variant's flags as strategy options: ('tree', 'no-lookup', 'draft_vocab=0', 'skip=draft-model') ->
+    (('tree', 1), ('lookup', 0), ('draft_vocab', 0), ('skip', 'draft-model')): an option set to a value, a whole
+    number where it reads as one (`draft-model+draft_vocab=65536`, `auto+skip=draft-model`)."""
+    def option(flag: str) -> tuple[str, int | str]:
         if "=" in flag:
             name, value = flag.split("=", 1)
-            try:
-                return name, int(value)
-            except ValueError:
-                raise SpeculaError(f"a variant's value is a whole number: '{flag}'") from None
+            return name, int(value) if value.lstrip("-").isdigit() else value
         return (flag[3:], 0) if flag.startswith("no-") else (flag, 1)
 
     return tuple(option(flag) for flag in flags)
