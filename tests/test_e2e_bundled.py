@@ -64,9 +64,10 @@ def test_every_strategy_gives_the_plain_greedy_answer(session, prompt):
 def test_draft_model_and_prompt_lookup_really_speculate(session):
     got = answer(session, PROMPTS[2], "prompt-lookup", k=5)
     assert got.totals.accepted > 0
-    # the grow/shrink rule drafts at every step: the session's draft-model drafter has learned in the answers
-    # before that its drafts (the target's own size) do not pay on this CPU, and would take plain steps
-    got = answer(session, PROMPTS[0], "draft-model", k=5, adaptive_k=True)
+    # the grow/shrink rule drafts at every step, and the draft model its whole length (not only what it is
+    # confident of): the session's draft-model drafter has learned in the answers before that its drafts (the
+    # target's own size) do not pay on this CPU, and would take plain steps
+    got = answer(session, PROMPTS[0], "draft-model", options=(("confident", 0),), k=5, adaptive_k=True)
     assert got.totals.acceptance_rate > 0.5  # a bf16 copy of the target agrees with it almost always
 
 

@@ -133,9 +133,9 @@ STRATEGY_OPTIONS: dict[str, StrategyOption] = {
                        "byte-pair vocabulary, and reads only their rows of its LM head (0: every id; default: "
                        f"{DRAFT_VOCAB:,} where the vocabulary is at least {DRAFT_VOCAB * 3 // 2:,})",
                        bounds=(0, 1 << 20)),
-        StrategyOption("confident", (bool, int), ("draft-model", "auto"),
-                       "draft-model: drafts only the tokens it is confident enough of to pay for their cost, as "
-                       "measured here (default on; --no-confident: always the full draft length)",
+        StrategyOption("confident", (bool, int), ("draft-model", "layer-skip", "auto"),
+                       "draft-model, layer-skip: draft only the tokens they are confident enough of to pay for their "
+                       "cost, as measured here (default on; --no-confident: always the full draft length)",
                        shown_under=("draft-model",), label="Draft only confident tokens", default=True,
                        tip="The draft model stops guessing where a guess would more likely be rejected than pay for "
                            "the time it takes, from what the target kept of its guesses so far"),

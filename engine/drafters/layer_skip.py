@@ -15,11 +15,11 @@ class LayerSkip(ModelDrafter):
     description = STRATEGIES[name].description
 
     @classmethod
-    def build(cls, target, draft=None, exit_layer: int | None = None, **options) -> "LayerSkip":
+    def build(cls, target, draft=None, exit_layer: int | None = None, confident=True, **options) -> "LayerSkip":
         target.require_lean("layer-skip")
         n = target.model.config.num_hidden_layers
         exit_layer = exit_layer or max(1, n // 2)
         if not 1 <= exit_layer < n:
             raise UnsupportedModelError(f"exit layer must be between 1 and {n - 1} for this model, got {exit_layer}")
         runner = target.new_runner().shallow(exit_layer)
-        return cls(runner, out_features(target.model.get_output_embeddings()))
+        return cls(runner, out_features(target.model.get_output_embeddings()), confident=bool(confident))

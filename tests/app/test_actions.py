@@ -114,7 +114,7 @@ def test_cancelling_an_edit_keeps_the_conversation(make_window, qtbot):
 
 
 def test_copy_puts_the_answer_without_ghost_text_on_the_clipboard(make_window, qtbot):
-    w = make_window(strategy="draft-model", max_new_tokens=120)
+    w = make_window(strategy="draft-model", strategy_options={"draft-model": {"confident": False}}, max_new_tokens=120)
     w.set_ghosts(True)
     w.send_text("hello there, tell me a story about a cat")
     ok, finished = wait_reply(qtbot, w)
@@ -145,7 +145,7 @@ def code_blocks(document) -> list[str]:
 
 def test_answers_are_rendered_markdown_in_their_token_colours_and_switch_to_raw_tokens(make_window, qtbot, tmp_path):
     saved_history(tmp_path).save(markdown_conversation())
-    w = make_window(strategy="draft-model", max_new_tokens=30)
+    w = make_window(strategy="draft-model", strategy_options={"draft-model": {"confident": False}}, max_new_tokens=30)
     assert w.chat.current_id == "md" and w.view.is_markdown(1)
     text = w.view.toPlainText()
     assert "# Rain" not in text and "Rain" in text and "```" not in text and "*short*" not in text

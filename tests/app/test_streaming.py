@@ -72,7 +72,7 @@ def test_a_reply_streams_token_by_token_coloured_by_origin(make_window, qtbot, t
 
 
 def test_rejected_drafts_are_ghost_text_that_can_be_hidden(make_window, qtbot):
-    w = make_window(strategy="draft-model", max_new_tokens=160)
+    w = make_window(strategy="draft-model", strategy_options={"draft-model": {"confident": False}}, max_new_tokens=160)
     assert not w.ghost_action.isChecked()  # hidden until asked for
     w.set_ghosts(True)
     w.send_text("hello there, tell me a story about a cat")

@@ -35,7 +35,7 @@ def bench(tiny_folder, tmp_path_factory):
     with contextlib.redirect_stdout(stdout):
         code = main([
             "bench", "--model", str(tiny_folder), "--dtype", "fp32", "--prompts", str(prompts), "--categories", "a,b",
-            "--strategies", "none,prompt-lookup,layer-skip", "--peers", "hf,hf-prompt-lookup", "--max-new-tokens", "16",
+            "--strategies", "none,prompt-lookup,layer-skip+no-confident", "--peers", "hf,hf-prompt-lookup", "--max-new-tokens", "16",
             "--out", str(out_dir), "--json",
         ])
     assert code == 0
@@ -48,7 +48,7 @@ def test_bench_json_contract(bench):
     assert report["weights"] == "fp32"  # a dense folder: the products run on its fp32 weights
     assert report["step"] == "eager"  # SPECULA_STEP=eager for the tests
     assert {(r["strategy"], r["category"]) for r in report["rows"]} == {
-        (s, c) for s in ("none", "prompt-lookup", "layer-skip", "hf", "hf-prompt-lookup") for c in ("a", "b")
+        (s, c) for s in ("none", "prompt-lookup", "layer-skip+no-confident", "hf", "hf-prompt-lookup") for c in ("a", "b")
     }
     for row in report["rows"]:
         assert set(row) == {"strategy", "category", "n", "speedup", "speedup_vs_hf", "tokens_per_s",
@@ -65,7 +65,7 @@ def test_bench_json_contract(bench):
     assert report["overall"]["prompt-lookup"]["live_speedup"] > 0 and report["overall"]["hf"]["live_speedup"] is None
     # fp32: speculation never changes the answer
     assert report["overall"]["prompt-lookup"]["identical"] == "3/3"
-    assert report["overall"]["layer-skip"]["identical"] == "3/3"
+    assert report["overall"]["layer-skip+no-confident"]["identical"] == "3/3"
     assert report["overall"]["hf"]["speedup_vs_hf"] == 1.0
     assert (out_dir / "bench.md").is_file() and (out_dir / "bench.json").is_file()
     trace = [json.loads(line) for line in (out_dir / "trace.jsonl").read_text().splitlines()]
@@ -106,7 +106,7 @@ def test_speedup_chart_draws_the_json_values(bench, tmp_path):
         if name != "none" and figures["speedup"] is not None:
             expected[name]["overall"] = figures["speedup"]
     assert drawn == expected  # the very numbers, not rounded ones
-    assert set(drawn) == {"prompt-lookup", "layer-skip", "hf", "hf-prompt-lookup"}
+    assert set(drawn) == {"prompt-lookup", "layer-skip+no-confident", "hf", "hf-prompt-lookup"}
 
 
 def test_other_charts_draw_the_json_values(bench, tmp_path):
@@ -116,7 +116,7 @@ def test_other_charts_draw_the_json_values(bench, tmp_path):
     bars = histogram_chart(summary, tmp_path / "h.png")
     overall = summary["overall"]
     # plain decoding and the transformers peers draft nothing: left out, no error
-    assert set(lines) == {"prompt-lookup", "layer-skip"}
+    assert set(lines) == {"prompt-lookup", "layer-skip+no-confident"}
     for name, ys in lines.items():
         assert ys == pytest.approx(overall[name]["per_position_acceptance"])
     for name, counts in bars.items():

@@ -229,15 +229,19 @@ def test_prompts_run_through_the_step_where_its_products_are_the_files_blocks(op
                                    torch.device("cpu"), torch.bfloat16))
     fp32 = _with_step(LoadedModel(tiny_model(vocab=64, layers=2, seed=6), None, "tiny", torch.device("cpu"), torch.float32))
     chosen = {}
-    for fast_bf16 in (True, False):
+    # oneDNN's bf16 kernels can be switched off where the CPU has them, not on where it has not (its prepacking
+    # refuses bf16 weights on an AVX2-only CPU)
+    kinds = (True, False) if products.dense_bf16_kernels() else (False,)
+    for fast_bf16 in kinds:
         monkeypatch.setattr(products, "dense_bf16_kernels", lambda fast_bf16=fast_bf16: fast_bf16)
         for name, target in (("blocks", blocks), ("dense", dense), ("fp32", fp32)):
             runner = target.new_runner()
             runner.forward(torch.tensor([1]))  # the answer's mode and products
             assert runner.compiled
             chosen[name, fast_bf16] = llama.prompt_through_step(runner._fast, runner.dtype)
-    assert chosen == {("blocks", True): True, ("dense", True): False, ("fp32", True): False,
-                      ("blocks", False): True, ("dense", False): False, ("fp32", False): False}
+    expected = {("blocks", True): True, ("dense", True): False, ("fp32", True): False,
+                ("blocks", False): True, ("dense", False): False, ("fp32", False): False}
+    assert chosen == {key: value for key, value in expected.items() if key[1] in kinds}
 
 
 def test_the_compiled_step_runs_the_files_blocks_and_the_eager_one_torchs(ops):
