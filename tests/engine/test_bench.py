@@ -259,3 +259,22 @@ def test_a_variant_sets_an_option_to_a_number_or_a_word():
     strategy, flags = split_variant("auto+skip=draft-model+draft_vocab=0+no-confident")
     assert strategy == "auto"
     assert variant_options(flags) == (("skip", "draft-model"), ("draft_vocab", 0), ("confident", 0))
+
+
+def test_the_spec_bench_view_shows_nones_own_rerun_as_the_benchs_noise():
+    from specula.engine.cli.bench.report import NONE_AGAIN, spec_bench_view, to_markdown
+    from specula.engine.cli.bench.run import Run
+    from specula.engine.cli.common import PromptItem
+
+    def none_run(first: float, last: float) -> Run:
+        return Run.mean_of(Run((1, 2), 2, first), Run((1, 2), 2, last))
+
+    qa, tr = PromptItem(("q",), 1, "qa"), PromptItem(("t",), 2, "translation")
+    results = {"none": [(qa, none_run(1.0, 1.25)), (tr, none_run(2.0, 2.0))],
+               "prompt-lookup": [(qa, Run((1, 2), 2, 1.0)), (tr, Run((1, 2), 2, 2.5))]}
+    view = spec_bench_view(results)
+    assert view[NONE_AGAIN]["categories"] == {"translation": 1.0, "qa": 0.8}  # qa's second run of none: slower
+    assert view["prompt-lookup"]["categories"] == {"translation": 0.8, "qa": pytest.approx(1.125)}
+    summary = {"model": "m", "device": "cpu", "dtype": "fp32", "max_new_tokens": 2, "rows": [], "overall": {},
+               "spec_bench": view}
+    assert f"| {NONE_AGAIN} | 1.00x | 0.80x | 0.90x |" in to_markdown(summary)
