@@ -13,9 +13,9 @@ the chain's chance of surviving is the product of its tokens' shares. The drafte
   llama.cpp's p-min with its threshold learned from the costs instead of set);
 - leaves out a token it already has when the chain's chance of reaching and keeping it is below a verify
   row's cost;
-- waits for an answer's first START_AFTER tokens before it reads a new prompt (`waiting`): the read costs a
-  third of the target's, which a short answer never wins back; and reads the latest READ_WINDOW positions only
-  where more than READ_MOST are new (a long prompt, many steps of another drafter).
+- waits before it reads a new prompt until the answer is likely to win the read back (`waiting`): the read
+  costs a third of the target's, which a short answer never wins back; and reads the latest READ_WINDOW
+  positions only where more than READ_MOST are new (a long prompt, many steps of another drafter).
 
 Sampling with a seed, timings must not shape the answer: the drafter then drafts its full length.
 """
@@ -41,9 +41,12 @@ AFTER_KEPT_WEIGHT = 0.05  # of the newest token in the share kept after a kept t
 # a read of more than READ_MOST positions (a long prompt) reads the latest READ_WINDOW only
 READ_MOST = 256
 READ_WINDOW = 128
-# an answer's first START_AFTER tokens are not drafted where that would first read more than BIG_READ positions
-START_AFTER = 24
+# a read of more than BIG_READ positions waits until the answer is likely to win it back: a position's read costs
+# READ_COST of a plain step until measured (the 0.5B reading for the 1.5B: 0.11 on AVX2), a drafted answer's token
+# wins GAIN of one (draft-model's 1.16-1.37x on the real pair: 0.14-0.27)
 BIG_READ = 16
+READ_COST = 0.1
+GAIN = 0.2
 
 
 class Calibration:
@@ -96,6 +99,7 @@ class ModelDrafter(Drafter):
         self.after_kept = 0.7  # share kept of the tokens after a kept one (running), to value the next forward
         self._probs: list[float] = []  # the last draft's tokens' probabilities under the drafter
         self.passes = PassCosts()  # what the target's verify passes cost by their rows, here
+        self.read_s: float | None = None  # a position of a long read (running mean of measured ones)
 
     def reset(self) -> None:
         """A new answer: the cache keeps what it shares with the new conversation (a chat's next turn holds the
@@ -118,16 +122,22 @@ class ModelDrafter(Drafter):
         return common
 
     def waiting(self, ctx: DraftContext) -> bool:
-        """Whether drafting now would first read much of the conversation (more than BIG_READ positions: a new
-        answer's prompt, where the cache holds little of it) this early in an answer (fewer than START_AFTER
-        tokens answered): a short answer never pays that read, a long one soon has it back."""
-        answered = ctx.tokens.shape[0] - ctx.prompt_len
-        if answered >= START_AFTER:
-            return False
+        """Whether drafting now would first read more of the conversation (more than BIG_READ positions: a new
+        answer's prompt, where the cache holds little of it) than the answer is likely to win back: an answer that
+        has gone n tokens is taken to go about n more, each won back at GAIN of a plain step, against the read's
+        positions at their measured cost (READ_COST of a plain step each until one is measured). A short answer
+        never pays a read of its prompt; a long one soon has it back."""
         tokens = ctx.tokens.tolist()
-        if self._known == 0 and self.offset:
-            return True  # a window's cache is not reused across answers: it would read READ_WINDOW positions
-        return len(tokens) - self.offset - self._common(tokens[self.offset :]) > BIG_READ
+        if self._known == 0 and self.offset:  # a window's cache is not reused across answers
+            to_read = min(READ_WINDOW, len(tokens))
+        else:
+            to_read = len(tokens) - self.offset - self._common(tokens[self.offset :])
+            to_read = READ_WINDOW if to_read > READ_MOST else to_read
+        if to_read <= BIG_READ:
+            return False
+        plain = ctx.plain_s or self.passes.plain_s()
+        per_position = self.read_s / plain if self.read_s and plain else READ_COST
+        return to_read * per_position > (ctx.tokens.shape[0] - ctx.prompt_len) * GAIN
 
     def _sync(self, tokens: list[int]) -> torch.Tensor:
         """Roll the cache back to what it shares with `tokens`, feed the rest; logits (1, V) of the last. A read
@@ -148,7 +158,11 @@ class ModelDrafter(Drafter):
         logits = self.runner.forward(torch.tensor(view[common:], dtype=torch.long))
         # more than the two tokens a drafter drafting at every step feeds (its last draft token and the
         # target's next): positions caught up on, after plain steps or another drafter's
-        self.catch_up_s = max(0.0, time.perf_counter() - began - (self.token_s or 0.0)) if fed > 2 else 0.0
+        seconds = time.perf_counter() - began
+        self.catch_up_s = max(0.0, seconds - (self.token_s or 0.0)) if fed > 2 else 0.0
+        if fed > BIG_READ:  # what a position of a read costs (waiting)
+            self.read_s = seconds / fed if self.read_s is None else (
+                (1 - RUNNING_WEIGHT) * self.read_s + RUNNING_WEIGHT * seconds / fed)
         return logits
 
     def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> tuple[int, torch.Tensor | None, float]:

@@ -164,22 +164,29 @@ def test_the_loop_tells_a_drafter_every_verify_pass_rows():
     assert sum(rows - 1 for rows, _ in seen) == finished.totals.drafted
 
 
-def test_the_draft_model_waits_to_read_a_new_prompt_until_the_answer_is_long_enough_and_reads_a_long_one_in_part():
+def test_the_draft_model_waits_to_read_a_new_prompt_until_the_answer_is_likely_to_win_it_back():
     drafter = ModelDrafter(ScriptedRunner(sure_at=set()), 16)
-    prompt = 100
-    ctx = DraftContext(torch.arange(prompt + 3) % 16, prompt, SamplingParams(temperature=0.0), None, None, 10.0, True)
-    assert drafter.waiting(ctx) and drafter.propose(ctx, 4).tokens.numel() == 0  # 3 tokens answered: a plain step
+    greedy = SamplingParams(temperature=0.0)
+
+    def ctx(length: int, prompt: int) -> DraftContext:
+        return DraftContext(torch.arange(length) % 16, prompt, greedy, None, None, 10.0, True)
+
+    assert drafter.waiting(ctx(103, 100)) and drafter.propose(ctx(103, 100), 4).tokens.numel() == 0  # 3 answered
     assert drafter.runner.length == 0  # nothing read
-    later = DraftContext(torch.arange(prompt + 30) % 16, prompt, SamplingParams(temperature=0.0), None, None, 10.0, True)
-    assert not drafter.waiting(later) and drafter.propose(later, 4).tokens.numel() > 0
-    assert drafter.runner.length >= prompt + 30  # the whole conversation read
-    step = DraftContext(torch.arange(prompt + 31) % 16, prompt, SamplingParams(temperature=0.0), None, None, 10.0, True)
+    assert drafter.waiting(ctx(160, 100))  # 60 answered: about 60 more to come would not pay a read of 160
+    assert not drafter.waiting(ctx(220, 100))  # 120 answered: 120 more would
+    assert drafter.propose(ctx(220, 100), 4).tokens.numel() > 0 and drafter.runner.length >= 220  # all of it read
     drafter.reset()  # a new answer whose conversation the cache holds: no read to wait for
-    assert not drafter.waiting(step)
-    long = ModelDrafter(ScriptedRunner(sure_at=set()), 16)
-    ctx = DraftContext(torch.arange(900) % 16, 870, SamplingParams(temperature=0.0), None, None, 10.0, True)
-    long.propose(ctx, 1)
-    assert long.runner.length == READ_WINDOW and long.offset == 900 - READ_WINDOW
-    nxt = DraftContext(torch.arange(902) % 16, 870, SamplingParams(temperature=0.0), None, None, 10.0, True)
-    long.propose(nxt, 1)  # the next step feeds what is new only
-    assert long.runner.length == READ_WINDOW + 2
+    assert not drafter.waiting(ctx(222, 221))
+    drafter.read_s = 0.1  # reads measured at a hundredth of a plain step a position: worth it sooner
+    other = DraftContext(torch.arange(60) % 16 + 1, 40, greedy, None, None, 10.0, True)  # 60 new positions
+    assert not drafter.waiting(other)  # 20 answered win back 0.6 plain steps of reading
+
+
+def test_a_long_read_takes_the_latest_positions_only():
+    drafter = ModelDrafter(ScriptedRunner(sure_at=set()), 16)
+    greedy = SamplingParams(temperature=0.0)
+    drafter.propose(DraftContext(torch.arange(900) % 16, 700, greedy, None, None, 10.0, True), 1)
+    assert drafter.runner.length == READ_WINDOW and drafter.offset == 900 - READ_WINDOW
+    drafter.propose(DraftContext(torch.arange(902) % 16, 700, greedy, None, None, 10.0, True), 1)
+    assert drafter.runner.length == READ_WINDOW + 2  # the next step feeds what is new only
