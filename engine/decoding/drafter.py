@@ -148,6 +148,11 @@ def sends_tree(force: bool | None, runner) -> bool:
     return runner is not None and runner.exact_trees and runner.device.type != "cpu"
 
 
+def running(figure: float | None, value: float, weight: float) -> float:
+    """A running mean: `value` where there is no figure yet, else the figure moved `weight` of the way to it."""
+    return value if figure is None else (1 - weight) * figure + weight * value
+
+
 class PassCosts:
     """What a verify pass costs by its rows, from the passes seen: a line fitted to their times, older passes
     fading by FORGET each. `row_s`: what one more row adds (about a tenth of a step with AVX-512 at 1.5B, a

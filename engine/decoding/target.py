@@ -50,6 +50,12 @@ class ModelRunner(Protocol):
         """Forget everything after the first `length` tokens."""
         ...
 
+    def limit_vocab(self, n: int) -> None:
+        """From now on, logits over the ids below n only where that saves work (0: every id): a draft model
+        drafting from its vocabulary's most frequent tokens. A runner whose product gives every id anyway may
+        keep them all."""
+        ...
+
     def reusable(self, ids: torch.Tensor) -> int:
         """How many leading positions of the prompt `ids` (T,) the cache holds as reading it anew would write
         them (kept by the prefill; at most T - 1), 0 where a runner cannot say."""

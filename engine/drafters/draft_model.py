@@ -30,6 +30,6 @@ class DraftModel(ModelDrafter):
         runner = draft.new_runner()
         vocab = out_features(target.model.get_output_embeddings())
         cut = draft_vocab_for(vocab, draft_vocab)
-        if cut and hasattr(runner, "limit_vocab"):
+        if cut:
             runner.limit_vocab(cut)
         return cls(runner, vocab, confident=bool(confident))

@@ -19,7 +19,7 @@ import time
 import torch
 
 from ..api.strategies import STRATEGIES
-from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
+from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft, running
 from ..decoding.sampling import process_logits, sample
 from ..decoding.tree import TokenTree
 from ..heads.protocol import AutoregressiveHead
@@ -159,7 +159,7 @@ class Eagle(Drafter):
         top = torch.log_softmax(self._draft_logits(out[None])[0], -1).topk(TREE_CHILDREN)
         tokens = [self._token(i) for i in top.indices.tolist()]
         score = top.values.tolist()  # log-probability of each node's whole path
-        self.first_p = _running(self.first_p, math.exp(score[0]))
+        self.first_p = running(self.first_p, math.exp(score[0]), RUNNING_WEIGHT)
         parent = [-1] * len(tokens)
         depth = [1] * len(tokens)
         feeds = [out] * len(tokens)  # the feature that goes with a node's token when it is expanded
@@ -188,7 +188,7 @@ class Eagle(Drafter):
             positions = torch.tensor([base + level - 1] * len(pick), device=device)
             outs = self.head.forward_tree(feats, embeds, positions, slot, visible)
             child = torch.log_softmax(self._draft_logits(outs), -1).topk(TREE_CHILDREN)
-            self.level_s = _running(self.level_s, time.perf_counter() - t_level)
+            self.level_s = running(self.level_s, time.perf_counter() - t_level, RUNNING_WEIGHT)
             frontier = []
             for row, i in enumerate(pick):
                 for lp, index in zip(child.values[row].tolist(), child.indices[row].tolist()):
@@ -260,7 +260,7 @@ class Eagle(Drafter):
             self.catch_up_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         out = self._read(runner, ctx.tokens, length - 1)
-        self.read_s = _running(self.read_s, time.perf_counter() - t0)
+        self.read_s = running(self.read_s, time.perf_counter() - t0, RUNNING_WEIGHT)
         return out
 
     def _read(self, runner, tokens: torch.Tensor, end: int) -> torch.Tensor:
@@ -315,11 +315,6 @@ class Eagle(Drafter):
 
     def passed(self, accepted: int) -> None:
         self.fresh = accepted + 1  # the positions before this step's are caught up on
-
-
-def _running(figure: float | None, value: float) -> float:
-    """A running figure with the newest value in it (the value itself when there is none yet)."""
-    return value if figure is None else (1 - RUNNING_WEIGHT) * figure + RUNNING_WEIGHT * value
 
 
 class _Lookup:

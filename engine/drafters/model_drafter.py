@@ -9,8 +9,9 @@ the chain's chance of surviving is the product of its tokens' shares. The drafte
 
 - stops before the forward of the next token when the chain's chance times the share kept after a kept token
   is below that forward's cost plus a verify row's, both in plain steps (the forward's time measured, the
-  plain step's from the answer, a row's from the target's passes: `PassCosts`): a token worth less than it costs is not drafted (EAGLE-2's dynamic length,
-  llama.cpp's p-min with its threshold learned from the costs instead of set);
+  plain step's from the answer, a row's from the target's passes: `PassCosts`): a token worth less than it
+  costs is not drafted (EAGLE-2's dynamic length, llama.cpp's p-min with its threshold learned from the costs
+  instead of set);
 - leaves out a token it already has when the chain's chance of reaching and keeping it is below a verify
   row's cost;
 - waits before it reads a new prompt until the answer is likely to win the read back (`waiting`): the read
@@ -28,7 +29,7 @@ import time
 import torch
 
 from ..api.types import SamplingParams
-from ..decoding.drafter import Draft, DraftContext, Drafter, PassCosts
+from ..decoding.drafter import Draft, DraftContext, Drafter, PassCosts, running
 from ..decoding.sampling import process_logits, sample
 from ..decoding.target import ModelRunner
 
@@ -36,7 +37,7 @@ from ..decoding.target import ModelRunner
 # with AVX-512, 2.3-2.6 with AVX2 only)
 ROW_COST = 0.05
 TOKEN_COST = 0.45  # a draft token's forward, in plain steps, until one is measured (the 0.5B for the 1.5B: 0.43)
-RUNNING_WEIGHT = 0.1  # of the newest forward's time in the running figure
+RUNNING_WEIGHT = 0.1  # of the newest time in the running figures of a forward and of a read's position
 AFTER_KEPT_WEIGHT = 0.05  # of the newest token in the share kept after a kept token
 # a read of more than READ_MOST positions (a long prompt) reads the latest READ_WINDOW only
 READ_MOST = 256
@@ -121,35 +122,38 @@ class ModelDrafter(Drafter):
             common += 1
         return common
 
+    def _read(self, tokens: list[int]) -> tuple[int, int]:
+        """(offset, common): where the cache starts in the conversation `tokens` after the next read, and how
+        many of its positions it keeps; the read is the rest. A window's cache (offset > 0) is not reused across
+        answers, and a read of more than READ_MOST positions reads the latest READ_WINDOW only, into a fresh
+        cache: a drafter guesses from what was said last."""
+        offset = 0 if self._known == 0 else self.offset
+        common = self._common(tokens[offset:]) if offset == self.offset else 0
+        if len(tokens) - offset - common > READ_MOST:
+            return len(tokens) - READ_WINDOW, 0
+        return offset, common
+
     def waiting(self, ctx: DraftContext) -> bool:
+        tokens = ctx.tokens.tolist()
+        return self._waits(ctx, len(tokens) - sum(self._read(tokens)))
+
+    def _waits(self, ctx: DraftContext, to_read: int) -> bool:
         """Whether drafting now would first read more of the conversation (more than BIG_READ positions: a new
         answer's prompt, where the cache holds little of it) than the answer is likely to win back: an answer that
         has gone n tokens is taken to go about n more, each won back at GAIN of a plain step, against the read's
         positions at their measured cost (READ_COST of a plain step each until one is measured). A short answer
         never pays a read of its prompt; a long one soon has it back."""
-        tokens = ctx.tokens.tolist()
-        if self._known == 0 and self.offset:  # a window's cache is not reused across answers
-            to_read = min(READ_WINDOW, len(tokens))
-        else:
-            to_read = len(tokens) - self.offset - self._common(tokens[self.offset :])
-            to_read = READ_WINDOW if to_read > READ_MOST else to_read
         if to_read <= BIG_READ:
             return False
         plain = ctx.plain_s or self.passes.plain_s()
         per_position = self.read_s / plain if self.read_s and plain else READ_COST
         return to_read * per_position > (ctx.tokens.shape[0] - ctx.prompt_len) * GAIN
 
-    def _sync(self, tokens: list[int]) -> torch.Tensor:
-        """Roll the cache back to what it shares with `tokens`, feed the rest; logits (1, V) of the last. A read
-        of more than READ_MOST positions reads the latest READ_WINDOW only, into a fresh cache (`offset`: the
-        conversation's position of the cache's first): a drafter guesses from what was said last."""
-        if self._known == 0 and self.offset:  # a new answer: a window's cache is not reused
-            self.forget()
+    def _sync(self, tokens: list[int], read: tuple[int, int]) -> torch.Tensor:
+        """Roll the cache back to what it keeps of `tokens` (`read`: _read's), feed the rest; logits (1, V) of
+        the last."""
+        self.offset, common = read
         view = tokens[self.offset :]
-        common = self._common(view)
-        if len(view) - common > READ_MOST:
-            self.offset = len(tokens) - READ_WINDOW
-            view, common = tokens[self.offset :], 0
         self.runner.truncate(common)
         self.cached = view[:]
         self._known = len(tokens)
@@ -161,8 +165,7 @@ class ModelDrafter(Drafter):
         seconds = time.perf_counter() - began
         self.catch_up_s = max(0.0, seconds - (self.token_s or 0.0)) if fed > 2 else 0.0
         if fed > BIG_READ:  # what a position of a read costs (waiting)
-            self.read_s = seconds / fed if self.read_s is None else (
-                (1 - RUNNING_WEIGHT) * self.read_s + RUNNING_WEIGHT * seconds / fed)
+            self.read_s = running(self.read_s, seconds / fed, RUNNING_WEIGHT)
         return logits
 
     def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> tuple[int, torch.Tensor | None, float]:
@@ -188,8 +191,7 @@ class ModelDrafter(Drafter):
     def _forward_one(self, token: int) -> torch.Tensor:
         began = time.perf_counter()
         logits = self.runner.forward(torch.tensor([token], dtype=torch.long))
-        seconds = time.perf_counter() - began
-        self.token_s = seconds if self.token_s is None else (1 - RUNNING_WEIGHT) * self.token_s + RUNNING_WEIGHT * seconds
+        self.token_s = running(self.token_s, time.perf_counter() - began, RUNNING_WEIGHT)
         return logits
 
     def observe_pass(self, rows: int, seconds: float) -> None:
@@ -208,10 +210,14 @@ class ModelDrafter(Drafter):
         k = min(k, room)
         self._probs = []
         self.catch_up_s = 0.0
-        if k <= 0 or (self.confident and ctx.timed and self.waiting(ctx)):
+        if k <= 0:
             return Draft(torch.empty(0, dtype=torch.long))
-        logits = self._sync(ctx.tokens.tolist())
         choosing = self.confident and ctx.timed
+        tokens = ctx.tokens.tolist()
+        read = self._read(tokens)
+        if choosing and self._waits(ctx, len(tokens) - sum(read)):
+            return Draft(torch.empty(0, dtype=torch.long))
+        logits = self._sync(tokens, read)
         token_cost, row_cost = self.costs(ctx.plain_s)
         forward_cost = token_cost + row_cost  # what drafting one more token costs
         drafted: list[int] = []
@@ -239,5 +245,5 @@ class ModelDrafter(Drafter):
         probs = self._probs
         self.calibration.observe(probs, accepted)
         for i in range(1, min(len(probs), accepted + 1)):  # tokens after a kept one: each kept or not
-            self.after_kept += AFTER_KEPT_WEIGHT * ((i < accepted) - self.after_kept)
+            self.after_kept = running(self.after_kept, float(i < accepted), AFTER_KEPT_WEIGHT)
         self._probs = []

@@ -74,6 +74,9 @@ class HFRunner:
             raise UnsupportedModelError("reading the target's layers (EAGLE-3 heads) needs the lean forward "
                                         "(the Llama family)")
 
+    def limit_vocab(self, n: int) -> None:
+        """Keeps every id: transformers' forward computes them all, so a cut would save nothing."""
+
     def truncate(self, length: int) -> None:
         if length >= self._length:
             return

@@ -617,7 +617,7 @@ class LlamaRunner:
         self.vocab_size = out_features(model.lm_head)
         # logits over the first `head_rows` ids only (0: all; limit_vocab): a draft model's cut vocabulary
         self.head_rows = 0
-        self._cut_heads: dict = {}  # LM head product -> its first head_rows outputs
+        self._cut_head: tuple | None = None  # (the file's LM head blocks, their first head_rows outputs)
         # static (models/static.py, a GPU's step): the cache is allocated once for `max_len` positions (and a
         # scratch slot) and every step after the prefill runs in a bucket of fixed shape, at least `floor`
         # rows; with `graphs`, the buckets are captured as CUDA graphs in the background
@@ -885,18 +885,20 @@ class LlamaRunner:
         elsewhere the logits are cut after the product. n is rounded up to a whole tile of the packed head."""
         n = max(0, int(n))
         self.head_rows = 0 if n == 0 or n >= self.vocab_size else min(self.vocab_size, -(-n // TILE_COLS) * TILE_COLS)
+        self._cut_head = None
 
     def _head(self, product):
-        """The LM head product a pass runs: its first head_rows outputs where cut (limit_vocab)."""
-        if not self.head_rows or not hasattr(product, "first_rows"):
+        """The LM head product a pass runs: a file's blocks cut to their first head_rows outputs (limit_vocab);
+        any other head as it is (forward cuts its logits)."""
+        if not self.head_rows or not isinstance(product, Blocks):
             return product
-        key = (id(product), self.head_rows)
-        if key not in self._cut_heads:
+        if self._cut_head is None or self._cut_head[0] is not product:
             try:
-                self._cut_heads[key] = product.first_rows(self.head_rows)
+                cut = product.first_rows(self.head_rows)
             except ValueError:  # a head of several parts or with a bias: cut after the product
-                self._cut_heads[key] = product
-        return self._cut_heads[key]
+                cut = product
+            self._cut_head = (product, cut)
+        return self._cut_head[1]
 
     def _vocab_cut(self, logits: torch.Tensor) -> torch.Tensor:
         """(rows, V) -> (rows, head_rows) where the vocabulary is cut and the product gave every id."""
