@@ -10,3 +10,12 @@ def ops():
     if compiled.ops() is None:
         pytest.skip(f"the compiled step cannot be built here: {compiled.error()}")
     return compiled.ops()
+
+
+@pytest.fixture()
+def one_torch_thread():
+    """The test runs on one intra-op thread (tests/support/tiny.py: one_torch_thread)."""
+    from tests.support.tiny import one_torch_thread
+
+    with one_torch_thread():
+        yield

@@ -14,6 +14,7 @@ from specula.engine.cli.bench.report import public_json, summarize, write_out
 from specula.engine.cli.bench.run import Run
 from specula.engine.cli.generate import PromptItem
 from specula.engine.cli.main import main
+from tests.support.tiny import one_torch_thread
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -32,7 +33,7 @@ def bench(tiny_folder, tmp_path_factory):
     prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out_dir = tmp / "out"
     stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
+    with contextlib.redirect_stdout(stdout), one_torch_thread():
         code = main([
             "bench", "--model", str(tiny_folder), "--dtype", "fp32", "--prompts", str(prompts), "--categories", "a,b",
             "--strategies", "none,prompt-lookup,layer-skip+no-confident", "--peers", "hf,hf-prompt-lookup", "--max-new-tokens", "16",

@@ -118,6 +118,7 @@ def test_a_cut_vocabulary_gives_the_first_ids_logits(ops, step):
         assert cut.compiled and cut._head(cut._fast.lm_head).out_features == 32
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_greedy_answers_with_a_cut_draft_vocabulary_and_draft_model_in_auto_are_the_targets_own():
     target = loaded(tiny_model(vocab=64, layers=3, seed=0))
     draft = loaded(perturbed(target.model, scale=0.05))

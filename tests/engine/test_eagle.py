@@ -14,7 +14,7 @@ from specula.engine.heads.store import load_head, save_head
 from specula.engine.heads.train import chain_acceptance, head_info, train_head
 from specula.engine.heads.train.features import features_of
 from specula.engine.models.loading import load_model
-from tests.support.tiny import loaded, tiny_model
+from tests.support.tiny import loaded, one_torch_thread, tiny_model
 
 
 def greedy(target, prompt, n):
@@ -27,11 +27,12 @@ def trained(tmp_path_factory):
     target = loaded(tiny_model(vocab=64, layers=2, seed=11))
     gen = torch.Generator().manual_seed(0)
     seqs = []
-    for _ in range(24):
-        prompt = torch.randint(0, 64, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
-        seqs.append(features_of(target, prompt, greedy(target, prompt, 40)))
-    head = train_head(target, seqs[:20], epochs=6, lr=3e-3)
-    accepted = chain_acceptance(head, target, seqs[20:], k=4)
+    with one_torch_thread():
+        for _ in range(24):
+            prompt = torch.randint(0, 64, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
+            seqs.append(features_of(target, prompt, greedy(target, prompt, 40)))
+        head = train_head(target, seqs[:20], epochs=6, lr=3e-3)
+        accepted = chain_acceptance(head, target, seqs[20:], k=4)
     folder = tmp_path_factory.mktemp("head")
     save_head(head, head_info(target, "eagle", sum(len(s.tokens) for s in seqs), 6, accepted), folder)
     return target, folder, accepted, seqs
@@ -42,6 +43,7 @@ def test_a_trained_head_predicts_the_targets_tokens(trained):
     assert accepted > 1.3  # random guessing over 64 tokens would give about 1.02
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_eagle_is_lossless_greedy_and_really_drafts(trained):
     target, folder, _, _ = trained
     gen = torch.Generator().manual_seed(3)
@@ -81,6 +83,7 @@ def test_a_head_for_another_model_is_refused(trained):
         build_drafter("eagle", other)
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_train_head_command_writes_a_head_that_the_eagle_strategy_loads(tiny_folder, tmp_path, capsys):
     import json
 

@@ -22,7 +22,7 @@ from specula.engine.heads.train.frozen import Frozen
 from specula.engine.heads.train.losses import eagle3_loss
 from specula.engine.models.loading import LoadedModel
 from tests.engine.test_eagle import greedy
-from tests.support.tiny import loaded, tiny_model
+from tests.support.tiny import loaded, one_torch_thread, tiny_model
 
 
 def test_default_layers_are_a_low_a_middle_and_a_high_one():
@@ -60,11 +60,12 @@ def trained(tmp_path_factory):
     layers = default_aux_layers(2)
     gen = torch.Generator().manual_seed(0)
     seqs = []
-    for _ in range(24):
-        prompt = torch.randint(0, 64, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
-        seqs.append(features_of(target, prompt, greedy(target, prompt, 40), layers))
-    head = train_head(target, seqs[:20], epochs=6, lr=3e-3, kind="eagle3", draft_ids=frequent_tokens(seqs[:20], 48))
-    accepted = unrolled_acceptance(head, target, seqs[20:], k=4)
+    with one_torch_thread():
+        for _ in range(24):
+            prompt = torch.randint(0, 64, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen).tolist()
+            seqs.append(features_of(target, prompt, greedy(target, prompt, 40), layers))
+        head = train_head(target, seqs[:20], epochs=6, lr=3e-3, kind="eagle3", draft_ids=frequent_tokens(seqs[:20], 48))
+        accepted = unrolled_acceptance(head, target, seqs[20:], k=4)
     folder = tmp_path_factory.mktemp("eagle3")
     save_head(head, head_info(target, "eagle", sum(len(s.tokens) for s in seqs), 6, accepted, head.config), folder)
     return target, folder, accepted, seqs
@@ -79,6 +80,7 @@ def test_a_trained_eagle3_head_predicts_the_targets_tokens(trained):
     assert info["kind"] == "eagle" and info["config"]["aux_layers"] == list(default_aux_layers(2))
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_an_eagle3_head_loads_as_an_eagle_head_drafts_and_stays_lossless(trained):
     target, folder, _, _ = trained
     head, info = load_head(folder, target, kind="eagle")

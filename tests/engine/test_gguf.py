@@ -33,6 +33,20 @@ def files(tmp_path_factory):
     return {name: write_gguf(folder / f"{name.replace(' ', '-')}.gguf", model, types) for name, types in FORMATS.items()}
 
 
+@pytest.fixture(scope="module")
+def shared_file(tmp_path_factory):
+    """shared_file(name, write) -> the file `write(path)` writes, written once for the module's tests that read it."""
+    folder = tmp_path_factory.mktemp("shared")
+    written = {}
+
+    def get(name: str, write):
+        if name not in written:
+            written[name] = write(folder / name)
+        return written[name]
+
+    return get
+
+
 @pytest.fixture(autouse=True)
 def embedding_from_the_file(monkeypatch):
     """The tests' files are small: their embeddings would be copied (from_gguf.EMBED_COPY_BYTES); read them from the
@@ -53,6 +67,7 @@ def _greedy(target, prompt: list[int], strategy: str = "none", n: int = 24) -> l
     return list(generate(target.new_runner(), drafter, prompt, DecodeConfig(k=4, max_new_tokens=n)))[-1].token_ids
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_each_format_runs_as_the_file_stores_it(files, name, monkeypatch):
     dequantized = []
@@ -95,6 +110,7 @@ def _dense_roles(name: str) -> tuple[str, ...]:
     return tuple(dense)
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("strategy", sorted(set(DRAFTERS) - {"none"}))
 def test_greedy_speculation_over_a_gguf_as_it_is_is_identical_to_plain_decoding(files, strategy, tmp_path):
     target = _load(files["Q4_K_M"])
@@ -119,6 +135,7 @@ def test_through_the_compiled_step_speculation_over_a_gguf_is_plain_decoding(fil
     assert_greedy_identity(target, None, strategy, {}, trials=3, longest_prompt=300, max_new_tokens=32)
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_the_dequantized_load_is_transformers_own_reading_of_the_file(tmp_path):
     """Config, weights (Llama's q/k rows put back by transformers' own processor) and tokenizer as
     transformers reads the file, without its fp32 copy of the whole model; the blocks, with the row order
@@ -186,10 +203,10 @@ def _blocks_through_the_step(path, strategy: str = "prompt-lookup", longest_prom
 
 
 @pytest.mark.parametrize("strategy", ["prompt-lookup", "auto"])
-def test_a_qwen3_file_runs_its_blocks_through_the_compiled_step(tmp_path, strategy):
+def test_a_qwen3_file_runs_its_blocks_through_the_compiled_step(shared_file, strategy):
     """Qwen3's per-head norms read from the file (attn_q_norm, attn_k_norm) run in the compiled step with the file's
     blocks; speculation keeps plain decoding's answer."""
-    path = write_gguf(tmp_path / "qwen3.gguf", tiny_llama("qwen3", seed=4), "Q4_0")
+    path = shared_file("qwen3.gguf", lambda at: write_gguf(at, tiny_llama("qwen3", seed=4), "Q4_0"))
     target = _blocks_through_the_step(path, strategy)
     assert target.model.config.model_type == "qwen3" and target.weights == "Q4_0 (native)"
     assert not target.model.model.layers[0].self_attn.q_norm.weight.is_meta
@@ -226,8 +243,9 @@ def test_a_gemma2_file_is_read_with_its_soft_capping_and_runs_its_blocks(tmp_pat
 
 
 @pytest.mark.parametrize("strategy", ["prompt-lookup", "auto"])
-def test_a_gemma3_file_runs_its_blocks_through_the_compiled_step(tmp_path, strategy):
-    path = write_gguf(tmp_path / "gemma3.gguf", tiny_llama("gemma3", layers=6, seed=7), {"default": "Q4_0", "embed": "Q8_0"})
+def test_a_gemma3_file_runs_its_blocks_through_the_compiled_step(shared_file, strategy):
+    path = shared_file("gemma3.gguf", lambda at: write_gguf(at, tiny_llama("gemma3", layers=6, seed=7),
+                                                            {"default": "Q4_0", "embed": "Q8_0"}))
     target = _blocks_through_the_step(path, strategy)
     assert target.model.config.model_type == "gemma3_text" and target.weights.endswith("(native)")
     embed = target.model.model.embed_tokens  # looked up from the file, scaled by sqrt(hidden) as Gemma's is

@@ -12,6 +12,7 @@ The samples are drawn by two processes, half each (this one and a helper that bu
 each sample is a whole generation on one thread, and a machine's second core would otherwise wait."""
 
 import concurrent.futures
+import functools
 import itertools
 import multiprocessing
 import unittest.mock
@@ -32,8 +33,10 @@ SAMPLES = 4000
 P_MIN = 1e-4  # the chance that a correct sampler fails
 
 
+@functools.cache
 def exact_joint(model, params, n=3):
-    """P(t1..tn | PROMPT) under the processed target distribution, by enumeration."""
+    """P(t1..tn | PROMPT) under the processed target distribution, by enumeration (once per model and
+    settings: several cases share them). The table is only read."""
     probs = {}
     with torch.no_grad():
         for seq in itertools.product(range(VOCAB), repeat=n):

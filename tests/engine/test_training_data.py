@@ -75,6 +75,7 @@ def tiny_target(tiny_folder):
     return load_model(ModelSpec(str(tiny_folder), "cpu", "fp32"))
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_sampled_answers_repeat_for_a_seed_and_differ_from_greedy_ones(tiny_target):
     def answers(sampled):
         made = self_distill(tiny_target, 40, max_new=10, batch=4, seed=3, sampled=sampled)
@@ -305,6 +306,7 @@ def test_without_a_chat_template_the_questions_left_to_the_model_are_dropped():
     assert write_queries(target, None, fresh, 0, set(), written, lambda: False) == fresh[1:] and not written
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_the_model_writes_first_turns_that_it_then_answers(bundled_fp32, monkeypatch, tmp_path):
     """With every first turn left to the model: it writes each question (sampled from its chat template
     opened at the user's turn), the same for a seed, all different, and answers them; no placeholder is

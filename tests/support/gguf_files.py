@@ -4,6 +4,7 @@ format of the test's choosing."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +54,9 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
     return model
 
 
+@functools.cache
 def _bundled_tokenizer() -> dict:
+    """The bundled file's tokenizer metadata (read once: every file the tests write carries it; callers only read it)."""
     from specula.engine.api.gguf_header import read_header
     from specula.engine.api.paths import bundled_gguf_path
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from specula.engine.models.loading import LoadedModel
@@ -97,6 +99,19 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
             elif family == "olmo2" and name.endswith("norm.weight"):  # norms other than the ones they start as
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
     return model
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """One intra-op thread inside the block: the tiny models gain nothing from more, and on a small machine busy
+    with other work a second spinning thread makes their forwards several times slower. Tests of the bits the
+    products give under several threads keep torch's own count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def loaded(model, lean: bool = True, eos: frozenset[int] = frozenset()) -> LoadedModel:
