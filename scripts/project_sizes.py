@@ -114,9 +114,9 @@ def main() -> int:
                 rows = 1 + drafted
                 drafter = (s.get("drafter") or name).split("+")[0]
                 draft = s["draft_ms"] * (drafted / s["drafted"] if s["drafted"] else 1.0)
-                if size is None:  # the step's own pass, drafting as above
-                    verify = s["verify_ms"] if drafted == s["drafted"] else None
-                    spent += (verify if verify is not None else cost(bench_passes, rows) * plain_ms) + draft + overhead
+                if size is None:  # the step's own pass (a cut one's from the bench's passes), drafting as above
+                    verify = s["verify_ms"] if drafted == s["drafted"] else cost(bench_passes, rows) * plain_ms
+                    spent += verify + draft + overhead
                     continue
                 if drafter in HEADS:
                     draft *= size["plain_ms"] / plain_ms * size["head_share"] / costs["bench_head_share"]

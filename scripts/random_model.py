@@ -133,10 +133,6 @@ def write_in_shards(config, out: Path, dtype: torch.dtype) -> int:
             size = 0
         shards[-1][name] = t
         size += t.numel() * t.element_size()
-        if size >= SHARD_BYTES:
-            shards.append({})
-            size = 0
-    shards = [s for s in shards if s]
     weight_map, total = {}, 0
     for i, shard in enumerate(shards, 1):
         file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"

@@ -34,12 +34,10 @@ class ChatTokenizer:
 def one_torch_thread():
     """One intra-op thread while these tests run: the tiny models gain nothing from more, and on a small
     machine that is busy with other work two spinning threads can make each forward 100x slower."""
-    import torch
+    from tests.support.tiny import one_torch_thread
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="session")

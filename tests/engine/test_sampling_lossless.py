@@ -25,7 +25,7 @@ from specula.engine.decoding.loop import generate
 from specula.engine.decoding.sampling import process_logits
 from specula.engine.drafters import build_drafter
 from specula.engine.models import llama
-from tests.support.tiny import loaded, perturbed, tiny_model
+from tests.support.tiny import loaded, one_torch_thread, perturbed, tiny_model
 
 VOCAB = 4
 PROMPT = [0, 1, 2, 3, 1, 2]
@@ -131,10 +131,8 @@ def p_value(counts: dict, probs: dict) -> float:
 
 @pytest.fixture(scope="module")
 def models():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: thread hand-offs cost more than they save
-    yield build_models()
-    torch.set_num_threads(threads)
+    with one_torch_thread():  # tiny tensors: thread hand-offs cost more than they save
+        yield build_models()
 
 
 @pytest.fixture(scope="module")
