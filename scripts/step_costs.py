@@ -31,7 +31,7 @@ import torch
 
 from specula.engine.api.types import ModelSpec
 from specula.engine.cpu.step import StepMode
-from specula.engine.models.llama import LlamaRunner
+from specula.engine.models.runner import LeanRunner
 from specula.engine.models.loading import load_model
 
 
@@ -62,7 +62,7 @@ def runner_for(loaded, step: str, floor: int | None):
     loaded.step = StepMode(step)
     runner = loaded.new_runner()
     if floor is not None and getattr(runner, "static", False):
-        runner = LlamaRunner(loaded.model, native=loaded.native, step=loaded.step, static=True, graphs=loaded.graphs,
+        runner = LeanRunner(loaded.model, native=loaded.native, step=loaded.step, static=True, graphs=loaded.graphs,
                              floor=floor)
     note = ""
     if getattr(runner, "graphs", None) is not None:

@@ -103,3 +103,21 @@ def test_the_graph_reader_sees_deferred_and_relative_imports():
     assert "specula.engine.heads.train" in graph["specula.engine.serving.session"]
     assert "specula.engine.decoding.verify" in graph["specula.engine.decoding.loop"]
     assert room("specula.engine.decoding.loop") == "decoding" and room("specula.app.window") == "app"
+
+
+def test_the_models_room_keeps_its_files_short_and_families_in_their_own():
+    """No module of the models room runs past about 500 lines; the forwards (runner, layers, attention, block, compiled,
+    static) name no family and ask no module what it has (`hasattr`): a family's knowledge is its file under
+    families/, read through the model's spec."""
+    from specula.engine.models.families import families
+
+    names = {t for f in families().values() for t in (*f.model_types, *f.gguf_archs, f.name)}
+    models = ROOT / "engine" / "models"
+    for path in models.rglob("*.py"):
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= 520, path.name
+    for stem in ("runner", "layers", "attention", "block", "compiled", "static"):
+        tree = ast.parse((models / f"{stem}.py").read_text(encoding="utf-8"))
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        assert not strings & names, (stem, strings & names)
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "hasattr"]
+        assert not calls, (stem, [ast.unparse(c) for c in calls])

@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
 
@@ -54,6 +55,73 @@ STEP_MODES = tuple(mode.value for mode in StepMode)
 PRODUCT_KINDS = {"dense": 0, "prepacked": 1, "int4": 2, "blocks": 3, "tiles": 4, "tiles-plain": 5, "tiles-unpack": 6}
 SOURCE = Path(__file__).parent / "native" / "step.cpp"
 BUILD_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class StepLayer:
+    """One decoder layer as the compiled step takes it: its four products (q/k/v, o, gate/up, down: cpu.products
+    forms) and each per-layer field by name; a norm None where the layer has none there. A new per-layer feature is
+    one field here and the line of native/step.cpp's `prepare` that reads it by the same name."""
+
+    products: tuple
+    attn_in: torch.Tensor | None = None  # the norm before attention (OLMo 2: none)
+    mlp_in: torch.Tensor | None = None  # before the MLP
+    q_norm: torch.Tensor | None = None  # of each query head (or all of them: OLMo 2) before rotary
+    k_norm: torch.Tensor | None = None
+    attn_out: torch.Tensor | None = None  # of attention's output (Gemma, OLMo 2)
+    mlp_out: torch.Tensor | None = None  # of the MLP's output
+    rotary: bool = True  # false: queries and keys as they are (SmolLM3's every fourth layer)
+    window: int = 0  # a sliding window over the last `window` positions; 0: all
+    rope_set: int = 0  # which rotary table it reads (Gemma 3's local or global base)
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """What every layer shares: the heads, the MLP's width, the norms' epsilon and kind, the scores' scale and cap
+    (0: none), the residual multiplier (Granite's) and the gate's activation."""
+
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    inter: int
+    eps: float
+    scale: float
+    wide_norms: bool = False
+    gelu: bool = False
+    residual: float = 1.0
+    softcap: float = 0.0
+
+
+def _operands(product) -> tuple[torch.Tensor, torch.Tensor]:
+    """A product's two tensors as the step reads them, by its form."""
+    if product.kind == "int4":
+        return product.packed, product.scale_zero
+    if product.kind == "blocks":
+        return product.packed, product.parts
+    if product.kind in ("tiles", "tiles-plain", "tiles-unpack"):
+        return product.packed, product.weight
+    return product.weight, torch.empty(0)
+
+
+def register(ops, model: StepModel, layers: list[StepLayer]) -> int:
+    """Register a model with the compiled step as one table of named fields: per layer each StepLayer field (its
+    products as a, b, bias, kind and min_rows, four a layer), and StepModel's; the handle `forward` takes."""
+    empty = torch.empty(0)
+    tensors: dict[str, list[torch.Tensor]] = {"a": [], "b": [], "bias": []}
+    ints: dict[str, list[int]] = {"kind": [], "min_rows": []}
+    for layer in layers:
+        for p in layer.products:
+            a, b = _operands(p)
+            tensors["a"].append(a), tensors["b"].append(b), tensors["bias"].append(empty if p.bias is None else p.bias)
+            ints["kind"].append(PRODUCT_KINDS[p.kind]), ints["min_rows"].append(int(p.stable_rows))
+        for f in fields(StepLayer)[1:]:
+            value = getattr(layer, f.name)
+            if isinstance(value, (bool, int)):
+                ints.setdefault(f.name, []).append(int(value))
+            else:
+                tensors.setdefault(f.name, []).append(empty if value is None else value)
+    numbers = {f.name: float(getattr(model, f.name)) for f in fields(StepModel)}
+    return ops.prepare(tensors, ints, numbers)
 
 class Unavailable(Exception):
     """The compiled step cannot be built or loaded here; the message says why, in one line."""

@@ -26,7 +26,7 @@ from .target import ModelRunner
 
 
 class RowRunner(ModelRunner, Protocol):
-    """A runner whose answers the compiled step advances together with other runners' (models.llama.LlamaRunner)."""
+    """A runner whose answers the compiled step advances together with other runners' (models.runner.LeanRunner)."""
 
     @property
     def compiled(self) -> bool:

@@ -2,7 +2,7 @@
 rollback by truncating.
 
 `ModelRunner` is the only thing the decoder and the model drafters call. Two implementations live in
-`models/`: `llama.LlamaRunner` (a lean forward over a static cache for the Llama family) and
+`models/`: `runner.LeanRunner` (Specula's own forward over its own cache, for every family with a spec) and
 `hf.HFRunner` (any transformers causal LM, through its own cache, as the fallback).
 """
 

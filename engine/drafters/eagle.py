@@ -24,7 +24,7 @@ from ..decoding.sampling import process_logits, sample
 from ..decoding.tree import TokenTree
 from ..heads.protocol import AutoregressiveHead
 from ..heads.store import head_for_strategy
-from ..models.arch import final_norm
+from ..models.layers import final_norm
 from ..models.gguf import out_features, weight_device, weight_dtype, weight_rows
 from .prompt_lookup import matched_continuation
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from ..cpu.products import GROUP, Blocks, FileBlocks
-from ..cpu.step import PRODUCT_KINDS
+from ..cpu.step import StepLayer, StepModel, register
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head
 
@@ -63,10 +63,9 @@ class NativeLayer:
         two = isinstance(head, Eagle3Head)
         in_norm = head.hidden_norm if two else head.attn_norm
         self.e_norm = head.input_norm.weight.detach() if two else None
-        norms = [in_norm.weight.detach(), head.mlp_norm.weight.detach()]
-        self.handle = ops.prepare([p.packed for p in products], [p.parts for p in products], [p.bias for p in products],
-                                  [PRODUCT_KINDS[Blocks.kind]] * 4, norms, c.heads, c.kv_heads, c.head_dim, c.intermediate, [1] * 4,
-                                  float(c.eps), float(c.head_dim) ** -0.5)
+        layer = StepLayer(tuple(products), attn_in=in_norm.weight.detach(), mlp_in=head.mlp_norm.weight.detach())
+        self.handle = register(ops, StepModel(c.heads, c.kv_heads, c.head_dim, c.intermediate, float(c.eps),
+                                              float(c.head_dim) ** -0.5), [layer])
         self.products = products  # the packed weights live as long as the handle
         self.kv, self.head_dim = c.kv_heads, c.head_dim
         self._inv_freq = c.inverse_frequencies()

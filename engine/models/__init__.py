@@ -1,6 +1,10 @@
 """Models from a source, ready to decode.
 
 - `loading.py`: bundled, Hub id, folder or .gguf -> a loaded target (or draft) and its tokenizer
-- `llama.py`: the lean forward for the Llama family over a static cache (`ModelRunner`)
-- `hf.py`: any other transformers model as a `ModelRunner`, `gguf.py`: a GGUF's 4-bit blocks as they are
+- `families/`: a model family as one small file; `spec_of(config)`: the values every forward runs on
+- `layers.py`: a model's weights as products, `attention.py`: a pass's attention plans, `block.py`: a layer's norms,
+  MLP and residual adds
+- `runner.py`: Specula's own forward over its cache (`LeanRunner`: eager), `compiled.py`: its passes through the
+  compiled step, `static.py`: a GPU's static steps and CUDA graphs
+- `hf.py`: any other transformers model as a `ModelRunner`, `gguf.py` and `from_gguf.py`: a GGUF read as it is
 """

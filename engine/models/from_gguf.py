@@ -26,9 +26,9 @@ from ..api.errors import SpeculaError, first_line
 from ..api.memory import available_memory, gigabytes, needed_for
 from ..cpu import step as cpu_step
 from ..cpu.products import BLOCK_FORMATS, Blocks
-from .arch import embedding_scale
-from .gguf import LM_HEAD, PERMUTED_QK, FileEmbedding, FileHead, GGUFFile, NativeWeights, config_from, llama_row_order, tokenizer_from
-from .llama import LLAMA_FAMILY, build_products
+from .families import for_gguf, spec_of
+from .gguf import LM_HEAD, FileEmbedding, FileHead, GGUFFile, NativeWeights, config_from, llama_row_order, tokenizer_from
+from .layers import build_products, embedding_scale
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def _native_products(config, device: torch.device, dtype: torch.dtype, weights: 
         return None, "the file's blocks run on the CPU only; on a GPU they are dequantized"
     if dtype != torch.bfloat16:
         return None, f"the file's blocks compute in bf16, not {str(dtype).removeprefix('torch.')} (use --dtype bf16)"
-    if config.model_type not in LLAMA_FAMILY:
+    if spec_of(config).family is None:
         return None, f"the architecture '{config.model_type}' has no lean forward"
     if os.environ.get("SPECULA_PRODUCTS", "own").strip().lower() == "torch":
         return None, "SPECULA_PRODUCTS=torch"
@@ -168,8 +168,11 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
     """Every tensor of the file into `model` (see the module's text); the file's blocks natively where `ops`."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-    # Granite's q/k rows are permuted as Llama's are (llama.cpp's converter writes it as a Llama model)
-    kind = "llama" if file.architecture in PERMUTED_QK else file.architecture
+    # where llama.cpp's converter permuted q/k rows as Llama's (Granite's, SmolLM3's), Llama's processor undoes it
+    family = for_gguf(file.architecture)
+    permuted = family is not None and family.gguf_permuted_qk
+    offset_norms = family is not None and family.gguf_offset_norms
+    kind = "llama" if permuted else file.architecture
     processor = TENSOR_PROCESSORS.get(kind, TensorProcessor)(config=config.to_dict())
     mapping = _names(file, model, config)
     if not set(file.tensors) <= set(mapping) | _IN_CONFIG:  # transformers' fuller map (MoE experts, ...)
@@ -201,7 +204,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
             _check_shape(model, hf, entry.shape, entry.name)
         if blocks_ok and attr == "weight" and (module == LM_HEAD or module.endswith(_PROJECTIONS)):
             order = None
-            if file.architecture in PERMUTED_QK and module.endswith(("q_proj", "k_proj")):
+            if permuted and module.endswith(("q_proj", "k_proj")):
                 order = llama_row_order(entry.shape[0], n_head if module.endswith("q_proj") else n_kv)
             native.tensors[module] = file.blocks(entry.name, order)
             placed.add(hf)
@@ -218,8 +221,8 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
                 placed.add("lm_head.weight")
             continue
         as_is = file.view(entry.name, dtype) if native is not None and device.type == "cpu" else None
-        if as_is is not None and not (file.architecture in PERMUTED_QK and module.endswith(("q_proj", "k_proj"))) and not (
-                _OFFSET_NORMS.get(file.architecture) and hf.endswith("norm.weight")):
+        if as_is is not None and not (permuted and module.endswith(("q_proj", "k_proj"))) and not (
+                offset_norms and hf.endswith("norm.weight")):
             _set(model, hf, as_is, entry.name)  # the file's own bf16 (or fp32) values where it keeps them: no copy
             placed.add(hf)
             continue
@@ -252,8 +255,6 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
     return native
 
 
-# families whose norms llama.cpp's converter stores as 1 + w (transformers' processor takes the 1 off again)
-_OFFSET_NORMS = {"gemma": True, "gemma2": True, "gemma3": True}
 _FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))  # the products the lean forward runs as one
 
 

@@ -27,6 +27,7 @@ from torch import nn
 from ..api.errors import SpeculaError, UnsupportedModelError
 from ..api.gguf_header import GGUFError, GGUFHeader, TensorEntry, read_header
 from ..cpu.products import BLOCK_FORMATS, Blocks, FileBlocks, Q4Blocks
+from .families import for_gguf
 
 log = logging.getLogger(__name__)
 
@@ -235,30 +236,14 @@ def out_features(module: nn.Module) -> int:
     return module.out_features if hasattr(module, "out_features") else module.weight.shape[0]
 
 
-# llama.cpp architectures whose q/k rows its converter permutes as it does Llama's
-PERMUTED_QK = frozenset({"llama", "granite", "smollm3"})
-# GGUF keys of architectures transformers' table leaves out: OLMo 2's and SmolLM3's are Llama's, Granite's add its
-# four multipliers
-_LLAMA_KEYS = {
-    "context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
-    "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size", "rope.freq_base": "rope_theta",
-    "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
-    "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size"}
-_CONFIG_KEYS = {
-    "granite": {**_LLAMA_KEYS, "embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
-                "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"},
-    "olmo2": _LLAMA_KEYS,
-    "smollm3": _LLAMA_KEYS,  # its every fourth layer without rotary: transformers' default, as llama.cpp's
-}
-
-
 def config_from(file: GGUFFile):
     """The transformers config the file's metadata describes (transformers' own table of GGUF keys)."""
     from transformers import AutoConfig
     from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
 
     arch, model_type = file.architecture, file.model_type
-    table = GGUF_CONFIG_MAPPING.get(model_type) or GGUF_CONFIG_MAPPING.get(arch) or _CONFIG_KEYS.get(arch)
+    family = for_gguf(arch)
+    table = GGUF_CONFIG_MAPPING.get(model_type) or GGUF_CONFIG_MAPPING.get(arch) or (family and family.gguf_keys)
     if not arch or table is None:
         known = ", ".join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ("general", "tokenizer")))
         raise UnsupportedModelError(f"{file.path.name}: architecture '{arch or 'none given'}' is not one Specula "
@@ -286,46 +271,19 @@ def config_from(file: GGUFFile):
         values["head_dim"] = int(file.metadata[f"{arch}.attention.key_length"])
     scaling = file.metadata.get(f"{arch}.rope.scaling.type")
     factor = file.metadata.get(f"{arch}.rope.scaling.factor")
-    if scaling in ("linear", "yarn") and isinstance(factor, (int, float)) and factor > 1 and arch != "phi3":
+    if scaling in ("linear", "yarn") and isinstance(factor, (int, float)) and factor > 1:
         # rotary scaling as llama.cpp's converter writes it (Gemma 3 4B and larger: linear, 8, on its global layers)
         values["rope_scaling"] = {"rope_type": scaling, "factor": float(factor)}
         original = file.metadata.get(f"{arch}.rope.scaling.original_context_length")
         if scaling == "yarn" and isinstance(original, int):
             values["rope_scaling"]["original_max_position_embeddings"] = original
-    if arch == "phi3":
-        _phi3_rotary(file, values)
-    if arch in ("gemma2", "gemma3") and "query_pre_attn_scalar" not in values and "head_dim" in values:
-        # llama.cpp scales Gemma's queries by the heads' width (the 27B models', 46 and 62 layers: by hidden / heads)
-        wide = values.get("num_hidden_layers") == {"gemma2": 46, "gemma3": 62}[arch]
-        values["query_pre_attn_scalar"] = values["hidden_size"] // values["num_attention_heads"] if wide else values["head_dim"]
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2's, which transformers' table leaves out
-        if isinstance(file.metadata.get(f"{arch}.{key}"), (int, float)) and key not in values:
-            values[key] = float(file.metadata[f"{arch}.{key}"])
+    if family is not None and family.gguf_config is not None:  # what else the family's files say (Phi-3's rotary, ...)
+        family.gguf_config(file, values)
     try:
         return AutoConfig.for_model(**values)
     except (ValueError, TypeError, KeyError) as exc:
         raise UnsupportedModelError(f"{file.path.name}: its metadata does not make a '{model_type}' config "
                                     f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-
-
-def _phi3_rotary(file: GGUFFile, values: dict) -> None:
-    """Phi-3's rotary as llama.cpp's converter writes it: over `rope.dimension_count` of each head's dimensions
-    (Phi-4-mini: 3/4), longrope's factors as the tensors rope_factors_long and rope_factors_short, the window the
-    factors were trained for as rope.scaling.original_context_length; its sliding window 0 for none (Phi-4)."""
-    meta = file.metadata
-    head_dim = values["hidden_size"] // values["num_attention_heads"]
-    rotated = int(meta.get("phi3.rope.dimension_count") or head_dim)
-    rope = {"rope_type": "default", "rope_theta": float(values.get("rope_theta", 10000.0)),
-            "partial_rotary_factor": rotated / head_dim}
-    if "rope_factors_long.weight" in file.tensors and "rope_factors_short.weight" in file.tensors:
-        original = int(meta.get("phi3.rope.scaling.original_context_length") or values["max_position_embeddings"])
-        rope.update(rope_type="longrope", original_max_position_embeddings=original,
-                    long_factor=file.dequantize("rope_factors_long.weight", torch.float32).tolist(),
-                    short_factor=file.dequantize("rope_factors_short.weight", torch.float32).tolist())
-        values["original_max_position_embeddings"] = original
-    values["rope_parameters"] = rope
-    window = meta.get("phi3.attention.sliding_window")
-    values["sliding_window"] = int(window) if window else None
 
 
 def tokenizer_from(file: GGUFFile):

@@ -1,5 +1,5 @@
 """Any transformers causal LM as a `decoding.target.ModelRunner`, through its own cache: the fallback
-for architectures without the lean forward (`models.llama.LlamaRunner`).
+for architectures without the lean forward (`models.runner.LeanRunner`).
 
 Exactness. transformers' forward does not give a row the same bits in every call: its matrix products take
 other kernels for one row than for several and change again at some numbers of rows, and its attention

@@ -25,10 +25,12 @@ from ..api.types import BUNDLED, ModelSpec
 from ..cpu import step as compiled
 from ..cpu.step import StepMode
 from ..decoding.target import ModelRunner
-from . import from_gguf, llama
-from .arch import describe
+from . import from_gguf
+from .families import spec_of
 from .gguf import LM_HEAD, NativeWeights
 from .hf import HFRunner
+from .layers import context_window, supports
+from .runner import LeanRunner
 
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
 DEVICES = DEVICE_NAMES
@@ -67,7 +69,7 @@ class LoadedModel:
 
     @property
     def context_window(self) -> int:
-        return llama.context_window(self.model.config)
+        return context_window(self.model.config)
 
     @property
     def path(self) -> str:
@@ -76,8 +78,8 @@ class LoadedModel:
         if self.uses_lean_forward:
             return ""
         kind = self.model.config.model_type
-        gaps = describe(self.model.config).gaps
-        why = ("asked for" if self.lean is False and llama.supports(self.model)
+        gaps = spec_of(self.model.config).gaps
+        why = ("asked for" if self.lean is False and supports(self.model)
                else f"Specula's own forward does not compute {', '.join(gaps) or 'its rotary scaling'} yet")
         return (f"{kind} runs through transformers' forward ({why}): slower, no compiled step, token trees or draft "
                 "heads, and its verify passes check a row at a time to keep the answer exact, so speculation gains nothing")
@@ -108,9 +110,9 @@ class LoadedModel:
 
     @property
     def uses_lean_forward(self) -> bool:
-        """Whether it runs the lean forward (llama.LlamaRunner): token trees, features for draft heads, the
+        """Whether it runs the lean forward (runner.LeanRunner): token trees, features for draft heads, the
         compiled step, the first layers as a drafter."""
-        return self.lean and llama.supports(self.model)
+        return self.lean and supports(self.model)
 
     def require_lean(self, what: str) -> None:
         """A one-line error unless the lean forward runs this model: `what` needs it."""
@@ -121,7 +123,7 @@ class LoadedModel:
     def new_runner(self) -> ModelRunner:
         """A fresh KV cache over this model's weights (weights are shared, never copied)."""
         if self.uses_lean_forward:
-            return llama.LlamaRunner(self.model, native=self.native, step=self.step, static=self.static,
+            return LeanRunner(self.model, native=self.native, step=self.step, static=self.static,
                                      graphs=self.graphs)
         return HFRunner(self.model, self.context_window)
 

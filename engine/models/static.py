@@ -29,9 +29,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from ..api.errors import first_line
 from ..api.types import K_MAX
+from ..decoding.tree import TokenTree
+from .attention import capped_attention
+from .block import after_attention, call, rms_norm
 
 log = logging.getLogger(__name__)
 
@@ -230,3 +234,54 @@ class StepGraphs:
         self.closed = True
         with self._lock:
             self._ready = {}
+
+
+def forward_static(runner, tokens: torch.Tensor, last: int, tree: TokenTree | None, start: int, rows: int):
+    """A pass after the prefill as a step of `rows` rows (models/static.py), through its graph where captured."""
+    t = tokens.shape[0]
+    host = torch.device("cpu")  # the inputs are made on the host, then copied to the device
+    depths, ancestors = (None, None) if tree is None else (tree.depths(host), tree.ancestors(host))
+    inputs = step_inputs(runner.max_len, rows, tokens, start, host, depths, ancestors)
+    replayed = runner.graphs.run(rows, inputs) if runner.graphs is not None else None
+    if replayed is not None:
+        logits = replayed[t - last : t].clone()  # the graph writes its buffer again at its next replay
+    else:
+        logits = static_step(runner, inputs.to(runner.device))[t - last : t]
+    runner._length = start + t
+    return logits
+
+def static_step(runner, inp: StepInputs) -> torch.Tensor:
+    """The layer loop of one step of fixed shape over the static cache: writes the rows' keys, values,
+    features (and kept layers' states) to their slots; fp32 logits of every row (R, V). Tensor operations
+    of fixed shapes only, without a host synchronisation: a CUDA graph can record it."""
+    rows = inp.tokens.shape[0]
+    keys = runner._k.shape[2]
+    h, kv, hd = runner.n_heads, runner.n_kv, runner.head_dim
+    x = runner.embed(inp.tokens)
+    cos, sin = runner._cos[:, inp.positions], runner._sin[:, inp.positions]
+    # row r sees the slots before `start`, its ancestors' slots in this pass (in a sliding-window layer those
+    # within the window of its position), and slot 0 where it sees nothing else (a padding row)
+    allowed = (torch.arange(keys, device=x.device) < inp.start).expand(rows, keys).clone()
+    allowed.scatter_(1, inp.slots.expand(rows, rows), inp.ancestors)
+    masks = {}
+    for window in runner._windows:
+        seen = allowed
+        if window:
+            seen = seen & (torch.arange(keys, device=x.device)[None, :] > inp.positions[:, None] - window)
+        seen = seen.clone()
+        seen[:, 0] |= ~seen.any(1)
+        masks[window] = seen.repeat(runner.groups, 1)  # (groups*R, keys): grouped queries as extra rows of their KV head
+    for i, layer in enumerate(runner.layers):
+        if i in runner.aux_layers:
+            runner._aux[:, runner.aux_layers.index(i)].index_copy_(0, inp.slots, x)
+        q, k, v = runner._project(layer, rms_norm(x, layer.norms["attn_in"]), cos, sin, call)
+        runner._k[i].index_copy_(1, inp.slots, k)
+        runner._v[i].index_copy_(1, inp.slots, v)
+        if runner.softcap:
+            out = capped_attention(q, runner._k[i], runner._v[i], masks[layer.window][:rows], runner.scale, runner.softcap)
+        else:
+            out = F.scaled_dot_product_attention(q.reshape(kv, runner.groups * rows, hd), runner._k[i], runner._v[i],
+                                                 attn_mask=masks[layer.window], scale=runner.scale).view(h, rows, hd)
+        x = _after_attention(self, layer, x, layer.o_proj(out.transpose(0, 1).reshape(rows, -1)), call)
+    runner._feat.index_copy_(0, inp.slots, x)
+    return runner._scaled(runner.lm_head(rms_norm(x, runner.norm)).float())

@@ -9,8 +9,9 @@ from specula.engine.cpu import products
 from specula.engine.cpu import step as compiled
 from specula.engine.decoding.tree import TokenTree
 from specula.engine.drafters import DRAFTERS
-from specula.engine.models import llama
-from specula.engine.models.llama import step_rows
+from specula.engine.models import compiled as compiled_passes
+from specula.engine.models import runner as lean_runner
+from specula.engine.models.compiled import step_rows
 from specula.engine.models.loading import LoadedModel
 from tests.support.tiny import assert_greedy_identity, head_options, native, perturbed, tiny_model
 
@@ -21,7 +22,7 @@ def _with_step(model: LoadedModel, step: str = "compiled") -> LoadedModel:
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "smollm3", "gemma3", "phi3", "mistral", "ministral", "granite",
-                                    "olmo2", "gemma2"])
+                                    "olmo2", "gemma2", "exaone4"])
 @pytest.mark.parametrize("step", ["compiled", "eager"])
 def test_the_lean_forward_is_the_models_forward_in_fp32(ops, family, step):
     """The compiled step and the eager lean forward against transformers' own forward in fp32: norms (Qwen3's
@@ -30,7 +31,7 @@ def test_the_lean_forward_is_the_models_forward_in_fp32(ops, family, step):
     window of 8 positions (the context runs to 40) with their own rotary base; Phi-3's fused weights, its rotary over
     3/4 of each head with longrope's short factors, its window over every layer; Mistral's window over every layer and
     Ministral's over every other one; Granite's multipliers; OLMo 2's norms of the outputs only and q/k norms over all
-    heads."""
+    heads; EXAONE 4's norms of the outputs, per-head q/k norms and global layers without rotary."""
     model = tiny_model(vocab=64, layers=4, seed=4, family=family)  # 4 query heads over 2 KV heads
     target = _with_step(LoadedModel(model, None, "tiny", torch.device("cpu"), torch.float32), step)
     assert target.uses_lean_forward
@@ -195,8 +196,8 @@ def test_a_prompt_read_in_chunks_gives_each_position_the_bits_of_single_steps(op
     """A prompt through the compiled step (where its products are the file's blocks) runs as passes of STEP_CHUNK rows
     from an empty cache, a long second turn too: every position's logits and hidden states are those of single
     steps, whatever rows the caller keeps; in fp32 they are the model's forward."""
-    monkeypatch.setattr(llama, "STEP_CHUNK", 7)
-    monkeypatch.setattr(llama, "prompt_through_step", lambda fast, dtype: True)
+    monkeypatch.setattr(compiled_passes, "STEP_CHUNK", 7)
+    monkeypatch.setattr(lean_runner, "prompt_through_step", lambda fast, dtype: True)
     model = tiny_model(vocab=64, layers=3, seed=5)
     if form == "native":
         target = _with_step(native(model))
@@ -238,7 +239,7 @@ def test_prompts_run_through_the_step_where_its_products_are_the_files_blocks(op
             runner = target.new_runner()
             runner.forward(torch.tensor([1]))  # the answer's mode and products
             assert runner.compiled
-            chosen[name, fast_bf16] = llama.prompt_through_step(runner._fast, runner.dtype)
+            chosen[name, fast_bf16] = compiled_passes.prompt_through_step(runner._fast, runner.dtype)
     expected = {("blocks", True): True, ("dense", True): False, ("fp32", True): False,
                 ("blocks", False): True, ("dense", False): False, ("fp32", False): False}
     assert chosen == {key: value for key, value in expected.items() if key[1] in kinds}
@@ -312,7 +313,7 @@ def test_greedy_speculation_through_the_compiled_step_is_plain_decoding(ops, str
 
 @pytest.mark.parametrize("family,strategy", [("qwen3", "prompt-lookup"), ("qwen3", "eagle"), ("smollm3", "prompt-lookup"),
                                              ("gemma3", "prompt-lookup"), ("gemma3", "eagle"), ("phi3", "prompt-lookup"),
-                                             ("granite", "prompt-lookup"), ("olmo2", "prompt-lookup"),
+                                             ("granite", "prompt-lookup"), ("olmo2", "prompt-lookup"), ("exaone4", "prompt-lookup"),
                                              ("gemma2", "prompt-lookup")])
 def test_qwen3_smollm3_and_gemma3_run_through_the_compiled_step_and_speculation_is_plain_decoding(ops, family, strategy,
                                                                                                 tmp_path):
@@ -515,7 +516,7 @@ def test_only_a_cache_whose_bits_do_not_depend_on_the_pass_is_kept(ops, monkeypa
     blocks = _with_step(native(tiny_model(vocab=64, layers=2, seed=6))).new_runner()
     blocks.forward(ids)
     assert blocks.reusable(ids) == 5
-    monkeypatch.setattr(llama, "prompt_through_step", lambda fast, dtype: False)
+    monkeypatch.setattr(lean_runner, "prompt_through_step", lambda fast, dtype: False)
     assert blocks.reusable(ids) == 0  # prompts read eagerly again: no longer the bits of steps
     eager = _with_step(native(tiny_model(vocab=64, layers=2, seed=6)), "eager").new_runner()
     eager.forward(ids)

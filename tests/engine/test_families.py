@@ -148,6 +148,6 @@ def test_the_load_says_which_path_a_family_takes_and_why():
 def test_an_architecture_is_described_from_its_config_with_what_the_own_forward_lacks(model_type, gaps):
     from transformers import AutoConfig
 
-    from specula.engine.models.arch import describe
+    from specula.engine.models.families import spec_of
 
-    assert describe(AutoConfig.for_model(model_type)).gaps == gaps
+    assert spec_of(AutoConfig.for_model(model_type)).gaps == gaps

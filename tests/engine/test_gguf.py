@@ -297,6 +297,17 @@ def test_an_olmo2_file_is_read_and_runs_its_blocks(tmp_path):
     _blocks_through_the_step(write_gguf(tmp_path / "q.gguf", model, "Q8_0"))
 
 
+def test_an_exaone4_file_is_read_and_runs_its_blocks(tmp_path):
+    """EXAONE 4 as llama.cpp writes it (the Llama keys, its window and a flag a layer for where it applies, the
+    output norms, per-head q/k norms): its fp32 logits are the original model's, its global layers without rotary;
+    in Q8_0 its blocks run through the compiled step and speculation keeps plain decoding's answer."""
+    model = tiny_llama("exaone4", layers=2, seed=13, vocab=4096, tied=False)
+    ours = _reads_back(model, tmp_path / "e.gguf")
+    assert ours.model.config.model_type == "exaone4" and ours.path == ""
+    assert ours.model.config.layer_types == model.config.layer_types == ["sliding_attention", "full_attention"]
+    _blocks_through_the_step(write_gguf(tmp_path / "q.gguf", model, "Q8_0"))
+
+
 def test_llama_3_rotary_factors_in_the_file_scale_the_frequencies(tmp_path):
     model = tiny_llama(seed=5)
     half = model.config.head_dim // 2

@@ -157,15 +157,15 @@ def test_other_architectures_run_through_the_transformers_forward():
 
 def test_the_fused_attention_path_used_off_the_cpu_is_lossless_too(models, monkeypatch):
     """GPUs take the fused attention kernel over a cache in the model's dtype; run that path here."""
-    import specula.engine.models.llama as llama
+    from specula.engine.models.runner import LeanRunner
 
-    original = llama.LlamaRunner.__init__
+    original = LeanRunner.__init__
 
     def fused_path(self, *args, **kwargs):
         original(self, *args, **kwargs)
         self.blocked, self.cache_dtype, self.consistent = False, self.dtype, False
 
-    monkeypatch.setattr(llama.LlamaRunner, "__init__", fused_path)
+    monkeypatch.setattr(LeanRunner, "__init__", fused_path)
     target, draft = models
     assert not target.new_runner().blocked
     gen = torch.Generator().manual_seed(5)

@@ -133,11 +133,11 @@ def test_llama_row_order_undoes_llama_cpps_permutation():
 
 
 def test_a_weight_the_int4_kernel_cannot_take_stays_dense(monkeypatch):
-    import specula.engine.models.llama
+    import specula.engine.models.layers
     from specula.engine.cpu.products import int4_fits
 
     assert int4_fits((960, 576)) and not int4_fits((24, 576)) and not int4_fits((32, 48))
-    monkeypatch.setattr(specula.engine.models.llama, "int4_fits", lambda shape: shape[0] != 128)  # as if q/k/v could not
+    monkeypatch.setattr(specula.engine.models.layers, "int4_fits", lambda shape: shape[0] != 128)  # as if q/k/v could not
     layer = native(tiny_model(vocab=64, layers=1, seed=3)).new_runner().layers[0]
     assert layer.qkv.kind != "int4" and layer.o_proj.kind == "int4"
 

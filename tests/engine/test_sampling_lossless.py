@@ -24,7 +24,7 @@ from specula.engine.api.types import DecodeConfig, SamplingParams
 from specula.engine.decoding.loop import generate
 from specula.engine.decoding.sampling import process_logits
 from specula.engine.drafters import build_drafter
-from specula.engine.models import llama
+from specula.engine.models import layers
 from tests.support.tiny import loaded, one_torch_thread, perturbed, tiny_model
 
 VOCAB = 4
@@ -69,7 +69,7 @@ def build_models():
     models = loaded(target), loaded(draft)
     # the rule is under test, not the products: plain F.linear, whose calls cost a tiny model a third less
     # than oneDNN's prepacked ones (the products are built once per model, with its first runner)
-    with unittest.mock.patch.object(llama, "PREPACK_LIMIT_BYTES", 0):
+    with unittest.mock.patch.object(layers, "PREPACK_LIMIT_BYTES", 0):
         for model in models:
             model.new_runner()
     return models

@@ -14,7 +14,8 @@ from specula.engine.cpu.step import StepMode
 from specula.engine.decoding.tree import TokenTree
 from specula.engine.drafters import DRAFTERS
 from specula.engine.models import static
-from specula.engine.models.llama import LlamaRunner
+from specula.engine.models import static
+from specula.engine.models.runner import LeanRunner
 from specula.engine.models.loading import LoadedModel
 from tests.support.tiny import assert_greedy_identity, head_options, loaded, perturbed, tiny_model
 
@@ -31,13 +32,13 @@ def bf16(model) -> LoadedModel:
 def counted(monkeypatch) -> list[int]:
     """The row counts of the static steps that run from now on."""
     rows: list[int] = []
-    step = LlamaRunner._static_step
+    step = static.static_step
 
     def counting(self, inputs):
         rows.append(inputs.tokens.shape[0])
         return step(self, inputs)
 
-    monkeypatch.setattr(LlamaRunner, "_static_step", counting)
+    monkeypatch.setattr(static, "static_step", counting)
     return rows
 
 
@@ -136,16 +137,16 @@ def recorded(step, inputs, pool, stream):
     return replay, out, pool
 
 
-def graphs_runner(model: LoadedModel, monkeypatch, capture=recorded) -> LlamaRunner:
+def graphs_runner(model: LoadedModel, monkeypatch, capture=recorded) -> LeanRunner:
     monkeypatch.setattr(static.StepGraphs, "capture", staticmethod(capture))
-    return LlamaRunner(model.model, step=StepMode.STATIC, static=True, graphs=True, floor=8)
+    return LeanRunner(model.model, step=StepMode.STATIC, static=True, graphs=True, floor=8)
 
 
 def test_captured_steps_replay_what_eager_steps_compute(tiny, monkeypatch):
     runner = graphs_runner(loaded(tiny), monkeypatch)
     assert runner.graphs.wait(timeout=120)  # captured in the background, every bucket from the floor up
     assert runner.graphs.captured == (8, 16, 32, 64)
-    plain = LlamaRunner(tiny, step=StepMode.STATIC, static=True, floor=8)
+    plain = LeanRunner(tiny, step=StepMode.STATIC, static=True, floor=8)
     recorded.replays = 0
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, 64, (9,), generator=gen)
@@ -164,7 +165,7 @@ def test_captured_steps_replay_what_eager_steps_compute(tiny, monkeypatch):
 def test_new_buffers_are_captured_again_and_run_eagerly_meanwhile(tiny, monkeypatch):
     runner = graphs_runner(loaded(tiny), monkeypatch)
     assert runner.graphs.wait(timeout=120)
-    plain = LlamaRunner(tiny, step=StepMode.STATIC, static=True, floor=8)
+    plain = LeanRunner(tiny, step=StepMode.STATIC, static=True, floor=8)
     old = runner._aux
     for r in (runner, plain):
         r.keep_layers((0, 2))  # an EAGLE-3 head's layers: the states buffer is new
@@ -191,7 +192,7 @@ def test_a_failed_capture_says_so_once_and_steps_run_without_graphs(tiny, monkey
     lines = [r.getMessage() for r in caplog.records if r.name == "specula.engine.models.static"]
     assert lines == ["step graphs could not be captured (operation not permitted when stream is capturing): "
                      "steps run without them"]
-    plain = LlamaRunner(tiny, step=StepMode.STATIC, static=True, floor=8)
+    plain = LeanRunner(tiny, step=StepMode.STATIC, static=True, floor=8)
     for r in (runner, plain):
         r.forward(torch.arange(6))
     assert torch.equal(runner.forward(torch.tensor([7, 8]), last=2), plain.forward(torch.tensor([7, 8]), last=2))
@@ -201,16 +202,16 @@ def test_a_failed_capture_says_so_once_and_steps_run_without_graphs(tiny, monkey
 
 def test_capture_runs_beside_answers_and_holds_them_only_while_recording(tiny, monkeypatch):
     release = threading.Event()
-    step = LlamaRunner._static_step
+    step = static.static_step
 
     def slow_in_the_background(self, inputs):  # the capture thread's warm-up runs wait for the event
         if threading.current_thread().name == "specula-graphs":
             release.wait(timeout=120)
         return step(self, inputs)
 
-    monkeypatch.setattr(LlamaRunner, "_static_step", slow_in_the_background)
+    monkeypatch.setattr(static, "static_step", slow_in_the_background)
     runner = graphs_runner(loaded(tiny), monkeypatch)
-    plain = LlamaRunner(tiny, step=StepMode.STATIC, static=True, floor=8)
+    plain = LeanRunner(tiny, step=StepMode.STATIC, static=True, floor=8)
     for r in (runner, plain):
         r.forward(torch.arange(6))
     for token in range(5):  # while the first capture is under way

@@ -36,6 +36,8 @@ def tiny_llama(family: str = "llama", hidden: int = 256, inter: int = 512, layer
     if family == "granite":
         extra = {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0156,
                  "logits_scaling": 8.0}
+    if family == "exaone4":  # a local layer and a global one without rotary in turn
+        extra = {"sliding_window": 16, "sliding_window_pattern": 2}
     if family == "phi3":  # Phi-4-mini's rotary: over 3/4 of each head, longrope's factors (long ones past 64)
         extra = {"sliding_window": 24, "original_max_position_embeddings": 64, "pad_token_id": 0,
                  "rope_parameters": longrope(hidden // 4 * 3 // 8, seed + 1)}
@@ -122,8 +124,10 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
         writer.add_string(f"{arch}.rope.scaling.type", "linear")
         writer.add_float32(f"{arch}.rope.scaling.factor", float(rope["factor"]))
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
-    if getattr(cfg, "sliding_window", None) and gemma:
+    if getattr(cfg, "sliding_window", None) and (gemma or arch == "exaone4"):
         writer.add_uint32(f"{arch}.attention.sliding_window", int(cfg.sliding_window))
+    if arch == "exaone4" and cfg.sliding_window:  # which layers the window applies to, as llama.cpp's converter writes it
+        writer.add_array(f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in cfg.layer_types])
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2's
         if getattr(cfg, key, None):
             writer.add_float32(f"{arch}.{key}", float(getattr(cfg, key)))
@@ -158,7 +162,7 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
             writer.add_uint32("phi3.rope.scaling.original_context_length", int(rope["original_max_position_embeddings"]))
             extra = {**(extra or {}), "rope_factors_long.weight": rope["long_factor"],
                      "rope_factors_short.weight": rope["short_factor"]}
-    if arch == "olmo2":  # norms after attention and the MLP only
+    if arch in ("olmo2", "exaone4"):  # norms after attention and the MLP only
         layer_names.update({"post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"})
     if gemma:  # four norms a layer: around attention and around the MLP
         layer_names.update({"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",

@@ -22,6 +22,7 @@ _FAMILIES = {
     "ministral": ("MinistralConfig", "MinistralForCausalLM"),  # windowed and full layers in turn
     "granite": ("GraniteConfig", "GraniteForCausalLM"),  # multipliers of embeddings, outputs, attention, logits
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),  # norms of the outputs only, q/k norms over all heads
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM"),  # OLMo 2's norms, per-head q/k norms, global layers without rotary
 }
 
 
@@ -49,7 +50,8 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
     weights, rotary over 3/4 of each head with longrope's factors (the long ones from position 64), every layer
     attending over a `window` of positions. "mistral": one window over every layer; "ministral": windowed and full
     layers in turn. "granite": its multipliers. "olmo2": its norms after attention and the MLP, q/k norms over all
-    heads. "gemma2": Gemma's layers with soft-capped attention scores (at 5) and logits (at 30)."""
+    heads. "exaone4": OLMo 2's norms of the outputs, per-head q/k norms, local layers and global ones without rotary in
+    turn. "gemma2": Gemma's layers with soft-capped attention scores (at 5) and logits (at 30)."""
     config_cls, model_cls = family_classes(family)
     extra = {}
     if family == "smollm3":  # token ids within a tiny vocabulary (SmolLM3's defaults point past it), as Llama's are
@@ -65,6 +67,9 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
                  "final_logit_softcapping": 30.0, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
     elif family == "olmo2":
         extra = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    elif family == "exaone4":  # a local layer and a global one (no rotary) in turn
+        extra = {"sliding_window": window, "sliding_window_pattern": 2, "pad_token_id": 0, "bos_token_id": 1,
+                 "eos_token_id": 2}
     elif family == "mistral":
         extra = {"sliding_window": window}
     elif family == "ministral":
@@ -96,7 +101,7 @@ def tiny_model(vocab: int = 64, layers: int = 4, seed: int = 0, family: str = "l
                 p.copy_((0 if family == "gemma3" else 1) + 0.5 * torch.randn(p.shape, generator=gen))
             elif family in ("gemma2", "gemma3") and name.endswith("norm.weight"):  # Gemma's 1 + w, w not the zeros it starts as
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-            elif family == "olmo2" and name.endswith("norm.weight"):  # norms other than the ones they start as
+            elif family in ("olmo2", "exaone4") and name.endswith("norm.weight"):  # norms other than the ones they start as
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
     return model
 

@@ -211,44 +211,66 @@ inline Tensor optional_norm(const Tensor& t) { return t.numel() ? t : Tensor(); 
 std::mutex registry_lock;
 std::deque<Model> registry;  // a deque: entries stay where they are as others are added
 
-// products: per layer qkv, o, gate_up, down, each as (kind, a, b, bias, min_rows) in five lists; norms: per layer
-// the one before attention and the one before the MLP, then (4 or 6 per layer) the per-head q and k norms (Qwen3,
-// Gemma 3), then (6 per layer) those of the attention's and the MLP's outputs (Gemma); an empty tensor where a
-// layer has none. windows, rope_sets: per layer (or none: 0 each); wide_norms, gelu: as Model's.
-int64_t prepare(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::vector<c10::optional<Tensor>>& bias,
-                const std::vector<int64_t>& kinds, const std::vector<Tensor>& norms, int64_t n_heads, int64_t n_kv,
-                int64_t head_dim, int64_t inter, const std::vector<int64_t>& min_rows, double eps, double scale,
-                at::IntArrayRef no_rotary, at::IntArrayRef windows, at::IntArrayRef rope_sets, bool wide_norms, bool gelu,
-                double residual, double softcap) {
-  Model m{{}, n_heads, n_kv, head_dim, inter, eps, scale, wide_norms, gelu, residual, softcap};
+// A model as one table of named fields (cpu/step.py: `register`): per layer, four products (q/k/v, o, gate/up, down)
+// as "a", "b", "bias", "kind" and "min_rows", and each of StepLayer's fields by its name (a norm empty where the
+// layer has none there); StepModel's numbers by theirs. A field the table lacks is an error naming it.
+using Tensors = c10::Dict<std::string, std::vector<Tensor>>;
+using Ints = c10::Dict<std::string, std::vector<int64_t>>;
+using Numbers = c10::Dict<std::string, double>;
+
+template <typename D>
+auto field(const D& table, const char* name) {
+  auto it = table.find(name);
+  TORCH_CHECK(it != table.end(), "the compiled step's table has no field '", name, "'");
+  return it->value();
+}
+
+int64_t prepare(const Tensors& tensors, const Ints& ints, const Numbers& numbers) {
+  Model m;
+  m.n_heads = static_cast<int64_t>(field(numbers, "n_heads"));
+  m.n_kv = static_cast<int64_t>(field(numbers, "n_kv"));
+  m.head_dim = static_cast<int64_t>(field(numbers, "head_dim"));
+  m.inter = static_cast<int64_t>(field(numbers, "inter"));
+  m.eps = field(numbers, "eps"), m.scale = field(numbers, "scale");
+  m.wide_norms = field(numbers, "wide_norms") != 0, m.gelu = field(numbers, "gelu") != 0;
+  m.residual = field(numbers, "residual"), m.softcap = field(numbers, "softcap");
+  const auto a = field(tensors, "a"), b = field(tensors, "b"), bias = field(tensors, "bias");
+  const auto kinds = field(ints, "kind"), min_rows = field(ints, "min_rows");
   const size_t n_layers = kinds.size() / 4;
-  TORCH_CHECK(kinds.size() % 4 == 0 && n_layers > 0 && norms.size() % n_layers == 0, "4 products per layer");
-  const size_t per = norms.size() / n_layers;
-  TORCH_CHECK(per == 2 || per == 4 || per == 6, "2, 4 or 6 norms per layer");
-  TORCH_CHECK(windows.empty() || windows.size() == n_layers, "a window per layer, or none");
-  TORCH_CHECK(rope_sets.empty() || rope_sets.size() == n_layers, "a rotary table per layer, or none");
-  TORCH_CHECK(min_rows.size() == kinds.size(), "one min_rows per product");
-  for (size_t l = 0; l < kinds.size() / 4; ++l) {
+  TORCH_CHECK(kinds.size() % 4 == 0 && n_layers > 0, "4 products per layer");
+  TORCH_CHECK(a.size() == kinds.size() && b.size() == kinds.size() && bias.size() == kinds.size() &&
+                  min_rows.size() == kinds.size(), "a, b, bias and min_rows for every product");
+  const auto per_layer = [&](const char* name) {
+    auto values = field(tensors, name);
+    TORCH_CHECK(values.size() == n_layers, "one '", name, "' per layer");
+    return values;
+  };
+  const auto per_layer_int = [&](const char* name) {
+    auto values = field(ints, name);
+    TORCH_CHECK(values.size() == n_layers, "one '", name, "' per layer");
+    return values;
+  };
+  const auto attn_in = per_layer("attn_in"), mlp_in = per_layer("mlp_in"), q_norm = per_layer("q_norm"),
+             k_norm = per_layer("k_norm"), attn_out = per_layer("attn_out"), mlp_out = per_layer("mlp_out");
+  const auto rotary = per_layer_int("rotary"), windows = per_layer_int("window"), rope_sets = per_layer_int("rope_set");
+  for (size_t l = 0; l < n_layers; ++l) {
     Product p[4];
-    for (int i = 0; i < 4; ++i) {
-      p[i] = Product{kinds[4 * l + i], a[4 * l + i], b[4 * l + i], bias[4 * l + i], min_rows[4 * l + i]};
+    for (size_t i = 0; i < 4; ++i) {
+      const size_t j = 4 * l + i;
+      p[i] = Product{kinds[j], a[j], b[j], bias[j].numel() ? c10::optional<Tensor>(bias[j]) : c10::nullopt, min_rows[j]};
       p[i].read_tables();
     }
-    Layer layer{p[0], p[1], p[2], p[3], optional_norm(norms[per * l]), optional_norm(norms[per * l + 1]), Tensor(), Tensor(),
-                Tensor(), Tensor()};
-    if (per >= 4) {
-      layer.q_norm = optional_norm(norms[per * l + 2]), layer.k_norm = optional_norm(norms[per * l + 3]);
-      TORCH_CHECK(layer.q_norm.defined() == layer.k_norm.defined(), "per-head norms of both queries and keys, or of neither");
-      TORCH_CHECK(!layer.q_norm.defined() || (layer.q_norm.numel() == head_dim && layer.k_norm.numel() == head_dim) ||
-                      (layer.q_norm.numel() == n_heads * head_dim && layer.k_norm.numel() == n_kv * head_dim),
-                  "q/k norms per head of ", head_dim, " or over all heads");
-    }
-    if (per == 6) layer.attn_out_norm = optional_norm(norms[per * l + 4]), layer.mlp_out_norm = optional_norm(norms[per * l + 5]);
+    Layer layer{p[0], p[1], p[2], p[3], optional_norm(attn_in[l]), optional_norm(mlp_in[l]), optional_norm(q_norm[l]),
+                optional_norm(k_norm[l]), optional_norm(attn_out[l]), optional_norm(mlp_out[l])};
+    TORCH_CHECK(layer.q_norm.defined() == layer.k_norm.defined(), "per-head norms of both queries and keys, or of neither");
+    TORCH_CHECK(!layer.q_norm.defined() || (layer.q_norm.numel() == m.head_dim && layer.k_norm.numel() == m.head_dim) ||
+                    (layer.q_norm.numel() == m.n_heads * m.head_dim && layer.k_norm.numel() == m.n_kv * m.head_dim),
+                "q/k norms per head of ", m.head_dim, " or over all heads");
     for (const Tensor* w : {&layer.in_norm, &layer.post_norm, &layer.q_norm, &layer.k_norm, &layer.attn_out_norm, &layer.mlp_out_norm})
-      TORCH_CHECK(!w->defined() || !wide_norms || w->scalar_type() == at::kFloat, "wide norms' weights are fp32");
-    layer.rotary = std::find(no_rotary.begin(), no_rotary.end(), static_cast<int64_t>(l)) == no_rotary.end();
-    layer.window = windows.empty() ? 0 : windows[l];
-    layer.rope_set = rope_sets.empty() ? 0 : rope_sets[l];
+      TORCH_CHECK(!w->defined() || !m.wide_norms || w->scalar_type() == at::kFloat, "wide norms' weights are fp32");
+    layer.rotary = rotary[l] != 0;
+    layer.window = windows[l];
+    layer.rope_set = rope_sets[l];
     TORCH_CHECK(layer.window >= 0 && layer.rope_set >= 0, "windows and rotary tables are not negative");
     m.layers.push_back(layer);
   }
@@ -1080,10 +1102,7 @@ Tensor head_layer(int64_t handle, const Tensor& h_in, const c10::optional<Tensor
 }  // namespace
 
 TORCH_LIBRARY(specula_step, lib) {
-  lib.def("prepare(Tensor[] a, Tensor[] b, Tensor?[] bias, int[] kinds, Tensor[] norms, int n_heads, int n_kv, "
-          "int head_dim, int inter, int[] min_rows, float eps, float scale, int[] no_rotary=[], int[] windows=[], "
-          "int[] rope_sets=[], bool wide_norms=False, bool gelu=False, float residual=1.0, float softcap=0.0) -> int",
-          &prepare);
+  lib.def("prepare(Dict(str, Tensor[]) tensors, Dict(str, int[]) ints, Dict(str, float) numbers) -> int", &prepare);
   lib.def("forward(int handle, Tensor x, Tensor k_cache, Tensor v_cache, Tensor kt_cache, int kt_from, Tensor cos, "
           "Tensor sin, Tensor pos, int start, Tensor? ancestors, int n_layers, Tensor? aux=None, int[] aux_layers=[], "
           "Tensor? v_narrow=None) -> Tensor",

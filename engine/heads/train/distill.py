@@ -16,7 +16,7 @@ from ...api.prompts import Message, encode
 from ...api.types import SamplingParams
 from ...decoding.batched import BatchedDecoder, Kept, LoopDecoder
 from ...decoding.drafter import Drafter
-from ...models.llama import step_rows
+from ...models.compiled import step_rows
 from .answers import Answer, answer_line, drop_torn_tail, read_answers
 from .features import first_kept, kept_sequence, store_sequence, target_top
 from .prompts import (
@@ -37,7 +37,7 @@ ANSWER_ROWS = 16  # answers decoded together by batched plain decoding on a CPU 
 
 
 def batched_answers(target, drafter: Drafter | None, rows: int, aux_layers: tuple[int, ...] = ()) -> BatchedDecoder:
-    """The CPU's answers: batched plain decoding through the compiled step (`models.llama.step_rows`), one
+    """The CPU's answers: batched plain decoding through the compiled step (`models.compiled.step_rows`), one
     conversation at a time through the loop with `drafter` (none: plain steps) until that step runs. With
     `aux_layers`, an EAGLE-3 head's features of each answer are kept as it is made (`features.kept_sequence`)."""
     kept = Kept(tuple(aux_layers), first_kept, target_top) if aux_layers else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...models.arch import embedding_scale, final_norm
+from ...models.layers import embedding_scale, final_norm
 from ...models.gguf import weight_rows
 
 
