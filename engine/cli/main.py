@@ -231,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a server that POST /specula/v1/load may relay without an API key (repeatable)")
     sv.add_argument("--allow-key-env", action="append", default=[], metavar="VAR",
                     help="an environment variable a load request may name as a relayed server's key (repeatable)")
+    sub.add_parser("build-step", help="build the compiled decoding step for this CPU now (make setup runs it)")
     c = sub.add_parser("chat", help="chat in the terminal")
     _add_model_args(c)
     _add_remote_args(c)
@@ -279,6 +280,8 @@ def _subcommand(name: str):
         from .serve import run_serve as run
     elif name == "measure-head":
         from .measure import run_measure_head as run
+    elif name == "build-step":
+        from .build import run_build_step as run
     else:
         from .train import run_train_cmd as run
     return run

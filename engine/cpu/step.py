@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
@@ -55,6 +56,8 @@ STEP_MODES = tuple(mode.value for mode in StepMode)
 PRODUCT_KINDS = {"dense": 0, "prepacked": 1, "int4": 2, "blocks": 3, "tiles": 4, "tiles-plain": 5, "tiles-unpack": 6}
 SOURCE = Path(__file__).parent / "native" / "step.cpp"
 BUILD_TIMEOUT_S = 600
+# what a build takes where this machine has never timed one (two busy cores: 40-120 s; eight: about 20)
+FIRST_BUILD_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,7 @@ def build() -> Path:
         if not _alive(stale.name.rsplit("-", 1)[-1]):
             stale.unlink(missing_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    began = time.monotonic()
     try:
         done = subprocess.run(_command(cxx, tmp), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -215,7 +219,26 @@ def build() -> Path:
             line for line in lines if "error" in line] or lines[-1:]
         raise Unavailable(f"the C++ compiler {cxx} failed: {errors[0].strip() if errors else 'no message'}")
     os.replace(tmp, path)
+    _timing_file().write_text(f"{time.monotonic() - began:.1f}\n")
     return path
+
+
+def _timing_file() -> Path:
+    return cache_dir() / "compiled" / "build-seconds"
+
+
+def build_estimate() -> float:
+    """How long building the step takes here: the last build's time on this machine, or FIRST_BUILD_S."""
+    try:
+        return max(1.0, float(_timing_file().read_text().strip()))
+    except (OSError, ValueError):
+        return FIRST_BUILD_S
+
+
+def building_note() -> str:
+    """The line a user reads while the step is built at a start (where it was not built at set-up)."""
+    return (f"building the compiled step for this CPU, once (about {round(build_estimate())} s; "
+            "`specula build-step` builds it ahead)")
 
 
 def _alive(pid: str) -> bool:

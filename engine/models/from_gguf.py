@@ -66,7 +66,7 @@ def _native_products(config, device: torch.device, dtype: torch.dtype, weights: 
     if os.environ.get("SPECULA_PRODUCTS", "own").strip().lower() == "torch":
         return None, "SPECULA_PRODUCTS=torch"
     if not cpu_step.built():
-        say("building the compiled step, which runs the file's blocks (once per machine)")
+        say(cpu_step.building_note())
     cpu_step.prepare(wait=True)
     ops = cpu_step.ops()
     if ops is None:

@@ -199,8 +199,8 @@ def _load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     loaded = LoadedModel(model, tokenizer, name, device, dtype, eos_ids=_eos_ids(model, tokenizer), native=native)
     loaded.step = compiled.step_mode(spec.step)
     if loaded.step not in (StepMode.EAGER, StepMode.STATIC) and device.type == "cpu" and loaded.uses_lean_forward:
-        if loaded.step == StepMode.COMPILED:
-            say("compiling the decoding step (once per machine)")
+        if loaded.step == StepMode.COMPILED and not compiled.built():
+            say(compiled.building_note())
         compiled.prepare(wait=loaded.step == StepMode.COMPILED)
     return loaded
 

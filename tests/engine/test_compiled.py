@@ -366,6 +366,31 @@ def test_without_a_compiler_it_says_why_once_and_stays_eager(monkeypatch, tmp_pa
     assert not runner.compiled
 
 
+def test_build_step_builds_ahead_says_how_long_and_succeeds_without_a_compiler(monkeypatch, tmp_path, capsys):
+    """`specula build-step` (make setup runs it): with a compiler it builds the step into the cache, times the build
+    for the next estimate and says where the library is; without one it says what that costs and exits 0."""
+    from specula.engine.cli.main import main
+
+    monkeypatch.setattr(compiled, "LIBRARY", compiled.StepLibrary())
+    monkeypatch.setenv("SPECULA_CACHE_DIR", str(tmp_path / "cache"))
+    fake = tmp_path / "fake-cxx"  # a compiler that writes an empty library where it is asked to
+    fake.write_text('#!/bin/sh\ncase "$1" in --version) echo fake 1.0; exit 0;; esac\n'
+                    'while [ $# -gt 1 ]; do [ "$1" = -o ] && touch "$2"; shift; done\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    assert compiled.build_estimate() == compiled.FIRST_BUILD_S
+    assert main(["build-step"]) == 0
+    out = capsys.readouterr().out
+    assert f"about {round(compiled.FIRST_BUILD_S)} s" in out and "built in" in out
+    assert compiled.built() and compiled.build_estimate() < compiled.FIRST_BUILD_S  # this build's own time
+    assert main(["build-step"]) == 0 and "is built for this CPU" in capsys.readouterr().out
+    monkeypatch.setenv("CXX", "")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no compiler on it
+    assert main(["build-step"]) == 0
+    err = capsys.readouterr().err
+    assert "cannot be built here: no C++ compiler found" in err and "\n" not in err.strip()
+
+
 def test_a_failed_build_names_the_compilers_error(monkeypatch, tmp_path):
     fake = tmp_path / "fake-cxx"
     fake.write_text("#!/bin/sh\necho 'step.cpp:1:1: error: this compiler is broken' >&2\nexit 1\n")
