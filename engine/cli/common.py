@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..api.backend import Backend
 from ..api.errors import SpeculaError
 from ..api.events import Loaded
-from ..api.strategies import STRATEGIES, STRATEGY_OPTIONS, request_options
+from ..api.strategies import STRATEGIES, STRATEGY_OPTIONS, default_k, request_options
 from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec, RemoteLoadRequest
 from ..remote.backend import RemoteBackend
 from ..serving.session import Session
@@ -33,6 +33,11 @@ def model_spec(args) -> ModelSpec:
     return ModelSpec(args.model, args.device, args.dtype, args.weights, args.step)
 
 
+# the decoding settings a command may leave out of its flags (bench has no --top-p, measure-head no
+# --temperature): a command without one decodes with DecodeConfig's own default for it
+OPTIONAL_SETTINGS = ("temperature", "top_k", "top_p", "adaptive_k", "seed")
+
+
 @dataclass(frozen=True)
 class Asked:
     """What a decoding command's flags ask, read once at its top: the strategy that answers, the decoding
@@ -43,6 +48,7 @@ class Asked:
     options: tuple[tuple[str, object], ...]
     load: LoadRequest | RemoteLoadRequest
     chat: bool = True
+    k: int | None = None  # --k as given; None: each strategy's own draft length
 
     @property
     def remote(self) -> bool:
@@ -52,25 +58,32 @@ class Asked:
         """One turn's request."""
         return GenerateRequest(messages, self.strategy, self.config, self.chat, self.options)
 
+    def config_for(self, strategy: str) -> DecodeConfig:
+        """The decoding settings for another strategy than the asked one (bench runs several): the same, with
+        that strategy's own draft length unless --k gave one."""
+        return replace(self.config, k=default_k(strategy) if self.k is None else self.k)
 
-def read_flags(args, measure_baseline: bool = True) -> Asked:
-    """The flags read into an Asked; bad numbers and an unusable strategy fail here, before any model loads."""
-    remote = args.backend == "remote"
+
+def read_flags(args, measure_baseline: bool = True, prepare: bool = True) -> Asked:
+    """The flags read into an Asked; bad numbers and an unusable strategy fail here, before any model loads.
+    Every decoding command reads its flags here (generate, chat, bench, measure-head), so a flag means one thing
+    with one check everywhere. `prepare`: run an answer like the first as the model loads (off where the
+    command warms up on its own, or loads no session)."""
+    remote = getattr(args, "backend", "local") == "remote"
     # the default: auto here; a server speculates as it was started to
     strategy = args.strategy if args.strategy is not None else "server" if remote else "auto"
-    config = DecodeConfig.for_strategy(strategy, args.k, temperature=args.temperature, top_k=args.top_k,
-                                       top_p=args.top_p, adaptive_k=args.adaptive_k,
-                                       max_new_tokens=args.max_new_tokens, seed=args.seed)
+    settings = {name: getattr(args, name) for name in OPTIONAL_SETTINGS if hasattr(args, name)}
+    config = DecodeConfig.for_strategy(strategy, args.k, max_new_tokens=args.max_new_tokens, **settings)
     options = request_options({name: getattr(args, name, None) for name in STRATEGY_OPTIONS})
     if remote:
-        return Asked("server", config, options, _remote_request(args, strategy))  # the server speaks chat
+        return Asked("server", config, options, _remote_request(args, strategy), k=args.k)  # the server speaks chat
     check_strategy(strategy, args.draft_model)
     chat = getattr(args, "chat", True)
     # the first answer at the speed of the next: one like it is run as the model loads
-    first = GenerateRequest((), strategy, config, chat, options)
+    first = GenerateRequest((), strategy, config, chat, options) if prepare else None
     load = LoadRequest(model_spec(args), args.draft_model, measure_baseline=measure_baseline,
                        draft_head=getattr(args, "draft_head", None), prepare=first)
-    return Asked(strategy, config, options, load, chat)
+    return Asked(strategy, config, options, load, chat, args.k)
 
 
 def check_strategy(strategy: str, draft_model: str | None) -> None:

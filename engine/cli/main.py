@@ -154,11 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--k", type=int, default=None, help="longest draft for every strategy; default: each strategy's own")
     b.add_argument("--adaptive-k", action="store_true")
-    b.add_argument("--no-chat", action="store_true", help="raw prompts instead of the chat template")
+    b.add_argument("--no-chat", dest="chat", action="store_false", help="raw prompts instead of the chat template")
     b.add_argument("--head", default=None, help="a draft head folder for the eagle strategy")
     b.add_argument("--repeat", type=int, default=1)
     b.add_argument("--out", type=Path, default=None, help="folder for bench.md, bench.json, trace.jsonl (per prompt), steps.jsonl (per step) and PNG charts")
     b.add_argument("--json", action="store_true", help="print one JSON object")
+    # what read_flags reads for the flags bench does not take: none, the reference, is the strategy asked (each
+    # strategy benched gets its own settings from it), and greedy runs are seeded alike
+    b.set_defaults(strategy="none", seed=0)
     t = sub.add_parser("train-head", help="train a draft head for a model on its own answers (self-distillation)")
     _add_model_args(t)
     t.add_argument("--kind", default="eagle", choices=["eagle", "eagle3", "medusa", "phrases"],
@@ -189,19 +192,22 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("measure-head", help="the draft heads' mean accepted length on prompts, drafting a chain at "
                                             "every step (no cost model): what a head knows, the same on any machine")
     _add_model_args(m)
-    m.add_argument("--head", action="append", default=None,
+    m.add_argument("--head", dest="heads", metavar="HEAD", action="append", default=None,
                    help="a head folder (repeat for several); default: every eagle and medusa head found for the model")
     m.add_argument("--prompts", type=Path, required=True,
                    help="JSON Lines (Spec-Bench format): each prompt's first turn; or a train-head data folder: the "
                         "first turns of its held-out tenth, by kind (written by the model, generated)")
     m.add_argument("--categories", default=None, help="comma-separated categories to keep")
     m.add_argument("--limit-per-category", type=whole(1), default=None)
-    m.add_argument("--max-new-tokens", type=whole(1), default=96)
-    m.add_argument("--k", type=whole(1), default=5, help="the chain's length (a tree's depth)")
+    m.add_argument("--max-new-tokens", type=int, default=96)
+    m.add_argument("--k", type=int, default=5, help="the chain's length (a tree's depth)")
     m.add_argument("--tree-nodes", type=whole(0, K_MAX), default=0,
                    help="also measure EAGLE heads as the eagle drafter's dynamic trees of this many nodes (0: chains only)")
-    m.add_argument("--no-chat", action="store_true", help="raw prompts instead of the chat template")
+    m.add_argument("--no-chat", dest="chat", action="store_false", help="raw prompts instead of the chat template")
     m.add_argument("--json", action="store_true", help="print one JSON object")
+    # what read_flags reads for --strategy, which measure-head does not take: the answers it measures on are plain
+    # decoding's
+    m.set_defaults(strategy="none")
     st = sub.add_parser("strategies", help="list the draft strategies (with --model: which ones that model can use)")
     st.add_argument("--model", default=None, help="load this model and mark the strategies it can use, with the heads found")
     st.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])

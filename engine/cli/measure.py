@@ -9,9 +9,8 @@ from pathlib import Path
 
 from ..api.errors import SpeculaError
 from ..api.prompts import conversation, encode
-from ..api.types import DecodeConfig
 from ..models.loading import load_model
-from .common import model_spec
+from .common import read_flags
 
 LOOKUP_LABEL = ", with prompt lookup's branch"
 
@@ -43,6 +42,10 @@ def run_measure_head(args) -> int:
     from ..heads.train.run import progress_line
     from .bench.run import load_items, select
 
+    # the answers' settings (plain decoding, --max-new-tokens) and the chains' length (--k, a draft length), read
+    # and checked as generate reads them, before any model loads
+    asked = read_flags(args, measure_baseline=False, prepare=False)
+    config = asked.config
     if args.prompts.is_dir():  # a train-head data folder: the first turns of its held-out tenth, as stored
         from ..heads.train.answers import held_out_first_turns
         from .common import PromptItem
@@ -54,8 +57,8 @@ def run_measure_head(args) -> int:
     else:
         held = None
         items = load_items(args.prompts, args.categories, args.limit_per_category)  # a bad file fails before the load
-    target = load_model(model_spec(args), progress=lambda s: print(s, file=sys.stderr))
-    folders = [Path(h) for h in args.head or ()]
+    target = load_model(asked.load.target, progress=lambda s: print(s, file=sys.stderr))
+    folders = [Path(h) for h in args.heads or ()]
     if not folders:
         found = find_heads(target)
         folders = [p for kind in ("eagle", "medusa") for p in found.get(kind, [])]
@@ -64,29 +67,29 @@ def run_measure_head(args) -> int:
     answers, skipped = [], 0
     for n, item in enumerate(items, 1):  # the first turn of each prompt, answered greedily by the target
         ids = held[item.question_id] if held is not None else encode(target.tokenizer, conversation(item.turns[0]),
-                                                                       not args.no_chat)
-        if len(ids) + args.max_new_tokens > target.context_window:
+                                                                       asked.chat)
+        if len(ids) + config.max_new_tokens > target.context_window:
             skipped += 1
             continue
-        finished = list(generate(target.new_runner(), build_drafter("none", target), ids,
-                                 DecodeConfig(max_new_tokens=args.max_new_tokens), stop_ids=frozenset(target.eos_ids)))[-1]
+        finished = list(generate(target.new_runner(), build_drafter(asked.strategy, target), ids, config,
+                                 stop_ids=frozenset(target.eos_ids)))[-1]
         answer = [t for t in finished.token_ids if t not in target.eos_ids]
         if len(answer) >= 3:
             answers.append(Answer(item.category or "all", ids, answer))
         progress_line(f"answers: {n}/{len(items)}")
     if not answers:
         raise SpeculaError("no prompt gave an answer to measure on (too long for the model's window, or answered in under 3 tokens)")
-    results, trees, decoded = measure_heads(target, folders, answers, args.k, say=progress_line,
+    results, trees, decoded = measure_heads(target, folders, answers, config.k, say=progress_line,
                                    trees=tree_drafters(target, folders, args.tree_nodes))
     print(file=sys.stderr)
     if args.json:
-        print(json.dumps({"model": target.name, "k": args.k, "answers": len(answers), "skipped": skipped,
-                          "max_new_tokens": args.max_new_tokens, "heads": results, "tree_nodes": args.tree_nodes,
+        print(json.dumps({"model": target.name, "k": config.k, "answers": len(answers), "skipped": skipped,
+                          "max_new_tokens": config.max_new_tokens, "heads": results, "tree_nodes": args.tree_nodes,
                           "trees": trees, "trees_when_decoding": decoded}))
         return 0
     categories = list(dict.fromkeys(a.category for a in answers))
-    print(f"Mean accepted length per target pass (chain of {args.k}, drafted at every step), {len(answers)} answers "
-          f"of up to {args.max_new_tokens} tokens" + (f", {skipped} prompts too long for the window left out" if skipped else ""))
+    print(f"Mean accepted length per target pass (chain of {config.k}, drafted at every step), {len(answers)} answers "
+          f"of up to {config.max_new_tokens} tokens" + (f", {skipped} prompts too long for the window left out" if skipped else ""))
     print()
     print("| head | " + " | ".join(categories) + " | overall |")
     print("|---|" + "---|" * (len(categories) + 1))

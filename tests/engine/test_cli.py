@@ -264,6 +264,67 @@ def test_bench_refuses_empty_strategy_lists_and_limits_below_one(capsys, tmp_pat
     assert_one_line_error(code, err, *words)
 
 
+# -- every decoding command reads its flags through read_flags: one flag, one check, one wording -----------
+# what each decoding command needs besides the flag tried (PROMPTS: a prompts file)
+DECODING = {"generate": ["--prompt", "hi"], "chat": [], "bench": ["--prompts", "PROMPTS"],
+            "measure-head": ["--prompts", "PROMPTS"]}
+STRATEGY_FLAG = {"bench": "--strategies"}  # "--STRATEGY" in a case: the command's strategy flag (bench names several)
+
+
+@pytest.mark.parametrize("flags, commands, words", [
+    (["--k", "0"], DECODING, "draft length k must be between 1 and"),
+    (["--k", "40"], DECODING, "draft length k must be between 1 and"),
+    (["--k", "two"], DECODING, "argument --k: invalid int value: 'two'"),
+    (["--max-new-tokens", "0"], DECODING, "max new tokens must be at least 1, got 0"),
+    (["--temperature", "-1"], ("generate", "chat", "bench"), "temperature must be a finite number >= 0"),
+    (["--STRATEGY", "warp-drive"], ("generate", "chat", "bench"), "unknown strategy 'warp-drive': choose one of"),
+    (["--STRATEGY", "draft-model"], ("generate", "chat", "bench"), "strategy 'draft-model' needs --draft-model"),
+])
+def test_a_bad_decoding_flag_is_the_same_line_from_every_command(capsys, tmp_path, flags, commands, words):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    lines = set()
+    for command in commands:
+        args = [STRATEGY_FLAG.get(command, "--strategy") if a == "--STRATEGY" else a for a in flags]
+        extra = [str(prompts) if a == "PROMPTS" else a for a in DECODING[command]]
+        # the model does not exist: only a check made before it loads can answer
+        code, _, err = run_cli(capsys, command, "--model", "/no/such/model.gguf", *extra, *args)
+        assert code == 2
+        assert_one_line_error(code, err, words)
+        lines.add(err.strip().split(" (see specula")[0])  # argparse's line names the command's --help
+    assert len(lines) == 1, lines
+
+
+def test_bench_and_measure_head_build_their_settings_as_generate_does(monkeypatch):
+    """The model, the decoding settings and the strategy options, read from each command's parsed flags (no
+    model loads): bench's settings for a strategy are generate's for it, greedy and seeded; measure-head's answers
+    are plain decoding's, its --k the draft length."""
+    from dataclasses import replace
+
+    from specula.engine.cli.bench.command import compiled_step
+    from specula.engine.cli.common import read_flags
+    from specula.engine.cli.main import build_parser
+
+    def asked(*argv):
+        return read_flags(build_parser().parse_args(list(argv)), measure_baseline=False, prepare=False)
+
+    model = ["--model", "m.gguf", "--dtype", "fp32", "--device", "cpu", "--max-new-tokens", "40"]
+    generate = {name: asked("generate", "--prompt", "hi", "--strategy", name, "--head", "h", "--chat", *model)
+                for name in ("none", "prompt-lookup", "eagle")}
+    bench = asked("bench", "--prompts", "p.jsonl", "--head", "h", *model)
+    for name, flags in generate.items():  # each strategy's own draft length, as generate gives it
+        assert bench.config_for(name) == replace(flags.config, seed=0)
+    assert (bench.load.target, bench.options, bench.chat) == (generate["none"].load.target, (("head", "h"),), True)
+    fixed = asked("bench", "--prompts", "p.jsonl", "--k", "3", "--adaptive-k", "--no-chat", *model)
+    assert {fixed.config_for(name).k for name in generate} == {3} and fixed.config.adaptive_k and not fixed.chat
+    monkeypatch.delenv("SPECULA_STEP", raising=False)
+    assert compiled_step(bench.load).target.step == "compiled"  # every row on the step that waits to be built
+    measure = asked("measure-head", "--prompts", "p.jsonl", "--k", "3", "--head", "a", "--head", "b", *model)
+    assert measure.strategy == "none" and measure.config == replace(generate["none"].config, k=3)
+    assert measure.load.target == generate["none"].load.target
+    assert measure.options == ()  # its --head names the heads to measure, not the eagle strategy's option
+
+
 @pytest.mark.parametrize("args, words", [
     (["--port", "70000"], ["argument --port", "between 0 and 65535"]),
     (["--port", "-1"], ["argument --port", "between 0 and 65535"]),

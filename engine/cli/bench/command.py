@@ -3,36 +3,35 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from ...api.errors import SpeculaError
 from ...api.paths import make_folder
-from ...api.strategies import default_k
-from ...api.types import DecodeConfig, LoadRequest, ModelSpec
+from ...api.types import LoadRequest
 from ...cpu.step import step_mode
-from ...drafters import DRAFTERS
 from ...drafters.suffix import keep_apart
 from ...serving.session import Session
+from ..common import check_strategy, read_flags
 from .report import public_json, summarize, to_markdown, write_out
 from .run import load_items, parse_peers, run_bench, split_variant
 
 
 def run_bench_cmd(args) -> int:
+    # the settings every strategy shares (bad numbers fail here, as generate's do); each strategy's own draft
+    # length comes from them in the run (Asked.config_for); run_bench warms every strategy up itself
+    asked = read_flags(args, measure_baseline=False, prepare=False)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if not strategies:
         raise SpeculaError("--strategies names no strategy: give at least one, e.g. none,prompt-lookup")
     peers, servers = parse_peers(args.peers)
     for name in strategies:
-        if split_variant(name)[0] not in DRAFTERS:
-            raise SpeculaError(f"unknown strategy '{name}': choose from {', '.join(DRAFTERS)} (a variant: eagle+tree)")
-    if servers and args.no_chat:
+        check_strategy(split_variant(name)[0], args.draft_model)
+    if servers and not asked.chat:
         raise SpeculaError("server peers speak chat: drop --no-chat")
     if args.repeat < 1:
         raise SpeculaError(f"--repeat must be at least 1, got {args.repeat}")
-    if args.temperature != 0:
+    if not asked.config.params.greedy:
         raise SpeculaError("the bench compares greedy outputs: use --temperature 0")
-    # greedy, seeded; each strategy takes its own k unless --k (run_bench), the baseline's is none's
-    config = DecodeConfig.for_strategy("none", args.k, adaptive_k=args.adaptive_k, max_new_tokens=args.max_new_tokens,
-                                       seed=0)
     items = load_items(args.prompts, args.categories, args.limit_per_category)
     if args.out:
         make_folder(args.out, "--out")  # before the bench runs, so its results have somewhere to go
@@ -40,20 +39,16 @@ def run_bench_cmd(args) -> int:
     remotes = connect_servers(servers, args.api_key_env or "", not args.insecure, args.allow_http_key)
     session = Session()
     keep_apart()  # each strategy drafts from its own answers in this run only
-    # every row measures the same step: with "auto" the bench waits for the compiled one (or its reason)
-    step = step_mode(args.step)
-    spec = ModelSpec(args.model, args.device, args.dtype, args.weights, "compiled" if step == "auto" else step)
-    loaded = session.load(LoadRequest(spec, args.draft_model, measure_baseline=False, draft_head=args.draft_head))
-    options = (("head", args.head),) if args.head else ()
-    results = run_bench(session, items, names, config, chat=not args.no_chat, repeat=args.repeat, k=args.k,
-                        options=options, remotes=remotes)
-    summary = summarize(results, loaded.target, loaded.device, loaded.dtype, args.max_new_tokens, set(servers))
+    loaded = session.load(compiled_step(asked.load))
+    results = run_bench(session, items, names, asked, repeat=args.repeat, remotes=remotes)
+    summary = summarize(results, loaded.target, loaded.device, loaded.dtype, asked.config.max_new_tokens,
+                        set(servers))
     summary["weights"] = loaded.weights or loaded.dtype
     summary["step"] = session.target.step_status
     for name, backend in remotes.items():
         summary.setdefault("servers", {})[name] = backend.describe().device
     summary["same_machine"] = [name for name, url in servers.items() if on_this_machine(url)]
-    summary["k"] = {name: default_k(split_variant(name)[0]) if args.k is None else args.k for name in strategies}
+    summary["k"] = {name: asked.config_for(split_variant(name)[0]).k for name in strategies}
     if args.out:
         write_out(args.out, summary, results)
     if args.json:
@@ -61,6 +56,13 @@ def run_bench_cmd(args) -> int:
     else:
         print(to_markdown(summary))
     return 0
+
+
+def compiled_step(load: LoadRequest) -> LoadRequest:
+    """The load with the step every row measures: with "auto" the bench waits for the compiled one (or its
+    reason) instead of starting on the eager one while it builds."""
+    step = step_mode(load.target.step)
+    return replace(load, target=replace(load.target, step="compiled" if step == "auto" else step))
 
 
 def connect_servers(servers: dict[str, str], api_key_env: str, verify_tls: bool, allow_http_key: bool = False) -> dict:

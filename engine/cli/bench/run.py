@@ -22,10 +22,9 @@ from ...api.errors import SpeculaError
 from ...api.events import Finished, Step, Totals
 from ...api.metrics import SpeedupSum, summed
 from ...api.prompts import Message, conversation
-from ...api.strategies import default_k
-from ...api.types import DecodeConfig, GenerateRequest
+from ...api.types import GenerateRequest
 from ...serving.session import Session
-from ..common import PromptItem, read_prompts
+from ..common import Asked, PromptItem, read_prompts
 
 PEERS = ("hf", "hf-prompt-lookup", "hf-assisted")
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
@@ -54,21 +53,14 @@ class Run:
 
 
 class Bench:
-    def __init__(self, session: Session, config: DecodeConfig, chat: bool, k: int | None = None,
-                 options: tuple = (), remotes: dict | None = None) -> None:
+    def __init__(self, session: Session, asked: Asked, remotes: dict | None = None) -> None:
         self.session = session
-        self.config = config
-        self.chat = chat
-        self.k = k  # None: each strategy's own default draft length
-        self.options = options  # strategy options, e.g. (("head", DIR),)
+        self.asked = asked  # the flags: the settings each strategy runs with, its options (e.g. (("head", DIR),))
         self.remotes = remotes or {}  # peer name -> a connected remote.backend.RemoteBackend
-
-    def config_for(self, strategy: str) -> DecodeConfig:
-        return replace(self.config, k=default_k(strategy) if self.k is None else self.k)
 
     def run_strategy(self, name: str, item: PromptItem) -> Run:
         strategy, flags = split_variant(name)
-        options = self.options + variant_options(flags)
+        options = self.asked.options + variant_options(flags)
         # every strategy reads the first turn's prompt whole (the cache kept by the strategy before would make
         # its reading free); later turns keep what the first left, as in a conversation
         self.session.forget()
@@ -83,7 +75,7 @@ class Bench:
         run = Run((), 0, 0.0)
         for turn, text in enumerate(item.turns):
             messages = conversation(text, None, history)
-            request = GenerateRequest(messages, strategy, self.config_for(strategy), self.chat, options)
+            request = GenerateRequest(messages, strategy, self.asked.config_for(strategy), self.asked.chat, options)
             events = list(backend.generate(request))
             f = [e for e in events if isinstance(e, Finished)][0]
             run.steps += [{"turn": turn, "step": e.step, "context": e.context_len, "k": e.k, "drafted": e.drafted,
@@ -106,7 +98,8 @@ class Bench:
         target = self.session.target
         history: tuple[Message, ...] = ()
         run = Run((), 0, 0.0)
-        kwargs = dict(do_sample=False, max_new_tokens=self.config.max_new_tokens, eos_token_id=sorted(target.eos_ids))
+        kwargs = dict(do_sample=False, max_new_tokens=self.asked.config.max_new_tokens,
+                      eos_token_id=sorted(target.eos_ids))
         if peer == "hf-prompt-lookup":
             kwargs["prompt_lookup_num_tokens"] = HF_LOOKUP_TOKENS
         elif peer == "hf-assisted":
@@ -115,7 +108,8 @@ class Bench:
             kwargs["assistant_model"] = self.session.draft.model
         for text in item.turns:
             messages = conversation(text, None, history)
-            ids = torch.tensor([self.session.encode(GenerateRequest(messages, chat=self.chat))], device=target.device)
+            ids = torch.tensor([self.session.encode(GenerateRequest(messages, chat=self.asked.chat))],
+                               device=target.device)
             t0 = time.perf_counter()
             with torch.inference_mode():
                 out = target.model.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=kwargs["eos_token_id"][0], **kwargs)
@@ -197,10 +191,9 @@ def select(items: list[PromptItem], categories: list[str] | None, limit: int | N
     return [i for cat in picked for i in picked[cat]]
 
 
-def run_bench(session: Session, items: list[PromptItem], names: list[str], config: DecodeConfig,
-              chat: bool, repeat: int, k: int | None = None, options: tuple = (),
+def run_bench(session: Session, items: list[PromptItem], names: list[str], asked: Asked, repeat: int,
               remotes: dict | None = None) -> dict[str, list[tuple[PromptItem, Run]]]:
-    bench = Bench(session, config, chat, k, options, remotes)
+    bench = Bench(session, asked, remotes)
     warm = PromptItem(("Say hello.",), "warm-up", "warm-up")
     for name in names:
         bench.run(name, warm)
