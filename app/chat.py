@@ -53,6 +53,7 @@ class Reply:
     reading: bool = False  # its long prompt is being read (the status bar says how far)
     saved_at: float = 0.0  # when the answer's text so far was last written (kept if the app dies)
     previous: Turn | None = None  # the answer being regenerated: kept as an earlier version of the new one
+    model: str = ""  # the model that answers (its footer names it)
 
     @property
     def text(self) -> str:
@@ -82,6 +83,7 @@ class ChatController(QObject):
         self.unsaved: set[str] = set()  # conversations whose last save failed
         self.loaded: set[str] = set()  # conversations whose turns were read (the others are titles only)
         self.chat_template = True  # the loaded model has one (else messages continue as plain text)
+        self.model_name = ""  # the loaded model, as an answer's footer names it
         self.undeleted: set[str] = set()  # conversations whose deletion failed
         # id -> [(an answer made in this session, its events, its Finished)], the latest RUNS_KEPT, so that any
         # version of them shown again (Alt+Left, another chat and back) is drawn from its events
@@ -349,7 +351,7 @@ class ChatController(QObject):
 
     def _generate(self, cid: str, settings: Settings) -> bool:
         messages = chat_messages(self.conversations[cid], settings.system_prompt)
-        self.reply = Reply(0, cid, settings.strategy, messages, settings)
+        self.reply = Reply(0, cid, settings.strategy, messages, settings, model=self.model_name)
         if not self._submit():
             return False
         self.generating_changed.emit(True)
@@ -430,7 +432,7 @@ class ChatController(QObject):
 
     def _finish(self, finished) -> None:
         reply, self.reply = self.reply, None
-        turn = Turn("assistant", finished.text, tuple(reply.tokens), summary(reply.strategy, finished, reply.step),
+        turn = Turn("assistant", finished.text, tuple(reply.tokens), summary(reply.strategy, finished, reply.step, reply.model),
                     dropped_note(reply.dropped))
         if reply.previous is not None:
             turn = turn.replacing(reply.previous)

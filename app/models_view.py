@@ -70,6 +70,16 @@ class ModelsView(QDialog):
         window.model_ready.connect(self._loaded)
         window.model_failed.connect(self._load_failed)
 
+
+    def hideEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        """Closed (Esc, the close button): the chat window takes the keyboard again, so its shortcuts (Ctrl+N) work
+        at once, whatever the window manager does (none at all under some remote desktops)."""
+        super().hideEvent(event)
+        parent = self.parentWidget()
+        if parent is not None and parent.isVisible():
+            parent.activateWindow()
+            parent.raise_()
+
     def _loaded(self) -> None:
         if self._loading is not None:
             self.status.setText(f"Loaded: {self._loading}.")

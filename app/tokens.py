@@ -77,11 +77,18 @@ def totals_of(summary_line: str) -> dict[str, str]:
 EAGER_NOTE = "before this CPU's decoding step was ready (slower)"
 
 
-def summary(strategy: str, finished, step: str = "") -> str:
-    """One line under a finished answer: strategy, tokens, tokens/s, acceptance, speedup; and whether it ran
-    while the decoding step was being prepared (`step` "compiling": eager, so its speed is not the usual)."""
+def model_label(target: str) -> str:
+    """A loaded model's name as a footer gives it: "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)" ->
+    "SmolLM2-135M-Instruct", "qwen-coder-1.5b.gguf" -> "qwen-coder-1.5b"."""
+    return target.split(" (")[0].removesuffix(".gguf")
+
+
+def summary(strategy: str, finished, step: str = "", model: str = "") -> str:
+    """One line under a finished answer: the model that wrote it (a chat may span a change of model), strategy,
+    tokens, tokens/s, acceptance, speedup; and whether it ran while the decoding step was being prepared (`step`
+    "compiling": eager, so its speed is not the usual)."""
     t = finished.totals
-    parts = [strategy, *tokens_parts(t)]  # no rate for an answer stopped before its second token
+    parts = [*([model] if model else []), strategy, *tokens_parts(t)]  # no rate for an answer stopped before its second token
     if t.acceptance_rate is not None:
         parts.append(f"acceptance {t.acceptance_rate:.0%}")
         parts.append(f"{t.mean_accepted_length:.2f} tokens/step")

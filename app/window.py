@@ -45,6 +45,7 @@ from specula.app.plots import PlotsPanel
 from specula.app.settings import Settings, SettingsStore
 from specula.app.sidebar import ConversationList
 from specula.app.theme import THEMES, apply_theme
+from specula.app.tokens import model_label
 from specula.engine.api.events import Capabilities, Failed, Loaded, Loading  # plain dataclasses: no torch
 
 STATE_COLOURS = {"starting": "#8d96a0", "loading": "#d29922", "ready": "#2da44e", "generating": "#0969da",
@@ -289,6 +290,7 @@ class MainWindow(QMainWindow):
     def _on_loaded(self, event) -> None:
         self.loaded = event
         self.chat.chat_template = self.compare.chat_template = event.chat
+        self.chat.model_name = model_label(event.target)
         base = (f"{event.target.split(' (')[0]} has no chat template (a base model): "
                 "each message is continued as plain text")
         for warning in event.warnings + (() if event.chat else (base,)) + ((event.path,) if event.path else ()):

@@ -226,3 +226,24 @@ def test_the_memory_a_model_needs_is_shown_against_what_is_free():
     text, tip = _memory(entry, 2 << 30)
     assert text == "4.0 GB: more than free" and "more than the 2.0 GB free now" in tip
     assert _memory(entry, None)[0] == "about 4.0 GB"
+
+
+def test_after_esc_on_the_models_view_ctrl_n_starts_a_new_chat(make_window, qtbot):
+    """Esc closes the Models view and gives the keyboard back to the chat window, so its Ctrl+N makes a new chat
+    at once (the next question must not go into the chat the old model answered)."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication
+
+    from specula.app.history import Turn
+
+    w = make_window()
+    w.chat.conversations[w.chat.current_id] = w.chat.current.with_turn(Turn("user", "hi"))  # not empty: not reused
+    before = w.chat.current_id
+    w.open_models()
+    view = w.models_view
+    view.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is view, timeout=10_000)
+    qtbot.keyClick(view, Qt.Key.Key_Escape)
+    qtbot.waitUntil(lambda: not view.isVisible() and QApplication.activeWindow() is w, timeout=10_000)
+    qtbot.keyClick(QApplication.focusWidget() or w, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    qtbot.waitUntil(lambda: w.chat.current_id != before, timeout=10_000)

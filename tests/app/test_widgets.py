@@ -429,6 +429,10 @@ def test_an_answer_stopped_before_its_second_token_shows_no_rate():
     assert summary("none", finished(1, 0.05)).startswith("none · 1 token ·")
     line = summary("none", finished(11, 0.15))
     assert "11 tokens · 100.0 tok/s" in line and totals_of(line)["tps"] == "100.0"
+    from specula.app.tokens import model_label
+
+    named = summary("none", finished(11, 0.15), model=model_label("qwen-coder-1.5b.gguf"))
+    assert named.startswith("qwen-coder-1.5b · none · 11 tokens") and totals_of(named) == totals_of(line)
 
 
 def test_with_the_chat_list_open_in_a_small_window_the_chat_keeps_a_readable_width(make_window, qtbot):
