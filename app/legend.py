@@ -33,12 +33,17 @@ class LegendBar(QWidget):
         self.entries = {origin: QLabel() for origin, _ in LEGEND}
         for origin, label in self.entries.items():
             label.setToolTip(TIPS[origin])
-            layout.addWidget(label)
         self.ghosts = QCheckBox("Show rejected drafts")
         self.ghosts.setChecked(False)
         self.ghosts.setToolTip("Draft tokens the model rejected, struck through where they were proposed")
         self.ghosts.toggled.connect(self.ghosts_toggled)
+        # the rejected drafts' key after the check box that shows them: turning it on adds the key to the right
+        # rather than pushing the box along under the pointer
+        for origin, label in self.entries.items():
+            if origin != "rejected":
+                layout.addWidget(label)
         layout.addWidget(self.ghosts)
+        layout.addWidget(self.entries["rejected"])
         self.set_colours(colours)
 
     def set_colours(self, colours: OriginColours) -> None:

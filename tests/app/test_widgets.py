@@ -57,11 +57,16 @@ def test_a_strategy_the_model_cannot_use_is_disabled(make_window, tiny_session):
 
 
 def test_window_layout_is_remembered(make_window):
+    from PySide6.QtWidgets import QApplication
+
     w = make_window()
     assert (w.width(), w.height()) == (1280, 800)
     assert not w.view.show_ghosts and not w.legend.ghosts.isChecked()  # rejected drafts: off until asked for
     w.splitter.setSizes([300, w.splitter.width() - 300])
+    box = w.legend.ghosts.mapTo(w, w.legend.ghosts.rect().topLeft())
     w.legend.ghosts.setChecked(True)
+    QApplication.processEvents()
+    assert w.legend.ghosts.mapTo(w, w.legend.ghosts.rect().topLeft()) == box  # the key grows beside it, not under it
     w.close()
     again = make_window()
     assert again.size() == w.size()
