@@ -19,6 +19,7 @@ turns drawn whole would hold the window for minutes.
 
 from __future__ import annotations
 
+import time
 from itertools import accumulate
 
 from PySide6.QtCore import QEvent, QPoint, QTimer, QUrl, Signal
@@ -35,6 +36,9 @@ from specula.app.theme import OriginColours, is_dark, palette_for
 from specula.app.tokens import tooltip
 
 FLUSH_MS = 100  # streamed tokens reach the transcript at most this often
+# a streamed answer shown as Markdown is rendered again at most this often (its new tokens as they come between):
+# a code fence or a heading reads as one while the answer streams, not only once it ends
+RENDER_MS = 400
 SHOWN_TOKENS = 400  # about how much of a conversation is drawn when it opens (and per "earlier" page)
 EARLIER = "earlier"  # the anchor of the "Show earlier messages" link
 PLACEHOLDER = "Ask anything. Hover a token to see where it came from."  # one line: Qt draws no more
@@ -64,6 +68,8 @@ class ChatView(QTextBrowser):
         self._live_note = ""
         self._live_first = 0
         self._stream: QTextCursor | None = None
+        self._render_due = 0.0  # when the live answer may be rendered as Markdown again (time.monotonic)
+        self._raw_tail = False  # tokens written as they came since the live answer was last rendered
         self._reading_at: int | None = None  # where the live bubble's "Reading the prompt…" line starts, while shown
         # streamed tokens are written a few times a second, not at every step: each write lays the
         # document out again, and on a small machine the engine process pays for the window's CPU time
@@ -124,6 +130,7 @@ class ChatView(QTextBrowser):
 
     def begin_answer(self, note: str = "") -> None:
         self._live, self._live_note = [], note
+        self._render_due, self._raw_tail = 0.0, False
         self._live_first = len(self.records)  # where the streamed answer's tokens start
         with self._keep_bottom():
             self._stream = self._painter().open_bubble("Assistant", self._colours.assistant_bubble)
@@ -155,11 +162,37 @@ class ChatView(QTextBrowser):
             self._flush_timer.start()
 
     def flush(self) -> None:
-        """Write the streamed tokens that wait (the timer does it a few times a second)."""
+        """Write the streamed tokens that wait (the timer does it a few times a second); an answer shown as
+        Markdown is rendered again where RENDER_MS has passed, its tokens written as they came in between."""
         records, self._unwritten = self._unwritten, []
-        if self._stream is not None and records:
-            with self._keep_bottom():
+        if self._stream is None or not (records or self._raw_tail):
+            return
+        with self._keep_bottom():
+            if self.show_ghosts:  # the raw tokens are what is shown
                 self._write_tokens(self._stream, records)
+            elif time.monotonic() >= self._render_due:
+                self._render_live()
+            else:
+                self._write_tokens(self._stream, records)
+                self._raw_tail = True
+                self._flush_timer.start()  # rendered at a later turn, even if no token follows
+
+    def _render_live(self) -> None:
+        """The live answer so far rendered as Markdown in its bubble, as a finished one is."""
+        frame = self._stream.currentFrame()
+        cursor = frame.firstCursorPosition()
+        cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
+        cursor.removeSelectedText()
+        del self.records[self._live_first :]  # written again, with the same anchors
+        paint = self._painter()
+        paint.write_header(cursor, "Assistant")
+        if self._live_note:
+            paint.write_note(cursor, self._live_note)
+        text = "".join(rec.text for rec in self._live if rec.origin != "rejected")
+        self._write_markdown(cursor, Turn("assistant", text, tuple(self._live)))
+        self._stream = cursor
+        self._raw_tail = False
+        self._render_due = time.monotonic() + RENDER_MS / 1000
 
     def end_answer(self, turn: Turn) -> None:
         """The streamed answer is complete: add its summary line and actions and keep it as a turn."""

@@ -45,7 +45,7 @@ from specula.app import background
 from specula.app.flow import FlowLayout
 from specula.app.folders import chosen, start_folder
 from specula.app.theme import mute
-from specula.engine.api.memory import available_memory, gigabytes, needed_for
+from specula.engine.api.memory import RUNTIME_BYTES, available_memory, gigabytes, needed_for
 
 COLUMNS = ("Model", "Where", "Size", "Memory to run", "Architecture", "Context", "Precision", "For the loaded model")
 RESULT_COLUMNS = ("Model on the Hub", "Downloads", "Likes", "Files")
@@ -96,6 +96,9 @@ class ModelsView(QDialog):
     # -- building -----------------------------------------------------------------------------------
     def _build(self) -> None:
         self.table = _table(COLUMNS)
+        self.table.horizontalHeaderItem(COLUMNS.index("Memory to run")).setToolTip(
+            f"The model's weights and about {gigabytes(RUNTIME_BYTES)} for Specula's engine itself (PyTorch, the "
+            "tokenizer): a small model needs about that much more than its file")
         self.table.itemSelectionChanged.connect(self._update_buttons)
         self.table.itemDoubleClicked.connect(lambda _: self.use_selected())
         self.status = QLabel("Reading the models on this machine…")
@@ -545,7 +548,9 @@ def _memory(entry, free: int | None) -> tuple[str, str]:
     if entry.size_bytes <= 0:
         return "–", ""
     needed = needed_for(entry.size_bytes)
-    tip = f"Running it takes about {gigabytes(needed)} of memory, besides what a long conversation adds"
+    tip = (f"Running it takes about {gigabytes(needed)} of memory: its weights ({_size(entry.size_bytes)}) and about "
+           f"{gigabytes(RUNTIME_BYTES)} for Specula's engine itself (PyTorch, the tokenizer), besides what a long "
+           "conversation adds")
     if free is None:
         return f"about {gigabytes(needed)}", tip + "."
     if needed > free:

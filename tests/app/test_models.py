@@ -221,8 +221,9 @@ def test_the_memory_a_model_needs_is_shown_against_what_is_free():
     from specula.app.models_view import _memory
 
     entry = ModelEntry("m.gguf", "m.gguf", "local", "/m/m.gguf", 3 << 30, "llama", 2048, "Q4_K_M", "")
-    assert _memory(entry, 16 << 30) == ("about 4.0 GB", "Running it takes about 4.0 GB of memory, besides what a long "
-                                        "conversation adds; 16.0 GB is free now.")
+    assert _memory(entry, 16 << 30) == ("about 4.0 GB", "Running it takes about 4.0 GB of memory: its weights (3.0 GB) "
+                                        "and about 1.0 GB for Specula's engine itself (PyTorch, the tokenizer), besides "
+                                        "what a long conversation adds; 16.0 GB is free now.")
     text, tip = _memory(entry, 2 << 30)
     assert text == "4.0 GB: more than free" and "more than the 2.0 GB free now" in tip
     assert _memory(entry, None)[0] == "about 4.0 GB"

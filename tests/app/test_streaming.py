@@ -290,3 +290,25 @@ def test_the_plain_line_is_what_the_figures_say(make_window, qtbot):
     assert ok and len(tps) > 5 and len(speedup) > 0 and set(speedup) == {1.0}
     measured = ~np.isnan(plain)
     assert measured[-len(speedup):].all() and np.allclose(plain[-len(speedup):], tps[-len(speedup):])
+
+
+def test_a_streamed_answer_reads_as_markdown_while_it_streams(qtbot):
+    """A code fence, a heading or bold text in a streamed answer is rendered while it streams (at most every
+    RENDER_MS, the tokens in between written as they came), not shown as raw "```python" until the answer ends;
+    each character keeps its token (hover) and rejected drafts stay out of the text."""
+    from specula.app.chatview import ChatView
+    from specula.app.history import TokenRecord
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.begin_answer()
+    pieces = ["Here", " is", " **code**", ":\n\n", "```", "python", "\n", "print", "(1)", "\n"]
+    view.append_tokens([TokenRecord(p, "draft" if i % 2 else "target", i) for i, p in enumerate(pieces)]
+                       + [TokenRecord("oops", "rejected", 9)])
+    view.flush()
+    text = view.toPlainText()
+    assert "```" not in text and "**" not in text and "print(1)" in text and "oops" not in text
+    assert [r.text for r in view.records] == [p for p in pieces]  # one record a shown token, as a finished answer's
+    view.append_tokens([TokenRecord("\n```\n\nDone", "target", 11)])
+    view.flush()  # within RENDER_MS of the last render: written as it came, rendered at a later turn
+    qtbot.waitUntil(lambda: "```" not in view.toPlainText() and "Done" in view.toPlainText(), timeout=10_000)
