@@ -64,7 +64,7 @@ class Plot:
 PLOTS = (
     Plot("acceptance", (0, 0, 2), "Acceptance <span style='color:{c.draft}'>● per step &nbsp;━ last {n} steps</span>",
          (Line("acceptance", "step", "acceptance", "draft", "dots"), Line("rolling", "step", "rolling", "draft"))),
-    Plot("tps", (1, 0, 2), "Tokens/s <span style='color:{c.bonus}'>━ speculative</span> &nbsp;"
+    Plot("tps", (1, 0, 2), "Tokens/s in the answer so far <span style='color:{c.bonus}'>━ speculative</span> &nbsp;"
                            "<span style='color:{c.muted}'>╍ plain</span>",
          (Line("tps", "tps_step", "tps", "bonus"), Line("baseline", "tps_step", "baseline", "muted", "dashed", gaps=True)),
          grows=(10, 10)),
@@ -298,11 +298,13 @@ class PlotsPanel(QWidget):
             self._add_acceptance(step)
         if step.step >= WARMUP:
             s["tps_step"].append(step.step)
-            s["tps"].append(m.rolling_tokens_per_s)
-            # the plain line is what the figures say: tokens/s ÷ the speedup where one is measured (so the two
-            # lines' ratio is the speedup shown, and they are one line under `none`), else the plain steps' rate
-            plain = m.rolling_tokens_per_s / m.speedup if m.speedup else m.plain_rate(step.context_len)
-            s["baseline"].append(plain or np.nan)
+            # the lines are the figures beside them over the same span (the answer's decode steps so far), so each
+            # line ends at its figure: tokens/s, and plain tokens/s = tokens/s ÷ the speedup measured in the answer
+            # (one line under `none`); a gap until the answer has measured plain decoding, never a rate taken from
+            # elsewhere
+            tps = m.tokens_per_s
+            s["tps"].append(tps)
+            s["baseline"].append(tps / m.speedup if m.speedup and tps else np.nan)
         if m.speedup is not None and step.step >= WARMUP:
             s["speed_step"].append(step.step)
             s["speedup"].append(m.speedup)

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QApplication
 
 from specula.app import actions
 from specula.app.history import Conversation, TokenRecord, Turn
+from specula.app.tokens import totals_of
 from tests.app.conftest import action_links, click_link, saved_history, snap, wait_reply
 from tests.app.test_streaming import colours_in, fragments
 
@@ -33,7 +34,7 @@ def test_regenerate_drops_the_last_answer_and_answers_again_with_the_current_str
     w.send_text("hello there")
     wait_reply(qtbot, w)
     first = w.chat.current.turns[-1]
-    assert first.summary.startswith("none") and versions() == [False, False]
+    assert first.summary.startswith("tiny · none") and versions() == [False, False]  # the model that wrote it first
     assert [name for name, *_ in action_links(w.view)] == ["edit", "copy", "markdown", "regenerate"]
     combo = w.controls.strategy
     combo.setCurrentIndex(combo.findData("draft-model"))
@@ -43,11 +44,11 @@ def test_regenerate_drops_the_last_answer_and_answers_again_with_the_current_str
     ok, finished = wait_reply(qtbot, w)
     assert ok and roles(w) == ["user", "assistant"]
     answer = w.chat.current.turns[-1]
-    assert answer is not first and answer.summary.startswith("draft-model") and answer.content == finished.text
+    assert answer is not first and answer.summary.startswith("tiny · draft-model") and answer.content == finished.text
     assert w.view.toPlainText().count("Assistant") == 1
     assert [t.role for t in saved_turns(tmp_path, w)] == ["user", "assistant"]
     # the earlier answer is kept as a version: ‹ 1/2 browses to it, by link or by Alt+Left / Alt+Right
-    assert [v.summary[:4] for v in answer.all_versions] == ["none", "draf"] and "2/2" in w.view.toPlainText()
+    assert [v.summary.split(" · ")[1][:4] for v in answer.all_versions] == ["none", "draf"] and "2/2" in w.view.toPlainText()
     assert versions() == [True, False]
     assert [name for name, i, _ in action_links(w.view) if i == 1] == ["older", "copy", "markdown", "regenerate"]
     w.composer.input.setFocus()
@@ -64,7 +65,7 @@ def test_regenerate_drops_the_last_answer_and_answers_again_with_the_current_str
     # the dock draws the version shown from its own events (made in this session), also after another chat
     from specula.app.plots import EARLIER
 
-    assert w.plots.notes.text() != EARLIER and w.plots.stat_labels["tps"].text() == first.summary.split(" · ")[2][:-6]
+    assert w.plots.notes.text() != EARLIER and w.plots.stat_labels["tps"].text() == totals_of(first.summary)["tps"]
     current = w.chat.current_id
     w.chat.new_conversation()
     w.chat.select(current)

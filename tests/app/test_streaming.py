@@ -281,7 +281,9 @@ def test_the_plots_follow_the_selected_chat(make_window, qtbot, tmp_path):
 
 def test_the_plain_line_is_what_the_figures_say(make_window, qtbot):
     """The plain tokens/s line is tokens/s ÷ the speedup wherever a speedup is measured: under `none` (exactly
-    1.00x) the two lines are one (they drifted apart while the dock said 1.00x)."""
+    1.00x) the two lines are one (they drifted apart while the dock said 1.00x). Both lines end at the figures
+    beside them (the same quantity over the same span: the plot ended near twice the figure when it drew a rolling
+    rate)."""
     w = make_window(strategy="none", max_new_tokens=40)
     w.send_text("hello there")
     ok, _ = wait_reply(qtbot, w)
@@ -290,6 +292,8 @@ def test_the_plain_line_is_what_the_figures_say(make_window, qtbot):
     assert ok and len(tps) > 5 and len(speedup) > 0 and set(speedup) == {1.0}
     measured = ~np.isnan(plain)
     assert measured[-len(speedup):].all() and np.allclose(plain[-len(speedup):], tps[-len(speedup):])
+    w.plots._refresh_stats()
+    assert f"{tps[-1]:.1f}" == w.plots.stat_labels["tps"].text() and f"{plain[-1]:.1f}" == w.plots.stat_labels["plain"].text()
 
 
 def test_a_streamed_answer_reads_as_markdown_while_it_streams(qtbot):
