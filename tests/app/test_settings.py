@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QLabel
 
 from specula.app.settings import OLD_OPTION_FIELDS, VERSION, Settings, SettingsStore
 from specula.app.storage import write_json_atomic
+from specula.engine.api.types import SEED_MAX, SEED_MIN
 from tests.app.conftest import snap
 
 
@@ -63,6 +64,27 @@ def test_a_number_that_is_no_number_is_reset_with_a_notice(tmp_path):
     assert loaded.settings.temperature == Settings().temperature and loaded.settings.top_p == Settings().top_p
     assert loaded.settings.strategy == "none"
     assert "temperature" in loaded.notice and "top_p" in loaded.notice
+
+
+def test_a_seed_out_of_range_is_clamped_with_a_notice_and_the_dialog_holds_the_whole_range(qtbot, tmp_path):
+    """A seed past what a generator takes failed every send, and one past 2**31 - 1 made Settings... raise (its
+    spin box's top): the file's is brought within the engine's range, which the dialog's field holds."""
+    from specula.app.settings_dialog import SettingsDialog
+
+    store = SettingsStore(tmp_path)
+    store.path.write_text('{"version": 10, "seed": 123456789012345678901234567890}')
+    loaded = store.load()
+    assert loaded.settings.seed == SEED_MAX and "seed" in loaded.notice and "out of range" in loaded.notice
+    dialog = SettingsDialog(loaded.settings)
+    qtbot.addWidget(dialog)
+    assert dialog.seed.text() == str(SEED_MAX) and dialog.result_settings().seed == SEED_MAX
+    dialog.seed.setText("-" + "9" * 20)
+    assert dialog.result_settings().seed == SEED_MIN
+    dialog.seed.setText("")
+    assert dialog.result_settings().seed is None and dialog.seed.placeholderText() == "random"
+    store.path.write_text(f'{{"version": 10, "seed": {SEED_MIN}}}')
+    within = store.load()
+    assert within.settings.seed == SEED_MIN and within.notice is None
 
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):
