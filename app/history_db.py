@@ -364,7 +364,7 @@ class ConversationDB:
             for path in sorted(Path(folder).glob("*.json")):
                 try:
                     conversations.append(Conversation.from_dict(read_json(path)))
-                except (OSError, ValueError, KeyError, TypeError):
+                except (OSError, ValueError, KeyError, TypeError, RecursionError):  # versions nested too deeply
                     skipped.append(path.name)
 
         def statements(db: sqlite3.Connection) -> None:
@@ -404,11 +404,12 @@ def _versions_text(turn: Turn) -> str | None:
 
 
 def _versions(text) -> tuple[tuple[Turn, ...], int]:
-    """(versions, position) of a turn; damaged ones are dropped (the shown version stays)."""
+    """(versions, position) of a turn; damaged ones are dropped (the shown version stays), and so are ones nested
+    deeper than Python's JSON reader goes."""
     try:
         data = json.loads(text) if text else {}
         return tuple(Turn.from_dict(v) for v in data.get("versions", ())), int(data.get("position", -1))
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return (), -1
 
 
@@ -417,10 +418,11 @@ def _tokens_text(tokens: tuple[TokenRecord, ...]) -> str | None:
 
 
 def _tokens(text) -> tuple[TokenRecord, ...]:
-    """A turn's token records; damaged ones are dropped (the turn still shows, as plain text)."""
+    """A turn's token records; damaged ones (or nested too deeply to read) are dropped (the turn still shows, as
+    plain text)."""
     try:
         return tuple(TokenRecord.from_list(row) for row in json.loads(text)) if text else ()
-    except (ValueError, TypeError, KeyError, IndexError):
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
         return ()
 
 

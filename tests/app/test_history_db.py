@@ -82,6 +82,26 @@ def test_json_conversations_of_earlier_versions_are_imported_once_and_kept(tmp_p
     assert len(found) == 1 and notices == []
 
 
+def test_json_nested_too_deeply_to_read_is_skipped_not_fatal(tmp_path):
+    """Python's JSON reader raises RecursionError past about a thousand levels: a conversation file of an earlier
+    version is then named and skipped, and a turn's token records are dropped (the turn shows as plain text)."""
+    folder = tmp_path / "conversations"
+    folder.mkdir()
+    (folder / "deep.json").write_text('{"id": ' * 50000 + "1" + "}" * 50000)
+    (folder / "versions.json").write_text('{"id": "v", "turns": [' + '{"role": "assistant", "content": "a", '
+                                          '"versions": [' * 2000 + "]}" * 2000 + "]}")
+    db = ConversationDB(tmp_path / "c.db", folder)
+    found, notices = db.load_all()
+    assert found == [] and any("deep.json, versions.json" in n for n in notices)
+    db.save(Conversation("a").with_turn(answer("kept text")))
+    raw = sqlite3.connect(tmp_path / "c.db")
+    raw.execute("UPDATE turns SET tokens = ?, versions = ?", ("[" * 50000 + "]" * 50000, "[" * 50000 + "]" * 50000))
+    raw.commit()
+    raw.close()
+    (turn,) = ConversationDB(tmp_path / "c.db").load("a").turns
+    assert (turn.content, turn.tokens, turn.versions) == ("kept text", (), ())
+
+
 def test_search_finds_words_in_every_conversation_and_takes_any_text(tmp_path):
     db = ConversationDB(tmp_path / "c.db")
     db.save(Conversation("a").with_turn(Turn("user", "How do I rename a variable in Python?")))

@@ -30,7 +30,8 @@ def test_missing_file_gives_defaults(tmp_path):
     assert loaded.settings == Settings() and loaded.notice is None
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2, 3]", "\udcff".encode("utf-8", "surrogatepass").decode("latin-1")])
+@pytest.mark.parametrize("content", ["{not json", "[1, 2, 3]", "\udcff".encode("utf-8", "surrogatepass").decode("latin-1"),
+                                     '{"a": ' * 100000 + "1" + "}" * 100000])  # too deep for Python's reader
 def test_a_corrupt_file_is_moved_aside_and_defaults_are_used(tmp_path, content):
     store = SettingsStore(tmp_path)
     store.path.write_text(content, encoding="latin-1")
@@ -42,6 +43,13 @@ def test_a_corrupt_file_is_moved_aside_and_defaults_are_used(tmp_path, content):
     assert not store.path.exists()
     store.save(loaded.settings)  # and the defaults can be saved again
     assert store.load().settings == Settings()
+
+
+def test_a_file_that_starts_with_a_byte_order_mark_is_read(tmp_path):
+    store = SettingsStore(tmp_path)
+    store.path.write_text('\ufeff{"version": 10, "top_k": 12}', encoding="utf-8")  # as Notepad writes UTF-8
+    loaded = store.load()
+    assert loaded.settings.top_k == 12 and loaded.notice is None and store.path.exists()
 
 
 def test_bad_fields_fall_back_and_numbers_are_clamped(tmp_path):

@@ -69,9 +69,10 @@ def test_missing_prompts_file(capsys, tmp_path):
     assert_one_line_error(code, err, "prompts file not found")
 
 
-def test_malformed_prompts_file(capsys, tmp_path):
+@pytest.mark.parametrize("line", ['{"nope": 1}', "[" * 50000 + "]" * 50000])  # the second: a RecursionError once
+def test_malformed_prompts_file(capsys, tmp_path, line):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"prompt": "ok"}\n{"nope": 1}\n')
+    bad.write_text('{"prompt": "ok"}\n' + line + "\n")
     code, _, err = run_cli(capsys, "generate", "--prompts", str(bad))
     assert_one_line_error(code, err, "line 2")
 
