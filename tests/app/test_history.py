@@ -294,3 +294,29 @@ def test_a_short_conversation_is_drawn_whole_without_a_link_over_a_message_or_tw
     view.show_turns(chat(40, SHOWN_TOKENS))
     assert view._first > 0 and "Show earlier messages" in view.toPlainText()
 
+
+def test_a_new_message_answer_or_error_is_scrolled_to_after_earlier_messages_were_shown(qtbot):
+    """After "Show earlier messages" the chat sat where the user read back, and a message sent, a new answer, an
+    error or a notice arrived off screen below: each is scrolled to. A streaming answer still leaves reading alone."""
+    from specula.app.chatview import ChatView
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(500, 400)
+    view.show()
+    view.show_turns([Turn(role, f"{role} {i} " + "word " * 400) for i in range(40) for role in ("user", "assistant")])
+    bar = view.verticalScrollBar()
+    at_bottom = lambda: bar.value() == bar.maximum() > 0  # noqa: E731
+    assert at_bottom()
+    view.show_earlier()
+    assert not at_bottom()  # reading back, as asked
+    view.add_turn(Turn("error", "The model could not be loaded. Using the bundled model for now."), transient=True)
+    assert at_bottom()
+    for arrives in (lambda: view.add_turn(Turn("user", "next question")), view.begin_answer):
+        bar.setValue(0)
+        arrives()
+        assert at_bottom()
+    bar.setValue(0)
+    view.append_tokens([TokenRecord(f"w{j} ", "target", j) for j in range(200)])
+    view.flush()
+    assert bar.value() == 0
