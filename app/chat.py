@@ -451,8 +451,9 @@ class ChatController(QObject):
         if self._retry_shorter(failed):
             return
         reply, self.reply = self.reply, None
-        if reply.started:
-            partial = Turn("assistant", reply.text, tuple(reply.tokens), f"{reply.strategy} · interrupted by an error")
+        if reply.started:  # cut short: kept, shown, and left out of later prompts (with its question), as after a crash
+            partial = Turn("assistant", reply.text, tuple(reply.tokens), f"{reply.strategy} · interrupted by an error",
+                           dropped_note(reply.dropped), interrupted=True)
             if reply.previous is not None:
                 partial = partial.replacing(reply.previous)
             self.view.end_answer(partial)

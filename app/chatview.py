@@ -132,10 +132,10 @@ class ChatView(QTextBrowser):
         self._live, self._live_note = [], note
         self._render_due, self._raw_tail = 0.0, False
         self._live_first = len(self.records)  # where the streamed answer's tokens start
-        with self._keep_bottom():
-            self._stream = self._painter().open_bubble("Assistant", self._colours.assistant_bubble)
-            if note:
-                self._painter().write_note(self._stream, note)
+        self._stream = self._painter().open_bubble("Assistant", self._colours.assistant_bubble)
+        if note:
+            self._painter().write_note(self._stream, note)
+        self._scroll_to_bottom()  # a new answer is shown wherever the user was (see _append)
 
     def show_reading(self, text: str) -> None:
         """How far the prompt's reading is, in the answer's bubble until its first token (an empty box before);
@@ -316,15 +316,17 @@ class ChatView(QTextBrowser):
         return BubblePainter(self.document(), self._colours, self.font(), self._is_dark())
 
     def _append(self, item, transient: bool) -> int:
+        """Draw a new item at the end and scroll to it, wherever the user was: a message sent, an error or a notice
+        is what they wait for (after "Show earlier messages" it was off screen, below the page read back)."""
         previous = self._last_turn()
         index = len(self._items)
         self._items.append(item)
         if transient:
             self._transient.add(index)
-        with self._keep_bottom():
-            self._render_item(index)
-            if previous is not None:
-                self._refresh_row(previous)  # e.g. the last answer's Regenerate moves on
+        self._render_item(index)
+        if previous is not None:
+            self._refresh_row(previous)  # e.g. the last answer's Regenerate moves on
+        self._scroll_to_bottom()
         return index
 
     def _push(self, item, frame: QTextFrame, transient: bool) -> int:
@@ -451,6 +453,7 @@ class ChatView(QTextBrowser):
 
     # -- scrolling ----------------------------------------------------------------------------------
     def _keep_bottom(self):
+        """For what grows an item already there (a streamed answer's tokens): reading back stays put."""
         return _StickToBottom(self)
 
     def _scroll_to_bottom(self) -> None:

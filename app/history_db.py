@@ -54,6 +54,9 @@ CREATE TRIGGER IF NOT EXISTS turns_changed AFTER UPDATE OF content ON turns BEGI
 END;
 """
 
+# the tables FTS5 keeps the search index in: every save writes them (through the triggers above)
+INDEX_TABLES = ("turns_text_data", "turns_text_idx", "turns_text_content", "turns_text_docsize", "turns_text_config")
+
 STREAMING, INTERRUPTED, DONE = "streaming", "interrupted", "done"
 READ_BATCH = 64  # turns read between two chances for other threads to run
 LARGE_TOKENS = 100_000  # a chat with more token records than this is kept out of the garbage collector's way
@@ -128,7 +131,7 @@ class ConversationDB:
             db.execute("PRAGMA recursive_triggers=ON")  # rows removed by a cascade or a replace leave the index too
             db.executescript(SCHEMA)
             _check_tables(db)
-            db.execute("SELECT rowid FROM turns_text LIMIT 1").fetchall()  # the search index can be opened
+            _check_index(db)
             if "versions" not in {row[1] for row in db.execute("PRAGMA table_info(turns)")}:  # a database of 0.x
                 db.execute("ALTER TABLE turns ADD COLUMN versions TEXT")
         except BaseException:
@@ -182,16 +185,27 @@ class ConversationDB:
             try:
                 statements(db)
             except BaseException:
-                db.execute("ROLLBACK")
+                self._roll_back(db)
                 raise
             db.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
+            exc = _diagnosed(db, exc)
             if not (again and _corrupt(exc)):
                 raise StoreError(f"could not save {what} to {self.path}: {exc}") from exc
             self._db = self._salvage(exc)
             self._write(what, statements, again=False)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"could not save {what} to {self.path}: {exc}") from exc
+
+    def _roll_back(self, db: sqlite3.Connection) -> None:
+        """Undo a failed write's transaction unless SQLite already has (it does after some errors): a ROLLBACK
+        that fails must not hide why the write failed, and a connection it leaves mid-transaction is closed."""
+        if not db.in_transaction:
+            return
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            self.close()  # closing rolls the transaction back
 
     # -- reading ------------------------------------------------------------------------------------
     def load_all(self) -> tuple[list[Conversation], list[str]]:
@@ -350,7 +364,7 @@ class ConversationDB:
             for path in sorted(Path(folder).glob("*.json")):
                 try:
                     conversations.append(Conversation.from_dict(read_json(path)))
-                except (OSError, ValueError, KeyError, TypeError):
+                except (OSError, ValueError, KeyError, TypeError, RecursionError):  # versions nested too deeply
                     skipped.append(path.name)
 
         def statements(db: sqlite3.Connection) -> None:
@@ -390,11 +404,12 @@ def _versions_text(turn: Turn) -> str | None:
 
 
 def _versions(text) -> tuple[tuple[Turn, ...], int]:
-    """(versions, position) of a turn; damaged ones are dropped (the shown version stays)."""
+    """(versions, position) of a turn; damaged ones are dropped (the shown version stays), and so are ones nested
+    deeper than Python's JSON reader goes."""
     try:
         data = json.loads(text) if text else {}
         return tuple(Turn.from_dict(v) for v in data.get("versions", ())), int(data.get("position", -1))
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return (), -1
 
 
@@ -403,10 +418,11 @@ def _tokens_text(tokens: tuple[TokenRecord, ...]) -> str | None:
 
 
 def _tokens(text) -> tuple[TokenRecord, ...]:
-    """A turn's token records; damaged ones are dropped (the turn still shows, as plain text)."""
+    """A turn's token records; damaged ones (or nested too deeply to read) are dropped (the turn still shows, as
+    plain text)."""
     try:
         return tuple(TokenRecord.from_list(row) for row in json.loads(text)) if text else ()
-    except (ValueError, TypeError, KeyError, IndexError):
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
         return ()
 
 
@@ -449,11 +465,34 @@ def _check_tables(db: sqlite3.Connection) -> None:
             raise sqlite3.DatabaseError(f"not a conversations database: its table '{table}' has other columns")
 
 
+def _check_index(db: sqlite3.Connection) -> None:
+    """The search index can be opened and every table of it that a save writes is there and can be read (a
+    missing one fails every save with no more than "SQL logic error"); raises a DatabaseError `_corrupt` knows."""
+    present = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    for table in INDEX_TABLES:
+        if table not in present:
+            raise sqlite3.DatabaseError(f"the search index is damaged: its table '{table}' is missing")
+        db.execute(f"SELECT * FROM {table} LIMIT 1").fetchall()  # a damaged first page says "malformed"
+    db.execute("SELECT rowid FROM turns_text LIMIT 1").fetchall()  # the index itself can be opened
+
+
+def _diagnosed(db: sqlite3.Connection, exc: sqlite3.DatabaseError) -> sqlite3.DatabaseError:
+    """Why a write failed: a damaged search index if the check finds one (its tables lost while the app ran),
+    else the write's own error."""
+    if _corrupt(exc):
+        return exc
+    try:
+        _check_index(db)
+    except sqlite3.DatabaseError as found:
+        return found if _corrupt(found) else exc
+    return exc
+
+
 def _corrupt(exc: sqlite3.DatabaseError) -> bool:
-    """A damaged database (or not ours): a damaged page, a search index that cannot be opened."""
+    """A damaged database (or not ours): a damaged page, a search index that cannot be opened or lost a table."""
     text = str(exc).lower()
     return any(sign in text for sign in ("not a database", "malformed", "not a conversations database",
-                                         "vtable constructor failed", "fts5"))
+                                         "vtable constructor failed", "fts5", "search index is damaged"))
 
 
 def _close_gaps(db: sqlite3.Connection, conversation_id: str) -> None:

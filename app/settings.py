@@ -24,7 +24,7 @@ from pathlib import Path
 
 from specula.app.storage import read_json, remove_stale_temporaries, set_aside, write_json_atomic
 from specula.engine.api.strategies import STRATEGIES, STRATEGY_OPTIONS, request_options
-from specula.engine.api.types import LoadRequest, ModelSpec, RemoteLoadRequest
+from specula.engine.api.types import SEED_MAX, SEED_MIN, LoadRequest, ModelSpec, RemoteLoadRequest
 
 VERSION = 10
 BACKENDS = ("local", "remote")
@@ -229,6 +229,7 @@ def clamp(s: Settings) -> Settings:
         temperature=min(max(s.temperature, 0.0), 5.0),
         top_p=s.top_p if 0.0 < s.top_p <= 1.0 else 1.0,
         top_k=max(s.top_k, 0),
+        seed=None if s.seed is None else min(max(s.seed, SEED_MIN), SEED_MAX),
         max_new_tokens=min(max(s.max_new_tokens, 1), MAX_NEW_TOKENS_LIMIT),
         model_source=s.model_source.strip() or "bundled",
         backend=s.backend if s.backend in BACKENDS else "local",
@@ -315,6 +316,9 @@ class SettingsStore:
         self.newer = isinstance(version, int) and not isinstance(version, bool) and version > VERSION
         settings, bad = Settings.from_dict(data)
         notices = [f"Some settings were unusable and were reset: {', '.join(bad)}"] if bad else []
+        if "seed" not in bad and data.get("seed") != settings.seed:  # out of range: clamped into it
+            notices.append(f"The seed in the settings file was out of range ({SEED_MIN} to {SEED_MAX}); "
+                           f"{settings.seed} is used.")
         if self.newer:
             notices.append(f"The settings file {self.path} is from a newer version of Specula (format {version}): "
                            "this version uses what it knows of it and will not change it, so changes made now "

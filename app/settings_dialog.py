@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QRegularExpression, Qt
+from PySide6.QtGui import QRegularExpressionValidator
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -34,6 +35,7 @@ from specula.app.remote_settings import RemoteSection
 from specula.app.settings import Settings
 from specula.app.strategies_page import StrategiesPage
 from specula.app.theme import mute
+from specula.engine.api.types import SEED_MAX, SEED_MIN
 
 MODEL_HINT = "bundled, a Hugging Face Hub id (org/name), a local folder or a .gguf file"
 BACKENDS = (("Local engine", "local"), ("Remote server", "remote"))
@@ -77,8 +79,7 @@ class SettingsDialog(QDialog):
         self.system.setFixedHeight(90)
         self.top_p = QDoubleSpinBox(decimals=2, minimum=0.01, maximum=1.0, singleStep=0.05, value=settings.top_p)
         self.top_k = QSpinBox(minimum=0, maximum=100000, value=settings.top_k, specialValueText="off")
-        self.seed = QSpinBox(minimum=-1, maximum=2**31 - 1, specialValueText="random",
-                             value=-1 if settings.seed is None else settings.seed)
+        self.seed = SeedField(settings.seed)
         model_row, draft_row = _with_browse(self.model, self), _with_browse(self.draft, self)
         self.local_fields = (model_row, draft_row, self.device, self.dtype, self.weights)
         form = QFormLayout()
@@ -150,9 +151,25 @@ class SettingsDialog(QDialog):
             system_prompt=self.system.toPlainText(),
             top_p=self.top_p.value(),
             top_k=self.top_k.value(),
-            seed=None if self.seed.value() < 0 else self.seed.value(),
+            seed=self.seed.value(),
             **self.strategies.values(),
         )
+
+
+class SeedField(QLineEdit):
+    """The seed: empty for a fresh one each answer, else a whole number in the engine's range (a spin box holds
+    only 32 bits, and raised on a larger seed from the settings file)."""
+
+    def __init__(self, seed: int | None) -> None:
+        super().__init__("" if seed is None else str(seed))
+        self.setPlaceholderText("random")
+        self.setValidator(QRegularExpressionValidator(QRegularExpression(r"-?\d{0,20}"), self))
+        self.setToolTip(f"Sampling: the same seed repeats an answer; empty: a fresh one each time. A whole number "
+                        f"from {SEED_MIN} to {SEED_MAX} (one outside is brought within)")
+
+    def value(self) -> int | None:
+        text = self.text().strip()
+        return None if text in ("", "-") else min(max(int(text), SEED_MIN), SEED_MAX)
 
 
 def _scrolling(widget: QWidget) -> QScrollArea:

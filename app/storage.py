@@ -41,8 +41,13 @@ def remove_stale_temporaries(path: Path, older_than_s: float = 60.0) -> None:
 
 
 def read_json(path: Path) -> object:
-    """The parsed file; raises ValueError (corrupt) or OSError (unreadable)."""
-    return json.loads(path.read_text(encoding="utf-8"))
+    """The parsed file (after a UTF-8 byte-order mark, as some editors write); raises ValueError (corrupt, or
+    nested deeper than Python's reader goes) or OSError (unreadable)."""
+    text = path.read_text(encoding="utf-8-sig")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def set_aside(path: Path) -> Path:

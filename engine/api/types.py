@@ -17,6 +17,9 @@ from .strategies import default_k
 BUNDLED = "bundled"
 VERIFY_ROWS_MAX = 32  # the most rows a verify pass may hold and still round as single steps do (cpu/products.py)
 K_MAX = VERIFY_ROWS_MAX - 1  # 31 draft tokens
+# a seed: what torch's generators take (a negative seed is the same as the seed 2**64 above it); the one range the
+# command line, the server, the app's settings and its Settings dialog hold a seed to
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ class DecodeConfig:
             raise SpeculaError(f"maximum draft length must be between 1 and {K_MAX}, got {self.k_max}")
         if self.max_new_tokens < 1:
             raise SpeculaError(f"max new tokens must be at least 1, got {self.max_new_tokens}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise SpeculaError(f"the seed must be a whole number from {SEED_MIN} to {SEED_MAX}, got {self.seed}")
 
 
 @dataclass(frozen=True)

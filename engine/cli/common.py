@@ -122,6 +122,8 @@ def read_prompts(path: Path) -> list[PromptItem]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise SpeculaError(f"{path} line {number}: not valid JSON ({exc.msg})") from None
+        except RecursionError:  # Python's reader stops at about a thousand levels
+            raise SpeculaError(f"{path} line {number}: not valid JSON (nested too deeply)") from None
         turns = row.get("turns") if isinstance(row, dict) else None
         if isinstance(row, dict) and isinstance(row.get("prompt"), str):
             turns = [row["prompt"]]

@@ -20,10 +20,9 @@ from pathlib import Path
 from ..api.collector import collected_after
 from ..api.errors import SpeculaError, terminal_safe
 from ..api.strategies import STRATEGY_OPTIONS
-from ..api.types import K_MAX
+from ..api.types import K_MAX, SEED_MAX, SEED_MIN
 
 EXIT_BAD_INPUT = 2
-SEED_MAX = 2**63 - 1  # torch's generators take a signed 64-bit seed
 
 
 def whole(low: int, high: int | None = None, note: str = ""):
@@ -64,7 +63,7 @@ def share(text: str) -> float:
     return value
 
 
-SEED = whole(0, SEED_MAX)
+SEED = whole(SEED_MIN, SEED_MAX)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:

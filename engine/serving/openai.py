@@ -26,7 +26,7 @@ from pydantic import WrapValidator, create_model, model_validator
 from ..api.errors import SpeculaError
 from ..api.prompts import Message
 from ..api.strategies import STRATEGIES, STRATEGY_OPTIONS, StrategyOption, default_k
-from ..api.types import DecodeConfig, GenerateRequest
+from ..api.types import SEED_MAX, SEED_MIN, DecodeConfig, GenerateRequest
 from .faults import ApiError, Body, Count, Flag, bad_request, fault, honoured_if, or_none, required, says, validate
 
 MAX_STOPS = 4
@@ -120,7 +120,7 @@ _NO_ECHO = "'echo', 'suffix' and 'best_of' are not supported"
 Temperature = Annotated[float | None, Field(ge=0, le=2)]
 TopP = Annotated[float | None, Field(gt=0, le=1)]
 TopK = Annotated[int | None, Field(ge=0)]
-Seed = Annotated[int | None, Field(ge=-(1 << 63), le=(1 << 64) - 1)]  # what a generator's seed can hold
+Seed = Annotated[int | None, Field(ge=SEED_MIN, le=SEED_MAX)]  # what a generator's seed can hold
 User = Annotated[str | None, says("'user' must be a string", "user")]
 ModelName = Annotated[str | None, says("'model' must be a string", "model"), AfterValidator(_served)]
 Stop = Annotated[str | list[str] | None, says("'stop' must be a string or a list of strings", "stop"),

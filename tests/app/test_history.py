@@ -97,6 +97,33 @@ def _left():
     return Qt.MouseButton.LeftButton
 
 
+def test_an_answer_cut_by_the_engine_before_its_first_token_is_kept_as_interrupted(make_window, qtbot, tiny_session,
+                                                                                 tmp_path):
+    """The engine failing (killed, out of memory) after an answer started but before its first token left an empty
+    answer marked done: the question then ran into the next one in later prompts. It is marked interrupted."""
+    generate = tiny_session.generate
+
+    def dies_before_its_first_token(*args, **kwargs):
+        for event in generate(*args, **kwargs):
+            if type(event).__name__ == "Step":
+                raise RuntimeError("the engine process stopped")
+            yield event
+
+    tiny_session.generate = dies_before_its_first_token
+    w = make_window(strategy="none", max_new_tokens=8)
+    w.send_text("first question")
+    ok, _ = wait_reply(qtbot, w)
+    assert not ok
+    _, answer, error = w.chat.current.turns
+    assert (answer.role, answer.content, answer.interrupted, error.role) == ("assistant", "", True, "error")
+    tiny_session.generate = generate
+    w.send_text("second question")
+    assert wait_reply(qtbot, w)[0]
+    assert tiny_session.target.tokenizer.conversations[-1] == [{"role": "user", "content": "second question"}]
+    saved = saved_history(tmp_path).load(w.chat.current_id).turns
+    assert [(t.role, t.interrupted) for t in saved[:3]] == [("user", False), ("assistant", True), ("error", False)]
+
+
 def test_a_failed_save_keeps_everything_says_where_and_is_retried(make_window, qtbot, tmp_path):
     import sqlite3
 
@@ -266,3 +293,30 @@ def test_a_short_conversation_is_drawn_whole_without_a_link_over_a_message_or_tw
     assert view._first == 0 and "Show earlier messages" not in view.toPlainText() and "question 0" in view.toPlainText()
     view.show_turns(chat(40, SHOWN_TOKENS))
     assert view._first > 0 and "Show earlier messages" in view.toPlainText()
+
+
+def test_a_new_message_answer_or_error_is_scrolled_to_after_earlier_messages_were_shown(qtbot):
+    """After "Show earlier messages" the chat sat where the user read back, and a message sent, a new answer, an
+    error or a notice arrived off screen below: each is scrolled to. A streaming answer still leaves reading alone."""
+    from specula.app.chatview import ChatView
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(500, 400)
+    view.show()
+    view.show_turns([Turn(role, f"{role} {i} " + "word " * 400) for i in range(40) for role in ("user", "assistant")])
+    bar = view.verticalScrollBar()
+    at_bottom = lambda: bar.value() == bar.maximum() > 0  # noqa: E731
+    assert at_bottom()
+    view.show_earlier()
+    assert not at_bottom()  # reading back, as asked
+    view.add_turn(Turn("error", "The model could not be loaded. Using the bundled model for now."), transient=True)
+    assert at_bottom()
+    for arrives in (lambda: view.add_turn(Turn("user", "next question")), view.begin_answer):
+        bar.setValue(0)
+        arrives()
+        assert at_bottom()
+    bar.setValue(0)
+    view.append_tokens([TokenRecord(f"w{j} ", "target", j) for j in range(200)])
+    view.flush()
+    assert bar.value() == 0

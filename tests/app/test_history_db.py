@@ -82,6 +82,26 @@ def test_json_conversations_of_earlier_versions_are_imported_once_and_kept(tmp_p
     assert len(found) == 1 and notices == []
 
 
+def test_json_nested_too_deeply_to_read_is_skipped_not_fatal(tmp_path):
+    """Python's JSON reader raises RecursionError past about a thousand levels: a conversation file of an earlier
+    version is then named and skipped, and a turn's token records are dropped (the turn shows as plain text)."""
+    folder = tmp_path / "conversations"
+    folder.mkdir()
+    (folder / "deep.json").write_text('{"id": ' * 50000 + "1" + "}" * 50000)
+    (folder / "versions.json").write_text('{"id": "v", "turns": [' + '{"role": "assistant", "content": "a", '
+                                          '"versions": [' * 2000 + "]}" * 2000 + "]}")
+    db = ConversationDB(tmp_path / "c.db", folder)
+    found, notices = db.load_all()
+    assert found == [] and any("deep.json, versions.json" in n for n in notices)
+    db.save(Conversation("a").with_turn(answer("kept text")))
+    raw = sqlite3.connect(tmp_path / "c.db")
+    raw.execute("UPDATE turns SET tokens = ?, versions = ?", ("[" * 50000 + "]" * 50000, "[" * 50000 + "]" * 50000))
+    raw.commit()
+    raw.close()
+    (turn,) = ConversationDB(tmp_path / "c.db").load("a").turns
+    assert (turn.content, turn.tokens, turn.versions) == ("kept text", (), ())
+
+
 def test_search_finds_words_in_every_conversation_and_takes_any_text(tmp_path):
     db = ConversationDB(tmp_path / "c.db")
     db.save(Conversation("a").with_turn(Turn("user", "How do I rename a variable in Python?")))
@@ -272,6 +292,56 @@ def test_a_damaged_search_index_is_salvaged_with_every_conversation_and_saves_wo
     assert len(list(tmp_path.glob("conversations.db.corrupt-*"))) == 1
     db.save(Conversation("new").with_turn(Turn("user", "a fresh question")))
     assert {c for c, _, _ in db.search("fresh")} == {"new"} and {c for c, _, _ in db.search("answer")} == {"c0", "c1", "c2"}
+
+
+@pytest.mark.parametrize("table", ["turns_text_idx", "turns_text_content", "turns_text_docsize"])
+def test_a_search_index_that_lost_a_table_is_salvaged_when_opened(tmp_path, table):
+    """A table of the search index dropped (every save failed with "SQL logic error", for ever; without its content
+    table the folder was called unwritable): found when the database opens, and salvaged with every conversation."""
+    path = tmp_path / "conversations.db"
+    _three_chats(path)
+    raw = sqlite3.connect(path)
+    raw.execute(f"DROP TABLE {table}")
+    raw.commit()
+    raw.close()
+    db = ConversationDB(path)
+    found, notices = db.list_all()
+    assert sorted(c.id for c in found) == ["c0", "c1", "c2"] and not db.read_only
+    assert len(notices) == 1 and f"its table '{table}' is missing" in notices[0] and "all conversations were kept" in notices[0]
+    db.save(db.load("c1").with_turn(Turn("user", "a fresh question")))
+    assert {c for c, _, _ in db.search("fresh")} == {"c1"} and {c for c, _, _ in db.search("answer")} == {"c0", "c1", "c2"}
+    assert len(list(tmp_path.glob("conversations.db.corrupt-*"))) == 1
+
+
+def test_a_search_index_table_lost_while_the_app_runs_is_salvaged_by_the_save(tmp_path):
+    path = tmp_path / "conversations.db"
+    _three_chats(path)
+    db = ConversationDB(path)
+    conv = db.load("c1").with_turn(Turn("user", "one more"))
+    raw = sqlite3.connect(path)
+    raw.execute("DROP TABLE turns_text_idx")
+    raw.commit()
+    raw.close()
+    db.save(conv)  # once "SQL logic error", hidden behind "cannot rollback - no transaction is active"
+    (notice,) = db.take_notices()
+    assert "its table 'turns_text_idx' is missing" in notice and "all conversations were kept" in notice
+    again = {c.id: len(c.turns) for c in ConversationDB(path).load_all()[0]}
+    assert again == {"c0": 2, "c1": 3, "c2": 2}
+
+
+def test_a_write_that_sqlite_rolled_back_itself_says_why_it_failed(tmp_path):
+    """SQLite ends the transaction itself after some errors: the error is reported, not the ROLLBACK's own."""
+    db = ConversationDB(tmp_path / "c.db")
+    db.save(Conversation("a").with_turn(Turn("user", "hi")))
+
+    def failing(connection):
+        connection.execute("ROLLBACK")  # as SQLite does after a disk full or an I/O error
+        raise sqlite3.OperationalError("disk I/O error")
+
+    with pytest.raises(StoreError, match="disk I/O error"):
+        db._write("the test", failing)
+    db.save(Conversation("b").with_turn(Turn("user", "still saves")))
+    assert sorted(c.id for c in ConversationDB(tmp_path / "c.db").list_all()[0]) == ["a", "b"]
 
 
 def test_a_damaged_page_found_by_a_save_is_salvaged_and_the_save_made(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QLabel
 
 from specula.app.settings import OLD_OPTION_FIELDS, VERSION, Settings, SettingsStore
 from specula.app.storage import write_json_atomic
+from specula.engine.api.types import SEED_MAX, SEED_MIN
 from tests.app.conftest import snap
 
 
@@ -29,7 +30,8 @@ def test_missing_file_gives_defaults(tmp_path):
     assert loaded.settings == Settings() and loaded.notice is None
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2, 3]", "\udcff".encode("utf-8", "surrogatepass").decode("latin-1")])
+@pytest.mark.parametrize("content", ["{not json", "[1, 2, 3]", "\udcff".encode("utf-8", "surrogatepass").decode("latin-1"),
+                                     '{"a": ' * 100000 + "1" + "}" * 100000])  # too deep for Python's reader
 def test_a_corrupt_file_is_moved_aside_and_defaults_are_used(tmp_path, content):
     store = SettingsStore(tmp_path)
     store.path.write_text(content, encoding="latin-1")
@@ -41,6 +43,13 @@ def test_a_corrupt_file_is_moved_aside_and_defaults_are_used(tmp_path, content):
     assert not store.path.exists()
     store.save(loaded.settings)  # and the defaults can be saved again
     assert store.load().settings == Settings()
+
+
+def test_a_file_that_starts_with_a_byte_order_mark_is_read(tmp_path):
+    store = SettingsStore(tmp_path)
+    store.path.write_text('\ufeff{"version": 10, "top_k": 12}', encoding="utf-8")  # as Notepad writes UTF-8
+    loaded = store.load()
+    assert loaded.settings.top_k == 12 and loaded.notice is None and store.path.exists()
 
 
 def test_bad_fields_fall_back_and_numbers_are_clamped(tmp_path):
@@ -63,6 +72,27 @@ def test_a_number_that_is_no_number_is_reset_with_a_notice(tmp_path):
     assert loaded.settings.temperature == Settings().temperature and loaded.settings.top_p == Settings().top_p
     assert loaded.settings.strategy == "none"
     assert "temperature" in loaded.notice and "top_p" in loaded.notice
+
+
+def test_a_seed_out_of_range_is_clamped_with_a_notice_and_the_dialog_holds_the_whole_range(qtbot, tmp_path):
+    """A seed past what a generator takes failed every send, and one past 2**31 - 1 made Settings... raise (its
+    spin box's top): the file's is brought within the engine's range, which the dialog's field holds."""
+    from specula.app.settings_dialog import SettingsDialog
+
+    store = SettingsStore(tmp_path)
+    store.path.write_text('{"version": 10, "seed": 123456789012345678901234567890}')
+    loaded = store.load()
+    assert loaded.settings.seed == SEED_MAX and "seed" in loaded.notice and "out of range" in loaded.notice
+    dialog = SettingsDialog(loaded.settings)
+    qtbot.addWidget(dialog)
+    assert dialog.seed.text() == str(SEED_MAX) and dialog.result_settings().seed == SEED_MAX
+    dialog.seed.setText("-" + "9" * 20)
+    assert dialog.result_settings().seed == SEED_MIN
+    dialog.seed.setText("")
+    assert dialog.result_settings().seed is None and dialog.seed.placeholderText() == "random"
+    store.path.write_text(f'{{"version": 10, "seed": {SEED_MIN}}}')
+    within = store.load()
+    assert within.settings.seed == SEED_MIN and within.notice is None
 
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):

@@ -108,7 +108,7 @@ def test_the_settings_dialog_saves_and_reloads_the_model(make_window, qtbot, mon
     def edit_and_accept(dialog):
         dialog.model.setText("/models/other.gguf")
         dialog.system.setPlainText("Answer in French.")
-        dialog.seed.setValue(7)
+        dialog.seed.setText("7")
         return True
 
     monkeypatch.setattr(SettingsDialog, "exec", edit_and_accept)

@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from specula.engine.api.errors import SpeculaError
+from specula.engine.api.types import SEED_MAX, SEED_MIN, DecodeConfig
 from specula.engine.cli.main import main
 
 
@@ -67,9 +69,10 @@ def test_missing_prompts_file(capsys, tmp_path):
     assert_one_line_error(code, err, "prompts file not found")
 
 
-def test_malformed_prompts_file(capsys, tmp_path):
+@pytest.mark.parametrize("line", ['{"nope": 1}', "[" * 50000 + "]" * 50000])  # the second: a RecursionError once
+def test_malformed_prompts_file(capsys, tmp_path, line):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"prompt": "ok"}\n{"nope": 1}\n')
+    bad.write_text('{"prompt": "ok"}\n' + line + "\n")
     code, _, err = run_cli(capsys, "generate", "--prompts", str(bad))
     assert_one_line_error(code, err, "line 2")
 
@@ -166,11 +169,25 @@ def test_json_output_for_multi_turn_prompts(capsys, tiny_folder, tmp_path):
 
 # -- bad numbers and folders are refused before anything loads or runs ------------------------------------
 @pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["chat"], ["train-head"]])
-@pytest.mark.parametrize("seed", [str(2**70), "-1"])
+@pytest.mark.parametrize("seed", [str(2**70), str(SEED_MAX + 1), str(SEED_MIN - 1)])
 def test_a_seed_outside_64_bits_is_refused_when_parsed(capsys, command, seed):
     code, _, err = run_cli(capsys, *command, "--seed", seed, "--model", "/no/such/model.gguf")
     assert code == 2
-    assert_one_line_error(code, err, "argument --seed", "between 0 and")
+    assert_one_line_error(code, err, "argument --seed", f"between {SEED_MIN} and {SEED_MAX}")
+
+
+def test_the_seeds_one_range_is_what_a_generator_takes():
+    """The range the command line, the server, the app's settings and its dialog hold a seed to: a generator takes
+    its ends, and a request outside it is refused in one line (a seed past it failed every send of the app)."""
+    import torch
+
+    from specula.engine.decoding.loop import make_generator
+
+    assert {make_generator(torch.device("cpu"), seed).initial_seed() for seed in (SEED_MIN, SEED_MAX)} == {
+        1 << 63, SEED_MAX}
+    for seed in (SEED_MIN - 1, SEED_MAX + 1):
+        with pytest.raises(SpeculaError, match=f"the seed must be a whole number from {SEED_MIN} to {SEED_MAX}"):
+            DecodeConfig(seed=seed)
 
 
 @pytest.mark.parametrize("flag, value", [("--tokens", "0"), ("--epochs", "-1"), ("--lr", "nan"), ("--lr", "-1"),

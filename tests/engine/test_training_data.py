@@ -407,3 +407,6 @@ def test_a_torn_last_answer_is_dropped_before_more_are_appended(tmp_path):
     assert [a.answer for a in answers.read_answers(store)] == [[3, 4], [6]]
     answers.drop_torn_tail(store)  # whole lines: left as they are
     assert len(answers.read_answers(store)) == 2
+    with store.open("a", encoding="utf-8") as sink:
+        sink.write("[" * 50000 + "]" * 50000 + "\n")  # deeper than Python's JSON reader goes: skipped as well
+    assert len(answers.read_answers(store)) == 2

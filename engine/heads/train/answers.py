@@ -19,7 +19,8 @@ class Answer:
 
 
 def read_answers(path: Path | None) -> list[Answer]:
-    """The answers an earlier (interrupted) run stored; a torn last line is dropped."""
+    """The answers an earlier (interrupted) run stored; a torn last line is dropped, and so is any line that is not
+    an answer (one nested too deeply for Python's JSON reader among them)."""
     if path is None or not path.is_file():
         return []
     out = []
@@ -28,7 +29,7 @@ def read_answers(path: Path | None) -> list[Answer]:
             d = json.loads(line)
             out.append(Answer(list(d["prompt"]), list(d["answer"]), int(d.get("index", -1)),
                               bool(d.get("written", False))))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue
     return out
 
