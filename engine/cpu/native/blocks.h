@@ -47,6 +47,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "simd.h"
+
 namespace blocks {
 
 // GGML's type numbers
@@ -99,8 +101,6 @@ inline int64_t tiles(int64_t n) { return (n + COLS - 1) / COLS; }
 inline std::vector<int64_t> file_layout_op(int64_t fmt) {
   return {known(fmt) ? 1 : 0, known(fmt) ? file_inputs(fmt) : 0, known(fmt) ? file_bytes(fmt) : 0};
 }
-
-inline float half(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
 
 // One row's block of 32 weights as the file gives it: codes (unsigned, before the zero), and the scales.
 struct FileBlock {
@@ -257,43 +257,75 @@ void quantize(const T* x, int64_t i0, int64_t i1, Acts& a) {
     }
 }
 
-// The code of column c, input i of a block as stored (portable path).
-inline int32_t code(const uint8_t* blk, int64_t fmt, int c, int i) {
-  int r = i / 4, k = i % 4;
-  if (fmt == Q8_0) return blk[r * CHUNK + 4 * c + k];
-  uint8_t byte = blk[(r % 4) * CHUNK + 4 * c + k];
-  int32_t low = r < 4 ? (byte & 15) : (byte >> 4);
-  if (five_bit(fmt)) return low | (((blk[4 * CHUNK + 4 * c + k] >> r) & 1) << 4);
-  if (fmt != Q6_K) return low;
-  return low | (((blk[(4 + r / 4) * CHUNK + 4 * c + k] >> (2 * (r % 4))) & 3) << 4);
-}
+// A block's codes and scales on simd.h's vocabulary, the same operations at every width: the group g of width<I>
+// columns of a tile (one column for the portable path, 8 for AVX2, the 16 for AVX-512). Each is always inlined into
+// its caller, whose target then covers the width's operations: no call of theirs is made with the ABI -Wpsabi warns of.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
 
-// Column c's scale d and minimum m of block b (exact in fp32), and Q6_K's integer scales.
-struct ColumnScales {
-  float d = 0.0f, m = 0.0f;
-  int32_t s0 = 0, s1 = 0;
-};
-
-inline ColumnScales column_scales(const uint8_t* tile, int64_t nb, int64_t fmt, int64_t b, int c) {
-  const int64_t bb = block_bytes(fmt);
-  const uint8_t* sc = tile + b * bb + code_bytes(fmt);
-  const uint16_t* super = reinterpret_cast<const uint16_t*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt));
-  const uint16_t* h = reinterpret_cast<const uint16_t*>(sc);
-  ColumnScales out;
-  if (k_min(fmt)) {
-    out.d = static_cast<float>(sc[c]) * half(super[c]);
-    out.m = static_cast<float>(sc[COLS + c]) * half(super[COLS + c]);
-  } else if (fmt == Q6_K) {
-    out.d = half(super[c]);
-    out.s0 = static_cast<int8_t>(sc[c]), out.s1 = static_cast<int8_t>(sc[COLS + c]);
-  } else {
-    out.d = half(h[c]);
-    if (with_min(fmt)) out.m = half(h[COLS + c]);
+// The codes as 8 registers of unsigned bytes, one a chunk: lane k holds column W g + k's codes of the chunk's 4 inputs
+// (Q8_0's q + 128).
+template <typename I>
+inline __attribute__((always_inline)) void unpack(const uint8_t* blk, int64_t fmt, int g, I* u) {
+  const uint8_t* at = blk + 4 * simd::width<I> * g;  // the group's bytes of chunk 0
+  if (fmt == Q8_0) {
+    for (int c = 0; c < 8; ++c) u[c] = simd::load<I>(at + c * CHUNK);
+    return;
   }
-  return out;
+  const I low = simd::bytes<I>(0x0F), top = simd::bytes<I>(0x30);
+  for (int c = 0; c < 4; ++c) {
+    I v = simd::load<I>(at + c * CHUNK);
+    u[c] = simd::bit_and(v, low);
+    u[c + 4] = simd::bit_and(simd::shr16(v, 4), low);
+  }
+  if (five_bit(fmt)) {  // chunk r's fifth bits: bit r of the fifth chunk's bytes
+    const I bit = simd::bytes<I>(0x10);
+    I v = simd::load<I>(at + 4 * CHUNK);
+    for (int r = 0; r < 8; ++r) {  // bit r to bit 4
+      I moved = r <= 4 ? simd::shl16(v, 4 - r) : simd::shr16(v, r - 4);
+      u[r] = simd::bit_or(u[r], simd::bit_and(moved, bit));
+    }
+  }
+  if (fmt == Q6_K)
+    for (int hb = 0; hb < 2; ++hb) {  // chunk 4 hb + i's top 2 bits: bits 2i, 2i + 1 of chunk 4 + hb
+      I v = simd::load<I>(at + (4 + hb) * CHUNK);
+      u[4 * hb + 0] = simd::bit_or(u[4 * hb + 0], simd::bit_and(simd::shl16(v, 4), top));
+      u[4 * hb + 1] = simd::bit_or(u[4 * hb + 1], simd::bit_and(simd::shl16(v, 2), top));
+      u[4 * hb + 2] = simd::bit_or(u[4 * hb + 2], simd::bit_and(v, top));
+      u[4 * hb + 3] = simd::bit_or(u[4 * hb + 3], simd::bit_and(simd::shr16(v, 2), top));
+    }
 }
 
-// acc (rows x 16) for one tile over all its blocks, rows r0..r0+R-1: the portable path
+// Block b's scales d and minimums m (exact in fp32: a 6-bit integer times an fp16, or an fp16; m zero where the format
+// has none), and Q6_K's int8 scales s0, s1 of inputs 0-15 and 16-31.
+template <typename V, typename I>
+inline __attribute__((always_inline)) void scales(const uint8_t* tile, int64_t nb, int64_t fmt, int64_t b, int g, V& d,
+                                                  V& m, I& s0, I& s1) {
+  static_assert(simd::width<V> == simd::width<I>, "a lane of integers for each float");
+  constexpr int W = simd::width<V>;
+  const int64_t bb = block_bytes(fmt);
+  const uint8_t* sc = tile + b * bb + code_bytes(fmt);  // the block's scales
+  const uint8_t* s8 = sc + W * g;  // 6-bit or int8 scales: a byte a column
+  const c10::Half* h = reinterpret_cast<const c10::Half*>(sc) + W * g;  // fp16 ones
+  const c10::Half* super =
+      reinterpret_cast<const c10::Half*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt)) + W * g;
+  m = simd::splat<V>(0.0f);
+  if (k_min(fmt)) {
+    d = simd::mul(simd::to_float(simd::widen<I>(s8)), simd::load<V>(super));
+    m = simd::mul(simd::to_float(simd::widen<I>(s8 + COLS)), simd::load<V>(super + COLS));
+  } else if (fmt == Q6_K) {
+    d = simd::load<V>(super);
+    s0 = simd::widen<I>(reinterpret_cast<const int8_t*>(s8));
+    s1 = simd::widen<I>(reinterpret_cast<const int8_t*>(s8 + COLS));
+  } else {
+    d = simd::load<V>(h);
+    if (with_min(fmt)) m = simd::load<V>(h + COLS);
+  }
+}
+
+#pragma GCC diagnostic pop
+
+// acc (rows x 16) for one tile over all its blocks, rows r0..r0+R-1: the portable path, a column at a time
 inline void tile_portable(const uint8_t* tile, int64_t nb, int64_t fmt, const Acts& a, int64_t r0, int64_t R, float* acc) {
   const int64_t bb = block_bytes(fmt);
   const int32_t zero = code_zero(fmt);
@@ -301,17 +333,22 @@ inline void tile_portable(const uint8_t* tile, int64_t nb, int64_t fmt, const Ac
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = tile + b * bb;
     for (int c = 0; c < COLS; ++c) {
-      ColumnScales cs = column_scales(tile, nb, fmt, b, c);
+      uint32_t u[8], s0 = 0, s1 = 0;
+      float d, m;
+      unpack(blk, fmt, c, u);
+      scales(tile, nb, fmt, b, c, d, m, s0, s1);
+      int32_t w[QK];  // the column's codes less their zero, input j's the byte j % 4 of chunk j / 4
+      for (int j = 0; j < QK; ++j) w[j] = static_cast<int32_t>((u[j / 4] >> (8 * (j % 4))) & 0xFF) - zero;
       for (int64_t r = 0; r < R; ++r) {
         const int8_t* q = a.codes(r0 + r, b);
         int64_t i = (r0 + r) * nb + b;
         int32_t h[2] = {0, 0};
-        for (int j = 0; j < QK; ++j) h[j / 16] += (code(blk, fmt, c, j) - zero) * q[j];
-        int32_t v = fmt == Q6_K ? cs.s0 * h[0] + cs.s1 * h[1] : h[0] + h[1];
+        for (int j = 0; j < QK; ++j) h[j / 16] += w[j] * q[j];
+        int32_t v = fmt == Q6_K ? static_cast<int32_t>(s0) * h[0] + static_cast<int32_t>(s1) * h[1] : h[0] + h[1];
         float& s = acc[r * COLS + c];
-        s = std::fma(static_cast<float>(v), cs.d * a.d[i], s);
-        if (with_min(fmt)) s = std::fma(cs.m, a.dsum[i], s);
-        if (k_min(fmt)) s = std::fma(-cs.m, a.dsum[i], s);
+        s = std::fma(static_cast<float>(v), d * a.d[i], s);
+        if (with_min(fmt)) s = std::fma(m, a.dsum[i], s);
+        if (k_min(fmt)) s = std::fma(-m, a.dsum[i], s);
       }
     }
   }
@@ -326,113 +363,6 @@ inline void prefetch(const uint8_t* p, int64_t bytes) {
 #if SPECULA_X86
 #define SPECULA_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SPECULA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
-
-// A block's codes as 8 registers of unsigned bytes (chunks; `half_` of 32 bytes for AVX2)
-// (small helpers rather than lambdas: a lambda does not take its function's target attribute)
-SPECULA_AVX2 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-SPECULA_AVX2 inline __m256 halfs8(const void* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-SPECULA_AVX2 inline __m128i bytes8(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
-SPECULA_AVX512 inline __m512 halfs16(const void* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-SPECULA_AVX512 inline __m128i bytes16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
-
-SPECULA_AVX2 inline void unpack_avx2(const uint8_t* blk, int64_t fmt, int h, __m256i* u) {
-  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
-#define load(chunk) load32(blk + (chunk) * CHUNK + 32 * h)
-  if (fmt == Q8_0) {
-    for (int c = 0; c < 8; ++c) u[c] = load(c);
-    return;
-  }
-  for (int c = 0; c < 4; ++c) {
-    __m256i v = load(c);
-    u[c] = _mm256_and_si256(v, low);
-    u[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-  }
-  if (five_bit(fmt)) {  // chunk r's fifth bits: bit r of the fifth chunk's bytes
-    const __m256i bit = _mm256_set1_epi8(0x10);
-    __m256i v = load(4);
-    for (int r = 0; r < 8; ++r) {  // bit r to bit 4
-      __m256i moved = r <= 4 ? _mm256_slli_epi16(v, 4 - r) : _mm256_srli_epi16(v, r - 4);
-      u[r] = _mm256_or_si256(u[r], _mm256_and_si256(moved, bit));
-    }
-  }
-  if (fmt == Q6_K)
-    for (int hb = 0; hb < 2; ++hb) {
-      __m256i v = load(4 + hb);
-      u[4 * hb + 0] = _mm256_or_si256(u[4 * hb + 0], _mm256_and_si256(_mm256_slli_epi16(v, 4), top));
-      u[4 * hb + 1] = _mm256_or_si256(u[4 * hb + 1], _mm256_and_si256(_mm256_slli_epi16(v, 2), top));
-      u[4 * hb + 2] = _mm256_or_si256(u[4 * hb + 2], _mm256_and_si256(v, top));
-      u[4 * hb + 3] = _mm256_or_si256(u[4 * hb + 3], _mm256_and_si256(_mm256_srli_epi16(v, 2), top));
-    }
-#undef load
-}
-
-SPECULA_AVX512 inline void unpack_avx512(const uint8_t* blk, int64_t fmt, __m512i* u) {
-  const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
-  if (fmt == Q8_0) {
-    for (int c = 0; c < 8; ++c) u[c] = _mm512_loadu_si512(blk + c * CHUNK);
-    return;
-  }
-  for (int c = 0; c < 4; ++c) {
-    __m512i v = _mm512_loadu_si512(blk + c * CHUNK);
-    u[c] = _mm512_and_si512(v, low);
-    u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-  }
-  if (five_bit(fmt)) {  // chunk r's fifth bits: bit r of the fifth chunk's bytes
-    const __m512i bit = _mm512_set1_epi8(0x10);
-    __m512i v = _mm512_loadu_si512(blk + 4 * CHUNK);
-    for (int r = 0; r < 8; ++r) {  // bit r to bit 4
-      __m512i moved = r <= 4 ? _mm512_slli_epi16(v, 4 - r) : _mm512_srli_epi16(v, r - 4);
-      u[r] = _mm512_or_si512(u[r], _mm512_and_si512(moved, bit));
-    }
-  }
-  if (fmt == Q6_K)
-    for (int hb = 0; hb < 2; ++hb) {
-      __m512i v = _mm512_loadu_si512(blk + (4 + hb) * CHUNK);
-      u[4 * hb + 0] = _mm512_or_si512(u[4 * hb + 0], _mm512_and_si512(_mm512_slli_epi16(v, 4), top));
-      u[4 * hb + 1] = _mm512_or_si512(u[4 * hb + 1], _mm512_and_si512(_mm512_slli_epi16(v, 2), top));
-      u[4 * hb + 2] = _mm512_or_si512(u[4 * hb + 2], _mm512_and_si512(v, top));
-      u[4 * hb + 3] = _mm512_or_si512(u[4 * hb + 3], _mm512_and_si512(_mm512_srli_epi16(v, 2), top));
-    }
-}
-
-// A block's scales d and minimums m for 8 columns (AVX2, half h) or 16 (AVX-512), and Q6_K's s0, s1
-SPECULA_AVX2 inline void scales_avx2(const uint8_t* tile, int64_t nb, int64_t fmt, int64_t b, int h, __m256& d,
-                                     __m256& m, __m256i& s0, __m256i& s1) {
-  const int64_t bb = block_bytes(fmt);
-  const uint8_t* sc = tile + b * bb + code_bytes(fmt);
-  const uint16_t* super = reinterpret_cast<const uint16_t*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt)) + 8 * h;
-  m = _mm256_setzero_ps();
-  if (k_min(fmt)) {
-    d = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8(sc + 8 * h))), halfs8(super));
-    m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8(sc + COLS + 8 * h))), halfs8(super + COLS));
-  } else if (fmt == Q6_K) {
-    d = halfs8(super);
-    s0 = _mm256_cvtepi8_epi32(bytes8(sc + 8 * h));
-    s1 = _mm256_cvtepi8_epi32(bytes8(sc + COLS + 8 * h));
-  } else {
-    d = halfs8(sc + 16 * h);
-    if (with_min(fmt)) m = halfs8(sc + 2 * COLS + 16 * h);
-  }
-}
-
-SPECULA_AVX512 inline void scales_avx512(const uint8_t* tile, int64_t nb, int64_t fmt, int64_t b, __m512& d, __m512& m,
-                                         __m512i& s0, __m512i& s1) {
-  const int64_t bb = block_bytes(fmt);
-  const uint8_t* sc = tile + b * bb + code_bytes(fmt);
-  const uint16_t* super = reinterpret_cast<const uint16_t*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt));
-  m = _mm512_setzero_ps();
-  if (k_min(fmt)) {
-    d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes16(sc))), halfs16(super));
-    m = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes16(sc + COLS))), halfs16(super + COLS));
-  } else if (fmt == Q6_K) {
-    d = halfs16(super);
-    s0 = _mm512_cvtepi8_epi32(bytes16(sc));
-    s1 = _mm512_cvtepi8_epi32(bytes16(sc + COLS));
-  } else {
-    d = halfs16(sc);
-    if (with_min(fmt)) m = halfs16(sc + 2 * COLS);
-  }
-}
 
 // How many chunks' products one int16 lane of _mm256_maddubs_epi16 (a pair of products per lane) can add up
 // before it is widened to int32, exactly (|q| <= 127): 4-bit codes 8 (8 x 2 x 15 x 127 = 30480 < 2^15), 5-bit 4
@@ -450,12 +380,12 @@ SPECULA_AVX2 void tile_avx2(const uint8_t* tile, int64_t nb, const Acts& a, int6
     for (int64_t b = 0; b < nb; ++b) {
       __m256i u[8];
       if (h == 0) prefetch(tile + (b + PREFETCH) * bb, bb);
-      unpack_avx2(tile + b * bb, fmt, h, u);
+      unpack(tile + b * bb, fmt, h, u);
       if constexpr (fmt == Q8_0)  // signed codes: |q| * sign(x, q), no byte pair overflows int16
         for (int c = 0; c < 8; ++c) u[c] = _mm256_xor_si256(u[c], flip);
       __m256 dw, mw;
       __m256i s0, s1;
-      scales_avx2(tile, nb, fmt, b, h, dw, mw, s0, s1);
+      scales(tile, nb, fmt, b, h, dw, mw, s0, s1);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const int8_t* q = a.codes(r0 + r, b);
@@ -503,10 +433,10 @@ SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, 
   for (int64_t b = 0; b < nb; ++b) {
     __m512i u[8];  // unsigned codes (Q8_0's q + 128)
     prefetch(tile + (b + PREFETCH) * bb, bb);
-    unpack_avx512(tile + b * bb, fmt, u);
+    unpack(tile + b * bb, fmt, 0, u);
     __m512 dw, mw;
     __m512i s0, s1;
-    scales_avx512(tile, nb, fmt, b, dw, mw, s0, s1);
+    scales(tile, nb, fmt, b, 0, dw, mw, s0, s1);
     // the rows' integer sums side by side, chunk by chunk (independent chains in flight together); with
     // few rows each sum as two chains of four (exact: integers), so that the chains' latency is hidden
     constexpr bool SPLIT = R <= 4;
@@ -583,7 +513,7 @@ SPECULA_AMX void amx_sums(const uint8_t* tile, int64_t b0, const Acts& a, int64_
     src[g] = blk;  // Q8_0's q + 128 as stored
     if constexpr (fmt != Q8_0) {
       __m512i u[8];
-      unpack_avx512(blk, fmt, u);
+      unpack(blk, fmt, 0, u);
       for (int c = 0; c < 8; ++c) _mm512_store_si512(codes[g] + c * CHUNK, u[c]);
       src[g] = codes[g];
     }
@@ -632,7 +562,7 @@ SPECULA_AMX void tile_amx(const uint8_t* tile, int64_t nb, const Acts& a, int64_
     else amx_sums<fmt, 1>(tile, b0, a, r0, sums);
     __m512 dw[4], mw[4];
     __m512i s0, s1;
-    for (int64_t g = 0; g < G; ++g) scales_avx512(tile, nb, fmt, b0 + g, dw[g], mw[g], s0, s1);
+    for (int64_t g = 0; g < G; ++g) scales(tile, nb, fmt, b0 + g, 0, dw[g], mw[g], s0, s1);
     for (int64_t r = 0; r < R; ++r) {
       __m512 s = _mm512_loadu_ps(acc + r * COLS);
       for (int64_t g = 0; g < G; ++g) {
@@ -687,18 +617,12 @@ inline Path best_path() {
 // quantize() with a block's 32 inputs in two vectors: the same operations on each input (the absolute
 // maximum, one division and one reciprocal per block, a product and a rounding half to even per input, exact
 // integer sums), so the same codes, scales and sums as the loop's. bf16 and fp32 inputs; fp16 takes the loop.
-SPECULA_AVX512 inline __m512 inputs16(const c10::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-SPECULA_AVX512 inline __m512 inputs16(const float* p) { return _mm512_loadu_ps(p); }
-
 template <typename T>
 SPECULA_AVX512 void quantize_avx512(const T* x, int64_t i0, int64_t i1, Acts& a) {
   for (int64_t i = i0; i < i1; ++i) {
       const int64_t r = i / a.nb, b = i % a.nb, k = a.nb * QK;
       const T* xb = x + r * k + b * QK;
-      const __m512 v0 = inputs16(xb), v1 = inputs16(xb + 16);
+      const __m512 v0 = simd::load<__m512>(xb), v1 = simd::load<__m512>(xb + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
       const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
       const __m512 s = _mm512_set1_ps(id);
@@ -716,11 +640,6 @@ SPECULA_AVX512 void quantize_avx512(const T* x, int64_t i0, int64_t i1, Acts& a)
 // quantize() on AVX2: a block's 32 inputs in four vectors of 8, the same operations on each input as the loop's
 // (an exact maximum, one division and one reciprocal per block, a product and a rounding half to even per
 // input, exact integer sums), so the same codes, scales and sums. bf16 and fp32 inputs; fp16 takes the loop.
-SPECULA_AVX2 inline __m256 inputs8(const c10::BFloat16* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-SPECULA_AVX2 inline __m256 inputs8(const float* p) { return _mm256_loadu_ps(p); }
 SPECULA_AVX2 inline int32_t sum8(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
@@ -736,7 +655,7 @@ SPECULA_AVX2 void quantize_avx2(const T* x, int64_t i0, int64_t i1, Acts& a) {
       const int64_t r = i / a.nb, b = i % a.nb, k = a.nb * QK;
       const T* xb = x + r * k + b * QK;
       __m256 v[4];
-      for (int i = 0; i < 4; ++i) v[i] = inputs8(xb + 8 * i);
+      for (int i = 0; i < 4; ++i) v[i] = simd::load<__m256>(xb + 8 * i);
       const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
                                      _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
       __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));

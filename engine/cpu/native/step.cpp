@@ -33,18 +33,6 @@ constexpr int LANES = 16;  // partial sums of a dot product or a sum of squares,
 template <typename T>
 inline float f(T v) { return static_cast<float>(v); }
 
-// e^x from +, *, fma and rounding only (Cephes' expf polynomial, about 1 ulp; simd.h), so that an element gets
-// the same bits whether the compiler runs it in a vector lane or in a loop's scalar remainder: the
-// library's vector and scalar exp need not agree, and which elements fall in the remainder depends on
-// a loop's length and alignment. The library is built with -ffp-contract=off: no fusing but these.
-inline float exp_fixed(float x) { return simd::exp_fixed(x); }
-
-#if SPECULA_X86 && defined(__AVX2__) && defined(__FMA__)
-#define SPECULA_EXP_VECTORS 1
-// exp_fixed on 8 lanes: the same operations in the same order
-inline __m256 exp_fixed8(__m256 x) { return simd::exp_fixed(x); }
-#endif
-
 template <typename T>
 inline float sum_squares(const T* a, int64_t n) {
   float acc[LANES] = {0};
@@ -471,55 +459,30 @@ inline int64_t add_values_portable(const float* p, const uint8_t* ok, int64_t fr
 #ifdef __AVX512F__
 static_assert(KB == 16, "a block of keys is one vector of 16 scores");
 
-template <int NB>
-inline void score_blocks_fixed(const float* qr, const float* kb, int64_t hd, float* out) {
-  score_tile<__m512, NB, 1>(&qr, kb, hd, &out);
-}
-
-// The same sums in registers.
+// The same sums in registers, one block of keys a vector.
 inline void score_blocks(const float* qr, const float* kb, int64_t hd, int64_t nb, float* out) {
   switch (nb) {
-    case 1: return score_blocks_fixed<1>(qr, kb, hd, out);
-    case 2: return score_blocks_fixed<2>(qr, kb, hd, out);
-    case 3: return score_blocks_fixed<3>(qr, kb, hd, out);
-    case 4: return score_blocks_fixed<4>(qr, kb, hd, out);
-    case 5: return score_blocks_fixed<5>(qr, kb, hd, out);
-    case 6: return score_blocks_fixed<6>(qr, kb, hd, out);
-    case 7: return score_blocks_fixed<7>(qr, kb, hd, out);
-    default: return score_blocks_fixed<SCORE_BLOCKS>(qr, kb, hd, out);
+    case 1: return score_tile<__m512, 1, 1>(&qr, kb, hd, &out);
+    case 2: return score_tile<__m512, 2, 1>(&qr, kb, hd, &out);
+    case 3: return score_tile<__m512, 3, 1>(&qr, kb, hd, &out);
+    case 4: return score_tile<__m512, 4, 1>(&qr, kb, hd, &out);
+    case 5: return score_tile<__m512, 5, 1>(&qr, kb, hd, &out);
+    case 6: return score_tile<__m512, 6, 1>(&qr, kb, hd, &out);
+    case 7: return score_tile<__m512, 7, 1>(&qr, kb, hd, &out);
+    default: return score_tile<__m512, SCORE_BLOCKS, 1>(&qr, kb, hd, &out);
   }
-}
-
-// add_values_portable with the two sums in registers (head_dim = 16 NV): the same operations in the same order.
-template <int NV, typename V>
-inline int64_t add_values_fixed(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank,
-                                const V* v, float* sums, int64_t hd = 16 * NV) {
-  // hd: the values' row and the sums' stride; wider than 16 NV, the first 16 NV dimensions of them (a slice)
-  return value_row<__m512, NV>(p, ok, from, to, rank, v, hd, 0, sums);
 }
 
 // Several query rows (PP: pairs of a query head and a row) against the same blocks of keys: each key vector
-// loaded once for all of them; every score the same sum as score_blocks_fixed's.
-template <int NB, int PP>
-inline void score_pairs_fixed(const float* const* qs, const float* kb, int64_t hd, float* const* outs) {
-  score_tile<__m512, NB, PP>(qs, kb, hd, outs);
-}
-
+// loaded once for all of them; every score the same sum as score_blocks'.
 template <int PP>
 inline void score_pairs_of(const float* const* qs, const float* kb, int64_t hd, int64_t nb, float* const* outs) {
   switch (nb) {  // at most 4 blocks per call: PP x 4 sums in registers
-    case 1: return score_pairs_fixed<1, PP>(qs, kb, hd, outs);
-    case 2: return score_pairs_fixed<2, PP>(qs, kb, hd, outs);
-    case 3: return score_pairs_fixed<3, PP>(qs, kb, hd, outs);
-    default: return score_pairs_fixed<4, PP>(qs, kb, hd, outs);
+    case 1: return score_tile<__m512, 1, PP>(qs, kb, hd, outs);
+    case 2: return score_tile<__m512, 2, PP>(qs, kb, hd, outs);
+    case 3: return score_tile<__m512, 3, PP>(qs, kb, hd, outs);
+    default: return score_tile<__m512, 4, PP>(qs, kb, hd, outs);
   }
-}
-
-// Slots from..to-1 of several rows' weighted values (rows that see every slot: ranks are slots), each value
-// vector loaded once for all of them; every sum the same as add_values_fixed's.
-template <int NV, int PP, typename V>
-inline void add_values_pairs_fixed(const float* const* ps, int64_t from, int64_t to, const V* v, float* const* sums) {
-  value_tile<__m512, NV, PP>(ps, from, to, v, 16 * NV, 0, sums);
 }
 #else
 inline void score_blocks(const float* qr, const float* kb, int64_t hd, int64_t nb, float* out) {
@@ -527,37 +490,20 @@ inline void score_blocks(const float* qr, const float* kb, int64_t hd, int64_t n
 }
 #endif
 
-#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
-#define SPECULA_ATTEND_AVX2 1
-// AVX2 (16 registers of 8 floats): PP query rows against NB blocks of keys, each key vector loaded once for all
-// of them; every score the same sum as score_blocks_portable's (an fma per dimension, in order, from zero).
-template <int NB, int PP>
-inline void score_pairs_avx2(const float* const* qs, const float* kb, int64_t hd, float* const* outs) {
-  score_tile<__m256, NB, PP>(qs, kb, hd, outs);
-}
-
-// Slots from..to-1 of PP rows' weighted values (ranks are slots: a slot's parity names its sum), 16 dimensions at a
-// time (a row's two sums of them in 4 registers), each value vector loaded once for all rows; every sum the same
-// as add_values_portable's (an fma per slot, in slot order).
-template <int PP, typename V>
-inline void add_values_avx2(const float* const* ps, int64_t from, int64_t to, const V* v, int64_t hd, float* const* sums) {
-  for (int64_t d0 = 0; d0 < hd; d0 += 16) value_tile<__m256, 2, PP>(ps, from, to, v, hd, d0, sums);  // 16 dimensions at a time
-}
-#endif
-
 template <typename V>
 inline int64_t add_values(const float* p, const uint8_t* ok, int64_t from, int64_t to, int64_t rank, const V* v,
                           int64_t hd, float* sums) {
 #ifdef __AVX512F__
+  // add_values_portable with the two sums in registers (hd = 16 NV): the same operations in the same order
   switch (hd) {
-    case 16: return add_values_fixed<1>(p, ok, from, to, rank, v, sums);
-    case 32: return add_values_fixed<2>(p, ok, from, to, rank, v, sums);
-    case 64: return add_values_fixed<4>(p, ok, from, to, rank, v, sums);
-    case 128: return add_values_fixed<8>(p, ok, from, to, rank, v, sums);
+    case 16: return value_row<__m512, 1>(p, ok, from, to, rank, v, hd, 0, sums);
+    case 32: return value_row<__m512, 2>(p, ok, from, to, rank, v, hd, 0, sums);
+    case 64: return value_row<__m512, 4>(p, ok, from, to, rank, v, hd, 0, sums);
+    case 128: return value_row<__m512, 8>(p, ok, from, to, rank, v, hd, 0, sums);
     default:
       if (hd % 128 == 0) {  // wider heads (Gemma's 256) in slices of 128 dimensions: each element's sums as they were
         int64_t after = rank;
-        for (int64_t d0 = 0; d0 < hd; d0 += 128) after = add_values_fixed<8>(p, ok, from, to, rank, v + d0, sums + d0, hd);
+        for (int64_t d0 = 0; d0 < hd; d0 += 128) after = value_row<__m512, 8>(p, ok, from, to, rank, v, hd, d0, sums);
         return after;
       }
       break;
@@ -594,14 +540,16 @@ inline void score_pairs(const float* const* qs, int64_t n, const float* kb, int6
       i += take;
     }
   }
-#elif defined(SPECULA_ATTEND_AVX2)
-  for (int64_t b0 = 0; b0 < nb; b0 += 2) {  // two blocks of keys, two rows at a time: 13 registers
+#elif defined(SIMD_HAS_8)
+  // AVX2 (16 registers of 8 floats): two blocks of keys, two rows at a time (13 registers), each key vector loaded
+  // once for both; every score the same sum as score_blocks_portable's (an fma per dimension, in order, from zero)
+  for (int64_t b0 = 0; b0 < nb; b0 += 2) {
     const bool two = nb - b0 >= 2;
     const float* kbb = kb + b0 * hd * KB;
     for (int64_t i = 0; i < n; i += 2) {
       float* o[2] = {outs[i] + b0 * KB, i + 1 < n ? outs[i + 1] + b0 * KB : nullptr};
-      if (i + 1 < n) two ? score_pairs_avx2<2, 2>(qs + i, kbb, hd, o) : score_pairs_avx2<1, 2>(qs + i, kbb, hd, o);
-      else two ? score_pairs_avx2<2, 1>(qs + i, kbb, hd, o) : score_pairs_avx2<1, 1>(qs + i, kbb, hd, o);
+      if (i + 1 < n) two ? score_tile<__m256, 2, 2>(qs + i, kbb, hd, o) : score_tile<__m256, 1, 2>(qs + i, kbb, hd, o);
+      else two ? score_tile<__m256, 2, 1>(qs + i, kbb, hd, o) : score_tile<__m256, 1, 1>(qs + i, kbb, hd, o);
     }
   }
 #else
@@ -618,21 +566,24 @@ inline void add_values_pairs(const float* const* ps, int64_t n, int64_t from, in
     const int64_t per = hd == 64 ? 2 : 4;  // rows per call: their sums and two slots' values in registers
     for (int64_t i = 0; i < n; i += per) {
       const int64_t m = std::min(per, n - i);
-      if (hd == 64 && m == 2) add_values_pairs_fixed<4, 2>(ps + i, from, to, v, sums + i);
-      else if (hd == 64) add_values_pairs_fixed<4, 1>(ps + i, from, to, v, sums + i);
-      else if (hd == 32 && m == 4) add_values_pairs_fixed<2, 4>(ps + i, from, to, v, sums + i);
-      else if (hd == 16 && m == 4) add_values_pairs_fixed<1, 4>(ps + i, from, to, v, sums + i);
+      if (hd == 64 && m == 2) value_tile<__m512, 4, 2>(ps + i, from, to, v, hd, 0, sums + i);
+      else if (hd == 64) value_tile<__m512, 4, 1>(ps + i, from, to, v, hd, 0, sums + i);
+      else if (hd == 32 && m == 4) value_tile<__m512, 2, 4>(ps + i, from, to, v, hd, 0, sums + i);
+      else if (hd == 16 && m == 4) value_tile<__m512, 1, 4>(ps + i, from, to, v, hd, 0, sums + i);
       else
         for (int64_t k = i; k < i + m; ++k) add_values(ps[k], nullptr, from, to, from, v, hd, sums[k]);
     }
     return;
   }
-#elif defined(SPECULA_ATTEND_AVX2)
+#elif defined(SIMD_HAS_8)
+  // two rows at a time, 16 dimensions at a time (a row's two sums of them in 4 registers), each value vector loaded
+  // once for both; every sum the same as add_values_portable's (an fma per slot, in slot order)
   if (hd % 16 == 0) {
-    for (int64_t i = 0; i < n; i += 2) {
-      if (i + 1 < n) add_values_avx2<2>(ps + i, from, to, v, hd, sums + i);
-      else add_values_avx2<1>(ps + i, from, to, v, hd, sums + i);
-    }
+    for (int64_t i = 0; i < n; i += 2)
+      for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+        if (i + 1 < n) value_tile<__m256, 2, 2>(ps + i, from, to, v, hd, d0, sums + i);
+        else value_tile<__m256, 2, 1>(ps + i, from, to, v, hd, d0, sums + i);
+      }
     return;
   }
 #endif
@@ -732,11 +683,14 @@ void attend(const float* q, const float* kt, const V* vc, const bool* ancestors,
         for (; i0 < n; ++i0) most[0] = std::max(most[0], pr[i0]);
         float m = *std::max_element(most, most + LANES);
         int64_t e = 0;
-#ifdef SPECULA_EXP_VECTORS
-        for (const __m256 mv = _mm256_set1_ps(m); e + 8 <= n; e += 8)  // the same bits as the loop's
-          _mm256_storeu_ps(pr + e, exp_fixed8(_mm256_sub_ps(_mm256_loadu_ps(pr + e), mv)));
+        // e^x by simd::exp_fixed (+, *, fma and rounding only: Cephes' expf polynomial, about 1 ulp), so that a score
+        // gets the same bits in a vector lane and in the loop's scalar remainder, whichever it falls in (the library's
+        // vector and scalar exp need not agree; the library is built with -ffp-contract=off: no fusing but these)
+#ifdef SIMD_HAS_8
+        for (const __m256 mv = simd::splat<__m256>(m); e + 8 <= n; e += 8)
+          simd::store(pr + e, simd::exp_fixed(simd::sub(simd::load<__m256>(pr + e), mv)));
 #endif
-        for (; e < n; ++e) pr[e] = exp_fixed(pr[e] - m);
+        for (; e < n; ++e) pr[e] = simd::exp_fixed(pr[e] - m);
         float lanes[LANES] = {0};
         int64_t i = 0;
         for (; i + LANES <= n; i += LANES)

@@ -109,7 +109,7 @@ SPECULA_AVX2 void tile_avx2(const uint16_t* tile, int64_t k, const float* x, flo
     for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_ps();
     for (int64_t q = 0; q < k / 2; ++q) {
       if (h == 0) __builtin_prefetch(p + (q + AHEAD) * CHUNK, 0, 2);
-      __m256i w = blocks::load32(p + q * CHUNK + 32 * h);
+      __m256i w = simd::load<__m256i>(p + q * CHUNK + 32 * h);
       __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), odd = _mm256_castsi256_ps(_mm256_and_si256(w, high));
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
