@@ -15,12 +15,12 @@ from ..api.errors import ContextTooLongError
 from ..cpu.products import TILE_COLS, Blocks, in_rows
 from ..cpu.step import StepMode
 from ..decoding.tree import TokenTree
-from .block import after_attention, call, layer_pass, rms_norm
+from .block import call, layer_pass, rms_norm
 from .attention import Heads, Plan, cap, pass_plan, tree_plan, whole_blocks
 from .compiled import StepHandle, forward_compiled, prompt_through_step, step_for
 from .families import spec_of
 from .gguf import NativeWeights, out_features, weight_device, weight_dtype
-from .layers import LayerWeights, Norm, context_window, fused_layers, norm_of, rotary_tables
+from .layers import LayerWeights, context_window, fused_layers, norm_of, rotary_tables
 from . import static as static_steps
 from .static import BUCKETS, FLOOR, StepGraphs, StepInputs, bucket, forward_static, static_context, step_inputs
 
@@ -308,6 +308,14 @@ class LeanRunner:
     def _vocab_cut(self, logits: torch.Tensor) -> torch.Tensor:
         """(rows, V) -> (rows, head_rows) where the vocabulary is cut and the product gave every id."""
         return logits[:, : self.head_rows] if self.head_rows and logits.shape[-1] > self.head_rows else logits
+
+    def _idle_inputs(self, rows: int) -> StepInputs:
+        """A step of padding rows only (they write the scratch slot): what graphs are captured on."""
+        return step_inputs(self.max_len, rows, torch.zeros(0, dtype=torch.long), 0, self.device)
+
+    def _buffers(self) -> tuple:
+        """What a captured step reads and writes: the buffers by identity, and the layers whose states it keeps."""
+        return (self.aux_layers, self._k, self._v, self._feat, self._aux, self._cos, self._sin)
 
     def _step_copies(self) -> None:
         """The compiled step's transposed keys and bf16 values, allocated again (and filled from _k and _v) when the

@@ -282,6 +282,6 @@ def static_step(runner, inp: StepInputs) -> torch.Tensor:
         else:
             out = F.scaled_dot_product_attention(q.reshape(kv, runner.groups * rows, hd), runner._k[i], runner._v[i],
                                                  attn_mask=masks[layer.window], scale=runner.scale).view(h, rows, hd)
-        x = _after_attention(self, layer, x, layer.o_proj(out.transpose(0, 1).reshape(rows, -1)), call)
+        x = after_attention(runner, layer, x, layer.o_proj(out.transpose(0, 1).reshape(rows, -1)), call)
     runner._feat.index_copy_(0, inp.slots, x)
     return runner._scaled(runner.lm_head(rms_norm(x, runner.norm)).float())

@@ -14,7 +14,6 @@ from specula.engine.cpu.step import StepMode
 from specula.engine.decoding.tree import TokenTree
 from specula.engine.drafters import DRAFTERS
 from specula.engine.models import static
-from specula.engine.models import static
 from specula.engine.models.runner import LeanRunner
 from specula.engine.models.loading import LoadedModel
 from tests.support.tiny import assert_greedy_identity, head_options, loaded, perturbed, tiny_model
