@@ -263,7 +263,7 @@ def test_generate_with_step_static_gives_the_eager_answer(tiny_folder, capsys):
     assert answers[0]["token_ids"] == answers[1]["token_ids"] and len(answers[1]["token_ids"]) > 0
 
 
-@pytest.mark.parametrize("family", ["gemma3", "gemma2", "phi3", "granite", "olmo2", "ministral"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma2", "phi3", "granite", "olmo2", "ministral", "exaone4"])
 def test_static_steps_of_every_family_give_the_eager_forwards_logits_in_fp32(family):
     """A GPU's step reads a layer as the eager forward does: Gemma's norms and windows (8 positions, passed early here),
     Gemma 2's soft-capping, Phi-3's fused weights and partial rotary, Granite's multipliers, OLMo 2's norms; chains and
