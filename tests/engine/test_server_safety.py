@@ -368,6 +368,30 @@ def test_health_says_the_loaded_model_still_answers_after_a_failed_load(tiny_fol
         s.close()
 
 
+def test_a_damaged_gguf_is_refused_as_the_requests_fault_and_the_working_model_keeps_answering(tiny_folder, tmp_path):
+    from tests.support.gguf_files import damaged, data_offset, tiny_llama, write_gguf
+
+    good = write_gguf(tmp_path / "good.gguf", tiny_llama(hidden=64, inter=128, layers=1), "Q8_0")
+    bad = damaged(good, tmp_path / "bad.gguf", "blk.0.attn_q.weight", offset=data_offset(good, "blk.0.attn_q.weight") + 1)
+    s = Served(tiny_folder)
+    try:
+        body = {"messages": HELLO, "max_tokens": 6, "temperature": 0}
+        before = s.post("/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
+        error = s.events("/specula/v1/load", {"model": str(bad)})[-1]
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
+        assert "blk.0.attn_q.weight" in error["error"]["message"] and "misaligned" in error["error"]["message"]
+        deadline = time.time() + 60
+        while s.service.state == "loading":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        status, _, health = raw(s.port, "GET", "/health")
+        assert status == 200 and health["message"].endswith("still answers")
+        status, data = s.post("/v1/chat/completions", body)
+        assert status == 200 and data["choices"][0]["message"]["content"] == before
+    finally:
+        s.close()
+
+
 def test_usage_comes_once_and_only_where_include_usage_asks(served):
     client = served.client()
     plain = list(client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=6, stream=True))
