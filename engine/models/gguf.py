@@ -27,7 +27,7 @@ from torch import nn
 from ..api.errors import SpeculaError, UnsupportedModelError
 from ..api.gguf_header import GGUFError, GGUFHeader, TensorEntry, read_header
 from ..cpu.products import BLOCK_FORMATS, Blocks, FileBlocks, Q4Blocks
-from .families import for_gguf
+from .families import families, for_gguf
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,13 @@ _TOKENIZER_ARRAYS = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenize
 _DENSE = {"F32": np.float32, "F16": np.float16}  # types numpy reads as they are (BF16 by its bits)
 _STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}  # types that are a dtype as they are
 # GGUF architectures whose model type transformers names otherwise
-_MODEL_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe",
-                "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2", "command-r": "cohere"}
+_MODEL_TYPES = {"gemma3": "gemma3_text"}
+# GGUF architectures (llama.cpp's names) that run through transformers' forward from a file read here, each checked
+# with a file llama.cpp's converter wrote of a small random model (the same greedy tokens as transformers' own
+# model of it). transformers' GGUF table knows more, which do not load: Mamba (no attention, no KV cache), T5 (not
+# a causal LM), mixtures of experts (their experts are stored otherwise than transformers' modules hold them).
+# The families' architectures (families/) run Specula's own forward.
+TRANSFORMERS_ARCHS = ("bloom", "falcon", "gpt2", "lfm2", "nemotron", "stablelm", "starcoder2")
 
 
 @dataclass
@@ -236,6 +241,11 @@ def out_features(module: nn.Module) -> int:
     return module.out_features if hasattr(module, "out_features") else module.weight.shape[0]
 
 
+def runnable_archs() -> tuple[str, ...]:
+    """The GGUF architectures a file can have for Specula to load it: its families' and TRANSFORMERS_ARCHS."""
+    return tuple(sorted({arch for family in families().values() for arch in family.gguf_archs} | set(TRANSFORMERS_ARCHS)))
+
+
 def config_from(file: GGUFFile):
     """The transformers config the file's metadata describes (transformers' own table of GGUF keys)."""
     from transformers import AutoConfig
@@ -244,10 +254,9 @@ def config_from(file: GGUFFile):
     arch, model_type = file.architecture, file.model_type
     family = for_gguf(arch)
     table = GGUF_CONFIG_MAPPING.get(model_type) or GGUF_CONFIG_MAPPING.get(arch) or (family and family.gguf_keys)
-    if not arch or table is None:
-        known = ", ".join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ("general", "tokenizer")))
+    if arch not in runnable_archs() or table is None:
         raise UnsupportedModelError(f"{file.path.name}: architecture '{arch or 'none given'}' is not one Specula "
-                                    f"can run (it runs {known})")
+                                    f"can run (it runs {', '.join(runnable_archs())})")
     values = dict(GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {}))
     for key, value in file.metadata.items():
         prefix, _, rest = key.partition(".")

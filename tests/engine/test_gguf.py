@@ -411,6 +411,27 @@ def test_a_missing_tensor_an_unknown_architecture_and_an_unknown_type_are_named(
     _one_line(exc, "blk.0.attn_q.weight", "99")
 
 
+def test_an_architecture_transformers_reads_but_specula_cannot_run_is_refused_with_the_list_that_loads(tmp_path):
+    """Mamba is in transformers' GGUF table (it has no attention heads, and its state is no KV cache): refused in
+    one line, never an AttributeError; the list the line shows is the architectures a file loads with, each of
+    which transformers can build as a causal LM from a file's metadata."""
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from specula.engine.api.errors import UnsupportedModelError
+
+    for arch in ("mamba", "qwen3moe", "t5"):
+        path = write_gguf(tmp_path / f"{arch}.gguf", tiny_llama(seed=8, layers=1), "Q8_0", arch=arch)
+        with pytest.raises(UnsupportedModelError) as exc:
+            _load(path)
+        _one_line(exc, f"{arch}.gguf", f"architecture '{arch}' is not one Specula can run",
+                  f"(it runs {', '.join(gguf.runnable_archs())})")
+    runnable = set(gguf.runnable_archs())
+    assert {"llama", "qwen2", "gemma3", "phi3", "stablelm"} <= runnable and not {"mamba", "t5", "qwen3moe"} & runnable
+    for arch in gguf.TRANSFORMERS_ARCHS:
+        assert arch in GGUF_CONFIG_MAPPING and arch in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, arch
+
+
 def test_a_model_that_does_not_fit_in_memory_is_refused_before_loading(files, monkeypatch):
     monkeypatch.setattr(from_gguf, "available_memory", lambda: 300 << 20)  # as if 0.3 GB were free
     with pytest.raises(SpeculaError) as exc:
