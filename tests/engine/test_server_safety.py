@@ -9,8 +9,10 @@ import http.client
 import json
 import logging
 import socket
+import sys
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -388,6 +390,34 @@ def test_a_damaged_gguf_is_refused_as_the_requests_fault_and_the_working_model_k
         assert status == 200 and health["message"].endswith("still answers")
         status, data = s.post("/v1/chat/completions", body)
         assert status == 200 and data["choices"][0]["message"]["content"] == before
+    finally:
+        s.close()
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_reloading_a_model_gives_back_what_the_last_load_held(tiny_folder, tmp_path):
+    """Each load lets the model before it go, and the memory it held goes back to the system: loading the same
+    file again and again does not grow the process (it grew by most of a model each load, up to a plateau)."""
+    from tests.support.gguf_files import tiny_llama, write_gguf
+
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama(seed=3), "Q8_0")
+    s = Served(tiny_folder)
+    try:
+        def load() -> weakref.ref:
+            assert s.events("/specula/v1/load", {"model": str(path)})[-1]["type"] == "loaded"
+            return weakref.ref(s.service.runner.session.target.model)
+
+        models, sizes = [load()], [_rss_mb()]
+        for _ in range(4):
+            models.append(load())
+            sizes.append(_rss_mb())
+        assert [m() is None for m in models] == [True] * 4 + [False]
+        assert max(sizes) - sizes[0] < 40, sizes  # MB: about 90 without giving back
     finally:
         s.close()
 
