@@ -14,14 +14,30 @@ from ..api.strategies import STRATEGIES
 from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
 from ..remote.http import is_loopback
 
+MIN_KEY_CHARS = 8  # an API key shorter than this is guessed too soon
+
+
 def api_key_from(env_name: str | None) -> str | None:
-    """The key in environment variable `env_name` (a one-line error when it is named but unset)."""
+    """The key in environment variable `env_name`: a one-line error when it is named but unset, or when the key
+    is one no client could send (see check_key)."""
     if not env_name:
         return None
     key = os.environ.get(env_name, "").strip()
     if not key:
         raise SpeculaError(f"--api-key-env {env_name}: that environment variable is not set or empty")
+    check_key(key, f"--api-key-env {env_name}")
     return key
+
+
+def check_key(key: str, where: str) -> None:
+    """A one-line error for a key that is short or not visible ASCII: a header's bytes reach the server as
+    Latin-1 text, so a client's UTF-8 key (é, ü, ...) never equals the key as the server holds it, and spaces
+    or control characters do not survive a header."""
+    if not all("!" <= c <= "~" for c in key):
+        raise SpeculaError(f"{where}: the key holds a character other than visible ASCII (letters, digits and "
+                           "punctuation, no spaces), which no client can send in a header as it is")
+    if len(key) < MIN_KEY_CHARS:
+        raise SpeculaError(f"{where}: the key has {len(key)} characters; use at least {MIN_KEY_CHARS}")
 
 
 def check_host(host: str) -> None:

@@ -485,6 +485,22 @@ def test_serve_takes_the_new_limits_on_its_command_line():
     assert main(["serve", "--no-model", "--port", "0", "--allow-key-env", "NOT A NAME"]) == 2
 
 
+@pytest.mark.parametrize("key, words", [("clé-secrète-42", "other than visible ASCII"),
+                                        ("two words here", "other than visible ASCII"), ("sesame", "has 6 characters")])
+def test_serve_refuses_at_start_an_api_key_no_client_could_send(monkeypatch, capsys, key, words):
+    """A header's bytes reach the server as Latin-1 text: a UTF-8 key could never match, so it is refused at start,
+    in one line, as are keys with spaces and keys too short to hold off guessing."""
+    from specula.engine.cli.main import main
+    from specula.engine.cli.serve import api_key_from
+
+    monkeypatch.setenv("SPECULA_TEST_KEY", key)
+    assert main(["serve", "--no-model", "--port", "0", "--api-key-env", "SPECULA_TEST_KEY"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--api-key-env SPECULA_TEST_KEY" in err and words in err, err
+    monkeypatch.setenv("SPECULA_TEST_KEY", "  sesame-open-42  ")
+    assert api_key_from("SPECULA_TEST_KEY") == "sesame-open-42"
+
+
 def test_a_cancelled_training_ends_with_a_cancelled_event_not_a_server_error(tiny_folder):
     s = Served(tiny_folder)
     try:
