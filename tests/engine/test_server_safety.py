@@ -422,6 +422,46 @@ def test_reloading_a_model_gives_back_what_the_last_load_held(tiny_folder, tmp_p
         s.close()
 
 
+class _Runs:
+    """A pickled object that would run a command when unpickled: what a malicious pytorch_model.bin holds."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import pathlib
+
+        return pathlib.Path.touch, (pathlib.Path(self.marker),)
+
+
+def test_a_model_folder_with_code_in_its_pickle_is_refused_without_torchs_advice_to_run_it(tiny_folder, tmp_path):
+    """torch.load refuses it (weights only) and advises loading it anyway, which would run the file's code: neither
+    the load's error nor /health passes that advice on, and nothing of the file runs."""
+    import shutil
+
+    import torch
+
+    folder, marker = tmp_path / "evil", tmp_path / "ran"
+    shutil.copytree(tiny_folder, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    torch.save({"model.embed_tokens.weight": torch.zeros(2), "payload": _Runs(marker)}, folder / "pytorch_model.bin")
+    s = Served(tiny_folder)
+    try:
+        error = s.events("/specula/v1/load", {"model": str(folder)})[-1]
+        assert error["type"] == "error", error
+        message = error["error"]["message"]
+        assert "Python objects besides tensors" in message and str(folder) in message, message
+        deadline = time.time() + 60
+        while s.service.state == "loading":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        health = raw(s.port, "GET", "/health")[2]
+        for text in (message, health["message"]):
+            assert "weights_only" not in text and "Re-running" not in text, text
+        assert not marker.exists()
+    finally:
+        s.close()
+
+
 def test_usage_comes_once_and_only_where_include_usage_asks(served):
     client = served.client()
     plain = list(client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=6, stream=True))
