@@ -171,6 +171,29 @@ def test_bodies_beyond_the_limit_are_refused_before_they_are_read(tiny_folder):
         s.close()
 
 
+def test_a_client_that_sends_a_too_large_body_whole_reads_the_413_not_a_reset(tiny_folder):
+    """Most clients send the whole body before they read the answer: the server reads the rest of a refused body
+    (dropping it) before it answers, so the client reads the 413; one that waits for "100 Continue" is answered
+    at once, before it sends anything."""
+    s = Served(tiny_folder, max_body=1 << 20)
+    try:
+        big = b'{"messages": "' + b"x" * (12 << 20) + b'"}'
+        for chunked in (False, True):
+            conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+            body = iter([big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20)]) if chunked else big
+            conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"},
+                         encode_chunked=chunked)
+            response = conn.getresponse()
+            assert response.status == 413 and json.loads(response.read())["error"]["code"] == "body_too_large"
+        with socket.create_connection(("127.0.0.1", s.port), timeout=60) as waiting:
+            waiting.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                            b"\r\nExpect: 100-continue\r\nContent-Length: " + str(len(big)).encode() + b"\r\n\r\n")
+            assert waiting.recv(4096).startswith(b"HTTP/1.1 413")
+        assert s.post("/v1/chat/completions", {"messages": HELLO, "max_tokens": 2})[0] == 200
+    finally:
+        s.close()
+
+
 class Gate:
     """The engine's generation held after its start (Started) until `open` is set (the requests behind it wait in the
     queue), or, with `pace`, every event held back `pace` seconds (events come faster than a client
