@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..api.errors import SpeculaError, UnsupportedModelError
+from ..api.errors import ModelFileChanged, SpeculaError, UnsupportedModelError
 from ..api.gguf_header import GGUFError, GGUFHeader, TensorEntry, read_header
 from ..cpu.products import BLOCK_FORMATS, Blocks, FileBlocks, Q4Blocks
 from .families import families, for_gguf
@@ -97,10 +99,12 @@ class GGUFFile:
         self.tensors: dict[str, TensorEntry] = self.header.tensors
         self.metadata = self.header.metadata
         self.architecture = self.header.architecture
-        # copy-on-write (never written): torch takes its pages as they are, and nothing is read until used (the
-        # map keeps the file open itself)
-        with open(self.path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        # copy-on-write (never written): torch takes its pages as they are, and nothing is read until used; the file
+        # stays open (closed with this object) to tell whether it changed under the map (check_unchanged)
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        weakref.finalize(self, os.close, self._fd)
+        self._opened = _identity(self._fd)
+        self._map = mmap.mmap(self._fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self._array = np.frombuffer(self._map, dtype=np.uint8)
 
     def __repr__(self) -> str:
@@ -118,8 +122,18 @@ class GGUFFile:
     def entry(self, name: str) -> TensorEntry:
         return self.tensors[name]
 
+    def check_unchanged(self) -> None:
+        """A one-line error where the file changed on disk since it was opened: reading a map past the end of a file
+        cut short ends the process (a bus error), and rewritten bytes are other weights."""
+        now = _identity(self._fd)
+        if now != self._opened:
+            raise ModelFileChanged(f"{self.path.name} changed on disk since it was loaded ({self._opened[0]} bytes, "
+                                   f"now {now[0]}): load it again")
+
     def raw(self, name: str) -> torch.Tensor:
-        """A tensor's bytes where the file keeps them, (rows, bytes per row) uint8 (no copy)."""
+        """A tensor's bytes where the file keeps them, (rows, bytes per row) uint8 (no copy); checked first that the
+        file is as it was opened (the embedding's rows are read from it at every step)."""
+        self.check_unchanged()
         e = self.tensors[name]
         rows = int(np.prod(e.shape[:-1])) if len(e.shape) > 1 else 1
         return torch.from_numpy(self._array[e.offset:e.offset + e.nbytes].reshape(rows, -1))
@@ -159,6 +173,12 @@ class GGUFFile:
             self._map.madvise(mmap.MADV_DONTNEED)
         except (AttributeError, OSError, ValueError):  # a platform without madvise: the pages stay
             pass
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    """An open file's size and time of last change: what changes when it is cut short or written."""
+    stat = os.fstat(fd)
+    return stat.st_size, stat.st_mtime_ns
 
 
 def _values(raw: np.ndarray, type_name: str) -> np.ndarray:
