@@ -27,7 +27,7 @@ from ..api.errors import (
     first_line,
     unsafe_pickle,
 )
-from ..api.paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_dir
+from ..api.paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_dir, check_local_model
 from ..api.types import BUNDLED, ModelSpec
 from ..cpu import step as compiled
 from ..cpu.step import StepMode
@@ -181,9 +181,8 @@ def _load_model(spec: ModelSpec, progress=None) -> LoadedModel:
         gguf, name = bundled_gguf_path(), BUNDLED_NAME
     else:
         path = Path(source).expanduser()
+        check_local_model(path)
         if path.suffix.lower() == ".gguf":
-            if not path.is_file():
-                raise ModelNotFoundError(f"model file not found: {path}")
             gguf, name = path, path.name
         elif path.is_dir():
             if not (path / "config.json").is_file():

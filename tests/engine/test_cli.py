@@ -1,6 +1,7 @@
 """The command line's contract: bad input exits non-zero with one clear line and no traceback."""
 
 import json
+import os
 
 import pytest
 
@@ -224,6 +225,28 @@ def test_a_broken_tokenizer_file_is_named(capsys, tiny_folder, tmp_path, damage,
     assert_one_line_error(code, err, words)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="pipes by name")
+@pytest.mark.parametrize("kind, words", [("folder", "is a folder, not a GGUF file"),
+                                         ("fifo", "is a pipe or a device (as <(...) gives), not a file"),
+                                         ("pipe", "is a pipe or a device (as <(...) gives), not a file")])
+def test_a_model_that_is_a_folder_or_a_pipe_is_named_as_such_not_as_missing(capsys, tmp_path, kind, words):
+    path = tmp_path / "x.gguf"
+    read, write = os.pipe()  # what a shell's process substitution gives: /dev/fd/N
+    try:
+        if kind == "folder":
+            path.mkdir()
+        elif kind == "fifo":
+            os.mkfifo(path)
+        else:
+            path = f"/dev/fd/{read}"
+        code, _, err = run_cli(capsys, "generate", "--model", str(path), "--prompt", "hi")
+    finally:
+        os.close(read)
+        os.close(write)
+    assert_one_line_error(code, err, str(path), words)
+    assert "not found" not in err
+
+
 @pytest.mark.parametrize("content", [b"GGUF", b"GGUF\x03\x00\x00\x00", b"GGUF\x03\x00\x00\x00" + b"\x05" * 40])
 def test_a_truncated_gguf_file_says_so_with_its_size(capsys, tmp_path, monkeypatch, content):
     monkeypatch.setenv("SPECULA_CACHE_DIR", str(tmp_path / "cache"))
@@ -316,7 +339,6 @@ def test_a_model_file_cut_short_while_the_chat_runs_ends_it_with_one_line_not_a_
     """The chat reads the token embedding's rows from the file at every step (a large model's): where the file was
     cut short meanwhile, reading past its new end would end the process with SIGBUS. Every read checks the file
     first, so the chat ends with one line saying why. In a child process: the test's own would die with it."""
-    import os
     import subprocess
     import sys
 
