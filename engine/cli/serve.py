@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from ..api.errors import SpeculaError
+from ..api.errors import SpeculaError, terminal_safe
 from ..api.strategies import STRATEGIES
 from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
 from ..remote.http import is_loopback
@@ -106,7 +106,7 @@ def run_serve(args) -> int:
     initial = None if args.no_model else LoadRequest(ModelSpec(args.model, args.device, args.dtype, args.weights, args.step),
                                                       args.draft_model, measure_baseline=not args.no_baseline,
                                                       draft_head=args.draft_head, prepare=first_answer(args))
-    service = EngineService()
+    service = EngineService(on_load_failure=load_failed)
     app = create_app(service, model_aliases=(args.model,), strategy=args.strategy, k=args.k, api_key=key,
                      initial=initial, port=port, max_body=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
                      allow_servers=tuple(args.allow_server), allow_key_envs=tuple(args.allow_key_env),
@@ -122,6 +122,12 @@ def run_serve(args) -> int:
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, http=Protocol)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def load_failed(message: str) -> None:
+    """A load that failed, on the server's terminal: the model it was started with too, where it stays up (a load
+    request may bring another)."""
+    print(f"specula serve: the load failed: {terminal_safe(message)}", file=sys.stderr, flush=True)
 
 
 def first_answer(args) -> GenerateRequest | None:

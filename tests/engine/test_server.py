@@ -346,6 +346,37 @@ def test_serve_refuses_another_address_without_a_key():
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
 
 
+def test_serve_prints_a_model_that_did_not_load_to_its_terminal(tmp_path):
+    """The server stays up (a load request may bring another model), and says on its terminal, in one line, why the
+    model it was started with did not load."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.gguf_files import tiny_llama, write_gguf
+
+    whole = write_gguf(tmp_path / "whole.gguf", tiny_llama(seed=2, layers=1), "Q8_0").read_bytes()
+    half = tmp_path / "half.gguf"
+    half.write_bytes(whole[:len(whole) // 2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    server = subprocess.Popen([sys.executable, "-m", "specula.engine.cli", "serve", "--model", str(half), "--port", "0",
+                               "--no-baseline"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(server.stderr), daemon=True)  # until the server ends
+    reader.start()
+    try:
+        deadline = time.time() + 120
+        while not any(line.startswith("specula serve: the load failed") for line in lines):
+            assert time.time() < deadline and server.poll() is None, "".join(lines)
+            time.sleep(0.1)
+        failed = next(line for line in lines if line.startswith("specula serve: the load failed"))
+        assert "half.gguf" in failed and "truncated" in failed and server.poll() is None
+    finally:
+        server.kill()
+        server.wait(60)
+
+
 def _tokens(*texts: str) -> tuple[Token, ...]:
     return tuple(Token(i, t, Origin.TARGET, i) for i, t in enumerate(texts))
 
