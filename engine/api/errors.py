@@ -53,5 +53,9 @@ class UnsupportedModelError(SpeculaError):
     """A strategy that needs a model family this model is not part of."""
 
 
+class ModelFileChanged(SpeculaError):
+    """The file a loaded model reads its weights from changed on disk: the model cannot run until it is loaded again."""
+
+
 class TrainingCancelled(SpeculaError):
     """A draft-head training run stopped by the user; what it made so far is kept for the next run."""

@@ -73,7 +73,7 @@ class GGUFHeader:
 def read_header(path: Path, keep: Callable[[str], bool] = lambda key: True, tensors: bool = True) -> GGUFHeader:
     """The metadata whose keys `keep` accepts (arrays as lists) and, with `tensors`, the tensor table;
     a GGUFError naming what is wrong with a file that is not a whole GGUF (cut short, not a GGUF, a
-    tensor past its end)."""
+    tensor misaligned, overlapping another or past its end: llama.cpp refuses these too)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -130,16 +130,17 @@ def _parse(buf, size: int, keep: Callable[[str], bool], with_tensors: bool) -> G
         return struct.unpack_from(_SCALARS[kind], buf, at)[0], at + struct.calcsize(_SCALARS[kind])
 
     metadata = {}
-    alignment = 32
+    alignment = None
     for _ in range(n_kv):
         key, at = string(at)
         (kind,) = struct.unpack_from("<I", buf, at)
         wanted = keep(key) or key == "general.alignment"
         item, at = value(kind, at + 4, wanted)
-        if key == "general.alignment" and isinstance(item, int) and item > 0:
+        if key == "general.alignment":
             alignment = item
         if wanted:
             metadata[key] = item
+    alignment = _alignment(alignment)
     table = []
     if with_tensors:
         for _ in range(n_tensors):
@@ -154,19 +155,56 @@ def _parse(buf, size: int, keep: Callable[[str], bool], with_tensors: bool) -> G
     start = -(-at // alignment) * alignment
     tensors = {}
     for name, type_id, shape, offset in table:
-        elements = 1
-        for d in shape:
-            elements *= d
-        known = ggml_type(type_id)
-        if known is not None:
-            type_name, weights, nbytes = known
-            if elements % weights:
-                raise GGUFError(f"tensor '{name}' of {elements} weights is not whole {type_name} blocks")
-            nbytes *= elements // weights
-        else:
-            type_name, nbytes = f"type {type_id}", 0  # an unknown type: refused where the tensor is read, with its name
-        entry = TensorEntry(name, type_id, type_name, shape, start + offset, nbytes)
-        if entry.offset + nbytes > size:
-            raise GGUFError(f"the file is truncated ({size} bytes): tensor '{name}' ends at byte {entry.offset + nbytes}")
-        tensors[name] = entry
+        if name in tensors:
+            raise GGUFError(f"tensor '{name}' is listed twice in the tensor table: the file is damaged")
+        if offset % alignment:
+            raise GGUFError(f"tensor '{name}' is misaligned: its offset {offset} is not a multiple of the file's "
+                            f"alignment ({alignment}): the file is damaged")
+        tensors[name] = _entry(name, type_id, shape, start + offset)
+    _check_layout(list(tensors.values()), start, size, alignment)
     return GGUFHeader(metadata, tensors, size)
+
+
+def _alignment(value) -> int:
+    """`general.alignment`: 32 where the file gives none; a GGUFError for one that is not a power of two (as
+    llama.cpp refuses it)."""
+    if value is None:
+        return 32
+    if not isinstance(value, int) or value <= 0 or value & (value - 1):
+        raise GGUFError(f"general.alignment is {value!r}, not a power of two: the file is damaged")
+    return value
+
+
+def _entry(name: str, type_id: int, shape: tuple[int, ...], offset: int) -> TensorEntry:
+    """A tensor of the table, its size in bytes by its type (0 for a type the gguf package does not know)."""
+    elements = 1
+    for d in shape:
+        elements *= d
+    known = ggml_type(type_id)
+    if known is None:  # an unknown type: refused where the tensor is read, with its name
+        return TensorEntry(name, type_id, f"type {type_id}", shape, offset, 0)
+    type_name, weights, nbytes = known
+    if elements % weights:
+        raise GGUFError(f"tensor '{name}' of {elements} weights is not whole {type_name} blocks")
+    return TensorEntry(name, type_id, type_name, shape, offset, nbytes * (elements // weights))
+
+
+def _check_layout(entries: list[TensorEntry], start: int, size: int, alignment: int) -> None:
+    """A GGUFError naming the first tensor whose bytes overlap another's or lie past the end of the file (from
+    the table alone: no tensor's bytes are read). A file shorter than its tensors laid end to end (each padded
+    to the alignment, as every writer lays them) was cut short: "truncated"; a file long enough that still has
+    a tensor past its end has a damaged offset."""
+    ordered = sorted(entries, key=lambda e: (e.offset, e.nbytes))
+    for before, after in zip(ordered, ordered[1:]):
+        if before.offset + before.nbytes > after.offset:
+            raise GGUFError(f"tensor '{before.name}' (bytes {before.offset} to {before.offset + before.nbytes}) "
+                            f"overlaps tensor '{after.name}' (from byte {after.offset}): the file is damaged")
+    past = next((e for e in ordered if e.offset + e.nbytes > size), None)
+    if past is None:
+        return
+    end = past.offset + past.nbytes
+    laid_out = start + sum(-(-e.nbytes // alignment) * alignment for e in ordered[:-1]) + ordered[-1].nbytes
+    if laid_out > size:
+        raise GGUFError(f"the file is truncated ({size} bytes): tensor '{past.name}' ends at byte {end}")
+    raise GGUFError(f"tensor '{past.name}' lies past the end of the file (its bytes end at {end}, the file at "
+                    f"{size}): its offset is damaged")

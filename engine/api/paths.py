@@ -35,6 +35,18 @@ def conversations_db() -> Path:
     return data_dir() / "conversations.db"
 
 
+def check_local_model(path: Path) -> None:
+    """A one-line error where a local model source is what no model is read from: a pipe or a device (a pipe, such as
+    <(...) gives, reads once or blocks), or a folder named .gguf; a .gguf file that is not there is not found."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise SpeculaError(f"model {path} is a pipe or a device (as <(...) gives), not a file: the model must be a "
+                           "file or a folder")
+    if path.suffix.lower() == ".gguf" and path.is_dir():
+        raise SpeculaError(f"model {path} is a folder, not a GGUF file")
+    if path.suffix.lower() == ".gguf" and not path.is_file():
+        raise ModelNotFoundError(f"model file not found: {path}")
+
+
 def make_folder(path: Path, what: str) -> Path:
     """`path`, created if missing; a one-line SpeculaError starting with `what` when it cannot be a folder."""
     try:

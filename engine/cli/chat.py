@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 
 from ..api.backend import Backend
-from ..api.errors import SpeculaError, terminal_safe
+from ..api.errors import ModelFileChanged, SpeculaError, terminal_safe
 from ..api.events import Finished, Origin, PromptProgress, Step, tokens_text
 from ..api.metrics import speedup_text
 from ..api.prompts import Message, conversation
@@ -141,6 +141,9 @@ def _reply(backend: Backend, request: GenerateRequest, colour: bool) -> Finished
                 sys.stdout.flush()
             elif isinstance(event, Finished):
                 finished = event
+    except ModelFileChanged:  # the model cannot answer again: the chat ends with the one line saying why
+        print()
+        raise
     except SpeculaError as exc:
         print(f"\n[error: {terminal_safe(str(exc))}]")
         return None

@@ -9,19 +9,35 @@ import sys
 import threading
 import time
 
-from ..api.errors import SpeculaError
+from ..api.errors import SpeculaError, terminal_safe
 from ..api.strategies import STRATEGIES
 from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
 from ..remote.http import is_loopback
 
+MIN_KEY_CHARS = 8  # an API key shorter than this is guessed too soon
+
+
 def api_key_from(env_name: str | None) -> str | None:
-    """The key in environment variable `env_name` (a one-line error when it is named but unset)."""
+    """The key in environment variable `env_name`: a one-line error when it is named but unset, or when the key
+    is one no client could send (see check_key)."""
     if not env_name:
         return None
     key = os.environ.get(env_name, "").strip()
     if not key:
         raise SpeculaError(f"--api-key-env {env_name}: that environment variable is not set or empty")
+    check_key(key, f"--api-key-env {env_name}")
     return key
+
+
+def check_key(key: str, where: str) -> None:
+    """A one-line error for a key that is short or not visible ASCII: a header's bytes reach the server as
+    Latin-1 text, so a client's UTF-8 key (é, ü, ...) never equals the key as the server holds it, and spaces
+    or control characters do not survive a header."""
+    if not all("!" <= c <= "~" for c in key):
+        raise SpeculaError(f"{where}: the key holds a character other than visible ASCII (letters, digits and "
+                           "punctuation, no spaces), which no client can send in a header as it is")
+    if len(key) < MIN_KEY_CHARS:
+        raise SpeculaError(f"{where}: the key has {len(key)} characters; use at least {MIN_KEY_CHARS}")
 
 
 def check_host(host: str) -> None:
@@ -90,7 +106,7 @@ def run_serve(args) -> int:
     initial = None if args.no_model else LoadRequest(ModelSpec(args.model, args.device, args.dtype, args.weights, args.step),
                                                       args.draft_model, measure_baseline=not args.no_baseline,
                                                       draft_head=args.draft_head, prepare=first_answer(args))
-    service = EngineService()
+    service = EngineService(on_load_failure=load_failed)
     app = create_app(service, model_aliases=(args.model,), strategy=args.strategy, k=args.k, api_key=key,
                      initial=initial, port=port, max_body=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
                      allow_servers=tuple(args.allow_server), allow_key_envs=tuple(args.allow_key_env),
@@ -106,6 +122,12 @@ def run_serve(args) -> int:
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, http=Protocol)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def load_failed(message: str) -> None:
+    """A load that failed, on the server's terminal: the model it was started with too, where it stays up (a load
+    request may bring another)."""
+    print(f"specula serve: the load failed: {terminal_safe(message)}", file=sys.stderr, flush=True)
 
 
 def first_answer(args) -> GenerateRequest | None:

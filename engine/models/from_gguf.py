@@ -245,14 +245,22 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
         else:
             model.lm_head.weight = embed.weight
         placed.add("lm_head.weight")
-    missing = [name for name, p in model.named_parameters() if p.is_meta and name not in placed]
-    if missing:
-        raise SpeculaError(f"{file.path.name} holds no tensor for {missing[0]}"
-                           f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: it is incomplete")
+    _check_complete(file, model, placed, mapping)
     for name, buffer in model.named_buffers():
         if buffer.device != device:
             _set(model, name, buffer.to(device))
     return native
+
+
+def _check_complete(file: GGUFFile, model: nn.Module, placed: set[str], mapping: dict[str, str]) -> None:
+    """A one-line error naming the first parameter the model needs that no tensor of the file became, by the
+    tensor's GGUF name where the architecture's table gives one."""
+    missing = [name for name, p in model.named_parameters() if p.is_meta and name not in placed]
+    if not missing:
+        return
+    tensor = next((gguf for gguf, hf in mapping.items() if hf == missing[0]), None)
+    raise SpeculaError(f"{file.path.name} holds no tensor {f'{tensor} ' if tensor else ''}for {missing[0]}"
+                       f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: it is incomplete")
 
 
 _FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))  # the products the lean forward runs as one

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +26,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..api.errors import SpeculaError, UnsupportedModelError
+from ..api.errors import ModelFileChanged, SpeculaError, UnsupportedModelError
 from ..api.gguf_header import GGUFError, GGUFHeader, TensorEntry, read_header
 from ..cpu.products import BLOCK_FORMATS, Blocks, FileBlocks, Q4Blocks
-from .families import for_gguf
+from .families import families, for_gguf
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,13 @@ _TOKENIZER_ARRAYS = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenize
 _DENSE = {"F32": np.float32, "F16": np.float16}  # types numpy reads as they are (BF16 by its bits)
 _STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}  # types that are a dtype as they are
 # GGUF architectures whose model type transformers names otherwise
-_MODEL_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe",
-                "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2", "command-r": "cohere"}
+_MODEL_TYPES = {"gemma3": "gemma3_text"}
+# GGUF architectures (llama.cpp's names) that run through transformers' forward from a file read here, each checked
+# with a file llama.cpp's converter wrote of a small random model (the same greedy tokens as transformers' own
+# model of it). transformers' GGUF table knows more, which do not load: Mamba (no attention, no KV cache), T5 (not
+# a causal LM), mixtures of experts (their experts are stored otherwise than transformers' modules hold them).
+# The families' architectures (families/) run Specula's own forward.
+TRANSFORMERS_ARCHS = ("bloom", "falcon", "gpt2", "lfm2", "nemotron", "stablelm", "starcoder2")
 
 
 @dataclass
@@ -92,10 +99,12 @@ class GGUFFile:
         self.tensors: dict[str, TensorEntry] = self.header.tensors
         self.metadata = self.header.metadata
         self.architecture = self.header.architecture
-        # copy-on-write (never written): torch takes its pages as they are, and nothing is read until used (the
-        # map keeps the file open itself)
-        with open(self.path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        # copy-on-write (never written): torch takes its pages as they are, and nothing is read until used; the file
+        # stays open (closed with this object) to tell whether it changed under the map (check_unchanged)
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        weakref.finalize(self, os.close, self._fd)
+        self._opened = _identity(self._fd)
+        self._map = mmap.mmap(self._fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self._array = np.frombuffer(self._map, dtype=np.uint8)
 
     def __repr__(self) -> str:
@@ -113,8 +122,18 @@ class GGUFFile:
     def entry(self, name: str) -> TensorEntry:
         return self.tensors[name]
 
+    def check_unchanged(self) -> None:
+        """A one-line error where the file changed on disk since it was opened: reading a map past the end of a file
+        cut short ends the process (a bus error), and rewritten bytes are other weights."""
+        now = _identity(self._fd)
+        if now != self._opened:
+            raise ModelFileChanged(f"{self.path.name} changed on disk since it was loaded ({self._opened[0]} bytes, "
+                                   f"now {now[0]}): load it again")
+
     def raw(self, name: str) -> torch.Tensor:
-        """A tensor's bytes where the file keeps them, (rows, bytes per row) uint8 (no copy)."""
+        """A tensor's bytes where the file keeps them, (rows, bytes per row) uint8 (no copy); checked first that the
+        file is as it was opened (the embedding's rows are read from it at every step)."""
+        self.check_unchanged()
         e = self.tensors[name]
         rows = int(np.prod(e.shape[:-1])) if len(e.shape) > 1 else 1
         return torch.from_numpy(self._array[e.offset:e.offset + e.nbytes].reshape(rows, -1))
@@ -154,6 +173,12 @@ class GGUFFile:
             self._map.madvise(mmap.MADV_DONTNEED)
         except (AttributeError, OSError, ValueError):  # a platform without madvise: the pages stay
             pass
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    """An open file's size and time of last change: what changes when it is cut short or written."""
+    stat = os.fstat(fd)
+    return stat.st_size, stat.st_mtime_ns
 
 
 def _values(raw: np.ndarray, type_name: str) -> np.ndarray:
@@ -236,6 +261,11 @@ def out_features(module: nn.Module) -> int:
     return module.out_features if hasattr(module, "out_features") else module.weight.shape[0]
 
 
+def runnable_archs() -> tuple[str, ...]:
+    """The GGUF architectures a file can have for Specula to load it: its families' and TRANSFORMERS_ARCHS."""
+    return tuple(sorted({arch for family in families().values() for arch in family.gguf_archs} | set(TRANSFORMERS_ARCHS)))
+
+
 def config_from(file: GGUFFile):
     """The transformers config the file's metadata describes (transformers' own table of GGUF keys)."""
     from transformers import AutoConfig
@@ -244,10 +274,9 @@ def config_from(file: GGUFFile):
     arch, model_type = file.architecture, file.model_type
     family = for_gguf(arch)
     table = GGUF_CONFIG_MAPPING.get(model_type) or GGUF_CONFIG_MAPPING.get(arch) or (family and family.gguf_keys)
-    if not arch or table is None:
-        known = ", ".join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ("general", "tokenizer")))
+    if arch not in runnable_archs() or table is None:
         raise UnsupportedModelError(f"{file.path.name}: architecture '{arch or 'none given'}' is not one Specula "
-                                    f"can run (it runs {known})")
+                                    f"can run (it runs {', '.join(runnable_archs())})")
     values = dict(GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {}))
     for key, value in file.metadata.items():
         prefix, _, rest = key.partition(".")

@@ -19,8 +19,15 @@ from pathlib import Path
 import torch
 
 from ..api.collector import collected_after
-from ..api.errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError, UnsupportedModelError, first_line
-from ..api.paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_dir
+from ..api.errors import (
+    IncompatibleDraftError,
+    ModelNotFoundError,
+    SpeculaError,
+    UnsupportedModelError,
+    first_line,
+    unsafe_pickle,
+)
+from ..api.paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_dir, check_local_model
 from ..api.types import BUNDLED, ModelSpec
 from ..cpu import step as compiled
 from ..cpu.step import StepMode
@@ -174,9 +181,8 @@ def _load_model(spec: ModelSpec, progress=None) -> LoadedModel:
         gguf, name = bundled_gguf_path(), BUNDLED_NAME
     else:
         path = Path(source).expanduser()
+        check_local_model(path)
         if path.suffix.lower() == ".gguf":
-            if not path.is_file():
-                raise ModelNotFoundError(f"model file not found: {path}")
             gguf, name = path, path.name
         elif path.is_dir():
             if not (path / "config.json").is_file():
@@ -326,7 +332,7 @@ def _load_problem(exc: Exception, folder: Path | None = None) -> str:
     if "Validation error for field" in text or name.endswith("ValidationError") or isinstance(exc, TypeError):
         field = re.search(r"field '([^']+)'", text)
         return f"config.json has a value of the wrong type{f' for {field.group(1)!r}' if field else ''}"
-    return first_line(exc)
+    return unsafe_pickle(exc)  # torch.load's advice to load a pickle that holds code anyway is never passed on
 
 
 def _eos_ids(model, tokenizer) -> frozenset[int]:

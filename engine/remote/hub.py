@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 from ..api.errors import ModelNotFoundError, SpeculaError, first_line
 from ..api.gguf_header import read_header
-from ..api.paths import bundled_gguf_path
+from ..api.paths import bundled_gguf_path, check_local_model
 from ..api.types import BUNDLED
 
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
@@ -101,9 +101,8 @@ def describe(source: str) -> ModelEntry:
     if source == BUNDLED:
         return _describe_gguf(bundled_gguf_path(), BUNDLED, BUNDLED_NAME, "bundled")
     path = Path(source).expanduser()
+    check_local_model(path)
     if path.suffix.lower() == ".gguf":
-        if not path.is_file():
-            raise ModelNotFoundError(f"model file not found: {path}")
         return _describe_gguf(path, str(path), path.name, "local")
     if path.is_dir():
         return _describe_folder(path, str(path), _folder_name(path), "local")

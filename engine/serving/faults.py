@@ -38,8 +38,10 @@ _FAILURES = {
     "IncompatibleDraftError": (400, "invalid_request_error", None),
     "UnsupportedModelError": (400, "invalid_request_error", None),
     "ModelNotFoundError": (404, "invalid_request_error", "model_not_found"),
+    "GGUFError": (400, "invalid_request_error", None),  # a damaged file the load request named
     "SpeculaError": (400, "invalid_request_error", None),
     "OutOfMemoryError": (503, "server_error", "out_of_memory"),
+    "ModelFileChanged": (503, "server_error", "model_file_changed"),  # until the model is loaded again
     "TrainingCancelled": (409, "cancelled", "cancelled"),  # asked for: not the server's failure
 }
 

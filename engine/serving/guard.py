@@ -9,7 +9,8 @@
   anything else is spent on the request: a request without the key is answered 401 before its body is read
   or a place among the `max_active` is counted, so clients without the key cannot keep out those with it.
 - Bounded work: more than `max_active` requests at once get a JSON 503; a body larger than `max_body` bytes
-  is refused with 413 before it is read whole; a body
+  is refused with 413 before it is kept (the rest of it is read and dropped, up to `DRAIN_BYTES`, so that a
+  client that sends it whole reads the 413 rather than a reset connection); a body
   that does not arrive within `BODY_TIMEOUT_S` (or stalls for `BODY_IDLE_S`) gets 408; a client that
   leaves while sending it gets nothing and leaves nothing in the log. Request headers that do not arrive
   within `HEADER_TIMEOUT_S` close the connection (`Protocol`).
@@ -40,6 +41,7 @@ HEADER_TIMEOUT_S = 30.0  # a request's headers, from the connection (or the last
 BODY_TIMEOUT_S = 60.0  # a request's whole body
 BODY_IDLE_S = 15.0  # the longest pause inside a body
 MAX_BODY_BYTES = 4 << 20  # a 128k-token conversation is about 0.5 MB of JSON
+DRAIN_BYTES = 64 << 20  # the most of a body refused as too large that is read (and dropped) so its client reads the 413
 MAX_ACTIVE = 256  # requests read or answered at once (streams included); beyond: 503, JSON like every 5xx
 BODY_METHODS = {"POST", "PUT", "PATCH"}
 
@@ -172,14 +174,13 @@ class Guard:
                                     "--max-body-mb)", code="body_too_large")
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
+            await _drain(headers, receive)
             return too_large, b""
         chunks, size = [], 0
         deadline = time.monotonic() + BODY_TIMEOUT_S
         while True:
-            wait = min(BODY_IDLE_S, deadline - time.monotonic())
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, wait))
-            except asyncio.TimeoutError:
+            message = await _next_part(receive, deadline)
+            if message is None:
                 return faults.ApiError(408, f"the body did not arrive in time (at most {BODY_IDLE_S:g} s without "
                                        f"data, {BODY_TIMEOUT_S:g} s in all)", code="request_timeout"), b""
             if message["type"] == "http.disconnect":
@@ -187,10 +188,38 @@ class Guard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
+                if message.get("more_body", False):
+                    await _drain(headers, receive)
                 return too_large, b""
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return None, b"".join(chunks)
+
+
+async def _next_part(receive: Receive, deadline: float) -> Message | None:
+    """The client's next message (a part of its body, or its disconnect); None where it does not come within
+    BODY_IDLE_S or by `deadline`."""
+    try:
+        return await asyncio.wait_for(receive(), max(0.0, min(BODY_IDLE_S, deadline - time.monotonic())))
+    except asyncio.TimeoutError:
+        return None
+
+
+async def _drain(headers: Headers, receive: Receive) -> None:
+    """Read and drop the rest of a body refused as too large, up to DRAIN_BYTES (and the time a body may take), before
+    the 413 is sent: a client that sends its whole body before it reads the answer (most do) then reads the 413, where
+    closing on a body still arriving resets the connection under it. A client that waits for "100 Continue" has
+    sent nothing yet, and is answered at once."""
+    if "100-continue" in headers.get("expect", "").lower():
+        return
+    left, deadline = DRAIN_BYTES, time.monotonic() + BODY_TIMEOUT_S
+    while left > 0:
+        message = await _next_part(receive, deadline)
+        if message is None or message["type"] == "http.disconnect":
+            return
+        left -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 def _has_body(headers: Headers) -> bool:

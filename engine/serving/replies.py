@@ -59,7 +59,8 @@ def response(parsed: Parsed, text: str, finish: str, usage: dict, extension: dic
 class TextStream:
     """The answer's text as it may be sent: cut at the first stop sequence, and holding back the end of
     the text that could still begin one. Tokens are released with the text that ends them (a token cut
-    by a stop sequence keeps only its part before it)."""
+    by a stop sequence keeps only its part before it). `generated` counts the tokens the answer took: up to
+    the one that completes a stop sequence (its text cut or not), none after it."""
 
     def __init__(self, stops: tuple[str, ...] = ()) -> None:
         self.stops = stops
@@ -67,6 +68,7 @@ class TextStream:
         self.text = ""
         self.sent = 0
         self.stopped = False
+        self.generated = 0
         self._pending: list[tuple[Token, int, int]] = []  # (token, start, end) in self.text
 
     def push(self, tokens: tuple[Token, ...]) -> tuple[str, list[Token]]:
@@ -77,12 +79,18 @@ class TextStream:
             start = len(self.text)
             self.text += token.text
             self._pending.append((token, start, len(self.text)))
-        hits = [i for i in (self.text.find(s, searched) for s in self.stops) if i >= 0]
-        if hits:
-            self.stopped = True
-            self.text = self.text[: min(hits)]
-            return self._release(len(self.text))
-        return self._release(len(self.text) - self.hold)
+        hits = [(i, i + len(s)) for s in self.stops if (i := self.text.find(s, searched)) >= 0]
+        if not hits:
+            self.generated += len(tokens)
+            return self._release(len(self.text) - self.hold)
+        cut, end = min(hits)
+        # the stop sequence ends in this push's tokens (an earlier one would have found it): count them to the one
+        # that completes it
+        ends = [token_end for _, _, token_end in self._pending[len(self._pending) - len(tokens):]]
+        self.generated += next(n for n, token_end in enumerate(ends, 1) if token_end >= end)
+        self.stopped = True
+        self.text = self.text[:cut]
+        return self._release(cut)
 
     def finish(self, final_text: str) -> tuple[str, list[Token]]:
         """Everything still held; `final_text` (the engine's whole answer) adds what the last tokens'
@@ -110,20 +118,19 @@ class TextStream:
 
 class Answer:
     """One answer as the client receives it, streamed or whole: the text cut at a stop sequence (the
-    engine is told to stop, `on_stop`), each step's tokens released with their text, and the usage
-    counting only what was sent when a stop sequence cut the answer."""
+    engine is told to stop, `on_stop`), each step's tokens released with their text, and the usage: where a
+    stop sequence cut the answer, the tokens generated up to the one that completes it (those it cut
+    included, as OpenAI and vLLM count them), not those the engine made while the stop took effect."""
 
     def __init__(self, parsed: Parsed, started: Started, on_stop) -> None:
         self.parsed, self.started, self.on_stop = parsed, started, on_stop
         self.text = TextStream(parsed.stops)
-        self.sent_tokens = 0
 
     def step(self, event: Step) -> tuple[str, list[Token]] | None:
         """The text and tokens a step releases; None for the steps that ran while a stop took effect."""
         if self.text.stopped:
             return None
         piece, tokens = self.text.push(event.tokens)
-        self.sent_tokens += len(tokens)
         if self.text.stopped:
             self.on_stop()
         return piece, tokens
@@ -131,6 +138,5 @@ class Answer:
     def finish(self, event: Finished) -> tuple[str, list[Token], str, dict]:
         """What is still held, the finish reason and the usage."""
         piece, tokens = self.text.finish(event.text)
-        self.sent_tokens += len(tokens)
-        count = self.sent_tokens if self.text.stopped else event.totals.new_tokens
+        count = self.text.generated if self.text.stopped else event.totals.new_tokens
         return piece, tokens, finish_reason(event, self.text.stopped), usage_json(self.started.prompt_tokens, count)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..api.events import Failed, Finished, Loaded, Loading, Origin, Started, Step
 from ..api.metrics import SpeedupSum, StepTotals
@@ -64,8 +64,10 @@ class Counters:
 class EngineService:
     """Submit engine requests from the event loop and read their events from per-request queues."""
 
-    def __init__(self, runner: Runner | None = None) -> None:
+    def __init__(self, runner: Runner | None = None, on_load_failure: Callable[[str], None] | None = None) -> None:
+        """`on_load_failure(message)`: told of each load that failed (`specula serve` prints it to its terminal)."""
         self.runner = runner or Runner(sink=self._from_worker)
+        self.on_load_failure = on_load_failure
         if runner is not None:
             runner._sink = self._from_worker
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -110,6 +112,8 @@ class EngineService:
             self._done(rid)
         elif isinstance(event, Failed):
             self._done(rid)
+            if rid == self._load_id and self.on_load_failure is not None:
+                self.on_load_failure(event.message)
             if rid == self._load_id and self.loaded is None:
                 self.state, self.message = "failed", event.message
             elif rid == self._load_id:  # the model loaded before still answers: say so beside the failure

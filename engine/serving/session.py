@@ -13,6 +13,7 @@ from typing import Callable, Iterator
 from ..api import prompts
 from ..api.errors import SpeculaError
 from ..api.events import BaselineCost, Finished, Loaded, Started, Step, Trained
+from ..api.memory import give_back_freed
 from ..api.prompts import Message
 from ..api.types import GenerateRequest, LoadRequest, ModelSpec, TrainRequest
 from ..cpu.governor import governor
@@ -78,19 +79,24 @@ class Session:
             governor().check_ahead(self._runner)
 
     def use(self, target: LoadedModel, draft: LoadedModel | None = None) -> None:
-        """Adopt already loaded models (tests build tiny ones in memory)."""
+        """Adopt already loaded models (tests build tiny ones in memory); the models used before are let go, and
+        their memory given back."""
+        replaced = self.target is not None
         self.target, self.draft = target, draft
         self._find_heads(target)
         self._runner = target.new_runner()
         self._drafters = {}
         self.baseline = None
         self.plain = PlainHistory()
+        if replaced:
+            give_back_freed()
 
     def unload(self) -> None:
         """Let go of the models (their memory), e.g. when chat moves to a server; `load` brings them back."""
         self.target = self.draft = self.baseline = self._runner = None
         self._drafters = {}
         self.heads = {}
+        give_back_freed()
 
     def train(self, request: TrainRequest, request_id: int, say: Callable[[str], None],
               should_stop: Callable[[], bool]) -> Trained:

@@ -1,6 +1,7 @@
 """The command line's contract: bad input exits non-zero with one clear line and no traceback."""
 
 import json
+import os
 
 import pytest
 
@@ -241,6 +242,28 @@ def test_a_broken_tokenizer_file_is_named(capsys, tiny_folder, tmp_path, damage,
     assert_one_line_error(code, err, words)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="pipes by name")
+@pytest.mark.parametrize("kind, words", [("folder", "is a folder, not a GGUF file"),
+                                         ("fifo", "is a pipe or a device (as <(...) gives), not a file"),
+                                         ("pipe", "is a pipe or a device (as <(...) gives), not a file")])
+def test_a_model_that_is_a_folder_or_a_pipe_is_named_as_such_not_as_missing(capsys, tmp_path, kind, words):
+    path = tmp_path / "x.gguf"
+    read, write = os.pipe()  # what a shell's process substitution gives: /dev/fd/N
+    try:
+        if kind == "folder":
+            path.mkdir()
+        elif kind == "fifo":
+            os.mkfifo(path)
+        else:
+            path = f"/dev/fd/{read}"
+        code, _, err = run_cli(capsys, "generate", "--model", str(path), "--prompt", "hi")
+    finally:
+        os.close(read)
+        os.close(write)
+    assert_one_line_error(code, err, str(path), words)
+    assert "not found" not in err
+
+
 @pytest.mark.parametrize("content", [b"GGUF", b"GGUF\x03\x00\x00\x00", b"GGUF\x03\x00\x00\x00" + b"\x05" * 40])
 def test_a_truncated_gguf_file_says_so_with_its_size(capsys, tmp_path, monkeypatch, content):
     monkeypatch.setenv("SPECULA_CACHE_DIR", str(tmp_path / "cache"))
@@ -388,3 +411,34 @@ def test_ctrl_c_stopping_an_answer_is_not_echoed_into_it():
         os.close(master)
         os.close(slave)
     _quiet_control_keys(io.StringIO("not a terminal"))()  # no file number: nothing to do
+
+
+def test_a_model_file_cut_short_while_the_chat_runs_ends_it_with_one_line_not_a_bus_error(tmp_path):
+    """The chat reads the token embedding's rows from the file at every step (a large model's): where the file was
+    cut short meanwhile, reading past its new end would end the process with SIGBUS. Every read checks the file
+    first, so the chat ends with one line saying why. In a child process: the test's own would die with it."""
+    import subprocess
+    import sys
+
+    from tests.support.gguf_files import tiny_llama, write_gguf
+
+    model = write_gguf(tmp_path / "m.gguf", tiny_llama(seed=5, layers=1), "Q8_0")
+    chat = ("import sys\nfrom specula.engine.models import from_gguf\nfrom specula.engine.cli.main import main\n"
+            "from_gguf.EMBED_COPY_BYTES = 0  # its rows read from the file, as a large model's\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen([sys.executable, "-c", chat, "chat", "--model", str(model), "--max-new-tokens", "4",
+                              "--strategy", "none"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        child.stdin.write("hello\n")
+        child.stdin.flush()
+        while "[none:" not in (line := child.stdout.readline()):  # the first answer's summary line
+            assert line, child.stderr.read()
+        os.truncate(model, model.stat().st_size // 2)
+        out, err = child.communicate("again\n", timeout=300)
+    finally:
+        child.kill()
+    lines = [line for line in err.splitlines() if not line.startswith("[")]
+    assert child.returncode == 2 and lines == [lines[0]], (child.returncode, err)
+    assert lines[0].startswith("specula: error: m.gguf changed on disk since it was loaded")

@@ -13,7 +13,7 @@ from specula.engine.drafters import DRAFTERS
 from specula.engine.models import from_gguf, gguf
 from specula.engine.models.gguf import GGUFFile
 from specula.engine.models.loading import load_model
-from tests.support.gguf_files import tiny_llama, write_gguf
+from tests.support.gguf_files import damaged, data_offset, tiny_llama, write_gguf
 from tests.support.tiny import assert_greedy_identity, head_options
 
 # what llama.cpp's quantizer writes for Q4_K_M: Q4_K, with Q6_K for attn_v, ffn_down and the embedding
@@ -341,6 +341,42 @@ def test_a_truncated_file_says_where_it_ends(files, tmp_path):
         _one_line(exc, path.name, "truncated", f"{cut} bytes")
 
 
+def test_a_damaged_tensor_table_is_refused_naming_the_tensor_before_any_data_is_read(tmp_path, monkeypatch):
+    """Offsets that are not multiples of the alignment, a tensor moved onto another or made larger than its place
+    (a type with more bytes), one moved past the end, and a name listed twice are refused as llama.cpp refuses
+    them, from the table alone; a full-length file is never called truncated."""
+    good = write_gguf(tmp_path / "good.gguf", tiny_llama(seed=9), "Q8_0")
+    q, k = "blk.0.attn_q.weight", "blk.0.attn_k.weight"
+    at = data_offset(good, q)
+    cases = {
+        "misaligned": ({"offset": at + 1}, ("misaligned", q, str(at + 1), "alignment (32)")),
+        "onto": ({"offset": data_offset(good, k)}, ("overlaps", q, k)),
+        "f32": ({"type_id": 0}, ("overlaps", q, k)),  # F32: four bytes a weight where Q8_0 has about one
+        "past": ({"offset": good.stat().st_size}, ("past the end of the file", q)),
+        "twice": ({"name": k}, ("listed twice", k)),
+    }
+    monkeypatch.setattr(gguf.GGUFFile, "raw", lambda *a: pytest.fail("a tensor's bytes were read"))
+    for case, (change, words) in cases.items():
+        path = damaged(good, tmp_path / f"{case}.gguf", q, **change)
+        with pytest.raises(SpeculaError) as exc:
+            _load(path)
+        _one_line(exc, f"{case}.gguf", *words)
+        assert "truncated" not in str(exc.value)
+
+
+def test_an_alignment_that_is_not_a_power_of_two_is_refused(tmp_path):
+    from specula.engine.api.gguf_header import GGUFError, read_header
+
+    key = b"general.alignment"
+    path = tmp_path / "odd.gguf"
+    for alignment in (0, 24):
+        path.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
+                         + len(key).to_bytes(8, "little") + key + (4).to_bytes(4, "little")
+                         + alignment.to_bytes(4, "little"))
+        with pytest.raises(GGUFError, match=f"general.alignment is {alignment}, not a power of two"):
+            read_header(path)
+
+
 def test_tensors_that_do_not_match_the_metadata_are_named(tmp_path):
     model = tiny_llama(seed=7)
     path = write_gguf(tmp_path / "m.gguf", model, "Q8_0")
@@ -360,7 +396,7 @@ def test_a_missing_tensor_an_unknown_architecture_and_an_unknown_type_are_named(
     model = tiny_llama(seed=8)
     with pytest.raises(SpeculaError) as exc:
         _load(write_gguf(tmp_path / "missing.gguf", model, "Q8_0", drop=("blk.1.ffn_up.weight",)))
-    _one_line(exc, "missing.gguf", "holds no tensor for", "layers.1.mlp.up_proj")
+    _one_line(exc, "missing.gguf", "holds no tensor blk.1.ffn_up.weight for", "layers.1.mlp.up_proj")
     with pytest.raises(SpeculaError) as exc:
         _load(write_gguf(tmp_path / "arch.gguf", model, "Q8_0", arch="frobnicator"))
     _one_line(exc, "arch.gguf", "architecture 'frobnicator'", "llama")
@@ -373,6 +409,27 @@ def test_a_missing_tensor_an_unknown_architecture_and_an_unknown_type_are_named(
     with pytest.raises(SpeculaError) as exc:
         _load(path)
     _one_line(exc, "blk.0.attn_q.weight", "99")
+
+
+def test_an_architecture_transformers_reads_but_specula_cannot_run_is_refused_with_the_list_that_loads(tmp_path):
+    """Mamba is in transformers' GGUF table (it has no attention heads, and its state is no KV cache): refused in
+    one line, never an AttributeError; the list the line shows is the architectures a file loads with, each of
+    which transformers can build as a causal LM from a file's metadata."""
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from specula.engine.api.errors import UnsupportedModelError
+
+    for arch in ("mamba", "qwen3moe", "t5"):
+        path = write_gguf(tmp_path / f"{arch}.gguf", tiny_llama(seed=8, layers=1), "Q8_0", arch=arch)
+        with pytest.raises(UnsupportedModelError) as exc:
+            _load(path)
+        _one_line(exc, f"{arch}.gguf", f"architecture '{arch}' is not one Specula can run",
+                  f"(it runs {', '.join(gguf.runnable_archs())})")
+    runnable = set(gguf.runnable_archs())
+    assert {"llama", "qwen2", "gemma3", "phi3", "stablelm"} <= runnable and not {"mamba", "t5", "qwen3moe"} & runnable
+    for arch in gguf.TRANSFORMERS_ARCHS:
+        assert arch in GGUF_CONFIG_MAPPING and arch in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, arch
 
 
 def test_a_model_that_does_not_fit_in_memory_is_refused_before_loading(files, monkeypatch):

@@ -206,6 +206,9 @@ def test_describe_bundled_and_vocab_keys(tokenizer_folders):
 def test_describe_rejects_what_it_cannot_read(tmp_path):
     with pytest.raises(ModelNotFoundError, match="model file not found"):
         hub.describe(str(tmp_path / "none.gguf"))
+    (tmp_path / "folder.gguf").mkdir()
+    with pytest.raises(SpeculaError, match="is a folder, not a GGUF file"):
+        hub.describe(str(tmp_path / "folder.gguf"))
     (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(SpeculaError, match="cannot read GGUF file"):
         hub.describe(str(tmp_path / "bad.gguf"))

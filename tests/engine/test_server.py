@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from specula.engine.api.events import Origin, Token
+from specula.engine.api.events import Origin, Step, Token
 from specula.engine.api.prompts import Message
 from specula.engine.api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
 from specula.engine.remote.telemetry import parse_metrics
@@ -238,6 +238,22 @@ def test_a_stop_sequence_ends_the_answer_before_it(served, session):
     assert "".join(t["text"] for c in chunks for t in ext(c).get("tokens", [])) == cut
 
 
+def test_a_stop_sequence_counts_the_tokens_generated_up_to_the_one_that_completes_it(served, session):
+    """A stop sequence matched at the very start leaves no text, yet the answer took its first token: usage counts
+    the tokens generated to the one that completes the stop sequence, those it cut included (as OpenAI and vLLM do)."""
+    request = GenerateRequest(tuple(Message(m["role"], m["content"]) for m in HELLO), "none", DecodeConfig(max_new_tokens=8))
+    first = next(t.text for e in session.generate(request) if isinstance(e, Step) for t in e.tokens)
+    assert first.strip()
+    for stream in (False, True):
+        answer = served.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=8, temperature=0,
+                                                         stop=[first.strip()[:1]], stream=stream,
+                                                         **({"stream_options": {"include_usage": True}} if stream else {}))
+        chunks = list(answer) if stream else [answer]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) if stream else \
+            answer.choices[0].message.content
+        assert text == first[:first.index(first.strip()[:1])] and chunks[-1].usage.completion_tokens == 1
+
+
 def test_a_client_that_leaves_cancels_its_request_and_the_next_one_is_served(served):
     def cancelled() -> float:
         for line in served.get("/metrics")[1].splitlines():
@@ -330,6 +346,37 @@ def test_serve_refuses_another_address_without_a_key():
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
 
 
+def test_serve_prints_a_model_that_did_not_load_to_its_terminal(tmp_path):
+    """The server stays up (a load request may bring another model), and says on its terminal, in one line, why the
+    model it was started with did not load."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.gguf_files import tiny_llama, write_gguf
+
+    whole = write_gguf(tmp_path / "whole.gguf", tiny_llama(seed=2, layers=1), "Q8_0").read_bytes()
+    half = tmp_path / "half.gguf"
+    half.write_bytes(whole[:len(whole) // 2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    server = subprocess.Popen([sys.executable, "-m", "specula.engine.cli", "serve", "--model", str(half), "--port", "0",
+                               "--no-baseline"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(server.stderr), daemon=True)  # until the server ends
+    reader.start()
+    try:
+        deadline = time.time() + 120
+        while not any(line.startswith("specula serve: the load failed") for line in lines):
+            assert time.time() < deadline and server.poll() is None, "".join(lines)
+            time.sleep(0.1)
+        failed = next(line for line in lines if line.startswith("specula serve: the load failed"))
+        assert "half.gguf" in failed and "truncated" in failed and server.poll() is None
+    finally:
+        server.kill()
+        server.wait(60)
+
+
 def _tokens(*texts: str) -> tuple[Token, ...]:
     return tuple(Token(i, t, Origin.TARGET, i) for i, t in enumerate(texts))
 
@@ -346,6 +393,9 @@ def test_text_stream_holds_back_what_may_begin_a_stop_sequence_and_cuts_tokens_a
     cut = TextStream(("x",))
     piece, tokens = cut.push(_tokens("ab", "cxd"))
     assert piece == "abc" and [t.text for t in tokens] == ["ab", "c"]
+    assert stream.generated == 4 and plain.generated == 2 and cut.generated == 2
+    first = TextStream(("END",))  # matched at the start, its tokens after it in the same step not counted
+    assert first.push(_tokens("EN", "D", "more")) == ("", []) and first.stopped and first.generated == 2
 
 
 def test_the_client_reads_a_server_without_a_model_as_starting():

@@ -9,8 +9,10 @@ import http.client
 import json
 import logging
 import socket
+import sys
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -165,6 +167,29 @@ def test_bodies_beyond_the_limit_are_refused_before_they_are_read(tiny_folder):
         assert conn.getresponse().status == 413
         small = {"messages": HELLO, "max_tokens": 4, "temperature": 0}
         assert s.post("/v1/chat/completions", small)[0] == 200
+    finally:
+        s.close()
+
+
+def test_a_client_that_sends_a_too_large_body_whole_reads_the_413_not_a_reset(tiny_folder):
+    """Most clients send the whole body before they read the answer: the server reads the rest of a refused body
+    (dropping it) before it answers, so the client reads the 413; one that waits for "100 Continue" is answered
+    at once, before it sends anything."""
+    s = Served(tiny_folder, max_body=1 << 20)
+    try:
+        big = b'{"messages": "' + b"x" * (12 << 20) + b'"}'
+        for chunked in (False, True):
+            conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+            body = iter([big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20)]) if chunked else big
+            conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"},
+                         encode_chunked=chunked)
+            response = conn.getresponse()
+            assert response.status == 413 and json.loads(response.read())["error"]["code"] == "body_too_large"
+        with socket.create_connection(("127.0.0.1", s.port), timeout=60) as waiting:
+            waiting.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                            b"\r\nExpect: 100-continue\r\nContent-Length: " + str(len(big)).encode() + b"\r\n\r\n")
+            assert waiting.recv(4096).startswith(b"HTTP/1.1 413")
+        assert s.post("/v1/chat/completions", {"messages": HELLO, "max_tokens": 2})[0] == 200
     finally:
         s.close()
 
@@ -368,6 +393,98 @@ def test_health_says_the_loaded_model_still_answers_after_a_failed_load(tiny_fol
         s.close()
 
 
+def test_a_damaged_gguf_is_refused_as_the_requests_fault_and_the_working_model_keeps_answering(tiny_folder, tmp_path):
+    from tests.support.gguf_files import damaged, data_offset, tiny_llama, write_gguf
+
+    good = write_gguf(tmp_path / "good.gguf", tiny_llama(hidden=64, inter=128, layers=1), "Q8_0")
+    bad = damaged(good, tmp_path / "bad.gguf", "blk.0.attn_q.weight", offset=data_offset(good, "blk.0.attn_q.weight") + 1)
+    s = Served(tiny_folder)
+    try:
+        body = {"messages": HELLO, "max_tokens": 6, "temperature": 0}
+        before = s.post("/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
+        error = s.events("/specula/v1/load", {"model": str(bad)})[-1]
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
+        assert "blk.0.attn_q.weight" in error["error"]["message"] and "misaligned" in error["error"]["message"]
+        deadline = time.time() + 60
+        while s.service.state == "loading":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        status, _, health = raw(s.port, "GET", "/health")
+        assert status == 200 and health["message"].endswith("still answers")
+        status, data = s.post("/v1/chat/completions", body)
+        assert status == 200 and data["choices"][0]["message"]["content"] == before
+    finally:
+        s.close()
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_reloading_a_model_gives_back_what_the_last_load_held(tiny_folder, tmp_path):
+    """Each load lets the model before it go, and the memory it held goes back to the system: loading the same
+    file again and again does not grow the process (it grew by most of a model each load, up to a plateau)."""
+    from tests.support.gguf_files import tiny_llama, write_gguf
+
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama(seed=3), "Q8_0")
+    s = Served(tiny_folder)
+    try:
+        def load() -> weakref.ref:
+            assert s.events("/specula/v1/load", {"model": str(path)})[-1]["type"] == "loaded"
+            return weakref.ref(s.service.runner.session.target.model)
+
+        models, sizes = [load()], [_rss_mb()]
+        for _ in range(4):
+            models.append(load())
+            sizes.append(_rss_mb())
+        assert [m() is None for m in models] == [True] * 4 + [False]
+        assert max(sizes) - sizes[0] < 40, sizes  # MB: about 90 without giving back
+    finally:
+        s.close()
+
+
+class _Runs:
+    """A pickled object that would run a command when unpickled: what a malicious pytorch_model.bin holds."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import pathlib
+
+        return pathlib.Path.touch, (pathlib.Path(self.marker),)
+
+
+def test_a_model_folder_with_code_in_its_pickle_is_refused_without_torchs_advice_to_run_it(tiny_folder, tmp_path):
+    """torch.load refuses it (weights only) and advises loading it anyway, which would run the file's code: neither
+    the load's error nor /health passes that advice on, and nothing of the file runs."""
+    import shutil
+
+    import torch
+
+    folder, marker = tmp_path / "evil", tmp_path / "ran"
+    shutil.copytree(tiny_folder, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    torch.save({"model.embed_tokens.weight": torch.zeros(2), "payload": _Runs(marker)}, folder / "pytorch_model.bin")
+    s = Served(tiny_folder)
+    try:
+        error = s.events("/specula/v1/load", {"model": str(folder)})[-1]
+        assert error["type"] == "error", error
+        message = error["error"]["message"]
+        assert "Python objects besides tensors" in message and str(folder) in message, message
+        deadline = time.time() + 60
+        while s.service.state == "loading":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        health = raw(s.port, "GET", "/health")[2]
+        for text in (message, health["message"]):
+            assert "weights_only" not in text and "Re-running" not in text, text
+        assert not marker.exists()
+    finally:
+        s.close()
+
+
 def test_usage_comes_once_and_only_where_include_usage_asks(served):
     client = served.client()
     plain = list(client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=6, stream=True))
@@ -429,6 +546,22 @@ def test_serve_takes_the_new_limits_on_its_command_line():
 
     assert main(["serve", "--no-model", "--port", "0", "--max-body-mb", "0"]) == 2
     assert main(["serve", "--no-model", "--port", "0", "--allow-key-env", "NOT A NAME"]) == 2
+
+
+@pytest.mark.parametrize("key, words", [("clé-secrète-42", "other than visible ASCII"),
+                                        ("two words here", "other than visible ASCII"), ("sesame", "has 6 characters")])
+def test_serve_refuses_at_start_an_api_key_no_client_could_send(monkeypatch, capsys, key, words):
+    """A header's bytes reach the server as Latin-1 text: a UTF-8 key could never match, so it is refused at start,
+    in one line, as are keys with spaces and keys too short to hold off guessing."""
+    from specula.engine.cli.main import main
+    from specula.engine.cli.serve import api_key_from
+
+    monkeypatch.setenv("SPECULA_TEST_KEY", key)
+    assert main(["serve", "--no-model", "--port", "0", "--api-key-env", "SPECULA_TEST_KEY"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--api-key-env SPECULA_TEST_KEY" in err and words in err, err
+    monkeypatch.setenv("SPECULA_TEST_KEY", "  sesame-open-42  ")
+    assert api_key_from("SPECULA_TEST_KEY") == "sesame-open-42"
 
 
 def test_a_cancelled_training_ends_with_a_cancelled_event_not_a_server_error(tiny_folder):

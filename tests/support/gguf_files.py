@@ -196,3 +196,39 @@ def write_gguf(path: Path, model, types: dict[str, str] | str = "Q8_0", arch: st
     writer.write_tensors_to_file()
     writer.close()
     return Path(path)
+
+
+def _table_entry(data: bytes, path: Path, tensor: str) -> tuple[int, int]:
+    """Where `tensor`'s name and its type (u32, then its data offset u64) are in the tensor table of the GGUF
+    `data` read from `path`."""
+    import struct
+
+    from specula.engine.api.gguf_header import read_header
+
+    key = tensor.encode()
+    name = data.index(struct.pack("<Q", len(key)) + key) + 8  # past the name's length
+    return name, name + len(key) + 4 + 8 * len(read_header(Path(path)).tensors[tensor].shape)  # past n_dims, dims
+
+
+def data_offset(path: Path, tensor: str) -> int:
+    """Where `tensor`'s bytes begin from the start of the file's data, as its tensor table counts."""
+    data = Path(path).read_bytes()
+    at = _table_entry(data, path, tensor)[1] + 4
+    return int.from_bytes(data[at:at + 8], "little")
+
+
+def damaged(path: Path, out: Path, tensor: str, type_id: int | None = None, offset: int | None = None,
+            name: str | None = None) -> Path:
+    """A copy at `out` of the GGUF at `path` whose tensor table gives `tensor` another type, data offset (as
+    `data_offset` counts) or name (of the same length); the data itself is left as it was."""
+    data = bytearray(Path(path).read_bytes())
+    name_at, at = _table_entry(data, path, tensor)
+    if type_id is not None:
+        data[at:at + 4] = type_id.to_bytes(4, "little")
+    if offset is not None:
+        data[at + 4:at + 12] = offset.to_bytes(8, "little")
+    if name is not None:
+        assert len(name) == len(tensor), "a name of the same length keeps the table's layout"
+        data[name_at:name_at + len(name)] = name.encode()
+    Path(out).write_bytes(bytes(data))
+    return Path(out)
