@@ -199,7 +199,7 @@ def test_the_first_answer_does_not_draw_the_plots_again_while_the_prompt_is_read
     panel.begin()
     assert not panel.empty.isHidden()  # the prompt is being read: nothing to draw yet
     elapsed = 0.0
-    for i in range(1, 40):
+    for i in range(0, 40):  # the prompt's step first, as an answer streams them
         elapsed += 0.004
         panel.add_step(Step(1, i, 0, 0, (Token(i, "x", Origin.TARGET, i),), (), 0.0, 0.004, 20 + i, 0, elapsed))
         assert panel.empty.isHidden()
