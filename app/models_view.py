@@ -156,6 +156,7 @@ class ModelsView(QDialog):
         self.progress = QProgressBar()
         self.progress.setVisible(False)
         self.progress_text = QLabel()
+        self.progress_text.setWordWrap(True)  # a failed download's reason (offline: the Hub unreachable) is read whole
         mute(self.progress_text)
         self.search_text = QLineEdit()
         self.search_text.setPlaceholderText("Search the Hugging Face Hub: a name, e.g. SmolLM2 or Qwen2.5")

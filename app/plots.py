@@ -15,6 +15,7 @@ about these numbers show under the stats row.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -29,6 +30,8 @@ from specula.app.theme import is_dark, mute, palette_for
 from specula.engine.api.metrics import speedup_text
 
 REFRESH_MS = 50  # a tick refreshes one of the PARTS: each at 4 Hz
+TITLE_SIZE = "9pt"
+TITLE_MARGIN = 50  # a plot's width its title cannot use: the value axis and the margins
 ROLLING = 16  # steps in the rolling acceptance
 WARMUP = 3  # decode steps before rates are plotted: the first ones are mostly noise
 
@@ -64,7 +67,7 @@ class Plot:
 PLOTS = (
     Plot("acceptance", (0, 0, 2), "Acceptance <span style='color:{c.draft}'>● per step &nbsp;━ last {n} steps</span>",
          (Line("acceptance", "step", "acceptance", "draft", "dots"), Line("rolling", "step", "rolling", "draft"))),
-    Plot("tps", (1, 0, 2), "Tokens/s in the answer so far <span style='color:{c.bonus}'>━ speculative</span> &nbsp;"
+    Plot("tps", (1, 0, 2), "Tokens/s so far <span style='color:{c.bonus}'>━ speculative</span> &nbsp;"
                            "<span style='color:{c.muted}'>╍ plain</span>",
          (Line("tps", "tps_step", "tps", "bonus"), Line("baseline", "tps_step", "baseline", "muted", "dashed", gaps=True)),
          grows=(10, 10)),
@@ -227,10 +230,9 @@ class PlotsPanel(QWidget):
         dark = is_dark(self)
         c = palette_for(dark)
         self.graphics.setBackground(base)
-        for key, plot in self.plots.items():
-            title = SERVER_ACCEPTANCE if key == "acceptance" and self.counters else PLOT[key].title
-            plot.setTitle(f"<span style='color:{fg.name()}'>{title.format(c=c, n=ROLLING)}</span>", size="9pt")
-            plot.titleLabel.setMinimumWidth(0)  # a title never widens its plot past the dock (it is clipped)
+        self._titled_at = -1
+        self._set_titles()
+        for plot in self.plots.values():
             for axis in ("left", "bottom"):
                 plot.getAxis(axis).setTextPen(fg)
                 plot.getAxis(axis).setPen(QColor(fg.red(), fg.green(), fg.blue(), 90))
@@ -246,6 +248,29 @@ class PlotsPanel(QWidget):
             if spec.bars:
                 self.bars[spec.key].setOpts(brush=QColor(getattr(c, spec.bars)), pen=None)
         self.unity.setPen(pg.mkPen(c.muted, style=Qt.PenStyle.DotLine))
+
+    def _set_titles(self) -> None:
+        """Each plot's title on one line where it fits the plot's width, else on two (its name over its key): a title
+        wider than its plot widened the plots past a narrow dock, which then cut them and their titles off."""
+        width = self.graphics.viewport().width()
+        if width == self._titled_at:
+            return
+        self._titled_at = width
+        fg, c = self.palette().color(QPalette.ColorRole.Text).name(), palette_for(is_dark(self))
+        metrics = QFontMetrics(_title_font())
+        for key, plot in self.plots.items():
+            spec = PLOT[key]
+            title = (SERVER_ACCEPTANCE if key == "acceptance" and self.counters else spec.title).format(c=c, n=ROLLING)
+            room = width * spec.cell[2] / 2 - TITLE_MARGIN  # a plot spans one of the two columns, or both
+            if metrics.horizontalAdvance(_plain(title)) > room:
+                title = _two_lines(title)
+            plot.setTitle(f"<span style='color:{fg}'>{title}</span>", size=TITLE_SIZE)
+            plot.titleLabel.setMinimumWidth(0)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if hasattr(self, "plots"):
+            self._set_titles()
 
     def changeEvent(self, event) -> None:
         super().changeEvent(event)
@@ -533,3 +558,21 @@ def _nice_ceil(value: float, low: float) -> float:
     scale = 10.0 ** math.floor(math.log10(value))
     return next(m * scale for m in (1, 1.5, 2, 3, 5, 7.5, 10) if m * scale >= value * (1 - 1e-9))
 
+
+def _title_font() -> QFont:
+    font = QFont()
+    font.setPointSizeF(float(TITLE_SIZE.removesuffix("pt")))
+    return font
+
+
+def _plain(title: str) -> str:
+    """A title's text without its markup, as it is drawn."""
+    return re.sub(r"<[^>]+>", "", title).replace("&nbsp;", " ")
+
+
+def _two_lines(title: str) -> str:
+    """A title on two lines: its name over its key (before the key's first span), or split at its first space."""
+    if " <span" in title:
+        name, key = title.split(" <span", 1)
+        return f"{name}<br><span{key}"
+    return title.replace(" ", "<br>", 1)

@@ -44,6 +44,7 @@ from specula.app.notice import NoticeBar
 from specula.app.plots import PlotsPanel
 from specula.app.settings import Settings, SettingsStore
 from specula.app.sidebar import ConversationList
+from specula.app.statusbar import FittingStatusBar
 from specula.app.theme import THEMES, apply_theme
 from specula.app.tokens import model_label
 from specula.engine.api.events import Capabilities, Failed, Loaded, Loading  # plain dataclasses: no torch
@@ -125,6 +126,7 @@ class MainWindow(QMainWindow):
         self.dock.setMinimumWidth(320)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dock)
         self._build_toolbar()
+        self.setStatusBar(FittingStatusBar(self))
         self._build_status_bar()
 
     def _build_toolbar(self) -> None:

@@ -215,6 +215,12 @@ def test_the_models_view_opens_within_the_screen_and_fits_800_by_600(make_window
         assert child.isVisible() and right <= view.width(), (child.text(), right)
     for button in view.findChildren(QPushButton):  # none squeezed below its own size: they wrap instead
         assert not button.isVisible() or button.width() >= button.sizeHint().width(), button.text()
+    # a failed download's reason is read whole (offline, it was cut at the view's edge)
+    view.progress_text.setText("The download stopped: the Hugging Face Hub cannot be reached from this machine (no "
+                               "network, or HF_HUB_OFFLINE is set). It resumes where it stopped once it can be.")
+    qtbot.waitUntil(lambda: view.progress_text.height() >= view.progress_text.heightForWidth(view.progress_text.width()),
+                    timeout=5_000)
+    assert view.progress_text.minimumSizeHint().width() <= view.progress_text.width()  # it wraps, not cut off
 
 
 def test_the_memory_a_model_needs_is_shown_against_what_is_free():

@@ -486,3 +486,24 @@ def test_file_dialogs_open_where_such_files_are_not_in_the_processs_folder(make_
     assert folders.start_folder("model") != str(Path.cwd()) or Path.cwd() == Path.home()
     assert folders.chosen("model", str(tmp_path / "m.gguf")) == str(tmp_path / "m.gguf")
     assert folders.start_folder("model") == str(tmp_path) and folders.chosen("model", "") == ""
+
+
+def test_at_800x600_with_the_chats_folded_the_plots_and_a_long_status_line_fit(make_window, qtbot):
+    """The dock's plots fit its width (a title wider than its plot widened them past the dock, which cut the plots
+    and titles off: a narrow plot's title goes on two lines), and a status line longer than its room is cut with an
+    ellipsis, its whole text the bar's tooltip."""
+    w = make_window()
+    w.resize(800, 600)
+    qtbot.waitUntil(lambda: w.width() == 800, timeout=5_000)
+    if w.sidebar.isVisible():
+        w.chats_action.trigger()
+    graphics = w.plots.graphics
+    qtbot.waitUntil(lambda: graphics.ci.size().width() <= graphics.viewport().width() + 1, timeout=5_000)
+    assert any("<br>" in plot.titleLabel.text for plot in w.plots.plots.values())
+    line = ("Loading qwen-coder-1.5b.gguf: building the compiled step for this CPU, once (about 60 s; `specula "
+            "build-step` builds it ahead)")
+    w.statusBar().showMessage(line)
+    shown = w.statusBar().currentMessage()
+    assert shown.endswith("…") and line.startswith(shown[:-1]) and w.statusBar().toolTip() == line
+    w.statusBar().showMessage("Loaded tiny")
+    assert w.statusBar().currentMessage() == "Loaded tiny" and w.statusBar().toolTip() == ""
