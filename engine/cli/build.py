@@ -11,7 +11,7 @@ from ..cpu import step
 
 def run_build_step(args) -> int:
     if step.built():
-        print(f"the compiled step is built for this CPU: {step.library_path(step._compiler())}")
+        print(f"the compiled step is built for this CPU: {step.build()}")  # built: build() only finds it
         return 0
     print(f"building the compiled step for this CPU, once (about {round(step.build_estimate())} s)...", flush=True)
     began = time.monotonic()

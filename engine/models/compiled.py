@@ -10,7 +10,7 @@ import torch
 from ..cpu import step as cpu_step
 from ..cpu.products import BLOCK_FORMATS, Blocks, Tiles, in_rows
 from ..decoding.tree import TokenTree
-from .families import Spec
+from .families import Spec, head_dim
 from .gguf import LM_HEAD, NativeWeights
 from .layers import LayerWeights, first_norm, fused_layers, own_ops
 
@@ -44,10 +44,9 @@ class StepHandle:
         table = []
         for layer in layers:
             products = tuple(step_form(p, parts) for p, parts in zip(layer.products, layer.file_parts))
-            table.append(cpu_step.StepLayer(products, *(weight(layer.norms[s]) for s in ("attn_in", "mlp_in")),
-                                            weight(layer.q_norm), weight(layer.k_norm),
-                                            *(weight(layer.norms[s]) for s in ("attn_out", "mlp_out")),
-                                            layer.rotary, layer.window, layer.rope_set))
+            norms = {slot: weight(norm) for slot, norm in layer.norms.items()}  # StepLayer's fields by these names
+            table.append(cpu_step.StepLayer(products, q_norm=weight(layer.q_norm), k_norm=weight(layer.k_norm),
+                                            rotary=layer.rotary, window=layer.window, rope_set=layer.rope_set, **norms))
         head = native.tensors.get(LM_HEAD) if native is not None else None
         if isinstance(lm_head, Blocks):  # the file's blocks already (a GGUF as it is)
             self.lm_head = lm_head
@@ -64,7 +63,7 @@ class StepHandle:
         n_heads = config.num_attention_heads
         first = first_norm(layers[0])
         model = cpu_step.StepModel(n_heads, getattr(config, "num_key_value_heads", None) or n_heads,
-                                   getattr(config, "head_dim", None) or config.hidden_size // n_heads, layers[0].inter,
+                                   head_dim(config), layers[0].inter,
                                    float(first.eps), float(spec.attention_scale), first.wide, spec.gelu,
                                    spec.residual_multiplier, spec.attention_softcap)
         self.handle = cpu_step.register(ops, model, table)

@@ -31,7 +31,7 @@ from ..cpu.products import (
     int4_fits,
     stable_rows_of,
 )
-from .families import Spec, spec_of
+from .families import NORM_SLOTS, Spec, spec_of
 from .gguf import FileHead, NativeWeights, weight_device, weight_dtype
 
 log = logging.getLogger(__name__)
@@ -227,9 +227,9 @@ class LayerWeights:
         self.inter = sum(m.weight.shape[0] for m in gate_up) // 2
         self.act = activation(spec)
         self.gelu = spec.gelu  # the gate's activation: GELU with tanh (Gemma), else SiLU
-        # the norms by where they sit (families.NORM_SLOTS; None: none there): before attention and before the MLP
+        # the norms by where they sit (NORM_SLOTS; None: none there): before attention and before the MLP
         # (None: the input as it is, OLMo 2's), on attention's and the MLP's outputs (Gemma, OLMo 2)
-        self.norms: dict[str, Norm | None] = {slot: None for slot in ("attn_in", "mlp_in", "attn_out", "mlp_out")}
+        self.norms: dict[str, Norm | None] = dict.fromkeys(NORM_SLOTS)
         for slot, name in spec.norms.items():
             self.norms[slot] = norm_of(layer.get_submodule(name), spec)
         # each query and key head normed before rotary (Qwen3, Gemma 3), or all query heads together and all key heads

@@ -18,7 +18,7 @@ from ..decoding.tree import TokenTree
 from .block import call, layer_pass, rms_norm
 from .attention import Heads, Plan, cap, pass_plan, tree_plan, whole_blocks
 from .compiled import StepHandle, forward_compiled, prompt_through_step, step_for
-from .families import spec_of
+from .families import head_dim, spec_of
 from .gguf import NativeWeights, out_features, weight_device, weight_dtype
 from .layers import LayerWeights, context_window, fused_layers, norm_of, rotary_tables
 from . import static as static_steps
@@ -77,7 +77,7 @@ class LeanRunner:
         self.dtype = weight_dtype(model.lm_head)
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.head_dim = head_dim(cfg)
         self.groups = self.n_heads // self.n_kv
         self.scale = spec.attention_scale
         self.heads = Heads(self.n_heads, self.n_kv, self.head_dim, self.scale, self.softcap, self.dtype)
