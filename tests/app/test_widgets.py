@@ -507,3 +507,8 @@ def test_at_800x600_with_the_chats_folded_the_plots_and_a_long_status_line_fit(m
     assert shown.endswith("…") and line.startswith(shown[:-1]) and w.statusBar().toolTip() == line
     w.statusBar().showMessage("Loaded tiny")
     assert w.statusBar().currentMessage() == "Loaded tiny" and w.statusBar().toolTip() == ""
+    # a label filled in after the message (the model's name once loaded) leaves it less room: cut again
+    w.statusBar().showMessage(line[:60], 60_000)
+    w.status_labels["model"].setText("a model name long enough to take most of the bar " * 2)
+    qtbot.waitUntil(lambda: w.statusBar().currentMessage().endswith("…"), timeout=5_000)
+    assert w.statusBar().toolTip() == line[:60]
