@@ -355,7 +355,10 @@ class MainWindow(QMainWindow):
             if fallback:  # the app stays usable: the bundled model for this run, the saved choice untouched
                 kept = " Using the bundled model for now; Settings… chooses another."
             message = f"{what}: {event.message.rstrip('.')}.{kept}"
-            self.view.add_turn(_error_turn(message), transient=True)
+            if fallback:  # a banner above the chat, whatever page of it is shown, until dismissed
+                self.notices.add(message)
+            else:
+                self.view.add_turn(_error_turn(message), transient=True)
             self.falling_back = fallback  # for the slots of model_failed: the bundled model loads next
             self.model_failed.emit(event.message)
             if fallback:

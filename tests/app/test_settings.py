@@ -457,8 +457,9 @@ def test_a_saved_model_that_is_gone_falls_back_to_the_bundled_one_for_this_run(m
     SettingsStore(tmp_path / "config").save(Settings(model_source="/no/such/model"))
     loads = fail_missing_models(tiny_session)
     w = make_window()  # ready: the bundled model loaded after the saved one failed
-    text = w.view.toPlainText()
-    assert "no model at /no/such/model" in text and "bundled model for now" in text
+    banner = w.notices.label.text()  # a banner, not a turn of the chat that scrolls away
+    assert "no model at /no/such/model" in banner and "bundled model for now" in banner
+    assert w.notices.isVisibleTo(w) and "bundled model for now" not in w.view.toPlainText()
     assert loads == ["/no/such/model", "bundled"] and w.state == "ready"
     w.controls.temperature.setValue(0.4)  # a change from the toolbar saves the settings
     saved = json.loads((tmp_path / "config" / "settings.json").read_text())
