@@ -486,16 +486,16 @@ class ChatController(QObject):
         self.view.add_turn(turn)
 
 
-def build_request(messages: tuple, s: Settings, token_probs: bool = True, chat: bool = True):
+def build_request(messages: tuple, s: Settings, token_probs: bool = True, chat: bool = True, **config):
     """An engine GenerateRequest for these messages and settings (imports the engine: call it once a
     model is loaded); `token_probs`: each draft token's probabilities, for hovering it (a timed run leaves
     them out: they cost a softmax a step); `chat`: through the model's chat template (False for a base model,
-    whose messages continue as plain text)."""
+    whose messages continue as plain text); `config`: more of DecodeConfig's fields."""
     from specula.engine.api.types import DecodeConfig, GenerateRequest
 
     config = DecodeConfig.for_strategy(s.strategy, s.k or None, temperature=s.temperature, top_k=s.top_k,
                                        top_p=s.top_p, adaptive_k=s.adaptive_k, max_new_tokens=s.max_new_tokens,
-                                       seed=s.seed, token_probs=token_probs)
+                                       seed=s.seed, token_probs=token_probs, **config)
     return GenerateRequest(messages, s.strategy, config, chat=chat, options=s.request_options())
 
 

@@ -2,6 +2,11 @@
 strategy, with the same seed and settings, back to back; then both decode rates, the measured speedup
 (the ratio of the two rates) and whether the outputs are the same token ids.
 
+Two runs one after the other measure the machine as well as the strategy: another program busy during one
+run and not the other moves their ratio (here 0.74-1.98x for a strategy that runs 1.45x on a quiet machine).
+Each run reports what a plain step cost while it ran (its own plain samples); where the two differ by more
+than DRIFT, the card says so, and what the ratio would be at one speed.
+
 The result is a card in the transcript, not a turn of the conversation: it is not saved and not sent to
 the model (switching conversations clears it). The runs feed the live plots like any answer.
 """
@@ -18,6 +23,7 @@ from specula.app.settings import Settings
 from specula.engine.api.events import Failed, Finished, Started, Step  # plain dataclasses: no torch
 
 PLAIN = "none"
+DRIFT = 0.10  # the two runs' plain steps differing by more than this: the machine's speed changed between them
 
 
 @dataclass(frozen=True)
@@ -32,12 +38,13 @@ class RunResult:
     reason: str
     live: float | None = None  # the live speedup measured inside this run (what the dock and footer show)
     live_err: float | None = None
+    plain_step_s: float | None = None  # what a plain step cost while this run went on (its own samples)
 
     @classmethod
     def of(cls, strategy: str, finished) -> RunResult:
         t = finished.totals
         return cls(strategy, tuple(finished.token_ids), t.new_tokens, t.tokens_per_s, t.acceptance_rate,
-                   finished.reason, finished.speedup, finished.speedup_err)
+                   finished.reason, finished.speedup, finished.speedup_err, finished.plain_step_s)
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,24 @@ class Comparison:
         if not self.done or self.plain.tokens_per_s <= 0 or self.fast.tokens_per_s <= 0:
             return None
         return self.fast.tokens_per_s / self.plain.tokens_per_s
+
+    @property
+    def slowdown(self) -> float | None:
+        """How much slower a plain step ran during the second run than during the first (1: the same speed);
+        None where a run took no plain samples (a short answer, a server)."""
+        if not self.done or not self.plain.plain_step_s or not self.fast.plain_step_s:
+            return None
+        return self.fast.plain_step_s / self.plain.plain_step_s
+
+    @property
+    def steady(self) -> bool:
+        """Whether both runs ran at one machine speed, as far as it is known."""
+        return self.slowdown is None or abs(self.slowdown - 1) <= DRIFT
+
+    @property
+    def at_one_speed(self) -> float | None:
+        """The measured speedup with the second run brought to the first one's machine speed."""
+        return None if self.speedup is None or self.slowdown is None else self.speedup * self.slowdown
 
     @property
     def identical(self) -> bool | None:
@@ -139,7 +164,7 @@ class CompareController(QObject):
         self._update(running=strategy)
         try:
             request = build_request(self._messages, replace(self._settings, strategy=strategy), token_probs=False,
-                                    chat=self.chat_template)
+                                    chat=self.chat_template, own_baseline=True)
         except ValueError as exc:  # the engine's SpeculaError: a setting it refuses
             self._end(error=str(exc))
             return

@@ -61,14 +61,25 @@ def _verdict(c: Comparison, colours: OriginColours) -> str:
     head = f"<b>Measured speedup: <span style='color:{colours.bonus}'>{speedup}</span></b>{GAP}"
     if c.fast.live is not None:  # the same run's own figure, as the dock and the footer show it
         head += f"live in the answer: {speedup_text(c.fast.live, c.fast.live_err)}{GAP}"
+    drift = "" if c.steady else _p(_drift(c), colours.error_text)
     if c.identical:
         same = (f"<span style='color:{colours.draft}'><b>✓ identical outputs</b></span> "
                 f"({len(c.plain.token_ids)} tokens)")
-        return _p(head + same)
+        return _p(head + same) + drift
     differ = (f"<span style='color:{colours.correction}'><b>outputs differ</b></span> "
               f"from token {c.first_difference + 1}")
     why = ("Sampling draws differently once drafts are verified; both answers follow the model's distribution."
            if c.temperature > 0 else
            "Greedy answers part where the model's top two tokens are nearly tied and the verify pass rounds "
            "differently from a one-token step (bf16); in fp32 they match.")
-    return _p(head + differ) + _p(why, colours.muted)
+    return _p(head + differ) + drift + _p(why, colours.muted)
+
+
+def _drift(c: Comparison) -> str:
+    """The machine's speed changed between the runs: by how much, and the ratio at one speed."""
+    first, second = c.plain.plain_step_s * 1000, c.fast.plain_step_s * 1000
+    change = "slower" if c.slowdown > 1 else "faster"
+    return (f"The machine ran {change} during the second run (a plain step took {first:.0f} ms in the first, "
+            f"{second:.0f} ms in the second: another program at work?), so the measured speedup is not the "
+            f"strategy's alone. At one speed it would be about {c.at_one_speed:.2f}×. Compare again on a quiet "
+            "machine for a clean figure.")

@@ -145,6 +145,9 @@ class Finished:
     totals: Totals
     speedup: float | None = None  # the live speedup at the end (decoding.speedup.SpeedupMeter); None when unknown
     speedup_err: float | None = None  # its standard error; None with fewer than two plain samples
+    # what a plain step cost during this answer: the mean of its own plain samples (the machine's speed while it
+    # ran; Compare checks that its two runs ran at one); None where it took none
+    plain_step_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,9 @@ class DecodeConfig:
     # max_new_tokens was asked for (OpenAI's max_tokens): a prompt that leaves less room than that is refused,
     # as OpenAI and vLLM refuse it, instead of the answer being cut at the window's end
     fit_window: bool = False
+    # the live speedup from this answer's own plain steps, not from recent answers' (Compare: each run says what
+    # a plain step cost while it ran, so that a machine that slowed between the runs is seen)
+    own_baseline: bool = False
 
     @classmethod
     def for_strategy(cls, strategy: str, k: int | None = None, *, temperature: float = 0.0, top_k: int = 0,

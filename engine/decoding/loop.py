@@ -229,7 +229,8 @@ class _Loop:
         logits = self.target.forward(self.ctx[start : self.length])  # (1, V)
         # the kind of step the answer runs is chosen as it starts: earlier plain samples count if of that kind
         self.step_kind = self.target.step_kind
-        self.meter = SpeedupMeter(self.plain.seeds(self.step_kind), self.plain.latest(self.step_kind))
+        seeds = () if self.config.own_baseline else self.plain.seeds(self.step_kind)
+        self.meter = SpeedupMeter(seeds, self.plain.latest(self.step_kind))
         first = int(choose(logits[-1], self.params, self.gen))
         self.stats.prefill_s = time.perf_counter() - self.t_start
         kept = self._append([first])
@@ -343,7 +344,7 @@ class _Loop:
         totals = self.stats.totals(len(self.out_ids), wall)
         text = self.detok.text if self.detok else ""
         return Finished(self.request_id, self.budget.reason or "length", text, tuple(self.out_ids), totals,
-                        self.meter.value, self.meter.error)
+                        self.meter.value, self.meter.error, self.meter.own_plain_s)
 
 
 @dataclass(frozen=True)

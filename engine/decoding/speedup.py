@@ -149,6 +149,11 @@ class SpeedupMeter:
         return statistics.fmean(pool) if pool else None
 
     @property
+    def own_plain_s(self) -> float | None:
+        """The mean of this answer's own plain samples (none of the seeds): the machine's plain step while it ran."""
+        return self._mean if self.samples else None
+
+    @property
     def value(self) -> float | None:
         """P / T; exactly 1 for an answer whose every step was a plain one (strategy none, or auto choosing
         plain decoding throughout): it is plain decoding, whatever its steps' times scatter."""

@@ -159,6 +159,7 @@ class SpeculaExtension(Body):
     adaptive_k: Flag = None
     token_probs: Flag = None
     cut_at_window: Flag = None  # max_tokens beyond the window's room ends the answer there instead of a 400
+    own_baseline: Flag = None  # the live speedup from this answer's own plain steps (DecodeConfig.own_baseline)
     k_max: Count = None
     options: Annotated[StrategyOptions | None, BeforeValidator(or_none)] = None
 
@@ -294,7 +295,8 @@ def _decode(body: ChatCompletionRequest | CompletionRequest, ext: SpeculaExtensi
         return DecodeConfig.for_strategy(
             strategy, server_k if ext.k is None else ext.k, adaptive_k=bool(ext.adaptive_k),
             token_probs=bool(ext.token_probs), max_new_tokens=body.max_new_tokens or defaults.context_window or 1 << 30,
-            fit_window=body.max_new_tokens is not None and not ext.cut_at_window, seed=body.seed, **sampling, **k_max)
+            fit_window=body.max_new_tokens is not None and not ext.cut_at_window, seed=body.seed,
+            own_baseline=bool(ext.own_baseline), **sampling, **k_max)
     except SpeculaError as exc:
         raise bad_request(str(exc), "specula") from None
 

@@ -42,6 +42,9 @@ def test_compare_runs_plain_then_the_strategy_with_the_same_seed(make_window, qt
     assert [r.strategy for r in sent] == ["none", "draft-model"]
     assert sent[0].messages == sent[1].messages and sent[0].messages[-1].content.startswith("hello there")
     assert sent[0].config.seed == sent[1].config.seed == card.seed is not None
+    # each run measures what a plain step costs while it runs (not from the answer before): the machine's speed
+    assert sent[0].config.own_baseline and sent[1].config.own_baseline
+    assert card.plain.plain_step_s and card.fast.plain_step_s and card.slowdown is not None
     assert card.done and not card.error and card.plain.strategy == "none" and card.fast.strategy == "draft-model"
     assert card.identical  # greedy in fp32: speculation is lossless
     assert card.speedup == pytest.approx(card.fast.tokens_per_s / card.plain.tokens_per_s)

@@ -27,6 +27,7 @@ class Clock:
     def __init__(self) -> None:
         self.now = 0.0
         self.since_pass = FADE
+        self.scale = 1.0  # above 1: another program slows every pass
 
     def __call__(self) -> float:
         return self.now
@@ -37,10 +38,10 @@ class Clock:
 
     def charge(self, rows: int) -> None:
         if rows == 1:
-            self.now += PLAIN_S * (1 + AFTER_PASS * max(0, FADE - self.since_pass) / FADE)
+            self.now += self.scale * PLAIN_S * (1 + AFTER_PASS * max(0, FADE - self.since_pass) / FADE)
             self.since_pass += 1
         else:
-            self.now += 0.014 + 0.001 * rows
+            self.now += self.scale * (0.014 + 0.001 * rows)
             self.since_pass = 0
 
 
@@ -66,7 +67,7 @@ class Oracle(Drafter):
         return Draft(torch.tensor(guess, dtype=torch.long))
 
 
-def timed_answer(target, drafter, prompt, clock) -> Finished:
+def timed_answer(target, drafter, prompt, clock, plain=None, **config) -> Finished:
     runner = target.new_runner()
     forward = runner.forward
 
@@ -75,8 +76,8 @@ def timed_answer(target, drafter, prompt, clock) -> Finished:
         return forward(tokens, *args, **kwargs)
 
     runner.forward = charged
-    config = DecodeConfig(max_new_tokens=240, k=4)
-    return list(generate(runner, drafter, prompt, config, stop_ids=frozenset()))[-1]
+    config = DecodeConfig(**{"max_new_tokens": 240, "k": 4, **config})
+    return list(generate(runner, drafter, prompt, config, stop_ids=frozenset(), plain=plain))[-1]
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +113,55 @@ def test_plain_steps_after_a_search_that_found_nothing_are_not_samples(target, m
     work, which slows them; only the decoder's probes (no look before them) stand for plain decoding."""
     live, measured = live_against_measured(target, monkeypatch, searching=True)
     assert live == pytest.approx(measured, rel=0.03)
+
+
+def test_compare_sees_a_machine_that_slowed_between_its_runs_in_each_runs_own_plain_steps(target, monkeypatch):
+    """Compare's two runs one after the other: another program busy during the second (every pass half as
+    long again) moves their ratio; each run's own plain samples say what a plain step cost while it ran, and
+    the ratio brought to one speed is the quiet machine's."""
+    from specula.app.compare import Comparison, RunResult
+    from specula.app.comparecard import card_html
+    from specula.app.theme import LIGHT
+
+    clock = Clock()
+    monkeypatch.setattr(loop_module, "time", SimpleNamespace(perf_counter=clock))
+    prompt = [3, 14, 15, 9, 26, 5]
+    plain = timed_answer(target, NoDraft(), prompt, clock, own_baseline=True)
+    answer = list(plain.token_ids)
+    quiet = timed_answer(target, Oracle(answer), prompt, clock, own_baseline=True)
+    clock.scale = 1.5
+    busy = timed_answer(target, Oracle(answer), prompt, clock, own_baseline=True)
+    assert plain.plain_step_s == pytest.approx(PLAIN_S) and quiet.plain_step_s == pytest.approx(PLAIN_S)
+    assert busy.plain_step_s == pytest.approx(1.5 * PLAIN_S)
+
+    def card(fast):
+        return Comparison("oracle", 1, 0.0, RunResult.of("none", plain), RunResult.of("oracle", fast))
+
+    calm, slowed = card(quiet), card(busy)
+    assert calm.steady and calm.slowdown == pytest.approx(1.0)
+    assert not slowed.steady and slowed.slowdown == pytest.approx(1.5)
+    assert slowed.speedup == pytest.approx(calm.speedup / 1.5, rel=0.02)  # the raw ratio measures the machine
+    assert slowed.at_one_speed == pytest.approx(calm.speedup, rel=0.02)
+    assert busy.speedup == pytest.approx(quiet.speedup, rel=0.02)  # the live figure is the machine's own
+    html = card_html(slowed, LIGHT)
+    assert "ran slower during the second run" in html and "10 ms in the first, 15 ms in the second" in html
+    assert f"about {slowed.at_one_speed:.2f}×" in html
+    assert "during the second run" not in card_html(calm, LIGHT)
+
+
+def test_an_answer_right_after_another_measures_its_own_plain_steps_only_when_asked(target, monkeypatch):
+    """Without own_baseline a short answer right after another starts from that one's plain samples and takes
+    none of its own (nothing to compare the machine's speed by); with it, it measures its own."""
+    from specula.engine.decoding.speedup import PlainHistory
+
+    clock = Clock()
+    monkeypatch.setattr(loop_module, "time", SimpleNamespace(perf_counter=clock))
+    history = PlainHistory()
+    prompt = [3, 14, 15, 9, 26, 5]
+    plain = timed_answer(target, NoDraft(), prompt, clock, plain=history)
+    assert plain.plain_step_s == pytest.approx(PLAIN_S)
+    answer = list(plain.token_ids)
+    seeded = timed_answer(target, Oracle(answer), prompt, clock, plain=history, max_new_tokens=60)
+    assert seeded.plain_step_s is None and seeded.speedup is not None  # costed at the earlier answer's samples
+    own = timed_answer(target, Oracle(answer), prompt, clock, plain=history, max_new_tokens=60, own_baseline=True)
+    assert own.plain_step_s == pytest.approx(PLAIN_S) and own.token_ids == seeded.token_ids
