@@ -91,18 +91,6 @@ def test_a_saved_strategy_the_model_lacks_is_noted_and_the_message_still_sent(ma
     assert "note: the saved strategy 'draft-model' is not available for this model" in capsys.readouterr().err
 
 
-@pytest.mark.e2e
-def test_a_saved_model_that_does_not_load_gives_way_to_the_bundled_one_and_the_message_is_answered(qapp, tmp_path,
-                                                                                                monkeypatch, capsys):
-    from specula.app.settings import Settings, SettingsStore
-
-    monkeypatch.setenv("SPECULA_CONFIG_DIR", str(tmp_path / "config"))
-    SettingsStore().save(Settings(model_source=str(tmp_path / "gone.gguf"), strategy="none", max_new_tokens=8))
-    assert main(["--send", "hi", "--exit-after-reply"]) == 0
-    err = capsys.readouterr().err
-    assert "note: the saved model could not be loaded" in err and "using the bundled model" in err
-
-
 def test_a_model_that_does_not_load_exits_non_zero(qapp, capsys):
     code = main(["--model", "/no/such/model.gguf", "--send", "hi", "--exit-after-reply"])
     assert code == 1
@@ -110,11 +98,20 @@ def test_a_model_that_does_not_load_exits_non_zero(qapp, capsys):
 
 
 @pytest.mark.e2e
-def test_the_app_answers_on_the_bundled_model_and_saves_a_screenshot(qapp, tmp_path):
+def test_the_app_answers_on_the_bundled_model_where_a_saved_one_does_not_load_and_saves_a_screenshot(
+        qapp, tmp_path, monkeypatch, capsys):
+    """The real app and its engine process, once (a start costs seconds): a saved model that is gone gives way to
+    the bundled one, the message is answered with the strategy asked for, and the window is saved."""
+    from specula.app.settings import Settings, SettingsStore
+
+    monkeypatch.setenv("SPECULA_CONFIG_DIR", str(tmp_path / "config"))
+    SettingsStore().save(Settings(model_source=str(tmp_path / "gone.gguf"), strategy="none", max_new_tokens=8))
     png = tmp_path / "window.png"
     code = main(["--send", "Hello", "--strategy", "prompt-lookup", "--max-new-tokens", "24",
                  "--screenshot", str(png), "--exit-after-reply"])
     assert code == 0
+    err = capsys.readouterr().err
+    assert "note: the saved model could not be loaded" in err and "using the bundled model" in err
     assert png.exists() and distinct_colours(png) > 200
     image = QImage(str(png))
     assert image.width() >= 1000 and image.height() >= 600
