@@ -238,7 +238,8 @@ class _Loop:
         s = self.last_elapsed = self.stats.prefill_s
         yield Step(self.request_id, 0, 0, 0, tokens, (), 0.0, s, self.n_prompt, 0, s)
 
-    def _measured(self, drafted: int, emitted: int, draft_s: float, proposed: bool) -> tuple[float, dict]:
+    def _measured(self, drafted: int, emitted: int, draft_s: float, proposed: bool,
+                  pass_s: float | None = None) -> tuple[float, dict]:
         """The step's end (since t_start) and the live speedup's fields for its event. A step that drafted
         nothing is a plain decoding step: its time, its drafting excluded, is a sample of plain cost where
         no drafter ran before it (`proposed` false: a probe; the work of one that looked and found nothing
@@ -249,7 +250,8 @@ class _Loop:
         plain_s = max(1e-9, seconds - draft_s) if drafted == 0 else None
         # the first step after the prompt runs cold (about 1.5 plain steps here): if plain, it counts for
         # itself only, not as a sample of the others; the meter keeps the samples that stand for `none`
-        if self.meter.add(emitted, seconds, plain_s, sample=self.stats.steps > 1, clean=not proposed):
+        if self.meter.add(emitted, seconds, plain_s, sample=self.stats.steps > 1, clean=not proposed,
+                          rows=self.pass_rows, pass_s=pass_s):
             self.plain.add(plain_s, self.step_kind)
         m = self.meter
         return elapsed, {"speedup": m.value, "speedup_err": m.error, "plain_step_s": m.plain_step_s}
@@ -328,7 +330,7 @@ class _Loop:
         rejected = tuple(Token(tokens[r], self._ghost(tokens[r]), Origin.REJECTED, step, acc + j, *probs.at(acc + j),
                                drafter=chose)
                          for j, r in enumerate(tree.first_choices_below(rows[-1])))
-        elapsed, live = self._measured(drafted, len(emitted), t1 - t0, proposed=k > 0)
+        elapsed, live = self._measured(drafted, len(emitted), t1 - t0, proposed=k > 0, pass_s=t2 - t1)
         return Step(self.request_id, step, drafted, acc, emitted, rejected, t1 - t0, t2 - t1, length, k, elapsed,
                     **live)
 

@@ -9,6 +9,13 @@ costed at the mean of the plain samples on either side of it in time, so a machi
 (another program) slows both sides of the ratio alike. Its uncertainty is the standard error of those
 samples.
 
+A machine whose speed changes between two runs of samples (another program starts or stops) would have the
+stretch between them costed at the mean of the old speed and the new. The verify passes tell it sooner: each
+pass's time is set against the first pass of as many rows after the latest samples, and SHIFT_STEPS passes in a
+row beyond SHIFT of theirs call a run of plain steps at once; the tokens before the first of those passes are
+costed at the old samples alone, the rest at the new. (A pass of a given row count costs the same to within
+10-20% on a quiet machine, whatever ran before it; another program on one of two cores makes it 1.5-2x.)
+
 Why a run and not one plain step: a plain step right after a verify pass, or after any pause between
 steps, costs more than one in the middle of plain decoding (here 10-17% after a pass of 4-8 rows, fading
 over about six plain steps; 20-85% after a pause of 5-20 ms), and `none`, which the figure stands for,
@@ -60,6 +67,8 @@ PROBE_EVERY = 64  # then, at most this many decode steps between runs
 NOISY_GAP = 24  # ... or this many while the samples scatter (the machine is busy with other work)
 NOISY = 0.05  # relative standard error above which the samples scatter
 RECENT_S = 30.0  # plain samples from earlier answers younger than this count for a new answer
+SHIFT = 0.25  # a verify pass this much slower or faster than its rows' passes after the latest samples ...
+SHIFT_STEPS = 3  # ... this many passes in a row: the machine's speed changed (plain steps measure it again)
 
 
 class SpeedupMeter:
@@ -84,6 +93,9 @@ class SpeedupMeter:
         self.run_samples = 0  # ... and the samples they gave
         self._open = 0  # tokens of steps since the last sample, to be costed at the samples' mean
         self.speculative = 0  # decode steps that drafted
+        self._passes: dict[int, float] = {}  # rows -> the time of the first pass of as many rows since the samples
+        self._shifted = 0  # passes in a row beyond SHIFT of their reference
+        self._before_shift = 0  # of the open tokens, those before the first of them (at the old speed)
 
     @property
     def _last(self) -> float | None:
@@ -91,12 +103,15 @@ class SpeedupMeter:
         return pool[-1] if pool else None
 
     def add(self, tokens: int, seconds: float, plain_s: float | None = None, sample: bool = True,
-            clean: bool = True) -> bool:
+            clean: bool = True, rows: int = 0, pass_s: float | None = None) -> bool:
         """A decode step: its tokens and wall time; for a plain step, its plain time. A plain step after
         SETTLE plain steps is a sample of plain decoding's cost (returns True); one after fewer is costed
         like a speculative step; one with `sample` False (the first step, cold) counts for itself only;
         one that is not `clean` (a drafter looked for a draft before it and found none) is costed like a
-        speculative step and settles nothing."""
+        speculative step and settles nothing. `rows`, `pass_s`: a speculative step's verify pass, its rows and
+        time (a change of the machine's speed)."""
+        if plain_s is None and pass_s is not None and rows > 1:
+            self._watch(rows, pass_s)
         self.tokens += tokens
         self.spent_s += seconds
         settled = self.plain_run >= SETTLE
@@ -111,15 +126,35 @@ class SpeedupMeter:
             self.speculative += plain_s is None
             return False
         last = self._last  # older answers' samples (stale) never blend into a measured stretch
-        self.plain_s += self._open * (plain_s if last is None else (last + plain_s) / 2)
+        if last is not None and self._shifted >= SHIFT_STEPS:  # the speed changed within the stretch: before, the old
+            self.plain_s += self._before_shift * last + (self._open - self._before_shift) * plain_s
+        else:
+            self.plain_s += self._open * (plain_s if last is None else (last + plain_s) / 2)
         self.plain_s += tokens * plain_s
         self._open = self.since_plain = 0
+        self._passes, self._shifted, self._before_shift = {}, 0, 0
         self.run_samples += 1
         self.samples.append(plain_s)
         delta = plain_s - self._mean
         self._mean += delta / len(self.samples)
         self._m2 += delta * (plain_s - self._mean)
         return True
+
+    def _watch(self, rows: int, seconds: float) -> None:
+        """A verify pass of `rows` rows took `seconds`: against the first such pass since the latest samples, is it
+        SHIFT away (one more in a row) or not (the count starts again)?"""
+        reference = self._passes.setdefault(rows, seconds)
+        if abs(seconds / reference - 1) <= SHIFT:
+            self._shifted = 0
+            return
+        if self._shifted == 0:
+            self._before_shift = self._open  # this step's tokens are added after: they are the new speed's
+        self._shifted += 1
+
+    @property
+    def shifted(self) -> bool:
+        """Whether the last SHIFT_STEPS verify passes ran SHIFT slower or faster than theirs after the samples."""
+        return self._shifted >= SHIFT_STEPS
 
     def probe_due(self, own_only: bool = False) -> bool:
         """Whether the next decode step should be a plain one (no draft) to measure plain decoding's cost:
@@ -133,6 +168,8 @@ class SpeedupMeter:
         if len(self.samples if own_only else self.pool) < MIN_PLAIN:  # a run that goes on until there are enough
             return self.plain_run > 0 or self.since_plain >= EARLY_GAP
         if 0 < self.run_samples < RUN_SAMPLES:
+            return True
+        if self.shifted and not own_only:  # the machine's speed changed: measure it again now
             return True
         error = None if own_only else self.relative_error
         return self.since_plain >= (NOISY_GAP if error is not None and error > NOISY else PROBE_EVERY)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specula.engine.api.events import Finished
+from specula.engine.api.events import Finished, Step
 from specula.engine.api.types import DecodeConfig
 from specula.engine.decoding import loop as loop_module
 from specula.engine.decoding import speedup
@@ -165,3 +165,57 @@ def test_an_answer_right_after_another_measures_its_own_plain_steps_only_when_as
     assert seeded.plain_step_s is None and seeded.speedup is not None  # costed at the earlier answer's samples
     own = timed_answer(target, Oracle(answer), prompt, clock, plain=history, max_new_tokens=60, own_baseline=True)
     assert own.plain_step_s == pytest.approx(PLAIN_S) and own.token_ids == seeded.token_ids
+
+
+
+def slowed_answer(target, monkeypatch, after: int) -> tuple[float, float]:
+    """(live, true) for an answer through which every pass runs half as long again from its `after`-th on: true is
+    what plain decoding would have taken for each step's tokens at that step's speed, over the decode time."""
+    clock = Clock()
+    monkeypatch.setattr(loop_module, "time", SimpleNamespace(perf_counter=clock))
+    prompt = [3, 14, 15, 9, 26, 5]
+    answer = list(timed_answer(target, NoDraft(), prompt, clock).token_ids)
+    scales, charge = [], clock.charge
+
+    def charged(rows):
+        clock.scale = 1.5 if len(scales) >= after else 1.0
+        scales.append(clock.scale)
+        charge(rows)
+
+    clock.charge = charged
+    events = list(generate(_charged_runner(target, clock), Oracle(answer), prompt,
+                           DecodeConfig(max_new_tokens=240, k=4), stop_ids=frozenset()))
+    steps, finished = [e for e in events if isinstance(e, Step) and e.step > 0], events[-1]
+    assert len(scales) == len(steps) + 1  # the prompt's pass, then one a step
+    plain = sum(len(step.tokens) * PLAIN_S * scale for step, scale in zip(steps, scales[1:]))
+    return finished.speedup, plain / finished.totals.decode_s
+
+
+def _charged_runner(target, clock):
+    runner = target.new_runner()
+    forward = runner.forward
+
+    def charged(tokens, *args, **kwargs):
+        clock.charge(tokens.shape[0])
+        return forward(tokens, *args, **kwargs)
+
+    runner.forward = charged
+    return runner
+
+
+def test_a_machine_that_slows_within_an_answer_is_seen_by_its_verify_passes(target, monkeypatch):
+    """Another program starts part of the way through an answer (every pass half as long again): the passes after
+    it run slower than theirs after the latest samples, which calls plain steps at once, and the tokens before it
+    are costed at the old speed. The live figure is what plain decoding would have taken at each token's speed
+    over the time taken."""
+    for after in (20, 35, 70):
+        live, true = slowed_answer(target, monkeypatch, after)
+        assert live == pytest.approx(true, rel=0.03), after
+
+
+def test_without_watching_the_passes_a_change_within_an_answer_reads_off(target, monkeypatch):
+    """The check above can fail: with the passes not watched, the stretch across the change is costed at the mean
+    of the two speeds."""
+    monkeypatch.setattr(speedup, "SHIFT", 100.0)
+    errors = [abs(live / true - 1) for live, true in (slowed_answer(target, monkeypatch, a) for a in (20, 70))]
+    assert min(errors) > 0.05

@@ -94,6 +94,31 @@ def test_a_machine_that_slows_down_mid_answer_slows_both_sides_of_the_ratio():
     assert (n * 3 * 0.010) / m.spent_s < 0.75 * truth
 
 
+def test_verify_passes_that_run_slower_than_theirs_after_the_samples_call_plain_steps_at_once():
+    """Passes of 3, 4 and 5 rows scattering by 15% (a quiet machine) call nothing; three in a row at 1.6x their row
+    count's first pass since the samples (another program) call plain steps at once, unless the answer is seeded
+    (its plain steps come on fixed gaps); a new sample starts the references again."""
+    from specula.engine.decoding.speedup import MIN_PLAIN, SETTLE, SpeedupMeter
+
+    m = SpeedupMeter()
+    for _ in range(MIN_PLAIN):
+        feed(m, probe(0.010))
+    jitter = (1.0, 1.15, 0.9, 1.1, 0.87, 1.12)
+    for i in range(30):
+        rows = 3 + i % 3
+        m.add(3, 0.016, rows=rows, pass_s=(0.010 + 0.002 * rows) * jitter[i % 6])
+        assert not m.probe_due() and not m.shifted, i
+    for i in range(3):
+        rows = 3 + i % 3
+        m.add(3, 0.026, rows=rows, pass_s=1.6 * (0.010 + 0.002 * rows))
+    assert m.shifted and m.probe_due() and not m.probe_due(own_only=True)
+    feed(m, [(1, 0.016, True)] * (SETTLE + 1))  # the run: settling steps, then a sample at the new speed
+    assert not m.shifted and m.samples[-1] == pytest.approx(0.016)
+    m.add(3, 0.026, rows=4, pass_s=0.029)  # the new speed is the new reference
+    m.add(3, 0.026, rows=4, pass_s=0.029)
+    assert not m.shifted
+
+
 def test_the_uncertainty_shrinks_with_more_plain_samples_and_is_shown_while_large():
     from specula.engine.api.metrics import speedup_text
     from specula.engine.decoding.speedup import SpeedupMeter
