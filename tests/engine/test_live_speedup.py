@@ -68,6 +68,12 @@ class Oracle(Drafter):
 
 
 def timed_answer(target, drafter, prompt, clock, plain=None, **config) -> Finished:
+    config = DecodeConfig(**{"max_new_tokens": 240, "k": 4, **config})
+    return list(generate(charged_runner(target, clock), drafter, prompt, config, stop_ids=frozenset(), plain=plain))[-1]
+
+
+def charged_runner(target, clock):
+    """A runner of the target whose passes advance the clock."""
     runner = target.new_runner()
     forward = runner.forward
 
@@ -76,8 +82,7 @@ def timed_answer(target, drafter, prompt, clock, plain=None, **config) -> Finish
         return forward(tokens, *args, **kwargs)
 
     runner.forward = charged
-    config = DecodeConfig(**{"max_new_tokens": 240, "k": 4, **config})
-    return list(generate(runner, drafter, prompt, config, stop_ids=frozenset(), plain=plain))[-1]
+    return runner
 
 
 @pytest.fixture(scope="module")
@@ -183,24 +188,12 @@ def slowed_answer(target, monkeypatch, after: int) -> tuple[float, float]:
         charge(rows)
 
     clock.charge = charged
-    events = list(generate(_charged_runner(target, clock), Oracle(answer), prompt,
+    events = list(generate(charged_runner(target, clock), Oracle(answer), prompt,
                            DecodeConfig(max_new_tokens=240, k=4), stop_ids=frozenset()))
     steps, finished = [e for e in events if isinstance(e, Step) and e.step > 0], events[-1]
     assert len(scales) == len(steps) + 1  # the prompt's pass, then one a step
     plain = sum(len(step.tokens) * PLAIN_S * scale for step, scale in zip(steps, scales[1:]))
     return finished.speedup, plain / finished.totals.decode_s
-
-
-def _charged_runner(target, clock):
-    runner = target.new_runner()
-    forward = runner.forward
-
-    def charged(tokens, *args, **kwargs):
-        clock.charge(tokens.shape[0])
-        return forward(tokens, *args, **kwargs)
-
-    runner.forward = charged
-    return runner
 
 
 def test_a_machine_that_slows_within_an_answer_is_seen_by_its_verify_passes(target, monkeypatch):
