@@ -5,7 +5,7 @@ strategy, with the same seed and settings, back to back; then both decode rates,
 Two runs one after the other measure the machine as well as the strategy: another program busy during one
 run and not the other moves their ratio (here 0.74-1.98x for a strategy that runs 1.45x on a quiet machine).
 Each run reports what a plain step cost while it ran (its own plain samples); where the two differ by more
-than DRIFT, the card says so, and what the ratio would be at one speed.
+than DRIFT and by more than their samples' scatter, the card says so, and what the ratio would be at one speed.
 
 The result is a card in the transcript, not a turn of the conversation: it is not saved and not sent to
 the model (switching conversations clears it). The runs feed the live plots like any answer.
@@ -13,6 +13,7 @@ the model (switching conversations clears it). The runs feed the live plots like
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, replace
 
@@ -23,7 +24,8 @@ from specula.app.settings import Settings
 from specula.engine.api.events import Failed, Finished, Started, Step  # plain dataclasses: no torch
 
 PLAIN = "none"
-DRIFT = 0.10  # the two runs' plain steps differing by more than this: the machine's speed changed between them
+DRIFT = 0.10  # the two runs' plain steps differing by more than this: the machine's speed changed between them ...
+SURE = 3.0  # ... where the difference is also this many standard errors (not the samples' own scatter)
 
 
 @dataclass(frozen=True)
@@ -39,12 +41,14 @@ class RunResult:
     live: float | None = None  # the live speedup measured inside this run (what the dock and footer show)
     live_err: float | None = None
     plain_step_s: float | None = None  # what a plain step cost while this run went on (its own samples)
+    plain_step_err: float | None = None  # ... its standard error
 
     @classmethod
     def of(cls, strategy: str, finished) -> RunResult:
         t = finished.totals
         return cls(strategy, tuple(finished.token_ids), t.new_tokens, t.tokens_per_s, t.acceptance_rate,
-                   finished.reason, finished.speedup, finished.speedup_err, finished.plain_step_s)
+                   finished.reason, finished.speedup, finished.speedup_err, finished.plain_step_s,
+                   finished.plain_step_err)
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,15 @@ class Comparison:
 
     @property
     def steady(self) -> bool:
-        """Whether both runs ran at one machine speed, as far as it is known."""
-        return self.slowdown is None or abs(self.slowdown - 1) <= DRIFT
+        """Whether both runs ran at one machine speed, as far as it is known: their plain steps within DRIFT of each
+        other, or apart by less than SURE standard errors (a fast model's steps of a few milliseconds scatter)."""
+        if self.slowdown is None or abs(self.slowdown - 1) <= DRIFT:
+            return True
+        errors = (self.plain.plain_step_err, self.fast.plain_step_err)
+        if None in errors:  # a run with a single sample: its scatter is unknown
+            return True
+        apart = abs(self.fast.plain_step_s - self.plain.plain_step_s)
+        return apart <= SURE * math.hypot(*errors)
 
     @property
     def at_one_speed(self) -> float | None:

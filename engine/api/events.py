@@ -148,6 +148,7 @@ class Finished:
     # what a plain step cost during this answer: the mean of its own plain samples (the machine's speed while it
     # ran; Compare checks that its two runs ran at one); None where it took none
     plain_step_s: float | None = None
+    plain_step_err: float | None = None  # its standard error; None with fewer than two samples
 
 
 @dataclass(frozen=True)

@@ -121,11 +121,12 @@ def _number(value) -> float | None:
 
 
 def totals_json(totals: Totals, speedup: float | None = None, speedup_err: float | None = None,
-                plain_step_s: float | None = None) -> dict:
+                plain_step_s: float | None = None, plain_step_err: float | None = None) -> dict:
     """Every field of Totals (lists for tuples), and the figures derived from them."""
     out = {name: list(v) if isinstance(v, tuple) else v for name, v in asdict(totals).items()}
     out.update(acceptance_rate=totals.acceptance_rate, mean_accepted_length=totals.mean_accepted_length,
-               tokens_per_s=totals.tokens_per_s, speedup=speedup, speedup_err=speedup_err, plain_step_s=plain_step_s)
+               tokens_per_s=totals.tokens_per_s, speedup=speedup, speedup_err=speedup_err, plain_step_s=plain_step_s,
+               plain_step_err=plain_step_err)
     return out
 
 
@@ -136,14 +137,15 @@ def totals_from(data: dict) -> Totals:
 
 def finished_json(event: Finished, tokens: list[Token] | tuple[Token, ...] = ()) -> dict:
     return {"request_id": event.request_id, "reason": event.reason, "tokens": [token_json(t) for t in tokens],
-            "totals": totals_json(event.totals, event.speedup, event.speedup_err, event.plain_step_s)}
+            "totals": totals_json(event.totals, event.speedup, event.speedup_err, event.plain_step_s,
+                                  event.plain_step_err)}
 
 
 def finished_from(data: dict, request_id: int, text: str, token_ids: tuple[int, ...], reason: str | None = None) -> Finished:
     totals = data.get("totals") or {}
     return Finished(request_id, reason or str(data.get("reason", "eos")), text, token_ids, totals_from(totals),
                     _number(totals.get("speedup")), _number(totals.get("speedup_err")),
-                    _number(totals.get("plain_step_s")))
+                    _number(totals.get("plain_step_s")), _number(totals.get("plain_step_err")))
 
 
 def stats_json(event: ServerStats) -> dict:

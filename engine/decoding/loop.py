@@ -346,7 +346,7 @@ class _Loop:
         totals = self.stats.totals(len(self.out_ids), wall)
         text = self.detok.text if self.detok else ""
         return Finished(self.request_id, self.budget.reason or "length", text, tuple(self.out_ids), totals,
-                        self.meter.value, self.meter.error, self.meter.own_plain_s)
+                        self.meter.value, self.meter.error, self.meter.own_plain_s, self.meter.own_plain_err)
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,12 @@ class SpeedupMeter:
         return self._mean if self.samples else None
 
     @property
+    def own_plain_err(self) -> float | None:
+        """The standard error of `own_plain_s`; None with fewer than two samples."""
+        n = len(self.samples)
+        return math.sqrt(max(self._m2, 0.0) / (n - 1) / n) if n >= 2 else None
+
+    @property
     def value(self) -> float | None:
         """P / T; exactly 1 for an answer whose every step was a plain one (strategy none, or auto choosing
         plain decoding throughout): it is plain decoding, whatever its steps' times scatter."""

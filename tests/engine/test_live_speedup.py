@@ -124,6 +124,8 @@ def test_compare_sees_a_machine_that_slowed_between_its_runs_in_each_runs_own_pl
     """Compare's two runs one after the other: another program busy during the second (every pass half as
     long again) moves their ratio; each run's own plain samples say what a plain step cost while it ran, and
     the ratio brought to one speed is the quiet machine's."""
+    from dataclasses import replace
+
     from specula.app.compare import Comparison, RunResult
     from specula.app.comparecard import card_html
     from specula.app.theme import LIGHT
@@ -152,6 +154,13 @@ def test_compare_sees_a_machine_that_slowed_between_its_runs_in_each_runs_own_pl
     assert "ran slower during the second run" in html and "10 ms in the first, 15 ms in the second" in html
     assert f"about {slowed.at_one_speed:.2f}×" in html
     assert "during the second run" not in card_html(calm, LIGHT)
+    # a fast model's steps of a few milliseconds scatter: apart by 20% but within their standard errors, no note
+    scattered = replace(slowed, plain=replace(slowed.plain, plain_step_s=0.0060, plain_step_err=0.0005),
+                        fast=replace(slowed.fast, plain_step_s=0.0072, plain_step_err=0.0009))
+    assert scattered.steady and "during the second run" not in card_html(scattered, LIGHT)
+    tight = replace(scattered, plain=replace(scattered.plain, plain_step_err=0.0002),
+                    fast=replace(scattered.fast, plain_step_err=0.0001))
+    assert not tight.steady
 
 
 def test_an_answer_right_after_another_measures_its_own_plain_steps_only_when_asked(target, monkeypatch):

@@ -4,6 +4,8 @@ and its draft model, answer one question, then run Compare N times on it; each l
     .venv/bin/python docs/bench/2026-12-07-live-figures/compare_window.py TARGET.gguf DRAFT.gguf draft-model 4 \
         [--busy]
 
+(DRAFT "-": no draft model; TARGET "bundled": the bundled model.)
+
 --busy runs another program beside it: one core busy 15 s, idle 10 s, over and over (a user's machine).
 """
 
@@ -50,8 +52,9 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as home:
             home = Path(home)
-            asked = {"strategy": args.strategy, "max_new_tokens": 128, "model_source": args.target,
-                     "draft_source": args.draft}
+            asked = {"strategy": args.strategy, "max_new_tokens": 128, "model_source": args.target}
+            if args.draft != "-":  # "-": no draft model
+                asked["draft_source"] = args.draft
             w = MainWindow(SettingsStore(home / "config"), ConversationDB(home / "c.db"), overrides=asked)
             w.resize(1024, 700)
             w.show()
@@ -71,7 +74,8 @@ def main() -> None:
                 print(json.dumps({"i": i, "measured": c.speedup, "live": c.fast.live, "live_err": c.fast.live_err,
                                   "identical": c.identical, "plain_tps": c.plain.tokens_per_s,
                                   "fast_tps": c.fast.tokens_per_s, "plain_step_ms_1": _ms(c.plain.plain_step_s),
-                                  "plain_step_ms_2": _ms(c.fast.plain_step_s), "slowdown": c.slowdown,
+                                  "plain_step_ms_2": _ms(c.fast.plain_step_s), "err_ms_1": _ms(c.plain.plain_step_err),
+                                  "err_ms_2": _ms(c.fast.plain_step_err), "steady": c.steady, "slowdown": c.slowdown,
                                   "at_one_speed": c.at_one_speed, "acceptance": c.fast.acceptance}), flush=True)
             w.close()
     finally:
