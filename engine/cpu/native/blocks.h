@@ -96,6 +96,23 @@ constexpr int32_t code_zero(int64_t fmt) {
 }
 inline int64_t tiles(int64_t n) { return (n + COLS - 1) / COLS; }
 
+// f(std::integral_constant<int64_t, F>{}) for the format F that fmt names: the one switch from a format at run time
+// to the code compiled for it (packing a file's blocks, a tile's product)
+template <class Fn>
+inline decltype(auto) with_format(int64_t fmt, Fn&& f) {
+  switch (fmt) {
+    case Q4_0: return f(std::integral_constant<int64_t, Q4_0>{});
+    case Q4_1: return f(std::integral_constant<int64_t, Q4_1>{});
+    case Q5_0: return f(std::integral_constant<int64_t, Q5_0>{});
+    case Q5_1: return f(std::integral_constant<int64_t, Q5_1>{});
+    case Q8_0: return f(std::integral_constant<int64_t, Q8_0>{});
+    case Q4_K: return f(std::integral_constant<int64_t, Q4_K>{});
+    case Q5_K: return f(std::integral_constant<int64_t, Q5_K>{});
+    case Q6_K: return f(std::integral_constant<int64_t, Q6_K>{});
+  }
+  TORCH_CHECK(false, "unknown block format ", fmt);
+}
+
 // a format's (whether it is one of Format, weights and bytes of one block of a row in the file): what the Python table
 // of formats (cpu/products.py, BLOCK_TABLE) is checked against
 inline std::vector<int64_t> file_layout_op(int64_t fmt) {
@@ -213,17 +230,7 @@ inline void pack_format(const uint8_t* raw, int64_t n, int64_t nb, uint8_t* out)
 }
 
 inline void pack(const uint8_t* raw, int64_t n, int64_t nb, int64_t fmt, uint8_t* out) {
-  switch (fmt) {
-    case Q4_0: return pack_format<Q4_0>(raw, n, nb, out);
-    case Q4_1: return pack_format<Q4_1>(raw, n, nb, out);
-    case Q5_0: return pack_format<Q5_0>(raw, n, nb, out);
-    case Q5_1: return pack_format<Q5_1>(raw, n, nb, out);
-    case Q8_0: return pack_format<Q8_0>(raw, n, nb, out);
-    case Q4_K: return pack_format<Q4_K>(raw, n, nb, out);
-    case Q5_K: return pack_format<Q5_K>(raw, n, nb, out);
-    case Q6_K: return pack_format<Q6_K>(raw, n, nb, out);
-  }
-  TORCH_CHECK(false, "unknown block format ", fmt);
+  with_format(fmt, [&](auto f) { pack_format<decltype(f)::value>(raw, n, nb, out); });
 }
 
 // x's rows quantized per block of 32: codes, scale dx, the codes' sum S (and of each half of 16), dx * S
@@ -738,16 +745,7 @@ void run_tile(Path p, const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0
 
 template <int R>
 void run_tile(Path p, const uint8_t* tile, int64_t nb, int64_t fmt, const Acts& a, int64_t r0, float* acc) {
-  switch (fmt) {
-    case Q4_0: return run_tile<R, Q4_0>(p, tile, nb, a, r0, acc);
-    case Q4_1: return run_tile<R, Q4_1>(p, tile, nb, a, r0, acc);
-    case Q5_0: return run_tile<R, Q5_0>(p, tile, nb, a, r0, acc);
-    case Q5_1: return run_tile<R, Q5_1>(p, tile, nb, a, r0, acc);
-    case Q8_0: return run_tile<R, Q8_0>(p, tile, nb, a, r0, acc);
-    case Q4_K: return run_tile<R, Q4_K>(p, tile, nb, a, r0, acc);
-    case Q5_K: return run_tile<R, Q5_K>(p, tile, nb, a, r0, acc);
-    default: return run_tile<R, Q6_K>(p, tile, nb, a, r0, acc);
-  }
+  with_format(fmt, [&](auto f) { run_tile<R, decltype(f)::value>(p, tile, nb, a, r0, acc); });
 }
 
 inline void rows_of_tile(Path p, const uint8_t* tile, int64_t nb, int64_t fmt, const Acts& a, int64_t r0, int64_t n, float* acc) {
