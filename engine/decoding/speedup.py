@@ -126,7 +126,7 @@ class SpeedupMeter:
             self.speculative += plain_s is None
             return False
         last = self._last  # older answers' samples (stale) never blend into a measured stretch
-        if last is not None and self._shifted >= SHIFT_STEPS:  # the speed changed within the stretch: before, the old
+        if last is not None and self.shifted:  # the speed changed within the stretch: before it, the old speed
             self.plain_s += self._before_shift * last + (self._open - self._before_shift) * plain_s
         else:
             self.plain_s += self._open * (plain_s if last is None else (last + plain_s) / 2)
@@ -194,7 +194,7 @@ class SpeedupMeter:
     def own_plain_err(self) -> float | None:
         """The standard error of `own_plain_s`; None with fewer than two samples."""
         n = len(self.samples)
-        return math.sqrt(max(self._m2, 0.0) / (n - 1) / n) if n >= 2 else None
+        return _standard_error(self._m2, n) if n >= 2 else None
 
     @property
     def value(self) -> float | None:
@@ -220,7 +220,7 @@ class SpeedupMeter:
         else:  # a few seeds with the answer's first samples
             mean = statistics.fmean(pool)
             m2 = math.fsum((x - mean) ** 2 for x in pool)
-        return math.sqrt(max(m2, 0.0) / (n - 1)) / (mean * math.sqrt(n)) if mean > 0 else None
+        return _standard_error(m2, n) / mean if mean > 0 else None
 
     @property
     def error(self) -> float | None:
@@ -231,6 +231,11 @@ class SpeedupMeter:
         if not self.pool:
             return None  # from older answers' samples: an estimate
         return value * relative if value is not None and relative is not None else None
+
+
+def _standard_error(m2: float, n: int) -> float:
+    """The standard error of the mean of n samples whose squared deviations from it sum to m2."""
+    return math.sqrt(max(m2, 0.0) / (n - 1) / n)
 
 
 class PlainHistory:
