@@ -67,9 +67,24 @@ class Oracle(Drafter):
         return Draft(torch.tensor(guess, dtype=torch.long))
 
 
-def timed_answer(target, drafter, prompt, clock, plain=None, **config) -> Finished:
+PROMPT = [3, 14, 15, 9, 26, 5]
+
+
+def machine_clock(monkeypatch) -> Clock:
+    """A Clock the decoder reads its time from."""
+    clock = Clock()
+    monkeypatch.setattr(loop_module, "time", SimpleNamespace(perf_counter=clock))
+    return clock
+
+
+def timed_events(target, drafter, clock, plain=None, **config) -> list:
+    """An answer to PROMPT on the clock: its events, the Finished last."""
     config = DecodeConfig(**{"max_new_tokens": 240, "k": 4, **config})
-    return list(generate(charged_runner(target, clock), drafter, prompt, config, stop_ids=frozenset(), plain=plain))[-1]
+    return list(generate(charged_runner(target, clock), drafter, PROMPT, config, stop_ids=frozenset(), plain=plain))
+
+
+def timed_answer(target, drafter, clock, plain=None, **config) -> Finished:
+    return timed_events(target, drafter, clock, plain, **config)[-1]
 
 
 def charged_runner(target, clock):
@@ -91,12 +106,10 @@ def target():
 
 
 def live_against_measured(target, monkeypatch, searching: bool = False) -> tuple[float, float]:
-    clock = Clock()
-    monkeypatch.setattr(loop_module, "time", SimpleNamespace(perf_counter=clock))
-    prompt = [3, 14, 15, 9, 26, 5]
-    plain = timed_answer(target, NoDraft(), prompt, clock)
+    clock = machine_clock(monkeypatch)
+    plain = timed_answer(target, NoDraft(), clock)
     oracle = Oracle(list(plain.token_ids), clock, finds=3) if searching else Oracle(list(plain.token_ids))
-    fast = timed_answer(target, oracle, prompt, clock)
+    fast = timed_answer(target, oracle, clock)
     assert fast.token_ids == plain.token_ids and fast.totals.accepted > fast.totals.steps // 2  # it did speculate
     return fast.speedup, fast.totals.tokens_per_s / plain.totals.tokens_per_s
 
@@ -130,14 +143,12 @@ def test_compare_sees_a_machine_that_slowed_between_its_runs_in_each_runs_own_pl
     from specula.app.comparecard import card_html
     from specula.app.theme import LIGHT
 
-    clock = Clock()
-    monkeypatch.setattr(loop_module, "time", SimpleNamespace(perf_counter=clock))
-    prompt = [3, 14, 15, 9, 26, 5]
-    plain = timed_answer(target, NoDraft(), prompt, clock, own_baseline=True)
+    clock = machine_clock(monkeypatch)
+    plain = timed_answer(target, NoDraft(), clock, own_baseline=True)
     answer = list(plain.token_ids)
-    quiet = timed_answer(target, Oracle(answer), prompt, clock, own_baseline=True)
+    quiet = timed_answer(target, Oracle(answer), clock, own_baseline=True)
     clock.scale = 1.5
-    busy = timed_answer(target, Oracle(answer), prompt, clock, own_baseline=True)
+    busy = timed_answer(target, Oracle(answer), clock, own_baseline=True)
     assert plain.plain_step_s == pytest.approx(PLAIN_S) and quiet.plain_step_s == pytest.approx(PLAIN_S)
     assert busy.plain_step_s == pytest.approx(1.5 * PLAIN_S)
 
@@ -168,16 +179,14 @@ def test_an_answer_right_after_another_measures_its_own_plain_steps_only_when_as
     none of its own (nothing to compare the machine's speed by); with it, it measures its own."""
     from specula.engine.decoding.speedup import PlainHistory
 
-    clock = Clock()
-    monkeypatch.setattr(loop_module, "time", SimpleNamespace(perf_counter=clock))
+    clock = machine_clock(monkeypatch)
     history = PlainHistory()
-    prompt = [3, 14, 15, 9, 26, 5]
-    plain = timed_answer(target, NoDraft(), prompt, clock, plain=history)
+    plain = timed_answer(target, NoDraft(), clock, plain=history)
     assert plain.plain_step_s == pytest.approx(PLAIN_S)
     answer = list(plain.token_ids)
-    seeded = timed_answer(target, Oracle(answer), prompt, clock, plain=history, max_new_tokens=60)
+    seeded = timed_answer(target, Oracle(answer), clock, plain=history, max_new_tokens=60)
     assert seeded.plain_step_s is None and seeded.speedup is not None  # costed at the earlier answer's samples
-    own = timed_answer(target, Oracle(answer), prompt, clock, plain=history, max_new_tokens=60, own_baseline=True)
+    own = timed_answer(target, Oracle(answer), clock, plain=history, max_new_tokens=60, own_baseline=True)
     assert own.plain_step_s == pytest.approx(PLAIN_S) and own.token_ids == seeded.token_ids
 
 
@@ -185,10 +194,8 @@ def test_an_answer_right_after_another_measures_its_own_plain_steps_only_when_as
 def slowed_answer(target, monkeypatch, after: int) -> tuple[float, float]:
     """(live, true) for an answer through which every pass runs half as long again from its `after`-th on: true is
     what plain decoding would have taken for each step's tokens at that step's speed, over the decode time."""
-    clock = Clock()
-    monkeypatch.setattr(loop_module, "time", SimpleNamespace(perf_counter=clock))
-    prompt = [3, 14, 15, 9, 26, 5]
-    answer = list(timed_answer(target, NoDraft(), prompt, clock).token_ids)
+    clock = machine_clock(monkeypatch)
+    answer = list(timed_answer(target, NoDraft(), clock).token_ids)
     scales, charge = [], clock.charge
 
     def charged(rows):
@@ -197,8 +204,7 @@ def slowed_answer(target, monkeypatch, after: int) -> tuple[float, float]:
         charge(rows)
 
     clock.charge = charged
-    events = list(generate(charged_runner(target, clock), Oracle(answer), prompt,
-                           DecodeConfig(max_new_tokens=240, k=4), stop_ids=frozenset()))
+    events = timed_events(target, Oracle(answer), clock)
     steps, finished = [e for e in events if isinstance(e, Step) and e.step > 0], events[-1]
     assert len(scales) == len(steps) + 1  # the prompt's pass, then one a step
     plain = sum(len(step.tokens) * PLAIN_S * scale for step, scale in zip(steps, scales[1:]))
