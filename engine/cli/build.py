@@ -13,7 +13,7 @@ def run_build_step(args) -> int:
     if step.built():
         print(f"the compiled step is built for this CPU: {step.build()}")  # built: build() only finds it
         return 0
-    print(f"building the compiled step for this CPU, once (about {round(step.build_estimate())} s)...", flush=True)
+    print(f"about {round(step.build_estimate())} s: building the compiled step for this CPU, once...", flush=True)
     began = time.monotonic()
     try:
         path = step.build()

@@ -236,9 +236,10 @@ def build_estimate() -> float:
 
 
 def building_note() -> str:
-    """The line a user reads while the step is built at a start (where it was not built at set-up)."""
-    return (f"building the compiled step for this CPU, once (about {round(build_estimate())} s; "
-            "`specula build-step` builds it ahead)")
+    """The line a user reads while the step is built at a start (where it was not built at set-up); the wait
+    first, so that a status bar too narrow for the whole line still shows it."""
+    return (f"about {round(build_estimate())} s: building the compiled step for this CPU, once "
+            "(`specula build-step` builds it ahead)")
 
 
 def _alive(pid: str) -> bool:

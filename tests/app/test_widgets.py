@@ -500,11 +500,17 @@ def test_at_800x600_with_the_chats_folded_the_plots_and_a_long_status_line_fit(m
     graphics = w.plots.graphics
     qtbot.waitUntil(lambda: graphics.ci.size().width() <= graphics.viewport().width() + 1, timeout=5_000)
     assert any("<br>" in plot.titleLabel.text for plot in w.plots.plots.values())
-    line = ("Loading qwen-coder-1.5b.gguf: building the compiled step for this CPU, once (about 60 s; `specula "
-            "build-step` builds it ahead)")
+    from specula.engine.cpu.step import build_estimate, building_note
+
+    line = building_note()  # the longest line of a load: the wait it announces is what must show
+    w.status_labels["model"].setText("qwen-coder-1.5b.gguf")  # a real model's name, and the bar of a load
+    w.busy.setVisible(True)
     w.statusBar().showMessage(line)
+    qtbot.waitUntil(lambda: w.statusBar().currentMessage().endswith("…"), timeout=5_000)
     shown = w.statusBar().currentMessage()
     assert shown.endswith("…") and line.startswith(shown[:-1]) and w.statusBar().toolTip() == line
+    assert f"about {round(build_estimate())} s" in shown
+    w.busy.setVisible(False)
     w.statusBar().showMessage("Loaded tiny")
     assert w.statusBar().currentMessage() == "Loaded tiny" and w.statusBar().toolTip() == ""
     # a label filled in after the message (the model's name once loaded) leaves it less room: cut again
