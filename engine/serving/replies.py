@@ -9,6 +9,8 @@ receives it: its text cut at a stop sequence (`TextStream`), the finish reason a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..api.events import Finished, Started, Step, Token
 from .openai import Parsed
 
@@ -140,3 +142,8 @@ class Answer:
         piece, tokens = self.text.finish(event.text)
         count = self.text.generated if self.text.stopped else event.totals.new_tokens
         return piece, tokens, finish_reason(event, self.text.stopped), usage_json(self.started.prompt_tokens, count)
+
+    def ended(self, event: Finished) -> Finished:
+        """The answer's end as the extension says it: "stop" where a stop sequence ended it (the engine saw a
+        cancel, or ended in the same step), as docs/SERVER.md and /metrics say it."""
+        return replace(event, reason="stop") if self.text.stopped else event

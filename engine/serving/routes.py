@@ -298,7 +298,7 @@ class Routes:
                         yield _sse(replies.chunk(parsed, None, choices=False, extension=progress))
                     case Finished():
                         piece, tokens, reason, usage = answer.finish(event)
-                        extension = wire.finished_json(event, tokens)
+                        extension = wire.finished_json(answer.ended(event), tokens)
                         yield _sse(replies.chunk(parsed, piece, reason, extension=extension))
                         if parsed.include_usage:  # OpenAI's: one more chunk, without choices
                             yield _sse(replies.chunk(parsed, None, usage=usage, choices=False))
@@ -322,7 +322,8 @@ class Routes:
                     tokens += (answer.step(event) or ("", []))[1]
                 case Finished():
                     _, last, reason, usage = answer.finish(event)
-                    extension = {**wire.started_json(started), **wire.finished_json(event, tokens + last)}
+                    ended = wire.finished_json(answer.ended(event), tokens + last)
+                    extension = {**wire.started_json(started), **ended}
                     return replies.response(parsed, answer.text.text, reason, usage, extension)
                 case Failed():
                     raise faults.failure(event.kind, event.message)

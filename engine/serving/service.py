@@ -80,7 +80,7 @@ class EngineService:
         self.started_at = time.time()
         self._queues: dict[int, asyncio.Queue] = {}
         self._ended: set[int] = set()  # requests whose last event came (Finished, Failed or Loaded)
-        self._stopped: set[int] = set()  # answers a stop sequence ended (cancelled in the engine: "stop" in /metrics)
+        self._stopped: set[int] = set()  # answers a stop sequence ended (cancelled in the engine): "stop" in /metrics
         self._load_id: int | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -107,8 +107,7 @@ class EngineService:
         elif isinstance(event, Step):
             self.counters.add_step(event)
         elif isinstance(event, Finished):
-            stopped = rid in self._stopped and event.reason == "cancelled"
-            self.counters.add_finished(event, "stop" if stopped else event.reason)
+            self.counters.add_finished(event, "stop" if rid in self._stopped else event.reason)
             self._done(rid)
         elif isinstance(event, Failed):
             self._done(rid)

@@ -226,16 +226,19 @@ def test_a_lone_surrogate_anywhere_in_a_body_is_a_400_naming_where(served, body,
 
 
 def test_a_stop_sequence_ends_the_answer_before_it(served, session):
+    """...and its extension says "stop" (as docs/SERVER.md and /metrics do; the engine saw a cancel)."""
     full = local_answer(session, HELLO, 30)
     stop = full[len(full) // 2 : len(full) // 2 + 3]
     assert stop and stop in full
     cut = full[: full.index(stop)]
     whole = served.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=30, temperature=0, stop=[stop])
     assert whole.choices[0].message.content == cut and whole.choices[0].finish_reason == "stop"
+    assert whole.model_extra["specula"]["reason"] == "stop"
     chunks = list(served.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=30, temperature=0,
                                                          stop=stop, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == cut
     assert "".join(t["text"] for c in chunks for t in ext(c).get("tokens", [])) == cut
+    assert ext(chunks[-1])["reason"] == "stop" and chunks[-1].choices[0].finish_reason == "stop"
 
 
 def test_a_stop_sequence_counts_the_tokens_generated_up_to_the_one_that_completes_it(served, session):
