@@ -58,6 +58,13 @@ class DecodeConfig:
     # the live speedup from this answer's own plain steps, not from recent answers' (Compare: each run says what
     # a plain step cost while it ran, so that a machine that slowed between the runs is seen)
     own_baseline: bool = False
+    # whether the answer joins what the drafters learn from the model's answers (the suffix corpus, the phrases):
+    # not a Compare run, which re-creates an answer the user already has
+    learn: bool = True
+    # earlier answers (their text, or token ids) the drafters leave out of everything they learned, for this answer
+    # only: Compare measures what the user's answer cost, so its runs draft from what was known before that answer,
+    # never from the answer they re-create (decoding.drafter.Drafter.leaving_out)
+    leave_out: tuple[str | tuple[int, ...], ...] = ()
 
     @classmethod
     def for_strategy(cls, strategy: str, k: int | None = None, *, temperature: float = 0.0, top_k: int = 0,

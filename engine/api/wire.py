@@ -58,6 +58,10 @@ def extension_json(request: GenerateRequest) -> dict:
         ext["cut_at_window"] = True
     if config.own_baseline:
         ext["own_baseline"] = True
+    if not config.learn:
+        ext["learn"] = False
+    if config.leave_out:
+        ext["leave_out"] = [a if isinstance(a, str) else list(a) for a in config.leave_out]
     return ext
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -108,6 +109,11 @@ class Drafter:
     def finished(self, tokens: torch.Tensor, prompt_len: int) -> None:
         """The answer ended (or was cancelled): the whole conversation, its prompt's `prompt_len` tokens
         then the answer (drafters that learn from the model's answers)."""
+
+    def leaving_out(self, answers: list[list[int]]) -> AbstractContextManager:
+        """For a `with` block (one answer): what the drafter learned from earlier answers, as if `answers` (token
+        ids) had never been learned (drafters that learn from the model's answers; DecodeConfig.leave_out)."""
+        return nullcontext()
 
     def observe_step(self, drafted: int, accepted: int, seconds: float) -> None:
         """A step this drafter proposed for: its counts and wall time (chooses_length drafters)."""

@@ -94,7 +94,26 @@ def generate(
     model's recent plain-step samples (the live speedup's, across answers); `between_steps` runs before
     every decode step (the machine's policy, e.g. the CPU's thread count: it must change no bits)."""
     loop = _Loop(target, drafter, prompt_ids, config, stop_ids, tokenizer, request_id, plain or PlainHistory())
-    yield Started(request_id, strategy, len(prompt_ids), config.k, step)
+    with drafter.leaving_out(_left_out(config.leave_out, tokenizer)):
+        yield from _run(loop, strategy, should_stop, between_steps, step_kind=step)
+
+
+def _left_out(answers: tuple, tokenizer) -> list[list[int]]:
+    """DecodeConfig.leave_out as token ids: texts tokenized (left out without a tokenizer), ids as they are."""
+    out = []
+    for answer in answers:
+        if not isinstance(answer, str):
+            out.append([int(t) for t in answer])
+        elif tokenizer is not None:
+            out.append(list(tokenizer.encode(answer, add_special_tokens=False)))
+    return out
+
+
+def _run(loop: "_Loop", strategy: str, should_stop: Callable[[], bool],
+         between_steps: Callable[[], None] | None, step_kind: str) -> Iterator[Started | Step | Finished]:
+    """The generation's events: its start, the prompt read, each step, its end."""
+    drafter, config = loop.drafter, loop.config
+    yield Started(loop.request_id, strategy, loop.n_prompt, config.k, step_kind)
     for event in loop.prefill():
         yield event
         if should_stop() and isinstance(event, PromptProgress):  # cancelled while a long prompt is read
@@ -340,7 +359,8 @@ class _Loop:
 
     def finish(self) -> Finished:
         wall = time.perf_counter() - self.t_start
-        self.drafter.finished(self.ctx[: self.n_prompt + len(self.out_ids)], self.n_prompt)
+        if self.config.learn:
+            self.drafter.finished(self.ctx[: self.n_prompt + len(self.out_ids)], self.n_prompt)
         if self.detok:
             self.detok.flush()
         totals = self.stats.totals(len(self.out_ids), wall)

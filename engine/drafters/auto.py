@@ -22,6 +22,8 @@ plain steps elsewhere (not the phrases either: what they learned depends on the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from ..api.strategies import STRATEGIES, default_k
@@ -216,6 +218,15 @@ class Auto(Drafter):
         for member in (self.suffix, self.phrases):
             if member is not None:
                 member.finished(tokens, prompt_len)
+
+    @contextmanager
+    def leaving_out(self, answers: list[list[int]]) -> Iterator[None]:
+        """The members that learn from the model's answers leave these out (Drafter.leaving_out)."""
+        with ExitStack() as stack:
+            for member in (self.suffix, self.phrases):
+                if member is not None:
+                    stack.enter_context(member.leaving_out(answers))
+            yield
 
     def observe_pass(self, rows: int, seconds: float) -> None:
         for drafter, _ in self.heads.values():

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -177,6 +179,28 @@ class PhraseTable:
                     seen = self.learned.setdefault((n, run_key(tokens[i - n : i], n)), {})
                     seen[nxt] = seen.get(nxt, 0) + 1
 
+    @contextmanager
+    def hiding(self, answers: list) -> Iterator[None]:
+        """For the `with` block, the learned counts less each run inside `answers` (token ids) and the token after
+        it, where counted: as if they had not been learned (the shipped table is not touched)."""
+        kept: dict[tuple[int, int], dict[int, int]] = {}
+        for answer in answers:
+            for i in range(1, len(answer)):
+                for n in ORDERS:
+                    if i < n:
+                        continue
+                    key = (n, run_key(answer[i - n : i], n))
+                    seen = self.learned.get(key)
+                    nxt = int(answer[i])
+                    if seen is None or seen.get(nxt, 0) <= 0:
+                        continue
+                    kept.setdefault(key, dict(seen))
+                    seen[nxt] -= 1
+        try:
+            yield
+        finally:
+            self.learned.update(kept)
+
     def save(self, folder: Path) -> None:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -275,6 +299,9 @@ class Phrases:
         if tokens.shape[0] > prompt_len:
             first = max(0, prompt_len - PROMPT_TAIL)
             self.table.learn(tokens[first:].tolist(), prompt_len - first)
+
+    def leaving_out(self, answers: list[list[int]]):
+        return self.table.hiding(answers)
 
     def draft(self, ctx: DraftContext, k: int) -> torch.Tensor:
         tail = ctx.tokens[max(0, ctx.tokens.shape[0] - max(ORDERS)) :].tolist()

@@ -25,7 +25,8 @@ import logging
 import os
 import sqlite3
 import time
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -50,13 +51,20 @@ SPEC_FACTOR = 1.0  # nodes drafted per token of the longest match (at least 2)
 SAVE_EVERY_S = 60.0  # the corpus is written at most this often (and when the process ends cleanly)
 FORMAT = 1
 REBUILD_CHARS = 2 * MAX_TOKENS  # the newest answers' text a rebuilt corpus reads (about half of MAX_TOKENS)
+# an answer left out (`hiding`) hides every stretch of the corpus of this many tokens that it holds too (all of an
+# answer this short or shorter): its own copies whatever the tokens around them, and an answer's text tokenized
+# again where it parts from the ids the model produced at a token or two
+HIDE_RUN = 8
 class SuffixIndex:
     """A model's earlier answers as one corpus (int32 tokens, -1 between answers) and a sorted index of its
-    ORDER-token runs (hash, position of the run's last token), for `occurrences`."""
+    ORDER-token runs (hash, position of the run's last token), for `occurrences`. `visible` is what drafting reads:
+    the corpus itself, or within `hiding` the corpus with some answers turned into separators."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self.tokens = np.zeros(0, dtype=np.int32)
+        self.visible = self.tokens
+        self._hidden: list[np.ndarray] = []  # the answers `hiding` leaves out now
         self.keys = np.zeros(0, dtype=np.uint64)
         self.positions = np.zeros(0, dtype=np.int64)
         self.note = ""  # why a saved corpus was not read (it starts empty instead)
@@ -80,6 +88,7 @@ class SuffixIndex:
             self._drop_oldest()
         else:
             self._insert(np.arange(start + ORDER - 1, start + seq.shape[0]))
+        self._show()
         self._unsaved += seq.shape[0]
         if self.path is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
             self.save()
@@ -124,7 +133,40 @@ class SuffixIndex:
         key, _ = run_keys(tail, np.array([tail.shape[0] - 1]), ORDER)
         lo, hi = np.searchsorted(self.keys, key[0], side="left"), np.searchsorted(self.keys, key[0], side="right")
         found = self.positions[max(lo, hi - MAX_OCCURRENCES) : hi]
-        return found[np.all(self.tokens[found[:, None] - np.arange(ORDER)[None, ::-1]] == tail[-ORDER:], axis=1)]
+        return found[np.all(self.visible[found[:, None] - np.arange(ORDER)[None, ::-1]] == tail[-ORDER:], axis=1)]
+
+    @contextmanager
+    def hiding(self, answers: list) -> Iterator[None]:
+        """For the `with` block, drafting reads the corpus as if `answers` (token ids) had never joined it: every
+        stretch of HIDE_RUN tokens they hold reads as separators, so no occurrence matches there and no continuation
+        runs into them (a Compare run re-creates an answer the corpus holds: it must not draft it from there)."""
+        self._hidden = [np.asarray(a, dtype=np.int32) for a in answers if len(a) >= 2]
+        self._show()
+        try:
+            yield
+        finally:
+            self._hidden = []
+            self._show()
+
+    def _show(self) -> None:
+        """Make `visible` the corpus less what `hiding` leaves out (after every change of the corpus)."""
+        self.visible = self.tokens
+        if not self._hidden or len(self) == 0:
+            return
+        hide = np.zeros(len(self), dtype=bool)
+        runs: dict[int, np.ndarray] = {}  # the corpus's run keys, by run length
+        for answer in self._hidden:
+            n = min(HIDE_RUN, answer.shape[0])
+            if len(self) < n:
+                continue
+            if n not in runs:
+                keys, ok = run_keys(self.tokens, np.arange(n - 1, len(self)), n)
+                runs[n] = np.where(ok, keys, np.uint64(0))
+            theirs, ok = run_keys(answer, np.arange(n - 1, answer.shape[0]), n)
+            starts = np.flatnonzero(np.isin(runs[n], theirs[ok]))  # where a run of theirs starts in the corpus
+            hide[(starts[:, None] + np.arange(n)[None, :]).ravel()] = True
+        if hide.any():
+            self.visible = np.where(hide, np.int32(-1), self.tokens)
 
     def save(self) -> None:
         """Write the corpus (the index is made again when read); a folder that cannot be written leaves
@@ -158,6 +200,7 @@ class SuffixIndex:
 
     def _reindex(self) -> None:
         self.keys, self.positions = self._runs(np.arange(ORDER - 1, self.tokens.shape[0]))
+        self._show()
 
 
 class _Tree:
@@ -230,6 +273,9 @@ class Suffix(Drafter):
         if tokens.shape[0] > prompt_len:
             self.index.add(tokens[max(0, prompt_len - PROMPT_TAIL) :].numpy())
 
+    def leaving_out(self, answers: list[list[int]]):
+        return self.index.hiding(answers)
+
     def candidates(self, tokens: torch.Tensor) -> _Tree | None:
         """The tree of continuations of the conversation's last tokens, or None where they occur nowhere."""
         ctx = tokens.numpy()
@@ -240,7 +286,7 @@ class Suffix(Drafter):
         found = []  # (source, ends, match lengths)
         ends = self.index.occurrences(tail)
         if ends.size:
-            found.append((self.index.tokens, ends, agreement(self.index.tokens, ends, tail, back)))
+            found.append((self.index.visible, ends, agreement(self.index.visible, ends, tail, back)))
         here = np.flatnonzero(ctx[ORDER - 1 : ctx.shape[0] - 1] == ctx[-1]) + ORDER - 1  # earlier, in the conversation
         if here.size:
             here = here[-MAX_OCCURRENCES:]

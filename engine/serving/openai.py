@@ -127,6 +127,9 @@ Stop = Annotated[str | list[str] | None, says("'stop' must be a string or a list
                  AfterValidator(_at_most_stops)]
 Role = Literal[tuple(ROLES)]
 NonEmpty = Annotated[str, Field(min_length=1)]
+LeaveOut = Annotated[list[str | list[Annotated[int, Field(ge=0, lt=1 << 31)]]] | None,
+                     says("'specula.leave_out' must be a list of answers: strings or lists of token ids",
+                          "specula.leave_out"), Field(max_length=64)]
 
 # OpenAI's fields the engine honours only at their defaults
 OneChoice = Annotated[int | None, honoured_if(lambda n: n in (None, 1), "'n' must be 1: one answer per request", "n")]
@@ -160,6 +163,8 @@ class SpeculaExtension(Body):
     token_probs: Flag = None
     cut_at_window: Flag = None  # max_tokens beyond the window's room ends the answer there instead of a 400
     own_baseline: Flag = None  # the live speedup from this answer's own plain steps (DecodeConfig.own_baseline)
+    learn: Flag = None  # false: the answer does not join what the drafters learn from answers (DecodeConfig.learn)
+    leave_out: LeaveOut = None  # earlier answers the drafters leave out for this one (DecodeConfig.leave_out)
     k_max: Count = None
     options: Annotated[StrategyOptions | None, BeforeValidator(or_none)] = None
 
@@ -296,9 +301,15 @@ def _decode(body: ChatCompletionRequest | CompletionRequest, ext: SpeculaExtensi
             strategy, server_k if ext.k is None else ext.k, adaptive_k=bool(ext.adaptive_k),
             token_probs=bool(ext.token_probs), max_new_tokens=body.max_new_tokens or defaults.context_window or 1 << 30,
             fit_window=body.max_new_tokens is not None and not ext.cut_at_window, seed=body.seed,
-            own_baseline=bool(ext.own_baseline), **sampling, **k_max)
+            own_baseline=bool(ext.own_baseline), learn=ext.learn is not False, leave_out=_answers(ext.leave_out),
+            **sampling, **k_max)
     except SpeculaError as exc:
         raise bad_request(str(exc), "specula") from None
+
+
+def _answers(given: list | None) -> tuple:
+    """specula.leave_out as DecodeConfig.leave_out: texts, and token ids as tuples."""
+    return tuple(a if isinstance(a, str) else tuple(a) for a in given or ())
 
 
 def model_sampling(generation_config: object) -> tuple[tuple[str, float], ...]:

@@ -1,6 +1,8 @@
 """`suffix`: continuations from the conversation and the model's earlier answers, scored by how often each
 followed; the corpus kept across sessions and bounded; auto takes it as a member."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -135,3 +137,82 @@ def test_a_lost_or_damaged_corpus_is_rebuilt_from_the_conversation_history(tmp_p
     assert again.tokens.tolist() == index.tokens.tolist()
     history.write_bytes(b"not a database")
     assert suffix_module.earlier_answers(history) == []
+
+
+def _steps(events):
+    return [(e.drafted, e.accepted) for e in events if hasattr(e, "drafted")]
+
+
+def test_an_answer_left_out_is_drafted_as_before_it_was_learned_and_a_run_that_does_not_learn_adds_nothing():
+    """Compare re-creates the user's answer: its runs draft from what was known before that answer (leave_out)
+    and add nothing (learn=False), so the same Compare twice takes the same steps; without leave_out the answer
+    is drafted from the corpus."""
+    target = loaded(tiny_model(vocab=64, layers=2, seed=5))
+    drafter = build_drafter("suffix", target)
+    drafter.index = SuffixIndex()
+    drafter.index.add([7, 3, 14, 15, 9, 26, 5, 8, 8, 30])  # an earlier answer of another prompt
+    prompt = [3, 14, 15, 9, 26, 5]
+    # seeded sampling takes the same steps every time (its plain probes at fixed gaps), whatever the clock says
+    seeded = DecodeConfig(k=8, adaptive_k=True, k_max=8, max_new_tokens=60, seed=11,
+                          params=SamplingParams(temperature=0.3))
+    quiet = replace(seeded, learn=False)
+    before = list(generate(target.new_runner(), drafter, prompt, quiet))
+    assert len(drafter.index) == 11  # nothing learned
+    answer = list(generate(target.new_runner(), drafter, prompt, seeded))[-1]  # the user's answer: learned
+    assert answer.token_ids == before[-1].token_ids and len(drafter.index) > 11
+    compare = replace(quiet, leave_out=(answer.token_ids,))
+    first = list(generate(target.new_runner(), drafter, prompt, compare))
+    again = list(generate(target.new_runner(), drafter, prompt, compare))
+    assert _steps(first) == _steps(before) == _steps(again)
+    assert first[-1].token_ids == before[-1].token_ids
+    assert np.array_equal(drafter.index.visible, drafter.index.tokens)  # shown again after the answer
+    greedy = DecodeConfig(k=8, adaptive_k=True, k_max=8, max_new_tokens=60, learn=False)
+    list(generate(target.new_runner(), drafter, prompt, replace(greedy, learn=True)))  # a greedy answer, learned
+    told = list(generate(target.new_runner(), drafter, prompt, greedy))[-1]
+    hidden = list(generate(target.new_runner(), drafter, prompt, replace(greedy, leave_out=(told.token_ids,))))[-1]
+    assert told.totals.accepted > told.totals.new_tokens // 2  # the learned answer, drafted from the corpus
+    assert hidden.totals.accepted < told.totals.accepted
+
+
+def test_hiding_leaves_out_every_stretch_an_answer_holds_and_nothing_else():
+    index = SuffixIndex()
+    index.add([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
+    index.add([40, 41, 42, 1, 2, 3, 50])  # shares only 3 tokens with the answer: kept
+    with index.hiding([[0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 99]]):  # tokenized again: its ends differ
+        assert index.visible[1:11].tolist() == [-1] * 10 and index.visible[0] == 1 and index.visible[11] == 12
+        assert index.visible[13:].tolist() == index.tokens[13:].tolist()
+        assert index.occurrences(np.array([1, 2, 3])).tolist() == [18]  # the other answer's only
+    assert index.visible is index.tokens
+
+
+def test_auto_leaves_out_an_answer_in_its_members_that_learn():
+    target = loaded(tiny_model(vocab=64, layers=2, seed=5))
+    auto = build_drafter("auto", target, skip="prompt-lookup,lookahead")
+    auto.suffix.index = SuffixIndex()
+    prompt = [3, 14, 15, 9, 26, 5]
+    answer = list(generate(target.new_runner(), auto, prompt, DecodeConfig(k=8, max_new_tokens=40)))[-1]
+    learned = {key: dict(seen) for key, seen in auto.phrases.table.learned.items()}
+    assert learned
+    with auto.leaving_out([list(prompt[-3:]) + list(answer.token_ids)]):
+        assert auto.suffix.index.occurrences(np.array(answer.token_ids[:3])).size == 0
+        assert all(count == 0 for seen in auto.phrases.table.learned.values() for count in seen.values())
+    assert auto.phrases.table.learned == learned
+
+
+def test_a_run_that_does_not_learn_and_leaves_answers_out_crosses_the_wire():
+    from specula.engine.api.prompts import Message
+    from specula.engine.api.types import GenerateRequest
+    from specula.engine.api.wire import extension_json, request_body
+    from specula.engine.serving.faults import ApiError
+    from specula.engine.serving.openai import Defaults, parse_chat
+
+    config = DecodeConfig(learn=False, leave_out=("an earlier answer", (5, 6, 7)))
+    request = GenerateRequest((Message("user", "hi"),), "auto", config)
+    body = {**request_body(request), "specula": extension_json(request)}
+    defaults = Defaults(("tiny",), ("none", "auto"))
+    parsed = parse_chat(body, defaults).request.config
+    assert parsed.learn is False and parsed.leave_out == config.leave_out
+    plain = parse_chat({"messages": [{"role": "user", "content": "hi"}]}, defaults).request.config
+    assert plain.learn is True and plain.leave_out == ()
+    with pytest.raises(ApiError, match="leave_out"):
+        parse_chat({**body, "specula": {"leave_out": "not a list"}}, defaults)
