@@ -173,7 +173,26 @@ def to_markdown(conversation: Conversation) -> str:
     parts = [f"# {conversation.title}", ""]
     for t in conversation.turns:
         label = names.get(t.role, t.role) + (" (interrupted)" if t.interrupted else "")
-        parts += [f"**{label}**", "", t.content.rstrip(), ""]
+        parts += [f"**{label}**", "", closed_fences(t.content.rstrip()), ""]
         if t.summary:
             parts += [f"*{t.summary}*", ""]
     return "\n".join(parts)
+
+
+def closed_fences(text: str) -> str:
+    """`text` with a code block it leaves open (an answer cut by the token limit or stopped) closed at its end, so
+    that what follows it in a Markdown file (the footer, the next message) is not read as code. A fence is three or
+    more backticks or tildes at the start of a line; it is closed by a line of the same character, at least as
+    many, and nothing else (CommonMark), indented as it was (a fence in a list item)."""
+    opened = None  # (indent, fence) of the block open at this line
+    for line in text.splitlines():
+        body = line.lstrip()
+        run = len(body) - len(body.lstrip(body[:1])) if body[:1] in ("`", "~") else 0
+        if run < 3:
+            continue
+        fence, rest = body[:run], body[run:]
+        if opened is None and not (fence[0] == "`" and "`" in rest):  # a backtick fence's language has none
+            opened = (line[: len(line) - len(body)], fence)
+        elif opened is not None and fence[0] == opened[1][0] and run >= len(opened[1]) and not rest.strip():
+            opened = None
+    return text if opened is None else f"{text}\n{opened[0]}{opened[1]}"

@@ -45,6 +45,26 @@ def test_chat_messages_carry_the_whole_conversation():
         ("system", "Be brief."), ("user", sample().turns[0].content), ("assistant", "Paris."), ("user", "And Germany?")]
 
 
+def test_a_markdown_export_closes_a_code_block_an_answer_left_open():
+    """An answer cut by the token limit inside a code block: the export closes the block at the answer's end, so
+    that its footer and the next message are not read as code; a closed block is left as it is."""
+    from specula.app.history import closed_fences, to_markdown
+
+    cut = Turn("assistant", "Here:\n\n```python\ndef f(x):\n    return x +", (), "64 tokens · hit the token limit")
+    conv = Conversation("x", "Code").with_turn(Turn("user", "code please")).with_turn(cut).with_turn(Turn("user", "more"))
+    lines = to_markdown(conv).splitlines()
+    at = lines.index("    return x +")
+    assert lines[at + 1 : at + 4] == ["```", "", "*64 tokens · hit the token limit*"]
+    assert sum(line.startswith("```") for line in lines) == 2
+    closed = "a\n```py\nx = 1\n```\nb"
+    assert closed_fences(closed) == closed
+    assert closed_fences("````md\n```py\nx\n```") == "````md\n```py\nx\n```\n````"  # a shorter fence is content
+    assert closed_fences("~~~\ncode") == "~~~\ncode\n~~~"
+    assert closed_fences("1. step\n   ```sh\n   ls") == "1. step\n   ```sh\n   ls\n   ```"  # in a list item
+    for text in ("use ``` inline", "```js `x` is no fence"):
+        assert closed_fences(text) == text
+
+
 def test_the_model_sees_earlier_turns_and_history_is_saved(make_window, qtbot, tiny_session, tmp_path):
     w = make_window(strategy="prompt-lookup", max_new_tokens=12)
     w.send_text("first question")
