@@ -343,6 +343,14 @@ class ChatController(QObject):
             return ()
         return chat_messages(self.current.truncated(last + 1), system_prompt)
 
+    def last_answers(self) -> tuple[str, ...]:
+        """The text of every version of the answer to the last user message (none where it has none yet)."""
+        last = self.last_user_index()
+        turns = self.current.turns if last is not None else ()
+        if last is None or last + 1 >= len(turns) or turns[last + 1].role != "assistant":
+            return ()
+        return tuple(t.content for t in turns[last + 1].all_versions if t.content)
+
     def _truncate(self, n: int) -> None:
         conv = self.current.truncated(n)
         self.conversations[conv.id] = conv

@@ -7,6 +7,11 @@ run and not the other moves their ratio (here 0.74-1.98x for a strategy that run
 Each run reports what a plain step cost while it ran (its own plain samples); where the two differ by more
 than DRIFT and by more than their samples' scatter, the card says so, and what the ratio would be at one speed.
 
+Compare measures what the user's answer cost: neither run joins what the drafters learn from the model's answers,
+and the strategy's run drafts as if the answer it re-creates had never been given (every version of the answer
+and the plain run's answer are left out of the drafters' corpora for it). Without that a strategy that learns from
+earlier answers (auto, suffix) drafted the whole answer from its own copy: 2.05x for an answer that streamed at 0.57x.
+
 The result is a card in the transcript, not a turn of the conversation: it is not saved and not sent to
 the model (switching conversations clears it). The runs feed the live plots like any answer.
 """
@@ -42,13 +47,14 @@ class RunResult:
     live_err: float | None = None
     plain_step_s: float | None = None  # what a plain step cost while this run went on (its own samples)
     plain_step_err: float | None = None  # ... its standard error
+    text: str = ""
 
     @classmethod
     def of(cls, strategy: str, finished) -> RunResult:
         t = finished.totals
         return cls(strategy, tuple(finished.token_ids), t.new_tokens, t.tokens_per_s, t.acceptance_rate,
                    finished.reason, finished.speedup, finished.speedup_err, finished.plain_step_s,
-                   finished.plain_step_err)
+                   finished.plain_step_err, finished.text)
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,7 @@ class CompareController(QObject):
         self.card: Comparison | None = None
         self._index = -1  # the card's place in the transcript
         self._messages: tuple = ()
+        self._answers: tuple[str, ...] = ()  # the answers the strategy's run leaves out (Compare re-creates them)
         self._settings: Settings | None = None
         self._request_id: int | None = None
         self._started = False
@@ -131,13 +138,15 @@ class CompareController(QObject):
     def running(self) -> bool:
         return self.card is not None
 
-    def start(self, messages: tuple, settings: Settings) -> bool:
-        """Compare on these messages (ending with the user's); False when there is nothing to compare."""
+    def start(self, messages: tuple, settings: Settings, answers: tuple[str, ...] = ()) -> bool:
+        """Compare on these messages (ending with the user's); False when there is nothing to compare. `answers`:
+        the text of every version of the user's answer to them, which the strategy's run must not draft from."""
         if self.running or not messages or messages[-1].role != "user":
             return False
         seed = settings.seed if settings.seed is not None else random.randrange(2**31)
         self._settings = replace(settings, seed=seed)
         self._messages = tuple(messages)
+        self._answers = tuple(answers)
         self.card = Comparison(settings.strategy, seed, settings.temperature, running=PLAIN)
         self._index = self.view.add_card(self.card)
         self.running_changed.emit(True)
@@ -175,7 +184,8 @@ class CompareController(QObject):
         self._update(running=strategy)
         try:
             request = build_request(self._messages, replace(self._settings, strategy=strategy), token_probs=False,
-                                    chat=self.chat_template, own_baseline=True)
+                                    chat=self.chat_template, own_baseline=True, learn=False,
+                                    leave_out=self._answers if strategy != PLAIN else ())
         except ValueError as exc:  # the engine's SpeculaError: a setting it refuses
             self._end(error=str(exc))
             return
@@ -187,6 +197,8 @@ class CompareController(QObject):
             self._end(error="stopped")
         elif card.running == PLAIN:
             self._update(plain=RunResult.of(PLAIN, finished))
+            if finished.text:
+                self._answers += (finished.text,)
             self._send(card.strategy)
         else:
             self._update(fast=RunResult.of(card.strategy, finished))

@@ -392,7 +392,7 @@ class MainWindow(QMainWindow):
         if not messages:
             self.statusBar().showMessage("Send a message first: the comparison re-runs the last prompt.", 5000)
             return False
-        return self.compare.start(messages, self.settings)
+        return self.compare.start(messages, self.settings, self.chat.last_answers())
 
     def _on_action(self, name: str, index: int) -> None:
         """A link under a message, its context menu, or the Chat menu (index -1: the last answer)."""

@@ -97,3 +97,26 @@ def test_stop_ends_a_comparison(make_window, qtbot, tiny_session):
     card = blocker.args[0]
     assert card.error == "stopped" and card.plain is None and "Stopped." in w.view.toPlainText()
     assert w.state == "ready" and w.compare_action.isEnabled()
+
+
+def test_compare_measures_what_the_answer_cost_and_gives_the_same_figure_twice(make_window, qtbot, tiny_session):
+    """A strategy that learns from the model's answers (suffix, auto's members) re-created the user's answer from
+    its own copy: Compare's runs learn nothing, and the strategy's run leaves out every version of the answer and
+    the plain run's, so the same Compare twice drafts the same (seeded: the same steps every time)."""
+    w = make_window(strategy="suffix", max_new_tokens=40, seed=7, temperature=0.5)
+    w.send_text("hello there, tell me a story about a cat")
+    ok, answer = wait_reply(qtbot, w)
+    assert ok
+    corpus = tiny_session.drafter("suffix", {}).index
+    learned = len(corpus)
+    assert learned > 0  # the user's answer joined the corpus
+    sent = spy_requests(w)
+    cards = [run_compare(qtbot, w), run_compare(qtbot, w)]
+    assert len(corpus) == learned  # Compare's runs add nothing
+    assert all(not r.config.learn for r in sent)
+    plain_run, fast_run = sent[0], sent[1]
+    assert plain_run.config.leave_out == ()
+    assert fast_run.config.leave_out == (answer.text, cards[0].plain.text)
+    first, second = (c.fast for c in cards)
+    assert first.token_ids == second.token_ids and first.acceptance == second.acceptance
+    assert first.new_tokens == second.new_tokens
