@@ -124,8 +124,12 @@ class Conversation:
         return replace(self, title=title, turns=self.turns + (turn,), updated=time.time())
 
     def truncated(self, n: int) -> "Conversation":
-        """The first n turns (regenerating or editing drops what came after)."""
-        return replace(self, turns=self.turns[:n], updated=time.time())
+        """The first n turns (regenerating or editing drops what came after). A title made from a first message
+        that goes goes with it, so that the message sent in its place titles the chat as a new chat's first does
+        (an edited first message); a title the user gave stays."""
+        first = next((i for i, t in enumerate(self.turns) if t.role == "user"), None)
+        made = first is not None and first >= n and self.title == make_title(self.turns[first].content)
+        return replace(self, title="New chat" if made else self.title, turns=self.turns[:n], updated=time.time())
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "id": self.id, "title": self.title, "created": self.created,

@@ -5,6 +5,7 @@ between coloured tokens and rendered Markdown."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 from PySide6.QtCore import Qt
@@ -99,6 +100,19 @@ def test_edit_puts_the_message_in_the_composer_and_sending_replaces_it(make_wind
     assert tiny_session.target.tokenizer.conversations[-1] == [{"role": "user", "content": "an edited message"}]
     assert "the second message" not in w.view.toPlainText()
     assert [t.content for t in saved_turns(tmp_path, w) if t.role == "user"] == ["an edited message"]
+    # the first message edited titles the chat as a new chat's would, in the list and saved
+    assert w.chat.current.title == "an edited message"
+    found, _ = saved_history(tmp_path).load_all()
+    assert next(c for c in found if c.id == w.chat.current_id).title == "an edited message"
+
+
+def test_an_edited_first_message_retitles_a_chat_unless_the_user_named_it():
+    chat = Conversation("c").with_turn(Turn("user", "the first message")).with_turn(Turn("assistant", "yes"))
+    assert chat.title == "the first message"
+    assert chat.truncated(0).with_turn(Turn("user", "another question")).title == "another question"
+    assert chat.truncated(1).title == "the first message"  # regenerating keeps the first message, and its title
+    named = replace(chat, title="Trip plans")
+    assert named.truncated(0).with_turn(Turn("user", "another question")).title == "Trip plans"
 
 
 def test_cancelling_an_edit_keeps_the_conversation(make_window, qtbot):
