@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import platformdirs
@@ -15,6 +16,8 @@ APP_NAME = "specula"
 DEVICE_NAMES = ("auto", "cpu", "cuda", "mps")
 DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")  # names the GUI can list without importing torch
 WEIGHT_NAMES = ("auto", "native", "dequantized")  # how a GGUF's 4-bit weights run (loading.ModelSpec)
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # "org/name"
+GGUF_MAGIC = b"GGUF"  # a GGUF file's first four bytes
 
 
 def cache_dir() -> Path:
@@ -45,6 +48,40 @@ def check_local_model(path: Path) -> None:
         raise SpeculaError(f"model {path} is a folder, not a GGUF file")
     if path.suffix.lower() == ".gguf" and not path.is_file():
         raise ModelNotFoundError(f"model file not found: {path}")
+
+
+def is_gguf(path: Path) -> bool:
+    """A GGUF model file: named .gguf, or a file under any other name that starts with GGUF's magic bytes (llama.cpp
+    knows a model file by its bytes, not its name)."""
+    if path.suffix.lower() == ".gguf":
+        return True
+    if not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def local_source(source: str) -> tuple[str, Path]:
+    """What a model source other than "bundled" names, without reading the model: ("gguf", its file), ("folder",
+    a transformers model folder) or ("hub", the source as a path) for a Hub id; a one-line error where it names
+    none of them."""
+    path = Path(source).expanduser()
+    check_local_model(path)
+    if is_gguf(path):
+        return "gguf", path
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"folder {path} has no config.json: not a transformers model folder")
+        return "folder", path
+    if HUB_ID.match(source) and not path.exists() and not source.startswith((".", "~")):
+        return "hub", path
+    if path.is_file():
+        raise ModelNotFoundError(f"model {path} is not a GGUF file (it does not start with GGUF's magic bytes) and "
+                                 "not a model folder")
+    raise ModelNotFoundError(f"model not found: '{source}' is not a file, a folder or a Hub id")
 
 
 def make_folder(path: Path, what: str) -> Path:

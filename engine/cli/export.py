@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ..api.errors import SpeculaError
-from ..api.paths import make_folder
+from ..api.paths import is_gguf, make_folder
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 
@@ -24,7 +24,7 @@ def _source(model: str) -> tuple[Path, bool]:
     if model == "bundled":
         return bundled_gguf_path(), True
     path = Path(model).expanduser()
-    if path.suffix.lower() == ".gguf" and path.is_file():
+    if path.is_file() and is_gguf(path):
         return path, True
     if path.is_dir() and (path / "config.json").is_file():
         return path, False

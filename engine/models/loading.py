@@ -27,7 +27,7 @@ from ..api.errors import (
     first_line,
     unsafe_pickle,
 )
-from ..api.paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_dir, check_local_model
+from ..api.paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_dir, local_source
 from ..api.types import BUNDLED, ModelSpec
 from ..cpu import step as compiled
 from ..cpu.step import StepMode
@@ -42,7 +42,6 @@ from .runner import LeanRunner
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
 DEVICES = DEVICE_NAMES
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # DTYPE_NAMES but "auto"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 log = logging.getLogger(__name__)
 
 
@@ -180,18 +179,13 @@ def _load_model(spec: ModelSpec, progress=None) -> LoadedModel:
     if source == BUNDLED:
         gguf, name = bundled_gguf_path(), BUNDLED_NAME
     else:
-        path = Path(source).expanduser()
-        check_local_model(path)
-        if path.suffix.lower() == ".gguf":
+        kind, path = local_source(source)
+        if kind == "gguf":
             gguf, name = path, path.name
-        elif path.is_dir():
-            if not (path / "config.json").is_file():
-                raise ModelNotFoundError(f"folder {path} has no config.json: not a transformers model folder")
+        elif kind == "folder":
             folder, name = path, path.name
-        elif _HUB_ID.match(source) and not path.exists() and not source.startswith((".", "~")):
-            folder, name = _hub_folder(source, say), source
         else:
-            raise ModelNotFoundError(f"model not found: '{source}' is not a file, a folder or a Hub id")
+            folder, name = _hub_folder(source, say), source
     if spec.weights == "native" and gguf is None:
         raise SpeculaError("native weights need a GGUF file: this model is dense, use --weights auto")
     say(f"loading {name}")

@@ -20,11 +20,10 @@ from typing import Callable, Iterable
 
 from ..api.errors import ModelNotFoundError, SpeculaError, first_line
 from ..api.gguf_header import read_header
-from ..api.paths import bundled_gguf_path, check_local_model
+from ..api.paths import HUB_ID, bundled_gguf_path, local_source
 from ..api.types import BUNDLED
 
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # what a snapshot download fetches: the files the app loads (as models/loading.py asks the Hub for), the
 # PyTorch .bin weights only where a repository has no safetensors
 _SNAPSHOT_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja")
@@ -100,17 +99,14 @@ def describe(source: str) -> ModelEntry:
     source = source.strip()
     if source == BUNDLED:
         return _describe_gguf(bundled_gguf_path(), BUNDLED, BUNDLED_NAME, "bundled")
-    path = Path(source).expanduser()
-    check_local_model(path)
-    if path.suffix.lower() == ".gguf":
+    kind, path = local_source(source)
+    if kind == "gguf":
         return _describe_gguf(path, str(path), path.name, "local")
-    if path.is_dir():
+    if kind == "folder":
         return _describe_folder(path, str(path), _folder_name(path), "local")
-    if _HUB_ID.match(source) and not path.exists() and not source.startswith((".", "~")):
-        for entry in _cache_entries(source):
-            return entry
-        raise ModelNotFoundError(f"model '{source}' is not in the local Hugging Face cache: download it first")
-    raise ModelNotFoundError(f"model not found: '{source}' is not a file, a folder or a Hub id")
+    for entry in _cache_entries(source):
+        return entry
+    raise ModelNotFoundError(f"model '{source}' is not in the local Hugging Face cache: download it first")
 
 
 def list_models(extra_sources: Iterable[str] = ()) -> list[ModelEntry]:
@@ -388,7 +384,7 @@ def _repo_info(repo_id: str):
     from huggingface_hub import HfApi
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
-    if not _HUB_ID.match(repo_id):
+    if not HUB_ID.match(repo_id):
         raise SpeculaError(f"'{repo_id}' is not a Hub id: expected org/name")
     _online(f"reach the Hub for '{repo_id}'")
     endpoint = hub_endpoint()

@@ -324,6 +324,22 @@ def test_a_file_without_a_chat_template_loads_as_a_base_model(tmp_path):
     assert len(_greedy(base, [5, 6, 7], n=5)) == 5
 
 
+def test_a_gguf_under_another_name_is_known_by_its_magic_bytes(tmp_path):
+    """As llama.cpp reads any file that starts with "GGUF": a model saved without the .gguf suffix loads and is
+    described; a file that is not a GGUF says so, not that it is no file."""
+    from specula.engine.remote import hub
+
+    written = write_gguf(tmp_path / "m.gguf", tiny_llama(seed=6, layers=1), "Q8_0")
+    unnamed = written.rename(tmp_path / "model-q8")
+    assert len(_greedy(_load(unnamed), [5, 6, 7], n=4)) == 4
+    assert hub.describe(str(unnamed)).architecture == "llama"
+    (other := tmp_path / "notes.txt").write_text("not a model")
+    for read in (_load, lambda p: hub.describe(str(p))):
+        with pytest.raises(SpeculaError) as exc:
+            read(other)
+        _one_line(exc, "notes.txt", "is not a GGUF file")
+
+
 # -- a file that is wrong, in one line each -----------------------------------------------------------------
 
 def _one_line(exc: pytest.ExceptionInfo, *words: str) -> None:
