@@ -67,7 +67,7 @@ class Session:
             return
         target = self._need_target()
         chat = request.chat and bool(getattr(target.tokenizer, "chat_template", None))
-        config = replace(request.config, max_new_tokens=WARM_UP_TOKENS)
+        config = replace(request.config, max_new_tokens=WARM_UP_TOKENS, learn=False)  # not an answer of the user's
         try:
             for _ in self.generate(replace(request, messages=(Message("user", "Hello."),), config=config, chat=chat)):
                 pass
