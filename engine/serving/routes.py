@@ -79,28 +79,31 @@ async def _body(request: Request) -> object:
             raise faults.ApiError(400, f"a number in the request body has more than {sys.get_int_max_str_digits():,} "
                                        "digits") from None
         raise faults.ApiError(400, "the request body is not valid JSON") from None
-    where = _lone_surrogate(body)
-    if where is not None:
-        raise faults.ApiError(400, f"'{where}' holds a lone UTF-16 surrogate (an escape such as \\ud800 that is "
-                                   "half of a character): it is not text", param=where or None)
+    found = _lone_surrogate(body)
+    if found is not None:
+        where, key = str(faults.Quoted(found[0])), found[1]
+        what = f"the key '{where}'" if key else (f"'{where}'" if where else "the body")
+        raise faults.ApiError(400, f"{what} holds a lone UTF-16 surrogate (an escape such as \\ud800 that is half of "
+                                   "a character): it is not text", param=where or None)
     return body
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _lone_surrogate(value: object, path: str = "") -> str | None:
+def _lone_surrogate(value: object, path: str = "") -> tuple[str, bool] | None:
     """The path (e.g. messages[0].content) of the first key or string in a parsed body that holds a lone
-    surrogate (JSON's \\ud800 escapes decode to one where no pair follows), else None. Such a string cannot be
-    encoded, tokenized or echoed in an error message."""
+    surrogate (JSON's \\ud800 escapes decode to one where no pair follows), and whether it is a key (its path
+    ends with the key, its surrogates written as escapes: messages[0].\\udfff), else None. Such a string cannot
+    be encoded, tokenized or echoed in an error message as it is."""
     if isinstance(value, str):
-        return path if _SURROGATE.search(value) else None
+        return (path, False) if _SURROGATE.search(value) else None
     if isinstance(value, dict):
         for key, item in value.items():
-            inner = f"{path}.{key}" if path else str(key)
             if _SURROGATE.search(key):
-                return f"{path} (one of its keys)" if path else "the body (one of its keys)"
-            found = _lone_surrogate(item, inner)
+                escaped = key.encode("utf-8", "backslashreplace").decode("utf-8")
+                return (f"{path}.{escaped}" if path else escaped), True
+            found = _lone_surrogate(item, f"{path}.{key}" if path else str(key))
             if found is not None:
                 return found
     elif isinstance(value, list):

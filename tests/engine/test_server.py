@@ -213,7 +213,9 @@ def test_a_number_too_long_for_python_is_a_400_not_a_500(served):
 @pytest.mark.parametrize("body, where", [
     (rb'{"messages": [{"role": "user", "content": "a\ud800b"}], "max_tokens": 4}', "messages[0].content"),
     (rb'{"model": "\ud800", "messages": [{"role": "user", "content": "Hi"}]}', "model"),
-    (rb'{"messages": [{"role": "user", "content": "Hi", "\udfff": 1}]}', "messages[0] (one of its keys)"),
+    (rb'{"messages": [{"role": "user", "content": "Hi", "\udfff": 1}]}', "the key 'messages[0].\\udfff'"),
+    (rb'{"a\ud800": 1, "messages": [{"role": "user", "content": "Hi"}]}', "the key 'a\\ud800'"),
+    (rb'"\udc00"', "the body holds"),
 ])
 def test_a_lone_surrogate_anywhere_in_a_body_is_a_400_naming_where(served, body, where):
     status, text = served.request("POST", "/v1/chat/completions", body)
