@@ -389,8 +389,9 @@ class PlotsPanel(QWidget):
         self.finish(finished)
 
     def show_tokens(self, records, totals: dict[str, str]) -> None:
-        """An answer from an earlier session: acceptance, accepted lengths and positions from its token
-        records; tokens/s and speedup from its saved totals (`totals`: "tps", "speedup")."""
+        """An answer from an earlier session: accepted lengths and positions from its token records; its figures
+        from its saved totals where they are (`totals`: tokens.totals_of its footer), so that they read as its
+        footer does, else from the records."""
         self.begin()
         self._timer.stop()
         last = 1.0
@@ -413,6 +414,9 @@ class PlotsPanel(QWidget):
         self.stat_labels["tps"].setText(totals.get("tps") or "–")
         self.stat_labels["plain"].setText(f"{tps / speedup:.1f}" if tps and speedup else "–")  # as in _refresh_stats
         self.stat_labels["speedup"].setText(totals.get("speedup") or "–")
+        for key in ("acceptance", "per_step"):
+            if key in totals:
+                self.stat_labels[key].setText(totals[key])
         self._chat_note = EARLIER
         self._say(EARLIER)
 
@@ -489,7 +493,10 @@ class PlotsPanel(QWidget):
         m = self.metrics
         if m is None:
             return
-        rate = m.acceptance_rate
+        # a finished answer's figures are its totals', as its footer gives them (tokens.summary)
+        totals = finished.totals if finished is not None and finished.totals.target_forwards else None
+        rate = totals.acceptance_rate if totals is not None else m.acceptance_rate
+        per_step = totals.mean_accepted_length if totals is not None else m.mean_accepted_length if m.forwards else None
         tps = finished.totals.tokens_per_s if finished is not None else m.tokens_per_s
         speedup = finished.speedup if finished is not None else m.speedup
         error = finished.speedup_err if finished is not None else m.speedup_err
@@ -498,7 +505,7 @@ class PlotsPanel(QWidget):
         plain = tps / speedup if tps and speedup else m.plain_rate(m.decode_start_len + max(0, m.new_tokens - 1) // 2)
         values = {
             "acceptance": f"{rate:.0%}" if rate is not None else "–",
-            "per_step": f"{m.mean_accepted_length:.2f}" if m.forwards else "–",
+            "per_step": f"{per_step:.2f}" if per_step is not None else "–",
             "tps": f"{tps:.1f}" if tps else "–",
             "plain": f"{plain:.1f}" if plain else "–",
             "speedup": speedup_text(speedup, error),

@@ -64,13 +64,18 @@ def _escape(text: str) -> str:
 
 
 def totals_of(summary_line: str) -> dict[str, str]:
-    """The tokens/s and speedup figures of a line `summary` wrote, as shown ("126.2", "1.42× ±0.05")."""
+    """The figures of a line `summary` wrote, as shown, by the dock's names: "tps" ("126.2"), "speedup" ("1.42×
+    ±0.05"), "acceptance" ("62%"), "per_step" ("1.24"); those it has."""
     figures = {}
     for part in summary_line.split(" · "):
         if part.endswith(" tok/s"):
             figures["tps"] = part[: -len(" tok/s")]
         elif part.endswith(" vs plain"):
             figures["speedup"] = part[: -len(" vs plain")]
+        elif part.startswith("acceptance "):
+            figures["acceptance"] = part[len("acceptance "):]
+        elif part.endswith(" tokens/step"):
+            figures["per_step"] = part[: -len(" tokens/step")]
     return figures
 
 

@@ -258,6 +258,22 @@ def test_only_the_open_chat_is_read_at_start_and_the_others_when_chosen(make_win
     assert "old question" in w.view.toPlainText() and "older" in w.chat.loaded
 
 
+def test_a_restored_answer_shows_the_figures_its_footer_gave(make_window, qtbot, tmp_path):
+    """The dock's acceptance and tokens a step for an answer of an earlier session are its footer's (its totals'),
+    not counted again from its token records, which can tell another story (1.27 against the footer's 1.24)."""
+    records = (TokenRecord("a", "target", 0), TokenRecord("b", "draft", 1, 0, 0.9, 0.8), TokenRecord("c", "bonus", 1),
+               TokenRecord("d", "draft", 2, 0, 0.9, 0.8), TokenRecord("e", "bonus", 2))  # 5 tokens in 3 passes
+    footer = "tiny · draft-model · 5 tokens · 40.0 tok/s · acceptance 50% · 1.24 tokens/step · 1.10× vs plain"
+    conv = Conversation("restored", "Restored").with_turn(Turn("user", "q")).with_turn(
+        Turn("assistant", "abcde", records, footer))
+    saved_history(tmp_path).save(conv)
+    w = make_window(strategy="none", max_new_tokens=6)
+    w.chat.select("restored")
+    shown = {key: label.text() for key, label in w.plots.stat_labels.items()}
+    assert (shown["acceptance"], shown["per_step"], shown["tps"], shown["speedup"]) == ("50%", "1.24", "40.0", "1.10×")
+    assert list(w.plots.series["acceptance"].values())  # the plots still drawn from the records
+
+
 def test_a_large_chat_is_read_in_the_background_and_takes_messages_once_read(make_window, qtbot, tmp_path,
                                                                                monkeypatch):
     from specula.app.chat import ChatController

@@ -252,6 +252,8 @@ def test_the_plots_follow_the_selected_chat(make_window, qtbot, tmp_path):
     shown = {k: label.text() for k, label in w.plots.stat_labels.items()}
     accepted = list(w.plots.series["acceptance"].values())
     assert accepted and shown["speedup"] != "–"
+    footer = w.chat.current.turns[-1].summary  # one computation for the dock and the footer
+    assert f"acceptance {shown['acceptance']}" in footer and f"{shown['per_step']} tokens/step" in footer
     w.chat.new_conversation()  # an empty chat: empty plots and the note
     assert w.plots.empty.isVisibleTo(w.plots) and set(l.text() for l in w.plots.stat_labels.values()) == {"–"}
     assert len(w.plots.series["acceptance"].values()) == 0
