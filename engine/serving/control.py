@@ -3,7 +3,8 @@
 A load names a model to load here (`LoadBody`, with an optional `prepare`: the first answers' strategy, in the
 `specula` extension's fields) or another OpenAI-compatible server to relay (`RemoteLoadBody`); a train names
 the head to train. `parse_load` and `parse_train` make a body the engine's request, or refuse it with the
-ApiError for its first fault (`faults.py`).
+ApiError for its first fault (`faults.py`); `check_sources` refuses a load whose model names no model before it is
+queued.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, StringConstraints, model_validator
 
 from ..api.errors import SpeculaError
-from ..api.paths import WEIGHT_NAMES
+from ..api.gguf_header import GGUFError, read_header
+from ..api.paths import WEIGHT_NAMES, local_source
 from ..api.strategies import STRATEGIES
-from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec, RemoteLoadRequest, TrainRequest
-from .faults import Body, Count, Flag, bad_request, fault, or_none, required, says, validate
+from ..api.types import BUNDLED, DecodeConfig, GenerateRequest, LoadRequest, ModelSpec, RemoteLoadRequest, TrainRequest
+from .faults import ApiError, Body, Count, Flag, bad_request, failure, fault, or_none, required, says, validate
 from .openai import UNKNOWN_STRATEGY, StrategyOptions, request_options
 
 TRAIN_KINDS = ("eagle", "eagle3", "medusa")
@@ -127,6 +129,34 @@ def parse_load(body: object) -> LoadRequest | RemoteLoadRequest:
     spec = ModelSpec(load.model, load.device, load.dtype, load.weights)
     return LoadRequest(spec, load.draft or None, measure_baseline=load.measure_baseline is not False,
                        draft_head=load.draft_head or None, prepare=_prepared(load.prepare))
+
+
+def check_sources(load: LoadRequest) -> None:
+    """A load's model and draft as far as they are known before the engine reads them (a load's progress streams
+    under 200 once it is queued): a source that names no model (not found, a file that is no GGUF, a folder without
+    config.json) or a GGUF whose header is damaged is refused with the ApiError the engine's failure would be. Reads
+    a GGUF's header: call it off the event loop."""
+    for param, source in (("model", load.target.source), ("draft", load.draft)):
+        source = (source or "").strip()
+        if not source or source == BUNDLED:
+            continue
+        try:
+            kind, path = local_source(source)
+            if kind == "gguf":
+                _check_header(path)
+        except SpeculaError as exc:
+            error = failure(type(exc).__name__, str(exc))
+            raise ApiError(error.status, error.message, error.type, param, error.code, error.kind) from None
+
+
+def _check_header(path) -> None:
+    """A GGUFError naming what is wrong with a GGUF's header and tensor table (no tensor is read), as the load's."""
+    try:
+        read_header(path, keep=lambda key: False)
+    except GGUFError as exc:
+        raise GGUFError(f"cannot read GGUF file {path.name}: {exc}") from None
+    except OSError as exc:
+        raise SpeculaError(f"cannot read GGUF file {path}: {exc.strerror or exc}") from None
 
 
 def _prepared(ext: PrepareBody | None) -> GenerateRequest | None:

@@ -406,6 +406,8 @@ class Routes:
             load_request = control.parse_load(await _body(request))
             if isinstance(load_request, RemoteLoadRequest):
                 self._may_relay(load_request)
+            else:  # a model that is not there is a 4xx of its own, not an error event in a stream under 200
+                await asyncio.to_thread(control.check_sources, load_request)
             return self._start(load_request)
         except faults.ApiError as exc:
             return _error(exc)

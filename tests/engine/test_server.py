@@ -309,8 +309,8 @@ def test_the_control_endpoints_list_load_and_cancel(served, tiny_folder):
                                                  "measure_baseline": False})
     assert events[0]["type"] == "queued" and events[1]["type"] == "progress" and events[-1]["type"] == "loaded"
     assert events[-1]["model"]["context_window"] == 128
-    bad = served.events("/specula/v1/load", {"model": str(tiny_folder / "missing")})
-    assert bad[-1]["type"] == "error" and "missing" in bad[-1]["error"]["message"]
+    status, bad = served.post("/specula/v1/load", {"model": str(tiny_folder / "missing")})  # refused before queued
+    assert status == 404 and bad["error"]["code"] == "model_not_found" and "missing" in bad["error"]["message"]
     now = json.loads(served.get("/specula/v1/status")[1])
     assert now["state"] == "ready"  # the last good model stays
     assert now["step"] == "eager"  # SPECULA_STEP=eager for the tests

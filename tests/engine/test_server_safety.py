@@ -377,11 +377,29 @@ def test_a_stop_sequence_is_counted_as_stop_and_clients_gone_from_the_queue_leav
         s.close()
 
 
-def test_health_says_the_loaded_model_still_answers_after_a_failed_load(tiny_folder):
+def test_a_load_of_a_model_that_is_not_there_is_a_4xx_with_an_error_body_not_an_event_under_200(served, tiny_folder,
+                                                                                                 tmp_path):
+    (tmp_path / "notes.txt").write_text("not a model")
+    (tmp_path / "empty").mkdir()
+    for body, status, words in (({"model": str(tmp_path / "missing.gguf")}, 404, "missing.gguf"),
+                                ({"model": str(tmp_path / "notes.txt")}, 404, "not a GGUF file"),
+                                ({"model": str(tmp_path / "empty")}, 404, "no config.json"),
+                                ({"model": str(tiny_folder), "draft": str(tmp_path / "gone")}, 404, "gone")):
+        got, headers, data = raw(served.port, "POST", "/specula/v1/load", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+        assert got == status and headers["content-type"] == "application/json", (body, data)
+        assert words in data["error"]["message"] and data["error"]["param"] == ("draft" if "draft" in body else "model")
+    assert served.service.state == "ready"  # nothing was queued
+
+
+def test_health_says_the_loaded_model_still_answers_after_a_failed_load(tiny_folder, tmp_path):
+    from tests.support.gguf_files import tiny_llama, write_gguf
+
+    unknown = write_gguf(tmp_path / "arch.gguf", tiny_llama(hidden=64, inter=128, layers=1), "Q8_0", arch="frobnicator")
     s = Served(tiny_folder)
     try:
-        events = s.events("/specula/v1/load", {"model": str(tiny_folder / "missing")})
-        assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "model_not_found"
+        events = s.events("/specula/v1/load", {"model": str(unknown)})  # found, and refused as the engine reads it
+        assert events[-1]["type"] == "error" and "frobnicator" in events[-1]["error"]["message"]
         deadline = time.time() + 60
         while s.service.state == "loading":
             assert time.time() < deadline
@@ -402,15 +420,10 @@ def test_a_damaged_gguf_is_refused_as_the_requests_fault_and_the_working_model_k
     try:
         body = {"messages": HELLO, "max_tokens": 6, "temperature": 0}
         before = s.post("/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
-        error = s.events("/specula/v1/load", {"model": str(bad)})[-1]
-        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
+        status, error = s.post("/specula/v1/load", {"model": str(bad)})  # its header says so: refused before queued
+        assert status == 400 and error["error"]["type"] == "invalid_request_error" and error["error"]["param"] == "model"
         assert "blk.0.attn_q.weight" in error["error"]["message"] and "misaligned" in error["error"]["message"]
-        deadline = time.time() + 60
-        while s.service.state == "loading":
-            assert time.time() < deadline
-            time.sleep(0.05)
-        status, _, health = raw(s.port, "GET", "/health")
-        assert status == 200 and health["message"].endswith("still answers")
+        assert s.service.state == "ready"
         status, data = s.post("/v1/chat/completions", body)
         assert status == 200 and data["choices"][0]["message"]["content"] == before
     finally:
