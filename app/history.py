@@ -8,12 +8,16 @@ conversation shows the same colours and ghost drafts. They are stored in `histor
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from dataclasses import dataclass, field, replace
 
 FORMAT = 1
 TITLE_CHARS = 48
+# the latest time a chat's date may be (9999-12-30 UTC): later ones, and any before 1970, are no time a date can
+# show (Python's datetime stops at the year 9999), so they are read as unknown
+TIME_MAX = 253_402_128_000.0
 
 
 @dataclass(frozen=True)
@@ -140,8 +144,21 @@ class Conversation:
         if not isinstance(data, dict) or not isinstance(data.get("id"), str):
             raise ValueError("not a conversation")
         turns = tuple(Turn.from_dict(t) for t in data.get("turns", ()))
-        return cls(data["id"], str(data.get("title") or "New chat"), float(data.get("created", 0)),
-                   float(data.get("updated", 0)), turns)
+        created = sane_time(data.get("created"))
+        return cls(data["id"], str(data.get("title") or "New chat"), created,
+                   sane_time(data.get("updated")) or created, turns)  # a damaged date: the chat's first one
+
+
+def sane_time(value: object) -> float:
+    """A stored date (seconds since 1970) as one a chat can have, or 0.0 (unknown) for what is none: text that is no
+    number, NaN, the infinities, a date before 1970 or after the year 9999 (a date in milliseconds, say)."""
+    if isinstance(value, bool):
+        return 0.0
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer too large for a float
+        return 0.0
+    return seconds if math.isfinite(seconds) and 0.0 < seconds <= TIME_MAX else 0.0
 
 
 def make_title(text: str) -> str:

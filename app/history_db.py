@@ -9,24 +9,38 @@ An answer being generated is written as a turn in state `streaming` and its text
 if the app dies before the answer finishes, the next start finds it and marks it `interrupted` (shown,
 kept, and left out of later prompts).
 
-Full-text search covers every turn of every conversation (FTS5). The JSON files of earlier versions
+Full-text search covers every turn of every conversation (FTS5). Before a run's first search the index is
+checked (`index_damaged`: it reads the whole index, about a second for 80 MB of chats, so it waits until a search
+needs it) and rebuilt from the turns where it lost them (its table dropped and made again, empty) or fails FTS5's
+integrity check (garbled blocks); a search that finds it damaged rebuilds it too. The JSON files of earlier versions
 (`<data dir>/conversations/*.json`) are imported once and left where they are.
+
+A database of a newer version (its `schema` in `meta` above SCHEMA_VERSION) is opened to read only: its chats
+are shown and nothing is written to it, so that this version never changes what a newer one made.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import logging
 import sqlite3
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from specula.app.history import Conversation, TokenRecord, Turn
+from specula.app.history import Conversation, TokenRecord, Turn, sane_time
 from specula.app.storage import read_json, set_aside
+from specula.engine.api.paths import CORPUS_EPOCH, CORPUS_FOLDER, CORPUS_SINCE
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
-SCHEMA = """
+# the search index: every turn's text by its row in `turns` (the triggers below keep it in step)
+INDEX = "CREATE VIRTUAL TABLE IF NOT EXISTS turns_text USING fts5(content, conversation UNINDEXED, idx UNINDEXED)"
+
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS conversations (
     id TEXT PRIMARY KEY, title TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL);
@@ -41,7 +55,7 @@ CREATE TABLE IF NOT EXISTS turns (
     state TEXT NOT NULL DEFAULT 'done',
     versions TEXT,
     PRIMARY KEY (conversation, idx));
-CREATE VIRTUAL TABLE IF NOT EXISTS turns_text USING fts5(content, conversation UNINDEXED, idx UNINDEXED);
+{INDEX};
 CREATE TRIGGER IF NOT EXISTS turns_added AFTER INSERT ON turns BEGIN
     INSERT INTO turns_text (rowid, content, conversation, idx)
     VALUES (new.rowid, new.content, new.conversation, new.idx);
@@ -67,6 +81,10 @@ class StoreError(Exception):
     """A read or write of the database failed; the message says what and where."""
 
 
+class NewerDatabase(Exception):
+    """The database is a newer version's (its schema is above SCHEMA_VERSION): read, never written."""
+
+
 class ConversationDB:
     def __init__(self, path: Path | None = None, legacy_folder: Path | None = None) -> None:
         if path is None:
@@ -80,6 +98,8 @@ class ConversationDB:
         self._saved: dict[str, tuple[Turn, ...]] = {}  # what the database holds, as last read or written
         self._notices: list[str] = []  # for the next load_all
         self.read_only = False  # opened to read only: it cannot be written here (see _read_only)
+        self._why_read_only = "cannot be written here"
+        self._index_checked = False  # the search index was checked in this run (before the first search)
 
     # -- opening ------------------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -87,6 +107,8 @@ class ConversationDB:
             try:
                 self._db = self._open()
                 self.read_only = False
+            except NewerDatabase as exc:
+                self._db = self._read_only(exc)
             except sqlite3.DatabaseError as exc:
                 if _corrupt(exc):
                     self._db = self._salvage(exc)
@@ -115,9 +137,9 @@ class ConversationDB:
                 db.close()
                 continue
             if not self.read_only:
-                self._notices.append(f"The conversations database {self.path} cannot be written here ({exc}): your "
-                                     "chats are shown, and new answers are kept in memory until it can be saved.")
+                self._notices.append(_read_only_notice(self.path, exc))
             self.read_only = True
+            self._why_read_only = str(exc) if isinstance(exc, NewerDatabase) else "cannot be written here"
             return db
         raise failure from exc
 
@@ -125,6 +147,9 @@ class ConversationDB:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, isolation_level=None, timeout=0.1)  # never hold the GUI long
         try:
+            newer = _newer_schema(db)
+            if newer:  # before anything below writes to it
+                raise NewerDatabase(f"is from a newer version of Specula (schema {newer})")
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # a crash of the app loses nothing committed
             db.execute("PRAGMA foreign_keys=ON")
@@ -179,7 +204,7 @@ class ConversationDB:
             self.close()
         db = self._connect()
         if self.read_only:
-            raise StoreError(f"could not save {what}: the conversations database {self.path} cannot be written here")
+            raise StoreError(f"could not save {what}: the conversations database {self.path} {self._why_read_only}")
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -264,13 +289,15 @@ class ConversationDB:
                 notices.append(f"{cut} answer{'s' if cut > 1 else ''} cut short when Specula last stopped "
                                f"{'were' if cut > 1 else 'was'} kept and marked interrupted.")
             rows = db.execute("SELECT id, title, created, updated FROM conversations ORDER BY updated DESC").fetchall()
+            conversations = [_conversation(*row) for row in rows]
         except sqlite3.Error as exc:
             if again and isinstance(exc, sqlite3.DatabaseError) and _corrupt(exc):
                 self._db = self._salvage(exc)
                 conversations, more = self.list_all(again=False)
                 return conversations, notices + more
             raise StoreError(f"could not read the conversations database {self.path}: {exc}") from exc
-        return [_conversation(*row) for row in rows], notices
+        # in the order of their dates as read: one that is no date (unknown) goes last, where SQL put 1e300 first
+        return sorted(conversations, key=lambda c: c.updated, reverse=True), notices
 
     def _turns(self, db: sqlite3.Connection, conversation_id: str) -> tuple[Turn, ...]:
         cursor = db.execute("SELECT role, content, summary, note, tokens, state, versions FROM turns "
@@ -284,24 +311,66 @@ class ConversationDB:
             time.sleep(0)  # a read on a helper thread lets the window's thread run between batches
         return tuple(turns)
 
-    def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
+    def search(self, text: str, limit: int = 50, again: bool = True) -> list[tuple[str, int, str]]:
         """(conversation id, turn index, snippet) of the turns that contain all of the words in `text`,
-        best matches first."""
+        best matches first. A search index found damaged is rebuilt and the search made once more."""
         words = [w.replace('"', '""') for w in text.split()]
         if not words:
             return []
         query = " ".join(f'"{w}"' for w in words)  # each word as a literal: no FTS syntax from the user
+        if not self._index_checked and not self.read_only:
+            self._index_checked = True
+            if self.index_damaged():
+                self.rebuild_index()
         try:
             rows = self._connect().execute(
                 "SELECT conversation, idx, snippet(turns_text, 0, '[', ']', '…', 12) FROM turns_text "
                 "WHERE turns_text MATCH ? ORDER BY rank LIMIT ?", (query, limit)).fetchall()
         except sqlite3.Error as exc:
+            if again and isinstance(exc, sqlite3.DatabaseError) and _corrupt(exc) and not self.read_only:
+                self.rebuild_index()
+                return self.search(text, limit, again=False)
             raise StoreError(f"could not search {self.path}: {exc}") from exc
         return [(c, int(i), s) for c, i, s in rows]
+
+    # -- the search index ---------------------------------------------------------------------------
+    def index_damaged(self) -> bool:
+        """Whether the search index lost turns (its table dropped and made again, empty) or fails FTS5's
+        integrity check (garbled blocks: searches that find nothing or fail). Reads the whole index (about a
+        second for 80 MB of chats). An index that cannot be read for another reason (a lock) is not called
+        damaged."""
+        try:
+            db = self._connect()
+            turns = db.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
+            if db.execute("SELECT COUNT(*) FROM turns_text").fetchone()[0] != turns:
+                return True
+            db.execute("INSERT INTO turns_text (turns_text) VALUES ('integrity-check')")  # writes nothing
+        except sqlite3.DatabaseError as exc:
+            return _corrupt(exc)
+        except (sqlite3.Error, StoreError, OSError):
+            return False
+        return False
+
+    def rebuild_index(self) -> None:
+        """The search index made again from every turn (the log says so: nothing was lost but time)."""
+
+        def statements(db: sqlite3.Connection) -> None:
+            db.execute("DROP TABLE IF EXISTS turns_text")  # its damaged blocks are never read
+            db.execute(INDEX)
+            db.execute("INSERT INTO turns_text (rowid, content, conversation, idx) "
+                       "SELECT rowid, content, conversation, idx FROM turns")
+
+        self._write("the rebuilt search index", statements)
+        log.warning("the search index of %s was damaged and has been rebuilt from the conversations", self.path)
 
     # -- writing ------------------------------------------------------------------------------------
     def save(self, conversation: Conversation) -> None:
         """Write what changed since the conversation was last read or written."""
+        self._write(f"the conversation “{conversation.title}”", self._changes(conversation))
+        self._saved[conversation.id] = conversation.turns
+
+    def _changes(self, conversation: Conversation):
+        """The statements that write what changed of a conversation since it was last read or written."""
         saved = self._saved.get(conversation.id)
         if saved is None:  # not read in this run: compare with what the database holds, never assume it empty
             try:
@@ -322,20 +391,22 @@ class ConversationDB:
             db.execute("DELETE FROM turns WHERE conversation = ? AND idx >= ?", (conversation.id, same))
             _insert_turns(db, conversation.id, turns, same)
 
-        self._write(f"the conversation “{conversation.title}”", statements)
-        self._saved[conversation.id] = turns
+        return statements
 
     def begin_answer(self, conversation: Conversation) -> None:
-        """An answer starts after the conversation's last turn: written as `streaming` until it ends."""
+        """An answer starts after the conversation's last turn: written as `streaming` until it ends, in one
+        transaction with what changed of the conversation before it (the message it answers), so that a kill
+        never leaves a message saved without its answer's row (the next start marks that row interrupted)."""
         index = len(conversation.turns)
+        changes = self._changes(conversation)
 
         def statements(db: sqlite3.Connection) -> None:
-            _close_gaps(db, conversation.id)
-            db.execute("DELETE FROM turns WHERE conversation = ? AND idx >= ?", (conversation.id, index))
+            changes(db)  # turns from `index` on are gone with the rest of what changed
             db.execute("INSERT INTO turns (conversation, idx, role, content, state) VALUES (?, ?, 'assistant', '', ?)",
                        (conversation.id, index, STREAMING))
 
         self._write("the answer in progress", statements)
+        self._saved[conversation.id] = conversation.turns
 
     def update_answer(self, conversation: Conversation, text: str) -> None:
         """The text of the answer in progress so far (kept if the app dies before it ends)."""
@@ -349,12 +420,50 @@ class ConversationDB:
                                                            (title, conversation_id)))
 
     def delete(self, conversation_id: str) -> None:
-        self._write("the deletion", lambda db: db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)))
+        """Delete a conversation; the drafters' corpora leave out its answers from the next answer on (a new
+        epoch: they are made again from the history that remains), and their files, which hold its text, go now."""
+
+        def statements(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+            _new_corpus_epoch(db)
+
+        self._write("the deletion", statements)
         self._saved.pop(conversation_id, None)
+        self._remove_corpus_files()
+
+    @property
+    def corpus_folder(self) -> Path:
+        """Where the drafters keep the model's earlier answers, one file per model (beside this database)."""
+        return self.path.parent / CORPUS_FOLDER
+
+    def corpus_size(self) -> tuple[int, int]:
+        """The corpora kept now: (files, bytes)."""
+        sizes = [f.stat().st_size for f in self.corpus_folder.glob("*.npz") if f.is_file()]
+        return len(sizes), sum(sizes)
+
+    def _remove_corpus_files(self) -> None:
+        for file in self.corpus_folder.glob("*.npz"):
+            try:
+                file.unlink()
+            except OSError as exc:  # the engine makes it again from the history and writes it over
+                log.warning("could not remove %s: %s", file, exc)
+
+    def clear_corpus(self) -> None:
+        """The drafters' corpora start again empty: they read no answer written before now (the chats stay)."""
+
+        def statements(db: sqlite3.Connection) -> None:
+            last = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM turns").fetchone()[0]
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (CORPUS_SINCE, str(int(last))))
+            _new_corpus_epoch(db)
+
+        self._write("the cleared corpus", statements)
+        self._remove_corpus_files()
 
     # -- the JSON files of earlier versions ---------------------------------------------------------
     def _import_legacy(self) -> list[str]:
-        """Import `conversations/*.json` once (the files stay); unreadable ones are named and skipped."""
+        """Import `conversations/*.json` once (the files stay); unreadable ones are named and skipped, and so is a
+        conversation the database refuses, the others kept. An import that cannot be written is said and tried
+        again at the next start: the chats of this database are listed all the same."""
         db = self._connect()
         if db.execute("SELECT 1 FROM meta WHERE key = 'imported_json'").fetchone():
             return []
@@ -363,27 +472,60 @@ class ConversationDB:
         if folder is not None and Path(folder).is_dir():
             for path in sorted(Path(folder).glob("*.json")):
                 try:
-                    conversations.append(Conversation.from_dict(read_json(path)))
+                    conversations.append((path.name, _dated(Conversation.from_dict(read_json(path)), path)))
                 except (OSError, ValueError, KeyError, TypeError, RecursionError):  # versions nested too deeply
                     skipped.append(path.name)
+        imported, refused = [], []
 
         def statements(db: sqlite3.Connection) -> None:
-            for conv in conversations:
+            imported.clear()
+            refused.clear()
+            for name, conv in conversations:
                 if db.execute("SELECT 1 FROM conversations WHERE id = ?", (conv.id,)).fetchone():
                     continue
-                db.execute("INSERT INTO conversations (id, title, created, updated) VALUES (?, ?, ?, ?)",
-                           (conv.id, conv.title, conv.created, conv.updated))
-                _insert_turns(db, conv.id, conv.turns)
+                db.execute("SAVEPOINT one")  # a conversation the database refuses is left out, not the import
+                try:
+                    db.execute("INSERT INTO conversations (id, title, created, updated) VALUES (?, ?, ?, ?)",
+                               (conv.id, conv.title, conv.created, conv.updated))
+                    _insert_turns(db, conv.id, conv.turns)
+                except (sqlite3.IntegrityError, sqlite3.InterfaceError):  # a value no column takes
+                    db.execute("ROLLBACK TO one")
+                    refused.append(name)
+                else:
+                    imported.append(name)
+                db.execute("RELEASE one")
             db.execute("INSERT INTO meta (key, value) VALUES ('imported_json', ?)", (str(time.time()),))
             db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
 
-        self._write("the imported conversations", statements)
+        try:
+            self._write("the imported conversations", statements)
+        except StoreError as exc:
+            return [f"The conversations of an earlier version in {folder} were not imported ({exc}); they are tried "
+                    "again at the next start."]
         notices = []
-        if conversations:
-            notices.append(f"{len(conversations)} conversations were imported from {folder} (the files are kept).")
-        if skipped:
-            notices.append(f"Unreadable conversation files were not imported: {', '.join(skipped)}.")
+        if imported:
+            notices.append(f"{len(imported)} conversations were imported from {folder} (the files are kept).")
+        if skipped or refused:
+            notices.append(f"Unreadable conversation files were not imported: {', '.join(skipped + refused)}.")
         return notices
+
+
+def _new_corpus_epoch(db: sqlite3.Connection) -> None:
+    """Answers left the history: the drafters' corpora, which keep the epoch they were made at, are made again."""
+    row = db.execute("SELECT value FROM meta WHERE key = ?", (CORPUS_EPOCH,)).fetchone()
+    try:
+        epoch = int(row[0]) if row is not None else 0
+    except (TypeError, ValueError):
+        epoch = 0
+    db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (CORPUS_EPOCH, str(epoch + 1)))
+
+
+def _dated(conversation: Conversation, path: Path) -> Conversation:
+    """An imported conversation whose dates are damaged (unknown) takes its file's date."""
+    if conversation.updated:
+        return conversation
+    when = sane_time(path.stat().st_mtime)
+    return replace(conversation, created=conversation.created or when, updated=when)
 
 
 def _insert_turns(db: sqlite3.Connection, conversation_id: str, turns: tuple[Turn, ...], start: int = 0) -> None:
@@ -435,15 +577,31 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
-def _time(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return 0.0
-
-
 def _conversation(conversation_id, title, created, updated, turns=()) -> Conversation:
-    return Conversation(_text(conversation_id), _text(title) or "New chat", _time(created), _time(updated), turns)
+    """A row as a conversation; a date that is none (text, 1e300, a date in milliseconds) is unknown (0.0)."""
+    return Conversation(_text(conversation_id), _text(title) or "New chat", sane_time(created), sane_time(updated),
+                        turns)
+
+
+def _newer_schema(db: sqlite3.Connection) -> int:
+    """The schema of a database a newer version made (above SCHEMA_VERSION); 0 for ours, an older one or a new file."""
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+    except sqlite3.Error:  # no such table (a new file), or no database: the checks that follow say which
+        return 0
+    try:
+        version = int(row[0]) if row else 0
+    except (TypeError, ValueError):
+        return 0
+    return version if version > SCHEMA_VERSION else 0
+
+
+def _read_only_notice(path: Path, exc: Exception) -> str:
+    if isinstance(exc, NewerDatabase):
+        return (f"The conversations database {path} {exc}: this version shows your chats and never changes it, "
+                "so new chats are kept in memory until Specula closes.")
+    return (f"The conversations database {path} cannot be written here ({exc}): your chats are shown, and new "
+            "answers are kept in memory until it can be saved.")
 
 
 def _why(path: Path, exc: Exception) -> str:

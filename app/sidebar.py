@@ -28,8 +28,10 @@ WHEN_ROLE = Qt.ItemDataRole.UserRole + 1  # when the chat last changed, short ("
 
 def when_text(timestamp: float, now: float | None = None) -> str:
     """A chat's last change as a chat list shows it: the time today, then Yesterday, the weekday within a
-    week, the day and month this year, and the full date before."""
-    then = datetime.fromtimestamp(timestamp)
+    week, the day and month this year, and the full date before; "" when unknown (no date a calendar has)."""
+    then = _datetime(timestamp)
+    if then is None:
+        return ""
     today = datetime.fromtimestamp(time.time() if now is None else now).date()
     day = then.date()
     if day == today:
@@ -43,8 +45,20 @@ def when_text(timestamp: float, now: float | None = None) -> str:
     return f"{day.day} {then.strftime('%b')} {day.year}"
 
 
+def _datetime(timestamp: float) -> datetime | None:
+    """A stored date as local time; None for what is no date (the store reads those as 0, unknown; this is the
+    last guard: a date past the year 9999 or before 1970 raised at every start)."""
+    if not timestamp:
+        return None
+    try:
+        return datetime.fromtimestamp(timestamp)
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
 def _tooltip(conv, snippet: str | None = None) -> str:
-    when = datetime.fromtimestamp(conv.updated).strftime("%Y-%m-%d %H:%M") if conv.updated else "unknown"
+    then = _datetime(conv.updated)
+    when = then.strftime("%Y-%m-%d %H:%M") if then is not None else "unknown"
     lines = [conv.title, f"Last message: {when}"] + ([snippet] if snippet else [])
     return "\n".join(lines)
 
