@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from specula.app import background
-from specula.app.fit import drop_oldest, dropped_note, is_context_error
+from specula.app.fit import drop_oldest, dropped_note, fit_body, is_context_error, too_long
 from specula.app.history import Conversation, TokenRecord, Turn, chat_messages, new_id
 from specula.app.history_db import ConversationDB, StoreError
 from specula.app.settings import Settings
@@ -262,7 +262,7 @@ class ChatController(QObject):
         try:
             getattr(self.store, method)(*args)
         except StoreError as exc:
-            if method in ("save", "delete"):
+            if method in ("save", "delete", "begin_answer"):
                 self._retry.start()
             self.store_failed.emit(str(exc))
             return False
@@ -283,11 +283,17 @@ class ChatController(QObject):
         `replace_from`, the message replaces that turn of the conversation and everything after it."""
         if self.reply is not None or not text.strip() or self.current_id not in self.loaded:
             return False  # (a chat still being opened takes messages once it is read)
+        refused = too_long(text)
+        if refused:  # never sent, never kept: it would break every later message of the chat
+            self.view.add_turn(Turn("error", refused), transient=True)
+            return False
         cid = self.current_id
         if replace_from is not None and 0 <= replace_from < len(self.current.turns):
-            self._truncate(replace_from)
+            self._truncate(replace_from, save=False)
         user = Turn("user", text)
-        self._add_turn(cid, user)
+        # saved with the answer's first row (begin_answer), in one transaction: a kill between the two
+        # would leave the message saved with nothing to say its answer was cut short
+        self.conversations[cid] = self.conversations[cid].with_turn(user)
         self.view.add_turn(user)
         self.conversations_changed.emit()
         return self._generate(cid, settings)
@@ -303,7 +309,7 @@ class ChatController(QObject):
             return False
         turns = self.current.turns
         previous = turns[last + 1] if last + 1 < len(turns) and turns[last + 1].role == "assistant" else None
-        self._truncate(last + 1)
+        self._truncate(last + 1, save=False)  # saved with the new answer's first row
         self.conversations_changed.emit()
         if not self._generate(self.current_id, settings):
             return False
@@ -351,10 +357,11 @@ class ChatController(QObject):
             return ()
         return tuple(t.content for t in turns[last + 1].all_versions if t.content)
 
-    def _truncate(self, n: int) -> None:
+    def _truncate(self, n: int, save: bool = True) -> None:
         conv = self.current.truncated(n)
         self.conversations[conv.id] = conv
-        self._save(conv.id)
+        if save:
+            self._save(conv.id)
         self.view.show_turns(conv.turns)
 
     def _generate(self, cid: str, settings: Settings) -> bool:
@@ -370,12 +377,18 @@ class ChatController(QObject):
         reply = self.reply
         try:
             request = build_request(reply.messages, reply.settings, chat=self.chat_template)
+            fitting = fit_body(reply.messages, body_size(request))  # earlier messages too large to send with it
+            if fitting != reply.messages:
+                reply.dropped += len(reply.messages) - len(fitting)
+                reply.messages = fitting
+                request = build_request(reply.messages, reply.settings, chat=self.chat_template)
         except ValueError as exc:  # the engine's SpeculaError: a setting it refuses
             self.reply = None
             self._fail(reply.conversation_id, str(exc))
             return False
         reply.request_id = self.bridge.send(request)
-        self._store("begin_answer", self.conversations[reply.conversation_id])
+        if not self._store("begin_answer", self.conversations[reply.conversation_id]):
+            self.unsaved.add(reply.conversation_id)  # the message it answers is written by the retries
         return True
 
     def stop(self) -> None:
@@ -505,6 +518,15 @@ def build_request(messages: tuple, s: Settings, token_probs: bool = True, chat: 
                                        top_p=s.top_p, adaptive_k=s.adaptive_k, max_new_tokens=s.max_new_tokens,
                                        seed=s.seed, token_probs=token_probs, **config)
     return GenerateRequest(messages, s.strategy, config, chat=chat, options=s.request_options())
+
+
+def body_size(request) -> int:
+    """The bytes of a GenerateRequest's JSON body as the engine process receives it."""
+    import json
+
+    from specula.engine.remote.client import generation_payload
+
+    return len(json.dumps(generation_payload(request)[1]))
 
 
 def first_answer(s: Settings):

@@ -1,11 +1,12 @@
 """Where the user writes: a multi-line input (Enter sends, Shift+Enter starts a new line), Send and Stop.
 
-While an earlier message is being edited, a strip above the input says so and offers Cancel."""
+While an earlier message is being edited, a strip above the input says so and offers Cancel. A message too
+large for the engine to take is not sent: a line under the input says so and the text stays to be shortened."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, Qt, Signal
-from PySide6.QtGui import QPalette, QTextCursor
+from PySide6.QtGui import QColor, QPalette, QTextCursor
 from PySide6.QtWidgets import (
     QApplication,
     QFrame,
@@ -17,6 +18,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+from specula.app.fit import too_long
 
 EDIT_TEXT = "Editing an earlier message: sending replaces it and drops everything after it."
 
@@ -89,6 +92,13 @@ class Composer(QWidget):
         self.edit_bar = EditBar()
         self.edit_bar.hide()
         self.edit_bar.cancelled.connect(self.cancel_edit)
+        self.refusal = QLabel()  # why the message was not sent, until the text changes
+        self.refusal.setWordWrap(True)
+        refusal_palette = self.refusal.palette()
+        refusal_palette.setColor(QPalette.ColorRole.WindowText, QColor("#cf222e"))
+        self.refusal.setPalette(refusal_palette)
+        self.refusal.hide()
+        self.input.textChanged.connect(self.refusal.hide)
         row = QHBoxLayout()
         row.addWidget(self.input, 1)
         row.addLayout(buttons)
@@ -97,6 +107,7 @@ class Composer(QWidget):
         layout.setSpacing(4)
         layout.addWidget(self.edit_bar)
         layout.addLayout(row)
+        layout.addWidget(self.refusal)
         self.input.submit.connect(self._send)
         self.send_button.clicked.connect(self._send)
         self.stop_button.clicked.connect(self.stop_requested)
@@ -134,6 +145,11 @@ class Composer(QWidget):
     def _send(self) -> None:
         text = self.input.toPlainText().strip()
         if not self._can_send or not text:
+            return
+        refused = too_long(text)
+        if refused:  # kept in the input, to be shortened
+            self.refusal.setText(refused)
+            self.refusal.show()
             return
         self.input.clear()
         self.send_requested.emit(text)

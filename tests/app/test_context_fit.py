@@ -71,3 +71,66 @@ def test_drop_oldest_keeps_the_system_prompt_and_starts_with_a_user_turn():
     assert drop_oldest((s, u2, a2, u3)) == (s, u3)
     assert drop_oldest((s, u3)) is None and drop_oldest((u3,)) is None
     assert drop_oldest((a1, u2, a2, u3)) == (u2, a2, u3)
+
+
+def test_a_message_larger_than_the_engine_takes_is_refused_in_the_window_and_the_chat_goes_on(
+        make_window, qtbot, monkeypatch):
+    """A message over the engine's body limit (4 MB) broke every later send of its chat with an error naming
+    `--max-body-mb`, which a window's user cannot set: it is refused before it is sent, in one line, the text kept
+    to be shortened, and the chat takes the next message."""
+    from PySide6.QtCore import Qt
+
+    from specula.app import fit
+    from specula.engine.serving.guard import MAX_BODY_BYTES
+
+    assert fit.BODY_LIMIT == MAX_BODY_BYTES and fit.too_long("x" * 10_000) is None
+    refused = fit.too_long("é" * (fit.MESSAGE_LIMIT // 6 + 1))  # 6 bytes a character as sent
+    assert refused and "too long to send" in refused and "\n" not in refused
+    monkeypatch.setattr(fit, "MESSAGE_LIMIT", 200)  # a small limit: the same code, a quick test
+    w = make_window(strategy="none", max_new_tokens=4)
+    w.send_text("a short question")
+    assert wait_reply(qtbot, w)[0]
+    turns = w.chat.current.turns
+    w.composer.input.setPlainText("y" * 300)
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    assert w.chat.reply is None and w.chat.current.turns == turns  # not sent, not kept
+    assert w.composer.input.toPlainText() == "y" * 300 and w.composer.refusal.isVisibleTo(w)
+    assert "too long to send" in w.composer.refusal.text()
+    assert not w.send_text("z" * 300)  # and past the composer (a script), refused the same way
+    assert w.chat.current.turns == turns and "too long to send" in w.view.toPlainText()
+    w.composer.input.setPlainText("a shorter one")
+    assert not w.composer.refusal.isVisibleTo(w)
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    ok, _ = wait_reply(qtbot, w)
+    assert ok and [t.role for t in w.chat.current.turns] == ["user", "assistant"] * 2
+
+
+def test_earlier_messages_too_large_to_send_together_are_left_out(make_window, qtbot, monkeypatch, tiny_session):
+    """Messages each within the limit but larger together: the oldest are left out of the request, as for the
+    context window, so that the chat goes on."""
+    from specula.app import fit
+    from specula.app.chat import body_size, build_request
+    from specula.app.history import Turn, chat_messages
+
+    w = make_window(strategy="none", max_new_tokens=4)
+    w.send_text("a" * 150)
+    assert wait_reply(qtbot, w)[0]
+    everything = chat_messages(w.chat.current.with_turn(Turn("user", "next")))
+    monkeypatch.setattr(fit, "BODY_LIMIT", body_size(build_request(everything, w.settings)) - 100)
+    w.send_text("next")
+    ok, _ = wait_reply(qtbot, w)
+    assert ok and tiny_session.target.tokenizer.conversations[-1] == [{"role": "user", "content": "next"}]
+    assert "left out" in w.chat.current.turns[-1].note
+    assert [t.role for t in w.chat.current.turns] == ["user", "assistant"] * 2  # the chat keeps every turn
+
+
+def test_fit_body_leaves_out_the_oldest_exchanges_until_the_body_fits(monkeypatch):
+    from specula.app import fit
+    from specula.engine.api.prompts import Message
+
+    s, u1, a1, u2 = Message("system", "s"), Message("user", "1" * 1000), Message("assistant", "one"), Message("user", "2")
+    monkeypatch.setattr(fit, "BODY_LIMIT", 500)
+    assert fit.fit_body((s, u1, a1, u2), 1100) == (s, u2)  # the system prompt and the newest message stay
+    assert fit.fit_body((s, u1, a1, u2), 400) == (s, u1, a1, u2)
+    assert fit.fit_body((s, u1), 5000) == (s, u1)  # nothing left to leave out: the engine's error will say
+    assert fit.sent_size("é") == len('"\\u00e9"')
