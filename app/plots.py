@@ -27,6 +27,7 @@ from PySide6.QtWidgets import QGraphicsItem, QGridLayout, QLabel, QStackedLayout
 
 from specula.app.ringbuffer import RingBuffer
 from specula.app.theme import is_dark, mute, palette_for
+from specula.engine.api.events import tokens_per_step
 from specula.engine.api.metrics import speedup_text
 
 REFRESH_MS = 50  # a tick refreshes one of the PARTS: each at 4 Hz
@@ -496,7 +497,8 @@ class PlotsPanel(QWidget):
         # a finished answer's figures are its totals', as its footer gives them (tokens.summary)
         totals = finished.totals if finished is not None and finished.totals.target_forwards else None
         rate = totals.acceptance_rate if totals is not None else m.acceptance_rate
-        per_step = totals.mean_accepted_length if totals is not None else m.mean_accepted_length if m.forwards else None
+        # no figure for one token: it came with the prompt's pass ("0.50" where a second pass only ended the answer)
+        per_step = tokens_per_step(totals) if totals is not None else m.mean_accepted_length if m.new_tokens > 1 else None
         tps = finished.totals.tokens_per_s if finished is not None else m.tokens_per_s
         speedup = finished.speedup if finished is not None else m.speedup
         error = finished.speedup_err if finished is not None else m.speedup_err

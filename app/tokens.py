@@ -6,7 +6,7 @@ Pure functions over the frozen events (no Qt, no torch), so they are easy to tes
 from __future__ import annotations
 
 from specula.app.history import TokenRecord
-from specula.engine.api.events import tokens_parts
+from specula.engine.api.events import tokens_parts, tokens_per_step
 from specula.engine.api.metrics import speedup_text
 
 ORIGIN_NAMES = {
@@ -96,7 +96,8 @@ def summary(strategy: str, finished, step: str = "", model: str = "") -> str:
     parts = [*([model] if model else []), strategy, *tokens_parts(t)]  # no rate for an answer stopped before its second token
     if t.acceptance_rate is not None:
         parts.append(f"acceptance {t.acceptance_rate:.0%}")
-        parts.append(f"{t.mean_accepted_length:.2f} tokens/step")
+        if (per_step := tokens_per_step(t)) is not None:
+            parts.append(f"{per_step:.2f} tokens/step")
     if finished.speedup is not None:
         parts.append(f"{speedup_text(finished.speedup, finished.speedup_err)} vs plain")
     if step == "compiling":

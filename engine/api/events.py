@@ -114,7 +114,10 @@ class Totals:
     @property
     def tokens_per_s(self) -> float:
         """Generation speed after the first token: (new tokens - 1) / decode time, as chat apps show it;
-        the prompt's processing time is reported separately (prefill_s, the time to first token)."""
+        the prompt's processing time is reported separately (prefill_s, the time to first token). An answer of
+        one token has no time after it: its one token over the time it took."""
+        if self.new_tokens == 1 and self.wall_s > 0:
+            return 1.0 / self.wall_s
         return decode_rate(self.new_tokens, self.decode_s)
 
 
@@ -130,6 +133,12 @@ def tokens_parts(totals: "Totals") -> list[str]:
 def tokens_text(totals: "Totals") -> str:
     """The terminal's "N tokens, R tok/s" (`tokens_parts`)."""
     return ", ".join(tokens_parts(totals))
+
+
+def tokens_per_step(totals: "Totals") -> float | None:
+    """New tokens per target pass as the summaries give it (mean_accepted_length); None for an answer of at most
+    one token: its token came with the prompt's pass, and a step that only ended it shows none (it read "0.50")."""
+    return totals.mean_accepted_length if totals.new_tokens > 1 else None
 
 
 def decode_rate(new_tokens: int, decode_s: float) -> float:

@@ -431,6 +431,9 @@ def test_an_answer_stopped_before_its_second_token_shows_no_rate():
     for tokens in (0, 1):
         line = summary("none", finished(tokens, 0.05))
         assert "tok/s" not in line and line.endswith("stopped") and "tps" not in totals_of(line)
+    # one token, and a drafted pass that only ended it: no "0.50 tokens/step"
+    ended = Finished(1, "eos", "x", (0,), Totals(1, 1, 2, 3, 0, 0.5, 0.4, 0.01, 0.09))
+    assert "tokens/step" not in summary("auto", ended) and "acceptance 0%" in summary("auto", ended)
     assert summary("none", finished(1, 0.05)).startswith("none · 1 token ·")
     line = summary("none", finished(11, 0.15))
     assert "11 tokens · 100.0 tok/s" in line and totals_of(line)["tps"] == "100.0"

@@ -243,6 +243,21 @@ def test_a_stop_sequence_ends_the_answer_before_it(served, session):
     assert ext(chunks[-1])["reason"] == "stop" and chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_a_one_token_answer_reports_its_token_over_its_time_and_no_tokens_per_step(served):
+    """Its token came with the prompt's pass: no time after it for a rate after the first token (it said 0.0
+    tokens/s); the one token over its time instead, and no tokens per step (a pass that only ended it read 0.50)."""
+    from specula.engine.api.events import Totals, tokens_per_step
+
+    chunks = list(served.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=1, temperature=0,
+                                                         stream=True))
+    totals = ext(chunks[-1])["totals"]
+    assert totals["new_tokens"] == 1 and totals["wall_s"] > 0
+    assert totals["tokens_per_s"] == pytest.approx(1 / totals["wall_s"])
+    one = Totals(1, 1, 2, 3, 0, 0.5, 0.4, 0.01, 0.09)  # a drafted step that ended it at its end token
+    assert one.tokens_per_s == pytest.approx(2.0) and tokens_per_step(one) is None
+    assert tokens_per_step(Totals(5, 2, 3, 6, 3, 0.5, 0.1, 0.1, 0.3)) == pytest.approx(5 / 3)
+
+
 def test_a_stop_sequence_counts_the_tokens_generated_up_to_the_one_that_completes_it(served, session):
     """A stop sequence matched at the very start leaves no text, yet the answer took its first token: usage counts
     the tokens generated to the one that completes the stop sequence, those it cut included (as OpenAI and vLLM do)."""
