@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from specula.app.history import TokenRecord
 from specula.engine.api.events import tokens_parts, tokens_per_step
-from specula.engine.api.metrics import speedup_text
+from specula.engine.api.metrics import speedup_part
 
 ORIGIN_NAMES = {
     "draft": "accepted draft token",
@@ -72,6 +72,8 @@ def totals_of(summary_line: str) -> dict[str, str]:
             figures["tps"] = part[: -len(" tok/s")]
         elif part.endswith(" vs plain"):
             figures["speedup"] = part[: -len(" vs plain")]
+        elif part.startswith("speedup n/a"):
+            figures["speedup"] = "n/a"
         elif part.startswith("acceptance "):
             figures["acceptance"] = part[len("acceptance "):]
         elif part.endswith(" tokens/step"):
@@ -99,7 +101,7 @@ def summary(strategy: str, finished, step: str = "", model: str = "") -> str:
         if (per_step := tokens_per_step(t)) is not None:
             parts.append(f"{per_step:.2f} tokens/step")
     if finished.speedup is not None:
-        parts.append(f"{speedup_text(finished.speedup, finished.speedup_err)} vs plain")
+        parts.append(speedup_part(finished.speedup, finished.speedup_err))
     if step == "compiling":
         parts.append(EAGER_NOTE)
     if finished.reason == "cancelled":

@@ -20,14 +20,31 @@ from collections.abc import Iterable
 from .events import BaselineCost, ServerStats, Step, Totals, decode_rate
 
 
+# a speedup whose standard error is over this share of it is no figure yet: too few plain steps were timed (or they
+# scatter too widely) to tell, as in an answer stopped after a few steps (a cancelled one at 0% acceptance read
+# "1.88× ±0.93", where drafting nothing cannot have gained)
+UNSURE = 0.25
+
+
 def speedup_text(speedup: float | None, error: float | None) -> str:
-    """The speedup as shown everywhere: 1.84×; 1.84× ±0.21 while its standard error is over 5%; ~1.84× from
-    a single plain sample; – when unknown."""
+    """The speedup as shown everywhere: 1.84×; 1.84× ±0.21 while its standard error is over 5%; n/a while it is
+    over UNSURE; ~1.84× from a single plain sample; – when unknown."""
     if speedup is None:
         return "–"
+    if error is not None and error > UNSURE * speedup:
+        return "n/a"
     if error is None or error > 0.05 * speedup:
         return f"{speedup:.2f}× ±{error:.2f}" if error is not None else f"~{speedup:.2f}×"
     return f"{speedup:.2f}×"
+
+
+def speedup_part(speedup: float | None, error: float | None) -> str:
+    """The speedup in an answer's summary line (the window's footer, the terminal's): "1.84× vs plain", or what
+    stands for it while it is no figure; empty when unknown."""
+    if speedup is None:
+        return ""
+    text = speedup_text(speedup, error)
+    return "speedup n/a (too few plain steps timed)" if text == "n/a" else f"{text} vs plain"
 
 
 class SpeedupSum:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from ..api.backend import Backend
 from ..api.errors import ModelFileChanged, SpeculaError, terminal_safe
 from ..api.events import Finished, Origin, PromptProgress, Step, tokens_text
-from ..api.metrics import speedup_text
+from ..api.metrics import speedup_part
 from ..api.prompts import Message, conversation
 from ..api.types import GenerateRequest
 from .common import open_backend, read_flags, show_reading
@@ -154,7 +154,7 @@ def _reply(backend: Backend, request: GenerateRequest, colour: bool) -> Finished
     rate = f"{t.acceptance_rate:.0%}" if t.acceptance_rate is not None else "n/a"
     if request.strategy == "server" and t.acceptance_rate is not None:
         rate += " (server-wide counters)"
-    speed = f", {speedup_text(finished.speedup, finished.speedup_err)} vs plain" if finished.speedup else ""
+    speed = f", {speedup_part(finished.speedup, finished.speedup_err)}" if finished.speedup else ""
     print(f"\n[{request.strategy}: {tokens_text(t)}, acceptance {rate}"
           f"{speed}, {finished.reason}]")
     return finished

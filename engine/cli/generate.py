@@ -7,7 +7,7 @@ import sys
 from ..api.backend import Backend
 from ..api.errors import SpeculaError, terminal_safe
 from ..api.events import Finished, PromptProgress, Step, tokens_text
-from ..api.metrics import SpeedupSum, speedup_text, summed
+from ..api.metrics import SpeedupSum, speedup_part, summed
 from ..api.prompts import Message, conversation
 from ..api.types import GenerateRequest
 from .common import Asked, PromptItem, json_line, open_backend, read_flags, read_prompts, show_reading
@@ -69,7 +69,7 @@ def _run_turn(backend: Backend, request: GenerateRequest, stream: bool) -> Finis
         remote = request.strategy == "server"
         where = " (server-wide counters)" if remote else ""
         per = "tokens/step (from chunks)" if remote else "tokens/forward"
-        speed = f", {speedup_text(finished.speedup, finished.speedup_err)} vs plain" if finished.speedup else ""
+        speed = f", {speedup_part(finished.speedup, finished.speedup_err)}" if finished.speedup else ""
         print(file=sys.stdout)
         print(
             f"[{request.strategy}: {tokens_text(t)}, acceptance {rate}{where}, "

@@ -441,6 +441,13 @@ def test_an_answer_stopped_before_its_second_token_shows_no_rate():
 
     named = summary("none", finished(11, 0.15), model=model_label("qwen-coder-1.5b.gguf"))
     assert named.startswith("qwen-coder-1.5b · none · 11 tokens") and totals_of(named) == totals_of(line)
+    # a speedup too unsure to tell (a few plain steps timed): said, and read back as no figure
+    from dataclasses import replace
+
+    unsure = replace(finished(6, 0.5), speedup=1.88, speedup_err=0.93)
+    footer = summary("auto", unsure)
+    assert "speedup n/a (too few plain steps timed)" in footer and "1.88" not in footer
+    assert totals_of(footer)["speedup"] == "n/a"
 
 
 def test_with_the_chat_list_open_in_a_small_window_the_chat_keeps_a_readable_width(make_window, qtbot):

@@ -341,3 +341,27 @@ def test_summed_totals_add_counts_join_lengths_and_merge_positions():
     assert summed([a]) == a
     empty = summed(())
     assert empty.new_tokens == 0 and empty.target_forwards == 0 and empty.accepted_lengths == ()
+
+
+def test_a_speedup_too_unsure_to_tell_says_so_instead_of_a_figure(capsys):
+    """An answer stopped after a few steps has few plain steps timed: a figure whose standard error is over a
+    quarter of it (a cancelled answer at 0% acceptance read "1.88× ±0.93") says it cannot tell, in the terminal
+    (and the window's footer: tests/app/test_widgets.py)."""
+    from specula.engine.api.events import Finished, Totals
+    from specula.engine.api.metrics import speedup_part, speedup_text
+    from specula.engine.api.types import GenerateRequest
+    from specula.engine.cli.chat import _reply
+
+    assert speedup_text(1.88, 0.93) == "n/a" and speedup_part(1.88, 0.93) == "speedup n/a (too few plain steps timed)"
+    assert speedup_text(1.88, 0.30) == "1.88× ±0.30" and speedup_part(1.88, 0.05) == "1.88× vs plain"
+    assert speedup_part(None, None) == ""
+    totals = Totals(6, 5, 6, 10, 0, 0.5, 0.1, 0.1, 0.3)
+    cancelled = Finished(1, "cancelled", "a b c", (1, 2, 3, 4, 5, 6), totals, speedup=1.88, speedup_err=0.93)
+
+    class Backend:
+        def generate(self, request, should_stop=None):
+            yield cancelled
+
+    assert _reply(Backend(), GenerateRequest((), strategy="auto"), colour=False) is cancelled
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "acceptance 0%" in line and "speedup n/a (too few plain steps timed)" in line and "1.88" not in line
