@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from specula.app.corpus_section import CorpusSection
 from specula.app.folders import chosen, start_folder
 from specula.app.remote_settings import RemoteSection
 from specula.app.settings import Settings
@@ -45,8 +46,9 @@ LOAD_KEYS = ("backend",) + LOCAL_KEYS + REMOTE_KEYS  # what a Load request is ma
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, settings: Settings, parent=None, usable: tuple[str, ...] | None = None) -> None:
-        """`usable`: the strategies the loaded model can use (the Strategies page says what the others need)."""
+    def __init__(self, settings: Settings, parent=None, usable: tuple[str, ...] | None = None, history=None) -> None:
+        """`usable`: the strategies the loaded model can use (the Strategies page says what the others need);
+        `history`: the conversation history (ConversationDB), whose earlier answers the Strategies page can clear."""
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.setMinimumWidth(520)
@@ -111,9 +113,17 @@ class SettingsDialog(QDialog):
         column.addWidget(note)
         scroll = _scrolling(fields)  # the fields scroll on screens shorter than them; OK and Cancel stay in view
         self.strategies = StrategiesPage(settings, usable)
+        self.corpus = CorpusSection(str(history.corpus_folder), history.corpus_size(), history.clear_corpus) \
+            if history is not None else None
+        strategies = QWidget()
+        page = QVBoxLayout(strategies)
+        page.setContentsMargins(0, 0, 0, 0)
+        page.addWidget(self.strategies)
+        if self.corpus is not None:
+            page.addWidget(self.corpus)
         self.tabs = QTabWidget()
         self.tabs.addTab(scroll, "General")
-        self.tabs.addTab(_scrolling(self.strategies), "Strategies")
+        self.tabs.addTab(_scrolling(strategies), "Strategies")
         scroll.setMinimumWidth(fields.sizeHint().width() + scroll.verticalScrollBar().sizeHint().width())
         available = self.screen().availableGeometry().height() if self.screen() is not None else 10**6
         scroll.setMinimumHeight(min(fields.sizeHint().height(), max(200, available - 160)))

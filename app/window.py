@@ -508,7 +508,7 @@ class MainWindow(QMainWindow):
         from specula.app.settings_dialog import SettingsDialog, needs_reload
 
         usable = tuple(self.loaded.strategies) if self.loaded is not None and self.can.strategies else None
-        dialog = SettingsDialog(self.settings, self, usable)
+        dialog = SettingsDialog(self.settings, self, usable, history=self.chat.store)
         if not dialog.exec():
             return
         new = dialog.result_settings()

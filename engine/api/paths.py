@@ -38,6 +38,20 @@ def conversations_db() -> Path:
     return data_dir() / "conversations.db"
 
 
+CORPUS_FOLDER = "suffix"  # beside the conversation history
+
+
+def corpus_dir() -> Path:
+    """The model's earlier answers the suffix drafter drafts from, one file per model (drafters/suffix.py)."""
+    return data_dir() / CORPUS_FOLDER
+
+
+# keys of the history's `meta` table that the drafters' corpora follow (drafters/answer_history.py): how many times
+# answers left the history (a chat deleted, the corpora cleared), and the last turn row they must not read
+CORPUS_EPOCH = "corpus_epoch"
+CORPUS_SINCE = "corpus_since"
+
+
 def check_local_model(path: Path) -> None:
     """A one-line error where a local model source is what no model is read from: a pipe or a device (a pipe, such as
     <(...) gives, reads once or blocks), or a folder named .gguf; a .gguf file that is not there is not found."""

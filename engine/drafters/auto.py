@@ -119,6 +119,10 @@ class Auto(Drafter):
         """A new generation: the measurements so far stay."""
         for drafter, _ in self.heads.values():
             drafter.reset()
+        if self.suffix is not None:
+            self.suffix.reset()
+        if self.phrases is not None:
+            self.phrases.table.sync()
         self.chosen = self.member = None
 
     def forget(self) -> None:

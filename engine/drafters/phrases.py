@@ -29,6 +29,7 @@ import torch
 
 from ..api.errors import SpeculaError, first_line
 from ..decoding.drafter import DraftContext
+from .answer_history import history_state
 
 ORDERS = (4, 3, 2)  # run lengths, longest first
 MIN_COUNT = 3  # a run seen fewer times says too little
@@ -121,6 +122,19 @@ class PhraseTable:
     orders: dict[int, _Order] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
     learned: dict[tuple[int, int], dict[int, int]] = field(default_factory=dict)  # (n, key) -> next -> count
+    # the conversation history the learned counts follow, and its epoch when they started (answer_history.py)
+    history: Path | None = None
+    epoch: int = 0
+
+    def sync(self) -> None:
+        """Forget the learned counts where answers left the history since they started (a chat deleted, the
+        corpora cleared): they may hold those answers' runs."""
+        if self.history is None:
+            return
+        epoch = history_state(self.history).epoch
+        if epoch != self.epoch:
+            self.learned.clear()
+            self.epoch = epoch
 
     @classmethod
     def from_sequences(cls, sequences: Sequence[Sequence[int]], info: dict | None = None) -> "PhraseTable":
@@ -266,7 +280,17 @@ def phrase_folders() -> list[Path]:
 
 def table_for(target) -> PhraseTable:
     """The first phrase table made for this model and tokenizer, else an empty one (this process's answers
-    fill it). A table that cannot be read is passed over: the drafts it would give are an optimisation."""
+    fill it), following the window's history (`sync`). A table that cannot be read is passed over: the drafts it
+    would give are an optimisation."""
+    from ..api.paths import conversations_db
+
+    table = _table_for(target)
+    table.history = conversations_db()
+    table.epoch = history_state(table.history).epoch
+    return table
+
+
+def _table_for(target) -> PhraseTable:
     from ..heads.store import fingerprints
 
     prints = fingerprints(target)

@@ -6,8 +6,9 @@ answer of the model, each with its prompt's last PROMPT_TAIL tokens (the chat te
 answer), kept in a `SuffixIndex`: one token corpus with an index of its ORDER-token runs, bounded to
 MAX_TOKENS (the oldest answers leave first) and kept across sessions in the user's data folder, one file per
 model; a model without one (a new model, or a corpus lost or damaged) starts from the answers in the window's
-conversation history, tokenized again (`rebuild`). Where the conversation's last ORDER tokens occur, each occurrence's match is extended backwards (up
-to MAX_MATCH tokens); the occurrences whose match is at least half the longest one's are kept, and their
+conversation history, tokenized again, and so does a corpus made before answers left the history (a chat deleted,
+the corpora cleared in the Settings: `sync`, answer_history.py). Where the conversation's last ORDER tokens occur,
+each occurrence's match is extended backwards (up to MAX_MATCH tokens); the occurrences whose match is at least half the longest one's are kept, and their
 continuations make a tree in which each node counts the occurrences (weighted by their match length) that
 continue through it. A node's share of the root's weight is how often that continuation was right here.
 
@@ -23,10 +24,9 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sqlite3
 import time
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,7 @@ from ..api.errors import first_line
 from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft, sends_tree
 from ..decoding.tree import TokenTree
+from .answer_history import PROMPT_TAIL, earlier_answers, encoded_answers, history_state
 from .phrases import run_keys
 from .prompt_lookup import agreement
 
@@ -45,12 +46,10 @@ ORDER = 3  # tokens in the runs the index is keyed by
 MAX_MATCH = 32  # the longest match looked for, in tokens
 MAX_OCCURRENCES = 64  # the latest occurrences of the last ORDER tokens considered, in each place
 MAX_TOKENS = 1 << 20  # the corpus's bound (about 16 bytes a token with its index)
-PROMPT_TAIL = 3  # the prompt's last tokens kept before each answer
 MIN_SHARE = 0.2  # a node drafted: at least this share of the root's weight continues through it
 SPEC_FACTOR = 1.0  # nodes drafted per token of the longest match (at least 2)
 SAVE_EVERY_S = 60.0  # the corpus is written at most this often (and when the process ends cleanly)
 FORMAT = 1
-REBUILD_CHARS = 2 * MAX_TOKENS  # the newest answers' text a rebuilt corpus reads (about half of MAX_TOKENS)
 # an answer left out (`hiding`) hides every stretch of the corpus of this many tokens that it holds too (all of an
 # answer this short or shorter): its own copies whatever the tokens around them, and an answer's text tokenized
 # again where it parts from the ids the model produced at a token or two
@@ -60,8 +59,12 @@ class SuffixIndex:
     ORDER-token runs (hash, position of the run's last token), for `occurrences`. `visible` is what drafting reads:
     the corpus itself, or within `hiding` the corpus with some answers turned into separators."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, history: Path | None = None, tokenizer=None) -> None:
         self.path = path
+        # the conversation history the corpus follows (answer_history.py: a deleted chat's answers leave it), and
+        # the tokenizer it is made again with from there; the history's epoch the corpus holds (-1: none yet)
+        self.history, self.tokenizer = history, tokenizer
+        self.epoch = -1
         self.tokens = np.zeros(0, dtype=np.int32)
         self.visible = self.tokens
         self._hidden: list[np.ndarray] = []  # the answers `hiding` leaves out now
@@ -173,11 +176,14 @@ class SuffixIndex:
         the corpus in memory only."""
         if self.path is None:
             return
+        if self.history is not None and history_state(self.history).epoch != self.epoch:  # chats deleted meanwhile:
+            self.path.unlink(missing_ok=True)  # made again from the history at the next answer or start
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             part = self.path.with_name(self.path.name + ".part")
             with open(part, "wb") as f:
-                np.savez(f, tokens=self.tokens, format=np.array([FORMAT]))
+                np.savez(f, tokens=self.tokens, format=np.array([FORMAT]), epoch=np.array([self.epoch]))
             os.replace(part, self.path)
         except OSError:
             return
@@ -189,10 +195,11 @@ class SuffixIndex:
                 if int(z["format"][0]) != FORMAT:
                     raise ValueError(f"format {int(z['format'][0])}, this version reads {FORMAT}")
                 tokens = z["tokens"].astype(np.int32)
+                epoch = int(z["epoch"][0]) if "epoch" in z.files else 0
         except (OSError, ValueError, KeyError, EOFError) as exc:
             self.note = f"the suffix corpus {path} was not read ({first_line(exc)[:120]}): it starts again"
             return
-        self.tokens = tokens
+        self.tokens, self.epoch = tokens, epoch
         if tokens.shape[0] > MAX_TOKENS:
             self._drop_oldest()
         else:
@@ -201,6 +208,33 @@ class SuffixIndex:
     def _reindex(self) -> None:
         self.keys, self.positions = self._runs(np.arange(ORDER - 1, self.tokens.shape[0]))
         self._show()
+
+    def sync(self) -> None:
+        """Follow the history: where answers left it since the corpus was made (its epoch changed: a chat deleted,
+        the corpora cleared), make the corpus again from the answers that remain, and write it."""
+        if self.history is None:
+            return
+        state = history_state(self.history)
+        if state.epoch == self.epoch:
+            return
+        made = self.epoch >= 0
+        self.tokens = np.zeros(0, dtype=np.int32)
+        answers = earlier_answers(self.history, since=state.since)
+        sequences, failed = encoded_answers(self.tokenizer, answers)
+        self.extend(sequences)
+        if not sequences:
+            self._reindex()
+        self.epoch = state.epoch
+        done = (f"not rebuilt from the conversation history ({failed})" if failed else
+                f"rebuilt from {len(sequences)} answers in the conversation history")
+        if made:
+            self.note = f"the suffix corpus was {done}: answers left the history"
+        elif self.note:
+            self.note = self.note.replace("it starts again", done)
+        elif sequences or failed:
+            self.note = f"the suffix corpus was {done}"
+        if made or sequences:
+            self.save()
 
 
 class _Tree:
@@ -268,6 +302,10 @@ class Suffix(Drafter):
         what the conversation itself holds, prompt lookup finds)."""
         return self.index.occurrences(tokens[-ORDER:].numpy()).size > 0
 
+    def reset(self) -> None:
+        """A new answer: the corpus follows the history first (a deleted chat's answers leave it)."""
+        self.index.sync()
+
     def finished(self, tokens: torch.Tensor, prompt_len: int) -> None:
         """The answer joins the corpus, with its prompt's last tokens."""
         if tokens.shape[0] > prompt_len:
@@ -333,7 +371,7 @@ def keep_apart() -> None:
 def index_for(target) -> SuffixIndex:
     """The model's corpus, one per model in a process (the strategy and auto's member share it), read from
     DATA_DIR/suffix/ where an earlier session left it; a model without a fingerprint keeps it in memory."""
-    from ..api.paths import conversations_db, data_dir
+    from ..api.paths import conversations_db, corpus_dir
     from ..heads.store import fingerprints
 
     if _APART:
@@ -343,66 +381,14 @@ def index_for(target) -> SuffixIndex:
     if key not in _INDEXES:
         if not _INDEXES:
             atexit.register(save_all)
-        path = data_dir() / "suffix" / f"{key[:32]}.npz" if prints is not None else None
-        index = SuffixIndex(path)
+        path = corpus_dir() / f"{key[:32]}.npz" if prints is not None else None
+        index = SuffixIndex(path, conversations_db() if path is not None else None, getattr(target, "tokenizer", None))
         damaged = bool(index.note)
-        if path is not None and len(index) == 0:
-            rebuild(index, target.tokenizer, earlier_answers(conversations_db()))
+        index.sync()  # a new model, a lost or damaged corpus, or chats deleted since it was written: from the history
         if index.note:
             (log.warning if damaged else log.info)("%s", index.note)
         _INDEXES[key] = index
     return _INDEXES[key]
-
-
-def earlier_answers(path: Path, budget: int = REBUILD_CHARS) -> list[str]:
-    """The finished answers in a conversation history (`path`, the window's database), the newest `budget`
-    characters of them, oldest first; none where there is no history or it cannot be read (it is opened read-only:
-    nothing here changes it)."""
-    if not path.is_file():
-        return []
-    answers, size = [], 0
-    try:
-        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=2)) as db:
-            rows = db.execute("SELECT content FROM turns WHERE role = 'assistant' AND state = 'done' AND content != '' "
-                              "ORDER BY rowid DESC")
-            for (content,) in rows:
-                if not isinstance(content, str):
-                    continue
-                answers.append(content)
-                size += len(content)
-                if size >= budget:
-                    break
-    except sqlite3.Error:
-        return []
-    return answers[::-1]
-
-
-def rebuild(index: SuffixIndex, tokenizer, answers: list[str]) -> None:
-    """Fill an empty corpus from earlier answers' text, each after the chat template's opening of an answer (its
-    last PROMPT_TAIL tokens, as a live answer is kept), and say so in `index.note`."""
-    if not answers or tokenizer is None:
-        return
-    opening = _answer_opening(tokenizer)
-    try:
-        encoded = tokenizer(answers, add_special_tokens=False)["input_ids"]
-    except Exception as exc:  # noqa: BLE001 - a tokenizer that cannot read the text leaves the corpus empty
-        index.note = f"the suffix corpus was not rebuilt from the conversation history ({first_line(exc)[:120]})"
-        return
-    index.extend(opening + list(ids) for ids in encoded)
-    done = f"rebuilt from {len(answers)} answers in the conversation history"
-    index.note = index.note.replace("it starts again", done) if index.note else f"the suffix corpus was {done}"
-
-
-def _answer_opening(tokenizer) -> list[int]:
-    """The last PROMPT_TAIL tokens the chat template puts before an answer; none without a template."""
-    if not getattr(tokenizer, "chat_template", None):
-        return []
-    try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "."}], add_generation_prompt=True,
-                                             tokenize=False)
-        return list(tokenizer.encode(text, add_special_tokens=False))[-PROMPT_TAIL:]
-    except Exception:  # noqa: BLE001 - a template that needs more than one user message: no opening
-        return []
 
 
 def save_all() -> None:

@@ -11,6 +11,7 @@ from specula.engine.api.types import DecodeConfig, SamplingParams
 from specula.engine.decoding.drafter import DraftContext
 from specula.engine.decoding.loop import generate
 from specula.engine.drafters import build_drafter
+from specula.engine.drafters import answer_history
 from specula.engine.drafters import suffix as suffix_module
 from specula.engine.drafters.suffix import Suffix, SuffixIndex
 from tests.support.tiny import loaded, tiny_model
@@ -122,7 +123,7 @@ def test_a_lost_or_damaged_corpus_is_rebuilt_from_the_conversation_history(tmp_p
     assert history.read_bytes() == before
     tokenizer = bundled_fp32.tokenizer
     ids = tokenizer.encode(answer, add_special_tokens=False)
-    opening = suffix_module._answer_opening(tokenizer)
+    opening = answer_history._answer_opening(tokenizer)
     assert len(opening) == suffix_module.PROMPT_TAIL and index.tokens.tolist() == opening + ids + [-1]
     drafter = suffix_module.Suffix(index, tree=False)
     drafter.match = 0
@@ -216,3 +217,52 @@ def test_a_run_that_does_not_learn_and_leaves_answers_out_crosses_the_wire():
     assert plain.learn is True and plain.leave_out == ()
     with pytest.raises(ApiError, match="leave_out"):
         parse_chat({**body, "specula": {"leave_out": "not a list"}}, defaults)
+
+
+def test_a_deleted_chat_leaves_the_corpus_and_a_cleared_corpus_stays_clear(tmp_path, monkeypatch, bundled_fp32):
+    """The corpus outlives a conversation, kept per model in the data folder; deleting a chat makes it again from
+    the history that remains (at the next answer: `reset`), and clearing it leaves out every answer before then,
+    across restarts too; the phrases' learned counts start again where answers left the history."""
+    from specula.app.history import Conversation, Turn
+    from specula.app.history_db import ConversationDB
+    from specula.engine.drafters.phrases import table_for
+
+    monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(suffix_module, "_INDEXES", {})
+    monkeypatch.setattr(suffix_module, "_APART", False)
+    kept = "The heron waited by the mill race until the light went grey over the water meadows."
+    gone = "Seven lanterns swung above the harbour wall while the ferry turned for the island."
+    db = ConversationDB(tmp_path / "conversations.db")
+    for cid, answer in (("keep", kept), ("gone", gone)):
+        db.save(Conversation(cid, turns=(Turn("user", "A line, please."), Turn("assistant", answer))))
+    tokenizer = bundled_fp32.tokenizer
+    opening = answer_history._answer_opening(tokenizer)
+    ids = {text: tokenizer.encode(text, add_special_tokens=False) for text in (kept, gone)}
+
+    def drafts(index, text):  # what the corpus drafts after the answer's first five tokens
+        drafter = Suffix(index, tree=False)
+        found = drafter.candidates(torch.tensor(opening + ids[text][:5]))
+        return found.chain(8) if found is not None else []
+
+    index = suffix_module.index_for(bundled_fp32)
+    assert drafts(index, gone) == ids[gone][5:13] and drafts(index, kept) == ids[kept][5:13]
+    table = table_for(bundled_fp32)
+    table.learn(ids[gone], 1)
+    db.delete("gone")
+    Suffix(index).reset()  # the next answer
+    assert drafts(index, gone) == [] and drafts(index, kept) == ids[kept][5:13]
+    assert "answers left the history" in index.note
+    table.sync()
+    assert table.learned == {}
+    monkeypatch.setattr(suffix_module, "_INDEXES", {})
+    again = suffix_module.index_for(bundled_fp32)  # a restart reads the file the deletion wrote
+    assert again.note == "" and again.tokens.tolist() == index.tokens.tolist()
+    db.clear_corpus()
+    Suffix(again).reset()
+    assert len(again) == 0
+    again.add(opening + ids[gone])  # an answer after the clearing is learned as before
+    again.save()
+    monkeypatch.setattr(suffix_module, "_INDEXES", {})
+    after = suffix_module.index_for(bundled_fp32)
+    assert drafts(after, kept) == [] and drafts(after, gone) == ids[gone][5:13]
+    db.close()
