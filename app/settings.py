@@ -2,7 +2,10 @@
 
 A file that cannot be read is moved aside (`settings.json.corrupt-<timestamp>`) and replaced by the
 defaults; the caller shows the notice. Out-of-range numbers are clamped, fields of the wrong type fall
-back to their defaults, unknown keys are ignored. Window geometry lives in QSettings, not here.
+back to their defaults, unknown keys are ignored. A strategy, device or dtype this version does not know (a
+newer version's, a slip of the hand) is the default for the run, with a notice. A newer version's file is read
+for what this version knows and never written (its own choices and fields stay for it); this version's file
+takes the defaults at its next save. Window geometry lives in QSettings, not here.
 
 Versions: 1 had no strategy options; 2 adds `lookup_min_n`, `lookup_max_n` and `exit_layer` (None: the
 engine's default); 3 adds the backend (local engine or remote server) and the server's details; 4 adds
@@ -23,6 +26,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from specula.app.storage import read_json, remove_stale_temporaries, set_aside, write_json_atomic
+from specula.engine.api.paths import DEVICE_NAMES, DTYPE_NAMES
 from specula.engine.api.strategies import STRATEGIES, STRATEGY_OPTIONS, request_options
 from specula.engine.api.types import SEED_MAX, SEED_MIN, LoadRequest, ModelSpec, RemoteLoadRequest
 
@@ -222,9 +226,14 @@ def _coerce(name: str, value: object, default: object) -> object:
 
 
 def clamp(s: Settings) -> Settings:
-    """Numbers within what the engine accepts, so a hand-edited file cannot make every send fail."""
+    """Numbers within what the engine accepts, and names it knows (a strategy, device or dtype it has not: a newer
+    version's, a typing slip) as the defaults, so a hand-edited or newer file cannot make every load or send fail."""
+    default = Settings()
     return replace(
         s,
+        strategy=s.strategy if s.strategy in STRATEGIES else default.strategy,
+        device=s.device if s.device in DEVICE_NAMES else default.device,
+        dtype=s.dtype if s.dtype in DTYPE_NAMES else default.dtype,
         k=min(max(s.k, 0), K_LIMIT),
         temperature=min(max(s.temperature, 0.0), 5.0),
         top_p=s.top_p if 0.0 < s.top_p <= 1.0 else 1.0,
@@ -240,6 +249,14 @@ def clamp(s: Settings) -> Settings:
         baseline_url=s.baseline_url.strip(),
         strategy_options=clean_options(s.strategy_options),
     )
+
+
+def unknown_names(data: dict, settings: Settings) -> str:
+    """The names a file chose that this version does not know and `clamp` replaced, with what is used instead
+    ("strategy “warp” (auto is used)"); "" for none."""
+    changed = [f"{name} “{data[name]}” ({getattr(settings, name)} is used)" for name in ("strategy", "device", "dtype")
+               if isinstance(data.get(name), str) and data[name] != getattr(settings, name)]
+    return ", ".join(changed)
 
 
 def read_options(data: object) -> tuple[dict, list[str]]:
@@ -319,6 +336,9 @@ class SettingsStore:
         if "seed" not in bad and data.get("seed") != settings.seed:  # out of range: clamped into it
             notices.append(f"The seed in the settings file was out of range ({SEED_MIN} to {SEED_MAX}); "
                            f"{settings.seed} is used.")
+        unknown = unknown_names(data, settings)
+        if unknown:
+            notices.append(f"This version of Specula does not know the saved {unknown}.")
         if self.newer:
             notices.append(f"The settings file {self.path} is from a newer version of Specula (format {version}): "
                            "this version uses what it knows of it and will not change it, so changes made now "

@@ -543,3 +543,33 @@ def test_the_strategies_pages_option_fields_are_the_strategy_options_shown_under
     assert not fields["eagle", "lookup"].isEnabled()  # greyed while eagle's trees are off
     assert not page.allow["lookahead"].isChecked() and not page.allow["medusa"].isChecked()
     assert dialog.result_settings() == s  # confirmed as it opened: the same settings
+
+
+@pytest.mark.parametrize("newer", [False, True])
+def test_a_saved_strategy_device_or_dtype_this_version_does_not_know_falls_back_and_the_app_starts(
+        make_window, qtbot, tmp_path, newer):
+    """`"strategy": "warp"` (or a newer version's "hydra") stopped the model loading at every start, and a newer
+    version's file was never rewritten: names this version does not know are its defaults for the run, said in one
+    notice, and the app starts with its chats and the model. A newer version's file is still left as it wrote it
+    (its own strategy and fields kept for it); this version's file takes the defaults at the next save."""
+    from specula.app.history import Conversation, Turn
+    from tests.app.conftest import saved_history
+
+    saved_history(tmp_path).save(Conversation("kept", "An earlier chat").with_turn(Turn("user", "still here")))
+    (tmp_path / "config").mkdir()
+    path = tmp_path / "config" / "settings.json"
+    written = {"version": VERSION + 1 if newer else VERSION, "strategy": "hydra" if newer else "warp",
+               "device": "tpu", "dtype": "fp8", "top_k": 7, "a_future_field": {"x": 1}}
+    path.write_text(json.dumps(written))
+    w = make_window()
+    assert w.state == "ready" and w.loaded is not None
+    assert (w.settings.strategy, w.settings.device, w.settings.dtype, w.settings.top_k) == ("auto", "auto", "auto", 7)
+    (notice,) = [m for m in w.notices.messages if "does not know" in m]
+    assert f"strategy “{written['strategy']}” (auto is used)" in notice and "device “tpu”" in notice
+    assert "kept" in w.chat.conversations and w.controls.strategy.currentData() == "auto"
+    w.controls.temperature.setValue(0.4)  # a change from the toolbar saves the settings
+    stored = json.loads(path.read_text())
+    if newer:
+        assert stored == written
+    else:
+        assert (stored["strategy"], stored["device"], stored["dtype"], stored["top_k"]) == ("auto", "auto", "auto", 7)
