@@ -163,7 +163,8 @@ def test_compare_sees_a_machine_that_slowed_between_its_runs_in_each_runs_own_pl
     assert busy.speedup == pytest.approx(quiet.speedup, rel=0.02)  # the live figure is the machine's own
     html = card_html(slowed, LIGHT)
     assert "ran slower during the second run" in html and "10 ms in the first, 15 ms in the second" in html
-    assert f"about {slowed.at_one_speed:.2f}×" in html
+    assert f"Speedup: <span style='color:{LIGHT.bonus}'>{slowed.at_one_speed:.2f}×" in html  # the headline
+    assert f"measured {slowed.speedup:.2f}×" in html
     assert "during the second run" not in card_html(calm, LIGHT)
     # a fast model's steps of a few milliseconds scatter: apart by 20% but within their standard errors, no note
     scattered = replace(slowed, plain=replace(slowed.plain, plain_step_s=0.0060, plain_step_err=0.0005),
