@@ -190,8 +190,8 @@ def _entry(name: str, type_id: int, shape: tuple[int, ...], offset: int) -> Tens
 
 
 def _check_layout(entries: list[TensorEntry], start: int, size: int, alignment: int) -> None:
-    """A GGUFError naming the first tensor whose bytes overlap another's or lie past the end of the file (from
-    the table alone: no tensor's bytes are read). A file shorter than its tensors laid end to end (each padded
+    """A GGUFError naming the first tensor whose bytes overlap another's, lie past the end of the file or leave a
+    gap after another (`_check_gaps`), from the table alone: no tensor's bytes are read. A file shorter than its tensors laid end to end (each padded
     to the alignment, as every writer lays them) was cut short: "truncated"; a file long enough that still has
     a tensor past its end has a damaged offset."""
     ordered = sorted(entries, key=lambda e: (e.offset, e.nbytes))
@@ -201,6 +201,7 @@ def _check_layout(entries: list[TensorEntry], start: int, size: int, alignment: 
                             f"overlaps tensor '{after.name}' (from byte {after.offset}): the file is damaged")
     past = next((e for e in ordered if e.offset + e.nbytes > size), None)
     if past is None:
+        _check_gaps(ordered, start, size, alignment)
         return
     end = past.offset + past.nbytes
     laid_out = start + sum(-(-e.nbytes // alignment) * alignment for e in ordered[:-1]) + ordered[-1].nbytes
@@ -208,3 +209,27 @@ def _check_layout(entries: list[TensorEntry], start: int, size: int, alignment: 
         raise GGUFError(f"the file is truncated ({size} bytes): tensor '{past.name}' ends at byte {end}")
     raise GGUFError(f"tensor '{past.name}' lies past the end of the file (its bytes end at {end}, the file at "
                     f"{size}): its offset is damaged")
+
+
+def _check_gaps(ordered: list[TensorEntry], start: int, size: int, alignment: int) -> None:
+    """A GGUFError naming the first place where the tensors do not follow each other as every writer lays them (each
+    at the end of the one before, padded to the alignment; the first at the start of the data; the file ending with
+    the last): a tensor whose type was changed to a smaller one leaves a gap where its bytes were read as other
+    weights. llama.cpp refuses these too. A tensor of a type the gguf package does not know has no known size: what
+    follows it is not checked."""
+    def padded(at: int) -> int:
+        return -(-at // alignment) * alignment
+
+    where, before = start, None
+    for entry in ordered:
+        if where is not None and entry.offset != where and before is None:
+            raise GGUFError(f"the first tensor '{entry.name}' begins {entry.offset - where} bytes into the file's "
+                            "data, not at its start: its offset is damaged")
+        if where is not None and entry.offset != where:
+            raise GGUFError(f"{entry.offset - where} bytes lie between tensor '{before.name}' ({before.type_name}, "
+                            f"{before.nbytes} bytes) and tensor '{entry.name}', which every writer lays end to end: "
+                            f"the type of '{before.name}' or the offset of '{entry.name}' is damaged")
+        where, before = (padded(entry.offset + entry.nbytes) if entry.known else None), entry
+    if where is not None and before is not None and size - before.offset - before.nbytes >= alignment:
+        raise GGUFError(f"the file goes on {size - before.offset - before.nbytes} bytes past its last tensor "
+                        f"'{before.name}' ({before.type_name}, {before.nbytes} bytes): a tensor's type is damaged")

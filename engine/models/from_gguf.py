@@ -180,6 +180,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
             mapping = get_gguf_hf_weights_map(model, processor, model_type=file.architecture)
         except NotImplementedError as exc:
             raise SpeculaError(f"{file.path.name}: {first_line(exc)}") from None
+    _check_all_used(file, mapping)
     native = NativeWeights(file=file) if ops is not None else None
     n_head = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_head
@@ -193,10 +194,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
             continue
         if entry.name in _IN_CONFIG:  # Phi-3's longrope factors: read into the config (gguf.config_from)
             continue
-        hf = mapping.get(entry.name)
-        if hf is None:
-            log.info("%s: tensor %s has no place in a %s model", file.path.name, entry.name, config.model_type)
-            continue
+        hf = mapping[entry.name]
         module, _, attr = hf.rpartition(".")
         blocks_ok = (native is not None and entry.type_name in BLOCK_FORMATS and len(entry.shape) == 2
                      and entry.name not in dense)
@@ -250,6 +248,17 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
         if buffer.device != device:
             _set(model, name, buffer.to(device))
     return native
+
+
+def _check_all_used(file: GGUFFile, mapping: dict[str, str]) -> None:
+    """A one-line error naming the first tensor of the file the model has no place for, before any is read: another
+    architecture's weights (Qwen2's biases in a file relabelled llama) would be left out and the model run wrongly."""
+    unused = [name for name in file.tensors if name not in mapping and name not in _IN_CONFIG]
+    if unused:
+        more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
+        raise SpeculaError(f"{file.path.name}: tensor {unused[0]}{more} has no place in a '{file.architecture}' model: "
+                           "the file's general.architecture is not the one its tensors were made for, or the file was "
+                           "made wrongly")
 
 
 def _check_complete(file: GGUFFile, model: nn.Module, placed: set[str], mapping: dict[str, str]) -> None:

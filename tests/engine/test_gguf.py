@@ -380,6 +380,31 @@ def test_a_damaged_tensor_table_is_refused_naming_the_tensor_before_any_data_is_
         assert "truncated" not in str(exc.value)
 
 
+def test_a_tensor_retyped_to_leave_a_gap_and_a_file_relabelled_another_architecture_are_refused(tmp_path, monkeypatch):
+    """A tensor made a smaller type (its bytes no longer reach the next tensor, or the file's end) and a Qwen2 file
+    labelled llama (its biases have no place) ran and answered "!!!!": refused in one line before a tensor is read."""
+    from gguf import GGMLQuantizationType as T
+
+    good = write_gguf(tmp_path / "good.gguf", tiny_llama(seed=9), "Q8_0")
+    tensors = GGUFFile(good).tensors
+    last = max(tensors.values(), key=lambda e: e.offset)
+    assert last.type_name == "Q8_0"  # made Q4_0 (18 bytes a block of 32, not 34), it ends half way
+    cases = {"gap": ("blk.0.attn_q.weight", ("bytes lie between tensor 'blk.0.attn_q.weight' (Q4_0",
+                                             "blk.0.attn_k.weight", "damaged")),
+             "end": (last.name, ("past its last tensor", last.name, "Q4_0", "damaged"))}
+    monkeypatch.setattr(gguf.GGUFFile, "raw", lambda *a: pytest.fail("a tensor's bytes were read"))
+    for case, (tensor, words) in cases.items():
+        with pytest.raises(SpeculaError) as exc:
+            _load(damaged(good, tmp_path / f"{case}.gguf", tensor, type_id=int(T.Q4_0)))
+        _one_line(exc, f"{case}.gguf", *words)
+        assert "truncated" not in str(exc.value)
+    relabelled = write_gguf(tmp_path / "relabelled.gguf", tiny_llama("qwen2", seed=4, bias=True), "Q8_0", arch="llama")
+    for weights in ("auto", "dequantized"):
+        with pytest.raises(SpeculaError) as exc:
+            _load(relabelled, weights=weights)
+        _one_line(exc, "relabelled.gguf", "tensor blk.0.attn_q.bias", "no place in a 'llama' model")
+
+
 def test_an_alignment_that_is_not_a_power_of_two_is_refused(tmp_path):
     from specula.engine.api.gguf_header import GGUFError, read_header
 
