@@ -44,6 +44,7 @@ from PySide6.QtWidgets import (
 from specula.app import background
 from specula.app.flow import FlowLayout
 from specula.app.folders import chosen, start_folder
+from specula.app.heads_list import AddedHeads
 from specula.app.theme import mute
 from specula.engine.api.memory import RUNTIME_BYTES, available_memory, gigabytes, needed_for
 
@@ -66,6 +67,7 @@ class ModelsView(QDialog):
         self._added: str | None = None  # what the status says once that list arrives (a model added)
         self.listings = 0  # lists shown so far
         self._loading: str | None = None  # what a load this view asked for is (the status says how it ended)
+        self._head_added = False  # that load adds a draft head
         self._build()
         window.model_ready.connect(self._loaded)
         window.model_failed.connect(self._load_failed)
@@ -81,10 +83,19 @@ class ModelsView(QDialog):
             parent.raise_()
 
     def _loaded(self) -> None:
-        if self._loading is not None:
-            self.status.setText(f"Loaded: {self._loading}.")
-            self._loading = None
-            self.refresh()
+        """A load this view asked for ended: what loaded, or why a draft head it asked for was left out."""
+        self.heads.refresh()  # a head left out is no longer kept
+        if self._loading is None:
+            return
+        why = self.window.loaded.dropped_why.rstrip(".") if self.window.loaded is not None else ""
+        if why and self._head_added:
+            self.status.setText(f"Not used: {why}. The strategy stays as it was.")
+        else:
+            self.status.setText(f"Loaded: {self._loading}." + (f" {why[:1].upper()}{why[1:]}." if why else ""))
+        if why:  # kept once the list the window asked for arrives
+            self._added = self.status.text()
+        self._loading = None
+        self._head_added = False
 
     def _load_failed(self, message: str) -> None:
         """A load this view asked for failed: the reason here, where the user looks (the model and the strategy
@@ -92,6 +103,8 @@ class ModelsView(QDialog):
         if self._loading is not None:
             self.status.setText(f"Not loaded: {message.rstrip('.')}. The model and strategy stay as they were.")
             self._loading = None
+            self._head_added = False
+        self.heads.refresh()  # a head that was being added is not kept
 
     # -- building -----------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -187,6 +200,8 @@ class ModelsView(QDialog):
         layout.addWidget(self.table, 1)
         layout.addWidget(self.status)
         layout.addWidget(buttons)
+        self.heads = AddedHeads(self, _table)
+        layout.addWidget(self.heads)
         hub_title = QLabel("<b>From the Hugging Face Hub</b>: search, or name a model; a download resumes where a "
                            "cancelled or interrupted one stopped")
         hub_title.setWordWrap(True)
@@ -201,7 +216,8 @@ class ModelsView(QDialog):
 
     # -- the list -----------------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Read the models again (on a thread)."""
+        """Read the models again (on a thread), and show the heads added as the settings keep them."""
+        self.heads.refresh()
         extra = [line for line in self.window.settings.added_models.splitlines() if line.strip()]
         current = self.window.settings.model_source
         sources = [*extra, current] if current not in extra else extra
@@ -296,9 +312,9 @@ class ModelsView(QDialog):
         self.status.setText(f"Loading {entry.name} as the draft…")
 
     def add_head(self, path: str) -> None:
-        """Load the model again with the draft head in `path` first among its kind, and switch to the
-        strategy that drafts with it; a folder that holds no head, or one for another model, is refused with
-        the reason (the model stays as it was)."""
+        """Load the model again with the draft head in `path` first among its kind (kept for this model), and switch
+        to the strategy that drafts with it; a folder that holds no head is refused with the reason, and one made for
+        another model is left out by the load, which says why (the strategy stays as it was)."""
         if not path:
             return
         from specula.engine.remote.hub import head_strategy
@@ -310,7 +326,9 @@ class ModelsView(QDialog):
             return
         w = self.window
         self._loading = f"the draft head in {path} (strategy {strategy})"
-        w.apply_settings(replace(w.settings, draft_head=path, strategy=strategy), reload=True)
+        self._head_added = True
+        w.apply_settings(replace(w.settings.with_head(path), strategy=strategy), reload=True)
+        self.heads.refresh()
         self.status.setText(f"Loading the model with the draft head in {path} (strategy {strategy})…")
 
     def remove_selected(self, confirm=None) -> None:

@@ -13,7 +13,9 @@ engine's default); 3 adds the backend (local engine or remote server) and the se
 `added_models`, 8 `eagle_trees` and `eagle_lookup` (eagle's token trees and prompt lookup's branch in them), 9
 `auto_phrases` (auto may draft the model's own phrases); 10 keeps the strategies' options as the engine names them,
 `strategy_options` (strategy -> option -> value, `api.strategies.STRATEGY_OPTIONS`), where 2-9 kept them in fields of
-their own. `migrate` brings an older file's dict up to date before it is read, so old files load.
+their own; 11 keeps an added draft head with the model it was added for, `draft_heads` (model source -> head folder),
+where 10 kept one `draft_head` that every model was loaded with. `migrate` brings an older file's dict up to date
+before it is read, so old files load.
 
 An API key is never a setting: it comes from the environment variable named by `api_key_env` or from
 the OS keyring, so it is never written to this file.
@@ -30,7 +32,7 @@ from specula.engine.api.paths import DEVICE_NAMES, DTYPE_NAMES
 from specula.engine.api.strategies import STRATEGIES, STRATEGY_OPTIONS, request_options
 from specula.engine.api.types import SEED_MAX, SEED_MIN, LoadRequest, ModelSpec, RemoteLoadRequest
 
-VERSION = 10
+VERSION = 11
 BACKENDS = ("local", "remote")
 WEIGHTS = ("auto", "native", "dequantized")  # specula.engine.api.paths.WEIGHT_NAMES (tested equal)
 FILE_NAME = "settings.json"
@@ -52,9 +54,10 @@ class Settings:
     system_prompt: str = ""
     model_source: str = "bundled"
     draft_source: str = ""  # empty: no draft model
-    # a draft head the user added (Models view): a folder of Specula's or a published EAGLE/Medusa head, offered
-    # first to its strategy; empty: the heads found for the model
-    draft_head: str = ""
+    # the draft heads the user added (Models view), model source -> a folder of Specula's or a published EAGLE/Medusa
+    # head, offered first to its strategy when that model loads (`draft_head`); a model without one: the heads found
+    # for it. A head a load finds does not fit its model is dropped (`with_head`). Never changed in place.
+    draft_heads: dict[str, str] = field(default_factory=dict)
     device: str = "auto"
     dtype: str = "auto"
     weights: str = "auto"  # a GGUF's 4-bit weights: auto (native where it applies), native, dequantized
@@ -75,6 +78,17 @@ class Settings:
     @property
     def remote(self) -> bool:
         return self.backend == "remote"
+
+    @property
+    def draft_head(self) -> str:
+        """The draft head added for the model to use ("" for none)."""
+        return self.draft_heads.get(self.model_source, "")
+
+    def with_head(self, head: str, model: str | None = None) -> "Settings":
+        """These settings with `head` as the draft head of `model` (the model to use where None); "" removes it."""
+        model = self.model_source if model is None else model
+        heads = {source: folder for source, folder in self.draft_heads.items() if source != model}
+        return replace(self, draft_heads={**heads, **({model: head} if head else {})})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,6 +129,10 @@ class Settings:
                 continue
             if f.name == "strategy_options":
                 values[f.name], unusable = read_options(data[f.name])
+                bad += unusable
+                continue
+            if f.name == "draft_heads":
+                values[f.name], unusable = read_heads(data[f.name])
                 bad += unusable
                 continue
             value = _coerce(f.name, data[f.name], getattr(cls(), f.name))
@@ -197,8 +215,23 @@ def _v9_to_v10(data: dict) -> dict:
     return {**rest, "strategy_options": options, "version": 10}
 
 
+def _v10_to_v11(data: dict) -> dict:
+    """Version 11 keeps each added draft head with its model: version 10's one `draft_head` was added for the model
+    the file names (a load of another model that did not fit it was refused, so the model stayed). A value that
+    was no text stays unusable, so that it is reset with the notice."""
+    head, model = data.get("draft_head", ""), data.get("model_source", "bundled")
+    rest = {key: value for key, value in data.items() if key != "draft_head"}
+    if head == "" or head is None:
+        heads = {}
+    elif isinstance(head, str) and isinstance(model, str):
+        heads = {model.strip() or "bundled": head}
+    else:
+        heads = _BAD
+    return {**rest, "draft_heads": heads, "version": 11}
+
+
 MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
-              8: _v8_to_v9, 9: _v9_to_v10}  # version -> the step to the next version
+              8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11}  # version -> the step to the next version
 
 
 def migrate(data: dict) -> dict:
@@ -281,6 +314,21 @@ def read_options(data: object) -> tuple[dict, list[str]]:
             else:
                 bad.append(f"{strategy}.{name}")
     return options, bad
+
+
+def read_heads(data: object) -> tuple[dict[str, str], list[str]]:
+    """`draft_heads` from a file: model source -> head folder, both texts (an empty one is no head), and the names
+    of the entries that were unusable (left out)."""
+    if not isinstance(data, dict):
+        return {}, ["draft_heads"]
+    heads, bad = {}, []
+    for model, head in data.items():
+        if isinstance(head, str) and model.strip():
+            if head.strip():
+                heads[model.strip()] = head
+        else:
+            bad.append(f"draft_heads.{model}")
+    return heads, bad
 
 
 def clean_options(options: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:

@@ -40,7 +40,7 @@ from specula.engine.api.types import SEED_MAX, SEED_MIN
 
 MODEL_HINT = "bundled, a Hugging Face Hub id (org/name), a local folder or a .gguf file"
 BACKENDS = (("Local engine", "local"), ("Remote server", "remote"))
-LOCAL_KEYS = ("model_source", "draft_source", "draft_head", "device", "dtype", "weights")
+LOCAL_KEYS = ("model_source", "draft_source", "draft_heads", "device", "dtype", "weights")
 REMOTE_KEYS = ("server_url", "server_model", "api_key_env", "baseline_url", "verify_tls", "allow_http_key")
 LOAD_KEYS = ("backend",) + LOCAL_KEYS + REMOTE_KEYS  # what a Load request is made from
 

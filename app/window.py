@@ -299,6 +299,8 @@ class MainWindow(QMainWindow):
             if warning not in self.notices.messages:
                 self.notices.add(warning)
         self.strategy_unavailable = None
+        if event.dropped_head:
+            self._drop_head(event)
         if not self.can.strategies:
             self.controls.set_server()  # the saved local strategy stays in the settings for later
         else:
@@ -314,14 +316,28 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Loaded {event.target}", 4000)
         if event.step:  # a step built in the background from now on is said at once, not at the first message
             self.chat.step_changed(event.step)
-        if self._last_good is not None:  # the new model loaded: now it is the one to use next time too
-            self._last_good = None
+        if self._last_good is not None or event.dropped_head:  # the new model loaded: now it is the one to use next
+            self._last_good = None  # time too (without a head it left out)
             self._save_settings()
         if self.models_view is not None and self.models_view.isVisible():
             self.models_view.refresh()  # which model is loaded, and what can draft for it
         self._set_state("ready")
         self.composer.input.setFocus()
         self.model_ready.emit()
+
+    def _drop_head(self, event) -> None:
+        """The load left out the draft head it was asked for (it does not fit the model, or could not be read): the
+        model is kept, the head is no longer kept for it, and a line says why. A head that was just added (Models
+        view) leaves the strategy as it was before."""
+        self.notices.add(f"{event.dropped_why.rstrip('.')}; it is no longer kept for this model.")
+        if self.settings.draft_head != event.dropped_head:
+            return  # the model's head changed meanwhile
+        before = self._last_good
+        added = before is not None and before.draft_heads.get(self.settings.model_source) != event.dropped_head
+        self.settings = self.settings.with_head("")
+        if added:
+            self.settings = replace(self.settings, strategy=before.strategy)
+            self.controls.show_settings(self.settings)
 
     @property
     def can(self) -> Capabilities:
@@ -362,9 +378,10 @@ class MainWindow(QMainWindow):
             self.falling_back = fallback  # for the slots of model_failed: the bundled model loads next
             self.model_failed.emit(event.message)
             if fallback:
-                self.overrides.update(model_source="bundled", draft_source="", draft_head="", weights="auto")
+                # the bundled model with its own draft head, if one was added for it
+                self.overrides.update(model_source="bundled", draft_source="", weights="auto")
                 self.settings = replace(self.settings, **{k: self.overrides[k] for k in ("model_source", "draft_source",
-                                                                                         "draft_head", "weights")})
+                                                                                         "weights")})
                 self.start()
         else:
             self.notices.add(event.message)

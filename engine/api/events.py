@@ -207,6 +207,10 @@ class Loaded:
     chat: bool = True  # the model has a chat template; else (a base model) messages continue as plain text
     path: str = ""  # one line where the model does not run Specula's own forward: the path it takes instead
     step: str = ""  # the decoding step answers start on now ("compiling": being built in the background); "" remote
+    # a draft head the load was asked for (its source as asked) but left out, as it does not fit the model or could
+    # not be read, and why in one line: the model loaded without it
+    dropped_head: str = ""
+    dropped_why: str = ""
 
 
 @dataclass(frozen=True)

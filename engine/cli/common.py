@@ -149,7 +149,7 @@ def open_backend(asked: Asked, progress) -> tuple[Backend, Loaded]:
         return backend, backend.describe()
     session = Session()
     loaded = session.load(asked.load, progress)
-    for warning in loaded.warnings + ((loaded.path,) if loaded.path else ()):
+    for warning in loaded.warnings + tuple(text for text in (loaded.dropped_why, loaded.path) if text):
         print(f"specula: note: {warning}", file=sys.stderr)
     session.drafter(asked.strategy, dict(asked.options))
     return session, loaded

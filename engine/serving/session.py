@@ -35,9 +35,16 @@ class Session:
         self._drafters: dict = {}
         self.heads: dict = {}  # kind -> draft head folders made for the target, found when it loads
         self.head_warnings: list[str] = []  # heads found but unreadable (left out)
+        self.dropped: tuple[str, str] | None = None  # (source, why) of a head the load asked for but left out
 
     def load(self, request: LoadRequest, progress: Callable[[str], None] | None = None) -> Loaded:
+        """Load the models `request` names; a draft head that does not fit the target never stops it: the model
+        loads without the head, and `describe` says so (`Loaded.dropped_head`). Where the head's own file says whom
+        it was made for, that is checked before the model is read."""
+        from ..heads.made_for import unfit_before_loading
+
         say = progress or (lambda text: None)
+        unfit = unfit_before_loading(request.draft_head, request.target) if request.draft_head else None
         target = load_model(request.target, say)
         draft = None
         if request.draft and request.draft.strip() == request.target.source.strip():
@@ -49,7 +56,7 @@ class Session:
             check_same_vocabulary(target.tokenizer, draft.tokenizer)
         self.use(target, draft)
         if request.draft_head:
-            self.add_head(request.draft_head, say)
+            self.take_head(request.draft_head, say, unfit)
         if request.measure_baseline:
             say("measuring plain decoding speed")
             self.baseline = measure_baseline(self._runner)
@@ -83,6 +90,7 @@ class Session:
         their memory given back."""
         replaced = self.target is not None
         self.target, self.draft = target, draft
+        self.dropped = None
         self._find_heads(target)
         self._runner = target.new_runner()
         self._drafters = {}
@@ -127,6 +135,18 @@ class Session:
         say(f"draft head: {info.kind} from {folder}")
         return info.kind
 
+    def take_head(self, source: str, say: Callable[[str], None] = lambda text: None,
+                  unfit: str | None = None) -> None:
+        """The head a load asks for, first among its kind where it loads for this target; else (`unfit`: why it
+        cannot, known before the model was read) the model stays loaded without it, and `describe` says why."""
+        if unfit is None:
+            try:
+                self.add_head(source, say)
+                return
+            except SpeculaError as exc:
+                unfit = str(exc)
+        self.dropped = (source, f"{unfit.rstrip('.')}: the model loaded without it")
+
     def _find_heads(self, target: LoadedModel) -> None:
         """The heads made for this target, and a warning for each one found but unreadable."""
         from ..heads.store import find_heads
@@ -151,6 +171,8 @@ class Session:
             chat=bool(getattr(t.tokenizer, "chat_template", None)),
             path=t.path,
             step=t.step_status,
+            dropped_head=self.dropped[0] if self.dropped else "",
+            dropped_why=self.dropped[1] if self.dropped else "",
         )
 
     def _need_target(self) -> LoadedModel:

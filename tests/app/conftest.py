@@ -65,8 +65,8 @@ def tiny_session(tiny_models):
             progress("loading the tiny test model")
         session.use(target, loaded(draft_model))
         session.baseline = BaselineCost(0.004, 1e-5)
-        if getattr(request, "draft_head", None):  # as Session.load: the head first among its kind
-            session.add_head(request.draft_head)
+        if getattr(request, "draft_head", None):  # as Session.load: the head first among its kind, or left out
+            session.take_head(request.draft_head)
         return session.describe()
 
     session.load = load

@@ -5,6 +5,7 @@ vocabulary."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from PySide6.QtWidgets import QPushButton
@@ -149,8 +150,8 @@ def test_a_draft_head_folder_is_offered_to_its_strategy_on_the_next_load(make_wi
 
 def test_a_draft_head_that_fails_to_load_is_said_in_the_view_and_changes_nothing(make_window, qtbot, tmp_path):
     """A folder that looks like a head but does not load (here an EAGLE config.json over weights that are not a
-    head): the Models view says why (it stayed on "Loading…"), and the model and the strategy stay as they were
-    (the strategy was switched to eagle anyway)."""
+    head): the model loads without it, the Models view says why (it stayed on "Loading…"), and the strategy stays
+    as it was (it was switched to eagle for the head) with no head kept."""
     import json
 
     w = make_window(strategy="prompt-lookup")
@@ -161,12 +162,89 @@ def test_a_draft_head_that_fails_to_load_is_said_in_the_view_and_changes_nothing
     not_a_head.mkdir()
     (not_a_head / "config.json").write_text(json.dumps({"num_hidden_layers": 1, "hidden_size": 8}))
     (not_a_head / "model.safetensors").write_bytes(b"not weights")
-    with qtbot.waitSignal(w.model_failed, timeout=30_000):
+    with qtbot.waitSignal(w.model_ready, timeout=30_000):
         view.add_head(str(not_a_head))
-    qtbot.waitUntil(lambda: w.state == "ready", timeout=30_000)
-    assert view.status.text().startswith("Not loaded: ") and "stay as they were" in view.status.text()
-    assert w.settings.strategy == "prompt-lookup" and w.settings.draft_head == before.draft_head
+    assert view.status.text().startswith("Not used: ") and "stays as it was" in view.status.text()
+    assert str(not_a_head) in view.status.text() and "unreadable" in view.status.text()
+    assert w.settings.strategy == "prompt-lookup" and w.settings.draft_heads == before.draft_heads == {}
     assert w.controls.strategy.currentData() == "prompt-lookup" or "prompt" in w.controls.strategy.currentText().lower()
+    assert not view.heads.isVisibleTo(view)  # no head kept, so none listed
+    listed(view, qtbot, view.listings)
+    assert view.status.text().startswith("Not used: ")  # the list read again keeps the line
+
+
+def head_for(model, folder):
+    """A Medusa head made for the tiny `model` (with the app's test tokenizer), saved in `folder`."""
+    from tests.app.conftest import ChatTokenizer
+    from tests.support.tiny import loaded, random_medusa_head
+
+    target = loaded(model)
+    target.tokenizer = ChatTokenizer()
+    return random_medusa_head(target, folder)
+
+
+def test_a_head_made_for_another_model_never_blocks_a_use(make_window, qtbot, tmp_path, tiny_models):
+    """A settings file of the version that kept one draft head for every model, holding a head made for another
+    model (the tiny target's perturbed copy): the model loads, the head is dropped from the settings for good, one
+    line says why, and the strategy is the one chosen. Another model's head is never offered to the loaded one."""
+    import json
+
+    from specula.app.settings import SettingsStore
+
+    other = head_for(tiny_models[1], tmp_path / "other-head")
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "settings.json").write_text(json.dumps({"version": 10, "strategy": "prompt-lookup",
+                                                      "model_source": "bundled", "draft_head": str(other)}))
+    w = make_window()
+    assert w.loaded is not None and w.loaded.dropped_head == str(other) and w.state == "ready"
+    lines = [text for text in w.notices.messages if str(other) in text]
+    assert len(lines) == 1 and "trained for another model" in lines[0] and "no longer kept" in lines[0]
+    assert w.settings.draft_heads == {} and w.settings.strategy == "prompt-lookup"
+    assert SettingsStore(config).load().settings.draft_heads == {}  # saved: the next start does not try it again
+    mine = head_for(tiny_models[0], tmp_path / "my-head")
+    w.apply_settings(w.settings.with_head(str(other), "elsewhere.gguf").with_head(str(mine)), reload=False)
+    assert w.settings.load_request().draft_head == str(mine)  # the loaded model's own, not the other's
+
+
+def test_the_models_view_lists_added_heads_each_for_its_model_and_removes_one(make_window, qtbot, tmp_path,
+                                                                             tiny_models):
+    """Add draft head keeps the head for the model it was added for: another model is used without it, and going back
+    uses it again; the list shows each head with its model, and Remove forgets one (the loaded model's: loaded again
+    without it)."""
+    head = head_for(tiny_models[0], tmp_path / "head")
+    w = make_window()
+    view = w.open_models() or w.models_view
+    listed(view, qtbot)
+    assert not view.heads.isVisibleTo(view)
+    with qtbot.waitSignal(w.model_ready, timeout=30_000):
+        view.add_head(str(head))
+    assert w.settings.draft_heads == {"bundled": str(head)} and "medusa" in w.loaded.strategies
+    other = tmp_path / "other-model"  # loaded as the tiny model, as every model is here
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    with qtbot.waitSignal(w.model_ready, timeout=30_000):  # another model: no head asked for, nothing dropped
+        w.apply_settings(replace(w.settings, model_source=str(other)), reload=True)
+    assert "medusa" not in w.loaded.strategies and not w.loaded.dropped_head
+    assert w.settings.draft_heads == {"bundled": str(head)}
+    with qtbot.waitSignal(w.model_ready, timeout=30_000):  # back to the head's model: it drafts again
+        w.apply_settings(replace(w.settings, model_source="bundled"), reload=True)
+    assert "medusa" in w.loaded.strategies
+    w.apply_settings(w.settings.with_head(str(head), str(other)), reload=False)
+    view.heads.refresh()
+    assert view.heads.isVisibleTo(view) and view.heads.table.rowCount() == 2
+    rows = [[view.heads.table.item(r, c).text() for c in range(3)] for r in range(2)]
+    assert sorted(rows) == [["head", "bundled", "medusa"], ["head", "other-model", "medusa"]]
+    assert not view.heads.remove_button.isEnabled()
+    view.heads.table.selectRow([row[1] for row in rows].index("other-model"))  # another model's: forgotten
+    view.heads.remove_button.click()
+    assert w.settings.draft_heads == {"bundled": str(head)} and w.state == "ready"  # nothing reloads
+    assert view.status.text() == "Removed the draft head head (it was added for other-model)."
+    view.heads.table.selectRow(0)
+    with qtbot.waitSignal(w.model_ready, timeout=30_000):  # the loaded model's: it loads again without it
+        view.heads.remove_button.click()
+    assert w.settings.draft_heads == {} and "medusa" not in w.loaded.strategies
+    assert not view.heads.isVisibleTo(view)
 
 
 def test_the_hub_is_searched_and_a_result_shows_its_size_and_quantizations(make_window, qtbot, hub):

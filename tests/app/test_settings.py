@@ -160,7 +160,7 @@ def load_old(folder, old: dict):
     store.path.write_text(json.dumps(old))
     loaded = store.load()
     s = loaded.settings
-    assert loaded.notice is None and s.version == VERSION == 10
+    assert loaded.notice is None and s.version == VERSION == 11
     kept = {k: v for k, v in old.items() if k != "version" and k not in OLD_OPTION_FIELDS}
     assert {k: getattr(s, k) for k in kept} == kept
     return store, s
@@ -171,7 +171,7 @@ def test_a_version_1_file_still_loads_and_is_saved_as_the_current_version(tmp_pa
     assert s.strategy_options == {} and s.request_options() == ()  # every option the engine's default
     store.save(s)
     data = json.loads(store.path.read_text())
-    assert data["version"] == 10 and data["strategy_options"] == {}
+    assert data["version"] == VERSION and data["strategy_options"] == {}
     assert data["backend"] == "local" and data["weights"] == "auto"
     assert not set(OLD_OPTION_FIELDS) & set(data)  # the options' fields of versions 2-9 are gone
 
@@ -249,11 +249,31 @@ def test_weights_setting_reaches_the_load_request_and_is_kept_usable(tmp_path):
     assert s.load_request().target.weights == "dequantized"
 
 
+def test_a_version_10_draft_head_is_kept_for_the_model_it_was_added_for(tmp_path):
+    """Version 10 kept one draft head that every model was loaded with; 11 keeps it with the file's model, so another
+    model loads without it, and a value that was no text is reset with the notice."""
+    store, s = load_old(tmp_path, {**V1_FILE, "version": 10, "model_source": "/m.gguf", "draft_head": "/h"})
+    assert s.draft_heads == {"/m.gguf": "/h"} and s.draft_head == "/h"
+    assert replace(s, model_source="bundled").load_request().draft_head is None
+    assert replace(s, model_source="bundled").with_head("/b").draft_heads == {"/m.gguf": "/h", "bundled": "/b"}
+    assert s.with_head("").draft_heads == {} and s.draft_heads == {"/m.gguf": "/h"}  # never changed in place
+    store.save(s)
+    data = json.loads(store.path.read_text())
+    assert data["draft_heads"] == {"/m.gguf": "/h"} and "draft_head" not in data
+    assert load_old(tmp_path, {**V1_FILE, "version": 10, "draft_head": ""})[1].draft_heads == {}
+    store.path.write_text(json.dumps({"version": 10, "draft_head": 3}))
+    loaded = store.load()
+    assert loaded.settings.draft_heads == {} and "draft_heads" in loaded.notice
+    store.path.write_text(json.dumps({"version": VERSION, "draft_heads": {"/m": "/h", "/n": 1, " ": "/i"}}))
+    loaded = store.load()
+    assert loaded.settings.draft_heads == {"/m": "/h"} and "draft_heads./n" in loaded.notice
+
+
 def test_the_load_request_is_the_engines_own_for_the_chosen_backend():
     from specula.engine.api.types import LoadRequest, ModelSpec, RemoteLoadRequest
 
-    local = Settings(model_source="/m.gguf", draft_source="org/d", draft_head="/h", device="cpu", dtype="bf16",
-                     weights="native")
+    local = Settings(model_source="/m.gguf", draft_source="org/d", draft_heads={"/m.gguf": "/h", "/n.gguf": "/i"},
+                     device="cpu", dtype="bf16", weights="native")
     assert local.load_request(prepare="first") == LoadRequest(ModelSpec("/m.gguf", "cpu", "bf16", "native"), "org/d",
                                                               measure_baseline=False, draft_head="/h", prepare="first")
     assert Settings().load_request() == LoadRequest(measure_baseline=False)  # no draft, no head: None
