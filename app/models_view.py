@@ -308,7 +308,8 @@ class ModelsView(QDialog):
             return
         w = self.window
         self._loading = f"{entry.name} as the draft"
-        w.apply_settings(replace(w.settings, draft_source=entry.source, strategy="draft-model"), reload=True)
+        w.apply_settings(replace(w.settings, draft_source=entry.source, strategy="draft-model"), reload=True,
+                         keep_target=True)  # the model loaded now stays: only the draft is read
         self.status.setText(f"Loading {entry.name} as the draft…")
 
     def add_head(self, path: str) -> None:

@@ -264,11 +264,16 @@ class MainWindow(QMainWindow):
         self.settings_action.triggered.connect(self._open_settings)
 
     # -- the model ----------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Load the model named by the settings (the answer arrives as events)."""
+    def start(self, keep_target: bool = False) -> None:
+        """Load the model named by the settings (the answer arrives as events); `keep_target`: only the draft
+        changed, and the engine keeps the model it has where it is the one the settings name."""
+        from specula.engine.api.types import LoadRequest
+
         s = self.settings
         self._set_state("loading")
-        self.bridge.load(s.load_request(prepare=first_answer(s)))
+        request = s.load_request(prepare=first_answer(s))
+        self.bridge.load(replace(request, keep_target=True) if keep_target and isinstance(request, LoadRequest)
+                         else request)
         QTimer.singleShot(0, self.plots.draw_ahead)  # the engine loads in its own process meanwhile
 
     def _on_event(self, event) -> None:
@@ -531,9 +536,10 @@ class MainWindow(QMainWindow):
         new = dialog.result_settings()
         self.apply_settings(new, needs_reload(self.settings, new) or (new.remote and dialog.remote.key_stored))
 
-    def apply_settings(self, new: Settings, reload: bool) -> None:
-        """Settings the user confirmed (the dialog, the Models view); `reload`: load the model they name.
-        A new model becomes the saved choice only once it loaded."""
+    def apply_settings(self, new: Settings, reload: bool, keep_target: bool = False) -> None:
+        """Settings the user confirmed (the dialog, the Models view); `reload`: load the model they name
+        (`keep_target`: only its draft, the model loaded now kept). A new model becomes the saved choice only once
+        it loaded."""
         if reload and self.loaded is not None and self._last_good is None:
             self._last_good = self.settings  # saved as the model to use only once the new one loads
         self.settings = new
@@ -545,7 +551,7 @@ class MainWindow(QMainWindow):
         self._update_status()
         if reload:
             self.chat.stop()
-            self.start()
+            self.start(keep_target)
 
     def open_models(self) -> None:
         """The Models view (one per window)."""

@@ -111,6 +111,9 @@ class LoadRequest:
     # the drafter is made and a short answer run with it before the load says it is ready, so that the first
     # answer after a start runs at the speed of the next
     prepare: GenerateRequest | None = None
+    # the target loaded now stays (is not read again) where it is the one `target` names: a load that changes only
+    # the draft (the Models view's "Use as draft") reads only the draft
+    keep_target: bool = False
 
 
 @dataclass(frozen=True)

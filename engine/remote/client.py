@@ -53,6 +53,8 @@ def load_payload(request: LoadRequest | RemoteLoadRequest) -> dict:
             "weights": spec.weights, "measure_baseline": request.measure_baseline, "draft_head": request.draft_head}
     if request.prepare is not None and request.prepare.strategy != "server":
         body["prepare"] = wire.extension_json(request.prepare)
+    if request.keep_target:
+        body["keep_target"] = True
     return body
 
 

@@ -72,6 +72,7 @@ class _LoadFields(Body):
     draft_head: Any = None
     measure_baseline: Any = None
     prepare: Any = None
+    keep_target: Any = None
 
 
 class RemoteLoadBody(_LoadFields):
@@ -107,6 +108,7 @@ class LoadBody(_LoadFields):
                           says("'draft_head' must be a draft head's folder or Hub id", "draft_head")] = None
     measure_baseline: Flag = None
     prepare: Annotated[PrepareBody | None, BeforeValidator(or_none)] = None
+    keep_target: Flag = None  # the model loaded now stays where it is this one: only the draft is read
 
 
 class TrainBody(Body):
@@ -128,7 +130,8 @@ def parse_load(body: object) -> LoadRequest | RemoteLoadRequest:
     load = validate(LoadBody, body)
     spec = ModelSpec(load.model, load.device, load.dtype, load.weights)
     return LoadRequest(spec, load.draft or None, measure_baseline=load.measure_baseline is not False,
-                       draft_head=load.draft_head or None, prepare=_prepared(load.prepare))
+                       draft_head=load.draft_head or None, prepare=_prepared(load.prepare),
+                       keep_target=load.keep_target is True)
 
 
 def check_sources(load: LoadRequest) -> None:

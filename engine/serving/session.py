@@ -36,6 +36,7 @@ class Session:
         self.heads: dict = {}  # kind -> draft head folders made for the target, found when it loads
         self.head_warnings: list[str] = []  # heads found but unreadable (left out)
         self.dropped: tuple[str, str] | None = None  # (source, why) of a head the load asked for but left out
+        self.target_spec: ModelSpec | None = None  # what the last load read the target from
 
     def load(self, request: LoadRequest, progress: Callable[[str], None] | None = None) -> Loaded:
         """Load the models `request` names; a draft head that does not fit the target never stops it: the model
@@ -45,7 +46,8 @@ class Session:
 
         say = progress or (lambda text: None)
         unfit = unfit_before_loading(request.draft_head, request.target) if request.draft_head else None
-        target = load_model(request.target, say)
+        kept = self._kept_target(request)
+        target = kept if kept is not None else load_model(request.target, say)
         draft = None
         if request.draft and request.draft.strip() == request.target.source.strip():
             draft = target  # the same weights; the drafter still keeps a cache of its own
@@ -54,7 +56,11 @@ class Session:
             spec = ModelSpec(request.draft, device=str(target.device), dtype=target.dtype_name, weights=weights)
             draft = load_model(spec, say)
             check_same_vocabulary(target.tokenizer, draft.tokenizer)
+        baseline, plain = self.baseline, self.plain
         self.use(target, draft)
+        self.target_spec = request.target
+        if kept is not None:  # the target's own measures stay with it
+            self.baseline, self.plain = baseline, plain
         if request.draft_head:
             self.take_head(request.draft_head, say, unfit)
         if request.measure_baseline:
@@ -64,6 +70,13 @@ class Session:
             say(f"warming up ({request.prepare.strategy})")
             self.prepare(request.prepare)
         return self.describe()
+
+    def _kept_target(self, request: LoadRequest) -> LoadedModel | None:
+        """The target loaded now, where the request keeps it (`keep_target`: only the draft changes) and names the
+        same one; None: it is read."""
+        if request.keep_target and self.target is not None and self.target_spec == request.target:
+            return self.target
+        return None
 
     def prepare(self, request: GenerateRequest) -> None:
         """Make the drafter `request` asks for and run a short answer with it: what the first answer after a
@@ -90,6 +103,7 @@ class Session:
         their memory given back."""
         replaced = self.target is not None
         self.target, self.draft = target, draft
+        self.target_spec = None  # (a load sets it once the models are in use)
         self.dropped = None
         self._find_heads(target)
         self._runner = target.new_runner()
@@ -101,7 +115,7 @@ class Session:
 
     def unload(self) -> None:
         """Let go of the models (their memory), e.g. when chat moves to a server; `load` brings them back."""
-        self.target = self.draft = self.baseline = self._runner = None
+        self.target = self.draft = self.baseline = self._runner = self.target_spec = None
         self._drafters = {}
         self.heads = {}
         give_back_freed()

@@ -98,17 +98,17 @@ def test_a_gguf_repository_asks_which_quantization(make_window, qtbot, hub, monk
     assert freed and "freed" in view.status.text()
 
 
-def test_drafts_for_the_loaded_model_are_the_ones_with_its_vocabulary(make_window, qtbot):
+def test_drafts_for_the_loaded_model_are_the_ones_with_its_vocabulary(make_window, qtbot, tiny_session):
     w = make_window()
     view = w.open_models() or w.models_view
     listed(view, qtbot)
 
-    def entry(source, key):
-        return ModelEntry(source, source, "local", f"/m/{source}", 1 << 20, "LlamaForCausalLM", 2048, "bf16", key)
+    def entry(name, key):  # Hub ids: a load's sources are checked before the engine takes it
+        return ModelEntry(f"org/{name}", name, "local", f"/m/{name}", 1 << 20, "LlamaForCausalLM", 2048, "bf16", key)
 
     from dataclasses import replace
 
-    w.settings = w.settings.__class__(**{**w.settings.to_dict(), "model_source": "big"})
+    w.settings = w.settings.__class__(**{**w.settings.to_dict(), "model_source": "org/big"})
     w.loaded = replace(w.loaded, strategies=(*w.loaded.strategies, "eagle"))  # a trained head was found
     view._show_list([entry("big", "v1"), entry("small", "v1"), entry("other", "v2"), entry("unknown", "")])
     column = [view.table.item(row, 7).text() for row in range(4)]
@@ -116,13 +116,16 @@ def test_drafts_for_the_loaded_model_are_the_ones_with_its_vocabulary(make_windo
     memory = view.table.item(0, 3)  # what running it takes: its 1 MB of weights and about 1 GB of runtime
     assert memory.text() in ("about 1.0 GB", "1.0 GB: more than free") and "memory" in memory.toolTip()
     assert "Drafts for the loaded model: small." in view.status.text()
-    view.select("other")
+    view.select("org/other")
     assert not view.draft_button.isEnabled()
-    view.select("small")
+    view.select("org/small")
     assert view.draft_button.isEnabled()
+    asked, load = [], tiny_session.load
+    tiny_session.load = lambda request, progress=None: (asked.append(request), load(request, progress))[1]
     with qtbot.waitSignal(w.model_ready, timeout=30_000):
         view.draft_button.click()
-    assert w.settings.draft_source == "small" and w.settings.strategy == "draft-model"
+    assert w.settings.draft_source == "org/small" and w.settings.strategy == "draft-model"
+    assert asked[-1].draft == "org/small" and asked[-1].keep_target  # the model loaded now stays: only the draft is read
 
 
 def test_a_draft_head_folder_is_offered_to_its_strategy_on_the_next_load(make_window, qtbot, tmp_path, tiny_models):
