@@ -34,6 +34,7 @@ from specula.app.history import TokenRecord, Turn
 from specula.app.markdown import insert_coloured_markdown, insert_markdown, insert_with_code
 from specula.app.theme import OriginColours, is_dark, palette_for
 from specula.app.tokens import tooltip
+from specula.app.visible import shown
 
 FLUSH_MS = 100  # streamed tokens reach the transcript at most this often
 # a streamed answer shown as Markdown is rendered again at most this often (its new tokens as they come between):
@@ -376,10 +377,10 @@ class ChatView(QTextBrowser):
             return
         if item.role == "user":
             cursor = paint.open_bubble("You", c.user_bubble, indent_left=True)
-            insert_with_code(cursor, item.content, self._is_dark())
+            insert_with_code(cursor, shown(item.content), self._is_dark())
         elif item.role == "error":
             cursor = paint.open_bubble("Error", c.error_bubble)
-            paint.write_plain(cursor, item.content, c.error_text)
+            paint.write_plain(cursor, shown(item.content), c.error_text)
         else:
             cursor = paint.open_bubble("Assistant", c.assistant_bubble)
             self._write_answer(cursor, item, index)
@@ -395,7 +396,7 @@ class ChatView(QTextBrowser):
         elif turn.tokens:
             self._write_tokens(cursor, list(turn.tokens))
         else:
-            paint.write_plain(cursor, turn.content)
+            paint.write_plain(cursor, shown(turn.content))
         if turn.summary:
             paint.write_summary(cursor, turn.summary)
 
@@ -405,13 +406,13 @@ class ChatView(QTextBrowser):
         kept = [rec for rec in turn.tokens if rec.origin != "rejected" and rec.text]
         joined = "".join(rec.text for rec in kept)
         if not kept or joined.strip() != turn.content.strip():  # no tokens, or they do not add up
-            insert_markdown(cursor, turn.content, self._is_dark())
+            insert_markdown(cursor, shown(turn.content), self._is_dark())
             return
         pieces = []
         for rec in kept:
-            pieces.append((rec.text, paint.token_format(rec, len(self.records))))
+            pieces.append((shown(rec.text), paint.token_format(rec, len(self.records))))
             self.records.append(rec)
-        insert_coloured_markdown(cursor, joined, self._is_dark(), pieces)
+        insert_coloured_markdown(cursor, shown(joined), self._is_dark(), pieces)
 
     def _write_card(self, cursor: QTextCursor, card: Comparison) -> None:
         paint = self._painter()
@@ -445,7 +446,7 @@ class ChatView(QTextBrowser):
             self.records.append(rec)
             if not rec.text or (rec.origin == "rejected" and not self.show_ghosts):
                 continue
-            text = rec.text if rec.origin != "rejected" else ghost_text(rec.text)
+            text = shown(rec.text if rec.origin != "rejected" else ghost_text(rec.text))
             cursor.insertText(text, paint.token_format(rec, index))
 
     def _is_dark(self) -> bool:

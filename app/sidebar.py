@@ -22,6 +22,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from specula.app.visible import shown
+
 ID_ROLE = Qt.ItemDataRole.UserRole
 WHEN_ROLE = Qt.ItemDataRole.UserRole + 1  # when the chat last changed, short ("14:05", "Yesterday", "28 Nov")
 
@@ -59,7 +61,7 @@ def _datetime(timestamp: float) -> datetime | None:
 def _tooltip(conv, snippet: str | None = None) -> str:
     then = _datetime(conv.updated)
     when = then.strftime("%Y-%m-%d %H:%M") if then is not None else "unknown"
-    lines = [conv.title, f"Last message: {when}"] + ([snippet] if snippet else [])
+    lines = [shown(conv.title), f"Last message: {when}"] + ([shown(snippet)] if snippet else [])
     return "\n".join(lines)
 
 
@@ -158,7 +160,7 @@ class ConversationList(QWidget):
         try:
             self.list.clear()
             for conv in conversations:
-                item = QListWidgetItem(conv.title)
+                item = QListWidgetItem(shown(conv.title))  # a right-to-left override reversed the row
                 item.setData(ID_ROLE, conv.id)
                 item.setData(WHEN_ROLE, when_text(conv.updated) if conv.updated else "")
                 item.setToolTip(_tooltip(conv, snippets.get(conv.id)))
@@ -176,8 +178,8 @@ class ConversationList(QWidget):
             for row, conv in enumerate(conversations):
                 item = self.list.item(row)
                 when = when_text(conv.updated) if conv.updated else ""
-                if item.text() != conv.title or item.data(WHEN_ROLE) != when:
-                    item.setText(conv.title)
+                if item.text() != shown(conv.title) or item.data(WHEN_ROLE) != when:
+                    item.setText(shown(conv.title))
                     item.setData(WHEN_ROLE, when)
                     item.setToolTip(_tooltip(conv))
                 if conv.id == current_id:

@@ -215,6 +215,36 @@ def test_a_rejected_line_break_is_drawn_as_a_mark_not_a_new_line():
     assert ghost_text(" cat") == " cat"
 
 
+def test_bidi_overrides_and_control_characters_are_shown_as_marks_and_kept_as_written(qtbot):
+    """U+202E reversed the text after it in the window and control characters showed as boxes: the view and the
+    chat list show them as marks (as Markdown, as tokens, as ghost drafts), and the stored text is unchanged."""
+    from specula.app.chatview import ChatView
+    from specula.app.history import Conversation, TokenRecord, Turn
+    from specula.app.sidebar import ConversationList
+
+    written = "abc\u202edef\x01\x1b[31m\x85 \u2066x\u2069\x7f"
+    marked = "abc⟨U+202E⟩def␁␛[31m⟨U+0085⟩ ⟨U+2066⟩x⟨U+2069⟩␡"
+    pieces = ["abc", "\u202e", "def\x01", "\x1b[31m\x85 ", "\u2066x\u2069\x7f"]
+    tokens = tuple(TokenRecord(t, "target", i) for i, t in enumerate(pieces))
+    ghost = TokenRecord("\u202eghost", "rejected", 9)
+    turns = (Turn("user", written), Turn("assistant", written, tokens[:3] + (ghost,) + tokens[3:]),
+             Turn("error", written), Turn("assistant", written))
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.show_turns(turns)
+    for ghosts in (False, True, False):  # as Markdown, as tokens with the ghost drafts, as tokens
+        view.set_show_ghosts(ghosts)
+        text = view.toPlainText()
+        assert not set("\u202e\u2066\u2069\x01\x1b\x85\x7f") & set(text)
+        assert text.count(marked) == (3 if ghosts else 4) and ("def␁⟨U+202E⟩ghost␛[31m" in text) == ghosts
+        view.toggle_markdown(1)
+    assert view.item(0).content == written and view.item(1).content == written  # Copy and Edit take these
+    sidebar = ConversationList()
+    qtbot.addWidget(sidebar)
+    sidebar.show_conversations([Conversation("x", written, 1e9, 1e9)], "x")
+    assert sidebar.list.item(0).text() == marked and marked in sidebar.list.item(0).toolTip()
+
+
 def test_ctrl_n_makes_a_new_chat_and_ctrl_comma_opens_the_settings(make_window, qtbot, monkeypatch):
     from PySide6.QtCore import Qt
 
