@@ -287,7 +287,8 @@ def clamp(s: Settings) -> Settings:
 def unknown_names(data: dict, settings: Settings) -> str:
     """The names a file chose that this version does not know and `clamp` replaced, with what is used instead
     ("strategy “warp” (auto is used)"); "" for none."""
-    changed = [f"{name} “{data[name]}” ({getattr(settings, name)} is used)" for name in ("strategy", "device", "dtype")
+    changed = [f"{name} “{data[name]}” ({getattr(settings, name)} is used)"
+               for name in ("strategy", "device", "dtype")
                if isinstance(data.get(name), str) and data[name] != getattr(settings, name)]
     return ", ".join(changed)
 

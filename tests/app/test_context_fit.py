@@ -128,7 +128,8 @@ def test_fit_body_leaves_out_the_oldest_exchanges_until_the_body_fits(monkeypatc
     from specula.app import fit
     from specula.engine.api.prompts import Message
 
-    s, u1, a1, u2 = Message("system", "s"), Message("user", "1" * 1000), Message("assistant", "one"), Message("user", "2")
+    s, u1, a1 = Message("system", "s"), Message("user", "1" * 1000), Message("assistant", "one")
+    u2 = Message("user", "2")
     monkeypatch.setattr(fit, "BODY_LIMIT", 500)
     assert fit.fit_body((s, u1, a1, u2), 1100) == (s, u2)  # the system prompt and the newest message stay
     assert fit.fit_body((s, u1, a1, u2), 400) == (s, u1, a1, u2)
