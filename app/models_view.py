@@ -564,18 +564,20 @@ def _table(columns: tuple[str, ...]) -> QTableWidget:
 
 def _memory(entry, free: int | None) -> tuple[str, str]:
     """The memory column of an entry and its tooltip: what running it takes (a GGUF runs as the file stores it, a
-    folder's weights as they are stored, either with about 1 GB of runtime) against what is free now."""
+    folder's weights as they are stored, either with about 1 GB of runtime) against what is free now. The cell says
+    what the runtime's share is: "about 1.1 GB" for a 94 MB model read as a mistake."""
     if entry.size_bytes <= 0:
         return "–", ""
     needed = needed_for(entry.size_bytes)
     tip = (f"Running it takes about {gigabytes(needed)} of memory: its weights ({_size(entry.size_bytes)}) and about "
            f"{gigabytes(RUNTIME_BYTES)} for Specula's engine itself (PyTorch, the tokenizer), besides what a long "
            "conversation adds")
+    text = f"about {gigabytes(needed)} ({gigabytes(RUNTIME_BYTES)} engine)"
     if free is None:
-        return f"about {gigabytes(needed)}", tip + "."
+        return text, tip + "."
     if needed > free:
         return f"{gigabytes(needed)}: more than free", tip + f": more than the {gigabytes(free)} free now."
-    return f"about {gigabytes(needed)}", tip + f"; {gigabytes(free)} is free now."
+    return text, tip + f"; {gigabytes(free)} is free now."
 
 
 def _size(n: int) -> str:

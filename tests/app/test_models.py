@@ -114,7 +114,7 @@ def test_drafts_for_the_loaded_model_are_the_ones_with_its_vocabulary(make_windo
     column = [view.table.item(row, 7).text() for row in range(4)]
     assert column == ["loaded · trained heads: eagle", "can draft (same vocabulary)", "", "vocabulary unknown"]
     memory = view.table.item(0, 3)  # what running it takes: its 1 MB of weights and about 1 GB of runtime
-    assert memory.text() in ("about 1.0 GB", "1.0 GB: more than free") and "memory" in memory.toolTip()
+    assert memory.text() in ("about 1.0 GB (1.0 GB engine)", "1.0 GB: more than free") and "memory" in memory.toolTip()
     assert "Drafts for the loaded model: small." in view.status.text()
     view.select("org/other")
     assert not view.draft_button.isEnabled()
@@ -308,12 +308,14 @@ def test_the_memory_a_model_needs_is_shown_against_what_is_free():
     from specula.app.models_view import _memory
 
     entry = ModelEntry("m.gguf", "m.gguf", "local", "/m/m.gguf", 3 << 30, "llama", 2048, "Q4_K_M", "")
-    assert _memory(entry, 16 << 30) == ("about 4.0 GB", "Running it takes about 4.0 GB of memory: its weights (3.0 GB) "
+    assert _memory(entry, 16 << 30) == ("about 4.0 GB (1.0 GB engine)", "Running it takes about 4.0 GB of memory: its weights (3.0 GB) "
                                         "and about 1.0 GB for Specula's engine itself (PyTorch, the tokenizer), besides "
                                         "what a long conversation adds; 16.0 GB is free now.")
     text, tip = _memory(entry, 2 << 30)
     assert text == "4.0 GB: more than free" and "more than the 2.0 GB free now" in tip
-    assert _memory(entry, None)[0] == "about 4.0 GB"
+    assert _memory(entry, None)[0] == "about 4.0 GB (1.0 GB engine)"
+    small = ModelEntry("b.gguf", "b.gguf", "local", "/m/b.gguf", 94 << 20, "llama", 2048, "Q4_1", "")
+    assert _memory(small, None)[0] == "about 1.1 GB (1.0 GB engine)"  # says what the 1 GB beside 94 MB is
 
 
 def test_after_esc_on_the_models_view_ctrl_n_starts_a_new_chat(make_window, qtbot):
