@@ -318,17 +318,16 @@ class ConversationDB:
         if not words:
             return []
         query = " ".join(f'"{w}"' for w in words)  # each word as a literal: no FTS syntax from the user
-        if not self._index_checked and not self.read_only:
+        if not self._index_checked:
+            self._connect()  # opened first: whether it can be written is known
             self._index_checked = True
-            if self.index_damaged():
-                self.rebuild_index()
+            self._repair_index()
         try:
             rows = self._connect().execute(
                 "SELECT conversation, idx, snippet(turns_text, 0, '[', ']', '…', 12) FROM turns_text "
                 "WHERE turns_text MATCH ? ORDER BY rank LIMIT ?", (query, limit)).fetchall()
         except sqlite3.Error as exc:
-            if again and isinstance(exc, sqlite3.DatabaseError) and _corrupt(exc) and not self.read_only:
-                self.rebuild_index()
+            if again and isinstance(exc, sqlite3.DatabaseError) and _corrupt(exc) and self._repair_index():
                 return self.search(text, limit, again=False)
             raise StoreError(f"could not search {self.path}: {exc}") from exc
         return [(c, int(i), s) for c, i, s in rows]
@@ -350,6 +349,18 @@ class ConversationDB:
         except (sqlite3.Error, StoreError, OSError):
             return False
         return False
+
+    def _repair_index(self) -> bool:
+        """Rebuild the search index if it is damaged; whether it was (a rebuild that fails is logged: the search
+        goes on with the index as it is)."""
+        if self.read_only or not self.index_damaged():
+            return False
+        try:
+            self.rebuild_index()
+        except StoreError as exc:
+            log.warning("the search index of %s is damaged and could not be rebuilt: %s", self.path, exc)
+            return False
+        return True
 
     def rebuild_index(self) -> None:
         """The search index made again from every turn (the log says so: nothing was lost but time)."""

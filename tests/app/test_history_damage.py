@@ -125,13 +125,9 @@ def test_a_search_index_dropped_and_made_again_empty_is_rebuilt_from_the_chats(t
     assert {c for c, _, _ in db.search("lorem")} == {"c0", "c1", "c2", "c3"}
 
 
-def test_garbled_search_index_blocks_are_found_and_the_index_rebuilt(tmp_path):
-    """Garbled blocks of the index: searches found nothing or failed with "malformed", unnoticed. The index is
-    checked before a run's first search and rebuilt when FTS5's integrity check fails."""
+def _garble_index(path) -> None:
     import random
 
-    path = tmp_path / "c.db"
-    _searchable(path)
     raw = sqlite3.connect(path)
     rnd = random.Random(1)
     for block_id, block in raw.execute("SELECT id, block FROM turns_text_data WHERE id > 10").fetchall():
@@ -143,11 +139,22 @@ def test_garbled_search_index_blocks_are_found_and_the_index_rebuilt(tmp_path):
     with pytest.raises(sqlite3.DatabaseError):
         raw.execute("INSERT INTO turns_text (turns_text) VALUES ('integrity-check')")
     raw.close()
+
+
+def test_garbled_search_index_blocks_are_found_and_the_index_rebuilt(tmp_path):
+    """Garbled blocks of the index: searches found nothing or failed with "malformed", unnoticed. The index is
+    checked before a run's first search and rebuilt when FTS5's integrity check fails, and so it is when a later
+    search finds it damaged."""
+    path = tmp_path / "c.db"
+    _searchable(path)
+    _garble_index(path)
     db = ConversationDB(path)
     assert db.index_damaged()
     assert {c for c, _, _ in db.search("hello")} == {f"c{i}" for i in range(30)}
     assert [c for c, _, _ in db.search("number3")] == ["c3"] and not db.index_damaged()
     assert len(db.list_all()[0]) == 30 and not list(tmp_path.glob("*.corrupt-*"))  # nothing set aside
+    _garble_index(path)  # while the app runs, after its first search
+    assert [c for c, _, _ in db.search("number3")] == ["c3"] and not db.index_damaged()
 
 
 def test_a_message_is_saved_with_its_answers_first_row_so_a_kill_between_leaves_the_mark(tmp_path):
