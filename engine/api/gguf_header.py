@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .errors import SpeculaError
 
+_MAX_DEPTH = 8  # arrays of arrays a key's value may nest (llama.cpp's reader takes none)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
 
@@ -106,10 +107,12 @@ def _parse(buf, size: int, keep: Callable[[str], bool], with_tensors: bool) -> G
             raise struct.error("past the end")
         return bytes(buf[at:at + n]).decode("utf-8", "replace"), at + n
 
-    def value(kind: int, at: int, wanted: bool):
+    def value(kind: int, at: int, wanted: bool, depth: int = 0):
         if kind == 8:
             return string(at)
         if kind == 9:
+            if depth >= _MAX_DEPTH:  # llama.cpp reads no array of arrays; a deeper one would exhaust Python's stack
+                raise GGUFError(f"its metadata nests arrays more than {_MAX_DEPTH} deep: the file is damaged")
             inner = struct.unpack_from("<I", buf, at)[0]
             (n,) = struct.unpack_from(count, buf, at + 4)
             at += 4 + width
@@ -121,7 +124,7 @@ def _parse(buf, size: int, keep: Callable[[str], bool], with_tensors: bool) -> G
                 return items, at + n * step
             items = []
             for _ in range(n):
-                item, at = value(inner, at, wanted)
+                item, at = value(inner, at, wanted, depth + 1)
                 if wanted:
                     items.append(item)
             return items, at

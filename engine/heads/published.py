@@ -57,6 +57,8 @@ def _config(folder: Path) -> dict | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise SpeculaError(f"the draft head's {path} is unreadable: {first_line(exc)}") from None
+    except RecursionError:  # Python's reader stops at about a thousand levels
+        raise SpeculaError(f"the draft head's {path} is unreadable: it nests lists or objects too deeply") from None
     if not isinstance(data, dict):
         raise SpeculaError(f"the draft head's {path} is not a JSON object")
     return data
@@ -431,7 +433,10 @@ def load_medusa(folder: Path, target, config: dict, shapes_only: bool = False) -
         except (RuntimeError, KeyError) as exc:
             raise SpeculaError(f"the Medusa head {weights} has tensors of mixed shapes: {first_line(exc)[:200]}") from None
     if token_map is not None:
+        from .store import check_draft_ids
+
         head.draft_ids = token_map.long()
+        check_draft_ids(head.draft_ids, target, weights)
     cfg = HeadConfig.for_target(target.model.config)
     return head, _info("medusa", HeadConfig(**{**cfg.__dict__, "medusa_heads": heads}), folder, config)
 

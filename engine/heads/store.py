@@ -36,6 +36,9 @@ def read_info(folder: Path) -> HeadInfo:
         return HeadInfo.from_json(path.read_text(encoding="utf-8"))
     except (ValueError, TypeError, KeyError) as exc:
         raise SpeculaError(f"draft head description {path} is unreadable: {exc}") from None
+    except RecursionError:  # Python's reader stops at about a thousand levels
+        raise SpeculaError(f"draft head description {path} is unreadable: it nests lists or objects too deeply (the "
+                           "file is damaged)") from None
 
 
 def load_head(folder: Path, target, dtype=None, kind: str | None = None) -> tuple[nn.Module, HeadInfo]:
@@ -76,9 +79,25 @@ def load_head(folder: Path, target, dtype=None, kind: str | None = None) -> tupl
         raise SpeculaError(f"the draft head {weights} is unreadable: {first_line(exc)[:200]}") from None
     if wrong is not None:
         raise SpeculaError(f"the draft head {weights} does not fit its head.json: {wrong}")
+    check_draft_ids(head.draft_ids, target, weights)
     head = head.to(device=target.device, dtype=dtype or target.dtype).eval()
     head.requires_grad_(False)
     return head, info
+
+
+def check_draft_ids(ids: torch.Tensor, target, weights: Path) -> None:
+    """A one-line error where a head's draft vocabulary (the target's token id of each of its rows) names an id the
+    target's vocabulary has not: drafting it would read past the model's embedding."""
+    from ..models.gguf import out_features
+
+    if not ids.numel():
+        return
+    vocab = out_features(target.model.get_output_embeddings())
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+        raise SpeculaError(f"the draft head {weights} drafts token id {high if high >= vocab else low}, which "
+                           f"{target.name}'s vocabulary of {vocab} tokens has not: the head is damaged or was made for "
+                           "another model")
 
 
 def heads_roots() -> tuple[Path, Path]:

@@ -277,6 +277,12 @@ def config_from(file: GGUFFile):
     if arch not in runnable_archs() or table is None:
         raise UnsupportedModelError(f"{file.path.name}: architecture '{arch or 'none given'}' is not one Specula "
                                     f"can run (it runs {', '.join(runnable_archs())})")
+    if not file.tensors:
+        raise UnsupportedModelError(f"{file.path.name} holds no tensors: a header without a model's weights")
+    missing = [key for key in ("block_count", "embedding_length") if f"{arch}.{key}" not in file.metadata]
+    if missing:
+        raise UnsupportedModelError(f"{file.path.name}: its metadata gives no {arch}.{missing[0]}, which every "
+                                    f"'{arch}' model has: the file was made wrongly")
     values = dict(GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {}))
     for key, value in file.metadata.items():
         prefix, _, rest = key.partition(".")
@@ -289,8 +295,9 @@ def config_from(file: GGUFFile):
     values.pop("_model_name_or_path", None)
     values["tie_word_embeddings"] = "output.weight" not in file.tensors
     if "vocab_size" not in values:
-        values["vocab_size"] = len(file.metadata.get("tokenizer.ggml.tokens") or []) or int(
-            file.tensors["token_embd.weight"].shape[0])
+        embedding = file.tensors.get("token_embd.weight")
+        values["vocab_size"] = len(file.metadata.get("tokenizer.ggml.tokens") or []) or (
+            int(embedding.shape[0]) if embedding is not None else 0)
     for key in ("num_key_value_heads",):  # some files give one per layer
         if isinstance(values.get(key), list):
             values[key] = max(values[key])

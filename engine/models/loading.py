@@ -281,6 +281,8 @@ def _config_problem(folder: Path) -> str | None:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None  # missing or unreadable: transformers says so
+    except RecursionError:  # Python's reader stops at about a thousand levels
+        return f"config.json {_TOO_DEEP}"
     if not isinstance(config, dict):
         return None
     for key in _POSITIVE_SIZES:
@@ -290,6 +292,7 @@ def _config_problem(folder: Path) -> str | None:
     return None
 
 
+_TOO_DEEP = "nests lists or objects too deeply to be read (over a thousand levels): the file is damaged"
 _JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                "generation_config.json")
 
@@ -309,13 +312,15 @@ def _broken_json(folder: Path) -> str | None:
         except ValueError as exc:
             what = "is empty" if not text.strip() else f"is damaged or cut short ({first_line(exc)})"
             return f"{name} {what}"
+        except RecursionError:
+            return f"{name} {_TOO_DEEP}"
     return None
 
 
 def _load_problem(exc: Exception, folder: Path | None = None) -> str:
     """What went wrong loading a model folder, in words that name the file to look at."""
     name, text = type(exc).__name__, str(exc)
-    if isinstance(exc, ValueError) and folder is not None:  # json's errors are ValueErrors
+    if isinstance(exc, (ValueError, RecursionError)) and folder is not None:  # json's errors are ValueErrors
         broken = _broken_json(folder)
         if broken:
             return broken

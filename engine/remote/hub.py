@@ -255,6 +255,8 @@ def _describe_folder(folder: Path, source: str, name: str, where: str) -> ModelE
         raise ModelNotFoundError(f"folder {folder} has no config.json: not a transformers model folder") from None
     except (OSError, ValueError) as exc:
         raise SpeculaError(f"cannot read {folder / 'config.json'}: {first_line(exc)}") from None
+    except RecursionError:
+        raise SpeculaError(f"cannot read {folder / 'config.json'}: it nests too deeply (the file is damaged)") from None
     if not isinstance(config, dict):
         raise SpeculaError(f"cannot read {folder / 'config.json'}: it is not a JSON object")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}

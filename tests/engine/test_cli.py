@@ -104,6 +104,7 @@ def test_a_prompts_file_with_a_byte_order_mark_reads_and_binary_junk_is_one_line
     ("config-type", ["config.json has a value of the wrong type for 'hidden_size'"]),
     ("truncated", ["weights file (*.safetensors) is damaged or cut short"]),
     ("shape", ["do not have the sizes its config.json describes"]),
+    ("deep", ["config.json nests lists or objects too deeply"]),  # a RecursionError in Python's reader
 ])
 def test_a_damaged_model_folder_is_one_line_that_says_what_is_wrong(capsys, tiny_folder, tmp_path, damage, words):
     import shutil
@@ -114,6 +115,8 @@ def test_a_damaged_model_folder_is_one_line_that_says_what_is_wrong(capsys, tiny
     if damage == "truncated":
         weights = folder / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "deep":
+        (folder / "config.json").write_text(json.dumps(config)[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
     else:
         config["hidden_size"] = "thirty-two" if damage == "config-type" else 64
         (folder / "config.json").write_text(json.dumps(config))
@@ -273,6 +276,29 @@ def test_a_truncated_gguf_file_says_so_with_its_size(capsys, tmp_path, monkeypat
     assert code == 2
     assert_one_line_error(code, err, "cut.gguf", f"the file is truncated ({len(content)} bytes)")
     assert "unpack" not in err
+
+
+def _gguf(path, *pairs: tuple[str, int, bytes]):
+    """A GGUF v3 file without tensors holding these (key, type, value bytes) pairs."""
+    def text(s: str) -> bytes:
+        return len(s).to_bytes(8, "little") + s.encode()
+
+    body = b"".join(text(key) + kind.to_bytes(4, "little") + value for key, kind, value in pairs)
+    path.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + len(pairs).to_bytes(8, "little")
+                     + body)
+    return path
+
+
+def test_a_gguf_of_deeply_nested_arrays_or_with_only_its_architecture_is_one_line(capsys, tmp_path):
+    arch = ("general.architecture", 8, (5).to_bytes(8, "little") + b"llama")
+    array = (9).to_bytes(4, "little") + (1).to_bytes(8, "little")  # an array of one array, ...
+    nested = ("x", 9, array * 99_999 + (0).to_bytes(4, "little") + (0).to_bytes(8, "little"))
+    for name, pairs, words in (("nested", (arch, nested), ["nested.gguf", "nests arrays more than 8 deep"]),
+                               ("arch-only", (arch,), ["arch-only.gguf holds no tensors"])):
+        code, _, err = run_cli(capsys, "generate", "--model", str(_gguf(tmp_path / f"{name}.gguf", *pairs)),
+                               "--prompt", "hi")
+        assert_one_line_error(code, err, *words)
+        assert "Error:" not in err and code == 2, err  # no exception's name, the exit of bad input
 
 
 @pytest.mark.parametrize("command", ["bench", "export"])

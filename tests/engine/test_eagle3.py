@@ -157,6 +157,29 @@ def test_an_eagle3_head_learns_the_targets_own_distribution():
     assert not torch.allclose(real_loss, hard_loss, atol=1e-3)  # the runners-up count
 
 
+def test_a_head_that_drafts_ids_past_the_vocabulary_or_whose_head_json_nests_too_deeply_is_one_line(trained,
+                                                                                                    tmp_path):
+    """A draft vocabulary naming token 64 of a 64-token model (drafting it would read past the embedding), and a
+    head.json nested 100,000 deep, are refused in one line each, not with an IndexError or a RecursionError."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    target, folder, _, _ = trained
+    for bad_id in (64, -1):
+        shutil.copytree(folder, bad := tmp_path / f"ids{bad_id}")
+        state = load_file(str(bad / "head.safetensors"))
+        state["draft_ids"][3] = bad_id
+        save_file(state, str(bad / "head.safetensors"))
+        with pytest.raises(SpeculaError, match=f"drafts token id {bad_id}, which .* vocabulary of 64 tokens has not"):
+            load_head(bad, target)
+    shutil.copytree(folder, deep := tmp_path / "deep")
+    text = (deep / "head.json").read_text().rstrip()
+    (deep / "head.json").write_text(text[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(SpeculaError, match="head.json is unreadable: it nests lists or objects too deeply"):
+        load_head(deep, target)
+
+
 def test_measuring_a_head_counts_what_it_knows(trained, tmp_path):
     """`measure-head`'s chains: the trained head keeps what its held-out figure says, and far more than an
     untrained one of the same shape (which still keeps some: a tiny random model's answers repeat tokens)."""

@@ -214,6 +214,10 @@ def test_describe_rejects_what_it_cannot_read(tmp_path):
         hub.describe(str(tmp_path / "bad.gguf"))
     with pytest.raises(ModelNotFoundError, match="no config.json"):
         hub.describe(str(tmp_path))
+    (deep := tmp_path / "deep").mkdir()
+    (deep / "config.json").write_text("[" * 100_000 + "]" * 100_000)  # a RecursionError in Python's reader
+    with pytest.raises(SpeculaError, match="config.json: it nests too deeply"):
+        hub.describe(str(deep))
 
 
 def test_recommended_models_name_their_drafts():
