@@ -681,7 +681,10 @@ class MainWindow(QMainWindow):
     def save_layout(self) -> None:
         save_layout(self)
 
-    NARROW = 1000  # below this width the chat list folds away (the toolbar's ☰ Chats brings it back)
+    # below this width the chat list folds away (the toolbar's ☰ Chats brings it back): at 1024 px it took 230 px of
+    # a chat column left at about 290, where code wrapped mid-expression
+    NARROW = 1200
+    DOCK_SHARE = 1 / 3  # the most of the window's width the docked plots keep when it shrinks (at least their least)
 
     def resizeEvent(self, event) -> None:
         """Crossing NARROW shows or hides the chat list, so a small window gives the transcript the room;
@@ -691,10 +694,10 @@ class MainWindow(QMainWindow):
         if narrow != self._narrow:
             self._narrow = narrow
             self.chats_action.setChecked(not narrow)
-        if self.dock.isVisible() and not self.dock.isFloating() and self.dock.width() > 0.45 * self.width():
-            # the window shrank: the plots give way too, so the transcript is never squeezed to a strip
-            self.resizeDocks([self.dock], [max(self.dock.minimumWidth(), int(0.4 * self.width()))],
-                             Qt.Orientation.Horizontal)
+        share = int(self.DOCK_SHARE * self.width())
+        if self.dock.isVisible() and not self.dock.isFloating() and self.dock.width() > max(self.dock.minimumWidth(), share):
+            # the window shrank: the plots give way too, so the transcript keeps the most of the room
+            self.resizeDocks([self.dock], [max(self.dock.minimumWidth(), share)], Qt.Orientation.Horizontal)
         self._keep_chat_readable()
 
     READABLE_CHARS = 45  # the chat column holds at least this many characters a line

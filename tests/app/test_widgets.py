@@ -480,6 +480,19 @@ def test_an_answer_stopped_before_its_second_token_shows_no_rate():
     assert totals_of(footer)["speedup"] == "n/a"
 
 
+def test_at_1024_px_the_chat_column_has_the_most_of_the_width(make_window, qtbot):
+    """At 1024x700 the chat list (230 px) and the plots (380) left the chat column about 290 px of text, and code
+    wrapped mid-expression: below 1200 px the list folds away, and the plots keep at most a third of the width."""
+    w = make_window()
+    w.resize(1024, 700)
+    qtbot.waitUntil(lambda: w.width() == 1024 and not w.sidebar.isVisible(), timeout=5_000)
+    qtbot.waitUntil(lambda: w.dock.width() <= max(w.dock.minimumWidth(), 1024 // 3), timeout=5_000)
+    assert w.dock.isVisible() and w.view.viewport().width() >= 600  # about 80 characters of code
+    w.chats_action.setChecked(True)  # the user's choice holds, and the chat stays readable beside the list
+    qtbot.waitUntil(lambda: w.sidebar.isVisible() and w.view.width() >= w.readable_width(), timeout=5_000)
+    assert w.dock.isVisible()
+
+
 def test_with_the_chat_list_open_in_a_small_window_the_chat_keeps_a_readable_width(make_window, qtbot):
     """800x600 with ☰ Chats open: the chat column kept about 170 px (a syllable a line) because the plots kept
     their width. The list narrows and the plots give way (said in the status bar), and come back with the room."""
