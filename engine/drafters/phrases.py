@@ -157,6 +157,8 @@ class PhraseTable:
         best_token, best_count = None, 0
         for token, c in learned.items():
             c += shipped[1] if shipped is not None and token == shipped[0] else 0
+            if c <= 0:  # counted out for this answer (`hiding`)
+                continue
             if c > best_count or (c == best_count and token < best_token):
                 best_token, best_count = token, c
         if shipped is not None and shipped[1] > best_count:

@@ -198,6 +198,10 @@ def test_auto_leaves_out_an_answer_in_its_members_that_learn():
         assert auto.suffix.index.occurrences(np.array(answer.token_ids[:3])).size == 0
         assert all(count == 0 for seen in auto.phrases.table.learned.values() for count in seen.values())
     assert auto.phrases.table.learned == learned
+    # a whole answer drafted with it left out: the counts it leaves at nothing are passed over, then come back
+    config = DecodeConfig(k=8, max_new_tokens=40, learn=False, leave_out=(tuple(prompt[-3:]) + answer.token_ids,))
+    again = list(generate(target.new_runner(), auto, prompt, config))[-1]
+    assert again.token_ids == answer.token_ids and auto.phrases.table.learned == learned
 
 
 def test_a_run_that_does_not_learn_and_leaves_answers_out_crosses_the_wire():
