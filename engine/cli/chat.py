@@ -78,12 +78,8 @@ def run_chat(args) -> int:
                 else:
                     print(f"[unknown strategy '{terminal_safe(value.strip())}' for this model; it can use: "
                           f"{', '.join(loaded.strategies)}]")
-            elif name == "k" and value.strip().isdigit():
-                try:
-                    config = replace(config, k=int(value))
-                    print(f"[k = {config.k}]")
-                except SpeculaError as exc:
-                    print(f"[{exc}]")
+            elif name == "k":
+                config = _with_k(config, value.strip())
             else:
                 print(f"[{HELP}; strategies: {', '.join(loaded.strategies)}]")
             continue
@@ -92,6 +88,20 @@ def run_chat(args) -> int:
         finished = _reply(backend, request, colour)
         if finished is not None:
             history = messages[1 if args.system else 0 :] + (Message("assistant", finished.text),)
+
+
+def _with_k(config, value: str):
+    """`/k VALUE`: the config with that draft length, said; else the same config and why not (a number out of range
+    or none at all, "/k -1" included)."""
+    try:
+        config = replace(config, k=int(value))
+    except SpeculaError as exc:  # out of range
+        print(f"[{exc}]")
+    except ValueError:  # not a whole number
+        print(f"[/k takes the draft length, a whole number (e.g. /k 4), not '{terminal_safe(value[:40])}']")
+    else:
+        print(f"[k = {config.k}]")
+    return config
 
 
 def _quiet_control_keys(stream=None):

@@ -106,6 +106,8 @@ def _remote_request(args, strategy: str) -> RemoteLoadRequest:
 
 def read_prompts(path: Path) -> list[PromptItem]:
     """JSON Lines with either "prompt" (one turn) or Spec-Bench's "turns" (several)."""
+    if path.is_dir():
+        raise SpeculaError(f"{path} is a folder, not a prompts file: give a JSON Lines file, one prompt per line")
     if not path.is_file():
         raise SpeculaError(f"prompts file not found: {path}")
     try:

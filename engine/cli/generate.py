@@ -15,6 +15,8 @@ from .common import Asked, PromptItem, json_line, open_backend, read_flags, read
 
 def run_generate(args) -> int:
     asked = read_flags(args, measure_baseline=False)  # bad numbers fail before any model loads
+    if args.prompt is not None and not args.prompt.strip():  # as a prompts file's empty line: before the model loads
+        raise SpeculaError("--prompt is empty: give the text to answer")
     items = [PromptItem((args.prompt,))] if args.prompt is not None else read_prompts(args.prompts)
     backend, _ = open_backend(asked, _progress(args))
     failures = 0

@@ -36,8 +36,9 @@ def _count_phrases(args) -> int:
     from ..drafters.phrases import build_table, read_answers
     from ..heads.train.run import default_out
 
-    if args.data is None:
-        raise SpeculaError("--kind phrases counts the answers of a data folder: give --data DIR")
+    if args.data is None or (args.data.exists() and not args.data.is_dir()):
+        given = f" ({args.data} is a file)" if args.data is not None else ""
+        raise SpeculaError(f"--kind phrases counts the answers of a data folder: give --data DIR{given}")
     out = args.out or default_out(args.model, "phrases")
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise SpeculaError(f"{out} is not empty: choose another --out or pass --overwrite")

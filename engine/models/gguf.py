@@ -127,8 +127,9 @@ class GGUFFile:
         cut short ends the process (a bus error), and rewritten bytes are other weights."""
         now = _identity(self._fd)
         if now != self._opened:
-            raise ModelFileChanged(f"{self.path.name} changed on disk since it was loaded ({self._opened[0]} bytes, "
-                                   f"now {now[0]}): load it again")
+            how = (f"{self._opened[0]} bytes, now {now[0]}" if now[0] != self._opened[0] else
+                   f"rewritten, still {now[0]} bytes")
+            raise ModelFileChanged(f"{self.path.name} changed on disk since it was loaded ({how}): load it again")
 
     def raw(self, name: str) -> torch.Tensor:
         """A tensor's bytes where the file keeps them, (rows, bytes per row) uint8 (no copy); checked first that the

@@ -73,7 +73,7 @@ class EngineClient:
             return {"status": "starting" if exc.status == 503 else "unreachable", "message": str(exc)}
         try:
             return json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
 
     def call(self, request, request_id: int) -> "Call":

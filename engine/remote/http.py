@@ -192,9 +192,14 @@ def _network_error(server: Server, exc: BaseException, timed_out: str) -> BaseEx
     if isinstance(root, socket.gaierror):
         return RemoteError(f"cannot find the server's host in {server.root} ({root.strerror})")
     if isinstance(exc, _FAILURES):
-        detail = str(root).strip() or type(exc).__name__
-        return RemoteError(f"cannot talk to the server at {server.root}: {detail}")
+        detail = _BYTES.sub(r"\1", str(root).strip()) or type(exc).__name__
+        if isinstance(exc, httpx2.RemoteProtocolError) and "illegal" in detail:  # h11's: it saw no HTTP answer
+            detail += " (it does not answer in HTTP)"
+        return RemoteError(f"cannot talk to the server at {server.root}: {detail[:300]}")
     return exc
+
+
+_BYTES = re.compile(r"""bytearray\(b('[^']*'|"[^"]*")\)""")  # h11 quotes what it read as bytearray(b'...')
 
 
 def _shutdown(sock: socket.socket | None) -> None:
@@ -220,7 +225,7 @@ def _engine_kind(body: str) -> str | None:
     """The engine's kind of error in a `specula serve` error body ({"specula": {"kind": ...}})."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # a reply nested too deeply for Python's reader is malformed too
         return None
     extension = data.get("specula") if isinstance(data, dict) else None
     kind = extension.get("kind") if isinstance(extension, dict) else None
@@ -268,7 +273,7 @@ def _error_message(body: str) -> str:
     """The message in an OpenAI-style error body ({"error": {"message": ...}} or {"message": ...})."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
     if isinstance(data, dict):
         error = data.get("error", data)
@@ -301,7 +306,7 @@ def get_json(server: Server, path: str, timeout: float = CONNECT_TIMEOUT_S):
     text = get_text(server, path, timeout)
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise RemoteError(f"the server's answer to {path} is not JSON (is {server.root} an OpenAI-compatible "
                           "server?)") from None
 
@@ -436,7 +441,7 @@ def _as_delta(choice):
 def parse_event(payload: str) -> dict:
     try:
         event = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise RemoteError(f"the server sent a malformed stream event: {payload[:120]!r}") from None
     if not isinstance(event, dict):
         raise RemoteError(f"the server sent a malformed stream event: {payload[:120]!r}")

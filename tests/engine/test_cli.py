@@ -316,6 +316,33 @@ def test_an_unusable_out_folder_fails_before_the_model_loads(capsys, tmp_path, c
     assert_one_line_error(code, err, f"--out {out}", "a file is in the way")
 
 
+def test_an_empty_prompt_a_prompts_folder_and_a_data_file_are_named_before_the_model_loads(capsys, tmp_path):
+    """Each said as what it is (not "not found", not "[Errno 17] File exists"); the model does not exist, so only a
+    check made before loading can say it."""
+    (data := tmp_path / "answers").write_text("x")
+    gone = ["--model", "/no/such/model.gguf"]
+    for args, words in ((["generate", "--prompt", ""], ["--prompt is empty"]),
+                        (["generate", "--prompt", " \n"], ["--prompt is empty"]),
+                        (["generate", "--prompts", str(tmp_path)], [f"{tmp_path} is a folder, not a prompts file"]),
+                        (["train-head", "--data", str(data)], [f"training data folder {data} is a file"]),
+                        (["train-head", "--kind", "phrases", "--data", str(data)], [f"({data} is a file)"])):
+        code, _, err = run_cli(capsys, *args, *gone)
+        assert_one_line_error(code, err, *words)
+        assert "Errno" not in err and "not found" not in err, err
+
+
+def test_the_chats_k_command_says_what_is_wrong_with_its_value_not_the_help(capsys):
+    from specula.engine.cli.chat import HELP, _with_k
+
+    config = DecodeConfig(k=5)
+    for value, words in (("-1", "between 1 and 31, got -1"), ("99", "got 99"), ("", "a whole number (e.g. /k 4)"),
+                         ("x", "not 'x'")):
+        assert _with_k(config, value) == config
+        out = capsys.readouterr().out
+        assert words in out and HELP not in out, out
+    assert _with_k(config, "3").k == 3 and capsys.readouterr().out.strip() == "[k = 3]"
+
+
 @pytest.mark.parametrize("args, words", [
     (["--strategies", ""], ["--strategies names no strategy"]),
     (["--strategies", " , "], ["--strategies names no strategy"]),

@@ -405,6 +405,25 @@ def test_a_tensor_retyped_to_leave_a_gap_and_a_file_relabelled_another_architect
         _one_line(exc, "relabelled.gguf", "tensor blk.0.attn_q.bias", "no place in a 'llama' model")
 
 
+def test_a_file_rewritten_at_its_own_size_says_so_not_that_its_size_changed(tmp_path):
+    import os
+
+    from specula.engine.api.errors import ModelFileChanged
+
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama(seed=9, layers=1), "Q8_0")
+    file, size = GGUFFile(path), path.stat().st_size
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    with open(path, "r+b") as f:  # in place: the same file, other bytes
+        f.write(bytes(data))
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with pytest.raises(ModelFileChanged) as exc:
+        file.raw("token_embd.weight")
+    _one_line(exc, f"m.gguf changed on disk since it was loaded (rewritten, still {size} bytes): load it again")
+    assert "now" not in str(exc.value)
+
+
 def test_an_alignment_that_is_not_a_power_of_two_is_refused(tmp_path):
     from specula.engine.api.gguf_header import GGUFError, read_header
 

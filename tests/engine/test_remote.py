@@ -165,6 +165,33 @@ def test_connection_refused_is_a_clear_message():
         probe(server_for(url, use_keyring=False))
 
 
+def test_a_server_that_answers_no_http_is_named_with_what_it_sent_as_text():
+    """h11 quotes the line it could not read as bytearray(b'...'): the message shows the line itself."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"garbage garbage\r\n\r\n")
+            conn.recv(1)  # until the client closes
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(RemoteError) as exc:
+            get_json(Server(f"http://127.0.0.1:{port}", timeout_s=30), "/v1/models")
+    finally:
+        listener.close()
+    message = str(exc.value)
+    assert "bytearray" not in message and "'garbage garbage'" in message and "does not answer in HTTP" in message
+    with pytest.raises(RemoteError, match="malformed stream event"):  # nested too deeply for Python's reader
+        parse_event("[" * 100_000 + "]" * 100_000)
+
+
 def test_a_missing_model_names_the_ones_served():
     with FakeServer() as fake:
         with pytest.raises(RemoteError, match="no model 'other'; it serves: fake-model"):

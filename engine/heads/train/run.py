@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from ...api.errors import SpeculaError, TrainingCancelled
+from ...api.paths import make_folder
 from ...decoding.drafter import Drafter
 from ..config import HeadConfig, HeadInfo, target_fingerprint, vocabulary_fingerprint
 from ..eagle3 import default_aux_layers
@@ -102,6 +103,9 @@ def check_options(o: TrainOptions) -> None:
         raise SpeculaError(f"the share of questions the model writes must be from 0 to 1, got {o.written}")
     if o.out is not None and (o.out / "head.json").exists() and not o.overwrite:
         raise SpeculaError(f"{o.out} already holds a head: choose another folder or overwrite it")
+    if o.data is not None and o.data.exists() and not o.data.is_dir():
+        raise SpeculaError(f"the training data folder {o.data} is a file: give a folder (the answers and features "
+                           "are kept there)")
     if o.start is not None and not (o.start / "head.json").is_file():
         raise SpeculaError(f"no head to continue from in {o.start}: "
                            "it needs a head.json as `specula train-head` writes")
@@ -162,8 +166,8 @@ def _run_training(target, o: TrainOptions, out: Path, work: Path, report: Callab
     about = {"target": target_fingerprint(target.model), "seed": o.seed, "max_new_tokens": o.max_new_tokens}
     if o.written != MODEL_QUERY_SHARE:  # other prompts than the default's (folders of the default stay as they were)
         about["model_questions"] = o.written
+    make_folder(work, "the training data folder")
     try:
-        work.mkdir(parents=True, exist_ok=True)
         about_file = work / "about.json"
         stored = json.loads(about_file.read_text(encoding="utf-8")) if about_file.is_file() else None
     except (OSError, ValueError) as exc:
