@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..models.gguf import weight_rows
+from ..api.errors import SpeculaError
+from ..models.gguf import out_features, weight_rows
 
 FORMAT = 1
 
@@ -124,6 +125,19 @@ def target_fingerprint(model) -> str:
 def vocabulary_fingerprint(tokenizer) -> str:
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def check_draft_ids(ids: torch.Tensor, target, weights) -> None:
+    """A one-line error where a head's draft vocabulary (the target's token id of each of its rows) names an id the
+    target's vocabulary has not: drafting it would read past the model's embedding."""
+    if not ids.numel():
+        return
+    vocab = out_features(target.model.get_output_embeddings())
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+        raise SpeculaError(f"the draft head {weights} drafts token id {high if high >= vocab else low}, which "
+                           f"{target.name}'s vocabulary of {vocab} tokens has not: the head is damaged or was made for "
+                           "another model")
 
 
 def misfit(module, state: dict, strict: bool = True) -> str | None:

@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..api.errors import SpeculaError, first_line, unsafe_pickle
-from .config import HeadConfig, HeadInfo, misfit, rope_kind
+from .config import HeadConfig, HeadInfo, check_draft_ids, misfit, rope_kind
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head, Variant, default_aux_layers
 
@@ -433,8 +433,6 @@ def load_medusa(folder: Path, target, config: dict, shapes_only: bool = False) -
         except (RuntimeError, KeyError) as exc:
             raise SpeculaError(f"the Medusa head {weights} has tensors of mixed shapes: {first_line(exc)[:200]}") from None
     if token_map is not None:
-        from .store import check_draft_ids
-
         head.draft_ids = token_map.long()
         check_draft_ids(head.draft_ids, target, weights)
     cfg = HeadConfig.for_target(target.model.config)

@@ -13,7 +13,7 @@ from ..api.errors import SpeculaError, first_line
 from ..api.paths import data_dir
 from ..cpu.products import GROUP, Blocks, Dense, FileBlocks, can_prepack
 from . import native
-from .config import FORMAT, HeadConfig, HeadInfo, misfit, target_fingerprint, vocabulary_fingerprint
+from .config import FORMAT, HeadConfig, HeadInfo, check_draft_ids, misfit, target_fingerprint, vocabulary_fingerprint
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head
 from .medusa import MedusaHead
@@ -83,21 +83,6 @@ def load_head(folder: Path, target, dtype=None, kind: str | None = None) -> tupl
     head = head.to(device=target.device, dtype=dtype or target.dtype).eval()
     head.requires_grad_(False)
     return head, info
-
-
-def check_draft_ids(ids: torch.Tensor, target, weights: Path) -> None:
-    """A one-line error where a head's draft vocabulary (the target's token id of each of its rows) names an id the
-    target's vocabulary has not: drafting it would read past the model's embedding."""
-    from ..models.gguf import out_features
-
-    if not ids.numel():
-        return
-    vocab = out_features(target.model.get_output_embeddings())
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab:
-        raise SpeculaError(f"the draft head {weights} drafts token id {high if high >= vocab else low}, which "
-                           f"{target.name}'s vocabulary of {vocab} tokens has not: the head is damaged or was made for "
-                           "another model")
 
 
 def heads_roots() -> tuple[Path, Path]:
