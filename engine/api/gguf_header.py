@@ -218,8 +218,8 @@ def _check_gaps(ordered: list[TensorEntry], start: int, size: int, alignment: in
     """A GGUFError naming the first place where the tensors do not follow each other as every writer lays them (each
     at the end of the one before, padded to the alignment; the first at the start of the data; the file ending with
     the last): a tensor whose type was changed to a smaller one leaves a gap where its bytes were read as other
-    weights. llama.cpp refuses these too. A tensor of a type the gguf package does not know has no known size: what
-    follows it is not checked."""
+    weights. llama.cpp refuses the gaps too (it reads no bytes past the last tensor, which a smaller last tensor
+    leaves). A tensor of a type the gguf package does not know has no known size: what follows it is not checked."""
     def padded(at: int) -> int:
         return -(-at // alignment) * alignment
 
