@@ -58,8 +58,9 @@ class DecodeConfig:
     # the live speedup from this answer's own plain steps, not from recent answers' (Compare: each run says what
     # a plain step cost while it ran, so that a machine that slowed between the runs is seen)
     own_baseline: bool = False
-    # whether the answer joins what the drafters learn from the model's answers (the suffix corpus, the phrases):
-    # not a Compare run, which re-creates an answer the user already has
+    # whether the answer changes what the drafters keep: what they learn from the model's answers (the suffix corpus,
+    # the phrases) and of how well they draft (Drafter.POLICY); not a Compare run, which re-creates an answer the
+    # user already has and must measure it with the drafters as they were
     learn: bool = True
     # earlier answers (their text, or token ids) the drafters leave out of everything they learned, for this answer
     # only: Compare measures what the user's answer cost, so its runs draft from what was known before that answer,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+import copy
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -66,6 +68,9 @@ class Drafter:
     learns_from_tree: ClassVar[bool] = False
     chooses_length: ClassVar[bool] = False
     aux_layers: tuple[int, ...] = ()
+    # what the drafter learns across answers of how well it drafts (its lengths' acceptance, its calibration): a run
+    # that does not learn (DecodeConfig.learn, Compare's) leaves them as they were (`unchanged`)
+    POLICY: ClassVar[tuple[str, ...]] = ("_lengths",)
     # seconds of the last proposal spent catching up: reading positions that a drafter proposing at every
     # step would have read on the steps before (after plain steps, or a new answer's prompt). The step's
     # time is booked without them, so one draft after many plain steps is not valued as every draft would be
@@ -109,6 +114,17 @@ class Drafter:
     def finished(self, tokens: torch.Tensor, prompt_len: int) -> None:
         """The answer ended (or was cancelled): the whole conversation, its prompt's `prompt_len` tokens
         then the answer (drafters that learn from the model's answers)."""
+
+    @contextmanager
+    def unchanged(self) -> Iterator[None]:
+        """For a `with` block (one answer): what the drafter learns of how well it drafts (POLICY) comes back as it
+        was after it, so that an answer run to measure (Compare's) changes nothing the next answers draft with."""
+        saved = {name: copy.deepcopy(getattr(self, name, None)) for name in self.POLICY}
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)
 
     def leaving_out(self, answers: list[list[int]]) -> AbstractContextManager:
         """For a `with` block (one answer): what the drafter learned from earlier answers, as if `answers` (token

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -94,7 +95,8 @@ def generate(
     model's recent plain-step samples (the live speedup's, across answers); `between_steps` runs before
     every decode step (the machine's policy, e.g. the CPU's thread count: it must change no bits)."""
     loop = _Loop(target, drafter, prompt_ids, config, stop_ids, tokenizer, request_id, plain or PlainHistory())
-    with drafter.leaving_out(_left_out(config.leave_out, tokenizer)):
+    with drafter.leaving_out(_left_out(config.leave_out, tokenizer)), \
+            (nullcontext() if config.learn else drafter.unchanged()):
         yield from _run(loop, strategy, should_stop, between_steps, step_kind=step)
 
 

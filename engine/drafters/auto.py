@@ -71,6 +71,7 @@ class Auto(Drafter):
     name = "auto"
     description = STRATEGIES[name].description
     chooses_length = True  # the decoder gives it k and the step times (observe_step); it picks the length
+    POLICY = ("_lengths", "models", "last_used", "passed_over", "steps")
 
     def __init__(self, members: dict | None = None, lookup_k: int = 8, use_lookup: bool = True,
                  phrases: Phrases | None = None, suffix: Suffix | None = None) -> None:
@@ -222,6 +223,15 @@ class Auto(Drafter):
         for member in (self.suffix, self.phrases):
             if member is not None:
                 member.finished(tokens, prompt_len)
+
+    @contextmanager
+    def unchanged(self) -> Iterator[None]:
+        """Its own choices' figures and its members' come back as they were (Drafter.unchanged)."""
+        with ExitStack() as stack:
+            stack.enter_context(super().unchanged())
+            for drafter, _ in self.heads.values():
+                stack.enter_context(drafter.unchanged())
+            yield
 
     @contextmanager
     def leaving_out(self, answers: list[list[int]]) -> Iterator[None]:

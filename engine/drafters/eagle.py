@@ -47,6 +47,7 @@ RUNNING_WEIGHT = 0.2  # of the newest value in a running figure (a level's or a 
 class Eagle(Drafter):
     name = "eagle"
     description = STRATEGIES[name].description
+    POLICY = ("_lengths", "first_p")
 
     def __init__(self, head: AutoregressiveHead, target, stop_below: float = 0.3, tree: bool | None = False,
                  nodes: int | None = None, lookup: bool = False) -> None:

@@ -86,6 +86,7 @@ class Calibration:
 
 class ModelDrafter(Drafter):
     name = "model"
+    POLICY = ("_lengths", "calibration", "after_kept")
 
     def __init__(self, runner: ModelRunner, target_vocab: int, confident: bool = True) -> None:
         self.runner = runner

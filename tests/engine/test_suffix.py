@@ -200,8 +200,13 @@ def test_auto_leaves_out_an_answer_in_its_members_that_learn():
     assert auto.phrases.table.learned == learned
     # a whole answer drafted with it left out: the counts it leaves at nothing are passed over, then come back
     config = DecodeConfig(k=8, max_new_tokens=40, learn=False, leave_out=(tuple(prompt[-3:]) + answer.token_ids,))
+    policy = {name: repr(vars(m)) for name, m in auto.models.items()}, auto.steps
     again = list(generate(target.new_runner(), auto, prompt, config))[-1]
     assert again.token_ids == answer.token_ids and auto.phrases.table.learned == learned
+    # nor does what auto learned of how well each choice drafts change: the next answer drafts as before
+    assert ({name: repr(vars(m)) for name, m in auto.models.items()}, auto.steps) == policy
+    list(generate(target.new_runner(), auto, prompt, DecodeConfig(k=8, max_new_tokens=40)))
+    assert auto.steps > policy[1]  # an answer that learns moves them
 
 
 def test_a_run_that_does_not_learn_and_leaves_answers_out_crosses_the_wire():
