@@ -43,6 +43,7 @@ from PySide6.QtWidgets import (
 
 from specula.app import background
 from specula.app.flow import FlowLayout
+from specula.app.focus import keyboard_back
 from specula.app.folders import chosen, start_folder
 from specula.app.heads_list import AddedHeads
 from specula.app.theme import mute
@@ -72,15 +73,6 @@ class ModelsView(QDialog):
         window.model_ready.connect(self._loaded)
         window.model_failed.connect(self._load_failed)
 
-
-    def hideEvent(self, event) -> None:  # noqa: N802 - Qt's name
-        """Closed (Esc, the close button): the chat window takes the keyboard again, so its shortcuts (Ctrl+N) work
-        at once, whatever the window manager does (none at all under some remote desktops)."""
-        super().hideEvent(event)
-        parent = self.parentWidget()
-        if parent is not None and parent.isVisible():
-            parent.activateWindow()
-            parent.raise_()
 
     def _loaded(self) -> None:
         """A load this view asked for ended: what loaded, or why a draft head it asked for was left out."""
@@ -131,12 +123,13 @@ class ModelsView(QDialog):
         self.use_button.clicked.connect(self.use_selected)
         self.draft_button.clicked.connect(self.draft_selected)
         self.remove_button.clicked.connect(self.remove_selected)
-        add_folder.clicked.connect(lambda: self._add(chosen("model", QFileDialog.getExistingDirectory(
-            self, "A model folder", start_folder("model")))))
-        add_file.clicked.connect(lambda: self._add(chosen("model", QFileDialog.getOpenFileName(
-            self, "A GGUF file", start_folder("model"), "GGUF models (*.gguf)")[0])))
-        self.head_button.clicked.connect(lambda: self.add_head(chosen("model", QFileDialog.getExistingDirectory(
-            self, "A draft head folder", start_folder("model")))))
+        # each file dialog gives the keyboard back to this view as it closes (`focus.py`)
+        folder = lambda title: chosen("model", keyboard_back(self, QFileDialog.getExistingDirectory(  # noqa: E731
+            self, title, start_folder("model"))))
+        add_folder.clicked.connect(lambda: self._add(folder("A model folder")))
+        add_file.clicked.connect(lambda: self._add(chosen("model", keyboard_back(self, QFileDialog.getOpenFileName(
+            self, "A GGUF file", start_folder("model"), "GGUF models (*.gguf)"))[0])))
+        self.head_button.clicked.connect(lambda: self.add_head(folder("A draft head folder")))
         # two groups of buttons side by side, the second under the first where the window is narrow (800 px)
         buttons = QWidget()
         flow = FlowLayout(buttons, spacing=18)
@@ -336,9 +329,9 @@ class ModelsView(QDialog):
         entry = self.selected()
         if entry is None or entry.where != "cache":
             return
-        ask = confirm or (lambda: QMessageBox.question(
+        ask = confirm or (lambda: keyboard_back(self, QMessageBox.question(
             self, "Remove from cache", f"Delete {entry.name} ({_size(entry.size_bytes)}) from the Hugging Face "
-            "cache? It can be downloaded again.") == QMessageBox.StandardButton.Yes)
+            "cache? It can be downloaded again.")) == QMessageBox.StandardButton.Yes)
         if not ask():
             return
         from specula.engine.remote.hub import remove_from_cache

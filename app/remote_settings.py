@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from specula.app import background
+from specula.app.focus import keyboard_back
 from specula.app.settings import Settings
 
 BASELINE_TIP = ("Optional: the same model served without speculation, for a measured speedup (timed when "
@@ -175,7 +176,7 @@ def confirm_http_key(parent: QWidget, host: str) -> bool:
         f"With this on, the API key goes over plain http:// {where}: anyone on the network path can read it "
         "and use it.\n\nUse https:// instead unless the network is yours. Send the key unencrypted?",
         QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.No)
-    return answer == QMessageBox.StandardButton.Yes
+    return keyboard_back(parent.window(), answer == QMessageBox.StandardButton.Yes)  # the dialog asked from
 
 
 def _host(url: str) -> str:

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from specula.app.corpus_section import CorpusSection
+from specula.app.focus import keyboard_back
 from specula.app.folders import chosen, start_folder
 from specula.app.remote_settings import RemoteSection
 from specula.app.settings import Settings
@@ -214,8 +215,8 @@ def _combo(values, current: str) -> QComboBox:
 
 def _with_browse(edit: QLineEdit, parent) -> QWidget:
     def browse() -> None:
-        path, _ = QFileDialog.getOpenFileName(parent, "Choose a model file", start_folder("model"),
-                                              "GGUF models (*.gguf);;All files (*)")
+        path, _ = keyboard_back(edit, QFileDialog.getOpenFileName(  # the keyboard back to the field
+            parent, "Choose a model file", start_folder("model"), "GGUF models (*.gguf);;All files (*)"))
         if chosen("model", path):
             edit.setText(path)
 

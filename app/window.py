@@ -36,6 +36,7 @@ from specula.app.chatview import ChatView
 from specula.app.compare import CompareController
 from specula.app.composer import Composer
 from specula.app.controls import Controls
+from specula.app.focus import keyboard_back
 from specula.app.folders import chosen, start_folder
 from specula.app.history_db import ConversationDB
 from specula.app.layout import fit_to_screen, restore_layout, save_layout
@@ -531,10 +532,18 @@ class MainWindow(QMainWindow):
 
         usable = tuple(self.loaded.strategies) if self.loaded is not None and self.can.strategies else None
         dialog = SettingsDialog(self.settings, self, usable, history=self.chat.store)
-        if not dialog.exec():
+        accepted = self.take_keyboard(dialog.exec())
+        dialog.deleteLater()  # a new one each time, from the settings as they are then
+        if not accepted:
             return
         new = dialog.result_settings()
         self.apply_settings(new, needs_reload(self.settings, new) or (new.remote and dialog.remote.key_stored))
+
+    def take_keyboard(self, result=None):
+        """A dialog or view closed, however (OK, Cancel, Esc, its close button): the chat window takes the keyboard
+        back and the message box the focus, so that Ctrl+N and typing work at once (`focus.py`). Connected to
+        the window's dialogs' `finished`, or around what a blocking one returned, which it returns."""
+        return keyboard_back(self.composer.input, result)
 
     def apply_settings(self, new: Settings, reload: bool, keep_target: bool = False) -> None:
         """Settings the user confirmed (the dialog, the Models view); `reload`: load the model they name
@@ -560,6 +569,7 @@ class MainWindow(QMainWindow):
         first = self.models_view is None
         if first:
             self.models_view = ModelsView(self)
+            self.models_view.finished.connect(self.take_keyboard)
         self.models_view.show()
         if first:
             fit_to_screen(self.models_view)  # 900x560 by default: cut and moved onto a smaller screen
@@ -575,6 +585,7 @@ class MainWindow(QMainWindow):
         if self.train_dialog is None:
             self.train_dialog = TrainDialog(self.bridge, self.loaded.target, self)
             self.train_dialog.use_requested.connect(self._use_strategy)
+            self.train_dialog.finished.connect(self.take_keyboard)
         self.train_dialog.show()
         self.train_dialog.raise_()
 
@@ -585,7 +596,8 @@ class MainWindow(QMainWindow):
 
     def _confirm_delete(self, conversation_id: str) -> None:
         title = self.chat.conversations[conversation_id].title
-        answer = QMessageBox.question(self, "Delete conversation", f"Delete “{title}”? This cannot be undone.")
+        answer = self.take_keyboard(QMessageBox.question(self, "Delete conversation",
+                                                         f"Delete “{title}”? This cannot be undone."))
         if answer == QMessageBox.StandardButton.Yes:
             self.chat.delete(conversation_id)
 
@@ -617,8 +629,8 @@ class MainWindow(QMainWindow):
         if path is None:
             stem = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv.title).strip() or "chat"
             kind = "Markdown (*.md)" if fmt == "md" else "JSON (*.json)"
-            path, _ = QFileDialog.getSaveFileName(self, "Export conversation", str(Path(start_folder("export")) /
-                                                  f"{stem}.{fmt}"), kind)
+            path, _ = self.take_keyboard(QFileDialog.getSaveFileName(
+                self, "Export conversation", str(Path(start_folder("export")) / f"{stem}.{fmt}"), kind))
             if not chosen("export", path):
                 return
         text = to_markdown(conv) if fmt == "md" else json.dumps(conv.to_dict(), ensure_ascii=False, indent=1)
@@ -676,6 +688,7 @@ class MainWindow(QMainWindow):
     def _about(self) -> None:
         QMessageBox.about(self, "About Specula", "<b>Specula</b><br>Chat with local language models and watch "
                           "speculative decoding at work.<br>Apache-2.0.")
+        self.take_keyboard()
 
     # -- geometry -----------------------------------------------------------------------------------
     def save_layout(self) -> None:
