@@ -152,6 +152,8 @@ def test_one_headline_figure_from_one_pair_or_two_and_none_where_the_machine_was
     # steady but far from the live figure: a second pair is due
     doubtful = Comparison("auto", 1, 0.0, run("none", 10.0, step_ms=50), run("auto", 20.5, 1.4, step_ms=50))
     assert "disagreed" in doubtful.wants_second_pair()
+    unsure = replace(doubtful, fast=replace(doubtful.fast, live=1.65, live_err=0.5))  # a wide live figure: all the same
+    assert "disagreed" in unsure.wants_second_pair()
     # two pairs that agree: their geometric mean, and no third
     agreed = replace(doubtful, second_pair_why=doubtful.wants_second_pair(), fast_again=run("auto", 17.5, 1.5, step_ms=50),
                      plain_again=run("none", 10.0, step_ms=50))
