@@ -424,6 +424,14 @@ def test_a_write_killed_half_way_leaves_no_temporary_file_for_long(tmp_path):
     assert not old.exists() and fresh.exists()
 
 
+def model_folder(tmp_path) -> str:
+    """A folder the engine takes for a model (it holds a config.json); the test's session loads its tiny model."""
+    folder = tmp_path / "models" / "other"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    return str(folder)
+
+
 def fail_missing_models(session) -> list[str]:
     """Make `session` refuse models under /no/such (as a missing folder is); returns the sources it is asked
     to load, in order."""
@@ -462,14 +470,15 @@ def test_a_model_change_is_saved_only_once_it_loaded(make_window, qtbot, monkeyp
         w.settings_action.trigger()
         assert stored()["model_source"] == "bundled"  # while it loads, the file keeps the model that works
     text = w.view.toPlainText()
-    assert "no model at /no/such/model" in text and "still in use" in text
+    assert "'/no/such/model' is not a file, a folder or a Hub id" in text and "still in use" in text
     assert w.state == "ready" and w.settings.model_source == "bundled" and w.settings.top_p == 0.5
     assert stored()["model_source"] == "bundled" and stored()["top_p"] == 0.5
-    choose("/models/other")
+    other = model_folder(tmp_path)
+    choose(other)
     with qtbot.waitSignal(w.model_ready, timeout=30_000):
         w.settings_action.trigger()
-    assert stored()["model_source"] == "/models/other" and w.settings.model_source == "/models/other"
-    assert loads == ["bundled", "/no/such/model", "/models/other"]
+    assert stored()["model_source"] == other and w.settings.model_source == other
+    assert loads == ["bundled", other]  # a source that names no model is refused before the engine reads it
 
 
 def test_a_saved_model_that_is_gone_falls_back_to_the_bundled_one_for_this_run(make_window, qtbot, tmp_path,
@@ -478,9 +487,9 @@ def test_a_saved_model_that_is_gone_falls_back_to_the_bundled_one_for_this_run(m
     loads = fail_missing_models(tiny_session)
     w = make_window()  # ready: the bundled model loaded after the saved one failed
     banner = w.notices.label.text()  # a banner, not a turn of the chat that scrolls away
-    assert "no model at /no/such/model" in banner and "bundled model for now" in banner
+    assert "'/no/such/model' is not a file, a folder or a Hub id" in banner and "bundled model for now" in banner
     assert w.notices.isVisibleTo(w) and "bundled model for now" not in w.view.toPlainText()
-    assert loads == ["/no/such/model", "bundled"] and w.state == "ready"
+    assert loads == ["bundled"] and w.state == "ready"  # the missing one refused before the engine read it
     w.controls.temperature.setValue(0.4)  # a change from the toolbar saves the settings
     saved = json.loads((tmp_path / "config" / "settings.json").read_text())
     assert saved["model_source"] == "/no/such/model"  # the user's choice is kept for when it is back

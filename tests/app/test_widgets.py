@@ -101,12 +101,15 @@ def test_the_settings_dialog_saves_and_reloads_the_model(make_window, qtbot, mon
     from specula.app.settings import SettingsStore
     from specula.app.settings_dialog import SettingsDialog
 
+    from tests.app.test_settings import model_folder
+
     w = make_window(strategy="none", max_new_tokens=8)
     loads = []
     w.model_ready.connect(lambda: loads.append(w.loaded))
+    other = model_folder(tmp_path)
 
     def edit_and_accept(dialog):
-        dialog.model.setText("/models/other.gguf")
+        dialog.model.setText(other)
         dialog.system.setPlainText("Answer in French.")
         dialog.seed.setText("7")
         return True
@@ -117,7 +120,7 @@ def test_the_settings_dialog_saves_and_reloads_the_model(make_window, qtbot, mon
     qtbot.waitUntil(lambda: w.state == "ready", timeout=60_000)
     assert loads  # the model was loaded again
     saved = SettingsStore(tmp_path / "config").load().settings
-    assert (saved.model_source, saved.system_prompt, saved.seed) == ("/models/other.gguf", "Answer in French.", 7)
+    assert (saved.model_source, saved.system_prompt, saved.seed) == (other, "Answer in French.", 7)
     w.send_text("bonjour")
     qtbot.waitUntil(lambda: w.state == "ready", timeout=60_000)
     template_input = tiny_session.target.tokenizer.conversations[-1]
