@@ -93,7 +93,7 @@ def _evidence(c: Comparison) -> str:
     """What the headline rests on: the pairs' figures, the machine's speed where it changed, the live figure."""
     first = c.first_pair
     live = ("" if c.fast.live is None else
-            f" Live in the answer: {speedup_text(c.fast.live, c.fast.live_err)}.")
+            f" The {c.strategy} run's own live figure: {speedup_text(c.fast.live, c.fast.live_err)}.")
     if c.second_pair is None:
         if first.figure is None:
             return live.strip()

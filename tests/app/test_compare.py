@@ -60,7 +60,7 @@ def test_compare_runs_plain_then_the_strategy_with_the_same_seed(make_window, qt
     # the speculative run's own live figure is the one the dock shows for it: one definition everywhere
     last = card.fast_again or card.fast
     live = speedup_text(card.fast.live, card.fast.live_err)
-    assert card.fast.live is not None and f"Live in the answer: {live}" in text
+    assert card.fast.live is not None and f"run's own live figure: {live}" in text
     assert w.plots.notes.text().startswith("Compare, run 4 of 4, plain" if card.second_pair_why else
                                            "Compare, run 2 of 2, draft-model")  # the dock says whose figures
     if not card.second_pair_why:
@@ -85,7 +85,7 @@ def test_the_compare_card_says_when_outputs_differ():
 
     html = card_html(card, LIGHT)
     assert "outputs differ" in html and "from token 3" in html and "2.50×" in html and "Sampling" in html
-    assert "Live in the answer: 2.41× ±0.30" in html  # the run's own figure, as the dock shows it
+    assert "The draft-model run's own live figure: 2.41× ±0.30" in html  # the run's own figure, as the dock shows it
 
 
 def test_stop_ends_a_comparison(make_window, qtbot, tiny_session):
