@@ -270,9 +270,17 @@ def test_the_plots_follow_the_selected_chat(make_window, qtbot, tmp_path):
     assert again.plots.notes.text() == EARLIER and again.plots.notes.isVisibleTo(again.plots)
     # its timings were not kept: the tokens/s and speedup plots draw its totals (they were empty), and the two
     # lines' ratio is the speedup shown
-    tps, speedup = float(figures["tps"]), float(figures["speedup"].split("×")[0].lstrip("~"))
-    assert set(again.plots.series["tps"].values()) == {tps} and set(again.plots.series["speedup"].values()) == {speedup}
-    assert abs(again.plots.series["baseline"].values()[0] - tps / speedup) < 1e-9
+    tps = float(figures["tps"])
+    assert set(again.plots.series["tps"].values()) == {tps}
+    if figures["speedup"] == "n/a":  # a busy machine: the figure's error is over UNSURE of it, and none is drawn
+        from specula.engine.api.metrics import UNSURE
+
+        assert finished.speedup_err > UNSURE * finished.speedup
+        assert len(again.plots.series["speedup"].values()) == 0
+    else:
+        speedup = float(figures["speedup"].split("×")[0].lstrip("~"))
+        assert set(again.plots.series["speedup"].values()) == {speedup}
+        assert abs(again.plots.series["baseline"].values()[0] - tps / speedup) < 1e-9
     assert again.plots.series["tps_step"].values()[-1] > 1
     from specula.engine.api.events import BaselineCost, Capabilities, Loaded
 

@@ -344,9 +344,14 @@ def test_the_docks_three_figures_agree_for_an_answer(make_window, qtbot, strateg
 
     w = make_window(strategy=strategy, max_new_tokens=60)
     w.send_text("Repeat after me: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.")
-    wait_reply(qtbot, w)
+    _, finished = wait_reply(qtbot, w)
     labels = w.plots.stat_labels
     tps, plain, speedup = (_number(labels[key].text()) for key in ("tps", "plain", "speedup"))
+    if labels["speedup"].text() == "n/a":  # a busy machine: the figure's error is over UNSURE of it, and says so
+        from specula.engine.api.metrics import UNSURE
+
+        assert strategy != "none" and finished.speedup_err > UNSURE * finished.speedup
+        return
     assert tps and plain and speedup, {k: v.text() for k, v in labels.items()}
     assert abs(tps / plain - speedup) <= 0.01 * speedup + 0.06 * tps / plain**2 + 0.005  # rounding of the shown figures
     if strategy == "none":
