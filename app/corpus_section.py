@@ -33,8 +33,7 @@ class CorpusSection(QWidget):
         row.setContentsMargins(0, 0, 0, 0)
         row.addWidget(self.button)
         row.addWidget(self.done, 1)
-        column = QVBoxLayout(self)
-        column.setContentsMargins(0, 0, 0, 0)
+        column = QVBoxLayout(self)  # the style's margins, as the strategies' page above it has
         column.addWidget(self.text)
         column.addLayout(row)
 
