@@ -279,3 +279,28 @@ def test_the_spec_bench_view_shows_nones_own_rerun_as_the_benchs_noise():
     summary = {"model": "m", "device": "cpu", "dtype": "fp32", "max_new_tokens": 2, "rows": [], "overall": {},
                "spec_bench": view}
     assert f"| {NONE_AGAIN} | 1.00x | 0.80x | 0.90x |" in to_markdown(summary)
+
+
+def test_with_repeats_each_category_has_its_rounds_spread_and_a_loss_is_one_in_every_round():
+    """--repeat keeps each round's time: a category's speedup comes with its lowest and highest round, and a
+    category counts as a loss only where every round is below plain decoding (else: within the rounds' spread)."""
+    from specula.engine.cli.bench.report import losses, summarize, to_markdown
+    from specula.engine.cli.bench.run import median_run
+
+    qa, tr, code = PromptItem(("q",), 1, "qa"), PromptItem(("t",), 2, "translation"), PromptItem(("c",), 3, "coding")
+
+    def runs(*walls):
+        return median_run([Run((1, 2), 2, w) for w in walls])
+
+    results = {"none": [(qa, runs(1.0, 1.0, 1.0)), (tr, runs(1.0, 1.0, 1.0)), (code, runs(1.0, 1.0, 1.0))],
+               "auto": [(qa, runs(1.05, 0.95, 1.02)), (tr, runs(1.2, 1.25, 1.1)), (code, runs(0.5, 0.6, 0.55))]}
+    summary = summarize(results, "m", "cpu", "bf16", 8)
+    rows = {r["category"]: r for r in summary["rows"] if r["strategy"] == "auto"}
+    assert rows["translation"]["spread"] == pytest.approx([1 / 1.25, 1 / 1.1])
+    assert rows["qa"]["speedup"] < 1.0 <= rows["qa"]["spread"][1]  # a median below 1.0x, one round above it
+    text = losses(summary)
+    assert "every round: auto in translation (0.83x (0.80-0.91x))" in text
+    assert "within the rounds' spread: auto in qa (0.98x (0.95-1.05x))" in text and "auto in coding" not in text
+    assert text in to_markdown(summary) and "1.82x (1.67-2.00x)" in to_markdown(summary)  # coding, both tables
+    once = {n: [(item, median_run([Run((1, 2), 2, run.wall_s)])) for item, run in pairs] for n, pairs in results.items()}
+    assert losses(summarize(once, "m", "cpu", "bf16", 8)) == ""  # one round: no spread, no verdict

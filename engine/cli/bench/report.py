@@ -28,6 +28,7 @@ def _figures(pairs: list, base: list | None, hf: list | None) -> dict:
     return {
         "n": len(runs),
         "speedup": _ratio(sum(b.wall_s for _, b in base), wall) if base else None,
+        "spread": _spread(runs, [b for _, b in base]) if base else None,
         # after the first token, as the live speedup counts: measured here (decode rates against none's
         # runs) and as the engine measured it inside each answer (docs/ENGINE.md)
         "decode_speedup": _decode_ratio(runs, [b for _, b in base]) if base else None,
@@ -42,6 +43,17 @@ def _figures(pairs: list, base: list | None, hf: list | None) -> dict:
         "new_tokens": tokens,
         "wall_s": wall,
     }
+
+
+def _spread(runs: list[Run], base: list[Run]) -> list[float] | None:
+    """With --repeat: the speedup in each round of the bench (`none`'s wall times of the round over the runs'), as
+    its lowest and highest; None with one round."""
+    rounds = min((len(r.tries) for r in runs + base), default=0)
+    if rounds < 2:
+        return None
+    ratios = [_ratio(sum(b.tries[j] for b in base), sum(r.tries[j] for r in runs)) for j in range(rounds)]
+    ratios = [x for x in ratios if x is not None]
+    return [min(ratios), max(ratios)] if len(ratios) >= 2 else None
 
 
 def _decode_ratio(runs: list[Run], base: list[Run]) -> float | None:
@@ -92,9 +104,11 @@ def spec_bench_view(results: dict[str, list]) -> dict:
                 groups[group].append(i)
         if not groups:
             return {}
-        cats = {g: _figures(_pick(pairs, groups[g]), _pick(base_all, groups[g]), None)["speedup"]
-                for g in SPEC_BENCH if g in groups}
-        view[name] = {"categories": cats, "speedup": statistics.mean(cats.values())}
+        figures = {g: _figures(_pick(pairs, groups[g]), _pick(base_all, groups[g]), None)
+                   for g in SPEC_BENCH if g in groups}
+        cats = {g: f["speedup"] for g, f in figures.items()}
+        view[name] = {"categories": cats, "speedup": statistics.mean(cats.values()),
+                      "spreads": {g: f["spread"] for g, f in figures.items() if f["spread"]}}
         if name == "none":
             again = _rerun_view(pairs, groups)
             if again:
@@ -195,6 +209,29 @@ def _live(figures: dict) -> str:
     return text if error is None or figures.get("live_speedup") is None else f"{text} ±{error:.2f}"
 
 
+def _speedup(row: dict) -> str:
+    """A category's speedup, and with --repeat its lowest and highest round: 0.95x (0.90-1.02x)."""
+    text = _fmt(row["speedup"], "{:.2f}x")
+    spread = row.get("spread")
+    return text if not spread or row["speedup"] is None else f"{text} ({spread[0]:.2f}-{spread[1]:.2f}x)"
+
+
+def losses(summary: dict) -> str:
+    """With --repeat, the categories below plain decoding in every round (a loss), and those below it only as a
+    median, within the rounds' spread (no verdict), in words."""
+    rows = [r for r in summary["rows"] if r["strategy"] != "none" and r.get("spread") and r["speedup"] is not None]
+    if not rows:
+        return ""
+    lost = [r for r in rows if r["spread"][1] < 1.0]
+    unsure = [r for r in rows if r["speedup"] < 1.0 <= r["spread"][1]]
+    name = lambda r: f"{r['strategy']} in {r['category']} ({_speedup(r)})"  # noqa: E731
+    text = ("Below plain decoding in every round: " + ", ".join(map(name, lost)) if lost else
+            "No category below plain decoding in every round")
+    if unsure:
+        text += "; below it as a median but within the rounds' spread: " + ", ".join(map(name, unsure))
+    return text + ".\n\n"
+
+
 def to_markdown(summary: dict) -> str:
     weights = summary.get("weights")
     head = (f"Model: {summary['model']} | device {summary['device']} | dtype {summary['dtype']} | "
@@ -206,12 +243,12 @@ def to_markdown(summary: dict) -> str:
     for name, where in summary.get("servers", {}).items():
         head += (f"\n\nServer peer {name}: {where}. Its acceptance comes from the server's spec-decode counters; "
                  "its identity is against this process's `none`, which runs another build of the model")
-    head += "\n\n" + _checks(summary)
+    head += "\n\n" + _checks(summary) + losses(summary)
     lines = ["| strategy | category | n | speedup vs none | vs hf | tokens/s | accepted length | acceptance | identical |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
         lines.append(
-            f"| {r['strategy']} | {r['category']} | {r['n']} | {_fmt(r['speedup'], '{:.2f}x')} | "
+            f"| {r['strategy']} | {r['category']} | {r['n']} | {_speedup(r)} | "
             f"{_fmt(r['speedup_vs_hf'], '{:.2f}x')} | {_fmt(r['tokens_per_s'], '{:.1f}')} | "
             f"{_fmt(r['mean_accepted_length'])} | {_fmt(r['acceptance_rate'], '{:.0%}')} | {r['identical'] or '-'} |"
         )
@@ -231,7 +268,9 @@ def to_markdown(summary: dict) -> str:
                       f"(\"{NONE_AGAIN}\": its last run of each prompt over its first, the bench's own noise):", "",
                   "| strategy | " + " | ".join(cats) + " | mean |", "|---" * (len(cats) + 2) + "|"]
         for name, v in view.items():
-            lines.append(f"| {name} | " + " | ".join(_fmt(v["categories"].get(c), "{:.2f}x") for c in cats)
+            spreads = v.get("spreads", {})
+            lines.append(f"| {name} | " + " | ".join(_speedup({"speedup": v["categories"].get(c),
+                                                               "spread": spreads.get(c)}) for c in cats)
                          + f" | {_fmt(v['speedup'], '{:.2f}x')} |")
     return head + "\n".join(lines) + "\n"
 

@@ -3,7 +3,8 @@
 For each prompt, every strategy (and transformers peer) runs back to back, so drift in machine speed
 hits all alike; `none`, the reference, runs first and last in each prompt's turn (its time: the mean of the
 two; their difference: the bench's check that no run slows the one after it); `--repeat` runs the round
-several times and keeps each run's median wall time. Ratios,
+several times and keeps each run's median wall time, and each round's too (`Run.tries`: the report gives each
+category's speedup in every round, its spread, and counts a category a loss only where every round is). Ratios,
 not absolute times, are the result: speedup = total wall time of `none` / total wall time of the
 strategy on the same prompts (per category; overall = mean of the category speedups).
 """
@@ -44,6 +45,7 @@ class Run:
     live: SpeedupSum = field(default_factory=SpeedupSum)  # the live speedup the turns measured
     # `none` beside other runs: its runs measured first and last in the prompt's turn, this one their mean
     first_last: tuple[Run, Run] | None = None
+    tries: tuple[float, ...] = ()  # with --repeat: each round's wall time, in order (this run is their median)
 
     @classmethod
     def mean_of(cls, first: Run, last: Run) -> Run:
@@ -175,7 +177,7 @@ def variant_options(flags: tuple[str, ...]) -> tuple[tuple[str, int | str], ...]
 def median_run(runs: list[Run]) -> Run:
     best = sorted(runs, key=lambda r: r.wall_s)[len(runs) // 2]
     return replace(best, wall_s=statistics.median(r.wall_s for r in runs),
-                   decode_s=statistics.median(r.decode_s for r in runs))
+                   decode_s=statistics.median(r.decode_s for r in runs), tries=tuple(r.wall_s for r in runs))
 
 
 def select(items: list[PromptItem], categories: list[str] | None, limit: int | None) -> list[PromptItem]:
