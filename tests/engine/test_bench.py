@@ -304,3 +304,26 @@ def test_with_repeats_each_category_has_its_rounds_spread_and_a_loss_is_one_in_e
     assert text in to_markdown(summary) and "1.82x (1.67-2.00x)" in to_markdown(summary)  # coding, both tables
     once = {n: [(item, median_run([Run((1, 2), 2, run.wall_s)])) for item, run in pairs] for n, pairs in results.items()}
     assert losses(summarize(once, "m", "cpu", "bf16", 8)) == ""  # one round: no spread, no verdict
+
+
+def test_a_later_round_does_not_draft_the_answer_of_the_round_before():
+    """--repeat: the second round of a prompt learns nothing and leaves the first round's answer out, so a strategy
+    that drafts from earlier answers drafts as in the first round, not the answer it gave there."""
+    from specula.engine.api.events import Finished
+    from specula.engine.api.metrics import summed
+    from specula.engine.api.types import DecodeConfig, LoadRequest
+    from specula.engine.cli.bench.run import Bench
+    from specula.engine.cli.common import Asked
+
+    sent = []
+
+    class Backend:
+        def generate(self, request):
+            sent.append(request.config)
+            yield Finished(0, "length", "an answer", (5, 6, 7), summed(()))
+
+    bench, item = Bench(None, Asked("suffix", DecodeConfig(), (), LoadRequest())), PromptItem(("x",), 1, "a")
+    for _ in range(3):
+        bench._run_turns(Backend(), "suffix", (), item, "suffix")
+    assert sent[0].learn and sent[0].leave_out == ()
+    assert all(not c.learn and c.leave_out == ((5, 6, 7),) for c in sent[1:])

@@ -59,6 +59,9 @@ class Bench:
         self.session = session
         self.asked = asked  # the flags: the settings each strategy runs with, its options (e.g. (("head", DIR),))
         self.remotes = remotes or {}  # peer name -> a connected remote.backend.RemoteBackend
+        # each strategy's first answer to each prompt's turns: a later round (--repeat) learns nothing and leaves it
+        # out of what the drafters learned, so that it does not draft the answer it gave in the round before
+        self.answers: dict[tuple[str, int, int], tuple[int, ...]] = {}
 
     def run_strategy(self, name: str, item: PromptItem) -> Run:
         strategy, flags = split_variant(name)
@@ -66,20 +69,26 @@ class Bench:
         # every strategy reads the first turn's prompt whole (the cache kept by the strategy before would make
         # its reading free); later turns keep what the first left, as in a conversation
         self.session.forget()
-        return self._run_turns(self.session, strategy, options, item)
+        return self._run_turns(self.session, strategy, options, item, name)
 
     def run_remote(self, name: str, item: PromptItem) -> Run:
         """A server peer: the same prompts through its chat API (its own speculation, its counters)."""
         return self._run_turns(self.remotes[name], "server", (), item)
 
-    def _run_turns(self, backend, strategy: str, options: tuple, item: PromptItem) -> Run:
+    def _run_turns(self, backend, strategy: str, options: tuple, item: PromptItem, name: str = "") -> Run:
         history: tuple[Message, ...] = ()
         run = Run((), 0, 0.0)
         for turn, text in enumerate(item.turns):
             messages = conversation(text, None, history)
-            request = GenerateRequest(messages, strategy, self.asked.config_for(strategy), self.asked.chat, options)
+            config = self.asked.config_for(strategy)
+            earlier = self.answers.get((name, id(item), turn)) if name else None
+            if earlier is not None:  # a later round of this prompt: as the first one found the drafters
+                config = replace(config, learn=False, leave_out=(earlier,))
+            request = GenerateRequest(messages, strategy, config, self.asked.chat, options)
             events = list(backend.generate(request))
             f = [e for e in events if isinstance(e, Finished)][0]
+            if name and earlier is None:
+                self.answers[(name, id(item), turn)] = tuple(f.token_ids)
             run.steps += [{"turn": turn, "step": e.step, "context": e.context_len, "k": e.k, "drafted": e.drafted,
                            "accepted": e.accepted, "new_tokens": len(e.tokens),
                            "draft_ms": round(1000 * e.draft_s, 3), "verify_ms": round(1000 * e.verify_s, 3),
