@@ -52,11 +52,10 @@ class RunResult:
 
 @dataclass(frozen=True)
 class Pair:
-    """A plain run and a strategy run, one after the other (`fast_first`: the strategy's ran first)."""
+    """A plain run and a strategy run, one after the other (in either order)."""
 
     plain: RunResult
     fast: RunResult
-    fast_first: bool = False
 
     @property
     def speedup(self) -> float | None:
@@ -122,7 +121,7 @@ class Comparison:
     def second_pair(self) -> Pair | None:
         if self.fast_again is None or self.plain_again is None:
             return None
-        return Pair(self.plain_again, self.fast_again, fast_first=True)
+        return Pair(self.plain_again, self.fast_again)
 
     @property
     def runs(self) -> tuple[RunResult, ...]:

@@ -63,6 +63,16 @@ def run_keys(seq: np.ndarray, ends: np.ndarray, n: int) -> tuple[np.ndarray, np.
     return h, ok
 
 
+def _runs_before(tokens: Sequence[int], start: int) -> Iterable[tuple[tuple[int, int], int]]:
+    """((n, the key of the run of n before it), token) for each token of tokens[start:] and each order n that fits
+    before it: what `learn` counts and `hiding` counts out."""
+    for i in range(max(start, 1), len(tokens)):
+        nxt = int(tokens[i])
+        for n in ORDERS:
+            if i >= n:
+                yield (n, run_key(tokens[i - n : i], n)), nxt
+
+
 @dataclass
 class _Order:
     keys: np.ndarray  # (R,) uint64, sorted
@@ -188,12 +198,9 @@ class PhraseTable:
         """Count the runs that led to tokens[start:] (each token after the run of n before it)."""
         if len(self.learned) > SESSION_RUNS:
             self.learned.clear()
-        for i in range(max(start, 1), len(tokens)):
-            nxt = int(tokens[i])
-            for n in ORDERS:
-                if i >= n:
-                    seen = self.learned.setdefault((n, run_key(tokens[i - n : i], n)), {})
-                    seen[nxt] = seen.get(nxt, 0) + 1
+        for key, nxt in _runs_before(tokens, start):
+            seen = self.learned.setdefault(key, {})
+            seen[nxt] = seen.get(nxt, 0) + 1
 
     @contextmanager
     def hiding(self, answers: list) -> Iterator[None]:
@@ -201,17 +208,12 @@ class PhraseTable:
         it, where counted: as if they had not been learned (the shipped table is not touched)."""
         kept: dict[tuple[int, int], dict[int, int]] = {}
         for answer in answers:
-            for i in range(1, len(answer)):
-                for n in ORDERS:
-                    if i < n:
-                        continue
-                    key = (n, run_key(answer[i - n : i], n))
-                    seen = self.learned.get(key)
-                    nxt = int(answer[i])
-                    if seen is None or seen.get(nxt, 0) <= 0:
-                        continue
-                    kept.setdefault(key, dict(seen))
-                    seen[nxt] -= 1
+            for key, nxt in _runs_before(answer, 1):
+                seen = self.learned.get(key)
+                if seen is None or seen.get(nxt, 0) <= 0:
+                    continue
+                kept.setdefault(key, dict(seen))
+                seen[nxt] -= 1
         try:
             yield
         finally:

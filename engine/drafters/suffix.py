@@ -88,10 +88,10 @@ class SuffixIndex:
         start = self.tokens.shape[0]
         self.tokens = np.concatenate([self.tokens, seq, np.full(1, -1, dtype=np.int32)])
         if self.tokens.shape[0] > MAX_TOKENS:
-            self._drop_oldest()
+            self._drop_oldest()  # indexed again, and shown (_reindex)
         else:
             self._insert(np.arange(start + ORDER - 1, start + seq.shape[0]))
-        self._show()
+            self._show()
         self._unsaved += seq.shape[0]
         if self.path is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
             self.save()

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from ..api.errors import SpeculaError
-from ..api.paths import bundled_gguf_path
+from ..api.paths import bundled_gguf_path, local_source
 from ..api.types import BUNDLED, ModelSpec
 
 
@@ -67,19 +67,17 @@ def _model_sizes(source: str) -> tuple[str, int, int] | None:
     try:
         if source == BUNDLED:
             return _gguf_sizes(bundled_gguf_path(), BUNDLED_NAME)
-        path = Path(source).expanduser()
-        if path.is_file():  # a GGUF by its magic bytes, whatever its name (else the header read refuses it)
+        kind, path = local_source(source)  # what the load would read: a GGUF, a folder, or a Hub id
+        if kind == "gguf":
             return _gguf_sizes(path, path.name)
-        if path.is_dir():
+        if kind == "folder":
             return _config_sizes(path / "config.json", path.name)
-        if source.count("/") == 1 and not path.exists():  # a Hub id: its config where the cache has it
-            from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # a Hub id: its config where the cache has it
 
-            cached = try_to_load_from_cache(source, "config.json")
-            return _config_sizes(Path(cached), source) if isinstance(cached, str) else None
+        cached = try_to_load_from_cache(source, "config.json")
+        return _config_sizes(Path(cached), source) if isinstance(cached, str) else None
     except (OSError, SpeculaError, ValueError, RecursionError):
         return None
-    return None
 
 
 def _gguf_sizes(path: Path, name: str) -> tuple[str, int, int] | None:
