@@ -114,11 +114,13 @@ STRATEGY_OPTIONS: dict[str, StrategyOption] = {
                        tip="Layer skip drafts with the layers up to this one (default: half the model's layers)",
                        bounds=(1, 256)),
         StrategyOption("head", (str,), ("eagle", "medusa", "auto"), "eagle: a folder written by `specula train-head`"),
-        StrategyOption("tree", (bool, int), ("eagle", "medusa", "lookahead", "suffix"),
+        StrategyOption("tree", (bool, int), ("eagle", "medusa", "lookahead", "suffix", "draft-model", "auto"),
                        "token trees (--no-tree: chains only). By default eagle drafts EAGLE-2 dynamic trees, sized by "
                        "measured costs, where tree passes decide as chains do (the compiled step on a CPU, a GPU), and "
                        "medusa and lookahead send trees on a GPU; --tree forces them (a tree pass that runs eagerly "
-                       "on a CPU can part from plain decoding at a near tie)",
+                       "on a CPU can part from plain decoding at a near tie). draft-model (and auto's): its next "
+                       "choices join its chain as leaves where a verify row costs less than they are likely to win, "
+                       "on greedy steps where tree passes decide as chains do",
                        shown_under=("eagle",), label="Token trees", default=True,
                        tip="Eagle drafts EAGLE-2 token trees, sized by what its passes cost here, wherever the engine "
                            "verifies trees exactly; off: one chain of guesses per step"),

@@ -50,6 +50,8 @@ class Drafter:
 
     - `reset`: a new generation starts (default: nothing to forget); `finished(tokens, prompt_len)`: one
       ended, with the whole conversation (drafters that learn from the model's answers);
+    - `observe_path(path)`: after a tree's pass, before observe(): the draft indices of the path the target kept
+      (drafters that send trees and learn which of their branches were kept);
     - `observe_tree(best)`, for drafters that learn from every scored node (`learns_from_tree`, lookahead):
       before observe(), the target's argmax after each scored draft token (key: its index in Draft.tokens);
     - `observe_pass(rows, seconds)`: every step's verify pass, its rows and time (what a row costs here);
@@ -67,6 +69,9 @@ class Drafter:
     description: ClassVar[str] = ""
     learns_from_tree: ClassVar[bool] = False
     chooses_length: ClassVar[bool] = False
+    # drafts only as far as it is confident, each token weighed against its cost (a draft model): auto asks it for
+    # its whole length and leaves the rest to it
+    sizes_itself: bool = False
     aux_layers: tuple[int, ...] = ()
     # what the drafter learns across answers of how well it drafts (its lengths' acceptance, its calibration): a run
     # that does not learn (DecodeConfig.learn, Compare's) leaves them as they were (`unchanged`)
@@ -110,6 +115,9 @@ class Drafter:
 
     def observe_tree(self, best: dict[int, int]) -> None:
         """The target's argmax after each scored draft token (learns_from_tree drafters)."""
+
+    def observe_path(self, path: list[int]) -> None:
+        """After a tree's pass: the draft indices (into Draft.tokens) of the path the target kept, root side first."""
 
     def finished(self, tokens: torch.Tensor, prompt_len: int) -> None:
         """The answer ended (or was cancelled): the whole conversation, its prompt's `prompt_len` tokens

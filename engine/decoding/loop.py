@@ -325,6 +325,7 @@ class _Loop:
             rows, next_token = walk_tree_sampling(logits, tokens, tree, self.params, self.gen)
         if learns:  # drafters that learn from every node's output (lookahead)
             self.drafter.observe_tree({i: best[row] for row, i in enumerate(kept, 1)})
+        self.drafter.observe_path([kept[row - 1] for row in rows[1:]])
         # a tree's nodes count as point guesses: no probabilities to show
         return _Checked(tree, tokens, rows, next_token, _DraftProbs(Verdict(len(rows) - 1, next_token), False))
 

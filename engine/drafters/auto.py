@@ -52,6 +52,13 @@ HEADS_EVERY = 3
 # those figures for good (on six of Spec-Bench's qa and summarization prompts auto took plain steps on 232 of
 # the 337 steps where prompt lookup had a match, its figures for matches of 1 and of 2-3 tokens never updated)
 LOOKUP_RETRY = 8
+# A member with a pass of its own that another choice (or plain steps) beats drafts again after HEAD_RETRY of the
+# steps it was ready for and passed over, while its figure is within RETRY_WITHIN of the best's (else after four
+# times as many): a few early drafts that lost kept a draft model out for good (on the real 1.5B/0.5B pair it fell
+# to 0.95 of plain steps' rate after 19 drafts of one token in a writing answer, and drafted nothing in the coding
+# and arithmetic answers after it, where alone it ran at 1.4x and 1.2x)
+HEAD_RETRY = 16
+RETRY_WITHIN = 0.9
 
 
 # a step's choice in words, for the tokens it drafted (a head's or lookahead's: its strategy's name)
@@ -84,7 +91,7 @@ class Auto(Drafter):
         self.aux_layers = tuple(sorted({i for d, _ in self.heads.values() for i in d.aux_layers}))
         self.models: dict[str, DraftLength] = {}  # choice -> its acceptance and step times
         self.last_used: dict[str, int] = {}
-        self.passed_over: dict[str, int] = {}  # prompt-lookup choice -> its steps that plain steps won
+        self.passed_over: dict[str, int] = {}  # choice -> its steps that plain steps (a member: any other) won
         self.steps = 0
         self.chosen: str | None = None  # this step's choice ("none": a plain step)
         self.member = None
@@ -92,15 +99,15 @@ class Auto(Drafter):
 
     @classmethod
     def build(cls, target, draft=None, heads=(), head=None, skip: str = "", phrases=None, draft_vocab=None,
-              confident=True, **options) -> "Auto":
+              confident=True, tree=None, **options) -> "Auto":
         """`skip`: comma-separated strategies auto must not use (prompt-lookup, lookahead, eagle, medusa,
         phrases, draft-model); `phrases` false: the same as skipping them. A loaded draft model is a member
-        (`draft_vocab`, `confident`: its options, as draft-model takes them)."""
+        (`draft_vocab`, `confident`, `tree`: its options, as draft-model takes them)."""
         left_out = {name.strip() for name in (skip or "").split(",") if name.strip()}
         members = {} if "lookahead" in left_out else {"lookahead": (Lookahead(), default_k("lookahead"))}
         if draft is not None and DraftModel.name not in left_out:
-            members[DraftModel.name] = (DraftModel.build(target, draft, draft_vocab=draft_vocab, confident=confident),
-                                        default_k(DraftModel.name))
+            model = DraftModel.build(target, draft, draft_vocab=draft_vocab, confident=confident, tree=tree)
+            members[DraftModel.name] = (model, default_k(DraftModel.name))
         for folder in [*heads, *([head] if head else [])]:
             kind = read_info(Path(folder)).kind
             if kind not in members and kind not in left_out and kind in HEAD_DRAFTERS and target.uses_lean_forward:
@@ -148,10 +155,16 @@ class Auto(Drafter):
             stale = min(options, key=lambda o: self.last_used.get(o, 0))
             return stale, models[stale].k
         best, best_rate = "none", 1.0 / plain_s if plain_s else 0.0
+        rates = {o: models[o].best(plain_s, least=1)[1] for o in options}
         for o in options:
-            rate = models[o].best(plain_s, least=1)[1]
-            if rate > best_rate:
-                best, best_rate = o, rate
+            if rates[o] > best_rate:
+                best, best_rate = o, rates[o]
+        for o in options:  # the members with a pass of their own that lost this step: now and then, again
+            if o in self.heads and o != best:
+                self.passed_over[o] = self.passed_over.get(o, 0) + 1
+                every = HEAD_RETRY if rates[o] >= RETRY_WITHIN * best_rate else 4 * HEAD_RETRY
+                if self.passed_over[o] % every == 0:
+                    return o, self._length(o, plain_s)
         if best == "none":
             cheap = next((o for o in options if o not in self.heads), None)
             if cheap is not None:
@@ -159,7 +172,15 @@ class Auto(Drafter):
                 if self.passed_over[cheap] % LOOKUP_RETRY == 0:
                     return cheap, 1
             return best, 0
-        return best, models[best].choose(plain_s) or models[best].best(plain_s, least=1)[0]
+        return best, self._length(best, plain_s)
+
+    def _length(self, choice: str, plain_s: float | None) -> int:
+        """A chosen member's draft length: its measured best, or all of its k for a member that drafts only as far
+        as it is confident (a draft model: each of its tokens is weighed against its cost as it is drafted)."""
+        model = self.models[choice]
+        if choice in self.heads and self.heads[choice][0].sizes_itself:
+            return model.k
+        return model.choose(plain_s) or model.best(plain_s, least=1)[0]
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self.steps += 1
@@ -210,6 +231,10 @@ class Auto(Drafter):
 
     def observe_tree(self, best: dict[int, int]) -> None:
         self.member.observe_tree(best)
+
+    def observe_path(self, path: list[int]) -> None:
+        if self.member is not None:
+            self.member.observe_path(path)
 
     def observe(self, accepted: int, next_token: int) -> None:
         if self.member is not None:

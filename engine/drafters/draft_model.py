@@ -24,7 +24,8 @@ class DraftModel(ModelDrafter):
     description = STRATEGIES[name].description
 
     @classmethod
-    def build(cls, target, draft=None, draft_vocab: int | None = None, confident=True, **options) -> "DraftModel":
+    def build(cls, target, draft=None, draft_vocab: int | None = None, confident=True, tree=None,
+              **options) -> "DraftModel":
         if draft is None:
             raise SpeculaError("strategy 'draft-model' needs a draft model (--draft-model)")
         runner = draft.new_runner()
@@ -32,4 +33,4 @@ class DraftModel(ModelDrafter):
         cut = draft_vocab_for(vocab, draft_vocab)
         if cut:
             runner.limit_vocab(cut)
-        return cls(runner, vocab, confident=bool(confident))
+        return cls(runner, vocab, confident=bool(confident), tree=tree is None or bool(tree))

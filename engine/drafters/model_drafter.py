@@ -14,6 +14,12 @@ the chain's chance of surviving is the product of its tokens' shares. The drafte
   instead of set);
 - leaves out a token it already has when the chain's chance of reaching and keeping it is below a verify
   row's cost;
+- adds its next choices at a position as leaves beside the chain's token there (greedy steps, where the target's
+  tree passes decide as a chain pass would): the chance that the chain reaches the position and the target takes
+  the next choice in place of the first (`Calibration` again, learned from the positions where the first choice
+  was rejected) against a verify row's cost. Each such leaf wins a token where it is kept and costs no forward of
+  the drafter, so where rows are cheap (AVX-512: a tenth of a step) the pass carries them and where rows are dear
+  (AVX2: a quarter) it stays a chain (SpecInfer's and EAGLE-2's trees grow the same way, by each node's chance);
 - waits before it reads a new prompt until the answer is likely to win the read back (`waiting`): the read
   costs a third of the target's, which a short answer never wins back; and reads the latest READ_WINDOW
   positions only where more than READ_MOST are new (a long prompt, many steps of another drafter).
@@ -32,6 +38,7 @@ from ..api.types import SamplingParams
 from ..decoding.drafter import Draft, DraftContext, Drafter, PassCosts, running
 from ..decoding.sampling import process_logits, sample
 from ..decoding.target import ModelRunner
+from ..decoding.tree import TokenTree
 
 # before they are measured: a verify pass's extra row, in plain steps (a pass of 8 rows costs 1.34 steps at 1.5B
 # with AVX-512, 2.3-2.6 with AVX2 only)
@@ -48,6 +55,9 @@ READ_WINDOW = 128
 BIG_READ = 16
 READ_COST = 0.1
 GAIN = 0.2
+SIBLINGS = 2  # next choices at a position that may join its chain token as leaves of the pass's tree
+# the next choices' calibration bins: finer below, where most of them are
+NEXT_EDGES = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85)
 
 
 class Calibration:
@@ -60,15 +70,16 @@ class Calibration:
     PRIOR = 4.0
     FORGET = 0.995
 
-    def __init__(self) -> None:
-        bounds = (0.0, *self.EDGES, 1.0)
+    def __init__(self, edges: tuple[float, ...] | None = None) -> None:
+        self.edges = edges or self.EDGES
+        bounds = (0.0, *self.edges, 1.0)
         middles = [(lo + hi) / 2 for lo, hi in zip(bounds, bounds[1:])]
         self.reached = [self.PRIOR] * len(middles)  # tokens of the bin whose earlier tokens were all kept
         self.kept = [self.PRIOR * m for m in middles]  # ... and that were kept
 
     def share(self, p: float) -> float:
         """The share kept of draft tokens given probability p whose earlier tokens were kept."""
-        i = bisect.bisect_right(self.EDGES, p)
+        i = bisect.bisect_right(self.edges, p)
         return self.kept[i] / self.reached[i]
 
     def observe(self, probs: list[float], accepted: int) -> None:
@@ -79,16 +90,28 @@ class Calibration:
         self.reached = [self.FORGET * r for r in self.reached]
         self.kept = [self.FORGET * c for c in self.kept]
         for i, p in enumerate(probs[: accepted + 1]):
-            b = bisect.bisect_right(self.EDGES, p)
-            self.reached[b] += 1
-            self.kept[b] += i < accepted
+            self._count(p, i < accepted)
+
+    def judged(self, judged: list[tuple[float, bool]]) -> None:
+        """Tokens judged one by one: each its probability and whether the target took it."""
+        if not judged:
+            return
+        self.reached = [self.FORGET * r for r in self.reached]
+        self.kept = [self.FORGET * c for c in self.kept]
+        for p, kept in judged:
+            self._count(p, kept)
+
+    def _count(self, p: float, kept: bool) -> None:
+        b = bisect.bisect_right(self.edges, p)
+        self.reached[b] += 1
+        self.kept[b] += kept
 
 
 class ModelDrafter(Drafter):
     name = "model"
-    POLICY = ("_lengths", "calibration", "after_kept")
+    POLICY = ("_lengths", "calibration", "after_kept", "next_choices")
 
-    def __init__(self, runner: ModelRunner, target_vocab: int, confident: bool = True) -> None:
+    def __init__(self, runner: ModelRunner, target_vocab: int, confident: bool = True, tree: bool = True) -> None:
         self.runner = runner
         self.target_vocab = target_vocab
         self.cached: list[int] = []  # the tokens whose keys and values the runner holds
@@ -96,10 +119,17 @@ class ModelDrafter(Drafter):
         self.offset = 0  # the conversation's position of the cache's first (a read of its latest positions only)
         # drafts only what pays (the module's note); false: always the full length asked for
         self.confident = confident
+        self.sizes_itself = confident
+        self.tree = tree  # its next choices as leaves where they pay (false: chains only)
         self.calibration = Calibration()
         self.token_s: float | None = None  # a draft token's forward, running mean of measured ones
         self.after_kept = 0.7  # share kept of the tokens after a kept one (running), to value the next forward
-        self._probs: list[float] = []  # the last draft's tokens' probabilities under the drafter
+        self._probs: list[float] = []  # the last draft's chain tokens' probabilities under the drafter
+        # the share of next choices the target took where it rejected the first, by the drafter's probability of
+        # the next choice given that the first is not the token (q / (1 - q of the first))
+        self.next_choices = Calibration(NEXT_EDGES)
+        self._leaves: list[tuple[int, float]] = []  # the last draft's leaves: (depth index, that probability)
+        self._path: list[int] | None = None  # the draft indices of the path the target kept (a tree's)
         self.passes = PassCosts()  # what the target's verify passes cost by their rows, here
         self.read_s: float | None = None  # a position of a long read (running mean of measured ones)
 
@@ -107,7 +137,7 @@ class ModelDrafter(Drafter):
         """A new answer: the cache keeps what it shares with the new conversation (a chat's next turn holds the
         last one), found at the first proposal."""
         self._known = 0
-        self._probs = []
+        self._probs, self._leaves, self._path = [], [], None
 
     def forget(self) -> None:
         self.runner.truncate(0)
@@ -169,16 +199,18 @@ class ModelDrafter(Drafter):
             self.read_s = running(self.read_s, seconds / fed, RUNNING_WEIGHT)
         return logits
 
-    def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> tuple[int, torch.Tensor | None, float]:
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, gen,
+              choices: int = 1) -> tuple[int, torch.Tensor | None, float, list[tuple[int, float]]]:
         """(token, its processed distribution over the target's vocabulary or None when greedy, the
-        drafter's probability of it)."""
+        drafter's probability of it, and greedy's next `choices - 1` choices with their probabilities)."""
         logits = logits[-1]
         if params.greedy:
-            token = int(logits.argmax())
-            return token, None, float(torch.softmax(logits, -1)[token])
+            top = torch.softmax(logits, -1).topk(choices)
+            (token, *others), (p, *ps) = top.indices.tolist(), top.values.tolist()
+            return token, None, p, list(zip(others, ps))
         q = process_logits(self._to_target_vocab(logits), params)
         token = int(sample(q, gen))
-        return token, q, float(q[token])
+        return token, q, float(q[token]), []
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         v = logits.shape[-1]
@@ -209,7 +241,7 @@ class ModelDrafter(Drafter):
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         room = self.runner.max_len - ctx.tokens.shape[0]
         k = min(k, room)
-        self._probs = []
+        self._probs, self._leaves, self._path = [], [], None
         self.catch_up_s = 0.0
         if k <= 0:
             return Draft(torch.empty(0, dtype=torch.long))
@@ -221,14 +253,24 @@ class ModelDrafter(Drafter):
         logits = self._sync(tokens, read)
         token_cost, row_cost = self.costs(ctx.plain_s)
         forward_cost = token_cost + row_cost  # what drafting one more token costs
+        # next choices as leaves: greedy steps whose tree passes decide as chains do (a tree's tokens are point
+        # guesses under sampling, where the chain's carry the drafter's distribution)
+        exact = getattr(ctx.target, "exact_trees", False)
+        choices = 1 + SIBLINGS if self.tree and choosing and ctx.params.greedy and exact else 1
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
+        leaves: list[tuple[int, int]] = []  # (depth index, token)
         chance = 1.0  # that the target keeps every token drafted so far
         for i in range(k):
-            token, q, p = self._pick(logits, ctx.params, ctx.generator)
+            token, q, p, others = self._pick(logits, ctx.params, ctx.generator, choices)
             share = self.calibration.share(p)
             if choosing and i and chance * share < row_cost:
                 break  # not worth even a verify row
+            for other, p_other in others:  # reached, the first choice rejected, and the target's is this one
+                given = p_other / max(1e-9, 1 - p)
+                if chance * (1 - share) * self.next_choices.share(given) > row_cost:
+                    leaves.append((i, other))
+                    self._leaves.append((i, given))
             drafted.append(token)
             self._probs.append(p)
             chance *= share
@@ -239,12 +281,27 @@ class ModelDrafter(Drafter):
             logits = self._forward_one(token)
             self.cached.append(token)
         q_all = torch.stack(qs) if qs else None  # (n, V)
-        return Draft(torch.tensor(drafted, dtype=torch.long), q_all)
+        if not leaves:
+            return Draft(torch.tensor(drafted, dtype=torch.long), q_all)
+        # the chain first (each position's first choice is its first child), then the leaves beside it
+        parents = [*range(-1, len(drafted) - 1), *(i - 1 for i, _ in leaves)]
+        return Draft(torch.tensor(drafted + [t for _, t in leaves], dtype=torch.long),
+                     tree=TokenTree.of_draft(parents))
+
+    def observe_path(self, path: list[int]) -> None:
+        self._path = path
 
     def observe(self, accepted: int, next_token: int) -> None:
         # the next propose() finds the common prefix and truncates there; what was kept teaches the calibration
         probs = self._probs
-        self.calibration.observe(probs, accepted)
-        for i in range(1, min(len(probs), accepted + 1)):  # tokens after a kept one: each kept or not
-            self.after_kept = running(self.after_kept, float(i < accepted), AFTER_KEPT_WEIGHT)
-        self._probs = []
+        chain = len(probs)
+        path = self._path if self._path is not None else list(range(accepted))
+        kept = sum(1 for i in path if i < chain)  # the chain's tokens kept: a leaf, if kept, is the path's last
+        self.calibration.observe(probs, kept)
+        for i in range(1, min(chain, kept + 1)):  # tokens after a kept one: each kept or not
+            self.after_kept = running(self.after_kept, float(i < kept), AFTER_KEPT_WEIGHT)
+        if kept < chain:  # where the chain's token was rejected, its leaves were judged
+            taken = path[-1] if len(path) > kept else None
+            self.next_choices.judged([(given, chain + j == taken) for j, (depth, given) in enumerate(self._leaves)
+                                      if depth == kept])
+        self._probs, self._leaves, self._path = [], [], None

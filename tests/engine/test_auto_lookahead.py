@@ -84,6 +84,54 @@ def test_auto_falls_back_to_plain_steps_when_drafting_does_not_pay(heads_at_once
     assert len(guesser.lengths) <= 8
 
 
+class Later(dict):
+    """What a member's drafts keep: nothing for its first `after` drafts, then `kept`."""
+
+    def __init__(self, name: str, after: int, kept: int) -> None:
+        super().__init__()
+        self.name, self.after, self.kept, self.asked = name, after, kept, 0
+
+    def get(self, choice, default=0):
+        if choice != self.name:
+            return default
+        self.asked += 1
+        return self.kept if self.asked > self.after else 0
+
+
+def test_a_member_that_lost_early_is_tried_again_and_taken_once_it_pays(heads_at_once):
+    guesser = Guesser()
+    auto = Auto({"eagle": (guesser, 6)})
+    # its first five drafts keep nothing (plain steps then win), the later ones all four: rows are cheap, so a
+    # draft that keeps nothing costs little more than a plain step and it is tried again soon
+    kept = Later("eagle", after=5, kept=4)
+    chosen = drive(auto, 120, lambda n: 0.030 + 0.001 * n, kept)
+    lost = chosen.index("none", 6)
+    assert "eagle" in chosen[lost : lost + 2 * auto_module.HEAD_RETRY + 1]  # tried again
+    assert chosen[-20:].count("eagle") >= 18  # and taken where it pays now
+    without = Auto({"eagle": (Guesser(), 6)})
+    never = drive(without, 120, lambda n: 0.030 + 0.006 * n, Later("eagle", after=5, kept=0))
+    # a member that keeps nothing and costs a fifth of a step more than a plain one: tried again rarely
+    assert never[20:].count("eagle") <= 120 // (4 * auto_module.HEAD_RETRY) + 1
+
+
+class Sizing(Guesser):
+    """A member that drafts only as far as it is confident: it keeps the k it was asked for."""
+
+    sizes_itself = True
+
+    def propose(self, ctx, k):
+        self.lengths.append(k)
+        return Draft(torch.tensor([1, 2, 3, 4, 5, 6, 7, 8][:min(k, 2)]))
+
+
+def test_auto_asks_a_member_that_sizes_its_own_drafts_for_its_whole_length(heads_at_once):
+    sizing, fixed = Sizing(), Guesser()
+    drive(Auto({"draft-model": (sizing, 6)}), 40, lambda n: 0.030 + 0.004 * n, {"draft-model": 1})
+    drive(Auto({"eagle": (fixed, 6)}), 40, lambda n: 0.030 + 0.004 * n, {"eagle": 1})
+    assert sizing.lengths and set(sizing.lengths) == {6}
+    assert min(fixed.lengths) < 4  # a member that drafts what it is asked for gets its measured best length
+
+
 def test_auto_uses_prompt_lookup_where_the_context_repeats(heads_at_once):
     auto = Auto({"eagle": (Guesser(), 6)})
     tokens = (1, 2, 3, 4, 9, 1, 2, 3)  # "1 2 3" occurred before: prompt lookup drafts "4 9 1 2 3"
@@ -94,7 +142,8 @@ def test_auto_uses_prompt_lookup_where_the_context_repeats(heads_at_once):
 def test_a_lookup_choice_that_plain_steps_beat_drafts_one_token_now_and_then_and_is_used_once_it_pays(heads_at_once):
     """Its first drafts all rejected, a prompt-lookup choice loses to plain steps, but drafts a single token
     every LOOKUP_RETRY of its steps: when the conversation's repeats start to be kept, auto finds it long
-    before its every-EXPLORE_EVERY-steps exploration would. Heads are never retried this way."""
+    before its every-EXPLORE_EVERY-steps exploration would. A head is retried only every HEAD_RETRY of its passed-over
+    steps (its draft costs a pass of its own)."""
     guesser = Guesser()
     auto = Auto({"eagle": (guesser, 6)})
     tokens = (1, 2, 3, 4, 9, 1, 2, 3)
@@ -107,7 +156,7 @@ def test_a_lookup_choice_that_plain_steps_beat_drafts_one_token_now_and_then_and
     chosen = drive(auto, 40, cost, {"prompt-lookup:2-3": 3, "eagle": 0}, tokens)  # now its drafts are kept
     assert chosen[-16:] == ["prompt-lookup:2-3"] * 16
     assert auto.steps < auto_module.EXPLORE_EVERY  # found by the retries, not by the stale-choice exploration
-    assert len(guesser.lengths) - eagle_drafts <= 1
+    assert len(guesser.lengths) - eagle_drafts <= 40 // auto_module.HEAD_RETRY + 1
 
 
 def test_with_a_seed_auto_chooses_the_same_steps_whatever_the_timings():

@@ -191,3 +191,90 @@ def test_a_long_read_takes_the_latest_positions_only():
     assert drafter.runner.length == READ_WINDOW and drafter.offset == 900 - READ_WINDOW
     drafter.propose(DraftContext(torch.arange(902) % 16, 700, greedy, None, None, 10.0, True), 1)
     assert drafter.runner.length == READ_WINDOW + 2  # the next step feeds what is new only
+
+
+class TwoChoiceRunner(ScriptedRunner):
+    """A drafting model that gives token 3 probability `first` and token 5 `second` at every position."""
+
+    def __init__(self, first: float = 0.7, second: float = 0.25) -> None:
+        super().__init__(sure_at=set())
+        self.first, self.second = first, second
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.length += tokens.shape[0]
+        probs = torch.full((16,), (1 - self.first - self.second) / 14)
+        probs[3], probs[5] = self.first, self.second
+        return probs.log()[None]
+
+
+class TreeTarget:
+    exact_trees = True  # its tree passes decide as chain passes would
+
+
+def _tree_ctx(params: SamplingParams, target=TreeTarget()) -> DraftContext:
+    return DraftContext(torch.arange(5) % 16, 5, params, torch.Generator().manual_seed(0), target, 10.0, True)
+
+
+def test_next_choices_join_the_chain_as_leaves_where_a_verify_row_is_cheap_and_not_where_it_is_dear():
+    greedy = SamplingParams(temperature=0.0)
+    cheap = ModelDrafter(TwoChoiceRunner(), 16)
+    cheap.costs = lambda plain_s: (0.01, 0.02)  # a forward a hundredth of a step, a verify row a fiftieth
+    draft = cheap.propose(_tree_ctx(greedy), 4)
+    chain = [i for i, parent in enumerate(draft.parents) if i == 0 or parent == i - 1]
+    assert draft.tree is not None and len(chain) >= 2
+    assert [draft.tokens[i].item() for i in chain] == [3] * len(chain)  # the first choices, each continuing the last
+    leaves = [i for i in range(len(draft.parents)) if i not in chain]
+    assert leaves and all(draft.tokens[i].item() == 5 for i in leaves)  # the next choice, beside a chain token
+    assert draft.parents[leaves[0]] == -1  # the first beside the chain's first token
+    assert all(i not in draft.parents for i in leaves)  # leaves: no forward of the drafter continues them
+    dear = ModelDrafter(TwoChoiceRunner(), 16)
+    dear.costs = lambda plain_s: (0.01, 0.5)  # a row half a step (a 0.25 chance of winning a token is not worth it)
+    assert dear.propose(_tree_ctx(greedy), 4).tree is None
+    assert cheap.propose(_tree_ctx(greedy, target=None), 4).tree is None  # a target whose trees are not exact
+    sampled = cheap.propose(_tree_ctx(SamplingParams(temperature=0.8)), 4)
+    assert sampled.tree is None and sampled.q is not None  # sampling: a chain carrying the drafter's distribution
+
+
+def test_what_the_target_kept_of_a_tree_teaches_the_chain_and_the_next_choices_apart():
+    greedy = SamplingParams(temperature=0.0)
+    drafter = ModelDrafter(TwoChoiceRunner(), 16)
+    drafter.costs = lambda plain_s: (0.01, 0.02)
+    draft = drafter.propose(_tree_ctx(greedy), 4)
+    first_leaf = next(i for i, parent in enumerate(draft.parents) if parent == -1 and i > 0)
+    chain_share, leaf_share = drafter.calibration.share(0.7), drafter.next_choices.share(0.25 / 0.3)
+    drafter.observe_path([first_leaf])  # the target took the next choice at the first position
+    drafter.observe(1, 0)
+    assert drafter.calibration.share(0.7) < chain_share  # the chain's first token was rejected
+    assert drafter.next_choices.share(0.25 / 0.3) > leaf_share  # and the leaf beside it kept
+    drafter.propose(_tree_ctx(greedy), 4)
+    leaf_share = drafter.next_choices.share(0.25 / 0.3)
+    drafter.observe(0, 0)  # neither: the target's own token
+    assert drafter.next_choices.share(0.25 / 0.3) < leaf_share
+    drafter.propose(_tree_ctx(greedy), 4)
+    chain_share, leaf_share = drafter.calibration.share(0.7), drafter.next_choices.share(0.25 / 0.3)
+    drafter.observe_path([0, 1])
+    drafter.observe(2, 0)  # two chain tokens kept: a leaf beside a kept token was never in question
+    assert drafter.calibration.share(0.7) > chain_share
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_greedy_answers_from_the_draft_models_trees_are_the_targets_own(ops, monkeypatch):
+    """On the compiled step (where tree passes decide as chains do) with every leaf worth its row."""
+    monkeypatch.setattr(ModelDrafter, "costs", lambda self, plain_s: (0.0, 1e-4))
+    target = loaded(tiny_model(vocab=64, layers=3, seed=0))
+    target.step = "compiled"
+    draft = loaded(perturbed(target.model, scale=0.3))
+    gen = torch.Generator().manual_seed(11)
+    branches = []
+    for trial in range(5):
+        prompt = torch.randint(0, 64, (int(torch.randint(2, 20, (1,), generator=gen)),), generator=gen).tolist()
+        plain = list(generate(target.new_runner(), build_drafter("none", target), prompt,
+                              DecodeConfig(max_new_tokens=50)))[-1]
+        for strategy in ("draft-model", "auto"):
+            events = list(generate(target.new_runner(), build_drafter(strategy, target, draft), prompt,
+                                   DecodeConfig(k=2 + trial, max_new_tokens=50)))
+            assert events[-1].token_ids == plain.token_ids, (strategy, prompt)
+            branches += [e.tokens[0].branch for e in events if getattr(e, "tokens", None) and e.tokens[0].branch]
+    assert branches  # the passes were trees
+    assert any(any(rank != "1" for rank in b.split("kept path ")[1].split("·")) for b in branches
+               if "none" not in b)  # and the target kept a next choice in some
