@@ -33,6 +33,22 @@ def data_dir() -> Path:
     return Path(os.environ.get("SPECULA_DATA_DIR") or platformdirs.user_data_dir(APP_NAME))
 
 
+def use_data_dir(folder: str | Path) -> Path:
+    """Keep this process's data (the earlier answers' corpus, the phrases learned, the history) in `folder`, made if
+    missing: a server given an empty one starts apart from earlier runs. A one-line error where it cannot be made or
+    written."""
+    path = Path(folder).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".specula-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise SpeculaError(f"--data-dir {folder}: cannot keep data there ({exc.strerror or exc})") from None
+    os.environ["SPECULA_DATA_DIR"] = str(path.resolve())
+    return path
+
+
 def conversations_db() -> Path:
     """The window's conversation history (app/history_db.py writes it; the suffix drafter may read it)."""
     return data_dir() / "conversations.db"

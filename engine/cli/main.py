@@ -224,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (another than loopback needs a key)")
     sv.add_argument("--port", type=whole(0, 65535), default=8000, help="0: any free port (printed)")
     sv.add_argument("--api-key-env", default=None, help="the environment variable holding the key clients must send")
+    sv.add_argument("--data-dir", default=None, metavar="DIR",
+                    help="where the server keeps what it learns from its answers (the earlier answers the drafters "
+                         "read, the phrases); default: the user's data folder. An empty folder starts apart from earlier "
+                         "runs, as a measurement should")
     sv.add_argument("--no-baseline", action="store_true", help="skip measuring plain decoding when the model loads")
     sv.add_argument("--no-model", action="store_true", help="start without a model (load one with POST /specula/v1/load)")
     sv.add_argument("--announce", action="store_true",

@@ -10,6 +10,7 @@ import threading
 import time
 
 from ..api.errors import SpeculaError, terminal_safe
+from ..api.paths import use_data_dir
 from ..api.strategies import STRATEGIES
 from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
 from ..remote.http import is_loopback
@@ -100,6 +101,8 @@ def run_serve(args) -> int:
         raise SpeculaError("--max-body-mb must be above 0 and at most 1024")
     for name in args.allow_key_env:
         check_env_name(name)
+    if args.data_dir is not None:
+        use_data_dir(args.data_dir)
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -140,6 +140,8 @@ def _run(loop: "_Loop", strategy: str, should_stop: Callable[[], bool],
         probe = k > 0 and meter.probe_due(own_only=seeded)
         plain_s = meter.plain_step_s
         n = 0 if probe else lengths.choose(plain_s) if lengths is not None else k
+        if n and lengths is not None and drafter.sizes_itself:
+            n = k  # it drafts as far as it is confident: the policy says only whether to draft (plain steps or not)
         step = loop.step(n)
         drafter.observe_pass(loop.pass_rows, step.verify_s)
         yield step

@@ -33,4 +33,6 @@ class DraftModel(ModelDrafter):
         cut = draft_vocab_for(vocab, draft_vocab)
         if cut:
             runner.limit_vocab(cut)
-        return cls(runner, vocab, confident=bool(confident), tree=tree is None or bool(tree))
+        drafter = cls(runner, vocab, confident=bool(confident), tree=tree is None or bool(tree))
+        drafter.time_read()
+        return drafter

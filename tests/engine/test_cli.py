@@ -424,6 +424,7 @@ def test_bench_and_measure_head_build_their_settings_as_generate_does(monkeypatc
     (["--strategy", "bogus"], ["--strategy bogus", "prompt-lookup"]),
     (["--host", "bad host!"], ["--host 'bad host!' cannot be resolved"]),
     (["--host", "not.a.real.host.invalid"], ["--host 'not.a.real.host.invalid' cannot be resolved"]),
+    (["--data-dir", "/dev/null/data"], ["--data-dir /dev/null/data", "cannot keep data there"]),
 ])
 def test_serve_names_the_bad_flag(capsys, args, words):
     pytest.importorskip("uvicorn")
@@ -495,3 +496,13 @@ def test_a_model_file_cut_short_while_the_chat_runs_ends_it_with_one_line_not_a_
     lines = [line for line in err.splitlines() if not line.startswith("[")]
     assert child.returncode == 2 and lines == [lines[0]], (child.returncode, err)
     assert lines[0].startswith("specula: error: m.gguf changed on disk since it was loaded")
+
+
+def test_a_data_folder_given_to_a_process_holds_what_it_learns(tmp_path, monkeypatch):
+    from specula.engine.api import paths
+
+    monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path / "before"))
+    apart = paths.use_data_dir(tmp_path / "apart" / "run-1")  # made where missing
+    assert apart.is_dir() and not any(apart.iterdir())  # nothing left behind by the write check
+    assert paths.data_dir() == apart.resolve()
+    assert paths.corpus_dir().parent == apart.resolve() and paths.conversations_db().parent == apart.resolve()

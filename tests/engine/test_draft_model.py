@@ -278,3 +278,41 @@ def test_greedy_answers_from_the_draft_models_trees_are_the_targets_own(ops, mon
     assert branches  # the passes were trees
     assert any(any(rank != "1" for rank in b.split("kept path ")[1].split("·")) for b in branches
                if "none" not in b)  # and the target kept a next choice in some
+
+
+def test_a_draft_model_times_a_read_when_it_is_made_and_keeps_nothing_of_it():
+    target = loaded(tiny_model(vocab=64, layers=2, seed=0))
+    drafter = build_drafter("draft-model", target, loaded(perturbed(target.model, scale=0.05)))
+    assert drafter.read_s is not None and drafter.read_s > 0  # the first answer's wait weighs a measured cost
+    assert drafter.runner.length == 0 and drafter.cached == []
+    finished = list(generate(target.new_runner(), drafter, [1, 2, 3], DecodeConfig(k=3, max_new_tokens=20)))[-1]
+    plain = list(generate(target.new_runner(), build_drafter("none", target), [1, 2, 3],
+                          DecodeConfig(max_new_tokens=20)))[-1]
+    assert finished.token_ids == plain.token_ids
+
+
+class Recording(ModelDrafter):
+    """The draft model, recording the lengths the loop asks of it."""
+
+    def propose(self, ctx, k):
+        self.asked.append(k)
+        return super().propose(ctx, k)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_the_loop_asks_a_draft_model_for_its_whole_length_or_for_nothing():
+    """Its length policy says whether to draft at all: the draft model sizes its drafts itself, token by token, and a
+    draft cut to one token pays for the draft model's read of the newest positions with one token at most (a draft
+    model held to one-token drafts by its first figures drafted in 12 of 246 steps on the real pair)."""
+    target = loaded(tiny_model(vocab=64, layers=2, seed=0))
+    draft = loaded(perturbed(target.model, scale=0.5))
+    drafter = Recording(draft.new_runner(), 64)
+    drafter.asked = []
+    assert drafter.sizes_itself
+    for prompt in ([1, 2, 3], [4, 5, 6, 7], [9, 8]):
+        list(generate(target.new_runner(), drafter, prompt, DecodeConfig(k=5, max_new_tokens=60)))
+    assert drafter.asked and set(drafter.asked) <= {5} | set(range(0, 60))  # the room left may cut the last ones
+    assert drafter.asked.count(5) >= len(drafter.asked) - 3
+    fixed = Recording(draft.new_runner(), 64, confident=False)
+    fixed.asked = []
+    assert not fixed.sizes_itself
