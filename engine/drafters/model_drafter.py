@@ -188,12 +188,14 @@ class ModelDrafter(Drafter):
         """Whether drafting now would first read more of the conversation (more than BIG_READ positions: a new
         answer's prompt, where the cache holds little of it) than the answer is likely to win back: an answer that
         has gone n tokens is taken to go about n more, each won back at GAIN of a plain step, against the read's
-        positions at their measured cost (READ_COST of a plain step each until one is measured). A short answer
-        never pays a read of its prompt; a long one soon has it back."""
+        positions at their measured cost (READ_COST of a plain step each until one is measured, and at most). A short
+        answer never pays a read of its prompt; a long one soon has it back."""
         if to_read <= BIG_READ:
             return False
         plain = ctx.plain_s or self.passes.plain_s()
-        per_position = self.read_s / plain if self.read_s and plain else READ_COST
+        # at most READ_COST: a read timed while something else ran (servers warming up side by side) would keep the
+        # drafter waiting for good, since only a read taken corrects it
+        per_position = min(READ_COST, self.read_s / plain) if self.read_s and plain else READ_COST
         return to_read * per_position > (ctx.tokens.shape[0] - ctx.prompt_len) * GAIN
 
     def _sync(self, tokens: list[int], read: tuple[int, int]) -> torch.Tensor:

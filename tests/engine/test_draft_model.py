@@ -316,3 +316,11 @@ def test_the_loop_asks_a_draft_model_for_its_whole_length_or_for_nothing():
     fixed = Recording(draft.new_runner(), 64, confident=False)
     fixed.asked = []
     assert not fixed.sizes_itself
+
+
+def test_a_read_timed_while_the_machine_was_busy_does_not_keep_the_draft_model_waiting_for_good():
+    drafter = ModelDrafter(ScriptedRunner(sure_at=set()), 16)
+    greedy = SamplingParams(temperature=0.0)
+    drafter.read_s = 50.0  # five plain steps a position: timed beside other work
+    long_answer = DraftContext(torch.arange(400) % 16, 100, greedy, None, None, 10.0, True)  # 300 answered
+    assert not drafter.waiting(long_answer)  # valued at READ_COST a position at most
