@@ -327,3 +327,8 @@ def test_a_later_round_does_not_draft_the_answer_of_the_round_before():
         bench._run_turns(Backend(), "suffix", (), item, "suffix")
     assert sent[0].learn and sent[0].leave_out == ()
     assert all(not c.learn and c.leave_out == ((5, 6, 7),) for c in sent[1:])
+    sent.clear()  # a server peer (`specula serve` keeps what it learns) is asked the same
+    served = Bench(None, Asked("none", DecodeConfig(), (), LoadRequest()), remotes={"specula-auto": Backend()})
+    for _ in range(2):
+        served.run("specula-auto", item)
+    assert sent[0].learn and not sent[1].learn and sent[1].leave_out == ((5, 6, 7),)

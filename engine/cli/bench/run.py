@@ -72,8 +72,11 @@ class Bench:
         return self._run_turns(self.session, strategy, options, item, name)
 
     def run_remote(self, name: str, item: PromptItem) -> Run:
-        """A server peer: the same prompts through its chat API (its own speculation, its counters)."""
-        return self._run_turns(self.remotes[name], "server", (), item)
+        """A server peer: the same prompts through its chat API (its own speculation, its counters). A later round
+        asks a Specula server, as this process's strategies, to learn nothing and leave its first answer out: it
+        keeps the answers it gave, and a second round read auto at up to 5.6x on a prompt, drafting the first round's
+        answer."""
+        return self._run_turns(self.remotes[name], "server", (), item, name)
 
     def _run_turns(self, backend, strategy: str, options: tuple, item: PromptItem, name: str = "") -> Run:
         history: tuple[Message, ...] = ()
