@@ -332,3 +332,45 @@ def test_a_later_round_does_not_draft_the_answer_of_the_round_before():
     for _ in range(2):
         served.run("specula-auto", item)
     assert sent[0].learn and not sent[1].learn and sent[1].leave_out == ((5, 6, 7),)
+
+
+def test_sampled_runs_are_compared_by_their_time_a_token_and_not_by_their_answers():
+    """At a temperature every run draws its own answer and length: a strategy's speedup is its tokens/s over
+    `none`'s (a run of half the tokens in 40% of the time is 1.25x, not 2.5x), in every round, in `none`'s own
+    first-and-last check and in a prompt's median; no answer is compared with another."""
+    from specula.engine.cli.bench.report import spec_bench_view, to_markdown
+    from specula.engine.cli.bench.run import median_run
+
+    qa = PromptItem(("q",), 1, "qa")
+    run = lambda tokens, wall: Run(tuple(range(tokens)), tokens, wall)  # noqa: E731
+    none = Run.mean_of(run(100, 10.0), run(50, 6.0))  # 0.10 and 0.12 s a token: 0.11 for the first's 100 tokens
+    assert none.wall_s == pytest.approx(11.0) and none.new_tokens == 100
+    middle = median_run([run(100, 10.0), run(50, 4.0), run(80, 10.0)])  # 0.100, 0.080, 0.125 s a token
+    assert (middle.new_tokens, middle.wall_s) == (100, pytest.approx(10.0))
+    assert middle.tries == pytest.approx((10.0, 8.0, 12.5))  # each round's time for the median run's tokens
+    results = {"none": [(qa, median_run([none, none]))], "auto": [(qa, median_run([run(50, 4.4), run(40, 4.4)]))]}
+    summary = summarize(results, "m", "cpu", "bf16", 128, temperature=0.7)
+    auto = next(r for r in summary["rows"] if r["strategy"] == "auto")
+    assert auto["speedup"] == pytest.approx(0.11 / ((4.4 / 50 + 4.4 / 40) / 2))
+    assert auto["spread"] == pytest.approx([0.11 / (4.4 / 40), 0.11 / (4.4 / 50)])
+    assert auto["identical"] is None and summary["overall"]["auto"]["identical"] is None
+    assert "Sampled at temperature 0.7" in to_markdown(summary)
+    again = spec_bench_view({"none": [(qa, none)]})["none, run again"]["categories"]["qa"]
+    assert again == pytest.approx(0.10 / 0.12)  # the first run's time a token over the last's
+    greedy = summarize({"none": [(qa, run(100, 10.0))], "auto": [(qa, run(100, 8.0))]}, "m", "cpu", "bf16", 128)
+    assert next(r for r in greedy["rows"] if r["strategy"] == "auto")["identical"] == "1/1"
+    assert "Sampled" not in to_markdown(greedy)
+
+
+def test_a_sampled_bench_runs_and_compares_no_answers(tiny_folder, tmp_path):
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "a", "turns": ["Count: 1 2 3 1 2 3"]}) + "\n")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), one_torch_thread():
+        code = main(["bench", "--model", str(tiny_folder), "--dtype", "fp32", "--prompts", str(prompts),
+                     "--strategies", "none,prompt-lookup", "--peers", "hf", "--max-new-tokens", "12",
+                     "--temperature", "0.7", "--repeat", "2", "--json"])
+    assert code == 0
+    report = json.loads(stdout.getvalue())
+    for name in ("none", "prompt-lookup", "hf"):
+        assert report["overall"][name]["identical"] is None and report["overall"][name]["speedup"] > 0

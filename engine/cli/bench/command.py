@@ -30,8 +30,6 @@ def run_bench_cmd(args) -> int:
         raise SpeculaError("server peers speak chat: drop --no-chat")
     if args.repeat < 1:
         raise SpeculaError(f"--repeat must be at least 1, got {args.repeat}")
-    if not asked.config.params.greedy:
-        raise SpeculaError("the bench compares greedy outputs: use --temperature 0")
     items = load_items(args.prompts, args.categories, args.limit_per_category)
     if args.out:
         make_folder(args.out, "--out")  # before the bench runs, so its results have somewhere to go
@@ -42,7 +40,7 @@ def run_bench_cmd(args) -> int:
     loaded = session.load(compiled_step(asked.load))
     results = run_bench(session, items, names, asked, repeat=args.repeat, remotes=remotes)
     summary = summarize(results, loaded.target, loaded.device, loaded.dtype, asked.config.max_new_tokens,
-                        set(servers))
+                        set(servers), asked.config.params.temperature)
     summary["weights"] = loaded.weights or loaded.dtype
     summary["step"] = session.target.step_status
     for name, backend in remotes.items():

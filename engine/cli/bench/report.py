@@ -17,24 +17,31 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
-def _figures(pairs: list, base: list | None, hf: list | None) -> dict:
+def _per_token(runs: list[Run]) -> float:
+    """Seconds a token over runs: their wall time over their tokens (greedy runs of one prompt have the same tokens,
+    so a ratio of two is a ratio of wall times; sampled ones differ in length)."""
+    return sum(r.wall_s for r in runs) / max(1, sum(r.new_tokens for r in runs))
+
+
+def _figures(pairs: list, base: list | None, hf: list | None, sampled: bool = False) -> dict:
     runs: list[Run] = [r for _, r in pairs]
     wall = sum(r.wall_s for r in runs)
     tokens = sum(r.new_tokens for r in runs)
     counts = summed(r.counts for r in runs)
     forwards, drafted, accepted = counts.target_forwards, counts.drafted, counts.accepted
-    same = sum(r.token_ids == b.token_ids for r, (_, b) in zip(runs, base)) if base else None
+    # sampled answers differ by design (the strategies keep the distribution, not the draws): nothing to compare
+    same = sum(r.token_ids == b.token_ids for r, (_, b) in zip(runs, base)) if base and not sampled else None
     live = SpeedupSum.of(r.live for r in runs)
     return {
         "n": len(runs),
-        "speedup": _ratio(sum(b.wall_s for _, b in base), wall) if base else None,
+        "speedup": _ratio(_per_token([b for _, b in base]), _per_token(runs)) if base else None,
         "spread": _spread(runs, [b for _, b in base]) if base else None,
         # after the first token, as the live speedup counts: measured here (decode rates against none's
         # runs) and as the engine measured it inside each answer (docs/ENGINE.md)
         "decode_speedup": _decode_ratio(runs, [b for _, b in base]) if base else None,
         "live_speedup": live.value,
         "live_error": live.error,
-        "speedup_vs_hf": _ratio(sum(h.wall_s for _, h in hf), wall) if hf else None,
+        "speedup_vs_hf": _ratio(_per_token([h for _, h in hf]), _per_token(runs)) if hf else None,
         "tokens_per_s": _ratio(tokens, wall),
         "mean_accepted_length": _ratio(tokens, forwards) if forwards else None,
         "acceptance_rate": _ratio(accepted, drafted) if drafted else None,
@@ -51,7 +58,10 @@ def _spread(runs: list[Run], base: list[Run]) -> list[float] | None:
     rounds = min((len(r.tries) for r in runs + base), default=0)
     if rounds < 2:
         return None
-    ratios = [_ratio(sum(b.tries[j] for b in base), sum(r.tries[j] for r in runs)) for j in range(rounds)]
+    def per_token(group: list[Run], j: int) -> float:
+        return sum(r.tries[j] for r in group) / max(1, sum(r.new_tokens for r in group))
+
+    ratios = [_ratio(per_token(base, j), per_token(runs, j)) for j in range(rounds)]
     ratios = [x for x in ratios if x is not None]
     return [min(ratios), max(ratios)] if len(ratios) >= 2 else None
 
@@ -126,7 +136,7 @@ def _rerun_view(pairs: list, groups: dict[str, list[int]]) -> dict | None:
     for g in SPEC_BENCH:
         halves = [pairs[i][1].first_last for i in groups.get(g, ()) if pairs[i][1].first_last]
         if halves:
-            first, last = sum(h[0].wall_s for h in halves), sum(h[1].wall_s for h in halves)
+            first, last = _per_token([h[0] for h in halves]), _per_token([h[1] for h in halves])
             cats[g] = first / last if last else None
     if not cats or None in cats.values():
         return None
@@ -134,7 +144,10 @@ def _rerun_view(pairs: list, groups: dict[str, list[int]]) -> dict | None:
 
 
 def summarize(results: dict[str, list], model: str, device: str, dtype: str, max_new_tokens: int,
-              servers: set[str] = frozenset()) -> dict:
+              servers: set[str] = frozenset(), temperature: float = 0.0) -> dict:
+    """Per category and overall figures of every strategy and peer. Sampled (`temperature` above 0) every answer
+    differs: the speedups are per token and no identity is checked."""
+    sampled = temperature > 0
     base_all = results.get("none")
     hf_all = results.get("hf")
     rows = []
@@ -145,10 +158,10 @@ def summarize(results: dict[str, list], model: str, device: str, dtype: str, max
             by_cat[item.category or "all"].append(i)
         cat_rows = []
         for cat, idx in by_cat.items():
-            figures = _figures(_pick(pairs, idx), _pick(base_all, idx), _pick(hf_all, idx))
+            figures = _figures(_pick(pairs, idx), _pick(base_all, idx), _pick(hf_all, idx), sampled)
             cat_rows.append({"strategy": name, "category": cat, **figures})
         rows += cat_rows
-        whole = _figures(pairs, base_all, hf_all)
+        whole = _figures(pairs, base_all, hf_all, sampled)
         speedups = [r["speedup"] for r in cat_rows if r["speedup"] is not None]
         vs_hf = [r["speedup_vs_hf"] for r in cat_rows if r["speedup_vs_hf"] is not None]
         overall[name] = {
@@ -166,7 +179,7 @@ def summarize(results: dict[str, list], model: str, device: str, dtype: str, max
             "kind": "server" if name in servers else "peer" if name in PEERS else "strategy",
         }
     summary = {"model": model, "device": device, "dtype": dtype, "max_new_tokens": max_new_tokens,
-               "rows": rows, "overall": overall, "spec_bench": spec_bench_view(results)}
+               "temperature": temperature, "rows": rows, "overall": overall, "spec_bench": spec_bench_view(results)}
     halves = [r.first_last for _, r in base_all or () if r.first_last]
     if halves:
         first, last = ([h[i] for h in halves] for i in (0, 1))
@@ -240,6 +253,9 @@ def to_markdown(summary: dict) -> str:
             + f"max new tokens {summary['max_new_tokens']}")
     if summary.get("k"):
         head += " | longest draft k: " + ", ".join(f"{n} {k}" for n, k in summary["k"].items() if n != "none")
+    if summary.get("temperature"):
+        head += (f"\n\nSampled at temperature {summary['temperature']:g}: every run draws its own answer, so speedups "
+                 "are tokens/s over `none`'s and no answer is compared with another")
     for name, where in summary.get("servers", {}).items():
         head += (f"\n\nServer peer {name}: {where}. Its acceptance comes from the server's spec-decode counters; "
                  "its identity is against this process's `none`, which runs another build of the model")
@@ -300,6 +316,7 @@ def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
 
 def write_out(folder: Path, summary: dict, results: dict[str, list]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
+    sampled = bool(summary.get("temperature"))
     (folder / "bench.md").write_text(to_markdown(summary), encoding="utf-8")
     (folder / "bench.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     with (folder / "trace.jsonl").open("w", encoding="utf-8") as f:
@@ -312,8 +329,8 @@ def write_out(folder: Path, summary: dict, results: dict[str, list]) -> None:
                     "new_tokens": run.new_tokens, "wall_s": run.wall_s, "target_forwards": run.counts.target_forwards,
                     "drafted": run.counts.drafted, "accepted": run.counts.accepted,
                     "accepted_lengths": list(run.counts.accepted_lengths),
-                    "identical_to_none": (run.token_ids == b.token_ids) if b else None,
-                    "first_difference": first_difference(run.token_ids, b.token_ids) if b else None,
+                    "identical_to_none": (run.token_ids == b.token_ids) if b and not sampled else None,
+                    "first_difference": first_difference(run.token_ids, b.token_ids) if b and not sampled else None,
                     # after the first token: the time it took, the speedup it measured against none's run of
                     # the same prompt, and the speedup the engine measured inside the answer (± one error)
                     "decoded": run.decoded, "decode_s": run.decode_s,

@@ -5,8 +5,9 @@ hits all alike; `none`, the reference, runs first and last in each prompt's turn
 two; their difference: the bench's check that no run slows the one after it); `--repeat` runs the round
 several times and keeps each run's median wall time, and each round's too (`Run.tries`: the report gives each
 category's speedup in every round, its spread, and counts a category a loss only where every round is). Ratios,
-not absolute times, are the result: speedup = total wall time of `none` / total wall time of the
-strategy on the same prompts (per category; overall = mean of the category speedups).
+not absolute times, are the result: speedup = `none`'s time a token / the strategy's on the same prompts (total wall
+time over total new tokens; greedy, every answer is `none`'s, so it is the ratio of wall times; sampled, each run
+draws its own answer and length), per category; overall = mean of the category speedups.
 """
 
 from __future__ import annotations
@@ -45,12 +46,23 @@ class Run:
     live: SpeedupSum = field(default_factory=SpeedupSum)  # the live speedup the turns measured
     # `none` beside other runs: its runs measured first and last in the prompt's turn, this one their mean
     first_last: tuple[Run, Run] | None = None
-    tries: tuple[float, ...] = ()  # with --repeat: each round's wall time, in order (this run is their median)
+    tries: tuple[float, ...] = ()  # with --repeat: each round's time for this run's tokens, in order (their median)
+
+    @property
+    def per_token(self) -> float:
+        """Seconds per new token: what runs of different lengths (sampled answers) are compared by."""
+        return self.wall_s / max(1, self.new_tokens)
+
+    @property
+    def per_decoded(self) -> float:
+        return self.decode_s / max(1, self.decoded)
 
     @classmethod
     def mean_of(cls, first: Run, last: Run) -> Run:
-        """`none` measured first and last in a prompt's turn: the same tokens, the mean of the two times."""
-        return replace(first, wall_s=(first.wall_s + last.wall_s) / 2, decode_s=(first.decode_s + last.decode_s) / 2,
+        """`none` measured first and last in a prompt's turn: the first's tokens at the mean of the two runs' time a
+        token (greedy, the same tokens: the mean of the two times)."""
+        return replace(first, wall_s=(first.per_token + last.per_token) / 2 * max(1, first.new_tokens),
+                       decode_s=(first.per_decoded + last.per_decoded) / 2 * max(1, first.decoded),
                        first_last=(first, last))
 
 
@@ -112,8 +124,11 @@ class Bench:
         target = self.session.target
         history: tuple[Message, ...] = ()
         run = Run((), 0, 0.0)
-        kwargs = dict(do_sample=False, max_new_tokens=self.asked.config.max_new_tokens,
-                      eos_token_id=sorted(target.eos_ids))
+        params = self.asked.config.params
+        sampling = ({} if params.greedy else
+                    {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k})
+        kwargs = dict(do_sample=not params.greedy, max_new_tokens=self.asked.config.max_new_tokens,
+                      eos_token_id=sorted(target.eos_ids), **sampling)
         if peer == "hf-prompt-lookup":
             kwargs["prompt_lookup_num_tokens"] = HF_LOOKUP_TOKENS
         elif peer == "hf-assisted":
@@ -187,9 +202,13 @@ def variant_options(flags: tuple[str, ...]) -> tuple[tuple[str, int | str], ...]
 
 
 def median_run(runs: list[Run]) -> Run:
-    best = sorted(runs, key=lambda r: r.wall_s)[len(runs) // 2]
-    return replace(best, wall_s=statistics.median(r.wall_s for r in runs),
-                   decode_s=statistics.median(r.decode_s for r in runs), tries=tuple(r.wall_s for r in runs))
+    """The runs of one prompt (--repeat) as one: the median run's tokens at the median time a token, and each round's
+    time for those tokens (`tries`). Greedy runs keep the same tokens: the median wall time."""
+    best = sorted(runs, key=lambda r: r.per_token)[len(runs) // 2]
+    tokens, decoded = max(1, best.new_tokens), max(1, best.decoded)
+    return replace(best, wall_s=statistics.median(r.per_token for r in runs) * tokens,
+                   decode_s=statistics.median(r.per_decoded for r in runs) * decoded,
+                   tries=tuple(r.per_token * tokens for r in runs))
 
 
 def select(items: list[PromptItem], categories: list[str] | None, limit: int | None) -> list[PromptItem]:
