@@ -124,9 +124,10 @@ STRATEGY_OPTIONS: dict[str, StrategyOption] = {
                        shown_under=("eagle",), label="Token trees", default=True,
                        tip="Eagle drafts EAGLE-2 token trees, sized by what its passes cost here, wherever the engine "
                            "verifies trees exactly; off: one chain of guesses per step"),
-        StrategyOption("lookup", (bool, int), ("eagle",),
+        StrategyOption("lookup", (bool, int), ("eagle", "auto"),
                        "eagle: its trees also hold the conversation's own continuation, prompt lookup's draft "
-                       "(default on; --no-lookup: the head's nodes only)",
+                       "(default on; --no-lookup: the head's nodes only); auto: so do its draft model's passes, "
+                       "where lookup's figures say the branch is worth its rows",
                        shown_under=("eagle",), label="With prompt lookup's branch", default=True, requires="tree",
                        tip="Eagle's trees also hold what followed the conversation's last words earlier on (prompt "
                            "lookup's draft): the head guesses free text, lookup copied text"),

@@ -26,9 +26,12 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import torch
+
 from ..api.strategies import STRATEGIES, default_k
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
 from ..decoding.length import DraftLength
+from ..decoding.tree import TokenTree
 from ..heads.store import read_info
 from .draft_model import DraftModel
 from .eagle import Eagle
@@ -81,11 +84,12 @@ class Auto(Drafter):
     POLICY = ("_lengths", "models", "last_used", "passed_over", "steps")
 
     def __init__(self, members: dict | None = None, lookup_k: int = 8, use_lookup: bool = True,
-                 phrases: Phrases | None = None, suffix: Suffix | None = None) -> None:
+                 phrases: Phrases | None = None, suffix: Suffix | None = None, lookup_branch: bool = True) -> None:
         self.lookup = PromptLookup()
         self.phrases = phrases  # the model's own phrases (None: not used)
         self.suffix = suffix  # the model's earlier answers (None: not used)
         self.use_lookup = use_lookup  # the user may keep auto from prompt lookup (option skip)
+        self.lookup_branch = use_lookup and lookup_branch  # lookup's continuation in the draft model's passes
         self.lookup_k = lookup_k
         self.heads = dict(members or {})  # name -> (drafter, its own k): drafters other than prompt lookup
         self.aux_layers = tuple(sorted({i for d, _ in self.heads.values() for i in d.aux_layers}))
@@ -99,10 +103,11 @@ class Auto(Drafter):
 
     @classmethod
     def build(cls, target, draft=None, heads=(), head=None, skip: str = "", phrases=None, draft_vocab=None,
-              confident=True, tree=None, **options) -> "Auto":
+              confident=True, tree=None, lookup=None, **options) -> "Auto":
         """`skip`: comma-separated strategies auto must not use (prompt-lookup, lookahead, eagle, medusa,
         phrases, draft-model); `phrases` false: the same as skipping them. A loaded draft model is a member
-        (`draft_vocab`, `confident`, `tree`: its options, as draft-model takes them)."""
+        (`draft_vocab`, `confident`, `tree`: its options, as draft-model takes them; `lookup` false: its passes
+        without prompt lookup's continuation)."""
         left_out = {name.strip() for name in (skip or "").split(",") if name.strip()}
         members = {} if "lookahead" in left_out else {"lookahead": (Lookahead(), default_k("lookahead"))}
         if draft is not None and DraftModel.name not in left_out:
@@ -115,7 +120,8 @@ class Auto(Drafter):
         use_phrases = "phrases" not in left_out and (phrases is None or bool(phrases))
         return cls(members, use_lookup="prompt-lookup" not in left_out,
                    phrases=Phrases(table_for(target)) if use_phrases else None,
-                   suffix=Suffix(index_for(target)) if "suffix" not in left_out else None)
+                   suffix=Suffix(index_for(target)) if "suffix" not in left_out else None,
+                   lookup_branch=(lookup is None or bool(lookup)) and (tree is None or bool(tree)))
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -211,9 +217,41 @@ class Auto(Drafter):
             return self.suffix.propose(ctx, min(k, length))
         if choice in self.heads:
             self.member = self.heads[choice][0]
-            return self.member.propose(ctx, min(k, length))
+            draft = self.member.propose(ctx, min(k, length))
+            if n and self.lookup_branch and self.member.sizes_itself:
+                return self._with_lookup(draft, ctx, continuation(ctx.tokens, n, start, min(k, length)).tolist(),
+                                         _lookup_bucket(n))
+            return draft
         self.member = self.lookup
         return Draft(continuation(ctx.tokens, n, start, min(k, length)).clone())
+
+    def _with_lookup(self, draft: Draft, ctx: DraftContext, branch: list[int], bucket: str) -> Draft:
+        """The draft model's draft with prompt lookup's continuation as a branch of the same pass (greedy steps where
+        tree passes decide as chains do): its nodes share the draft's where they agree, and a new node joins while
+        the chance that lookup's drafts of this match length are kept that far (its measured figures) is worth a
+        verify row. Where the draft model guesses free text and the conversation repeats itself, one pass holds
+        both."""
+        model = self.models.get(bucket)
+        if (not branch or not ctx.params.greedy or not getattr(ctx.target, "exact_trees", False) or model is None
+                or not model.warm):
+            return draft
+        row_cost = self.member.costs(ctx.plain_s)[1]
+        tokens = draft.tokens.tolist()
+        parents = draft.parents if draft.parents is not None else list(range(-1, len(tokens) - 1))
+        node, added = -1, False
+        for depth, token in enumerate(branch):
+            child = next((i for i, (t, p) in enumerate(zip(tokens, parents)) if p == node and t == token), None)
+            if child is None:
+                if model.reached[depth] < 1 or model.kept[depth] / (model.reached[depth] + model.PRIOR) < row_cost:
+                    break  # lookup's drafts are seldom kept this far: not worth a row
+                child = len(tokens)
+                tokens.append(token)
+                parents.append(node)
+                added = True
+            node = child
+        if not added:
+            return draft
+        return Draft(torch.tensor(tokens, dtype=torch.long), tree=TokenTree.of_draft(parents))
 
     @property
     def chose(self) -> str | None:

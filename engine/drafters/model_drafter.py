@@ -314,12 +314,14 @@ class ModelDrafter(Drafter):
         probs = self._probs
         chain = len(probs)
         path = self._path if self._path is not None else list(range(accepted))
-        kept = sum(1 for i in path if i < chain)  # the chain's tokens kept: a leaf, if kept, is the path's last
+        kept = 0  # the chain's tokens kept: the path's first ones (a leaf, or another drafter's node, may follow)
+        while kept < min(chain, len(path)) and path[kept] == kept:
+            kept += 1
         self.calibration.observe(probs, kept)
         for i in range(1, min(chain, kept + 1)):  # tokens after a kept one: each kept or not
             self.after_kept = running(self.after_kept, float(i < kept), AFTER_KEPT_WEIGHT)
         if kept < chain:  # where the chain's token was rejected, its leaves were judged
-            taken = path[-1] if len(path) > kept else None
-            self.next_choices.judged([(given, chain + j == taken) for j, (depth, given) in enumerate(self._leaves)
+            taken = set(path)
+            self.next_choices.judged([(given, chain + j in taken) for j, (depth, given) in enumerate(self._leaves)
                                       if depth == kept])
         self._probs, self._leaves, self._path = [], [], None

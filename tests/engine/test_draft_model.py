@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specula.engine.api.types import DecodeConfig, SamplingParams
-from specula.engine.decoding.drafter import DraftContext, PassCosts
+from specula.engine.decoding.drafter import Draft, DraftContext, PassCosts
 from specula.engine.decoding.loop import generate
 from specula.engine.drafters import build_drafter
 from specula.engine.drafters.auto import Auto
@@ -295,7 +295,8 @@ class Recording(ModelDrafter):
     """The draft model, recording the lengths the loop asks of it."""
 
     def propose(self, ctx, k):
-        self.asked.append(k)
+        room = 60 - (ctx.tokens.shape[0] - ctx.prompt_len) - 1  # the answer's budget left after this step's token
+        self.asked.append((k, min(5, room)))
         return super().propose(ctx, k)
 
 
@@ -311,8 +312,8 @@ def test_the_loop_asks_a_draft_model_for_its_whole_length_or_for_nothing():
     assert drafter.sizes_itself
     for prompt in ([1, 2, 3], [4, 5, 6, 7], [9, 8]):
         list(generate(target.new_runner(), drafter, prompt, DecodeConfig(k=5, max_new_tokens=60)))
-    assert drafter.asked and set(drafter.asked) <= {5} | set(range(0, 60))  # the room left may cut the last ones
-    assert drafter.asked.count(5) >= len(drafter.asked) - 3
+    assert len(drafter.asked) > 3
+    assert all(k == whole for k, whole in drafter.asked)  # its whole length, or what the answer's budget leaves
     fixed = Recording(draft.new_runner(), 64, confident=False)
     fixed.asked = []
     assert not fixed.sizes_itself
@@ -324,3 +325,74 @@ def test_a_read_timed_while_the_machine_was_busy_does_not_keep_the_draft_model_w
     drafter.read_s = 50.0  # five plain steps a position: timed beside other work
     long_answer = DraftContext(torch.arange(400) % 16, 100, greedy, None, None, 10.0, True)  # 300 answered
     assert not drafter.waiting(long_answer)  # valued at READ_COST a position at most
+
+
+class Member(ModelDrafter):
+    """A draft model that always drafts [7, 8], at a fiftieth of a step a verify row."""
+
+    def __init__(self) -> None:
+        super().__init__(ScriptedRunner(sure_at=set()), 16)
+
+    def propose(self, ctx, k):
+        return Draft(torch.tensor([7, 8]))
+
+    def costs(self, plain_s):
+        return 0.01, 0.02
+
+
+def _lookup_figures(auto: Auto, bucket: str, kept: int) -> None:
+    for _ in range(8):  # lookup's drafts of this match length: four tokens each, `kept` of them kept
+        auto._model(bucket).observe(4, kept, 0.012, 0.010)
+
+
+def test_auto_puts_prompt_lookups_continuation_into_the_draft_models_pass_where_it_pays():
+    tokens = torch.tensor([5, 6, 7, 9, 10, 11, 5, 6])  # "5 6" came before, followed by 7 9 10 11
+    ctx = DraftContext(tokens, 2, SamplingParams(temperature=0.0), None, TreeTarget(), 0.010, True)
+    auto = Auto({"draft-model": (Member(), 8)})
+    auto.member = auto.heads["draft-model"][0]
+    _lookup_figures(auto, "prompt-lookup:2-3", kept=4)
+    draft = auto._with_lookup(Draft(torch.tensor([7, 8])), ctx, [7, 9, 10, 11], "prompt-lookup:2-3")
+    assert draft.tokens.tolist() == [7, 8, 9, 10, 11]  # 7 shared, then lookup's 9 10 11 beside the draft's 8
+    assert draft.parents == [-1, 0, 0, 2, 3]
+    seldom = Auto({"draft-model": (Member(), 8)})
+    seldom.member = seldom.heads["draft-model"][0]
+    _lookup_figures(seldom, "prompt-lookup:2-3", kept=0)  # lookup's drafts of such matches are never kept
+    assert seldom._with_lookup(Draft(torch.tensor([7, 8])), ctx, [7, 9, 10, 11], "prompt-lookup:2-3").tree is None
+    sampled = DraftContext(tokens, 2, SamplingParams(temperature=0.8), None, TreeTarget(), 0.010, True)
+    assert auto._with_lookup(Draft(torch.tensor([7, 8])), sampled, [7, 9, 10, 11], "prompt-lookup:2-3").tree is None
+    member = auto.member  # the draft model learns from its own nodes of the kept path only
+    member._probs, member._leaves = [0.9, 0.9], []
+    before = member.calibration.share(0.9)
+    member.observe_path([0, 2, 3])  # 7, then lookup's 9 and 10
+    member.observe(3, 11)
+    assert member.calibration.share(0.9) < before  # its first token kept, its second (8) rejected
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_greedy_answers_with_lookups_branch_in_the_draft_models_passes_are_the_targets_own(ops, monkeypatch):
+    from specula.engine.drafters import auto as auto_module
+
+    monkeypatch.setattr(ModelDrafter, "costs", lambda self, plain_s: (0.0, 1e-4))
+    monkeypatch.setattr(auto_module, "HEADS_AFTER", 0)
+    added = []
+    original = Auto._with_lookup
+
+    def counting(self, draft, ctx, branch, bucket):
+        merged = original(self, draft, ctx, branch, bucket)
+        added.append(merged.tokens.numel() - draft.tokens.numel())
+        return merged
+
+    monkeypatch.setattr(Auto, "_with_lookup", counting)
+    target = loaded(tiny_model(vocab=64, layers=3, seed=1))
+    target.step = "compiled"
+    draft = loaded(perturbed(target.model, scale=0.3))
+    gen = torch.Generator().manual_seed(5)
+    auto = build_drafter("auto", target, draft)
+    for trial in range(4):
+        tail = torch.randint(0, 64, (6,), generator=gen).tolist()
+        prompt = tail * 3 + [int(torch.randint(0, 64, (1,), generator=gen))]  # repeated text: lookup finds matches
+        plain = list(generate(target.new_runner(), build_drafter("none", target), prompt,
+                              DecodeConfig(max_new_tokens=60)))[-1]
+        spec = list(generate(target.new_runner(), auto, prompt, DecodeConfig(k=6, max_new_tokens=60)))[-1]
+        assert spec.token_ids == plain.token_ids, prompt
+    assert any(n > 0 for n in added)  # some passes held lookup's branch beside the draft model's nodes
