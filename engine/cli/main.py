@@ -159,8 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, default=None, help="folder for bench.md, bench.json, trace.jsonl (per prompt), steps.jsonl (per step) and PNG charts")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     # what read_flags reads for the flags bench does not take: none, the reference, is the strategy asked (each
-    # strategy benched gets its own settings from it), and greedy runs are seeded alike
-    b.set_defaults(strategy="none", seed=0)
+    # strategy benched gets its own settings from it); no seed: a sampled run draws afresh, as a user's answer does
+    # (a seed keeps timings from shaping the steps: the draft model would draft its whole length every step)
+    b.set_defaults(strategy="none", seed=None)
     t = sub.add_parser("train-head", help="train a draft head for a model on its own answers (self-distillation)")
     _add_model_args(t)
     t.add_argument("--kind", default="eagle", choices=["eagle", "eagle3", "medusa", "phrases"],

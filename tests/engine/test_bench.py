@@ -374,3 +374,8 @@ def test_a_sampled_bench_runs_and_compares_no_answers(tiny_folder, tmp_path):
     report = json.loads(stdout.getvalue())
     for name in ("none", "prompt-lookup", "hf"):
         assert report["overall"][name]["identical"] is None and report["overall"][name]["speedup"] > 0
+    from specula.engine.cli.common import read_flags
+    from specula.engine.cli.main import build_parser
+
+    args = build_parser().parse_args(["bench", "--prompts", str(prompts), "--temperature", "0.7"])
+    assert read_flags(args, measure_baseline=False, prepare=False).config.seed is None  # drawn afresh, as a user's
