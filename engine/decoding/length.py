@@ -102,13 +102,17 @@ class DraftLength:
         best, rate = self._best[least]
         return best, (rate / plain_s if plain_s else rate)
 
+    def kept_share(self, i: int) -> float:
+        """The share of recent drafts that reached position i and had it kept (PRIOR rejections to start from)."""
+        return self.kept[i] / (self.reached[i] + self.PRIOR)
+
     def _best_in_plain_steps(self, least: int) -> tuple[int, float]:
         best, best_rate, tokens = self.k, 0.0, 1.0
         for n in range(self.k + 1):
             if n:
                 if self.reached[n - 1] < 2:
                     break  # never measured that far: the drafter's own length decides
-                tokens += self.kept[n - 1] / (self.reached[n - 1] + self.PRIOR)
+                tokens += self.kept_share(n - 1)
             t = self._time(n, None)
             if n < least or t is None or t <= 0:
                 continue

@@ -104,3 +104,22 @@ class TokenTree:
             row = self.children[row][0]
             below.append(row)
         return below
+
+
+def graft(tokens: list[int], parents: list[int], branch: list[int], admit=lambda depth: True) -> list[int]:
+    """Add `branch` (tokens continuing the newest context token) to a drafter's tree, given as its draft tokens and
+    their parents (-1: the newest context token; TokenTree.of_draft), in place: where a node under the same parent
+    already holds the token, the branch runs through it; a new node joins while `admit(its depth index)` says so.
+    -> the draft indices of the branch's nodes, root side first."""
+    node, path = -1, []
+    for depth, token in enumerate(branch):
+        child = next((i for i, (t, p) in enumerate(zip(tokens, parents)) if p == node and t == token), None)
+        if child is None:
+            if not admit(depth):
+                break
+            child = len(tokens)
+            tokens.append(token)
+            parents.append(node)
+        node = child
+        path.append(child)
+    return path

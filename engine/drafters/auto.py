@@ -31,7 +31,7 @@ import torch
 from ..api.strategies import STRATEGIES, default_k
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft
 from ..decoding.length import DraftLength
-from ..decoding.tree import TokenTree
+from ..decoding.tree import TokenTree, graft
 from ..heads.store import read_info
 from .draft_model import DraftModel
 from .eagle import Eagle
@@ -238,18 +238,9 @@ class Auto(Drafter):
         row_cost = self.member.costs(ctx.plain_s)[1]
         tokens = draft.tokens.tolist()
         parents = draft.parents if draft.parents is not None else list(range(-1, len(tokens) - 1))
-        node, added = -1, False
-        for depth, token in enumerate(branch):
-            child = next((i for i, (t, p) in enumerate(zip(tokens, parents)) if p == node and t == token), None)
-            if child is None:
-                if model.reached[depth] < 1 or model.kept[depth] / (model.reached[depth] + model.PRIOR) < row_cost:
-                    break  # lookup's drafts are seldom kept this far: not worth a row
-                child = len(tokens)
-                tokens.append(token)
-                parents.append(node)
-                added = True
-            node = child
-        if not added:
+        # a new node only where lookup's drafts are kept that far often enough to be worth a row
+        graft(tokens, parents, branch, lambda depth: model.reached[depth] >= 1 and model.kept_share(depth) >= row_cost)
+        if len(tokens) == draft.tokens.numel():
             return draft
         return Draft(torch.tensor(tokens, dtype=torch.long), tree=TokenTree.of_draft(parents))
 

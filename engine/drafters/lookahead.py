@@ -28,7 +28,7 @@ import torch
 from ..api.errors import SpeculaError
 from ..api.strategies import STRATEGIES
 from ..decoding.drafter import Draft, DraftContext, Drafter, empty_draft, sends_tree
-from ..decoding.tree import TokenTree
+from ..decoding.tree import TokenTree, graft
 
 POOL_PER_KEY = 8  # n-grams kept per first token, newest last
 
@@ -98,22 +98,9 @@ class Lookahead(Drafter):
             return Draft(torch.tensor(self.window[:k], dtype=torch.long))
         drafted: list[int] = []
         parents: list[int] = []
-        node: dict[tuple[int, int], int] = {}  # (parent, token) -> draft index: branches share prefixes
-
-        def insert(chain: list[int]) -> list[int]:
-            at, path = -1, []
-            for t in chain:
-                if (at, t) not in node:
-                    node[(at, t)] = len(drafted)
-                    drafted.append(t)
-                    parents.append(at)
-                at = node[(at, t)]
-                path.append(at)
-            return path
-
-        for g in grams:
-            insert(g)
-        self.slots = insert(self.window[:k])
+        for g in grams:  # branches share prefixes
+            graft(drafted, parents, g)
+        self.slots = graft(drafted, parents, self.window[:k])
         return Draft(torch.tensor(drafted, dtype=torch.long), tree=TokenTree.of_draft(parents))
 
     def observe_tree(self, best: dict[int, int]) -> None:

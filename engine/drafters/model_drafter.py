@@ -86,12 +86,7 @@ class Calibration:
     def observe(self, probs: list[float], accepted: int) -> None:
         """A draft whose tokens had probabilities `probs`, of which the first `accepted` were kept: the tokens
         up to the first rejected one count (the target judged nothing after it)."""
-        if not probs:
-            return
-        self.reached = [self.FORGET * r for r in self.reached]
-        self.kept = [self.FORGET * c for c in self.kept]
-        for i, p in enumerate(probs[: accepted + 1]):
-            self._count(p, i < accepted)
+        self.judged([(p, i < accepted) for i, p in enumerate(probs[: accepted + 1])])
 
     def judged(self, judged: list[tuple[float, bool]]) -> None:
         """Tokens judged one by one: each its probability and whether the target took it."""
@@ -100,12 +95,9 @@ class Calibration:
         self.reached = [self.FORGET * r for r in self.reached]
         self.kept = [self.FORGET * c for c in self.kept]
         for p, kept in judged:
-            self._count(p, kept)
-
-    def _count(self, p: float, kept: bool) -> None:
-        b = bisect.bisect_right(self.edges, p)
-        self.reached[b] += 1
-        self.kept[b] += kept
+            b = bisect.bisect_right(self.edges, p)
+            self.reached[b] += 1
+            self.kept[b] += kept
 
 
 class ModelDrafter(Drafter):
@@ -120,7 +112,6 @@ class ModelDrafter(Drafter):
         self.offset = 0  # the conversation's position of the cache's first (a read of its latest positions only)
         # drafts only what pays (the module's note); false: always the full length asked for
         self.confident = confident
-        self.sizes_itself = confident
         self.tree = tree  # its next choices as leaves where they pay (false: chains only)
         self.calibration = Calibration()
         self.token_s: float | None = None  # a draft token's forward, running mean of measured ones
@@ -133,6 +124,10 @@ class ModelDrafter(Drafter):
         self._path: list[int] | None = None  # the draft indices of the path the target kept (a tree's)
         self.passes = PassCosts()  # what the target's verify passes cost by their rows, here
         self.read_s: float | None = None  # a position of a long read (running mean of measured ones)
+
+    @property
+    def sizes_itself(self) -> bool:
+        return self.confident
 
     def reset(self) -> None:
         """A new answer: the cache keeps what it shares with the new conversation (a chat's next turn holds the

@@ -17,10 +17,11 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
-def _per_token(runs: list[Run]) -> float:
-    """Seconds a token over runs: their wall time over their tokens (greedy runs of one prompt have the same tokens,
-    so a ratio of two is a ratio of wall times; sampled ones differ in length)."""
-    return sum(r.wall_s for r in runs) / max(1, sum(r.new_tokens for r in runs))
+def _per_token(runs: list[Run], in_round: int | None = None) -> float:
+    """Seconds a token over runs: their wall time (with `in_round`, that round's: Run.tries) over their tokens (greedy
+    runs of one prompt have the same tokens, so a ratio of two is a ratio of wall times; sampled ones differ)."""
+    seconds = sum(r.wall_s if in_round is None else r.tries[in_round] for r in runs)
+    return seconds / max(1, sum(r.new_tokens for r in runs))
 
 
 def _figures(pairs: list, base: list | None, hf: list | None, sampled: bool = False) -> dict:
@@ -53,15 +54,12 @@ def _figures(pairs: list, base: list | None, hf: list | None, sampled: bool = Fa
 
 
 def _spread(runs: list[Run], base: list[Run]) -> list[float] | None:
-    """With --repeat: the speedup in each round of the bench (`none`'s wall times of the round over the runs'), as
+    """With --repeat: the speedup in each round of the bench (`none`'s time a token in the round over the runs'), as
     its lowest and highest; None with one round."""
     rounds = min((len(r.tries) for r in runs + base), default=0)
     if rounds < 2:
         return None
-    def per_token(group: list[Run], j: int) -> float:
-        return sum(r.tries[j] for r in group) / max(1, sum(r.new_tokens for r in group))
-
-    ratios = [_ratio(per_token(base, j), per_token(runs, j)) for j in range(rounds)]
+    ratios = [_ratio(_per_token(base, j), _per_token(runs, j)) for j in range(rounds)]
     ratios = [x for x in ratios if x is not None]
     return [min(ratios), max(ratios)] if len(ratios) >= 2 else None
 
