@@ -442,10 +442,10 @@ class ChatView(QTextBrowser):
 
     def _insert_tokens(self, cursor: QTextCursor, paint, records: list[TokenRecord]) -> None:
         for rec in records:
+            if not rec.text or (rec.origin == "rejected" and not self.show_ghosts):
+                continue  # one record a shown token, as a rendered answer keeps them
             index = len(self.records)
             self.records.append(rec)
-            if not rec.text or (rec.origin == "rejected" and not self.show_ghosts):
-                continue
             text = shown(rec.text if rec.origin != "rejected" else ghost_text(rec.text))
             cursor.insertText(text, paint.token_format(rec, index))
 
