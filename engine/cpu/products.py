@@ -8,7 +8,8 @@ Three forms, one call signature (`product(x)`, x (rows, in) -> (rows, out)):
   codes are used as they are (see `Q4Blocks`).
 - `Blocks`: the file's own Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K blocks (`FileBlocks`) through the compiled step's
   products (native/blocks.h): the weights are read once for all the rows of a call, activations are
-  quantized to int8 per block of 32, and a row's bits never depend on the other rows (by construction,
+  quantized to int8 per block of 32 (per super-block of 256 for the K-quants, as ggml's Q8_K), and a row's bits
+  never depend on the other rows (by construction,
   in every code path). The compiled step uses them where the library is built (`cpu/step.py`).
 
 Every form gives a row the same bits whatever the other rows of the call are, from `stable_rows` rows on:

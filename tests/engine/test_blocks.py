@@ -1,6 +1,7 @@
 """The compiled step's own products over a file's blocks (engine/cpu/native/blocks.h, `Blocks`): every
 format, code path and row count gives a row the bits it gets alone, every path gives the same bits, and
-the result is the plain block arithmetic (activations quantized per block of 32, exact integer sums)."""
+the result is the plain block arithmetic (activations quantized per block of 32 for the legacy formats and per
+super-block of 256 for the K-quants, exact integer sums)."""
 
 import numpy as np
 import pytest
@@ -57,20 +58,28 @@ def _weight(out: int, inp: int, seed: int, type_name: str) -> FileBlocks:
     return FileBlocks.quantize(w, type_name)
 
 
+def quantized(x: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
+    """x (rows, k) quantized as the kernels do, one scale per `span` inputs: codes (rows, k / span, span) in float64
+    and scales (rows, k / span)."""
+    rows, k = x.shape
+    xs = x.reshape(rows, k // span, span)
+    d = (np.abs(xs).max(-1) / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    return np.rint(xs * inv[..., None]).astype(np.float64), d.astype(np.float64)  # round half to even, as the kernels
+
+
 def reference(x: torch.Tensor, parts: list[FileBlocks], bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The block arithmetic written plainly in float64: x quantized per block of 32 as the kernels do, each
-    block's sum over the file's weights (the gguf package's dequantizer) times the block's scale dx."""
+    """The block arithmetic written plainly in float64: x quantized per block of 32 (legacy formats) or per super-block
+    of 256 (K-quants) as the kernels do, each span's sum over the file's weights (the gguf package's dequantizer) times
+    its scale dx."""
     x = x.float().numpy()
     rows, k = x.shape
-    xb = x.reshape(rows, k // 32, 32)
-    amax = np.abs(xb).max(-1)
-    d = (amax / np.float32(127)).astype(np.float32)
-    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
-    q = np.rint(xb * inv[..., None]).astype(np.float64)  # round half to even, as the kernels
     outs = []
     for p in parts:
-        w = p.dequantize().double().numpy().reshape(p.shape[0], k // 32, 32)
-        outs.append(np.einsum("obj,rbj,rb->ro", w, q, d.astype(np.float64)))
+        span = 256 if p.type_name in K_QUANTS else 32
+        q, d = quantized(x, span)
+        w = p.dequantize().double().numpy().reshape(p.shape[0], k // span, span)
+        outs.append(np.einsum("obj,rbj,rb->ro", w, q, d))
     y = np.concatenate(outs, axis=1)
     if bias is not None:
         y += bias.float().numpy()

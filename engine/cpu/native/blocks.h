@@ -1,18 +1,22 @@
 // Matrix products over a GGUF file's quantized blocks: y = x @ W^T (+ b), W in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 // Q4_K, Q5_K or Q6_K with the file's scales and minimums as they are (fp16, and the K-quants' 6-bit and 8-bit ones).
 //
-// Arithmetic (ggml's): each row of x is quantized once per product, per block of 32 inputs, to int8 with
-// one fp32 scale dx = max|x| / 127 (q = round-to-nearest-even(x * (1 / dx))); a block's products are then
-// exact integer sums of the weight codes c_j times the row's codes q_j, and each output column adds up its
-// blocks in order in fp32 (d, m: the block's scale and minimum, exact in fp32; S = sum_j q_j):
+// Arithmetic (ggml's): each row of x is quantized once per product to int8, with one fp32 scale dx = max|x| / 127
+// (q = round-to-nearest-even(x * (1 / dx))) per block of 32 inputs for the legacy formats (as ggml's Q8_0) and per
+// super-block of 256 for the K-quants (as its Q8_K). A block's products are then exact integer sums of the weight
+// codes c_j times the row's codes q_j (S = sum_j q_j), and each output column adds up its blocks (legacy) or
+// super-blocks (K-quants) in order in fp32 (d, m: a block's scale and minimum, exact in fp32):
 //   Q4_0, Q5_0, Q8_0: v = sum_j (c_j - 8, 16 or 0) q_j      acc = fma(v, d * dx, acc)
 //   Q4_1, Q5_1:  v = sum_j c_j q_j                          acc = fma(v, d * dx, acc); acc = fma(m, dx * S, acc)
-//   Q4_K, Q5_K:  v = sum_j c_j q_j, d = D s, m = Dmin mm    acc = fma(v, d * dx, acc); acc = fma(-m, dx * S, acc)
-//   Q6_K:        v = s0 sum_{j<16} (c_j - 32) q_j + s1 sum_{j>=16} (c_j - 32) q_j (|v| < 2^24)
-//                                                           acc = fma(v, D * dx, acc)
-// then y = acc (+ b) rounded once to the output's dtype. Every operation on a column's float sum is the
-// same in every code path (portable, AVX2, AVX-512 VNNI, AMX) and the integer sums are exact, so all paths
-// give the same bits, and a row's result depends on that row only, whatever the number of rows.
+//   Q4_K, Q5_K, over a super-block's 8 blocks g (6-bit scales s_g and minimums m_g, fp16 D and Dmin):
+//                V = sum_g s_g sum_j c_j q_j, M = sum_g m_g S_g   acc = fma(V, D * dx, acc); acc = fma(-M, Dmin * dx, acc)
+//   Q6_K:        V = sum_g (s0_g sum_{j<16} (c_j - 32) q_j + s1_g sum_{j>=16} (c_j - 32) q_j)   acc = fma(V, D * dx, acc)
+// (|v| < 2^24, |V| < 2^31: V rounds to fp32 once, to nearest even), then y = acc (+ b) rounded once to the output's
+// dtype. The K-quants' integer scales weight their blocks' sums as integers, leaving two float operations a
+// super-block where there were three a block: on Zen 4 float multiplies and FMAs share the dot products' two ports
+// (scripts/row_limit.py). Every operation on a column's float sum is the same in every code path (portable, AVX2,
+// AVX-512 VNNI, AMX) and the integer sums are exact, so all paths give the same bits, and a row's result depends on
+// that row only, whatever the number of rows.
 //
 // Weights are reordered once at load into tiles of 16 output columns: for each tile, its blocks of 32
 // inputs in order, then (K-quants) the super-blocks' scales. A block holds its codes as 64-byte chunks
@@ -34,6 +38,7 @@
 #define SPECULA_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #else
@@ -233,53 +238,70 @@ inline void pack(const uint8_t* raw, int64_t n, int64_t nb, int64_t fmt, uint8_t
   with_format(fmt, [&](auto f) { pack_format<decltype(f)::value>(raw, n, nb, out); });
 }
 
-// x's rows quantized per block of 32: codes, scale dx, the codes' sum S (and of each half of 16), dx * S
+// x's rows quantized to int8 codes with one scale dx per `span` inputs (QK for the legacy formats, as ggml's Q8_0; QK_K
+// for the K-quants, as its Q8_K), and per block of 32 the codes' sum S (and of each half of 16). Held block-major: block
+// b of every row side by side, so that a kernel finds its rows' codes, sums and scales for a block at fixed offsets
+// from one place.
 struct Acts {
-  int64_t rows = 0, nb = 0;
+  int64_t rows = 0, nb = 0, span = QK;
   std::vector<int8_t> q;
-  std::vector<float> d, dsum;
-  std::vector<int32_t> sum, halves;
-  const int8_t* codes(int64_t r, int64_t b) const { return q.data() + (r * nb + b) * QK; }
-  // room for `rows` rows of k inputs
-  void shape(int64_t n_rows, int64_t k) {
+  std::vector<float> d, dsum;  // d: per span; dsum: per block, its span's d times its S (the legacy minimums' term)
+  std::vector<int32_t> sum, zeros, pairs;  // per block: S, and -32 times each half's S (Q6_K's zero); per two blocks of
+                                           // a span of 256: their S as two int16 (K-quants' minimums)
+  int64_t per() const { return span / QK; }  // blocks per span
+  int64_t spans() const { return nb / per(); }  // spans a row
+  int64_t units() const { return rows * spans(); }  // spans of all rows: what quantize() takes a share of
+  int64_t at(int64_t r, int64_t b) const { return b * rows + r; }  // row r's block b
+  int64_t span_at(int64_t r, int64_t s) const { return s * rows + r; }  // row r's span s (its scale in d)
+  const int8_t* codes(int64_t r, int64_t b) const { return q.data() + at(r, b) * QK; }
+  const int32_t* pairs_at(int64_t r, int64_t s) const { return pairs.data() + span_at(r, s) * (per() / 2); }
+  // room for `rows` rows of k inputs, a scale per `span_` of them
+  void shape(int64_t n_rows, int64_t k, int64_t span_) {
     rows = n_rows;
     nb = k / QK;
+    span = span_;
     q.resize(rows * k);
-    d.resize(rows * nb);
+    d.resize(units());
     dsum.resize(rows * nb);
     sum.resize(rows * nb);
-    halves.resize(2 * rows * nb);
+    zeros.resize(2 * rows * nb);
+    pairs.resize(rows * nb / 2);
   }
-  // block i's scale and the sums of its two halves of codes
-  void put(int64_t i, float scale, int32_t h0, int32_t h1) {
-    d[i] = scale;
+  // row r's block b: its codes' sums of each half (its span's scale set before)
+  void put(int64_t r, int64_t b, int32_t h0, int32_t h1) {
+    const int64_t i = at(r, b);
     sum[i] = h0 + h1;
-    halves[2 * i] = h0, halves[2 * i + 1] = h1;
-    dsum[i] = scale * static_cast<float>(h0 + h1);
+    zeros[2 * i] = -32 * h0, zeros[2 * i + 1] = -32 * h1;
+    dsum[i] = d[span_at(r, b / per())] * static_cast<float>(h0 + h1);
+    if (per() > 1 && b % 2)
+      pairs[span_at(r, b / per()) * (per() / 2) + (b % per()) / 2] =
+          static_cast<int32_t>((static_cast<uint32_t>(sum[at(r, b - 1)]) & 0xFFFFu) | (static_cast<uint32_t>(sum[i]) << 16));
   }
 };
 
-// Blocks i0..i1-1 of x's rows (block i: row i / nb, block i % nb) into `a`, already shaped (Acts::shape): each
-// block's codes, scale and sums depend on its own 32 inputs only, so threads may take any share of them.
+// Spans u0..u1-1 of x's rows (span u: row u / spans(), its u % spans()-th) into `a`, already shaped (Acts::shape): each
+// span's scale, codes and sums depend on its own inputs only, so threads may take any share of them.
 template <typename T>
-void quantize(const T* x, int64_t i0, int64_t i1, Acts& a) {
-  for (int64_t i = i0; i < i1; ++i) {
-      const int64_t r = i / a.nb, b = i % a.nb, k = a.nb * QK;
-      const T* xb = x + r * k + b * QK;
-      float v[QK], amax = 0.0f;
-      for (int j = 0; j < QK; ++j) {
-        v[j] = static_cast<float>(xb[j]);
-        amax = std::max(amax, std::fabs(v[j]));
-      }
-      float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-      int8_t* q = a.q.data() + (r * a.nb + b) * QK;
+void quantize(const T* x, int64_t u0, int64_t u1, Acts& a) {
+  const int64_t per = a.per(), k = a.nb * QK;
+  for (int64_t u = u0; u < u1; ++u) {
+    const int64_t r = u / a.spans(), sp = u % a.spans();
+    const T* xs = x + r * k + sp * a.span;
+    float amax = 0.0f;
+    for (int64_t j = 0; j < a.span; ++j) amax = std::max(amax, std::fabs(static_cast<float>(xs[j])));
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    a.d[a.span_at(r, sp)] = d;
+    for (int64_t g = 0; g < per; ++g) {
+      const T* xb = xs + g * QK;
+      int8_t* q = a.q.data() + a.at(r, sp * per + g) * QK;
       int32_t h[2] = {0, 0};
       for (int j = 0; j < QK; ++j) {
-        q[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
+        q[j] = static_cast<int8_t>(std::nearbyint(static_cast<float>(xb[j]) * id));
         h[j / 16] += q[j];
       }
-      a.put(i, d, h[0], h[1]);
+      a.put(r, sp * per + g, h[0], h[1]);
     }
+  }
 }
 
 // A block's codes and scales on simd.h's vocabulary, the same operations at every width: the group g of width<I>
@@ -321,36 +343,40 @@ inline __attribute__((always_inline)) void unpack(const uint8_t* blk, int64_t fm
     }
 }
 
-// Block b's scales d and minimums m (exact in fp32: a 6-bit integer times an fp16, or an fp16; m zero where the format
-// has none), and Q6_K's int8 scales s0, s1 of inputs 0-15 and 16-31.
-template <typename V, typename I>
-inline __attribute__((always_inline)) void scales(const uint8_t* tile, int64_t nb, int64_t fmt, int64_t b, int g, V& d,
-                                                  V& m, I& s0, I& s1) {
-  static_assert(simd::width<V> == simd::width<I>, "a lane of integers for each float");
-  constexpr int W = simd::width<V>;
-  const int64_t bb = block_bytes(fmt);
-  const uint8_t* sc = tile + b * bb + code_bytes(fmt);  // the block's scales
-  const uint8_t* s8 = sc + W * g;  // 6-bit or int8 scales: a byte a column
-  const c10::Half* h = reinterpret_cast<const c10::Half*>(sc) + W * g;  // fp16 ones
-  const c10::Half* super =
-      reinterpret_cast<const c10::Half*>(tile + nb * bb + (b * QK / QK_K) * super_bytes(fmt)) + W * g;
-  m = simd::splat<V>(0.0f);
-  if (k_min(fmt)) {
-    d = simd::mul(simd::to_float(simd::widen<I>(s8)), simd::load<V>(super));
-    m = simd::mul(simd::to_float(simd::widen<I>(s8 + COLS)), simd::load<V>(super + COLS));
-  } else if (fmt == Q6_K) {
-    d = simd::load<V>(super);
+// A legacy block's scale d and minimum m (fp16s, exact in fp32; m zero where the format has none).
+template <typename V>
+inline __attribute__((always_inline)) void scales(const uint8_t* tile, int64_t fmt, int64_t b, int g, V& d, V& m) {
+  const c10::Half* h = reinterpret_cast<const c10::Half*>(tile + b * block_bytes(fmt) + code_bytes(fmt)) + simd::width<V> * g;
+  d = simd::load<V>(h);
+  m = with_min(fmt) ? simd::load<V>(h + COLS) : simd::splat<V>(0.0f);
+}
+
+// A K-quant block's integer scales: Q4_K/Q5_K's 6-bit scale s0 and minimum s1, Q6_K's int8 scales s0, s1 of inputs
+// 0-15 and 16-31.
+template <typename I>
+inline __attribute__((always_inline)) void kscales(const uint8_t* tile, int64_t fmt, int64_t b, int g, I& s0, I& s1) {
+  const uint8_t* s8 = tile + b * block_bytes(fmt) + code_bytes(fmt) + simd::width<I> * g;
+  if (fmt == Q6_K) {
     s0 = simd::widen<I>(reinterpret_cast<const int8_t*>(s8));
     s1 = simd::widen<I>(reinterpret_cast<const int8_t*>(s8 + COLS));
   } else {
-    d = simd::load<V>(h);
-    if (with_min(fmt)) m = simd::load<V>(h + COLS);
+    s0 = simd::widen<I>(s8);
+    s1 = simd::widen<I>(s8 + COLS);
   }
+}
+
+// Super-block sb's fp16 D and Dmin (zero where the format has none), exact in fp32.
+template <typename V>
+inline __attribute__((always_inline)) void supers(const uint8_t* tile, int64_t nb, int64_t fmt, int64_t sb, int g, V& D, V& Dmin) {
+  const c10::Half* h = reinterpret_cast<const c10::Half*>(tile + nb * block_bytes(fmt) + sb * super_bytes(fmt)) + simd::width<V> * g;
+  D = simd::load<V>(h);
+  Dmin = k_min(fmt) ? simd::load<V>(h + COLS) : simd::splat<V>(0.0f);
 }
 
 #pragma GCC diagnostic pop
 
-// acc (rows x 16) for one tile over all its blocks, rows r0..r0+R-1: the portable path, a column at a time
+// acc (rows x 16) for one tile of a legacy format over all its blocks, rows r0..r0+R-1: the portable path, a column
+// at a time
 inline void tile_portable(const uint8_t* tile, int64_t nb, int64_t fmt, const Acts& a, int64_t r0, int64_t R, float* acc) {
   const int64_t bb = block_bytes(fmt);
   const int32_t zero = code_zero(fmt);
@@ -358,24 +384,60 @@ inline void tile_portable(const uint8_t* tile, int64_t nb, int64_t fmt, const Ac
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = tile + b * bb;
     for (int c = 0; c < COLS; ++c) {
-      uint32_t u[8], s0 = 0, s1 = 0;
+      uint32_t u[8];
       float d, m;
       unpack(blk, fmt, c, u);
-      scales(tile, nb, fmt, b, c, d, m, s0, s1);
+      scales(tile, fmt, b, c, d, m);
       int32_t w[QK];  // the column's codes less their zero, input j's the byte j % 4 of chunk j / 4
       for (int j = 0; j < QK; ++j) w[j] = static_cast<int32_t>((u[j / 4] >> (8 * (j % 4))) & 0xFF) - zero;
       for (int64_t r = 0; r < R; ++r) {
         const int8_t* q = a.codes(r0 + r, b);
-        int64_t i = (r0 + r) * nb + b;
-        int32_t h[2] = {0, 0};
-        for (int j = 0; j < QK; ++j) h[j / 16] += w[j] * q[j];
-        int32_t v = fmt == Q6_K ? static_cast<int32_t>(s0) * h[0] + static_cast<int32_t>(s1) * h[1] : h[0] + h[1];
+        int64_t i = a.at(r0 + r, b);
+        int32_t v = 0;
+        for (int j = 0; j < QK; ++j) v += w[j] * q[j];
         float& s = acc[r * COLS + c];
         s = std::fma(static_cast<float>(v), d * a.d[i], s);
         if (with_min(fmt)) s = std::fma(m, a.dsum[i], s);
-        if (k_min(fmt)) s = std::fma(-m, a.dsum[i], s);
       }
     }
+  }
+}
+
+// acc (rows x 16, R <= ROWS) for one tile of a K-quant, rows r0..r0+R-1: the portable path, a column at a time
+inline void ktile_portable(const uint8_t* tile, int64_t nb, int64_t fmt, const Acts& a, int64_t r0, int64_t R, float* acc) {
+  const int64_t bb = block_bytes(fmt), per = QK_K / QK, spans = nb / per;
+  const int32_t zero = code_zero(fmt);
+  for (int c = 0; c < COLS; ++c) {
+    float s[ROWS] = {};
+    for (int64_t sb = 0; sb < spans; ++sb) {
+      int32_t V[ROWS] = {}, M[ROWS] = {};
+      for (int64_t b = sb * per; b < (sb + 1) * per; ++b) {
+        uint32_t u[8], s0, s1;
+        unpack(tile + b * bb, fmt, c, u);
+        kscales(tile, fmt, b, c, s0, s1);
+        int32_t w[QK];
+        for (int j = 0; j < QK; ++j) w[j] = static_cast<int32_t>((u[j / 4] >> (8 * (j % 4))) & 0xFF) - zero;
+        for (int64_t r = 0; r < R; ++r) {
+          const int8_t* q = a.codes(r0 + r, b);
+          int32_t h[2] = {0, 0};
+          for (int j = 0; j < QK; ++j) h[j / 16] += w[j] * q[j];
+          if (fmt == Q6_K) {
+            V[r] += static_cast<int32_t>(s0) * h[0] + static_cast<int32_t>(s1) * h[1];
+          } else {
+            V[r] += static_cast<int32_t>(s0) * (h[0] + h[1]);
+            M[r] += static_cast<int32_t>(s1) * a.sum[a.at(r0 + r, b)];
+          }
+        }
+      }
+      float D, Dmin;
+      supers(tile, nb, fmt, sb, c, D, Dmin);
+      for (int64_t r = 0; r < R; ++r) {
+        const float dx = a.d[a.span_at(r0 + r, sb)];
+        s[r] = std::fma(static_cast<float>(V[r]), D * dx, s[r]);
+        if (k_min(fmt)) s[r] = std::fma(-static_cast<float>(M[r]), Dmin * dx, s[r]);
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) acc[r * COLS + c] = s[r];
   }
 }
 
@@ -394,11 +456,32 @@ inline void prefetch(const uint8_t* p, int64_t bytes) {
 // (31496), Q6_K's 6-bit 2 (32004; its halves of 4 chunks have their own scales), Q8_0's signed codes 1 (32258)
 constexpr int narrow_chunks(int64_t fmt) { return fmt == Q8_0 ? 1 : fmt == Q6_K ? 2 : five_bit(fmt) ? 4 : 8; }
 
-// AVX2: a tile as two halves of 8 columns, up to 4 rows at a time
+// AVX2: a row's integer sums of a block over 8 columns (u: the block's codes, q: the row's 32 codes), inputs 0-15 into
+// v[0] and 16-31 into v[1], each pair of products added as int16 for up to narrow_chunks(fmt) chunks, then widened
+template <int64_t fmt>
+SPECULA_AVX2 inline __attribute__((always_inline)) void half_sums(const __m256i* u, const int8_t* q, __m256i* v) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  v[0] = v[1] = _mm256_setzero_si256();
+  constexpr int G = narrow_chunks(fmt);
+  for (int c0 = 0; c0 < 8; c0 += G) {
+    __m256i n = _mm256_setzero_si256();
+    for (int c = c0; c < c0 + G; ++c) {
+      int32_t four;
+      std::memcpy(&four, q + 4 * c, 4);
+      __m256i x = _mm256_set1_epi32(four);
+      __m256i pairs = fmt == Q8_0 ? _mm256_maddubs_epi16(_mm256_abs_epi8(u[c]), _mm256_sign_epi8(x, u[c]))
+                                  : _mm256_maddubs_epi16(u[c], x);
+      n = c == c0 ? pairs : _mm256_add_epi16(n, pairs);
+    }
+    v[c0 / 4] = _mm256_add_epi32(v[c0 / 4], _mm256_madd_epi16(n, ones));
+  }
+}
+
+// AVX2, a legacy format: a tile as two halves of 8 columns, up to 4 rows at a time
 template <int R, int64_t fmt>
 SPECULA_AVX2 void tile_avx2(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, float* acc) {
   const int64_t bb = block_bytes(fmt);
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int h = 0; h < 2; ++h) {
     __m256 s[R];
     for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_ps();
@@ -409,46 +492,74 @@ SPECULA_AVX2 void tile_avx2(const uint8_t* tile, int64_t nb, const Acts& a, int6
       if constexpr (fmt == Q8_0)  // signed codes: |q| * sign(x, q), no byte pair overflows int16
         for (int c = 0; c < 8; ++c) u[c] = _mm256_xor_si256(u[c], flip);
       __m256 dw, mw;
-      __m256i s0, s1;
-      scales(tile, nb, fmt, b, h, dw, mw, s0, s1);
+      scales(tile, fmt, b, h, dw, mw);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const int8_t* q = a.codes(r0 + r, b);
-        __m256i v[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};  // inputs 0-15, 16-31
-        constexpr int G = narrow_chunks(fmt);
-        for (int c0 = 0; c0 < 8; c0 += G) {  // G chunks' pairs added as int16, then widened once
-          __m256i n = _mm256_setzero_si256();
-          for (int c = c0; c < c0 + G; ++c) {
-            int32_t four;
-            std::memcpy(&four, q + 4 * c, 4);
-            __m256i x = _mm256_set1_epi32(four);
-            __m256i pairs = fmt == Q8_0 ? _mm256_maddubs_epi16(_mm256_abs_epi8(u[c]), _mm256_sign_epi8(x, u[c]))
-                                        : _mm256_maddubs_epi16(u[c], x);
-            n = c == c0 ? pairs : _mm256_add_epi16(n, pairs);
-          }
-          v[c0 / 4] = _mm256_add_epi32(v[c0 / 4], _mm256_madd_epi16(n, ones));
-        }
-        int64_t i = (r0 + r) * nb + b;
-        __m256i t;
-        if constexpr (fmt == Q6_K) {
-          __m256i h0 = _mm256_sub_epi32(v[0], _mm256_set1_epi32(32 * a.halves[2 * i]));
-          __m256i h1 = _mm256_sub_epi32(v[1], _mm256_set1_epi32(32 * a.halves[2 * i + 1]));
-          t = _mm256_add_epi32(_mm256_mullo_epi32(h0, s0), _mm256_mullo_epi32(h1, s1));
-        } else {
-          t = _mm256_add_epi32(v[0], v[1]);
-          constexpr int32_t zero = fmt == Q8_0 ? 0 : code_zero(fmt);  // Q8_0: signed codes here
-          if constexpr (zero != 0) t = _mm256_sub_epi32(t, _mm256_set1_epi32(zero * a.sum[i]));
-        }
+        __m256i v[2];
+        half_sums<fmt>(u, a.codes(r0 + r, b), v);
+        int64_t i = a.at(r0 + r, b);
+        __m256i t = _mm256_add_epi32(v[0], v[1]);
+        constexpr int32_t zero = fmt == Q8_0 ? 0 : code_zero(fmt);  // Q8_0: signed codes here
+        if constexpr (zero != 0) t = _mm256_sub_epi32(t, _mm256_set1_epi32(zero * a.sum[i]));
         s[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[i])), s[r]);
         if constexpr (with_min(fmt)) s[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.dsum[i]), s[r]);
-        if constexpr (k_min(fmt)) s[r] = _mm256_fnmadd_ps(mw, _mm256_set1_ps(a.dsum[i]), s[r]);
       }
     }
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc + r * COLS + 8 * h, s[r]);
   }
 }
 
-// AVX-512 with VNNI: 16 columns a register, up to 8 rows at a time
+// AVX2, a K-quant: a tile as two halves of 8 columns, up to 4 rows at a time, a super-block's integer sums weighted by
+// their blocks' scales before its two float operations
+template <int R, int64_t fmt>
+SPECULA_AVX2 void ktile_avx2(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, float* acc) {
+  const int64_t bb = block_bytes(fmt), per = QK_K / QK, spans = nb / per;
+  for (int h = 0; h < 2; ++h) {
+    __m256 s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < spans; ++sb) {
+      __m256i V[R], mins[4];  // mins: Q4_K/Q5_K's minimums of blocks 2p and 2p + 1 as two int16 a lane
+      for (int r = 0; r < R; ++r) V[r] = _mm256_setzero_si256();
+      for (int g = 0; g < per; ++g) {
+        const int64_t b = sb * per + g;
+        __m256i u[8], s0, s1;
+        if (h == 0) prefetch(tile + (b + PREFETCH) * bb, bb);
+        unpack(tile + b * bb, fmt, h, u);
+        kscales(tile, fmt, b, h, s0, s1);
+        if constexpr (k_min(fmt)) mins[g / 2] = g % 2 ? _mm256_or_si256(mins[g / 2], _mm256_slli_epi32(s1, 16)) : s1;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          __m256i v[2];
+          half_sums<fmt>(u, a.codes(r0 + r, b), v);
+          const int64_t i = a.at(r0 + r, b);
+          if constexpr (fmt == Q6_K) {
+            __m256i h0 = _mm256_add_epi32(v[0], _mm256_set1_epi32(a.zeros[2 * i]));
+            __m256i h1 = _mm256_add_epi32(v[1], _mm256_set1_epi32(a.zeros[2 * i + 1]));
+            V[r] = _mm256_add_epi32(V[r], _mm256_add_epi32(_mm256_mullo_epi32(h0, s0), _mm256_mullo_epi32(h1, s1)));
+          } else {
+            V[r] = _mm256_add_epi32(V[r], _mm256_mullo_epi32(_mm256_add_epi32(v[0], v[1]), s0));
+          }
+        }
+      }
+      __m256 D, Dmin;
+      supers(tile, nb, fmt, sb, h, D, Dmin);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m256 dx = _mm256_set1_ps(a.d[a.span_at(r0 + r, sb)]);
+        s[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(V[r]), _mm256_mul_ps(D, dx), s[r]);
+        if constexpr (k_min(fmt)) {
+          const int32_t* sums = a.pairs_at(r0 + r, sb);
+          __m256i m = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(sums[0]));
+          for (int p = 1; p < 4; ++p) m = _mm256_add_epi32(m, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(sums[p])));
+          s[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(Dmin, dx), s[r]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc + r * COLS + 8 * h, s[r]);
+  }
+}
+
+// AVX-512 with VNNI, a legacy format: 16 columns a register, up to 8 rows at a time
 template <int R, int64_t fmt>
 SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, float* acc) {
   const int64_t bb = block_bytes(fmt);
@@ -460,22 +571,15 @@ SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, 
     prefetch(tile + (b + PREFETCH) * bb, bb);
     unpack(tile + b * bb, fmt, 0, u);
     __m512 dw, mw;
-    __m512i s0, s1;
-    scales(tile, nb, fmt, b, 0, dw, mw, s0, s1);
+    scales(tile, fmt, b, 0, dw, mw);
     // the rows' integer sums side by side, chunk by chunk (independent chains in flight together); with
     // few rows each sum as two chains of four (exact: integers), so that the chains' latency is hidden
     constexpr bool SPLIT = R <= 4;
     __m512i t[R], t1[R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = (r0 + r) * nb + b;
-      if constexpr (fmt == Q6_K) {  // the two halves have their own scales
-        t[r] = _mm512_set1_epi32(-zero * a.halves[2 * i]);
-        t1[r] = _mm512_set1_epi32(-zero * a.halves[2 * i + 1]);
-      } else {  // from the codes' zero times the row's sum: v = sum (c - zero) q
-        t[r] = _mm512_set1_epi32(-zero * a.sum[i]);
-        t1[r] = _mm512_setzero_si512();
-      }
+    for (int r = 0; r < R; ++r) {  // from the codes' zero times the row's sum: v = sum (c - zero) q
+      t[r] = _mm512_set1_epi32(-zero * a.sum[a.at(r0 + r, b)]);
+      t1[r] = _mm512_setzero_si512();
     }
 #pragma GCC unroll 8
     for (int c = 0; c < 8; ++c)
@@ -483,20 +587,93 @@ SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, 
       for (int r = 0; r < R; ++r) {
         int32_t f;
         std::memcpy(&f, a.codes(r0 + r, b) + 4 * c, 4);
-        if ((fmt == Q6_K || SPLIT) && c >= 4) t1[r] = _mm512_dpbusd_epi32(t1[r], u[c], _mm512_set1_epi32(f));
+        if (SPLIT && c >= 4) t1[r] = _mm512_dpbusd_epi32(t1[r], u[c], _mm512_set1_epi32(f));
         else t[r] = _mm512_dpbusd_epi32(t[r], u[c], _mm512_set1_epi32(f));
       }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const int64_t i = (r0 + r) * nb + b;
-      if constexpr (fmt == Q6_K) t[r] = _mm512_add_epi32(_mm512_mullo_epi32(t[r], s0), _mm512_mullo_epi32(t1[r], s1));
-      else if constexpr (SPLIT) t[r] = _mm512_add_epi32(t[r], t1[r]);
+      const int64_t i = a.at(r0 + r, b);
+      if constexpr (SPLIT) t[r] = _mm512_add_epi32(t[r], t1[r]);
       s[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[r]), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[i])), s[r]);
       if constexpr (with_min(fmt)) s[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
-      if constexpr (k_min(fmt)) s[r] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), s[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * COLS, s[r]);
+}
+
+// A super-block's float operations for a row (AVX-512 and AMX alike): s + V (D dx), less M (Dmin dx) where the format
+// has minimums, M the sum of its blocks' minimums times their codes' sums (two int16 of each a lane of `mins` and of
+// `sums`: blocks 2p and 2p + 1)
+template <int64_t fmt>
+SPECULA_AVX512 inline __attribute__((always_inline)) __m512 span_sum(__m512 s, __m512i V, __m512 D, __m512 Dmin, float dx,
+                                                                    const __m512i* mins, const int32_t* sums) {
+  const __m512 x = _mm512_set1_ps(dx);
+  s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(V), _mm512_mul_ps(D, x), s);
+  if constexpr (k_min(fmt)) {
+    __m512i m = _mm512_setzero_si512();
+    for (int p = 0; p < 4; ++p) m = _mm512_dpwssd_epi32(m, mins[p], _mm512_set1_epi32(sums[p]));
+    s = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(Dmin, x), s);
+  }
+  return s;
+}
+
+// AVX-512 with VNNI, a K-quant: 16 columns a register, up to 8 rows at a time; each block's integer sums weighted by its
+// integer scales into the super-block's (exact), then two float operations a super-block (the per-block float
+// operations would share the dot products' two execution ports on Zen 4: scripts/row_limit.py)
+template <int R, int64_t fmt>
+SPECULA_AVX512 void ktile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, float* acc) {
+  const int64_t bb = block_bytes(fmt), per = QK_K / QK, spans = nb / per;
+  constexpr bool SPLIT = R <= 4;  // two chains of four chunks a row, so that few rows' chains hide their latency
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * COLS, _mm512_setzero_ps());
+  for (int64_t sb = 0; sb < spans; ++sb) {
+    __m512i V[R], mins[4];
+    for (int r = 0; r < R; ++r) V[r] = _mm512_setzero_si512();
+    for (int g = 0; g < per; ++g) {
+      const int64_t b = sb * per + g;
+      __m512i u[8], s0, s1, t[R], t1[R];
+      prefetch(tile + (b + PREFETCH) * bb, bb);
+      unpack(tile + b * bb, fmt, 0, u);
+      kscales(tile, fmt, b, 0, s0, s1);
+      if constexpr (k_min(fmt)) mins[g / 2] = g % 2 ? _mm512_or_si512(mins[g / 2], _mm512_slli_epi32(s1, 16)) : s1;
+      if constexpr (fmt == Q6_K) {  // each half of 16 inputs with its own scale: v = sum (c - 32) q
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; ++half) {
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) t[r] = _mm512_set1_epi32(a.zeros[2 * a.at(r0 + r, b) + half]);
+#pragma GCC unroll 4
+          for (int c = 4 * half; c < 4 * half + 4; ++c)
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) {
+              int32_t f;
+              std::memcpy(&f, a.codes(r0 + r, b) + 4 * c, 4);
+              t[r] = _mm512_dpbusd_epi32(t[r], u[c], _mm512_set1_epi32(f));
+            }
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) V[r] = _mm512_add_epi32(V[r], _mm512_mullo_epi32(t[r], half ? s1 : s0));
+        }
+      } else {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) t[r] = t1[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c)
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            int32_t f;
+            std::memcpy(&f, a.codes(r0 + r, b) + 4 * c, 4);
+            if (SPLIT && c >= 4) t1[r] = _mm512_dpbusd_epi32(t1[r], u[c], _mm512_set1_epi32(f));
+            else t[r] = _mm512_dpbusd_epi32(t[r], u[c], _mm512_set1_epi32(f));
+          }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) V[r] = _mm512_add_epi32(V[r], _mm512_mullo_epi32(SPLIT ? _mm512_add_epi32(t[r], t1[r]) : t[r], s0));
+      }
+    }
+    __m512 D, Dmin;
+    supers(tile, nb, fmt, sb, 0, D, Dmin);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      _mm512_storeu_ps(acc + r * COLS, span_sum<fmt>(_mm512_loadu_ps(acc + r * COLS), V[r], D, Dmin, a.d[a.span_at(r0 + r, sb)],
+                                                     mins, a.pairs_at(r0 + r, sb)));
+  }
 }
 
 // AMX needs a compiler that knows its instructions (GCC 11, clang 12); with an older one the path is left out
@@ -543,7 +720,7 @@ SPECULA_AMX void amx_sums(const uint8_t* tile, int64_t b0, const Acts& a, int64_
       src[g] = codes[g];
     }
   }
-  const int64_t stride = a.nb * QK;
+  const int64_t stride = QK;  // a block's rows side by side
   _tile_zero(0);
   _tile_loadd(4, a.codes(r0, b0), stride);
   _tile_loadd(6, src[0], CHUNK);
@@ -572,8 +749,8 @@ SPECULA_AMX void amx_sums(const uint8_t* tile, int64_t b0, const Acts& a, int64_
   if constexpr (G > 3) _tile_stored(3, sums + 3 * AMX_ROWS * COLS, COLS * 4);
 }
 
-// AMX: up to 16 rows, four blocks at a time; then, row by row and block by block in order, the same float
-// arithmetic as AVX-512
+// AMX, a legacy format: up to 16 rows, four blocks at a time; then, row by row and block by block in order, the same
+// float arithmetic as AVX-512
 template <int64_t fmt>
 SPECULA_AMX void tile_amx(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, int64_t R, float* acc) {
   constexpr int32_t zero = code_zero(fmt);
@@ -586,20 +763,54 @@ SPECULA_AMX void tile_amx(const uint8_t* tile, int64_t nb, const Acts& a, int64_
     else if (G == 2) amx_sums<fmt, 2>(tile, b0, a, r0, sums);
     else amx_sums<fmt, 1>(tile, b0, a, r0, sums);
     __m512 dw[4], mw[4];
-    __m512i s0, s1;
-    for (int64_t g = 0; g < G; ++g) scales(tile, nb, fmt, b0 + g, 0, dw[g], mw[g], s0, s1);
+    for (int64_t g = 0; g < G; ++g) scales(tile, fmt, b0 + g, 0, dw[g], mw[g]);
     for (int64_t r = 0; r < R; ++r) {
       __m512 s = _mm512_loadu_ps(acc + r * COLS);
       for (int64_t g = 0; g < G; ++g) {
-        int64_t i = (r0 + r) * nb + b0 + g;
+        int64_t i = a.at(r0 + r, b0 + g);
         __m512i v = _mm512_load_si512(sums + (g * AMX_ROWS + r) * COLS);
         if constexpr (zero != 0) v = _mm512_sub_epi32(v, _mm512_set1_epi32(zero * a.sum[i]));
         s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dw[g], _mm512_set1_ps(a.d[i])), s);
         if constexpr (with_min(fmt)) s = _mm512_fmadd_ps(mw[g], _mm512_set1_ps(a.dsum[i]), s);
-        if constexpr (k_min(fmt)) s = _mm512_fnmadd_ps(mw[g], _mm512_set1_ps(a.dsum[i]), s);
       }
       _mm512_storeu_ps(acc + r * COLS, s);
     }
+  }
+}
+
+// AMX, Q4_K or Q5_K: up to 16 rows, four blocks at a time (half a super-block); each block's sums weighted by its
+// integer scales into the super-block's, then the same float operations a super-block as AVX-512's
+template <int64_t fmt>
+SPECULA_AMX void ktile_amx(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, int64_t R, float* acc) {
+  static_assert(k_min(fmt), "Q6_K's halves have their own scales: AVX-512 takes it");
+  const int64_t per = QK_K / QK;
+  alignas(64) int32_t sums[4 * AMX_ROWS * COLS];
+  alignas(64) int32_t V[AMX_ROWS * COLS];
+  for (int64_t r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * COLS, _mm512_setzero_ps());
+  for (int64_t b0 = 0; b0 < nb; b0 += 4) {  // nb: whole super-blocks
+    amx_sums<fmt, 4>(tile, b0, a, r0, sums);
+    __m512i sc[4], mn;
+    for (int g = 0; g < 4; ++g) kscales(tile, fmt, b0 + g, 0, sc[g], mn);
+    const bool first = b0 % per == 0;
+    for (int64_t r = 0; r < R; ++r) {
+      __m512i v = first ? _mm512_setzero_si512() : _mm512_load_si512(V + r * COLS);
+      for (int g = 0; g < 4; ++g)
+        v = _mm512_add_epi32(v, _mm512_mullo_epi32(_mm512_load_si512(sums + (g * AMX_ROWS + r) * COLS), sc[g]));
+      _mm512_store_si512(V + r * COLS, v);
+    }
+    if ((b0 + 4) % per) continue;
+    const int64_t sb = b0 / per;
+    __m512i mins[4], lo, hi, unused;
+    for (int p = 0; p < 4; ++p) {
+      kscales(tile, fmt, sb * per + 2 * p, 0, unused, lo);
+      kscales(tile, fmt, sb * per + 2 * p + 1, 0, unused, hi);
+      mins[p] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+    }
+    __m512 D, Dmin;
+    supers(tile, nb, fmt, sb, 0, D, Dmin);
+    for (int64_t r = 0; r < R; ++r)
+      _mm512_storeu_ps(acc + r * COLS, span_sum<fmt>(_mm512_loadu_ps(acc + r * COLS), _mm512_load_si512(V + r * COLS), D, Dmin,
+                                                     a.d[a.span_at(r0 + r, sb)], mins, a.pairs_at(r0 + r, sb)));
   }
 }
 
@@ -610,6 +821,8 @@ inline void amx_release() {}
 constexpr bool amx_takes(int64_t) { return false; }
 template <int64_t fmt>
 void tile_amx(const uint8_t*, int64_t, const Acts&, int64_t, int64_t, float*) {}
+template <int64_t fmt>
+void ktile_amx(const uint8_t*, int64_t, const Acts&, int64_t, int64_t, float*) {}
 #endif
 
 // Whether this CPU has AMX-INT8 and Linux lets this process use the tile registers.
@@ -639,32 +852,37 @@ inline Path best_path() {
   return best;
 }
 
-// quantize() with a block's 32 inputs in two vectors: the same operations on each input (the absolute
-// maximum, one division and one reciprocal per block, a product and a rounding half to even per input, exact
-// integer sums), so the same codes, scales and sums as the loop's. bf16 and fp32 inputs; fp16 takes the loop.
+// quantize() with 16 inputs a vector: the same operations on each input (an exact maximum over the span, one division
+// and one reciprocal per span, a product and a rounding half to even per input, exact integer sums), so the same
+// codes, scales and sums as the loop's. bf16 and fp32 inputs; fp16 takes the loop.
 template <typename T>
-SPECULA_AVX512 void quantize_avx512(const T* x, int64_t i0, int64_t i1, Acts& a) {
-  for (int64_t i = i0; i < i1; ++i) {
-      const int64_t r = i / a.nb, b = i % a.nb, k = a.nb * QK;
-      const T* xb = x + r * k + b * QK;
-      const __m512 v0 = simd::load<__m512>(xb), v1 = simd::load<__m512>(xb + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-      const __m512 s = _mm512_set1_ps(id);
-      constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-      const __m512i q0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v0, s), nearest));
-      const __m512i q1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v1, s), nearest));
-      int8_t* q = a.q.data() + (r * a.nb + b) * QK;
+SPECULA_AVX512 void quantize_avx512(const T* x, int64_t u0, int64_t u1, Acts& a) {
+  const int64_t per = a.per(), k = a.nb * QK;
+  for (int64_t u = u0; u < u1; ++u) {
+    const int64_t r = u / a.spans(), sp = u % a.spans();
+    const T* xs = x + r * k + sp * a.span;
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t j = 0; j < a.span; j += 16) m = _mm512_max_ps(m, _mm512_abs_ps(simd::load<__m512>(xs + j)));
+    const float amax = _mm512_reduce_max_ps(m);
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    a.d[a.span_at(r, sp)] = d;
+    const __m512 s = _mm512_set1_ps(id);
+    constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (int64_t g = 0; g < per; ++g) {
+      const T* xb = xs + g * QK;
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(simd::load<__m512>(xb), s), nearest));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(simd::load<__m512>(xb + 16), s), nearest));
+      int8_t* q = a.q.data() + a.at(r, sp * per + g) * QK;
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
-      const int32_t h0 = _mm512_reduce_add_epi32(q0), h1 = _mm512_reduce_add_epi32(q1);
-      a.put(i, d, h0, h1);
+      a.put(r, sp * per + g, _mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1));
     }
+  }
 }
 
-// quantize() on AVX2: a block's 32 inputs in four vectors of 8, the same operations on each input as the loop's
-// (an exact maximum, one division and one reciprocal per block, a product and a rounding half to even per
-// input, exact integer sums), so the same codes, scales and sums. bf16 and fp32 inputs; fp16 takes the loop.
+// quantize() on AVX2: 8 inputs a vector, the same operations on each input as the loop's (an exact maximum, one
+// division and one reciprocal per span, a product and a rounding half to even per input, exact integer sums), so the
+// same codes, scales and sums. bf16 and fp32 inputs; fp16 takes the loop.
 SPECULA_AVX2 inline int32_t sum8(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
@@ -673,29 +891,32 @@ SPECULA_AVX2 inline int32_t sum8(__m256i v) {
 }
 
 template <typename T>
-SPECULA_AVX2 void quantize_avx2(const T* x, int64_t i0, int64_t i1, Acts& a) {
+SPECULA_AVX2 void quantize_avx2(const T* x, int64_t u0, int64_t u1, Acts& a) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the packs' 4-byte groups back in input order
-  for (int64_t i = i0; i < i1; ++i) {
-      const int64_t r = i / a.nb, b = i % a.nb, k = a.nb * QK;
-      const T* xb = x + r * k + b * QK;
-      __m256 v[4];
-      for (int i = 0; i < 4; ++i) v[i] = simd::load<__m256>(xb + 8 * i);
-      const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                     _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-      __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-      h = _mm_max_ss(h, _mm_movehdup_ps(h));
-      const float amax = _mm_cvtss_f32(h);
-      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-      const __m256 s = _mm256_set1_ps(id);
-      constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const int64_t per = a.per(), k = a.nb * QK;
+  for (int64_t u = u0; u < u1; ++u) {
+    const int64_t r = u / a.spans(), sp = u % a.spans();
+    const T* xs = x + r * k + sp * a.span;
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t j = 0; j < a.span; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, simd::load<__m256>(xs + j)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    a.d[a.span_at(r, sp)] = d;
+    const __m256 s = _mm256_set1_ps(id);
+    constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (int64_t g = 0; g < per; ++g) {
+      const T* xb = xs + g * QK;
       __m256i q[4];
-      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], s), nearest));
+      for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(simd::load<__m256>(xb + 8 * j), s), nearest));
       const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + i * QK), _mm256_permutevar8x32_epi32(bytes, order));
-      a.put(i, d, sum8(_mm256_add_epi32(q[0], q[1])), sum8(_mm256_add_epi32(q[2], q[3])));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + a.at(r, sp * per + g) * QK), _mm256_permutevar8x32_epi32(bytes, order));
+      a.put(r, sp * per + g, sum8(_mm256_add_epi32(q[0], q[1])), sum8(_mm256_add_epi32(q[2], q[3])));
     }
+  }
 }
 
 #else  // not x86-64: the portable path only
@@ -703,12 +924,18 @@ SPECULA_AVX2 void quantize_avx2(const T* x, int64_t i0, int64_t i1, Acts& a) {
 template <int R, int64_t fmt>
 void tile_avx2(const uint8_t*, int64_t, const Acts&, int64_t, float*) {}
 template <int R, int64_t fmt>
+void ktile_avx2(const uint8_t*, int64_t, const Acts&, int64_t, float*) {}
+template <int R, int64_t fmt>
 void tile_avx512(const uint8_t*, int64_t, const Acts&, int64_t, float*) {}
+template <int R, int64_t fmt>
+void ktile_avx512(const uint8_t*, int64_t, const Acts&, int64_t, float*) {}
 inline void amx_configure(int64_t) {}
 inline void amx_release() {}
 constexpr bool amx_takes(int64_t) { return false; }
 template <int64_t fmt>
 void tile_amx(const uint8_t*, int64_t, const Acts&, int64_t, int64_t, float*) {}
+template <int64_t fmt>
+void ktile_amx(const uint8_t*, int64_t, const Acts&, int64_t, int64_t, float*) {}
 inline Path best_path() { return PORTABLE; }
 
 #endif
@@ -733,14 +960,24 @@ inline int64_t set_path(int64_t p) {
 
 template <int R, int64_t fmt>
 void run_tile(Path p, const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, float* acc) {
-  if (p >= AVX512) tile_avx512<R, fmt>(tile, nb, a, r0, acc);
-  else if (p == AVX2) {
-    if constexpr (R <= 4) tile_avx2<R, fmt>(tile, nb, a, r0, acc);
-    else {
-      tile_avx2<4, fmt>(tile, nb, a, r0, acc);
+  constexpr bool K = k_quant(fmt);
+  if (p >= AVX512) {
+    if constexpr (K) ktile_avx512<R, fmt>(tile, nb, a, r0, acc);
+    else tile_avx512<R, fmt>(tile, nb, a, r0, acc);
+  } else if (p == AVX2) {
+    if constexpr (R > 4) {
+      run_tile<4, fmt>(p, tile, nb, a, r0, acc);
       run_tile<R - 4, fmt>(p, tile, nb, a, r0 + 4, acc + 4 * COLS);
+    } else if constexpr (K) {
+      ktile_avx2<R, fmt>(tile, nb, a, r0, acc);
+    } else {
+      tile_avx2<R, fmt>(tile, nb, a, r0, acc);
     }
-  } else tile_portable(tile, nb, fmt, a, r0, R, acc);
+  } else if (K) {
+    ktile_portable(tile, nb, fmt, a, r0, R, acc);
+  } else {
+    tile_portable(tile, nb, fmt, a, r0, R, acc);
+  }
 }
 
 template <int R>
@@ -820,23 +1057,39 @@ inline void store_rows(const float* acc, int64_t m, int64_t cols, const float* b
     }
 }
 
-// x's blocks i0..i1-1 quantized into `a` on this CPU's path
+// x's spans u0..u1-1 quantized into `a` on this CPU's path
 template <typename T>
-void quantize_blocks(const T* x, int64_t i0, int64_t i1, Acts& a) {
+void quantize_spans(const T* x, int64_t u0, int64_t u1, Acts& a) {
 #if SPECULA_X86
   if constexpr (std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, float>) {
-    if (path() >= AVX512) return quantize_avx512(x, i0, i1, a);
-    if (path() == AVX2) return quantize_avx2(x, i0, i1, a);
+    if (path() >= AVX512) return quantize_avx512(x, u0, u1, a);
+    if (path() == AVX2) return quantize_avx2(x, u0, u1, a);
   }
 #endif
-  quantize(x, i0, i1, a);
+  quantize(x, u0, u1, a);
+}
+
+// x's share `part` of `parts` (0-based) quantized into each of the activations a product uses
+template <typename T>
+void quantize_share(const T* x, int64_t part, int64_t parts, Acts* const* acts, int n) {
+  for (int i = 0; i < n; ++i) {
+    const int64_t units = acts[i]->units();
+    quantize_spans(x, units * part / parts, units * (part + 1) / parts, *acts[i]);
+  }
 }
 
 template <typename T, typename O>
 void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const Parts& parts, const float* bias, O* y) {
-  thread_local Acts kept;  // kept between calls: no allocation once its buffers are large enough
-  Acts& a = kept;  // the calling thread's (a name the worker threads' lambda would take as their own)
-  a.shape(rows, k);
+  // x quantized per block of 32 for the legacy formats' parts and per super-block of 256 for the K-quants' (each the
+  // calling thread's, kept between calls: no allocation once its buffers are large enough)
+  thread_local Acts kept_blocks, kept_spans;
+  Acts &blocks32 = kept_blocks, &spans256 = kept_spans;
+  Acts* used[2];
+  int n_used = 0;
+  const bool any_k = std::any_of(parts.fmt.begin(), parts.fmt.end(), k_quant);
+  const bool any_legacy = !std::all_of(parts.fmt.begin(), parts.fmt.end(), k_quant);
+  if (any_legacy) blocks32.shape(rows, k, QK), used[n_used++] = &blocks32;
+  if (any_k) spans256.shape(rows, k, QK_K), used[n_used++] = &spans256;
   const int64_t nb = k / QK, n = parts.total_cols;
   const Path p = path();
   const bool amx = p == AMX && rows >= AMX_FROM;
@@ -851,6 +1104,7 @@ void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const P
         size_t part = std::upper_bound(parts.first_tile.begin(), parts.first_tile.end(), gt) - parts.first_tile.begin() - 1;
         int64_t fmt = parts.fmt[part], t = gt - parts.first_tile[part];
         const uint8_t* tile = packed + parts.at[part] + t * tile_bytes(fmt, nb);
+        const Acts& a = k_quant(fmt) ? spans256 : blocks32;
         int64_t cols = std::min(COLS, parts.cols[part] - t * COLS), col0 = parts.first_col[part] + t * COLS;
         for (int64_t r0 = c0; r0 < c1; r0 += step) {
           int64_t m = std::min(step, c1 - r0);
@@ -861,8 +1115,8 @@ void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const P
             else if (fmt == Q5_0) tile_amx<Q5_0>(tile, nb, a, r0, m, acc);
             else if (fmt == Q5_1) tile_amx<Q5_1>(tile, nb, a, r0, m, acc);
             else if (fmt == Q8_0) tile_amx<Q8_0>(tile, nb, a, r0, m, acc);
-            else if (fmt == Q4_K) tile_amx<Q4_K>(tile, nb, a, r0, m, acc);
-            else tile_amx<Q5_K>(tile, nb, a, r0, m, acc);
+            else if (fmt == Q4_K) ktile_amx<Q4_K>(tile, nb, a, r0, m, acc);
+            else ktile_amx<Q5_K>(tile, nb, a, r0, m, acc);
           } else {
             for (int64_t r1 = r0; r1 < r0 + m; r1 += ROWS)  // AVX-512 takes 8 rows at a time
               rows_of_tile(p, tile, nb, fmt, a, r1, std::min(ROWS, r0 + m - r1), acc + (r1 - r0) * COLS);
@@ -876,7 +1130,7 @@ void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const P
   const int64_t blocks = rows * nb, total = parts.total_tiles;
   const bool parallel = at::get_num_threads() > 1 && !at::in_parallel_region() && total > 1;
   const bool team = parallel && blocks >= TEAM_QUANTIZES;
-  if (!team) quantize_blocks(x, 0, blocks, a);
+  if (!team) quantize_share(x, 0, 1, used, n_used);
   if (!parallel) return tiles_of(0, total);
   // One team: with many blocks (several rows, a prompt's) each thread quantizes a share of them and, once all are
   // (the barrier), takes its share of the tiles, as at::parallel_for would split them
@@ -884,7 +1138,7 @@ void product(const T* x, int64_t rows, int64_t k, const uint8_t* packed, const P
   {
     const int64_t team_size = omp_get_num_threads(), tid = omp_get_thread_num();
     if (team) {
-      quantize_blocks(x, blocks * tid / team_size, blocks * (tid + 1) / team_size, a);
+      quantize_share(x, tid, team_size, used, n_used);
 #pragma omp barrier
     }
     const int64_t chunk = (total + team_size - 1) / team_size, begin = tid * chunk;
@@ -931,6 +1185,19 @@ inline int64_t packed_bytes(int64_t n, int64_t row_bytes, int64_t fmt) {
   return tiles(n) * tile_bytes(fmt, row_blocks(row_bytes, fmt));
 }
 
+// Asks Linux to back [p, p + bytes) with huge pages (2 MB) where it can, before its first touch: a step reads every
+// packed weight once, from memory, and with 4 KB pages its reads miss the TLB every few blocks
+inline void huge_pages(void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t HUGE = 2 << 20;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + HUGE - 1) & ~(HUGE - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(HUGE - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // a hint: refused, nothing changes
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
 // raws[i] (n_i, bytes per row) uint8, the file's rows in format fmts[i] -> their tiled layouts one after the other
 // in one tensor (a fused product's parts: no copy to join them)
 inline at::Tensor pack_parts_op(const std::vector<at::Tensor>& raws, at::IntArrayRef fmts) {
@@ -946,6 +1213,7 @@ inline at::Tensor pack_parts_op(const std::vector<at::Tensor>& raws, at::IntArra
     total += packed_bytes(kept.back().size(0), kept.back().size(1), fmts[i]);
   }
   auto out = at::empty({total}, kept[0].options());
+  huge_pages(out.data_ptr(), total);
   int64_t at_byte = 0;
   for (size_t i = 0; i < kept.size(); ++i) {
     const at::Tensor& r = kept[i];
