@@ -601,6 +601,26 @@ SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, 
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * COLS, s[r]);
 }
 
+// acc + the dot products of u's 16 lanes of 4 unsigned bytes with the 4 signed bytes at q, broadcast from memory within
+// the instruction (GCC leaves the broadcast a separate instruction otherwise)
+SPECULA_AVX512 inline __attribute__((always_inline)) __m512i dot4(__m512i acc, __m512i u, const int8_t* q) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(q)));
+  return acc;
+}
+
+// Q4_K/Q5_K super-block sb's minimums, blocks 2p and 2p + 1 as two int16 a lane of mins[p] (read after its blocks' sums:
+// they need no register while the sums do)
+template <int64_t fmt>
+SPECULA_AVX512 inline __attribute__((always_inline)) void min_pairs(const uint8_t* tile, int64_t sb, __m512i* mins) {
+  constexpr int64_t per = QK_K / QK;
+  __m512i lo, hi, unused;
+  for (int p = 0; p < 4; ++p) {
+    kscales(tile, fmt, sb * per + 2 * p, 0, unused, lo);
+    kscales(tile, fmt, sb * per + 2 * p + 1, 0, unused, hi);
+    mins[p] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+  }
+}
+
 // A super-block's float operations for a row (AVX-512 and AMX alike): s + V (D dx), less M (Dmin dx) where the format
 // has minimums, M the sum of its blocks' minimums times their codes' sums (two int16 of each a lane of `mins` and of
 // `sums`: blocks 2p and 2p + 1)
@@ -634,7 +654,6 @@ SPECULA_AVX512 void ktile_avx512(const uint8_t* tile, int64_t nb, const Acts& a,
       prefetch(tile + (b + PREFETCH) * bb, bb);
       unpack(tile + b * bb, fmt, 0, u);
       kscales(tile, fmt, b, 0, s0, s1);
-      if constexpr (k_min(fmt)) mins[g / 2] = g % 2 ? _mm512_or_si512(mins[g / 2], _mm512_slli_epi32(s1, 16)) : s1;
       if constexpr (fmt == Q6_K) {  // each half of 16 inputs with its own scale: v = sum (c - 32) q
 #pragma GCC unroll 2
         for (int half = 0; half < 2; ++half) {
@@ -643,11 +662,7 @@ SPECULA_AVX512 void ktile_avx512(const uint8_t* tile, int64_t nb, const Acts& a,
 #pragma GCC unroll 4
           for (int c = 4 * half; c < 4 * half + 4; ++c)
 #pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) {
-              int32_t f;
-              std::memcpy(&f, a.codes(r0 + r, b) + 4 * c, 4);
-              t[r] = _mm512_dpbusd_epi32(t[r], u[c], _mm512_set1_epi32(f));
-            }
+            for (int r = 0; r < R; ++r) t[r] = dot4(t[r], u[c], a.codes(r0 + r, b) + 4 * c);
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) V[r] = _mm512_add_epi32(V[r], _mm512_mullo_epi32(t[r], half ? s1 : s0));
         }
@@ -658,15 +673,14 @@ SPECULA_AVX512 void ktile_avx512(const uint8_t* tile, int64_t nb, const Acts& a,
         for (int c = 0; c < 8; ++c)
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) {
-            int32_t f;
-            std::memcpy(&f, a.codes(r0 + r, b) + 4 * c, 4);
-            if (SPLIT && c >= 4) t1[r] = _mm512_dpbusd_epi32(t1[r], u[c], _mm512_set1_epi32(f));
-            else t[r] = _mm512_dpbusd_epi32(t[r], u[c], _mm512_set1_epi32(f));
+            if (SPLIT && c >= 4) t1[r] = dot4(t1[r], u[c], a.codes(r0 + r, b) + 4 * c);
+            else t[r] = dot4(t[r], u[c], a.codes(r0 + r, b) + 4 * c);
           }
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) V[r] = _mm512_add_epi32(V[r], _mm512_mullo_epi32(SPLIT ? _mm512_add_epi32(t[r], t1[r]) : t[r], s0));
       }
     }
+    if constexpr (k_min(fmt)) min_pairs<fmt>(tile, sb, mins);
     __m512 D, Dmin;
     supers(tile, nb, fmt, sb, 0, D, Dmin);
 #pragma GCC unroll 8
@@ -800,12 +814,8 @@ SPECULA_AMX void ktile_amx(const uint8_t* tile, int64_t nb, const Acts& a, int64
     }
     if ((b0 + 4) % per) continue;
     const int64_t sb = b0 / per;
-    __m512i mins[4], lo, hi, unused;
-    for (int p = 0; p < 4; ++p) {
-      kscales(tile, fmt, sb * per + 2 * p, 0, unused, lo);
-      kscales(tile, fmt, sb * per + 2 * p + 1, 0, unused, hi);
-      mins[p] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-    }
+    __m512i mins[4];
+    min_pairs<fmt>(tile, sb, mins);
     __m512 D, Dmin;
     supers(tile, nb, fmt, sb, 0, D, Dmin);
     for (int64_t r = 0; r < R; ++r)
