@@ -121,3 +121,32 @@ def test_the_models_room_keeps_its_files_short_and_families_in_their_own():
         assert not strings & names, (stem, strings & names)
         calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "hasattr"]
         assert not calls, (stem, [ast.unparse(c) for c in calls])
+
+
+def _private_names(path: Path, cls: str) -> set[str]:
+    """The private names class `cls` of `path` holds: its methods and the attributes it sets on itself."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    names = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+    names |= {a.attr for a in ast.walk(node) if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name) and a.value.id == "self"}
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_the_runners_state_has_one_owner():
+    """The cache (models/cache.py) owns the positions a runner holds and the runner its own choices: no other module
+    reaches a private name of either, and the passes (compiled.py, static.py, block.py) go through their public
+    names. A name read off anything but `self` counts, so a private of another object of the same name counts too."""
+    models = ROOT / "engine" / "models"
+    private = _private_names(models / "runner.py", "LeanRunner") | _private_names(models / "cache.py", "Cache")
+    assert {"_check", "_tables", "_forward"} <= private  # the reader sees both classes' own
+    reached = []
+    for path in [*(ROOT / "engine").rglob("*.py"), *(ROOT / "app").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]:
+        if path == models / "cache.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr in private
+                    and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
+                reached.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    assert not reached, reached
+    assert len((models / "runner.py").read_text(encoding="utf-8").splitlines()) <= 200  # it chooses a pass; the passes live apart

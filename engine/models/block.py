@@ -29,12 +29,6 @@ def _mlp(layer: LayerWeights, h: torch.Tensor, run) -> torch.Tensor:
     return rms_norm(run(layer.down, layer.act(gate) * up), layer.norms["mlp_out"])
 
 
-def layer_pass(runner, i: int, layer: LayerWeights, x: torch.Tensor, cos, sin, start: int, t: int, plans, run) -> torch.Tensor:
-    """One decoder layer of the eager lean forward over rows x (T, D)."""
-    attn = runner._attention(i, layer, rms_norm(x, layer.norms["attn_in"]), cos, sin, start, t, plans[layer.window], run)
-    return after_attention(runner, layer, x, attn, run)
-
-
 def after_attention(runner, layer: LayerWeights, x: torch.Tensor, attn: torch.Tensor, run) -> torch.Tensor:
     """The rest of a layer once its attention's output (after o_proj) is known: both residual adds and the MLP."""
     x = x + _residual(runner, rms_norm(attn, layer.norms["attn_out"]))

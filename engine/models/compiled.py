@@ -142,16 +142,15 @@ def _one_pass(runner, tokens: torch.Tensor, last: int, tree: TokenTree | None, s
         pos, ancestors = torch.arange(start, end), None
     else:
         pos, ancestors = start + tree.depths(runner.device), tree.ancestors(runner.device)
-    fast = runner._fast
-    runner._step_copies()
-    aux = runner._aux[start:end] if runner.aux_layers else None
-    x = fast.ops.forward(fast.handle, x, runner._k, runner._v, runner._kt, runner._kt_len, runner._cos32, runner._sin32,
-                         pos, start, ancestors, len(runner.layers), aux, list(runner.aux_layers), runner._vn)
-    runner._length = end
-    runner._kt_len = end
-    runner._feat[start:end] = x
+    fast, cache = runner.fast, runner.cache
+    cache.step_copies()
+    aux = cache.aux[start:end] if cache.aux_layers else None
+    x = fast.ops.forward(fast.handle, x, cache.k, cache.v, cache.kt, cache.kt_len, cache.cos32, cache.sin32,
+                         pos, start, ancestors, len(runner.layers), aux, list(cache.aux_layers), cache.vn)
+    cache.held(end, copies=True)
+    cache.feat[start:end] = x
     h = fast.ops.rms_norm(x[-last:], runner.norm.weight, runner.norm.eps, runner.norm.wide)
-    return runner._scaled(in_rows(runner._head(runner.lm_head if fast.lm_head is None else fast.lm_head), h).float())
+    return runner.scaled(in_rows(runner.head_product(runner.lm_head if fast.lm_head is None else fast.lm_head), h).float())
 
 
 @torch.inference_mode()
@@ -163,26 +162,26 @@ def step_rows(runners: list, tokens: torch.Tensor) -> torch.Tensor:
     each row attends over its own cache."""
     if not runners or len(runners) != tokens.shape[0]:
         raise ValueError(f"one token per runner: {tokens.shape[0]} tokens for {len(runners)} runners")
-    fast = runners[0]._fast
+    fast = runners[0].fast
     layers = runners[0].aux_layers
-    if fast is None or any(r._fast is not fast or r.length == 0 or r.aux_layers != layers for r in runners):
+    if fast is None or any(r.fast is not fast or r.length == 0 or r.aux_layers != layers for r in runners):
         raise ValueError("batched steps need runners of one model, each past its prompt, in the compiled step, "
                          "keeping the same layers' states")
-    for r in runners:
-        r._reserve(r._length + 1)
-        r._step_copies()
+    caches = [r.cache for r in runners]
+    for c in caches:
+        c.reserve(c.length + 1)
+        c.step_copies()
     first = runners[0]
     x = first.embed(tokens.to(first.device))
     aux = torch.empty((x.shape[0], len(layers), x.shape[1]), dtype=x.dtype, device=x.device) if layers else None
-    x = fast.ops.forward_rows(fast.handle, x, [r._k for r in runners], [r._v for r in runners], [r._kt for r in runners],
-                              [r._kt_len for r in runners], [r._cos32 for r in runners], [r._sin32 for r in runners],
-                              [r._length for r in runners], len(first.layers), [r._vn for r in runners], aux, list(layers))
-    for b, r in enumerate(runners):
+    x = fast.ops.forward_rows(fast.handle, x, [c.k for c in caches], [c.v for c in caches], [c.kt for c in caches],
+                              [c.kt_len for c in caches], [c.cos32 for c in caches], [c.sin32 for c in caches],
+                              [c.length for c in caches], len(first.layers), [c.vn for c in caches], aux, list(layers))
+    for b, c in enumerate(caches):
         if aux is not None:
-            r._aux[r._length] = aux[b]
-        r._feat[r._length] = x[b]
-        r._ids[r._length] = tokens[b].cpu()
-        r._length += 1
-        r._kt_len = r._length
+            c.aux[c.length] = aux[b]
+        c.feat[c.length] = x[b]
+        c.ids[c.length] = tokens[b].cpu()
+        c.held(c.length + 1, copies=True)
     h = fast.ops.rms_norm(x, first.norm.weight, first.norm.eps, first.norm.wide)
-    return first._scaled(in_rows(first.lm_head if fast.lm_head is None else fast.lm_head, h).float())
+    return first.scaled(in_rows(first.lm_head if fast.lm_head is None else fast.lm_head, h).float())

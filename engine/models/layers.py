@@ -340,3 +340,14 @@ def final_norm(model) -> tuple:
 def embedding_scale(module) -> float:
     """What the model's embedding module multiplies its rows by (Gemma's sqrt(hidden)); 1.0 for most."""
     return float(getattr(module, "scalar_embed_scale", 1.0))
+
+
+class Multiplied(torch.nn.Module):
+    """An embedding whose rows are multiplied by a number, in the model's dtype (Granite's embedding multiplier)."""
+
+    def __init__(self, embed: torch.nn.Module, multiplier: float) -> None:
+        super().__init__()
+        self.embed, self.multiplier = embed, multiplier
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(ids) * self.multiplier

@@ -36,6 +36,7 @@ from ..api.types import K_MAX
 from ..decoding.tree import TokenTree
 from .attention import capped_attention
 from .block import after_attention, call, rms_norm
+from .eager import project
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,22 @@ class StepGraphs:
             self._ready = {}
 
 
+def start_graphs(runner, floor: int) -> StepGraphs:
+    """A runner's static steps of `floor` rows or more, captured as CUDA graphs in the background (started here)."""
+
+    def idle(rows: int) -> StepInputs:  # a step of padding rows only (they write the scratch slot): what is captured
+        return step_inputs(runner.max_len, rows, torch.zeros(0, dtype=torch.long), 0, runner.device)
+
+    def buffers() -> tuple:  # what a captured step reads and writes, by identity, and the layers whose states it keeps
+        c = runner.cache
+        return (c.aux_layers, c.k, c.v, c.feat, c.aux, c.cos, c.sin)
+
+    graphs = StepGraphs(lambda inp: static_step(runner, inp), idle, buffers,
+                        tuple(b for b in BUCKETS if b >= floor) or BUCKETS[-1:], runner.device)
+    graphs.start()
+    return graphs
+
+
 def forward_static(runner, tokens: torch.Tensor, last: int, tree: TokenTree | None, start: int, rows: int):
     """A pass after the prefill as a step of `rows` rows (models/static.py), through its graph where captured."""
     t = tokens.shape[0]
@@ -247,7 +264,7 @@ def forward_static(runner, tokens: torch.Tensor, last: int, tree: TokenTree | No
         logits = replayed[t - last : t].clone()  # the graph writes its buffer again at its next replay
     else:
         logits = static_step(runner, inputs.to(runner.device))[t - last : t]
-    runner._length = start + t
+    runner.cache.held(start + t)
     return logits
 
 def static_step(runner, inp: StepInputs) -> torch.Tensor:
@@ -255,16 +272,17 @@ def static_step(runner, inp: StepInputs) -> torch.Tensor:
     features (and kept layers' states) to their slots; fp32 logits of every row (R, V). Tensor operations
     of fixed shapes only, without a host synchronisation: a CUDA graph can record it."""
     rows = inp.tokens.shape[0]
-    keys = runner._k.shape[2]
+    cache = runner.cache
+    keys = cache.k.shape[2]
     h, kv, hd = runner.n_heads, runner.n_kv, runner.head_dim
     x = runner.embed(inp.tokens)
-    cos, sin = runner._cos[:, inp.positions], runner._sin[:, inp.positions]
+    cos, sin = cache.cos[:, inp.positions], cache.sin[:, inp.positions]
     # row r sees the slots before `start`, its ancestors' slots in this pass (in a sliding-window layer those
     # within the window of its position), and slot 0 where it sees nothing else (a padding row)
     allowed = (torch.arange(keys, device=x.device) < inp.start).expand(rows, keys).clone()
     allowed.scatter_(1, inp.slots.expand(rows, rows), inp.ancestors)
     masks = {}
-    for window in runner._windows:
+    for window in runner.windows:
         seen = allowed
         if window:
             seen = seen & (torch.arange(keys, device=x.device)[None, :] > inp.positions[:, None] - window)
@@ -272,16 +290,16 @@ def static_step(runner, inp: StepInputs) -> torch.Tensor:
         seen[:, 0] |= ~seen.any(1)
         masks[window] = seen.repeat(runner.groups, 1)  # (groups*R, keys): grouped queries as extra rows of their KV head
     for i, layer in enumerate(runner.layers):
-        if i in runner.aux_layers:
-            runner._aux[:, runner.aux_layers.index(i)].index_copy_(0, inp.slots, x)
-        q, k, v = runner._project(layer, rms_norm(x, layer.norms["attn_in"]), cos, sin, call)
-        runner._k[i].index_copy_(1, inp.slots, k)
-        runner._v[i].index_copy_(1, inp.slots, v)
+        if i in cache.aux_layers:
+            cache.aux[:, cache.aux_layers.index(i)].index_copy_(0, inp.slots, x)
+        q, k, v = project(runner, layer, rms_norm(x, layer.norms["attn_in"]), cos, sin, call)
+        cache.k[i].index_copy_(1, inp.slots, k)
+        cache.v[i].index_copy_(1, inp.slots, v)
         if runner.softcap:
-            out = capped_attention(q, runner._k[i], runner._v[i], masks[layer.window][:rows], runner.scale, runner.softcap)
+            out = capped_attention(q, cache.k[i], cache.v[i], masks[layer.window][:rows], runner.scale, runner.softcap)
         else:
-            out = F.scaled_dot_product_attention(q.reshape(kv, runner.groups * rows, hd), runner._k[i], runner._v[i],
+            out = F.scaled_dot_product_attention(q.reshape(kv, runner.groups * rows, hd), cache.k[i], cache.v[i],
                                                  attn_mask=masks[layer.window], scale=runner.scale).view(h, rows, hd)
         x = after_attention(runner, layer, x, layer.o_proj(out.transpose(0, 1).reshape(rows, -1)), call)
-    runner._feat.index_copy_(0, inp.slots, x)
-    return runner._scaled(runner.lm_head(rms_norm(x, runner.norm)).float())
+    cache.feat.index_copy_(0, inp.slots, x)
+    return runner.scaled(runner.lm_head(rms_norm(x, runner.norm)).float())

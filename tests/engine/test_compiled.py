@@ -2,6 +2,8 @@
 forward, a position gets the same bits alone and in a verify pass (and a tree node the chain's), every
 strategy's greedy answers are plain decoding's, and without a compiler everything stays eager."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -170,7 +172,7 @@ def test_single_steps_read_a_bf16_models_values_from_a_bf16_copy_with_the_same_b
         runners, out = [], []
         for prompt, more in zip(prompts, follow):
             runner = target.new_runner()
-            runner.narrow_values = narrow
+            runner.cache.shape = dataclasses.replace(runner.cache.shape, narrow_values=narrow)
             out.append(runner.forward(prompt[:1]))
             out.append(runner.forward(prompt[1:], last=prompt.shape[0] - 1))
             out += [runner.forward(more[i : i + 1]) for i in range(3)]
@@ -178,16 +180,16 @@ def test_single_steps_read_a_bf16_models_values_from_a_bf16_copy_with_the_same_b
             out.append(runner.forward(more[:4], last=4, tree=TokenTree((-1, 0, 0, 2))))
             runner.keep(runner.length - 4, [0, 2, 3])
             out.append(runner.forward(more[6:7]))  # a single step over the kept path's moved slots
-            assert runner.compiled and runner._vn.dtype == torch.bfloat16
-            assert runner._vn.numel() == (runner._v.numel() if narrow else 0)
+            assert runner.compiled and runner.cache.vn.dtype == torch.bfloat16
+            assert runner.cache.vn.numel() == (runner.cache.v.numel() if narrow else 0)
             runners.append(runner)
         out += [step_rows(runners, follow[:, i]) for i in range(2)]
         if narrow:  # the copy holds the cache's values, bit for bit
             for r in runners:
-                assert torch.equal(r._vn[:, :, : r.length].float(), r._v[:, :, : r.length])
+                assert torch.equal(r.cache.vn[:, :, : r.length].float(), r.cache.v[:, :, : r.length])
         return torch.cat(out)
 
-    assert target.new_runner().narrow_values
+    assert target.new_runner().cache.shape.narrow_values
     assert torch.equal(run(True), run(False))
 
 
@@ -239,7 +241,7 @@ def test_prompts_run_through_the_step_where_its_products_are_the_files_blocks(op
             runner = target.new_runner()
             runner.forward(torch.tensor([1]))  # the answer's mode and products
             assert runner.compiled
-            chosen[name, fast_bf16] = compiled_passes.prompt_through_step(runner._fast, runner.dtype)
+            chosen[name, fast_bf16] = compiled_passes.prompt_through_step(runner.fast, runner.dtype)
     expected = {("blocks", True): True, ("dense", True): False, ("fp32", True): False,
                 ("blocks", False): True, ("dense", False): False, ("fp32", False): False}
     assert chosen == {key: value for key, value in expected.items() if key[1] in kinds}
@@ -249,9 +251,9 @@ def test_the_compiled_step_runs_the_files_blocks_and_the_eager_one_torchs(ops):
     target = _with_step(native(tiny_model(vocab=64, layers=2, seed=6), formats=("Q4_1", "Q8_0", "Q4_0"), head="Q8_0"))
     runner = target.new_runner()
     runner.forward(torch.tensor([1]))
-    assert runner.compiled and runner._fast.lm_head is not None
-    assert runner._fast.lm_head.source_type == "Q8_0"
-    assert runner._fast.kinds == ["blocks"] * 8  # every product of the compiled step
+    assert runner.compiled and runner.fast.lm_head is not None
+    assert runner.fast.lm_head.source_type == "Q8_0"
+    assert runner.fast.kinds == ["blocks"] * 8  # every product of the compiled step
     kinds = {p.kind for layer in runner.layers for p in layer.products}  # the eager forward's: torch's
     assert "int4" in kinds and kinds <= {"int4", "prepacked", "dense"}
 
@@ -290,7 +292,7 @@ def test_a_batched_step_gives_each_answer_the_bits_of_its_own_steps(ops, form):
         if layers:
             assert torch.equal(runners[b].aux_features(0, runners[b].length), alone_aux[b]), b
     assert all(r.length == p.shape[0] + steps.shape[1] for r, p in zip(runners, prompts))
-    assert runners[3]._k.shape[2] > 256  # the longest one's cache grew during the batched steps
+    assert runners[3].cache.k.shape[2] > 256  # the longest one's cache grew during the batched steps
     with pytest.raises(ValueError, match="one token per runner"):
         step_rows(runners, steps[:2, 0])
     eager = _with_step(target, "eager").new_runner()

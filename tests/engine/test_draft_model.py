@@ -115,7 +115,7 @@ def test_a_cut_vocabulary_gives_the_first_ids_logits(ops, step):
     assert part.shape == (11, 32)
     assert torch.equal(part, full[:, :32])
     if step == "compiled":
-        assert cut.compiled and cut._head(cut._fast.lm_head).out_features == 32
+        assert cut.compiled and cut.head_product(cut.fast.lm_head).out_features == 32
 
 
 @pytest.mark.usefixtures("one_torch_thread")

@@ -130,7 +130,7 @@ def test_through_the_compiled_step_speculation_over_a_gguf_is_plain_decoding(fil
     runner = target.new_runner()
     runner.forward(torch.arange(5, 75))
     assert runner.compiled
-    kinds = set(runner._fast.kinds)
+    kinds = set(runner.fast.kinds)
     assert kinds == {"blocks"} if name == "Q4_K_M" else {"blocks", "tiles-unpack"} <= kinds
     assert_greedy_identity(target, None, strategy, {}, trials=3, longest_prompt=300, max_new_tokens=32)
 
@@ -197,7 +197,7 @@ def _blocks_through_the_step(path, strategy: str = "prompt-lookup", longest_prom
     runner = target.new_runner()
     runner.forward(torch.arange(5, 40))
     runner.forward(torch.tensor([7]))
-    assert runner.compiled and set(runner._fast.kinds) == {"blocks"}
+    assert runner.compiled and set(runner.fast.kinds) == {"blocks"}
     assert_greedy_identity(target, None, strategy, {}, trials=3, longest_prompt=longest_prompt, max_new_tokens=32)
     return target
 

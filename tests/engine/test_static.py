@@ -55,7 +55,7 @@ def test_the_bucket_of_a_pass_is_the_smallest_holding_its_rows_and_the_floor():
 
 def test_static_steps_give_the_eager_forwards_logits_and_features_in_fp32(tiny, monkeypatch):
     eager, fixed = with_step(loaded(tiny), "eager").new_runner(), with_step(loaded(tiny), "static").new_runner()
-    assert fixed.static and not eager.static and fixed._k.shape[2] == 161  # the window and a scratch slot, at once
+    assert fixed.static and not eager.static and fixed.cache.k.shape[2] == 161  # the window and a scratch slot, at once
     rows = counted(monkeypatch)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 64, (12,), generator=gen)
@@ -71,8 +71,8 @@ def test_static_steps_give_the_eager_forwards_logits_and_features_in_fp32(tiny, 
     assert rows == [32, 32, 32, 32, 64]
     n = fixed.length
     torch.testing.assert_close(fixed.features(0, n), eager.features(0, n), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fixed._k[:, :, :n], eager._k[:, :, :n], rtol=1e-5, atol=1e-5)
-    assert not fixed._k[:, :, written:-1].any() and fixed._k[:, :, -1].any()  # padding rows write the scratch slot only
+    torch.testing.assert_close(fixed.cache.k[:, :, :n], eager.cache.k[:, :, :n], rtol=1e-5, atol=1e-5)
+    assert not fixed.cache.k[:, :, written:-1].any() and fixed.cache.k[:, :, -1].any()  # padding rows write the scratch slot only
 
 
 def test_a_tree_pass_through_static_steps_sees_each_nodes_ancestors(tiny):
@@ -105,7 +105,7 @@ def test_the_static_cache_holds_the_window_or_what_specula_context_says(tiny, mo
     assert with_step(loaded(tiny), "static").new_runner().max_len == 160
     monkeypatch.setenv("SPECULA_CONTEXT", "48")
     runner = with_step(loaded(tiny), "static").new_runner()
-    assert runner.max_len == 48 and runner._k.shape[2] == 49
+    assert runner.max_len == 48 and runner.cache.k.shape[2] == 49
     runner.forward(torch.arange(40) % 64)
     with pytest.raises(ContextTooLongError, match="^context of 50 tokens exceeds .*SPECULA_CONTEXT.*: 48$"):
         runner.forward(torch.arange(10))
@@ -165,10 +165,10 @@ def test_new_buffers_are_captured_again_and_run_eagerly_meanwhile(tiny, monkeypa
     runner = graphs_runner(loaded(tiny), monkeypatch)
     assert runner.graphs.wait(timeout=120)
     plain = LeanRunner(tiny, step=StepMode.STATIC, static=True, floor=8)
-    old = runner._aux
+    old = runner.cache.aux
     for r in (runner, plain):
         r.keep_layers((0, 2))  # an EAGLE-3 head's layers: the states buffer is new
-    assert runner._aux is not old and all(c.layout[4] is runner._aux for c in runner.graphs._ready.values())
+    assert runner.cache.aux is not old and all(c.layout[4] is runner.cache.aux for c in runner.graphs._ready.values())
     prompt = torch.arange(15) % 64
     for r in (runner, plain):
         r.forward(prompt)
