@@ -150,3 +150,15 @@ def test_the_runners_state_has_one_owner():
                 reached.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
     assert not reached, reached
     assert len((models / "runner.py").read_text(encoding="utf-8").splitlines()) <= 200  # it chooses a pass; the passes live apart
+
+
+def test_a_models_spec_is_read_where_it_is_loaded():
+    """spec_of(config) runs where a model is loaded (loading.py, from_gguf.py) and in the families' own module; the
+    forwards read the loaded model's spec, computed once (`spec_for`)."""
+    models = ROOT / "engine" / "models"
+    callers = set()
+    for path in models.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if any(isinstance(n, ast.Call) and getattr(n.func, "id", "") == "spec_of" for n in ast.walk(tree)):
+            callers.add(path.relative_to(models).as_posix())
+    assert callers <= {"loading.py", "from_gguf.py", "families/__init__.py"}, callers

@@ -10,7 +10,7 @@ import torch
 from ..cpu import step as cpu_step
 from ..cpu.products import BLOCK_FORMATS, Blocks, Tiles, in_rows
 from ..decoding.tree import TokenTree
-from .families import Spec, head_dim
+from .families import Spec
 from .gguf import LM_HEAD, NativeWeights
 from .layers import LayerWeights, first_norm, fused_layers, own_ops
 
@@ -28,7 +28,7 @@ class StepHandle:
     LM head's too; other weights keep the products the eager forward uses. Where only the portable path
     applies (not x86-64), or SPECULA_PRODUCTS=torch asks (to compare), torch's products stay."""
 
-    def __init__(self, ops, layers: list[LayerWeights], lm_head, config, spec: Spec, native: NativeWeights | None) -> None:
+    def __init__(self, ops, layers: list[LayerWeights], lm_head, spec: Spec, native: NativeWeights | None) -> None:
         own = own_ops() is not None
 
         def tiles_apply(p) -> bool:  # bf16 weights prepacked for oneDNN, or a GGUF's own (no prepacked copy)
@@ -60,12 +60,10 @@ class StepHandle:
         self.layers = layers
         self.kinds = [p.kind for entry in table for p in entry.products]  # each product's kind, as `products` names it
         self.products = table  # the step's products live as long as the handle
-        n_heads = config.num_attention_heads
         first = first_norm(layers[0])
-        model = cpu_step.StepModel(n_heads, getattr(config, "num_key_value_heads", None) or n_heads,
-                                   head_dim(config), layers[0].inter,
-                                   float(first.eps), float(spec.attention_scale), first.wide, spec.gelu,
-                                   spec.residual_multiplier, spec.attention_softcap)
+        model = cpu_step.StepModel(n_heads=spec.heads, n_kv=spec.kv_heads, head_dim=spec.head_dim, inter=layers[0].inter,
+                                   eps=float(first.eps), scale=float(spec.attention_scale), wide_norms=first.wide,
+                                   gelu=spec.gelu, residual=spec.residual_multiplier, softcap=spec.attention_softcap)
         self.handle = cpu_step.register(ops, model, table)
 
     def __del__(self) -> None:
@@ -99,7 +97,7 @@ def step_for(runner) -> StepHandle | None:
     layers, _ = fused_layers(runner.model, runner.native)
     cached = _STEPS.get(runner.model)
     if cached is None or cached.layers is not layers or cached.ops is not ops:
-        cached = StepHandle(ops, layers, runner.lm_head, runner.model.config, runner.spec, runner.native)
+        cached = StepHandle(ops, layers, runner.lm_head, runner.spec, runner.native)
         _STEPS[runner.model] = cached
         if runner.native is not None and runner.native.file is not None:
             runner.native.file.release()  # a GGUF's pages the step's products were made from: given back

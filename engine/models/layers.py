@@ -31,7 +31,7 @@ from ..cpu.products import (
     int4_fits,
     stable_rows_of,
 )
-from .families import NORM_SLOTS, Spec, spec_of
+from .families import NORM_SLOTS, Spec, spec_for
 from .gguf import FileHead, NativeWeights, weight_device, weight_dtype
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ _FUSED: "weakref.WeakKeyDictionary[torch.nn.Module, _Fused]" = weakref.WeakKeyDi
 def supports(model: torch.nn.Module) -> bool:
     """True when the lean forward reproduces this model's own forward: its spec has a family and no gaps, and the
     modules the spec names are there."""
-    spec = spec_of(model.config)
+    spec = spec_for(model)
     if not spec.runs:
         return False
     try:
@@ -296,7 +296,7 @@ def fused_layers(model: torch.nn.Module, native: NativeWeights | None, after_lay
     """Build the products once per model and weight source: runners for the same model (the target,
     layer skip, a draft that is the target itself) share them. `after_layer()` runs after each layer's."""
     cached = _FUSED.get(model)
-    spec = spec_of(model.config)
+    spec = spec_for(model)
     if cached is None or cached.native is not native or not _still_fused(cached.layers, model, spec):
         prepack = native is None and _prepack(model)  # a GGUF's own weights: no second copy for oneDNN
         layers = []
@@ -334,7 +334,7 @@ def final_norm(model) -> tuple:
     """The model's final RMS norm as (its scale in fp32, epsilon): the weight, plus its spec's offset (Gemma's 1)."""
     norm = model.model.norm
     eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
-    return norm.weight.detach().float() + spec_of(model.config).norm_offset, eps
+    return norm.weight.detach().float() + spec_for(model).norm_offset, eps
 
 
 def embedding_scale(module) -> float:

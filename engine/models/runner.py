@@ -17,7 +17,7 @@ from .attention import Heads, cap
 from .cache import Cache, Shape
 from .compiled import StepHandle, forward_compiled, prompt_through_step, step_for
 from .eager import forward_eager
-from .families import head_dim, spec_of
+from .families import spec_for
 from .gguf import NativeWeights, out_features, weight_device, weight_dtype
 from .layers import Multiplied, context_window, fused_layers, norm_of, rotary_tables
 from .static import FLOOR, StepGraphs, bucket, forward_static, start_graphs, static_context
@@ -39,7 +39,7 @@ class LeanRunner:
         # EAGER, or AUTO/COMPILED: the compiled step where it applies and is loaded, chosen at each prefill (one mode
         self.step = step  # for a whole answer)
         self.fast: StepHandle | None = None  # the compiled step the current answer runs (None: another step)
-        self.spec = spec = spec_of(cfg)
+        self.spec = spec = spec_for(model)
         layers, self.lm_head = fused_layers(model, native)
         self.layers = layers[: n_layers or cfg.num_hidden_layers]
         # Gemma 2's soft-capping of attention scores (0: none); the embeddings multiplied where the spec says (Granite)
@@ -57,9 +57,7 @@ class LeanRunner:
         self.max_len = static_context(context_window(cfg)) if static else context_window(cfg)
         self.device = weight_device(model.lm_head)
         self.dtype = weight_dtype(model.lm_head)
-        self.n_heads = cfg.num_attention_heads
-        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
-        self.head_dim = head_dim(cfg)
+        self.n_heads, self.n_kv, self.head_dim = spec.heads, spec.kv_heads, spec.head_dim
         self.groups = self.n_heads // self.n_kv
         self.scale = spec.attention_scale
         self.heads = Heads(self.n_heads, self.n_kv, self.head_dim, self.scale, self.softcap, self.dtype)
@@ -76,7 +74,7 @@ class LeanRunner:
         self.rotary_dims = 2 * rotary[0].inv_freq.shape[0]  # the dimensions of a head that rotate (all, or a part)
         self.windows = sorted({layer.window for layer in self.layers})  # 0: full attention
         # the positions held (the compiled step's single steps read a bf16 model's values from a bf16 copy)
-        self.cache = Cache(Shape(len(self.layers), self.n_kv, self.head_dim, cfg.hidden_size, self.dtype,
+        self.cache = Cache(Shape(len(self.layers), self.n_kv, self.head_dim, spec.hidden, self.dtype,
                                  torch.float32 if self.blocked else self.dtype, self.device, self.max_len,
                                  context_window(cfg), static, self.dtype == torch.bfloat16), rotary, self.rotary_dims)
         self.graphs: StepGraphs | None = start_graphs(self, floor) if static and graphs else None

@@ -12,6 +12,7 @@ tower, another activation). A new family is a new module, added to FAMILY_MODULE
 from __future__ import annotations
 
 import importlib
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -112,6 +113,13 @@ class Spec:
     attention_softcap: float = 0.0  # scores capped at cap * tanh(score / cap) (Gemma 2); 0: none
     final_softcap: float = 0.0  # the logits capped so
     gaps: tuple[str, ...] = field(default=())
+    # the shapes (0 where the config has no family): query and key/value heads, a head's width, the hidden and the
+    # MLP's widths
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    hidden: int = 0
+    intermediate: int = 0
 
     @property
     def runs(self) -> bool:
@@ -212,9 +220,24 @@ def spec_of(config) -> Spec:
     windows, rotary = family.windows(text), family.rotary(text)
     layers = tuple(LayerSpec(int(windows[i]), bool(rotary[i]), kinds[i] if per_kind else None) for i in range(n))
     number = lambda name, default: float(_get(text, name, default) or default)  # noqa: E731
+    heads = int(text.num_attention_heads)
     return Spec(model_type, family, layers, act, float(family.scale(text)), number("embedding_multiplier", 1.0),
                 number("residual_multiplier", 1.0), number("logits_scaling", 1.0),
-                number("attn_logit_softcapping", 0.0), number("final_logit_softcapping", 0.0), tuple(gaps))
+                number("attn_logit_softcapping", 0.0), number("final_logit_softcapping", 0.0), tuple(gaps),
+                heads=heads, kv_heads=int(_get(text, "num_key_value_heads", 0) or heads), head_dim=head_dim(text),
+                hidden=int(text.hidden_size), intermediate=int(_get(text, "intermediate_size", 0) or 0))
+
+
+# a loaded model's spec, computed once (beside the model rather than on it: a copy of the model is another model)
+_SPECS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def spec_for(model) -> Spec:
+    """The spec of a loaded model (`model.config`'s), computed at its first asking and kept while the model lives."""
+    spec = _SPECS.get(model)
+    if spec is None:
+        spec = _SPECS[model] = spec_of(model.config)
+    return spec
 
 
 def sqrt_scale(name: str) -> Callable:
