@@ -162,3 +162,14 @@ def test_a_models_spec_is_read_where_it_is_loaded():
         if any(isinstance(n, ast.Call) and getattr(n.func, "id", "") == "spec_of" for n in ast.walk(tree)):
             callers.add(path.relative_to(models).as_posix())
     assert callers <= {"loading.py", "from_gguf.py", "families/__init__.py"}, callers
+
+
+def test_the_gguf_reader_names_no_family():
+    """What a family's files hold is the family's (families/): gguf.py and from_gguf.py hold no family's name."""
+    from specula.engine.models.families import families
+
+    names = {t for f in families().values() for t in (*f.model_types, *f.gguf_archs, f.name)}
+    for stem in ("gguf", "from_gguf"):
+        tree = ast.parse((ROOT / "engine" / "models" / f"{stem}.py").read_text(encoding="utf-8"))
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        assert not strings & names, (stem, strings & names)

@@ -26,7 +26,7 @@ from ..api.errors import SpeculaError, first_line
 from ..api.memory import available_memory, gigabytes, needed_for
 from ..cpu import step as cpu_step
 from ..cpu.products import BLOCK_FORMATS, Blocks
-from .families import for_gguf, spec_of
+from .families import GGUF_QK_PROCESSOR, for_gguf, projections, spec_of
 from .gguf import LM_HEAD, FileEmbedding, FileHead, GGUFFile, NativeWeights, config_from, llama_row_order, tokenizer_from
 from .layers import build_products, embedding_scale
 
@@ -36,9 +36,6 @@ log = logging.getLogger(__name__)
 # in the file's format costs 0.1-0.4 ms a step after a target pass (5% of the bundled model's step), a copy nothing;
 # a larger one (a 128k vocabulary: 0.5-1 GB) is read from the file, where a few tenths of a ms are under 1% of a step
 EMBED_COPY_BYTES = 64 << 20
-_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-                "self_attn.qkv_proj", "mlp.gate_up_proj")  # Phi-3's fused ones
 _IN_CONFIG = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}  # rotary, not weights
 
 
@@ -172,7 +169,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
     family = for_gguf(file.architecture)
     permuted = family is not None and family.gguf_permuted_qk
     offset_norms = family is not None and family.gguf_offset_norms
-    kind = "llama" if permuted else file.architecture
+    kind = GGUF_QK_PROCESSOR if permuted else file.architecture
     processor = TENSOR_PROCESSORS.get(kind, TensorProcessor)(config=config.to_dict())
     mapping = _names(file, model, config)
     if not set(file.tensors) <= set(mapping) | _IN_CONFIG:  # transformers' fuller map (MoE experts, ...)
@@ -185,6 +182,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
     n_head = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_head
     placed = set()
+    projected = projections()  # the layers' products, every family's (fused ones included)
     dense = _dense_in_groups(file) if native is not None else set()
     for entry in file.tensors.values():
         if native is not None:
@@ -200,7 +198,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
                      and entry.name not in dense)
         if native is not None and (blocks_ok or hf == "model.embed_tokens.weight"):  # read as the file stores it
             _check_shape(model, hf, entry.shape, entry.name)
-        if blocks_ok and attr == "weight" and (module == LM_HEAD or module.endswith(_PROJECTIONS)):
+        if blocks_ok and attr == "weight" and (module == LM_HEAD or module.endswith(projected)):
             order = None
             if permuted and module.endswith(("q_proj", "k_proj")):
                 order = llama_row_order(entry.shape[0], n_head if module.endswith("q_proj") else n_kv)

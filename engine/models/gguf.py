@@ -29,7 +29,7 @@ from torch import nn
 from ..api.errors import ModelFileChanged, SpeculaError, UnsupportedModelError
 from ..api.gguf_header import GGUFError, GGUFHeader, TensorEntry, read_header
 from ..cpu.products import BLOCK_FORMATS, Blocks, FileBlocks, Q4Blocks
-from .families import families, for_gguf
+from .families import families, for_gguf, gguf_model_type
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,6 @@ LM_HEAD = "lm_head"  # the name the LM head's blocks go by
 _TOKENIZER_ARRAYS = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 _DENSE = {"F32": np.float32, "F16": np.float16}  # types numpy reads as they are (BF16 by its bits)
 _STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}  # types that are a dtype as they are
-# GGUF architectures whose model type transformers names otherwise
-_MODEL_TYPES = {"gemma3": "gemma3_text"}
 # GGUF architectures (llama.cpp's names) that run through transformers' forward from a file read here, each checked
 # with a file llama.cpp's converter wrote of a small random model (the same greedy tokens as transformers' own
 # model of it). transformers' GGUF table knows more, which do not load: Mamba (no attention, no KV cache), T5 (not
@@ -112,12 +110,8 @@ class GGUFFile:
 
     @property
     def model_type(self) -> str:
-        """transformers' name for the architecture ("mistral" for a Llama-shaped Mistral file, as transformers does)."""
-        arch = self.architecture
-        name = str(self.metadata.get("general.name", "")).lower()
-        if arch == "llama" and "mistral" in name:
-            return "mistral"
-        return _MODEL_TYPES.get(arch, arch)
+        """transformers' name for the file's architecture (a family's where one claims the file: families/)."""
+        return gguf_model_type(self.architecture, str(self.metadata.get("general.name", "")))
 
     def entry(self, name: str) -> TensorEntry:
         return self.tensors[name]

@@ -11,6 +11,7 @@ from specula.engine.api.errors import SpeculaError
 from specula.engine.api.types import ModelSpec
 from specula.engine.drafters import DRAFTERS
 from specula.engine.models import from_gguf, gguf
+from specula.engine.models.families import projections
 from specula.engine.models.gguf import GGUFFile
 from specula.engine.models.loading import load_model
 from tests.support.gguf_files import damaged, data_offset, tiny_llama, write_gguf
@@ -86,7 +87,7 @@ def test_each_format_runs_as_the_file_stores_it(files, name, monkeypatch):
         assert isinstance(target.model.lm_head, gguf.FileHead) if module == "lm_head" else params[f"{module}.weight"].is_meta
     # projections in types the products do not run are tiles alone (their groups' copies dropped): no module
     # keeps a weight of any projection
-    assert all(p.is_meta for n, p in params.items() if n.endswith(tuple(f"{m}.weight" for m in from_gguf._PROJECTIONS)))
+    assert all(p.is_meta for n, p in params.items() if n.endswith(tuple(f"{m}.weight" for m in projections())))
     # the embedding is looked up from the file, row by row, in its own format
     assert isinstance(target.model.get_input_embeddings(), gguf.FileEmbedding)
     with pytest.raises(SpeculaError, match="--weights dequantized"):  # transformers' forward would read nothing

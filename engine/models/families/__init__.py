@@ -86,6 +86,9 @@ class Family:
     gguf_offset_norms: bool = False  # llama.cpp's converter stores the norms as 1 + w
     gguf_keys: dict | None = None  # GGUF key -> config name, where transformers' table leaves the family out
     gguf_config: Callable | None = None  # (file, values) -> None: what else the file's metadata says, into values
+    # (llama.cpp's architecture, a word): its files are of that architecture with the word in their `general.name`
+    # (Mistral's, stored as Llama's)
+    gguf_named: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,29 @@ def families() -> dict[str, Family]:
 def for_gguf(arch: str) -> Family | None:
     """The family of a GGUF file's architecture (llama.cpp's name), or None."""
     return next((f for f in families().values() if arch in f.gguf_archs), None)
+
+
+# transformers' GGUF tensor processor that undoes llama.cpp's permutation of q/k rows (`gguf_permuted_qk`): Llama's
+GGUF_QK_PROCESSOR = "llama"
+
+
+def gguf_model_type(arch: str, name: str) -> str:
+    """transformers' model type of a GGUF file of llama.cpp's architecture `arch` named `name` (`general.name`): a
+    family's that claims such files, or the architecture's own name."""
+    name = name.lower()
+    for family in families().values():
+        if family.gguf_named and family.gguf_named[0] == arch and family.gguf_named[1] in name:
+            return family.model_types[0]
+    family = for_gguf(arch)
+    return family.model_types[0] if family is not None else arch
+
+
+def projections() -> tuple[str, ...]:
+    """Every family's projection modules of a layer (a layer's module names, fused ones included)."""
+    found = {"self_attn.o_proj", "mlp.down_proj"}
+    for family in families().values():
+        found.update(family.qkv, family.gate_up)
+    return tuple(sorted(found))
 
 
 def _text(config):

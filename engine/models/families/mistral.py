@@ -2,4 +2,4 @@
 
 from . import Family, window_everywhere
 
-FAMILY = Family("mistral", ("mistral",), gguf_archs=(), windows=window_everywhere)
+FAMILY = Family("mistral", ("mistral",), gguf_archs=(), windows=window_everywhere, gguf_named=("llama", "mistral"))
