@@ -29,8 +29,9 @@ def json_line(obj: dict) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def model_spec(args) -> ModelSpec:
-    return ModelSpec(args.model, args.device, args.dtype, args.weights, args.step)
+def model_spec(args, step: str | None = None) -> ModelSpec:
+    """The model a command's flags name (--model, --device, --dtype, --weights, --step; `step` in place of the last)."""
+    return ModelSpec(args.model, args.device, args.dtype, args.weights, step or args.step)
 
 
 # the decoding settings a command may leave out of its flags (bench has no --top-p, measure-head no

@@ -304,12 +304,12 @@ def _strategies(args) -> int:
         for name, info in DRAFTERS.items():
             print(f"{name}\t{info.description} (default k {info.default_k})")
         return 0
-    from ..api.types import LoadRequest, ModelSpec
+    from ..api.types import LoadRequest
     from ..serving.session import Session
+    from .common import model_spec
 
     session = Session()
-    loaded = session.load(LoadRequest(ModelSpec(args.model, args.device, args.dtype, args.weights, "eager"),
-                                      measure_baseline=False))
+    loaded = session.load(LoadRequest(model_spec(args, step="eager"), measure_baseline=False))
     print(f"strategies for {loaded.target}:")
     for name, info in DRAFTERS.items():
         if name in loaded.strategies:

@@ -12,7 +12,7 @@ import time
 from ..api.errors import SpeculaError, terminal_safe
 from ..api.paths import use_data_dir
 from ..api.strategies import STRATEGIES
-from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
+from ..api.types import DecodeConfig, GenerateRequest, LoadRequest
 from ..remote.http import is_loopback
 
 MIN_KEY_CHARS = 8  # an API key shorter than this is guessed too soon
@@ -88,6 +88,7 @@ def run_serve(args) -> int:
     from ..serving.guard import Protocol
     from ..serving.routes import create_app
     from ..serving.service import EngineService
+    from .common import model_spec
 
     if args.strategy not in STRATEGIES and args.strategy != "server":
         raise SpeculaError(f"--strategy {args.strategy}: unknown strategy; choose one of {', '.join(STRATEGIES)}")
@@ -106,7 +107,7 @@ def run_serve(args) -> int:
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    initial = None if args.no_model else LoadRequest(ModelSpec(args.model, args.device, args.dtype, args.weights, args.step),
+    initial = None if args.no_model else LoadRequest(model_spec(args),
                                                       args.draft_model, measure_baseline=not args.no_baseline,
                                                       draft_head=args.draft_head, prepare=first_answer(args))
     service = EngineService(on_load_failure=load_failed)
