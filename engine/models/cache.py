@@ -43,10 +43,10 @@ class Cache:
     `cos`/`sin` (the model's dtype) and `cos32`/`sin32` (fp32) for every position of the capacity. `length`
     positions are held."""
 
-    def __init__(self, shape: Shape, rotary: list, rotary_dims: int) -> None:
+    def __init__(self, shape: Shape, rotary: list) -> None:
         self.shape = shape
         self.rotary = rotary  # per kind of layer with its own table: (inverse frequencies, scaling, a long-context part)
-        self.rotary_dims = rotary_dims
+        self.rotary_dims = 2 * rotary[0].inv_freq.shape[0]  # the dimensions of a head that rotate (all, or a part)
         self.length = 0
         self.k = self.v = torch.empty(0)
         self.kt = torch.empty(0)

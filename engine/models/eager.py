@@ -60,7 +60,7 @@ def project(runner, layer: LayerWeights, x: torch.Tensor, cos, sin, run) -> tupl
         qk = qkv[: h + kv]
     if layer.rotary:  # rotary on queries and keys at once, with the table of the layer's kind
         cos, sin = cos[layer.rope_set], sin[layer.rope_set]
-        rd = runner.rotary_dims
+        rd = runner.cache.rotary_dims
         if rd == hd:
             qk = qk * cos + qk.roll(rd // 2, -1) * sin
         else:  # the first rd dimensions of each head rotate, the rest pass as they are (Phi-4-mini)

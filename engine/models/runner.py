@@ -69,14 +69,12 @@ class LeanRunner:
         # whose one-row kernel rounds otherwise runs a single step on two identical rows: `stable_rows`, in_rows),
         # so with the blocked attention speculation reproduces plain decoding bit for bit. False: one-row kernels.
         self.consistent = self.blocked
-        # one rotary table per kind of layer that has its own (layers.rope_kinds): (inverse frequencies, scaling)
-        rotary = rotary_tables(model, spec)
-        self.rotary_dims = 2 * rotary[0].inv_freq.shape[0]  # the dimensions of a head that rotate (all, or a part)
         self.windows = sorted({layer.window for layer in self.layers})  # 0: full attention
         # the positions held (the compiled step's single steps read a bf16 model's values from a bf16 copy)
         self.cache = Cache(Shape(len(self.layers), self.n_kv, self.head_dim, spec.hidden, self.dtype,
                                  torch.float32 if self.blocked else self.dtype, self.device, self.max_len,
-                                 context_window(cfg), static, self.dtype == torch.bfloat16), rotary, self.rotary_dims)
+                                 context_window(cfg), static, self.dtype == torch.bfloat16),
+                           rotary_tables(model, spec))  # a table per kind of layer with its own (layers.rope_kinds)
         self.graphs: StepGraphs | None = start_graphs(self, floor) if static and graphs else None
 
     def scaled(self, logits: torch.Tensor) -> torch.Tensor:
