@@ -254,6 +254,19 @@ struct Acts {
   int64_t at(int64_t r, int64_t b) const { return b * rows + r; }  // row r's block b
   int64_t span_at(int64_t r, int64_t s) const { return s * rows + r; }  // row r's span s (its scale in d)
   const int8_t* codes(int64_t r, int64_t b) const { return q.data() + at(r, b) * QK; }
+  int8_t* codes(int64_t r, int64_t b) { return q.data() + at(r, b) * QK; }
+  // span u of x's rows (span u: row u / spans(), its u % spans()-th): its row r, place sp and first input
+  template <typename T>
+  const T* span_of(const T* x, int64_t u, int64_t& r, int64_t& sp) const {
+    r = u / spans(), sp = u % spans();
+    return x + r * nb * QK + sp * span;
+  }
+  // row r's span sp scaled by its inputs' largest magnitude: dx = amax / 127 kept, 1 / dx (0 where dx is) returned
+  float scale(int64_t r, int64_t sp, float amax) {
+    const float dx = amax / 127.0f;
+    d[span_at(r, sp)] = dx;
+    return dx != 0.0f ? 1.0f / dx : 0.0f;
+  }
   const int32_t* pairs_at(int64_t r, int64_t s) const { return pairs.data() + span_at(r, s) * (per() / 2); }
   // room for `rows` rows of k inputs, a scale per `span_` of them
   void shape(int64_t n_rows, int64_t k, int64_t span_) {
@@ -283,17 +296,16 @@ struct Acts {
 // span's scale, codes and sums depend on its own inputs only, so threads may take any share of them.
 template <typename T>
 void quantize(const T* x, int64_t u0, int64_t u1, Acts& a) {
-  const int64_t per = a.per(), k = a.nb * QK;
+  const int64_t per = a.per();
   for (int64_t u = u0; u < u1; ++u) {
-    const int64_t r = u / a.spans(), sp = u % a.spans();
-    const T* xs = x + r * k + sp * a.span;
+    int64_t r, sp;
+    const T* xs = a.span_of(x, u, r, sp);
     float amax = 0.0f;
     for (int64_t j = 0; j < a.span; ++j) amax = std::max(amax, std::fabs(static_cast<float>(xs[j])));
-    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    a.d[a.span_at(r, sp)] = d;
+    const float id = a.scale(r, sp, amax);
     for (int64_t g = 0; g < per; ++g) {
       const T* xb = xs + g * QK;
-      int8_t* q = a.q.data() + a.at(r, sp * per + g) * QK;
+      int8_t* q = a.codes(r, sp * per + g);
       int32_t h[2] = {0, 0};
       for (int j = 0; j < QK; ++j) {
         q[j] = static_cast<int8_t>(std::nearbyint(static_cast<float>(xb[j]) * id));
@@ -867,22 +879,19 @@ inline Path best_path() {
 // codes, scales and sums as the loop's. bf16 and fp32 inputs; fp16 takes the loop.
 template <typename T>
 SPECULA_AVX512 void quantize_avx512(const T* x, int64_t u0, int64_t u1, Acts& a) {
-  const int64_t per = a.per(), k = a.nb * QK;
+  const int64_t per = a.per();
   for (int64_t u = u0; u < u1; ++u) {
-    const int64_t r = u / a.spans(), sp = u % a.spans();
-    const T* xs = x + r * k + sp * a.span;
+    int64_t r, sp;
+    const T* xs = a.span_of(x, u, r, sp);
     __m512 m = _mm512_setzero_ps();
     for (int64_t j = 0; j < a.span; j += 16) m = _mm512_max_ps(m, _mm512_abs_ps(simd::load<__m512>(xs + j)));
-    const float amax = _mm512_reduce_max_ps(m);
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    a.d[a.span_at(r, sp)] = d;
-    const __m512 s = _mm512_set1_ps(id);
+    const __m512 s = _mm512_set1_ps(a.scale(r, sp, _mm512_reduce_max_ps(m)));
     constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     for (int64_t g = 0; g < per; ++g) {
       const T* xb = xs + g * QK;
       const __m512i q0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(simd::load<__m512>(xb), s), nearest));
       const __m512i q1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(simd::load<__m512>(xb + 16), s), nearest));
-      int8_t* q = a.q.data() + a.at(r, sp * per + g) * QK;
+      int8_t* q = a.codes(r, sp * per + g);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
       a.put(r, sp * per + g, _mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1));
@@ -904,26 +913,23 @@ template <typename T>
 SPECULA_AVX2 void quantize_avx2(const T* x, int64_t u0, int64_t u1, Acts& a) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the packs' 4-byte groups back in input order
-  const int64_t per = a.per(), k = a.nb * QK;
+  const int64_t per = a.per();
   for (int64_t u = u0; u < u1; ++u) {
-    const int64_t r = u / a.spans(), sp = u % a.spans();
-    const T* xs = x + r * k + sp * a.span;
+    int64_t r, sp;
+    const T* xs = a.span_of(x, u, r, sp);
     __m256 m = _mm256_setzero_ps();
     for (int64_t j = 0; j < a.span; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, simd::load<__m256>(xs + j)));
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    const float amax = _mm_cvtss_f32(h);
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    a.d[a.span_at(r, sp)] = d;
-    const __m256 s = _mm256_set1_ps(id);
+    const __m256 s = _mm256_set1_ps(a.scale(r, sp, _mm_cvtss_f32(h)));
     constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     for (int64_t g = 0; g < per; ++g) {
       const T* xb = xs + g * QK;
       __m256i q[4];
       for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(simd::load<__m256>(xb + 8 * j), s), nearest));
       const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + a.at(r, sp * per + g) * QK), _mm256_permutevar8x32_epi32(bytes, order));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.codes(r, sp * per + g)), _mm256_permutevar8x32_epi32(bytes, order));
       a.put(r, sp * per + g, sum8(_mm256_add_epi32(q[0], q[1])), sum8(_mm256_add_epi32(q[2], q[3])));
     }
   }
