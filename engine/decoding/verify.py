@@ -74,53 +74,46 @@ def _acceptance_tests(logits: torch.Tensor, draft: torch.Tensor, q: torch.Tensor
     return _Tested(p, q, draft, p_d, q_d, (u * q_d < p_d).long())
 
 
-def verify_sampling(
-    logits: torch.Tensor,
-    draft: torch.Tensor,
-    q: torch.Tensor | None,
-    params: SamplingParams,
-    generator: torch.Generator | None,
-) -> Verdict:
+def _residuals(tested: _Tested, rows: slice) -> torch.Tensor:
+    """max(0, p - q) at the draft positions `rows` (k', V), unnormalised: what a rejection there draws from. A point
+    guess (q one-hot) leaves p with the guessed token removed. Where p == q up to rounding (a rejection had
+    probability ~0) the row's p stands in."""
+    p, draft = tested.p[rows], tested.draft[rows]
+    if tested.q is not None:
+        residual = (p - tested.q[rows]).clamp_min(0)
+    else:
+        residual = p.clone()
+        residual[torch.arange(draft.shape[0], device=p.device), draft] = 0
+    return torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
+
+
+def verify_sampling(logits: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None, params: SamplingParams,
+                    generator: torch.Generator | None) -> Verdict:
     """logits (k+1, V), draft (k,), q (k, V) or None for one-hot -> Verdict by the exact rule."""
     k = draft.shape[0]
-    p, q, draft, p_d, q_d, keep = _acceptance_tests(logits, draft, q, params, generator)
-    accepted = int(keep.cumprod(0).sum()) if k else 0
+    tested = _acceptance_tests(logits, draft, q, params, generator)
+    p, p_d, q_d = tested.p, tested.p_d, tested.q_d
+    accepted = int(tested.keep.cumprod(0).sum()) if k else 0
     if accepted < k:
-        if q is not None:
-            residual = (p[accepted] - q[accepted]).clamp_min(0)
-        else:
-            residual = p[accepted].clone()
-            residual[draft[accepted]] = 0
-        if not float(residual.sum()) > 0:  # p == q up to rounding: rejection had probability ~0
-            residual = p[accepted]
+        residual = _residuals(tested, slice(accepted, accepted + 1))[0]
         next_token = int(sample(residual / residual.sum(), generator))
     else:
         next_token = int(sample(p[k], generator))
     return Verdict(accepted, next_token, tuple(p_d.tolist()), tuple(q_d.tolist()))
 
 
-def verify_sampling_at_once(
-    logits: torch.Tensor,
-    draft: torch.Tensor,
-    q: torch.Tensor | None,
-    params: SamplingParams,
-    generator: torch.Generator | None,
-) -> Verdict:
+def verify_sampling_at_once(logits: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None, params: SamplingParams,
+                            generator: torch.Generator | None) -> Verdict:
     """verify_sampling's rule with one wait for the device (a GPU's) instead of several: every row's
     replacement (a draw from its residual) and the bonus (a draw from p_k) are drawn at once, and the one
     at the first rejection (or the bonus) is kept. The draws are independent of the acceptance tests, so
     every emitted token is distributed as under verify_sampling; the random stream is consumed otherwise,
     so a seed gives another (equally exact) answer than on a CPU."""
     k = draft.shape[0]
-    p, q, draft, p_d, q_d, keep = _acceptance_tests(logits, draft, q, params, generator)
-    accepted = keep.cumprod(0).sum()  # stays on the device
-    if q is not None:
-        residual = (p[:k] - q).clamp_min(0)
-    else:
-        residual = p[:k].clone()
-        residual[torch.arange(k, device=p.device), draft] = 0
-    # p == q up to rounding: rejection had probability ~0, and the row's p stands in
-    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p[:k])
+    tested = _acceptance_tests(logits, draft, q, params, generator)
+    p, p_d, q_d = tested.p, tested.p_d, tested.q_d
+    accepted = tested.keep.cumprod(0).sum()  # stays on the device
+    residual = _residuals(tested, slice(0, k))
     candidates = torch.cat([residual, p[k:]])  # (k+1, V): row i replaces draft i; row k is the bonus
     draws = torch.multinomial(candidates / candidates.sum(-1, keepdim=True), 1, generator=generator)[:, 0]
     out = torch.cat([accepted[None].double(), draws.double(), p_d.double(), q_d.double()]).tolist()

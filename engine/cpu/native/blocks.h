@@ -746,29 +746,21 @@ SPECULA_AMX void amx_sums(const uint8_t* tile, int64_t b0, const Acts& a, int64_
       src[g] = codes[g];
     }
   }
-  const int64_t stride = QK;  // a block's rows side by side
-  _tile_zero(0);
-  _tile_loadd(4, a.codes(r0, b0), stride);
-  _tile_loadd(6, src[0], CHUNK);
-  _tile_dpbsud(0, 4, 6);
-  if constexpr (G > 1) {
-    _tile_zero(1);
-    _tile_loadd(5, a.codes(r0, b0 + 1), stride);
-    _tile_loadd(7, src[1], CHUNK);
-    _tile_dpbsud(1, 5, 7);
+  // GCC's tile intrinsics paste their tile numbers into the assembly text: they take literal numbers only, hence a
+  // macro. Block g sums into tile g from inputs in tiles 4/6 or 5/7 by turns (a block's loads overlap the last's
+  // products); a block's rows lie side by side (stride QK).
+#define SPECULA_AMX_BLOCK(g, in, w)                              \
+  if constexpr (G > g) {                                        \
+    _tile_zero(g);                                              \
+    _tile_loadd(in, a.codes(r0, b0 + g), QK);                   \
+    _tile_loadd(w, src[g], CHUNK);                              \
+    _tile_dpbsud(g, in, w);                                     \
   }
-  if constexpr (G > 2) {
-    _tile_zero(2);
-    _tile_loadd(4, a.codes(r0, b0 + 2), stride);
-    _tile_loadd(6, src[2], CHUNK);
-    _tile_dpbsud(2, 4, 6);
-  }
-  if constexpr (G > 3) {
-    _tile_zero(3);
-    _tile_loadd(5, a.codes(r0, b0 + 3), stride);
-    _tile_loadd(7, src[3], CHUNK);
-    _tile_dpbsud(3, 5, 7);
-  }
+  SPECULA_AMX_BLOCK(0, 4, 6)
+  SPECULA_AMX_BLOCK(1, 5, 7)
+  SPECULA_AMX_BLOCK(2, 4, 6)
+  SPECULA_AMX_BLOCK(3, 5, 7)
+#undef SPECULA_AMX_BLOCK
   _tile_stored(0, sums, COLS * 4);
   if constexpr (G > 1) _tile_stored(1, sums + AMX_ROWS * COLS, COLS * 4);
   if constexpr (G > 2) _tile_stored(2, sums + 2 * AMX_ROWS * COLS, COLS * 4);
@@ -838,13 +830,6 @@ SPECULA_AMX void ktile_amx(const uint8_t* tile, int64_t nb, const Acts& a, int64
 
 #else
 #define SPECULA_HAS_AMX 0
-inline void amx_configure(int64_t) {}
-inline void amx_release() {}
-constexpr bool amx_takes(int64_t) { return false; }
-template <int64_t fmt>
-void tile_amx(const uint8_t*, int64_t, const Acts&, int64_t, int64_t, float*) {}
-template <int64_t fmt>
-void ktile_amx(const uint8_t*, int64_t, const Acts&, int64_t, int64_t, float*) {}
 #endif
 
 // Whether this CPU has AMX-INT8 and Linux lets this process use the tile registers.
@@ -945,6 +930,12 @@ template <int R, int64_t fmt>
 void tile_avx512(const uint8_t*, int64_t, const Acts&, int64_t, float*) {}
 template <int R, int64_t fmt>
 void ktile_avx512(const uint8_t*, int64_t, const Acts&, int64_t, float*) {}
+#define SPECULA_HAS_AMX 0
+inline Path best_path() { return PORTABLE; }
+
+#endif
+
+#if !SPECULA_HAS_AMX  // a build without AMX never calls these
 inline void amx_configure(int64_t) {}
 inline void amx_release() {}
 constexpr bool amx_takes(int64_t) { return false; }
@@ -952,8 +943,6 @@ template <int64_t fmt>
 void tile_amx(const uint8_t*, int64_t, const Acts&, int64_t, int64_t, float*) {}
 template <int64_t fmt>
 void ktile_amx(const uint8_t*, int64_t, const Acts&, int64_t, int64_t, float*) {}
-inline Path best_path() { return PORTABLE; }
-
 #endif
 
 inline Path& forced() {

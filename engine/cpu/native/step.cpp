@@ -175,9 +175,9 @@ struct Product {
 
 struct Layer {
   Product qkv, o, gate_up, down;
-  Tensor in_norm, post_norm;
+  Tensor attn_in, mlp_in;  // the norms before attention and before the MLP, or undefined (OLMo 2: no attn_in)
   Tensor q_norm, k_norm;  // per-head norms of the queries and keys before rotary (Qwen3, Gemma 3), or undefined
-  Tensor attn_out_norm, mlp_out_norm;  // norms of the attention's and the MLP's outputs (Gemma), or undefined
+  Tensor attn_out, mlp_out;  // norms of the attention's and the MLP's outputs (Gemma), or undefined
   bool rotary = true;  // false: the layer's queries and keys take no rotary (SmolLM3's every fourth layer)
   int64_t window = 0;  // a sliding-window layer sees the keys of the last `window` positions up to its own; 0: all
   int64_t rope_set = 0;  // which of the rotary tables the layer reads (Gemma 3: its local or global base)
@@ -248,13 +248,16 @@ int64_t prepare(const Tensors& tensors, const Ints& ints, const Numbers& numbers
       p[i] = Product{kinds[j], a[j], b[j], bias[j].numel() ? c10::optional<Tensor>(bias[j]) : c10::nullopt, min_rows[j]};
       p[i].read_tables();
     }
-    Layer layer{p[0], p[1], p[2], p[3], optional_norm(attn_in[l]), optional_norm(mlp_in[l]), optional_norm(q_norm[l]),
-                optional_norm(k_norm[l]), optional_norm(attn_out[l]), optional_norm(mlp_out[l])};
+    Layer layer;  // each field by its name in the table (cpu/step.py's StepLayer)
+    layer.qkv = p[0], layer.o = p[1], layer.gate_up = p[2], layer.down = p[3];
+    layer.attn_in = optional_norm(attn_in[l]), layer.mlp_in = optional_norm(mlp_in[l]);
+    layer.q_norm = optional_norm(q_norm[l]), layer.k_norm = optional_norm(k_norm[l]);
+    layer.attn_out = optional_norm(attn_out[l]), layer.mlp_out = optional_norm(mlp_out[l]);
     TORCH_CHECK(layer.q_norm.defined() == layer.k_norm.defined(), "per-head norms of both queries and keys, or of neither");
     TORCH_CHECK(!layer.q_norm.defined() || (layer.q_norm.numel() == m.head_dim && layer.k_norm.numel() == m.head_dim) ||
                     (layer.q_norm.numel() == m.n_heads * m.head_dim && layer.k_norm.numel() == m.n_kv * m.head_dim),
                 "q/k norms per head of ", m.head_dim, " or over all heads");
-    for (const Tensor* w : {&layer.in_norm, &layer.post_norm, &layer.q_norm, &layer.k_norm, &layer.attn_out_norm, &layer.mlp_out_norm})
+    for (const Tensor* w : {&layer.attn_in, &layer.mlp_in, &layer.q_norm, &layer.k_norm, &layer.attn_out, &layer.mlp_out})
       TORCH_CHECK(!w->defined() || !m.wide_norms || w->scalar_type() == at::kFloat, "wide norms' weights are fp32");
     layer.rotary = rotary[l] != 0;
     layer.window = windows[l];
@@ -883,12 +886,12 @@ const Tensor& normed(const Tensor& x, const Tensor& norm, Tensor& out, const Mod
 // output normed first where the layer norms it).
 template <typename T>
 void finish_layer(Tensor& x, const Tensor& attn, Scratch& s, const Layer& layer, const Model& m) {
-  add_rows<T>(x, normed<T>(layer.o.into<T>(attn, s.y), layer.attn_out_norm, s.out_normed, m), m.residual);
-  Tensor gu = layer.gate_up.into<T>(normed<T>(x, layer.post_norm, s.normed, m), s.gate_up).contiguous();
+  add_rows<T>(x, normed<T>(layer.o.into<T>(attn, s.y), layer.attn_out, s.out_normed, m), m.residual);
+  Tensor gu = layer.gate_up.into<T>(normed<T>(x, layer.mlp_in, s.normed, m), s.gate_up).contiguous();
   if (!s.act.defined() || s.act.size(0) != x.size(0)) s.act = at::empty({x.size(0), m.inter}, x.options());
   if (m.gelu) gated_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter, Gelu{});
   else gated_mul<T>(gu.data_ptr<T>(), s.act.data_ptr<T>(), x.size(0), m.inter, Silu{});
-  add_rows<T>(x, normed<T>(layer.down.into<T>(s.act, s.y), layer.mlp_out_norm, s.out_normed, m), m.residual);
+  add_rows<T>(x, normed<T>(layer.down.into<T>(s.act, s.y), layer.mlp_out, s.out_normed, m), m.residual);
 }
 
 // x (T, D) after the embedding -> x after `n_layers` layers; the caches get the new keys and values.
@@ -925,7 +928,7 @@ Tensor forward(int64_t handle, const Tensor& x_in, const Tensor& k_cache, const 
       for (size_t j = 0; aux && j < aux_layers.size(); ++j)  // the hidden states entering the layers kept (EAGLE-3)
         if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
       int64_t layer_off = l * kv * cap * hd;
-      Tensor qkv = layer.qkv.into<scalar_t>(normed<scalar_t>(x, layer.in_norm, scratch.normed, *m), scratch.qkv).contiguous();
+      Tensor qkv = layer.qkv.into<scalar_t>(normed<scalar_t>(x, layer.attn_in, scratch.normed, *m), scratch.qkv).contiguous();
       head_norms<scalar_t>(qkv, layer, *m);
       store_and_attend(qkv.data_ptr<scalar_t>(), rope_table(cos, layer), rope_table(sin, layer), p, q.data_ptr<float>(),
                        k_cache.data_ptr<float>() + layer_off, kt_cache.data_ptr<float>() + layer_off,
@@ -982,7 +985,7 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
       const Layer& layer = m->layers[l];
       for (size_t j = 0; aux && j < aux_layers.size(); ++j)  // the hidden states entering the layers kept (EAGLE-3)
         if (aux_layers[j] == l) aux->select(1, static_cast<int64_t>(j)).copy_(x);
-      Tensor qkv = layer.qkv.into<scalar_t>(normed<scalar_t>(x, layer.in_norm, scratch.normed, *m), scratch.qkv).contiguous();
+      Tensor qkv = layer.qkv.into<scalar_t>(normed<scalar_t>(x, layer.attn_in, scratch.normed, *m), scratch.qkv).contiguous();
       head_norms<scalar_t>(qkv, layer, *m);
       // a thread takes whole rows (attend's own split over heads runs inline inside this one)
       at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
@@ -1003,8 +1006,8 @@ Tensor forward_rows(int64_t handle, const Tensor& x_in, const std::vector<Tensor
 }
 
 // A draft head's decoder layer (EAGLE: a one-layer model registered by `prepare`) over t rows at cache slots
-// start..start+t-1. h (t, D): the residual stream entering; the attention reads rms(h, in_norm), or, where e
-// (t, D) is given (EAGLE-3: the next tokens' embeddings), [rms(e, e_norm), rms(h, in_norm)] (2D). Row r has
+// start..start+t-1. h (t, D): the residual stream entering; the attention reads rms(h, attn_in), or, where e
+// (t, D) is given (EAGLE-3: the next tokens' embeddings), [rms(e, e_norm), rms(h, attn_in)] (2D). Row r has
 // rotary position pos[r] and sees the slots `visible` (t, start + t) allows, or 0..start+r. The caches
 // (kv, cap, hd) fp32 and the transposed keys (kv, cap / KB, hd, KB) get the new rows. -> the layer's output.
 Tensor head_layer(int64_t handle, const Tensor& h_in, const c10::optional<Tensor>& e, const c10::optional<Tensor>& e_norm,
@@ -1029,7 +1032,7 @@ Tensor head_layer(int64_t handle, const Tensor& h_in, const c10::optional<Tensor
   TORCH_CHECK(!visible || (visible->scalar_type() == at::kBool && visible->size(0) == t && visible->size(1) == start + t),
               "visible: (rows, start + rows) bool");
   TORCH_CHECK(!e || (e_norm && e->sizes() == x.sizes() && e->scalar_type() == x.scalar_type()), "e: as h, with its norm");
-  Tensor a = rms_norm(x, layer.in_norm, m->eps, m->wide_norms);
+  Tensor a = rms_norm(x, layer.attn_in, m->eps, m->wide_norms);
   if (e) a = at::cat({rms_norm(*e, *e_norm, m->eps, m->wide_norms), a}, 1);
   Tensor q = at::empty({h, t, hd}, x.options().dtype(at::kFloat));
   Tensor attn = at::empty({t, h * hd}, x.options());
