@@ -249,8 +249,9 @@ class EngineBridge(QObject):
         self._run(self.current, request)
         return self.current
 
-    def submit(self, request) -> int:
-        """Any other engine request (a TrainRequest); returns its id. Its events arrive on `event`."""
+    def train(self, request) -> int:
+        """Train a draft head (a TrainRequest, the engine's one request besides loads and answers); returns its
+        id. Its events arrive on `event`."""
         rid = next(self._ids)
         self._run(rid, request)
         return rid

@@ -30,7 +30,7 @@ from pathlib import Path
 from specula.app.storage import read_json, remove_stale_temporaries, set_aside, write_json_atomic
 from specula.engine.api.paths import DEVICE_NAMES, DTYPE_NAMES
 from specula.engine.api.strategies import STRATEGIES, STRATEGY_OPTIONS, request_options
-from specula.engine.api.types import SEED_MAX, SEED_MIN, LoadRequest, ModelSpec, RemoteLoadRequest
+from specula.engine.api.types import SEED_MAX, SEED_MIN, LoadRequest, ModelChoice, RemoteLoadRequest
 
 VERSION = 11
 BACKENDS = ("local", "remote")
@@ -115,7 +115,7 @@ class Settings:
         if self.remote:
             return RemoteLoadRequest(self.server_url, self.server_model, self.api_key_env, self.baseline_url,
                                      self.verify_tls, allow_http_key=self.allow_http_key)
-        spec = ModelSpec(self.model_source, device=self.device, dtype=self.dtype, weights=self.weights)
+        spec = ModelChoice(self.model_source, device=self.device, dtype=self.dtype, weights=self.weights)
         return LoadRequest(spec, draft=self.draft_source or None, measure_baseline=False,
                            draft_head=self.draft_head or None, prepare=prepare)
 

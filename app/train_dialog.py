@@ -90,7 +90,7 @@ class TrainDialog(QDialog):
         from specula.engine.api.types import TrainRequest
 
         kind = self.kind.currentData()
-        self.request_id = self.bridge.submit(TrainRequest(kind, tokens=self.tokens.value(), epochs=self.epochs.value()))
+        self.request_id = self.bridge.train(TrainRequest(kind, tokens=self.tokens.value(), epochs=self.epochs.value()))
         self.trained_kind = None
         self._set_running(True)
         self.status.setText("Starting…")

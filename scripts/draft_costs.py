@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from specula.engine.api.types import ModelSpec
+from specula.engine.api.types import ModelChoice
 from specula.engine.cpu import step as compiled
 from specula.engine.models.loading import load_model
 
@@ -48,8 +48,8 @@ def main() -> None:
     parser.add_argument("--json", metavar="NAME", help="print the target's costs as a size named NAME for project_sizes.py")
     args = parser.parse_args()
     compiled.prepare(wait=True)
-    target = load_model(ModelSpec(args.target, step="compiled"))
-    draft = load_model(ModelSpec(args.draft, step="compiled")) if args.draft else None
+    target = load_model(ModelChoice(args.target, step="compiled"))
+    draft = load_model(ModelChoice(args.draft, step="compiled")) if args.draft else None
     ids = torch.randint(0, 30000, (args.context + 32,), generator=torch.Generator().manual_seed(0))
     rows = [int(r) for r in args.rows.split(",")]
     vocabs = [int(v) for v in args.vocab.split(",")]

@@ -56,7 +56,7 @@ if [ -n "${ANSWERS:-}" ]; then
     tokens="${TOKENS:-$held}"
     echo "$(wc -l < "$out/data/answers.jsonl") stored answers, $held answer tokens, from $ANSWERS"
 fi
-if ! "$py" -c 'import sys; from specula.engine.api.types import ModelSpec; from specula.engine.models.loading import load_model; load_model(ModelSpec(sys.argv[1], "cuda", "bf16"))' "$model" > "$out/model-check.txt" 2>&1; then
+if ! "$py" -c 'import sys; from specula.engine.api.types import ModelChoice; from specula.engine.models.loading import load_model; load_model(ModelChoice(sys.argv[1], "cuda", "bf16"))' "$model" > "$out/model-check.txt" 2>&1; then
     echo "the model '$model' does not load here ($(tail -1 "$out/model-check.txt")): a random-weight model of its shape, timings only"
     model="$out/random-smollm-135m"
     "$py" scripts/random_model.py smollm-135m "$model" --device cuda --dtype bf16 || exit 1

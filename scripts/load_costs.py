@@ -22,7 +22,7 @@ CHILD = r"""
 import json, os, sys, time
 t0 = time.perf_counter()
 import torch
-from specula.engine.api.types import DecodeConfig, ModelSpec
+from specula.engine.api.types import DecodeConfig, ModelChoice
 from specula.engine.decoding.loop import generate
 from specula.engine.drafters import build_drafter
 from specula.engine.models.loading import load_model
@@ -33,7 +33,7 @@ def memory():
     return field("VmHWM"), field("VmRSS"), field("RssAnon")
 
 model, dtype, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
-loaded = load_model(ModelSpec(model, device="cpu", dtype=dtype, step="compiled"))
+loaded = load_model(ModelChoice(model, device="cpu", dtype=dtype, step="compiled"))
 ready = time.perf_counter() - t0
 peak_load, _, _ = memory()
 prompt = torch.randint(100, 1000, (32,), generator=torch.Generator().manual_seed(0)).tolist()

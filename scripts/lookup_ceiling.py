@@ -28,7 +28,7 @@ import torch
 
 from specula.engine.api.events import Finished
 from specula.engine.api.prompts import Message, conversation
-from specula.engine.api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
+from specula.engine.api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelChoice
 from specula.engine.cli.bench.report import SPEC_BENCH, spec_bench_group
 from specula.engine.cli.bench.run import load_items
 from specula.engine.drafters.prompt_lookup import DRAFT_PER_MATCHED_TOKEN, longest_match
@@ -131,7 +131,7 @@ def main() -> None:
     ap.add_argument("--answers", type=Path, default=None, help="JSON Lines cache of the greedy answers")
     args = ap.parse_args()
     session = Session()
-    session.load(LoadRequest(ModelSpec("bundled", "cpu", "bf16"), measure_baseline=False))
+    session.load(LoadRequest(ModelChoice("bundled", "cpu", "bf16"), measure_baseline=False))
     if args.answers and args.answers.is_file():
         records = [json.loads(line) for line in args.answers.read_text().splitlines()]
     else:

@@ -21,10 +21,10 @@ repo_dir = work / "served"
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specula.engine.api.types import ModelSpec
+from specula.engine.api.types import ModelChoice
 from specula.engine.models.loading import load_model
 
-tok = load_model(ModelSpec("bundled", device="cpu", dtype="fp32")).tokenizer
+tok = load_model(ModelChoice("bundled", device="cpu", dtype="fp32")).tokenizer
 cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=1, max_position_embeddings=512, eos_token_id=2, torch_dtype="float32")
 torch.manual_seed(0)

@@ -18,7 +18,7 @@ from pathlib import Path
 import specula.engine.decoding.loop as decoder
 from specula.engine.api.events import Finished
 from specula.engine.api.prompts import conversation
-from specula.engine.api.types import GenerateRequest, LoadRequest, ModelSpec
+from specula.engine.api.types import GenerateRequest, LoadRequest, ModelChoice
 from specula.engine.cli.common import read_prompts
 from specula.engine.decoding.detok import Detokenizer
 from specula.engine.serving.session import Session
@@ -47,7 +47,7 @@ def main() -> None:
     args = ap.parse_args()
 
     session = Session()
-    session.load(LoadRequest(ModelSpec(args.model, "cpu", args.dtype), measure_baseline=False))
+    session.load(LoadRequest(ModelChoice(args.model, "cpu", args.dtype), measure_baseline=False))
     runner = session._runner
     runner.forward = timed("target forward", runner.forward)
     runner.truncate = timed("cache rollback", runner.truncate)

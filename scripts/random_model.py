@@ -97,7 +97,8 @@ def write_tokenizer(out: Path) -> None:
             if (source / name).is_file():
                 shutil.copy(source / name, out / name)
         return
-    from specula.engine.models.gguf import GGUFFile, tokenizer_from
+    from specula.engine.models.from_gguf import tokenizer_from
+    from specula.engine.models.gguf import GGUFFile
     from specula.engine.models.loading import bundled_gguf_path
 
     tokenizer_from(GGUFFile(bundled_gguf_path())).save_pretrained(out)

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from specula.engine.api.types import ModelSpec
+from specula.engine.api.types import ModelChoice
 from specula.engine.cpu.step import StepMode
 from specula.engine.models.runner import LeanRunner
 from specula.engine.models.loading import load_model
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--step: choose among {', '.join(m.value for m in StepMode)}")
 
     os.environ["SPECULA_PRODUCTS"] = args.products
-    loaded = load_model(ModelSpec(args.model, args.device, args.dtype, args.weights, steps[0]),
+    loaded = load_model(ModelChoice(args.model, args.device, args.dtype, args.weights, steps[0]),
                         progress=lambda text: print(text, file=sys.stderr))
     floors = [int(f) for f in args.floor.split(",") if f.strip()] or [None]
     runs = [(step, floor) for step in steps for floor in (floors if step != "eager" else [None])]

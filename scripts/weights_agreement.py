@@ -24,7 +24,7 @@ import torch
 
 from specula.engine.api.events import Finished
 from specula.engine.api.prompts import conversation, encode
-from specula.engine.api.types import DecodeConfig, GenerateRequest, ModelSpec
+from specula.engine.api.types import DecodeConfig, GenerateRequest, ModelChoice
 from specula.engine.cli.bench.run import load_items
 from specula.engine.models.loading import load_model
 from specula.engine.serving.session import Session
@@ -64,8 +64,8 @@ def main() -> None:
     ap.add_argument("--limit-per-category", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     args = ap.parse_args()
-    native = load_model(ModelSpec(args.model, "cpu", "bf16", "native"))
-    dense = load_model(ModelSpec(args.model, "cpu", "bf16", "dequantized"))
+    native = load_model(ModelChoice(args.model, "cpu", "bf16", "native"))
+    dense = load_model(ModelChoice(args.model, "cpu", "bf16", "dequantized"))
     worst, rel, dense_rel = weight_errors(native.native)
     print(f"## {native.name}: {native.native.summary}\n")
     print(f"Weights the int4 kernel computes with vs the file's exact weights: largest error {worst:.3f} of the "

@@ -39,10 +39,10 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def bundled_fp32():
     """The bundled SmolLM2-135M-Instruct in fp32 on the CPU (converted once, then cached)."""
-    from specula.engine.api.types import ModelSpec
+    from specula.engine.api.types import ModelChoice
     from specula.engine.models.loading import load_model
 
-    return load_model(ModelSpec("bundled", device="cpu", dtype="fp32"))
+    return load_model(ModelChoice("bundled", device="cpu", dtype="fp32"))
 
 
 @pytest.fixture(scope="session")

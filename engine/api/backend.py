@@ -1,5 +1,5 @@
 """What generates: the local engine (`serving.session.Session`) or a server (`remote.backend.RemoteBackend`).
-The worker thread (`serving.runner.Runner`, behind the window and `specula serve`) and the command line
+The worker thread (`serving.worker.Worker`, behind the window and `specula serve`) and the command line
 (`cli.common.open_backend`) drive either through these four calls, so a request takes one road whoever
 sends it."""
 

@@ -1,7 +1,7 @@
 """What generation yields: frozen dataclasses of plain Python values (never tensors).
 
 A generation is `Started`, then one `Step` per target forward (the prefill included), then exactly one
-of `Finished` or `Failed`. The runner adds `Loading`/`Loaded` around model loads.
+of `Finished` or `Failed`. The worker adds `Loading`/`Loaded` around model loads.
 """
 
 from __future__ import annotations

@@ -15,8 +15,12 @@ APP_ID = "io.github.specula.Specula"
 APP_NAME = "specula"
 DEVICE_NAMES = ("auto", "cpu", "cuda", "mps")
 DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")  # names the GUI can list without importing torch
-WEIGHT_NAMES = ("auto", "native", "dequantized")  # how a GGUF's 4-bit weights run (loading.ModelSpec)
+WEIGHT_NAMES = ("auto", "native", "dequantized")  # how a GGUF's 4-bit weights run (types.ModelChoice)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # "org/name"
+# the files of a Hub model a load reads and a download fetches (chat_template.jinja among them); PyTorch's *.bin
+# weights are fetched besides only where a repository has no safetensors
+HUB_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja")
+BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"  # the bundled model (bundled_gguf_path) as a load names it
 GGUF_MAGIC = b"GGUF"  # a GGUF file's first four bytes
 
 

@@ -87,7 +87,7 @@ class DecodeConfig:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelChoice:
     source: str = BUNDLED
     device: str = "auto"
     dtype: str = "auto"
@@ -102,7 +102,7 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class LoadRequest:
-    target: ModelSpec = field(default_factory=ModelSpec)
+    target: ModelChoice = field(default_factory=ModelChoice)
     draft: str | None = None  # a model source; loaded on the target's device and dtype
     measure_baseline: bool = True
     # a draft head: a folder (Specula's, or an EAGLE-1/2/3 or Medusa head as published) or a Hub id; it comes

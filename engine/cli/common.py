@@ -13,7 +13,7 @@ from ..api.backend import Backend
 from ..api.errors import SpeculaError
 from ..api.events import Loaded
 from ..api.strategies import STRATEGIES, STRATEGY_OPTIONS, default_k, request_options
-from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec, RemoteLoadRequest
+from ..api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelChoice, RemoteLoadRequest
 from ..remote.backend import RemoteBackend
 from ..serving.session import Session
 
@@ -29,9 +29,9 @@ def json_line(obj: dict) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def model_spec(args, step: str | None = None) -> ModelSpec:
+def model_choice(args, step: str | None = None) -> ModelChoice:
     """The model a command's flags name (--model, --device, --dtype, --weights, --step; `step` in place of the last)."""
-    return ModelSpec(args.model, args.device, args.dtype, args.weights, step or args.step)
+    return ModelChoice(args.model, args.device, args.dtype, args.weights, step or args.step)
 
 
 # the decoding settings a command may leave out of its flags (bench has no --top-p, measure-head no
@@ -71,8 +71,12 @@ def read_flags(args, measure_baseline: bool = True, prepare: bool = True) -> Ask
     with one check everywhere. `prepare`: run an answer like the first as the model loads (off where the
     command warms up on its own, or loads no session)."""
     remote = getattr(args, "backend", "local") == "remote"
-    # the default: auto here; a server speculates as it was started to
-    strategy = args.strategy if args.strategy is not None else "server" if remote else "auto"
+    # a command without --strategy (bench, which names the strategies it runs apart; measure-head) asks for plain
+    # decoding, the reference each strategy's settings come from; --strategy left out: auto here, and a server
+    # speculates as it was started to
+    strategy = getattr(args, "strategy", "none")
+    if strategy is None:
+        strategy = "server" if remote else "auto"
     settings = {name: getattr(args, name) for name in OPTIONAL_SETTINGS if hasattr(args, name)}
     config = DecodeConfig.for_strategy(strategy, args.k, max_new_tokens=args.max_new_tokens, **settings)
     options = request_options({name: getattr(args, name, None) for name in STRATEGY_OPTIONS})
@@ -82,7 +86,7 @@ def read_flags(args, measure_baseline: bool = True, prepare: bool = True) -> Ask
     chat = getattr(args, "chat", True)
     # the first answer at the speed of the next: one like it is run as the model loads
     first = GenerateRequest((), strategy, config, chat, options) if prepare else None
-    load = LoadRequest(model_spec(args), args.draft_model, measure_baseline=measure_baseline,
+    load = LoadRequest(model_choice(args), args.draft_model, measure_baseline=measure_baseline,
                        draft_head=getattr(args, "draft_head", None), prepare=first)
     return Asked(strategy, config, options, load, chat, args.k)
 

@@ -41,26 +41,26 @@ def whole(low: int, high: int | None = None, note: str = ""):
     return parse
 
 
-def positive_number(text: str) -> float:
-    """An argparse type: a finite number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
-    return value
+def number(low: float, high: float | None = None, low_allowed: bool = True):
+    """An argparse type: a finite number from `low` (above it where `low_allowed` is false) to `high`."""
+    where = (f"from {low:g} to {high:g}" if high is not None else
+             f"at least {low:g}" if low_allowed else f"a finite number above {low:g}")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        below = value < low if low_allowed else value <= low
+        if not math.isfinite(value) or below or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {where}, got {text}")
+        return value
+
+    return parse
 
 
-def share(text: str) -> float:
-    """An argparse type: a number from 0 to 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {text}")
-    return value
+positive_number = number(0, low_allowed=False)
+share = number(0, 1)
 
 
 SEED = whole(SEED_MIN, SEED_MAX)
@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--insecure", action="store_true", help="server peers: do not verify TLS certificates")
     b.add_argument("--allow-http-key", action="store_true",
                    help="server peers: send the API key over plain http:// to other hosts (unencrypted)")
+    # no --strategy (the strategies benched are --strategies: read_flags asks for none, the reference, and each gets
+    # its own settings from it) and no --seed: a sampled run draws afresh, as a user's answer does (a seed keeps
+    # timings from shaping the steps: the draft model would draft its whole length every step)
     b.add_argument("--max-new-tokens", type=int, default=96)
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--k", type=int, default=None, help="longest draft for every strategy; default: each strategy's own")
@@ -158,10 +161,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=int, default=1)
     b.add_argument("--out", type=Path, default=None, help="folder for bench.md, bench.json, trace.jsonl (per prompt), steps.jsonl (per step) and PNG charts")
     b.add_argument("--json", action="store_true", help="print one JSON object")
-    # what read_flags reads for the flags bench does not take: none, the reference, is the strategy asked (each
-    # strategy benched gets its own settings from it); no seed: a sampled run draws afresh, as a user's answer does
-    # (a seed keeps timings from shaping the steps: the draft model would draft its whole length every step)
-    b.set_defaults(strategy="none", seed=None)
     t = sub.add_parser("train-head", help="train a draft head for a model on its own answers (self-distillation)")
     _add_model_args(t)
     t.add_argument("--kind", default="eagle", choices=["eagle", "eagle3", "medusa", "phrases"],
@@ -199,15 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "first turns of its held-out tenth, by kind (written by the model, generated)")
     m.add_argument("--categories", default=None, help="comma-separated categories to keep")
     m.add_argument("--limit-per-category", type=whole(1), default=None)
+    # no --strategy: the answers it measures on are plain decoding's (read_flags asks for none)
     m.add_argument("--max-new-tokens", type=int, default=96)
     m.add_argument("--k", type=int, default=5, help="the chain's length (a tree's depth)")
     m.add_argument("--tree-nodes", type=whole(0, K_MAX), default=0,
                    help="also measure EAGLE heads as the eagle drafter's dynamic trees of this many nodes (0: chains only)")
     m.add_argument("--no-chat", dest="chat", action="store_false", help="raw prompts instead of the chat template")
     m.add_argument("--json", action="store_true", help="print one JSON object")
-    # what read_flags reads for --strategy, which measure-head does not take: the answers it measures on are plain
-    # decoding's
-    m.set_defaults(strategy="none")
     st = sub.add_parser("strategies", help="list the draft strategies (with --model: which ones that model can use)")
     st.add_argument("--model", default=None, help="load this model and mark the strategies it can use, with the heads found")
     st.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
@@ -268,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # no traceback for users; SPECULA_DEBUG=1 shows it
         if os.environ.get("SPECULA_DEBUG"):
             raise
-        from ..serving.runner import describe_error
+        from ..serving.worker import describe_error
 
         print(f"specula: error: {terminal_safe(describe_error(exc))}", file=sys.stderr)
         return 1
@@ -306,10 +303,10 @@ def _strategies(args) -> int:
         return 0
     from ..api.types import LoadRequest
     from ..serving.session import Session
-    from .common import model_spec
+    from .common import model_choice
 
     session = Session()
-    loaded = session.load(LoadRequest(model_spec(args, step="eager"), measure_baseline=False))
+    loaded = session.load(LoadRequest(model_choice(args, step="eager"), measure_baseline=False))
     print(f"strategies for {loaded.target}:")
     for name, info in DRAFTERS.items():
         if name in loaded.strategies:

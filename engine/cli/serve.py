@@ -88,7 +88,7 @@ def run_serve(args) -> int:
     from ..serving.guard import Protocol
     from ..serving.routes import create_app
     from ..serving.service import EngineService
-    from .common import model_spec
+    from .common import model_choice
 
     if args.strategy not in STRATEGIES and args.strategy != "server":
         raise SpeculaError(f"--strategy {args.strategy}: unknown strategy; choose one of {', '.join(STRATEGIES)}")
@@ -107,7 +107,7 @@ def run_serve(args) -> int:
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    initial = None if args.no_model else LoadRequest(model_spec(args),
+    initial = None if args.no_model else LoadRequest(model_choice(args),
                                                       args.draft_model, measure_baseline=not args.no_baseline,
                                                       draft_head=args.draft_head, prepare=first_answer(args))
     service = EngineService(on_load_failure=load_failed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from ..models.loading import load_model
-from .common import model_spec
+from .common import model_choice
 
 
 def run_train_cmd(args) -> int:
@@ -21,7 +21,7 @@ def run_train_cmd(args) -> int:
                            start=args.start,
                            **({"written": args.written} if args.written is not None else {}))
     check_options(options)  # bad options fail before the model loads
-    target = load_model(model_spec(args), progress=lambda s: print(s, file=sys.stderr))
+    target = load_model(model_choice(args), progress=lambda s: print(s, file=sys.stderr))
     result = run_training(target, options, say=progress_line, drafter=build_drafter("prompt-lookup", target))
     print(file=sys.stderr)
     print(result.summary())
@@ -43,7 +43,7 @@ def _count_phrases(args) -> int:
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise SpeculaError(f"{out} is not empty: choose another --out or pass --overwrite")
     answers = read_answers(args.data)  # before the model loads
-    spec = model_spec(args)
+    spec = model_choice(args)
     target = load_model(spec, progress=lambda s: print(s, file=sys.stderr))
     began = time.perf_counter()
     table = build_table(target, answers)

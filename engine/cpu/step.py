@@ -5,7 +5,7 @@ On the CPU a decoding step of a small model is mostly small operations (norms, r
 attention over a few rows, SiLU), about a thousand of them, each a few microseconds of dispatch; the
 compiled step runs them as a handful of loops between the products, which stay torch's.
 
-How it is used (`ModelSpec.step`):
+How it is used (`ModelChoice.step`):
 - "auto" (the default): a library already built for this machine, torch and source is loaded at once;
   otherwise it is built in a background thread and answers started after it is ready use it (the first
   ones run eager). Where no compiler works, it says why once and stays eager.
@@ -41,7 +41,7 @@ from ..api.paths import cache_dir
 log = logging.getLogger(__name__)
 
 class StepMode(str, Enum):
-    """How the lean forward decodes (`ModelSpec.step`, `--step`); compares equal to its name."""
+    """How the lean forward decodes (`ModelChoice.step`, `--step`); compares equal to its name."""
 
     AUTO = "auto"  # compiled once built (built in the background), eager until then
     COMPILED = "compiled"  # built (or found) before the model is ready, then compiled

@@ -11,11 +11,11 @@ import json
 from pathlib import Path
 
 from ..api.errors import SpeculaError
-from ..api.paths import bundled_gguf_path, local_source
-from ..api.types import BUNDLED, ModelSpec
+from ..api.paths import BUNDLED_NAME, bundled_gguf_path, local_source
+from ..api.types import BUNDLED, ModelChoice
 
 
-def unfit_before_loading(head: str, spec: ModelSpec) -> str | None:
+def unfit_before_loading(head: str, spec: ModelChoice) -> str | None:
     """Why the draft head in folder `head` cannot draft for the model `spec` names, in one line; None where it may
     (or where either file does not say: the load then tells)."""
     made = _made_for(Path(head).expanduser())
@@ -61,8 +61,6 @@ def _made_for(folder: Path) -> tuple[int, tuple[int, ...], str] | None:
 def _model_sizes(source: str) -> tuple[str, int, int] | None:
     """(the model's name as a load gives it, its hidden size, its layers) from its header, reading no weights;
     None where they are not there to read (a Hub model not in the cache, an unknown layout)."""
-    from ..models.loading import BUNDLED_NAME
-
     source = source.strip()
     try:
         if source == BUNDLED:

@@ -1,4 +1,6 @@
-"""A model built from a GGUF file as the file stores it: no full-precision copy of its weights at any moment.
+"""A model built from a GGUF file as the file stores it (models/gguf.py reads the file): its config and tokenizer
+from the metadata through transformers' own tables and converters (the same ones its GGUF loading uses, without its
+step that dequantizes every tensor), and its weights with no full-precision copy of them at any moment.
 
 The transformers module is made on the meta device (its parameters have shapes, no memory), then each of
 the file's tensors is placed, one at a time:
@@ -22,12 +24,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..api.errors import SpeculaError, first_line
+from ..api.errors import SpeculaError, UnsupportedModelError, first_line
 from ..api.memory import available_memory, gigabytes, needed_for
 from ..cpu import step as cpu_step
 from ..cpu.products import BLOCK_FORMATS, Blocks
-from .families import GGUF_QK_PROCESSOR, for_gguf, projections, spec_of
-from .gguf import LM_HEAD, FileEmbedding, FileHead, GGUFFile, NativeWeights, config_from, llama_row_order, tokenizer_from
+from .families import GGUF_QK_PROCESSOR, families, for_gguf, gguf_model_type, projections, spec_of
+from .gguf import LM_HEAD, FileEmbedding, FileHead, GGUFFile, NativeWeights
 from .layers import build_products, embedding_scale
 
 log = logging.getLogger(__name__)
@@ -179,8 +181,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
             raise SpeculaError(f"{file.path.name}: {first_line(exc)}") from None
     _check_all_used(file, mapping)
     native = NativeWeights(file=file) if ops is not None else None
-    n_head = config.num_attention_heads
-    n_kv = getattr(config, "num_key_value_heads", None) or n_head
+    heads = spec_of(config) if permuted else None  # a family's: its query and key/value heads
     placed = set()
     projected = projections()  # the layers' products, every family's (fused ones included)
     dense = _dense_in_groups(file) if native is not None else set()
@@ -190,7 +191,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
         if entry.name == "rope_freqs.weight":  # llama.cpp's per-dimension rotary factors (Llama 3.1's scaling)
             _scale_rotary(model, file.dequantize(entry.name, torch.float32))
             continue
-        if entry.name in _IN_CONFIG:  # Phi-3's longrope factors: read into the config (gguf.config_from)
+        if entry.name in _IN_CONFIG:  # Phi-3's longrope factors: read into the config (config_from)
             continue
         hf = mapping[entry.name]
         module, _, attr = hf.rpartition(".")
@@ -201,7 +202,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
         if blocks_ok and attr == "weight" and (module == LM_HEAD or module.endswith(projected)):
             order = None
             if permuted and module.endswith(("q_proj", "k_proj")):
-                order = llama_row_order(entry.shape[0], n_head if module.endswith("q_proj") else n_kv)
+                order = llama_row_order(entry.shape[0], heads.heads if module.endswith("q_proj") else heads.kv_heads)
             native.tensors[module] = file.blocks(entry.name, order)
             placed.add(hf)
             continue
@@ -296,3 +297,101 @@ def _scale_rotary(model: nn.Module, factors: torch.Tensor) -> None:
     rotary.inv_freq = inv / factors.to(inv)
     if hasattr(rotary, "original_inv_freq"):
         rotary.original_inv_freq = rotary.inv_freq
+
+
+# GGUF architectures (llama.cpp's names) that run through transformers' forward from a file read here, each checked
+# with a file llama.cpp's converter wrote of a small random model (the same greedy tokens as transformers' own
+# model of it). transformers' GGUF table knows more, which do not load: Mamba (no attention, no KV cache), T5 (not
+# a causal LM), mixtures of experts (their experts are stored otherwise than transformers' modules hold them).
+# The families' architectures (families/) run Specula's own forward.
+TRANSFORMERS_ARCHS = ("bloom", "falcon", "gpt2", "lfm2", "nemotron", "stablelm", "starcoder2")
+
+
+def llama_row_order(rows: int, n_head: int) -> torch.Tensor:
+    """llama.cpp stores each head's q/k rows interleaved for its rotary; this index restores
+    transformers' order: hf_rows = gguf_rows[order]."""
+    half = rows // n_head // 2
+    return torch.arange(rows).reshape(n_head, half, 2).transpose(1, 2).reshape(-1)
+
+
+def transformers_type(file: GGUFFile) -> str:
+    """transformers' name for the file's architecture (a family's where one claims the file: families/)."""
+    return gguf_model_type(file.architecture, str(file.metadata.get("general.name", "")))
+
+
+def runnable_archs() -> tuple[str, ...]:
+    """The GGUF architectures a file can have for Specula to load it: its families' and TRANSFORMERS_ARCHS."""
+    return tuple(sorted({arch for family in families().values() for arch in family.gguf_archs} | set(TRANSFORMERS_ARCHS)))
+
+
+def config_from(file: GGUFFile):
+    """The transformers config the file's metadata describes (transformers' own table of GGUF keys)."""
+    from transformers import AutoConfig
+    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+
+    arch, model_type = file.architecture, transformers_type(file)
+    family = for_gguf(arch)
+    table = GGUF_CONFIG_MAPPING.get(model_type) or GGUF_CONFIG_MAPPING.get(arch) or (family and family.gguf_keys)
+    if arch not in runnable_archs() or table is None:
+        raise UnsupportedModelError(f"{file.path.name}: architecture '{arch or 'none given'}' is not one Specula "
+                                    f"can run (it runs {', '.join(runnable_archs())})")
+    if not file.tensors:
+        raise UnsupportedModelError(f"{file.path.name} holds no tensors: a header without a model's weights")
+    missing = [key for key in ("block_count", "embedding_length") if f"{arch}.{key}" not in file.metadata]
+    if missing:
+        raise UnsupportedModelError(f"{file.path.name}: its metadata gives no {arch}.{missing[0]}, which every "
+                                    f"'{arch}' model has: the file was made wrongly")
+    values = dict(GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {}))
+    for key, value in file.metadata.items():
+        prefix, _, rest = key.partition(".")
+        shared = GGUF_CONFIG_MAPPING.get(prefix) if prefix in ("general", "tokenizer") else None
+        renames = table if prefix == arch else shared
+        if renames is None or renames.get(rest) in (None, -1):
+            continue
+        values[renames[rest]] = value
+    values["model_type"] = model_type
+    values.pop("_model_name_or_path", None)
+    values["tie_word_embeddings"] = "output.weight" not in file.tensors
+    if "vocab_size" not in values:
+        embedding = file.tensors.get("token_embd.weight")
+        values["vocab_size"] = len(file.metadata.get("tokenizer.ggml.tokens") or []) or (
+            int(embedding.shape[0]) if embedding is not None else 0)
+    for key in ("num_key_value_heads",):  # some files give one per layer
+        if isinstance(values.get(key), list):
+            values[key] = max(values[key])
+    # the heads' width where the file gives it (transformers' table leaves it out for some families, e.g. Qwen3,
+    # whose config then assumes 128)
+    if isinstance(file.metadata.get(f"{arch}.attention.key_length"), int) and "head_dim" not in values:
+        values["head_dim"] = int(file.metadata[f"{arch}.attention.key_length"])
+    scaling = file.metadata.get(f"{arch}.rope.scaling.type")
+    factor = file.metadata.get(f"{arch}.rope.scaling.factor")
+    if scaling in ("linear", "yarn") and isinstance(factor, (int, float)) and factor > 1:
+        # rotary scaling as llama.cpp's converter writes it (Gemma 3 4B and larger: linear, 8, on its global layers)
+        values["rope_scaling"] = {"rope_type": scaling, "factor": float(factor)}
+        original = file.metadata.get(f"{arch}.rope.scaling.original_context_length")
+        if scaling == "yarn" and isinstance(original, int):
+            values["rope_scaling"]["original_max_position_embeddings"] = original
+    if family is not None and family.gguf_config is not None:  # what else the family's files say (Phi-3's rotary, ...)
+        family.gguf_config(file, values)
+    try:
+        return AutoConfig.for_model(**values)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UnsupportedModelError(f"{file.path.name}: its metadata does not make a '{model_type}' config "
+                                    f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+
+
+def tokenizer_from(file: GGUFFile):
+    """The tokenizer the file's metadata describes, with its chat template (transformers' GGUF converter)."""
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    if not file.metadata.get("tokenizer.ggml.tokens"):
+        raise UnsupportedModelError(f"{file.path.name} holds no tokenizer (tokenizer.ggml.tokens)")
+    try:
+        arch, tokens, config = get_gguf_tokenizer(str(file.path))
+        backend, extra = convert_gguf_tokenizer(arch, tokens)
+    except (ValueError, KeyError, TypeError, NotImplementedError) as exc:
+        kind = file.metadata.get("tokenizer.ggml.model", "?")
+        raise UnsupportedModelError(f"{file.path.name}: its '{kind}' tokenizer cannot be built "
+                                    f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    return TokenizersBackend(tokenizer_object=backend, **config, **extra)

@@ -1,15 +1,16 @@
-"""A GGUF file as it is: its config, tokenizer and tensors, read from the file without a converted copy.
+"""A GGUF file as it is: its metadata and tensors, read from the file without a converted copy, and the modules that
+read their weights from it.
 
 The header (metadata and tensor table) is read by api/gguf_header.py; the tensors are a copy-on-write
 memory map of the file, so a tensor is its bytes where the file keeps them until something reads them
 (`raw`), and reading them costs no memory beyond the pages touched, which `release` gives back once the
-products have been packed from them. Config and tokenizer come from the metadata through transformers'
-own tables and converters (the same ones its GGUF loading uses), without its step that dequantizes every
-tensor. models/from_gguf.py builds the model from this.
+products have been packed from them. Nothing here knows a model family: models/from_gguf.py makes the config,
+the tokenizer and the model from a file.
 
 `NativeWeights` are the file's blocks of the Llama family's seven projections per layer and of the LM head
-(`output`, or the token embedding a tied model shares) by transformers module name, with llama.cpp's row
-order for q and k undone, for the lean forward's products (cpu/products.py's `Blocks`).
+(`output`, or the token embedding a tied model shares) by transformers module name, for the lean forward's
+products (cpu/products.py's `Blocks`); `FileEmbedding` and `FileHead` read an embedding's and a head's rows from
+the file's own format.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from torch import nn
 from ..api.errors import ModelFileChanged, SpeculaError, UnsupportedModelError
 from ..api.gguf_header import GGUFError, GGUFHeader, TensorEntry, read_header
 from ..cpu.products import BLOCK_FORMATS, Blocks, FileBlocks, Q4Blocks
-from .families import families, for_gguf, gguf_model_type
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +39,6 @@ LM_HEAD = "lm_head"  # the name the LM head's blocks go by
 _TOKENIZER_ARRAYS = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 _DENSE = {"F32": np.float32, "F16": np.float16}  # types numpy reads as they are (BF16 by its bits)
 _STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}  # types that are a dtype as they are
-# GGUF architectures (llama.cpp's names) that run through transformers' forward from a file read here, each checked
-# with a file llama.cpp's converter wrote of a small random model (the same greedy tokens as transformers' own
-# model of it). transformers' GGUF table knows more, which do not load: Mamba (no attention, no KV cache), T5 (not
-# a causal LM), mixtures of experts (their experts are stored otherwise than transformers' modules hold them).
-# The families' architectures (families/) run Specula's own forward.
-TRANSFORMERS_ARCHS = ("bloom", "falcon", "gpt2", "lfm2", "nemotron", "stablelm", "starcoder2")
 
 
 @dataclass
@@ -76,13 +70,6 @@ class NativeWeights:
         return parts + (f"; {others} dense" if others else "")
 
 
-def llama_row_order(rows: int, n_head: int) -> torch.Tensor:
-    """llama.cpp stores each head's q/k rows interleaved for its rotary; this index restores
-    transformers' order: hf_rows = gguf_rows[order]."""
-    half = rows // n_head // 2
-    return torch.arange(rows).reshape(n_head, half, 2).transpose(1, 2).reshape(-1)
-
-
 class GGUFFile:
     """One GGUF file: its header, and its tensors read from a memory map of it."""
 
@@ -107,11 +94,6 @@ class GGUFFile:
 
     def __repr__(self) -> str:
         return f"GGUFFile({self.path.name}, {self.architecture}, {len(self.tensors)} tensors)"
-
-    @property
-    def model_type(self) -> str:
-        """transformers' name for the file's architecture (a family's where one claims the file: families/)."""
-        return gguf_model_type(self.architecture, str(self.metadata.get("general.name", "")))
 
     def entry(self, name: str) -> TensorEntry:
         return self.tensors[name]
@@ -254,81 +236,3 @@ def weight_device(module: nn.Module) -> torch.device:
 def out_features(module: nn.Module) -> int:
     """Rows of an LM head (its vocabulary), whatever holds it."""
     return module.out_features if hasattr(module, "out_features") else module.weight.shape[0]
-
-
-def runnable_archs() -> tuple[str, ...]:
-    """The GGUF architectures a file can have for Specula to load it: its families' and TRANSFORMERS_ARCHS."""
-    return tuple(sorted({arch for family in families().values() for arch in family.gguf_archs} | set(TRANSFORMERS_ARCHS)))
-
-
-def config_from(file: GGUFFile):
-    """The transformers config the file's metadata describes (transformers' own table of GGUF keys)."""
-    from transformers import AutoConfig
-    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
-
-    arch, model_type = file.architecture, file.model_type
-    family = for_gguf(arch)
-    table = GGUF_CONFIG_MAPPING.get(model_type) or GGUF_CONFIG_MAPPING.get(arch) or (family and family.gguf_keys)
-    if arch not in runnable_archs() or table is None:
-        raise UnsupportedModelError(f"{file.path.name}: architecture '{arch or 'none given'}' is not one Specula "
-                                    f"can run (it runs {', '.join(runnable_archs())})")
-    if not file.tensors:
-        raise UnsupportedModelError(f"{file.path.name} holds no tensors: a header without a model's weights")
-    missing = [key for key in ("block_count", "embedding_length") if f"{arch}.{key}" not in file.metadata]
-    if missing:
-        raise UnsupportedModelError(f"{file.path.name}: its metadata gives no {arch}.{missing[0]}, which every "
-                                    f"'{arch}' model has: the file was made wrongly")
-    values = dict(GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {}))
-    for key, value in file.metadata.items():
-        prefix, _, rest = key.partition(".")
-        shared = GGUF_CONFIG_MAPPING.get(prefix) if prefix in ("general", "tokenizer") else None
-        renames = table if prefix == arch else shared
-        if renames is None or renames.get(rest) in (None, -1):
-            continue
-        values[renames[rest]] = value
-    values["model_type"] = model_type
-    values.pop("_model_name_or_path", None)
-    values["tie_word_embeddings"] = "output.weight" not in file.tensors
-    if "vocab_size" not in values:
-        embedding = file.tensors.get("token_embd.weight")
-        values["vocab_size"] = len(file.metadata.get("tokenizer.ggml.tokens") or []) or (
-            int(embedding.shape[0]) if embedding is not None else 0)
-    for key in ("num_key_value_heads",):  # some files give one per layer
-        if isinstance(values.get(key), list):
-            values[key] = max(values[key])
-    # the heads' width where the file gives it (transformers' table leaves it out for some families, e.g. Qwen3,
-    # whose config then assumes 128)
-    if isinstance(file.metadata.get(f"{arch}.attention.key_length"), int) and "head_dim" not in values:
-        values["head_dim"] = int(file.metadata[f"{arch}.attention.key_length"])
-    scaling = file.metadata.get(f"{arch}.rope.scaling.type")
-    factor = file.metadata.get(f"{arch}.rope.scaling.factor")
-    if scaling in ("linear", "yarn") and isinstance(factor, (int, float)) and factor > 1:
-        # rotary scaling as llama.cpp's converter writes it (Gemma 3 4B and larger: linear, 8, on its global layers)
-        values["rope_scaling"] = {"rope_type": scaling, "factor": float(factor)}
-        original = file.metadata.get(f"{arch}.rope.scaling.original_context_length")
-        if scaling == "yarn" and isinstance(original, int):
-            values["rope_scaling"]["original_max_position_embeddings"] = original
-    if family is not None and family.gguf_config is not None:  # what else the family's files say (Phi-3's rotary, ...)
-        family.gguf_config(file, values)
-    try:
-        return AutoConfig.for_model(**values)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise UnsupportedModelError(f"{file.path.name}: its metadata does not make a '{model_type}' config "
-                                    f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-
-
-def tokenizer_from(file: GGUFFile):
-    """The tokenizer the file's metadata describes, with its chat template (transformers' GGUF converter)."""
-    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
-    from transformers.tokenization_utils_tokenizers import TokenizersBackend
-
-    if not file.metadata.get("tokenizer.ggml.tokens"):
-        raise UnsupportedModelError(f"{file.path.name} holds no tokenizer (tokenizer.ggml.tokens)")
-    try:
-        arch, tokens, config = get_gguf_tokenizer(str(file.path))
-        backend, extra = convert_gguf_tokenizer(arch, tokens)
-    except (ValueError, KeyError, TypeError, NotImplementedError) as exc:
-        kind = file.metadata.get("tokenizer.ggml.model", "?")
-        raise UnsupportedModelError(f"{file.path.name}: its '{kind}' tokenizer cannot be built "
-                                    f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    return TokenizersBackend(tokenizer_object=backend, **config, **extra)

@@ -27,9 +27,9 @@ from ..api.errors import (
     first_line,
     unsafe_pickle,
 )
-from ..api.paths import DEVICE_NAMES, WEIGHT_NAMES, bundled_gguf_path, cache_dir, local_source
-from ..api.types import BUNDLED, ModelSpec
-from ..cpu import step as compiled
+from ..api.paths import BUNDLED_NAME, DEVICE_NAMES, HUB_FILES, WEIGHT_NAMES, bundled_gguf_path, cache_dir, local_source
+from ..api.types import BUNDLED, ModelChoice
+from ..cpu import step as cpu_step
 from ..cpu.step import StepMode
 from ..decoding.target import ModelRunner
 from . import from_gguf
@@ -39,7 +39,6 @@ from .hf import HFRunner
 from .layers import context_window, supports
 from .runner import LeanRunner
 
-BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
 DEVICES = DEVICE_NAMES
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # DTYPE_NAMES but "auto"
 log = logging.getLogger(__name__)
@@ -100,7 +99,7 @@ class LoadedModel:
             return "graphs" if self.graphs else "static"
         if self.device.type != "cpu":
             return "eager"
-        return compiled.status()
+        return cpu_step.status()
 
     @property
     def static(self) -> bool:
@@ -160,21 +159,21 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def load_model(spec: ModelSpec, progress=None) -> LoadedModel:
+def load_model(choice: ModelChoice, progress=None) -> LoadedModel:
     """Load a model and its tokenizer; `progress(text)` is called with human-readable stages."""
     with collected_after():  # a model's many objects are made at once (api/collector.py)
-        return _load_model(spec, progress)
+        return _load_model(choice, progress)
 
 
-def _load_model(spec: ModelSpec, progress=None) -> LoadedModel:
+def _load_model(choice: ModelChoice, progress=None) -> LoadedModel:
     say = progress or (lambda text: None)
-    device = resolve_device(spec.device)
-    dtype = resolve_dtype(spec.dtype, device)
-    if spec.weights not in WEIGHTS:
-        raise SpeculaError(f"unknown weights '{spec.weights}': choose one of {', '.join(WEIGHTS)}")
-    if spec.step not in compiled.STEP_MODES:
-        raise SpeculaError(f"unknown step '{spec.step}': choose one of {', '.join(compiled.STEP_MODES)}")
-    source = spec.source.strip()
+    device = resolve_device(choice.device)
+    dtype = resolve_dtype(choice.dtype, device)
+    if choice.weights not in WEIGHTS:
+        raise SpeculaError(f"unknown weights '{choice.weights}': choose one of {', '.join(WEIGHTS)}")
+    if choice.step not in cpu_step.STEP_MODES:
+        raise SpeculaError(f"unknown step '{choice.step}': choose one of {', '.join(cpu_step.STEP_MODES)}")
+    source = choice.source.strip()
     gguf = None
     if source == BUNDLED:
         gguf, name = bundled_gguf_path(), BUNDLED_NAME
@@ -186,26 +185,23 @@ def _load_model(spec: ModelSpec, progress=None) -> LoadedModel:
             folder, name = path, path.name
         else:
             folder, name = _hub_folder(source, say), source
-    if spec.weights == "native" and gguf is None:
+    if choice.weights == "native" and gguf is None:
         raise SpeculaError("native weights need a GGUF file: this model is dense, use --weights auto")
     say(f"loading {name}")
     drop_old_conversions(say)
     if gguf is not None:
-        model, tokenizer, native = from_gguf.load(gguf, device, dtype, spec.weights, say)
+        model, tokenizer, native = from_gguf.load(gguf, device, dtype, choice.weights, say)
     else:
         model, tokenizer = _from_pretrained(folder, dtype)
         model.to(device).eval()
         native = None
     loaded = LoadedModel(model, tokenizer, name, device, dtype, eos_ids=_eos_ids(model, tokenizer), native=native)
-    loaded.step = compiled.step_mode(spec.step)
+    loaded.step = cpu_step.step_mode(choice.step)
     if loaded.step not in (StepMode.EAGER, StepMode.STATIC) and device.type == "cpu" and loaded.uses_lean_forward:
-        if loaded.step == StepMode.COMPILED and not compiled.built():
-            say(compiled.building_note())
-        compiled.prepare(wait=loaded.step == StepMode.COMPILED)
+        if loaded.step == StepMode.COMPILED and not cpu_step.built():
+            say(cpu_step.building_note())
+        cpu_step.prepare(wait=loaded.step == StepMode.COMPILED)
     return loaded
-
-
-_HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja"]  # chat_template.jinja
 
 
 def _hub_folder(repo_id: str, say) -> Path:
@@ -213,7 +209,7 @@ def _hub_folder(repo_id: str, say) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, local_files_only=True, allow_patterns=_HUB_FILES))
+        return Path(snapshot_download(repo_id, local_files_only=True, allow_patterns=list(HUB_FILES)))
     except Exception:  # not cached (the hub library raises several types for this)
         pass
     if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or not _hub_reachable():
@@ -223,9 +219,9 @@ def _hub_folder(repo_id: str, say) -> Path:
         )
     say(f"downloading {repo_id}")
     try:
-        folder = Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
+        folder = Path(snapshot_download(repo_id, allow_patterns=list(HUB_FILES)))
         if not any(folder.glob("*.safetensors")):
-            folder = Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES + ["*.bin"]))
+            folder = Path(snapshot_download(repo_id, allow_patterns=[*HUB_FILES, "*.bin"]))
     except Exception as exc:  # unknown repository, gated model, network failure mid-download
         raise ModelNotFoundError(f"cannot download '{repo_id}' from the Hugging Face Hub: {first_line(exc)}") from exc
     return folder

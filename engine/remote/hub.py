@@ -20,13 +20,9 @@ from typing import Callable, Iterable
 
 from ..api.errors import ModelNotFoundError, SpeculaError, first_line
 from ..api.gguf_header import read_header
-from ..api.paths import HUB_ID, bundled_gguf_path, local_source
+from ..api.paths import BUNDLED_NAME, HUB_FILES, HUB_ID, bundled_gguf_path, local_source
 from ..api.types import BUNDLED
 
-BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, bundled)"
-# what a snapshot download fetches: the files the app loads (as models/loading.py asks the Hub for), the
-# PyTorch .bin weights only where a repository has no safetensors
-_SNAPSHOT_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja")
 _CHUNK = 64 * 1024  # progress and should_stop() come at least this often
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
@@ -518,7 +514,7 @@ def _files_to_fetch(repo_id: str, siblings: list, filename: str | None) -> list:
         if not chosen:
             raise SpeculaError(f"'{repo_id}' has no file '{filename}'")
         return chosen
-    patterns = _SNAPSHOT_FILES
+    patterns = HUB_FILES
     if not any(s.rfilename.endswith(".safetensors") for s in siblings):
         patterns = patterns + ("*.bin",)
     chosen = [s for s in siblings if any(fnmatch.fnmatch(s.rfilename, p) for p in patterns)]

@@ -17,7 +17,7 @@ from ..api.errors import SpeculaError
 from ..api.gguf_header import GGUFError, read_header
 from ..api.paths import WEIGHT_NAMES, local_source
 from ..api.strategies import STRATEGIES
-from ..api.types import BUNDLED, DecodeConfig, GenerateRequest, LoadRequest, ModelSpec, RemoteLoadRequest, TrainRequest
+from ..api.types import BUNDLED, DecodeConfig, GenerateRequest, LoadRequest, ModelChoice, RemoteLoadRequest, TrainRequest
 from .faults import ApiError, Body, Count, Flag, bad_request, failure, fault, or_none, required, says, validate
 from .openai import UNKNOWN_STRATEGY, StrategyOptions, request_options
 
@@ -128,7 +128,7 @@ def parse_load(body: object) -> LoadRequest | RemoteLoadRequest:
         return RemoteLoadRequest(server.url, server.model, server.api_key_env, server.baseline_url, server.verify_tls,
                                  api_key=server.api_key)
     load = validate(LoadBody, body)
-    spec = ModelSpec(load.model, load.device, load.dtype, load.weights)
+    spec = ModelChoice(load.model, load.device, load.dtype, load.weights)
     return LoadRequest(spec, load.draft or None, measure_baseline=load.measure_baseline is not False,
                        draft_head=load.draft_head or None, prepare=_prepared(load.prepare),
                        keep_target=load.keep_target is True)

@@ -173,7 +173,7 @@ class Routes:
     async def lifespan(self, app: Starlette):
         self.service.start(asyncio.get_running_loop())
         if self.initial is not None:
-            self.service.submit(self.initial)
+            self.service.begin(self.initial)
         try:
             yield
         finally:
@@ -245,7 +245,7 @@ class Routes:
             return Response(status_code=499)
         if self.service.queue_depth >= self.max_queue:
             return self._queue_full()
-        rid, queue = self.service.submit(parsed.request)
+        rid, queue = self.service.begin(parsed.request)
         # a client that leaves, while its request waits or runs, cancels it before the engine's next step
         gone = _watch_disconnect(request, lambda: self.service.cancel(rid))
         try:
@@ -382,7 +382,7 @@ class Routes:
 
     def _start(self, engine_request: LoadRequest | RemoteLoadRequest | TrainRequest) -> Response:
         """Queue a load or a training; its progress streams as server-sent events."""
-        rid, queue = self.service.submit(engine_request)
+        rid, queue = self.service.begin(engine_request)
         return StreamingResponse(self._progress(rid, queue), media_type="text/event-stream",
                                  headers={"X-Specula-Request-Id": str(rid)})
 

@@ -1,8 +1,8 @@
-"""The engine's worker thread (`runner.Runner`) seen from asyncio.
+"""The engine's worker thread (`worker.Worker`) seen from asyncio.
 
-The runner serves requests one at a time, in arrival order; its events come back on its thread and are
+The worker serves requests one at a time, in arrival order; its events come back on its thread and are
 handed to the event loop, into one queue per request. The counters for /metrics are kept here, on the
-event loop's thread, from the same events. The routes ask it, not the runner, what the loaded model's own
+event loop's thread, from the same events. The routes ask it, not the worker, what the loaded model's own
 sampling defaults are and which decoding step answers.
 """
 
@@ -17,7 +17,7 @@ from ..api.events import Failed, Finished, Loaded, Loading, Origin, Started, Ste
 from ..api.metrics import SpeedupSum, StepTotals
 from ..api.types import GenerateRequest, LoadRequest, RemoteLoadRequest, TrainRequest
 from .openai import model_sampling
-from .runner import Runner
+from .worker import Worker
 
 if TYPE_CHECKING:
     from ..models.loading import LoadedModel
@@ -62,14 +62,14 @@ class Counters:
 
 
 class EngineService:
-    """Submit engine requests from the event loop and read their events from per-request queues."""
+    """Begin engine requests from the event loop and read their events from per-request queues."""
 
-    def __init__(self, runner: Runner | None = None, on_load_failure: Callable[[str], None] | None = None) -> None:
+    def __init__(self, worker: Worker | None = None, on_load_failure: Callable[[str], None] | None = None) -> None:
         """`on_load_failure(message)`: told of each load that failed (`specula serve` prints it to its terminal)."""
-        self.runner = runner or Runner(sink=self._from_worker)
+        self.worker = worker or Worker(sink=self._from_worker)
         self.on_load_failure = on_load_failure
-        if runner is not None:
-            runner._sink = self._from_worker
+        if worker is not None:
+            worker._sink = self._from_worker
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loaded: Loaded | None = None
         self.state = "empty"  # empty (no model asked for yet), loading, ready, failed
@@ -85,10 +85,10 @@ class EngineService:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.runner.start()
+        self.worker.start()
 
     def stop(self) -> None:
-        self.runner.stop(timeout=5.0)
+        self.worker.stop(timeout=5.0)
 
     # ---- the worker's side ---------------------------------------------------------------------------
 
@@ -138,11 +138,11 @@ class EngineService:
 
     # ---- the event loop's side -----------------------------------------------------------------------
 
-    def submit(self, request: GenerateRequest | LoadRequest | RemoteLoadRequest | TrainRequest
-               ) -> tuple[int, asyncio.Queue]:
-        """Queue a request; its events arrive in the returned queue. Call on the event loop's thread (so
-        the queue exists before the first event is delivered)."""
-        rid = self.runner.submit(request)
+    def begin(self, request: GenerateRequest | LoadRequest | RemoteLoadRequest | TrainRequest
+              ) -> tuple[int, asyncio.Queue]:
+        """Begin a request (queued on the worker): its id, and the queue its events arrive in. Call on the event
+        loop's thread (so the queue exists before the first event is delivered)."""
+        rid = self.worker.submit(request)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = queue
         if isinstance(request, GenerateRequest):
@@ -156,7 +156,7 @@ class EngineService:
         """The caller reads no more of this request's events: cancel it if it has not ended (a client
         that went away), before the engine's next step."""
         if self._queues.pop(rid, None) is not None and rid not in self._ended:
-            self.runner.cancel(rid)
+            self.worker.cancel(rid)
             self.waiting.discard(rid)  # nobody waits for it: it no longer counts against the queue's bound
         self._ended.discard(rid)
 
@@ -169,7 +169,7 @@ class EngineService:
         """Cancel a queued or running request (a generation or a training run); False when there is
         none with that id. Its stream still ends with its last event (Finished "cancelled" or Failed)."""
         if rid in self._queues and rid not in self._ended:
-            self.runner.cancel(rid)
+            self.worker.cancel(rid)
             self.waiting.discard(rid)  # a queued one is skipped when its turn comes: it no longer holds a place
             return True
         return False
@@ -193,10 +193,10 @@ class EngineService:
     @property
     def _local_model(self) -> LoadedModel | None:
         """The loaded model that answers here, or None where a relayed server answers or no model is loaded."""
-        runner = self.runner
-        if self.loaded is None or runner.backend is not runner.session:
+        worker = self.worker
+        if self.loaded is None or worker.backend is not worker.session:
             return None
-        return runner.session.target
+        return worker.session.target
 
     @property
     def queue_depth(self) -> int:

@@ -1,6 +1,6 @@
 """The loaded models and the strategies built for them: requests in, events out, synchronously.
 
-`Session` is what the worker thread (`runner.py`) drives and what the CLI uses directly. It keeps the
+`Session` is what the worker thread (`worker.py`) drives and what the CLI uses directly. It keeps the
 loaded model's recent plain-step samples for the live speedup (decoding.speedup.SpeedupMeter); changing strategy
 between requests builds (or reuses) a drafter and never reloads the target.
 """
@@ -15,7 +15,7 @@ from ..api.errors import SpeculaError
 from ..api.events import BaselineCost, Finished, Loaded, Started, Step, Trained
 from ..api.memory import give_back_freed
 from ..api.prompts import Message
-from ..api.types import GenerateRequest, LoadRequest, ModelSpec, TrainRequest
+from ..api.types import GenerateRequest, LoadRequest, ModelChoice, TrainRequest
 from ..cpu.governor import governor
 from ..decoding.loop import generate
 from ..decoding.speedup import PlainHistory, measure_baseline
@@ -36,7 +36,7 @@ class Session:
         self.heads: dict = {}  # kind -> draft head folders made for the target, found when it loads
         self.head_warnings: list[str] = []  # heads found but unreadable (left out)
         self.dropped: tuple[str, str] | None = None  # (source, why) of a head the load asked for but left out
-        self.target_spec: ModelSpec | None = None  # what the last load read the target from
+        self.target_spec: ModelChoice | None = None  # what the last load read the target from
 
     def load(self, request: LoadRequest, progress: Callable[[str], None] | None = None) -> Loaded:
         """Load the models `request` names; a draft head that does not fit the target never stops it: the model
@@ -53,7 +53,7 @@ class Session:
             draft = target  # the same weights; the drafter still keeps a cache of its own
         elif request.draft:
             weights = "dequantized" if request.target.weights == "dequantized" else "auto"
-            spec = ModelSpec(request.draft, device=str(target.device), dtype=target.dtype_name, weights=weights)
+            spec = ModelChoice(request.draft, device=str(target.device), dtype=target.dtype_name, weights=weights)
             draft = load_model(spec, say)
             check_same_vocabulary(target.tokenizer, draft.tokenizer)
         baseline, plain = self.baseline, self.plain

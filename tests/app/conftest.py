@@ -1,5 +1,5 @@
 """Fixtures for the desktop app: a Session around tiny random models (no download, fast on a CPU) and a
-main window driving it through the real Runner thread."""
+main window driving it through the real Worker thread."""
 
 from __future__ import annotations
 

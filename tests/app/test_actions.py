@@ -1,4 +1,4 @@
-"""The links under messages, driven through the real Runner on a tiny random model: Regenerate the last
+"""The links under messages, driven through the real Worker on a tiny random model: Regenerate the last
 answer, Edit and resend a user message, Copy an answer without its ghost text, and switch an answer
 between coloured tokens and rendered Markdown."""
 

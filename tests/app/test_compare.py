@@ -1,4 +1,4 @@
-"""Compare with plain decoding, through the real Runner on a tiny random model: the last prompt runs
+"""Compare with plain decoding, through the real Worker on a tiny random model: the last prompt runs
 with `none` and with the current strategy, same seed, back to back; the card shows both rates, their
 ratio and whether the token ids are identical; the conversation itself is left as it was."""
 

@@ -1,5 +1,5 @@
 """The remote backend in the app: the settings dialog's server section, connecting the window to a
-scripted server (tests/engine/fake_server.py) through the real Runner thread, streaming, the plots fed
+scripted server (tests/engine/fake_server.py) through the real Worker thread, streaming, the plots fed
 by the server's counters, stop, a server that dies mid-reply, and switching back to the local engine."""
 
 from __future__ import annotations

@@ -270,11 +270,11 @@ def test_a_version_10_draft_head_is_kept_for_the_model_it_was_added_for(tmp_path
 
 
 def test_the_load_request_is_the_engines_own_for_the_chosen_backend():
-    from specula.engine.api.types import LoadRequest, ModelSpec, RemoteLoadRequest
+    from specula.engine.api.types import LoadRequest, ModelChoice, RemoteLoadRequest
 
     local = Settings(model_source="/m.gguf", draft_source="org/d", draft_heads={"/m.gguf": "/h", "/n.gguf": "/i"},
                      device="cpu", dtype="bf16", weights="native")
-    assert local.load_request(prepare="first") == LoadRequest(ModelSpec("/m.gguf", "cpu", "bf16", "native"), "org/d",
+    assert local.load_request(prepare="first") == LoadRequest(ModelChoice("/m.gguf", "cpu", "bf16", "native"), "org/d",
                                                               measure_baseline=False, draft_head="/h", prepare="first")
     assert Settings().load_request() == LoadRequest(measure_baseline=False)  # no draft, no head: None
     remote = Settings(backend="remote", server_url="http://h:1", server_model="m", api_key_env="K",

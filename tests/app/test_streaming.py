@@ -1,4 +1,4 @@
-"""A reply streams into the transcript through the real Runner on a tiny random model: tokens coloured
+"""A reply streams into the transcript through the real Worker on a tiny random model: tokens coloured
 by origin, ghost drafts that can be hidden, hover details, plots fed live, stop and errors."""
 
 from __future__ import annotations

@@ -447,12 +447,12 @@ def test_step_modes(monkeypatch):
 def test_the_bundled_model_runs_compiled_and_exactly(ops):
     """The user's model as loaded by default (native Q4_1), `step="compiled"`: prompt lookup and plain
     decoding give the same answers, both through the compiled step."""
-    from specula.engine.api.types import DecodeConfig, ModelSpec
+    from specula.engine.api.types import DecodeConfig, ModelChoice
     from specula.engine.decoding.loop import generate
     from specula.engine.drafters import build_drafter
     from specula.engine.models.loading import load_model
 
-    model = load_model(ModelSpec("bundled", device="cpu", dtype="bf16", step="compiled"))
+    model = load_model(ModelChoice("bundled", device="cpu", dtype="bf16", step="compiled"))
     assert model.step_status == "compiled"
     for text in ("Rename total to subtotal: total = price * qty\nprint(total)", "List three colours."):
         prompt = model.tokenizer(text)["input_ids"]

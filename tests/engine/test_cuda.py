@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specula.engine.api.events import Finished
-from specula.engine.api.types import DecodeConfig, ModelSpec
+from specula.engine.api.types import DecodeConfig, ModelChoice
 from specula.engine.cpu.step import StepMode
 from specula.engine.decoding.loop import generate
 from specula.engine.drafters import DRAFTERS, build_drafter
@@ -62,8 +62,8 @@ def test_greedy_matches_plain_decoding_on_cuda(cuda_models, strategy):
 
 
 def test_a_model_folder_loads_on_cuda_and_stays_lossless(tiny_folder):
-    target = load_model(ModelSpec(str(tiny_folder), device="cuda", dtype="fp32"))
-    draft = load_model(ModelSpec(str(tiny_folder), device="cuda", dtype="fp32"))
+    target = load_model(ModelChoice(str(tiny_folder), device="cuda", dtype="fp32"))
+    draft = load_model(ModelChoice(str(tiny_folder), device="cuda", dtype="fp32"))
     assert target.device.type == "cuda" and next(target.model.parameters()).device.type == "cuda"
     prompt = target.tokenizer.encode("one two three one two three one two")
     config = DecodeConfig(k=4, max_new_tokens=32)
@@ -87,10 +87,10 @@ def test_a_gguf_goes_to_the_gpu_a_tensor_at_a_time_and_stays_lossless(tmp_path, 
     real = gguf.GGUFFile.dequantize
     monkeypatch.setattr(gguf.GGUFFile, "dequantize", lambda self, name, dtype, rows=None: (
         host.append(name) or real(self, name, dtype, rows)))
-    target = load_model(ModelSpec(str(path), device="cuda", dtype="fp32"))
+    target = load_model(ModelChoice(str(path), device="cuda", dtype="fp32"))
     assert target.native is None and len(host) == len(set(host))  # each tensor once, one at a time
     assert all(p.device.type == "cuda" and not p.is_meta for p in target.model.parameters())
-    dense = load_model(ModelSpec(str(path), device="cpu", dtype="fp32"))
+    dense = load_model(ModelChoice(str(path), device="cpu", dtype="fp32"))
     for (name, p), (_, q) in zip(target.model.named_parameters(), dense.model.named_parameters()):
         assert torch.equal(p.cpu(), q), name
     prompt = target.tokenizer.encode("one two three one two three one two")

@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 
 from specula.engine.api.errors import SpeculaError
 from specula.engine.api.events import Finished
-from specula.engine.api.types import DecodeConfig, ModelSpec, SamplingParams
+from specula.engine.api.types import DecodeConfig, ModelChoice, SamplingParams
 from specula.engine.decoding.loop import generate
 from specula.engine.drafters import build_drafter
 from specula.engine.heads.store import load_head, save_head
@@ -140,7 +140,7 @@ def test_train_head_command_writes_a_head_that_the_eagle_strategy_loads(tiny_fol
         line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert line["strategy"] == strategy and line["new_tokens"] > 0
     with pytest.raises(SpeculaError, match="holds a medusa head, not the eagle head"):
-        build_drafter("eagle", load_model(ModelSpec(str(tiny_folder), "cpu", "fp32")), head=str(tmp_path / "m"))
+        build_drafter("eagle", load_model(ModelChoice(str(tiny_folder), "cpu", "fp32")), head=str(tmp_path / "m"))
     # an EAGLE-3 head continued on the same answers (--from): its draft vocabulary stays, the record keeps both runs
     more = args[:-2] + ["--kind", "eagle3", "--out", str(tmp_path / "e3+"), "--data", str(out / "training"),
                         "--from", str(tmp_path / "e3"), "--lr", "3e-4"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specula.engine.api.errors import SpeculaError
-from specula.engine.api.types import ModelSpec
+from specula.engine.api.types import ModelChoice
 from specula.engine.drafters import DRAFTERS
 from specula.engine.models import from_gguf, gguf
 from specula.engine.models.families import projections
@@ -56,7 +56,7 @@ def embedding_from_the_file(monkeypatch):
 
 
 def _load(path, **kw):
-    return load_model(ModelSpec(str(path), device="cpu", **{"dtype": "bf16", **kw}))
+    return load_model(ModelChoice(str(path), device="cpu", **{"dtype": "bf16", **kw}))
 
 
 def _greedy(target, prompt: list[int], strategy: str = "none", n: int = 24) -> list[int]:
@@ -127,7 +127,7 @@ def test_through_the_compiled_step_speculation_over_a_gguf_is_plain_decoding(fil
     from specula.engine.cpu import step
 
     step.prepare(wait=True)
-    target = load_model(ModelSpec(str(files[name]), device="cpu", dtype="bf16", step="compiled"))
+    target = load_model(ModelChoice(str(files[name]), device="cpu", dtype="bf16", step="compiled"))
     runner = target.new_runner()
     runner.forward(torch.arange(5, 75))
     assert runner.compiled
@@ -194,7 +194,7 @@ def _blocks_through_the_step(path, strategy: str = "prompt-lookup", longest_prom
     from specula.engine.cpu import step
 
     step.prepare(wait=True)
-    target = load_model(ModelSpec(str(path), device="cpu", dtype="bf16", step="compiled"))
+    target = load_model(ModelChoice(str(path), device="cpu", dtype="bf16", step="compiled"))
     runner = target.new_runner()
     runner.forward(torch.arange(5, 40))
     runner.forward(torch.tensor([7]))
@@ -486,10 +486,10 @@ def test_an_architecture_transformers_reads_but_specula_cannot_run_is_refused_wi
         with pytest.raises(UnsupportedModelError) as exc:
             _load(path)
         _one_line(exc, f"{arch}.gguf", f"architecture '{arch}' is not one Specula can run",
-                  f"(it runs {', '.join(gguf.runnable_archs())})")
-    runnable = set(gguf.runnable_archs())
+                  f"(it runs {', '.join(from_gguf.runnable_archs())})")
+    runnable = set(from_gguf.runnable_archs())
     assert {"llama", "qwen2", "gemma3", "phi3", "stablelm"} <= runnable and not {"mamba", "t5", "qwen3moe"} & runnable
-    for arch in gguf.TRANSFORMERS_ARCHS:
+    for arch in from_gguf.TRANSFORMERS_ARCHS:
         assert arch in GGUF_CONFIG_MAPPING and arch in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, arch
 
 
@@ -507,7 +507,7 @@ def test_without_the_compiled_step_a_file_is_dequantized_and_says_why(files, mon
     monkeypatch.setattr(step, "ops", lambda: None)
     monkeypatch.setattr(step, "error", lambda: "no C++ compiler found (set CXX, or install g++)")
     said = []
-    model = load_model(ModelSpec(str(files["Q4_0"]), device="cpu", dtype="bf16"), progress=said.append)
+    model = load_model(ModelChoice(str(files["Q4_0"]), device="cpu", dtype="bf16"), progress=said.append)
     assert model.native is None and model.weights == "bf16"
     assert any("no C++ compiler" in line and "dequantized" in line for line in said)
     with pytest.raises(SpeculaError, match="cannot run Q4_0.gguf with native weights: the compiled step"):
@@ -525,17 +525,17 @@ def test_old_converted_copies_are_removed_once_and_a_cache_that_cannot_be_writte
     (old / "model.safetensors").write_bytes(b"\0" * 3_000_000)
     monkeypatch.setenv("SPECULA_CACHE_DIR", str(cache))
     said = []
-    load_model(ModelSpec(str(files["Q4_0"]), device="cpu", dtype="bf16"), progress=said.append)
+    load_model(ModelChoice(str(files["Q4_0"]), device="cpu", dtype="bf16"), progress=said.append)
     assert not (cache / "gguf").exists()
     assert [line for line in said if "earlier version" in line] == [
         "removed the converted copies of GGUF files an earlier version kept (0.0 GB freed)"]
     said.clear()
-    load_model(ModelSpec(str(files["Q4_0"]), device="cpu", dtype="bf16"), progress=said.append)
+    load_model(ModelChoice(str(files["Q4_0"]), device="cpu", dtype="bf16"), progress=said.append)
     assert not any("earlier version" in line for line in said)  # once
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     monkeypatch.setenv("SPECULA_CACHE_DIR", str(blocked / "cache"))
-    model = load_model(ModelSpec(str(files["Q4_0"]), device="cpu", dtype="bf16"))
+    model = load_model(ModelChoice(str(files["Q4_0"]), device="cpu", dtype="bf16"))
     assert model.native is not None and blocked.is_file() and blocked.read_text() == ""
     prompt = list(range(300, 312))
     assert _greedy(model, prompt, n=8) == _greedy(_load(files["Q4_0"]), prompt, n=8)

@@ -2,13 +2,13 @@ import pytest
 import torch
 
 from specula.engine.api.errors import IncompatibleDraftError, ModelNotFoundError, SpeculaError
-from specula.engine.api.types import ModelSpec
+from specula.engine.api.types import ModelChoice
 from specula.engine.models import loading
 from specula.engine.models.loading import check_same_vocabulary, load_model, resolve_device, resolve_dtype
 
 
 def test_local_folder_loads_with_the_lean_forward(tiny_folder):
-    model = load_model(ModelSpec(str(tiny_folder), device="cpu", dtype="bf16"))
+    model = load_model(ModelChoice(str(tiny_folder), device="cpu", dtype="bf16"))
     assert model.dtype == torch.bfloat16 and next(model.model.parameters()).dtype == torch.bfloat16
     assert model.uses_lean_forward
     assert model.context_window == 128
@@ -57,11 +57,11 @@ def test_cache_grows_past_its_first_allocation():
 
 def test_missing_sources_are_clear_errors(tmp_path):
     with pytest.raises(ModelNotFoundError, match="not found"):
-        load_model(ModelSpec(str(tmp_path / "model.gguf")))
+        load_model(ModelChoice(str(tmp_path / "model.gguf")))
     with pytest.raises(ModelNotFoundError, match="config.json"):
-        load_model(ModelSpec(str(tmp_path)))
+        load_model(ModelChoice(str(tmp_path)))
     with pytest.raises(ModelNotFoundError, match="not a file, a folder or a Hub id"):
-        load_model(ModelSpec("./nothing/here"))
+        load_model(ModelChoice("./nothing/here"))
 
 
 def test_device_and_dtype_resolution():
@@ -85,11 +85,11 @@ def test_a_gguf_leaves_no_copy_in_the_cache_and_old_copies_go_once(tmp_path, mon
     old.mkdir(parents=True)
     (old / "model.safetensors").write_bytes(b"w" * 3_000_000)
     said = []
-    loading.load_model(ModelSpec("bundled", device="cpu", dtype="fp32"), progress=said.append)
+    loading.load_model(ModelChoice("bundled", device="cpu", dtype="fp32"), progress=said.append)
     assert any("removed the converted copies" in line and "0.0 GB freed" in line for line in said)
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) in ([], ["compiled"])
     said.clear()
-    loading.load_model(ModelSpec("bundled", device="cpu", dtype="fp32"), progress=said.append)
+    loading.load_model(ModelChoice("bundled", device="cpu", dtype="fp32"), progress=said.append)
     assert not any("removed" in line for line in said)
 
 
@@ -145,7 +145,7 @@ def test_a_load_that_keeps_the_target_reads_only_the_draft(tiny_folder, tmp_path
     draft = tmp_path / "draft"
     shutil.copytree(tiny_folder, draft)
     session = Session()
-    spec = ModelSpec(str(tiny_folder), "cpu", "fp32")
+    spec = ModelChoice(str(tiny_folder), "cpu", "fp32")
     session.load(LoadRequest(spec, measure_baseline=False))
     target, baseline = session.target, BaselineCost(0.004, 1e-5)
     session.baseline = baseline
@@ -154,10 +154,10 @@ def test_a_load_that_keeps_the_target_reads_only_the_draft(tiny_folder, tmp_path
     out = session.load(LoadRequest(spec, str(draft), measure_baseline=False, keep_target=True))
     assert read == [str(draft)] and session.target is target and session.baseline is baseline
     assert session.draft is not None and out.draft and "draft-model" in out.strategies
-    session.load(LoadRequest(ModelSpec(str(tiny_folder), "cpu", "bf16"), str(draft), measure_baseline=False,
+    session.load(LoadRequest(ModelChoice(str(tiny_folder), "cpu", "bf16"), str(draft), measure_baseline=False,
                              keep_target=True))  # another dtype: another target
     assert read[1:] == [str(tiny_folder), str(draft)] and session.target is not target
-    session.load(LoadRequest(ModelSpec(str(tiny_folder), "cpu", "bf16"), measure_baseline=False))
+    session.load(LoadRequest(ModelChoice(str(tiny_folder), "cpu", "bf16"), measure_baseline=False))
     assert read[3:] == [str(tiny_folder)]  # not kept unless asked (a file changed in place is read again)
     # the window asks its engine process over HTTP: the wish goes with the load
     from specula.engine.remote.client import load_payload

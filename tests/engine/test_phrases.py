@@ -171,10 +171,10 @@ def test_train_head_counts_the_phrases_of_a_data_folder_for_the_model_that_finds
     code, out, err = run_cli(capsys, *count, "--data", str(data))
     assert code == 0, err
     assert "phrase table saved to" in out and "from 3 answers (12 answer tokens)" in out
-    from specula.engine.api.types import ModelSpec
+    from specula.engine.api.types import ModelChoice
     from specula.engine.models.loading import load_model
 
-    table = table_for(load_model(ModelSpec(str(tiny_folder))))  # found in the user's heads folder
+    table = table_for(load_model(ModelChoice(str(tiny_folder))))  # found in the user's heads folder
     assert table.draft([9, 1, 2], 8) == [30, 31, 32, 33]
     # again into the same folder: refused unless asked; no data folder, or one without answers: one line each
     code, _, err = run_cli(capsys, *count, "--data", str(data))

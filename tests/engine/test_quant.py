@@ -8,7 +8,7 @@ import torch
 from specula.engine.api.errors import SpeculaError
 from specula.engine.cpu.products import Dense, Int4, can_prepack, in_rows, q4_from_gguf, q4_quantize, stable_rows_of
 from specula.engine.drafters import DRAFTERS
-from specula.engine.models.gguf import llama_row_order
+from specula.engine.models.from_gguf import llama_row_order
 from tests.support.tiny import assert_greedy_identity, head_options, native, perturbed, tiny_model
 
 
@@ -164,24 +164,24 @@ def test_greedy_speculation_over_native_weights_is_identical_to_plain_decoding(s
 
 
 def test_native_weights_need_a_gguf(tiny_folder):
-    from specula.engine.api.types import ModelSpec
+    from specula.engine.api.types import ModelChoice
     from specula.engine.models.loading import load_model
 
     with pytest.raises(SpeculaError, match="native weights need a GGUF file"):
-        load_model(ModelSpec(str(tiny_folder), device="cpu", dtype="fp32", weights="native"))
+        load_model(ModelChoice(str(tiny_folder), device="cpu", dtype="fp32", weights="native"))
     with pytest.raises(SpeculaError, match="unknown weights"):
-        load_model(ModelSpec(str(tiny_folder), device="cpu", weights="int3"))
-    assert load_model(ModelSpec(str(tiny_folder), device="cpu", dtype="bf16")).native is None  # auto: dense
+        load_model(ModelChoice(str(tiny_folder), device="cpu", weights="int3"))
+    assert load_model(ModelChoice(str(tiny_folder), device="cpu", dtype="bf16")).native is None  # auto: dense
 
 
 @pytest.mark.e2e
 def test_the_bundled_gguf_runs_natively_and_exactly(tmp_path, bundled_fp32):
-    from specula.engine.api.types import ModelSpec
+    from specula.engine.api.types import ModelChoice
     from specula.engine.models.loading import load_model
 
     with pytest.raises(SpeculaError, match="compute in bf16"):
-        load_model(ModelSpec("bundled", device="cpu", dtype="fp32", weights="native"))
-    model = load_model(ModelSpec("bundled", device="cpu", dtype="bf16"))  # auto: native
+        load_model(ModelChoice("bundled", device="cpu", dtype="fp32", weights="native"))
+    model = load_model(ModelChoice("bundled", device="cpu", dtype="bf16"))  # auto: native
     assert model.weights == "Q4_1 (native)"
     projections = [name for name in model.native.tensors if name != "lm_head"]
     assert len(projections) == 30 * 7

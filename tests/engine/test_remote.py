@@ -311,40 +311,40 @@ def test_a_baseline_server_gives_a_measured_speedup():
     assert any("Speedup is against" in note for note in backend.describe().notes)
 
 
-# -- through the runner ----------------------------------------------------------------------------------
-def test_the_runner_switches_backends_and_keeps_the_old_one_when_a_connect_fails():
+# -- through the worker ----------------------------------------------------------------------------------
+def test_the_worker_switches_backends_and_keeps_the_old_one_when_a_connect_fails():
     from specula.engine.api.types import TrainRequest
-    from specula.engine.serving.runner import Runner
+    from specula.engine.serving.worker import Worker
     from specula.engine.serving.session import Session
-    from tests.engine.test_runner import FakeTokenizer
+    from tests.engine.test_worker import FakeTokenizer
     from tests.support.tiny import loaded, tiny_model
 
     session = Session()
     target = loaded(tiny_model(vocab=64, seed=2))
     target.tokenizer = FakeTokenizer()
     session.use(target)
-    runner = Runner(session=session).start()
+    worker = Worker(session=session).start()
     try:
         def wait(rid):
             events = []
             while True:
-                event = runner.events.get(timeout=60)
+                event = worker.events.get(timeout=60)
                 events.append(event)
                 if event.request_id == rid and isinstance(event, (Loaded, Failed, Finished)):
                     return events
 
         assert session.describe().backend == "local"
-        failed = wait(runner.submit(RemoteLoadRequest("http://127.0.0.1:9")))[-1]
+        failed = wait(worker.submit(RemoteLoadRequest("http://127.0.0.1:9")))[-1]
         assert isinstance(failed, Failed) and "cannot reach" in failed.message
-        assert runner.backend is runner.session  # still the local engine
+        assert worker.backend is worker.session  # still the local engine
         with FakeServer() as fake:
-            loaded = wait(runner.submit(RemoteLoadRequest(fake.url)))[-1]
+            loaded = wait(worker.submit(RemoteLoadRequest(fake.url)))[-1]
             assert loaded.backend == "remote" and loaded.strategies == ("server",)
-            assert wait(runner.submit(ASK))[-1].text == "Hello there!"
-            refused = wait(runner.submit(TrainRequest()))[-1]
+            assert wait(worker.submit(ASK))[-1].text == "Hello there!"
+            refused = wait(worker.submit(TrainRequest()))[-1]
             assert isinstance(refused, Failed) and "needs a local model" in refused.message
     finally:
-        runner.stop()
+        worker.stop()
 
 
 # -- command line ------------------------------------------------------------------------------------------

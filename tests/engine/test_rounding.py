@@ -18,11 +18,11 @@ _BUNDLED: dict[tuple[str, str], LoadedModel] = {}
 
 
 def bundled(weights: str = "auto", dtype: str = "bf16") -> LoadedModel:
-    from specula.engine.api.types import ModelSpec
+    from specula.engine.api.types import ModelChoice
     from specula.engine.models.loading import load_model
 
     if (weights, dtype) not in _BUNDLED:
-        _BUNDLED[weights, dtype] = load_model(ModelSpec("bundled", device="cpu", dtype=dtype, weights=weights))
+        _BUNDLED[weights, dtype] = load_model(ModelChoice("bundled", device="cpu", dtype=dtype, weights=weights))
     return _BUNDLED[weights, dtype]
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from specula.engine.api.events import Origin, Step, Token
 from specula.engine.api.prompts import Message
-from specula.engine.api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
+from specula.engine.api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelChoice
 from specula.engine.remote.telemetry import parse_metrics
 from specula.engine.serving.session import Session
 
@@ -35,7 +35,7 @@ class Served:
         from specula.engine.serving.service import EngineService
 
         self.service = EngineService()
-        initial = LoadRequest(ModelSpec(str(folder), "cpu", "fp32"), measure_baseline=False)
+        initial = LoadRequest(ModelChoice(str(folder), "cpu", "fp32"), measure_baseline=False)
         self.server = ServerThread(lambda port: create_app(self.service, model_aliases=("tiny",), strategy="none",
                                                            api_key=api_key, initial=initial, port=port, **options))
         self.port, self.url = self.server.port, self.server.url
@@ -88,7 +88,7 @@ def served(tiny_folder):
 @pytest.fixture(scope="module")
 def session(tiny_folder):
     session = Session()
-    session.load(LoadRequest(ModelSpec(str(tiny_folder), "cpu", "fp32"), measure_baseline=False))
+    session.load(LoadRequest(ModelChoice(str(tiny_folder), "cpu", "fp32"), measure_baseline=False))
     return session
 
 

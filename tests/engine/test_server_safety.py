@@ -201,7 +201,7 @@ class Gate:
 
     def __init__(self, service, pace: float | None = None) -> None:
         self.open, self.entered = threading.Event(), threading.Event()
-        session = service.runner.session
+        session = service.worker.session
         original = session.generate
 
         def generate(request, rid=0, cancelled=lambda: False):
@@ -405,7 +405,7 @@ def test_health_says_the_loaded_model_still_answers_after_a_failed_load(tiny_fol
             assert time.time() < deadline
             time.sleep(0.05)
         status, _, data = raw(s.port, "GET", "/health")
-        assert status == 200 and data["status"] == "ready" and data["step"] == s.service.runner.session.target.step_status
+        assert status == 200 and data["status"] == "ready" and data["step"] == s.service.worker.session.target.step_status
         assert data["message"].startswith("the last load failed (") and data["message"].endswith("still answers")
     finally:
         s.close()
@@ -446,7 +446,7 @@ def test_reloading_a_model_gives_back_what_the_last_load_held(tiny_folder, tmp_p
     try:
         def load() -> weakref.ref:
             assert s.events("/specula/v1/load", {"model": str(path)})[-1]["type"] == "loaded"
-            return weakref.ref(s.service.runner.session.target.model)
+            return weakref.ref(s.service.worker.session.target.model)
 
         models, sizes = [load()], [_rss_mb()]
         for _ in range(4):

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from specula.engine.api.types import ModelSpec, SamplingParams
+from specula.engine.api.types import ModelChoice, SamplingParams
 from specula.engine.decoding.batched import LoopDecoder
 from specula.engine.decoding.sampling import process_logits, top_p_prefix
 from specula.engine.heads import documents
@@ -72,7 +72,7 @@ def test_prompts_paste_documents_at_their_share():
 
 @pytest.fixture(scope="module")
 def tiny_target(tiny_folder):
-    return load_model(ModelSpec(str(tiny_folder), "cpu", "fp32"))
+    return load_model(ModelChoice(str(tiny_folder), "cpu", "fp32"))
 
 
 @pytest.mark.usefixtures("one_torch_thread")

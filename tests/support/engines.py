@@ -52,11 +52,11 @@ class ThreadEngine:
 
     def start(self) -> tuple[str, str]:
         from specula.engine.serving.routes import create_app
-        from specula.engine.serving.runner import Runner
+        from specula.engine.serving.worker import Worker
         from specula.engine.serving.service import EngineService
 
         key = secrets.token_urlsafe(16)
-        self.server = ServerThread(create_app(EngineService(Runner(session=self.session)), strategy="none", api_key=key))
+        self.server = ServerThread(create_app(EngineService(Worker(session=self.session)), strategy="none", api_key=key))
         return self.server.url, key
 
     def wait(self) -> int:

@@ -1,12 +1,12 @@
 """The worker thread that owns the models: requests in, events out, cancel between steps.
 
-    runner = Runner(); runner.start()
-    rid = runner.submit(LoadRequest(...))          # -> Loading..., Loaded | Failed
-    rid = runner.submit(RemoteLoadRequest(URL))    # the same, for a server (remote backend)
-    rid = runner.submit(GenerateRequest(...))      # -> Started, Step..., Finished | Failed
-    rid = runner.submit(TrainRequest(...))         # -> Training..., Trained, Loaded | Failed
-    runner.cancel(rid)                             # takes effect before the next engine step
-    event = runner.events.get()                    # a thread-safe queue (or pass `sink=`)
+    worker = Worker(); worker.start()
+    rid = worker.submit(LoadRequest(...))          # -> Loading..., Loaded | Failed
+    rid = worker.submit(RemoteLoadRequest(URL))    # the same, for a server (remote backend)
+    rid = worker.submit(GenerateRequest(...))      # -> Started, Step..., Finished | Failed
+    rid = worker.submit(TrainRequest(...))         # -> Training..., Trained, Loaded | Failed
+    worker.cancel(rid)                             # takes effect before the next engine step
+    event = worker.events.get()                    # a thread-safe queue (or pass `sink=`)
 
 Every exception inside a request becomes a `Failed` event with a one-line message; the thread lives on
 and the next request may use another strategy without reloading the target.
@@ -44,7 +44,7 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-class Runner:
+class Worker:
     def __init__(self, sink: Callable[[object], None] | None = None, session: Session | None = None) -> None:
         self.session = session or Session()  # the local engine
         self.backend: Backend = self.session  # what generates: the local session or a remote server
@@ -57,7 +57,7 @@ class Runner:
         self._current: int | None = None
         self._thread = threading.Thread(target=self._loop, name="specula-engine", daemon=True)
 
-    def start(self) -> "Runner":
+    def start(self) -> "Worker":
         self._thread.start()
         return self
 

@@ -7,8 +7,8 @@ import pytest
 
 from specula.engine.api.events import Failed, Finished, Loaded, Started, Step
 from specula.engine.api.prompts import Message
-from specula.engine.api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelSpec
-from specula.engine.serving.runner import Runner
+from specula.engine.api.types import DecodeConfig, GenerateRequest, LoadRequest, ModelChoice
+from specula.engine.serving.worker import Worker
 from specula.engine.serving.session import Session
 from tests.support.tiny import loaded, perturbed, tiny_model
 
@@ -26,13 +26,13 @@ class FakeTokenizer:
 
 
 @pytest.fixture()
-def runner():
+def worker():
     target = tiny_model(vocab=64, seed=2)
     session = Session()
     t = loaded(target)
     t.tokenizer = FakeTokenizer()
     session.use(t, loaded(perturbed(target)))
-    r = Runner(session=session).start()
+    r = Worker(session=session).start()
     yield r
     r.stop()
 
@@ -41,7 +41,7 @@ def request(strategy="none", n=40, prompt="hello there"):
     return GenerateRequest((Message("user", prompt),), strategy, DecodeConfig(max_new_tokens=n), chat=False)
 
 
-def collect(r: Runner, rid: int, timeout=60.0):
+def collect(r: Worker, rid: int, timeout=60.0):
     events = []
     while True:
         event = r.events.get(timeout=timeout)
@@ -51,22 +51,22 @@ def collect(r: Runner, rid: int, timeout=60.0):
             return events
 
 
-def test_events_arrive_in_order(runner):
-    rid = runner.submit(request())
-    events = collect(runner, rid)
+def test_events_arrive_in_order(worker):
+    rid = worker.submit(request())
+    events = collect(worker, rid)
     assert isinstance(events[0], Started)
     assert all(isinstance(e, Step) for e in events[1:-1])
     assert isinstance(events[-1], Finished) and len(events[-1].token_ids) == 40
     assert "".join(t.text for e in events[1:-1] for t in e.tokens) == events[-1].text
 
 
-def test_strategy_switch_keeps_the_loaded_target(runner):
-    model = runner.session.target.model
+def test_strategy_switch_keeps_the_loaded_target(worker):
+    model = worker.session.target.model
     outputs = {}
     for strategy in ("none", "prompt-lookup", "draft-model", "layer-skip", "none"):
-        rid = runner.submit(request(strategy))
-        outputs.setdefault(strategy, collect(runner, rid)[-1].token_ids)
-        assert runner.session.target.model is model
+        rid = worker.submit(request(strategy))
+        outputs.setdefault(strategy, collect(worker, rid)[-1].token_ids)
+        assert worker.session.target.model is model
     assert len(set(outputs.values())) == 1  # greedy: all strategies agree
 
 
@@ -86,7 +86,7 @@ def test_cancel_takes_effect_within_one_step():
             gate.set()
             release.wait(10)  # hold the worker inside step 3 while the cancel arrives
 
-    r = Runner(sink=sink, session=session).start()
+    r = Worker(sink=sink, session=session).start()
     try:
         rid = r.submit(request(n=500))
         assert gate.wait(30)
@@ -104,51 +104,51 @@ def test_cancel_takes_effect_within_one_step():
         r.stop()
 
 
-def test_an_error_becomes_an_event_and_the_worker_survives(runner):
-    rid = runner.submit(request(strategy="no-such-strategy"))
-    failed = collect(runner, rid)[-1]
+def test_an_error_becomes_an_event_and_the_worker_survives(worker):
+    rid = worker.submit(request(strategy="no-such-strategy"))
+    failed = collect(worker, rid)[-1]
     assert isinstance(failed, Failed) and "unknown strategy" in failed.message
-    rid = runner.submit(GenerateRequest((Message("user", "x" * 600),), "none", DecodeConfig(), chat=False))
-    failed = collect(runner, rid)[-1]
+    rid = worker.submit(GenerateRequest((Message("user", "x" * 600),), "none", DecodeConfig(), chat=False))
+    failed = collect(worker, rid)[-1]
     assert isinstance(failed, Failed) and "context window" in failed.message
-    rid = runner.submit(request())
-    assert isinstance(collect(runner, rid)[-1], Finished)
+    rid = worker.submit(request())
+    assert isinstance(collect(worker, rid)[-1], Finished)
 
 
-def test_a_failed_load_is_reported(runner):
-    rid = runner.submit(LoadRequest(ModelSpec("/no/such/model.gguf")))
-    failed = collect(runner, rid)[-1]
+def test_a_failed_load_is_reported(worker):
+    rid = worker.submit(LoadRequest(ModelChoice("/no/such/model.gguf")))
+    failed = collect(worker, rid)[-1]
     assert isinstance(failed, Failed) and "not found" in failed.message
-    rid = runner.submit(request())  # the previous model is still usable
-    assert isinstance(collect(runner, rid)[-1], Finished)
+    rid = worker.submit(request())  # the previous model is still usable
+    assert isinstance(collect(worker, rid)[-1], Finished)
 
 
-def test_cancel_all_drops_queued_requests(runner):
-    first = runner.submit(request(n=300))
-    second = runner.submit(request(n=300))
-    runner.cancel()
+def test_cancel_all_drops_queued_requests(worker):
+    first = worker.submit(request(n=300))
+    second = worker.submit(request(n=300))
+    worker.cancel()
     reasons = {}
     while len(reasons) < 2:
-        event = runner.events.get(timeout=60)
+        event = worker.events.get(timeout=60)
         if isinstance(event, (Finished, Failed)):
             reasons[event.request_id] = getattr(event, "reason", "failed")
     assert reasons[second] == "cancelled"
     assert reasons[first] in ("cancelled", "length")
 
 
-def _training_runner(tiny_folder):
+def _training_worker(tiny_folder):
     from specula.engine.models.loading import load_model
 
     session = Session()
-    session.use(load_model(ModelSpec(str(tiny_folder), "cpu", "fp32")))
-    return Runner(session=session).start()
+    session.use(load_model(ModelChoice(str(tiny_folder), "cpu", "fp32")))
+    return Worker(session=session).start()
 
 
 def test_a_training_request_trains_a_head_and_offers_its_strategy(tiny_folder):
     from specula.engine.api.events import Trained, Training
     from specula.engine.api.types import TrainRequest
 
-    r = _training_runner(tiny_folder)
+    r = _training_worker(tiny_folder)
     try:
         rid = r.submit(TrainRequest("medusa", tokens=150, epochs=1, batch=4))
         events = collect(r, rid, timeout=300)
@@ -167,7 +167,7 @@ def test_a_cancelled_training_run_says_so_and_keeps_its_answers(tiny_folder):
     from specula.engine.api.types import TrainRequest
     from specula.engine.heads.train import default_out
 
-    r = _training_runner(tiny_folder)
+    r = _training_worker(tiny_folder)
     try:
         rid = r.submit(TrainRequest("eagle", tokens=100000, epochs=1, batch=4))
         first = r.events.get(timeout=120)
@@ -189,7 +189,7 @@ def test_a_training_run_cancelled_before_it_kept_anything_leaves_no_folder(tiny_
     from specula.engine.heads.train import TrainOptions, run_training
     from specula.engine.models.loading import load_model
 
-    target = load_model(ModelSpec(str(tiny_folder), "cpu", "fp32"))
+    target = load_model(ModelChoice(str(tiny_folder), "cpu", "fp32"))
     with pytest.raises(TrainingCancelled):
         run_training(target, TrainOptions(kind=kind, tokens=1000, out=tmp_path / "new" / "head"), should_stop=lambda: True)
     assert not (tmp_path / "new").exists()
