@@ -571,6 +571,13 @@ SPECULA_AVX2 void ktile_avx2(const uint8_t* tile, int64_t nb, const Acts& a, int
   }
 }
 
+// acc + the dot products of u's 16 lanes of 4 unsigned bytes with the 4 signed bytes at q, broadcast from memory within
+// the instruction (GCC leaves the broadcast a separate instruction otherwise)
+SPECULA_AVX512 inline __attribute__((always_inline)) __m512i dot4(__m512i acc, __m512i u, const int8_t* q) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(q)));
+  return acc;
+}
+
 // AVX-512 with VNNI, a legacy format: 16 columns a register, up to 8 rows at a time
 template <int R, int64_t fmt>
 SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, int64_t r0, float* acc) {
@@ -597,10 +604,9 @@ SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, 
     for (int c = 0; c < 8; ++c)
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        int32_t f;
-        std::memcpy(&f, a.codes(r0 + r, b) + 4 * c, 4);
-        if (SPLIT && c >= 4) t1[r] = _mm512_dpbusd_epi32(t1[r], u[c], _mm512_set1_epi32(f));
-        else t[r] = _mm512_dpbusd_epi32(t[r], u[c], _mm512_set1_epi32(f));
+        const int8_t* q = a.codes(r0 + r, b) + 4 * c;
+        if (SPLIT && c >= 4) t1[r] = dot4(t1[r], u[c], q);
+        else t[r] = dot4(t[r], u[c], q);
       }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -611,13 +617,6 @@ SPECULA_AVX512 void tile_avx512(const uint8_t* tile, int64_t nb, const Acts& a, 
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * COLS, s[r]);
-}
-
-// acc + the dot products of u's 16 lanes of 4 unsigned bytes with the 4 signed bytes at q, broadcast from memory within
-// the instruction (GCC leaves the broadcast a separate instruction otherwise)
-SPECULA_AVX512 inline __attribute__((always_inline)) __m512i dot4(__m512i acc, __m512i u, const int8_t* q) {
-  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(q)));
-  return acc;
 }
 
 // Q4_K/Q5_K super-block sb's minimums, blocks 2p and 2p + 1 as two int16 a lane of mins[p] (read after its blocks' sums:
