@@ -26,8 +26,9 @@ def scripted_training(target, options, say, should_stop, drafter=None):
     return TrainResult(options.kind, options.out, options.out / "training", 2000, options.epochs, 1.5, "chain", 2.0)
 
 
-def test_training_a_head_adds_its_strategy_and_the_user_can_switch_to_it(make_window, qtbot, monkeypatch):
+def test_training_a_head_adds_its_strategy_and_the_user_can_switch_to_it(make_window, qtbot, monkeypatch, tmp_path):
     monkeypatch.setattr("specula.engine.heads.train.run_training", scripted_training)
+    monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path / "data"))  # its head is not found by the tests after it
     w = make_window()
     assert "medusa" not in w.loaded.strategies
     w.train_action.trigger()
@@ -48,8 +49,9 @@ def test_training_a_head_adds_its_strategy_and_the_user_can_switch_to_it(make_wi
     assert ok and finished.totals.new_tokens > 0
 
 
-def test_cancelling_a_training_run_says_so_and_keeps_the_app_usable(make_window, qtbot, monkeypatch):
+def test_cancelling_a_training_run_says_so_and_keeps_the_app_usable(make_window, qtbot, monkeypatch, tmp_path):
     monkeypatch.setattr("specula.engine.heads.train.run_training", scripted_training)
+    monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path / "data"))  # its head is not found by the tests after it
     w = make_window()
     w.open_training()
     dialog = w.train_dialog

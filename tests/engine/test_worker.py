@@ -144,7 +144,13 @@ def _training_worker(tiny_folder):
     return Worker(session=session).start()
 
 
-def test_a_training_request_trains_a_head_and_offers_its_strategy(tiny_folder):
+@pytest.fixture
+def own_data(tmp_path, monkeypatch):
+    """A data folder of the test's own: the heads it trains are not found by the tests after it."""
+    monkeypatch.setenv("SPECULA_DATA_DIR", str(tmp_path / "data"))
+
+
+def test_a_training_request_trains_a_head_and_offers_its_strategy(tiny_folder, own_data):
     from specula.engine.api.events import Trained, Training
     from specula.engine.api.types import TrainRequest
 
@@ -162,7 +168,7 @@ def test_a_training_request_trains_a_head_and_offers_its_strategy(tiny_folder):
         r.stop()
 
 
-def test_a_cancelled_training_run_says_so_and_keeps_its_answers(tiny_folder):
+def test_a_cancelled_training_run_says_so_and_keeps_its_answers(tiny_folder, own_data):
     from specula.engine.api.events import Training
     from specula.engine.api.types import TrainRequest
     from specula.engine.heads.train import default_out
