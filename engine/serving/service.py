@@ -66,10 +66,9 @@ class EngineService:
 
     def __init__(self, worker: Worker | None = None, on_load_failure: Callable[[str], None] | None = None) -> None:
         """`on_load_failure(message)`: told of each load that failed (`specula serve` prints it to its terminal)."""
-        self.worker = worker or Worker(sink=self._from_worker)
+        self.worker = worker or Worker()
+        self.worker.sink = self._from_worker
         self.on_load_failure = on_load_failure
-        if worker is not None:
-            worker._sink = self._from_worker
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loaded: Loaded | None = None
         self.state = "empty"  # empty (no model asked for yet), loading, ready, failed

@@ -49,7 +49,7 @@ class Worker:
         self.session = session or Session()  # the local engine
         self.backend: Backend = self.session  # what generates: the local session or a remote server
         self.events: queue.Queue = queue.Queue()
-        self._sink = sink or self.events.put
+        self.sink = sink or self.events.put  # where its events go: its queue, or what its owner gives (a service)
         self._jobs: queue.Queue = queue.Queue()
         self._ids = itertools.count(1)
         self._cancelled: set[int] = set()
@@ -112,7 +112,7 @@ class Worker:
                 self._run(rid, request)
             except Exception as exc:  # the worker survives every request
                 log.debug("request %s failed", rid, exc_info=True)
-                self._sink(Failed(rid, describe_error(exc), type(exc).__name__))
+                self.sink(Failed(rid, describe_error(exc), type(exc).__name__))
             finally:
                 with self._lock:
                     self._current = None
@@ -123,22 +123,22 @@ class Worker:
             self._load(rid, request)
             return
         if isinstance(request, TrainRequest):
-            trained = self.backend.train(request, rid, lambda text: self._sink(Training(rid, text)),
+            trained = self.backend.train(request, rid, lambda text: self.sink(Training(rid, text)),
                                          lambda: self._is_cancelled(rid))
-            self._sink(trained)
-            self._sink(self.backend.describe(rid))  # the strategy list now offers the new head
+            self.sink(trained)
+            self.sink(self.backend.describe(rid))  # the strategy list now offers the new head
             return
         if not isinstance(request, GenerateRequest):
             raise SpeculaError(f"unknown request type {type(request).__name__}")
         if self._is_cancelled(rid):
-            self._sink(Finished(rid, "cancelled", "", (), Totals(0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0)))
+            self.sink(Finished(rid, "cancelled", "", (), Totals(0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0)))
             return
         for event in self.backend.generate(request, rid, lambda: self._is_cancelled(rid)):
-            self._sink(event)
+            self.sink(event)
 
     def _load(self, rid: int, request) -> None:
         """Load a local model or connect to a server; a failure keeps the backend in use before it."""
-        say = lambda text: self._sink(Loading(rid, text))  # noqa: E731
+        say = lambda text: self.sink(Loading(rid, text))  # noqa: E731
         if isinstance(request, RemoteLoadRequest):
             backend: Backend = RemoteBackend()
             loaded = backend.load(request, say)
@@ -147,4 +147,4 @@ class Worker:
             backend = self.session
             loaded = backend.load(request, say)
         self.backend = backend
-        self._sink(replace(loaded, request_id=rid))
+        self.sink(replace(loaded, request_id=rid))
