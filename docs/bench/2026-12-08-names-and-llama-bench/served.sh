@@ -1,7 +1,7 @@
 #!/bin/bash
 # Both sides served: specula serve none / auto / draft-model (each from an empty data folder) and llama.cpp b11434 built
 # for this CPU (`../shared/peers/llamacpp.sh build newest`): plain, the same 0.5B draft (its defaults), ngram-mod.
-# One Spec-Bench prompt of ten kinds, 128 tokens, at temperature ${TEMP:-0} (0: greedy); the in-process `none` is the bench's own baseline.
+# One Spec-Bench prompt of ten kinds, ${MAX:-128} tokens, at temperature ${TEMP:-0} (0: greedy); the in-process `none` is the bench's own baseline.
 set -e
 WORK=${WORK:-/tmp/specula-served}; mkdir -p $WORK
 cd "$(git rev-parse --show-toplevel)"
@@ -23,7 +23,7 @@ start 8095 none; ready 8095; start 8093 auto; ready 8093; start 8096 draft-model
 llama 8181 none; ready 8181; llama 8182 draft:$M/qwen-coder-0.5b.gguf; ready 8182; llama 8183 ngram-mod; ready 8183
 .venv/bin/specula bench --model $M/qwen-coder-1.5b.gguf --step compiled --prompts ../shared/datasets/spec_bench/question.jsonl \
   --categories coding,writing,humanities,translation,qa,math_reasoning,summarization,rag,stem,reasoning --limit-per-category 1 \
-  --strategies none --max-new-tokens 128 --temperature ${TEMP:-0} --repeat 1 \
+  --strategies none --max-new-tokens ${MAX:-128} --temperature ${TEMP:-0} --repeat 1 \
   --peers specula-none=http://127.0.0.1:8095,specula-auto=http://127.0.0.1:8093,specula-draft-model=http://127.0.0.1:8096,llama-plain=http://127.0.0.1:8181,llama-draft=http://127.0.0.1:8182,llama-ngram-mod=http://127.0.0.1:8183 \
   --out $OUT
 kill $(cat $WORK/pids) || true
