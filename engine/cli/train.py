@@ -43,8 +43,7 @@ def _count_phrases(args) -> int:
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise SpeculaError(f"{out} is not empty: choose another --out or pass --overwrite")
     answers = read_answers(args.data)  # before the model loads
-    spec = model_choice(args)
-    target = load_model(spec, progress=lambda s: print(s, file=sys.stderr))
+    target = load_model(model_choice(args), progress=lambda s: print(s, file=sys.stderr))
     began = time.perf_counter()
     table = build_table(target, answers)
     table.save(out)

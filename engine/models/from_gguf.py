@@ -28,7 +28,7 @@ from ..api.errors import SpeculaError, UnsupportedModelError, first_line
 from ..api.memory import available_memory, gigabytes, needed_for
 from ..cpu import step as cpu_step
 from ..cpu.products import BLOCK_FORMATS, Blocks
-from .families import GGUF_QK_PROCESSOR, families, for_gguf, gguf_model_type, projections, spec_of
+from .families import GGUF_QK_PROCESSOR, Spec, families, for_gguf, gguf_model_type, projections, spec_of
 from .gguf import LM_HEAD, FileEmbedding, FileHead, GGUFFile, NativeWeights
 from .layers import build_products, embedding_scale
 
@@ -52,16 +52,16 @@ def memory_needed(file: GGUFFile, config, native: bool, dtype: torch.dtype) -> i
     return needed_for(weights)
 
 
-def _native_products(config, device: torch.device, dtype: torch.dtype, weights: str, say):
-    """The compiled step's library to run the file's blocks with, or None and why not."""
+def _native_products(spec: Spec, device: torch.device, dtype: torch.dtype, weights: str, say):
+    """The compiled step's library to run the file's blocks with, or None and why not (`spec`: the model's)."""
     if weights == "dequantized":
         return None, "dequantized weights were asked for"
     if device.type != "cpu":
         return None, "the file's blocks run on the CPU only; on a GPU they are dequantized"
     if dtype != torch.bfloat16:
         return None, f"the file's blocks compute in bf16, not {str(dtype).removeprefix('torch.')} (use --dtype bf16)"
-    if spec_of(config).family is None:
-        return None, f"the architecture '{config.model_type}' has no lean forward"
+    if spec.family is None:
+        return None, f"the architecture '{spec.model_type}' has no lean forward"
     if os.environ.get("SPECULA_PRODUCTS", "own").strip().lower() == "torch":
         return None, "SPECULA_PRODUCTS=torch"
     if not cpu_step.built():
@@ -83,7 +83,8 @@ def load(path: Path, device: torch.device, dtype: torch.dtype, weights: str, say
     file = GGUFFile(path)
     config = config_from(file)
     tokenizer = tokenizer_from(file)
-    ops, why = _native_products(config, device, dtype, weights, say)
+    spec = spec_of(config)
+    ops, why = _native_products(spec, device, dtype, weights, say)
     if ops is None and weights == "native":
         raise SpeculaError(f"cannot run {file.path.name} with native weights: {why}")
     if ops is None:
@@ -95,7 +96,7 @@ def load(path: Path, device: torch.device, dtype: torch.dtype, weights: str, say
     say(f"reading {file.path.name} (it needs about {gigabytes(needed)} of memory"
         + (f", {gigabytes(free)} free)" if free is not None else ")"))
     model = _meta_model(config, dtype)
-    native = _place(file, model, config, device, dtype, ops)
+    native = _place(file, model, config, spec, device, dtype, ops)
     model.eval()
     if native is not None:
         # the products hold the blocks once packed (dense bf16 weights as tiles, their copies dropped): the file's
@@ -163,8 +164,10 @@ def _set(model: nn.Module, name: str, value: torch.Tensor, tensor: str = "") -> 
         module._buffers[attr] = value
 
 
-def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype: torch.dtype, ops) -> NativeWeights | None:
-    """Every tensor of the file into `model` (see the module's text); the file's blocks natively where `ops`."""
+def _place(file: GGUFFile, model: nn.Module, config, spec: Spec, device: torch.device, dtype: torch.dtype,
+           ops) -> NativeWeights | None:
+    """Every tensor of the file into `model` (see the module's text); the file's blocks natively where `ops`; `spec`:
+    the model's (its heads undo llama.cpp's q/k row order)."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
     # where llama.cpp's converter permuted q/k rows as Llama's (Granite's, SmolLM3's), Llama's processor undoes it
@@ -181,7 +184,6 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
             raise SpeculaError(f"{file.path.name}: {first_line(exc)}") from None
     _check_all_used(file, mapping)
     native = NativeWeights(file=file) if ops is not None else None
-    heads = spec_of(config) if permuted else None  # a family's: its query and key/value heads
     placed = set()
     projected = projections()  # the layers' products, every family's (fused ones included)
     dense = _dense_in_groups(file) if native is not None else set()
@@ -202,7 +204,7 @@ def _place(file: GGUFFile, model: nn.Module, config, device: torch.device, dtype
         if blocks_ok and attr == "weight" and (module == LM_HEAD or module.endswith(projected)):
             order = None
             if permuted and module.endswith(("q_proj", "k_proj")):
-                order = llama_row_order(entry.shape[0], heads.heads if module.endswith("q_proj") else heads.kv_heads)
+                order = llama_row_order(entry.shape[0], spec.heads if module.endswith("q_proj") else spec.kv_heads)
             native.tensors[module] = file.blocks(entry.name, order)
             placed.add(hf)
             continue
