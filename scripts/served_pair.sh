@@ -1,12 +1,13 @@
 #!/bin/bash
-# Both sides served: specula serve none / auto / draft-model (each from an empty data folder) and llama.cpp b11434 built
+# The real pair (../shared/models/real-models.sh qwen-coder-1.5b and qwen-coder-0.5b), both sides served: specula serve none / auto / draft-model (each from an empty data folder) and llama.cpp b11434 built
 # for this CPU (`../shared/peers/llamacpp.sh build newest`): plain, the same 0.5B draft (its defaults), ngram-mod.
-# One Spec-Bench prompt of ten kinds, ${MAX:-128} tokens, at temperature ${TEMP:-0} (0: greedy); the in-process `none` is the bench's own baseline.
+# One Spec-Bench prompt of ten kinds, MAX tokens (default 128), at temperature TEMP (default 0: greedy); the in-process
+# `none` is the bench's own baseline. Usage: [MAX=512] [TEMP=0.7] scripts/served_pair.sh OUT
 set -e
 WORK=${WORK:-/tmp/specula-served}; mkdir -p $WORK
 cd "$(git rev-parse --show-toplevel)"
 M=~/.cache/specula-models
-OUT=${1:?usage: run.sh OUT}
+OUT=${1:?usage: [MAX=N] [TEMP=T] scripts/served_pair.sh OUT}
 rm -f $WORK/pids
 start() { # PORT STRATEGY
   d=$(mktemp -d $WORK/data-$2-XXXX)
